@@ -1,0 +1,19 @@
+"""spanflow: train, tune, run and serve span models at full accelerator utilization."""
+from spanflow.data.examples import NerExample
+from spanflow.data.io import read_ner, read_texts
+from spanflow.errors import ConfigError, DataError, ModelDirError, SpanflowError
+from spanflow.training.options import TrainOptions
+
+__version__ = "0.1.0"
+
+__all__ = ["NerExample", "read_ner", "read_texts", "TrainOptions", "SpanflowError", "DataError",
+           "ModelDirError", "ConfigError", "NerModel", "train_ner"]
+
+
+def __getattr__(name: str):
+    # the model API imports transformers; load it only when asked for
+    if name in ("NerModel", "train_ner"):
+        from spanflow import ner
+
+        return getattr(ner, name)
+    raise AttributeError(name)

@@ -1,0 +1,3 @@
+from spanflow.cli.main import main
+
+raise SystemExit(main())

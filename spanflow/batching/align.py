@@ -1,0 +1,168 @@
+"""Character spans <-> subword labels through fast-tokenizer offsets, and overlapping windows.
+
+Labels sit on the first subword of each word (the rest are ignored in the loss, -100).
+A character that yields no subwords (U+FE0F, a zero-width space) simply has no token:
+offsets keep every other label in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spanflow.data.examples import Span
+
+IGNORE = -100
+
+
+@dataclass
+class Encoded:
+    """One text tokenized without special tokens."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]  # character (start, end) of each token in the text
+    first: list[bool]  # True where a token starts a word: the positions that carry a label
+    starts: list[int] | None = None  # token start widened over adjacent characters with no token
+    ends: list[int] | None = None  # token end widened likewise (e.g. a trailing U+FEFF)
+
+
+@dataclass
+class Window:
+    """One model input: tokens [start, end) of text `example`, framed by special tokens."""
+
+    example: int
+    start: int
+    end: int
+    input_ids: list[int]
+    labels: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list[Encoded]:
+    """Tokenize a batch of texts (fast tokenizer, no special tokens) keeping char offsets."""
+    if not texts:
+        return []
+    enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
+                    return_attention_mask=False, return_token_type_ids=False)
+    out = []
+    for i, ids in enumerate(enc["input_ids"]):
+        words = enc.word_ids(i)
+        first = [w is not None and (j == 0 or words[j - 1] != w) for j, w in enumerate(words)]
+        offsets = [tuple(o) for o in enc["offset_mapping"][i]]
+        starts, ends = _widen(texts[i], offsets)
+        out.append(Encoded(ids, offsets, first, starts, ends))
+    return out
+
+
+def _widen(text: str, offsets: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Stretch token bounds over neighbouring non-space characters that produced no token.
+
+    Characters such as U+FE0F or U+FEFF vanish in the tokenizer; when they are glued to a
+    word they belong to it, so a span decoded from tokens still covers them.
+    """
+    starts, ends = [], []
+    for j, (s, e) in enumerate(offsets):
+        lo = offsets[j - 1][1] if j else 0
+        hi = offsets[j + 1][0] if j + 1 < len(offsets) else len(text)
+        while s > lo and not text[s - 1].isspace():
+            s -= 1
+        while e < hi and not text[e].isspace():
+            e += 1
+        starts.append(s)
+        ends.append(e)
+    return starts, ends
+
+
+def bio_labels(enc: Encoded, spans: list[Span], label2id: dict[str, int]) -> list[int]:
+    """BIO label ids on word-initial tokens, IGNORE elsewhere; from character spans."""
+    labels = [label2id["O"] if f else IGNORE for f in enc.first]
+    for s, e, lab in spans:
+        opened = False
+        for j, (ts, te) in enumerate(enc.offsets):
+            if te <= s or ts >= e or not enc.first[j]:
+                continue
+            labels[j] = label2id[("I-" if opened else "B-") + lab]
+            opened = True
+    return labels
+
+
+def decode_spans(enc: Encoded, pred: list[int], id2label: list[str]) -> list[Span]:
+    """Turn per-token BIO predictions (read at word-initial tokens) into character spans.
+
+    A span runs from its B (or a stray I, read as a start) through the last subword of its
+    last word. Predictions at non-initial subwords are ignored.
+    """
+    spans: list[Span] = []
+    n = len(enc.ids)
+    cur = None  # [start_char, end_char, label]
+    j = 0
+    while j < n:
+        if not enc.first[j]:
+            j += 1
+            continue
+        k = j + 1
+        while k < n and not enc.first[k]:
+            k += 1  # tokens j..k-1 form one word
+        tag = id2label[pred[j]]
+        word_start, word_end = enc.starts[j], enc.ends[k - 1]
+        if tag == "O":
+            if cur:
+                spans.append(tuple(cur))
+            cur = None
+        elif tag.startswith("I-") and cur and cur[2] == tag[2:]:
+            cur[1] = word_end
+        else:
+            if cur:
+                spans.append(tuple(cur))
+            cur = [word_start, word_end, tag[2:]]
+        j = k
+    if cur:
+        spans.append(tuple(cur))
+    return spans
+
+
+def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
+    """Cut [0, n_tokens) into windows of at most max_length-2 content tokens.
+
+    Consecutive windows overlap by `stride` tokens so every token has context on both
+    sides in some window; nothing is truncated.
+    """
+    size = max_length - 2
+    if size < 1:
+        raise ValueError("max_length must be at least 3")
+    if n_tokens <= size:
+        return [(0, n_tokens)]
+    step = max(1, size - min(stride, size - 1))
+    out, a = [], 0
+    while True:
+        b = min(a + size, n_tokens)
+        out.append((a, b))
+        if b == n_tokens:
+            return out
+        a += step
+
+
+def windows_for(encs: list[Encoded], *, max_length: int, stride: int, cls_id: int, sep_id: int,
+                labels: list[list[int]] | None = None) -> list[Window]:
+    """Every text's windows, in text order, as model inputs (labels sliced alongside)."""
+    out = []
+    for i, enc in enumerate(encs):
+        for a, b in make_windows(len(enc.ids), max_length, stride):
+            lab = None if labels is None else [IGNORE] + labels[i][a:b] + [IGNORE]
+            out.append(Window(i, a, b, [cls_id] + enc.ids[a:b] + [sep_id], lab))
+    return out
+
+
+def merge_windows(n_tokens: int, parts: list[tuple[int, int, list[int]]]) -> list[int]:
+    """Merge per-window predictions (start, end, preds) into one per-token list.
+
+    In an overlap each token takes the prediction of the window in which it sits further
+    from the edge: the left window up to the overlap's midpoint, the right one after.
+    """
+    merged = [0] * n_tokens
+    parts = sorted(parts)
+    for k, (a, b, pred) in enumerate(parts):
+        lo = a if k == 0 else (a + parts[k - 1][1]) // 2
+        hi = b if k == len(parts) - 1 else (parts[k + 1][0] + b) // 2
+        merged[lo:hi] = pred[lo - a:hi - a]
+    return merged

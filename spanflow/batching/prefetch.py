@@ -1,0 +1,52 @@
+"""Run a producer (collate, tokenization) in a background thread, a few items ahead."""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+
+_END = object()
+
+
+def prefetch(items: Iterable, depth: int = 2) -> Iterator:
+    """Yield from `items`, produced by a daemon thread up to `depth` ahead.
+
+    Collation and tokenization release the GIL in their native parts, so the consumer's
+    compute overlaps them. An exception in the producer re-raises in the consumer.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                q.put(item)
+        except BaseException as e:  # hand the error to the consumer
+            q.put(_Raise(e))
+            return
+        q.put(_END)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raise):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer stuck on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(timeout=0.05)
+
+
+class _Raise:
+    def __init__(self, error: BaseException):
+        self.error = error

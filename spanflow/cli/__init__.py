@@ -1,0 +1,1 @@
+"""Thin command-line views: each subcommand parses arguments and calls a plain function."""

@@ -1,0 +1,36 @@
+"""`spanflow` entry point: dispatch to subcommands; user errors become one line and exit 2."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from spanflow.cli import demo, evaluate, predict, train
+from spanflow.errors import SpanflowError
+
+COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "demo": demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spanflow", description="Train, evaluate and run span models at full speed.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, mod in COMMANDS.items():
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args) or 0
+    except SpanflowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

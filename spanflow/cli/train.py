@@ -1,0 +1,54 @@
+"""`spanflow train ner ...`"""
+from __future__ import annotations
+
+import argparse
+
+from spanflow.cli.common import add_runtime_args
+from spanflow.data.io import read_ner
+from spanflow.training.options import TrainOptions
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a model", description="Train a model; the best is saved to OUT/model.")
+    p.add_argument("task", choices=["ner"], help="what to train")
+    p.add_argument("--train", required=True, help="training data (CoNLL columns or JSONL)")
+    p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps)")
+    p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow NER model, or 'tiny'")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--format", choices=["conll", "jsonl"], help="input format (detected when omitted)")
+    p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
+    p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
+    d = TrainOptions()
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--head-lr", type=float, default=None, help="learning rate of the head (default: --lr)")
+    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    p.add_argument("--max-length", type=int, default=None, help="max tokens per window (default: the encoder's)")
+    p.add_argument("--stride", type=int, default=d.stride, help="overlap between windows of long texts")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-every", type=int, default=None, help="evaluate every N optimizer steps")
+    p.add_argument("--patience", type=int, default=d.patience, help="evaluations without gain before stopping")
+    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N optimizer steps")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resumable)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    add_runtime_args(p, max_tokens=d.max_tokens)
+
+
+def options_from_args(a: argparse.Namespace) -> TrainOptions:
+    return TrainOptions(epochs=a.epochs, lr=a.lr, head_lr=a.head_lr, weight_decay=a.weight_decay,
+                        warmup_ratio=a.warmup_ratio, grad_accum=a.grad_accum, max_tokens=a.max_tokens,
+                        max_length=a.max_length, stride=a.stride, precision=a.precision, device=a.device,
+                        seed=a.seed, eval_every=a.eval_every, patience=a.patience, save_every=a.save_every,
+                        max_steps=a.max_steps, resume=a.resume)
+
+
+def run(a: argparse.Namespace) -> int:
+    from spanflow.ner import train_ner
+
+    train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
+    dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
+    model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a))
+    print(f"model saved to {a.out}/model (labels: {', '.join(model.labels)})")
+    return 0

@@ -1,0 +1,32 @@
+"""The example types every format converts to: text plus character-offset spans."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Span = tuple[int, int, str]  # (start, end, label); end exclusive, character offsets
+
+
+@dataclass
+class NerExample:
+    """One text with its entity spans as (start, end, label) character offsets."""
+
+    text: str
+    spans: list[Span] = field(default_factory=list)
+
+    def entities(self) -> list[tuple[str, str]]:
+        """The (surface text, label) of each span, for display and checks."""
+        return [(self.text[s:e], lab) for s, e, lab in self.spans]
+
+
+def check_spans(text: str, spans: list[Span]) -> str | None:
+    """Return why `spans` do not fit `text` (out of range, empty, overlapping), or None."""
+    prev_end, prev = -1, None
+    for s, e, lab in sorted(spans):
+        if not (isinstance(s, int) and isinstance(e, int)) or s < 0 or e > len(text) or s >= e:
+            return f"span {(s, e, lab)!r} is out of range for a text of {len(text)} characters"
+        if not isinstance(lab, str) or not lab:
+            return f"span {(s, e, lab)!r} has no label"
+        if s < prev_end:
+            return f"spans {prev!r} and {(s, e, lab)!r} overlap"
+        prev_end, prev = e, (s, e, lab)
+    return None

@@ -1,0 +1,1 @@
+"""One reader per input format; each yields NerExample or raw texts."""

@@ -1,0 +1,35 @@
+"""Helpers shared by the readers: strict UTF-8 line reading with line numbers."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from spanflow.errors import DataError
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """Yield (line_number, line_without_newline); invalid UTF-8 or a missing file is a DataError."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError("file not found", path=path)
+    if os.path.isdir(path):
+        raise DataError("is a directory, expected a file", path=path)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"invalid UTF-8 at byte {e.start} of the line", path=path, line=lineno) from None
+            if lineno == 1 and line.startswith("\ufeff"):
+                line = line[1:]  # a UTF-8 byte-order mark is not part of the data
+            yield lineno, line.rstrip("\r\n")
+
+
+def is_cjk(ch: str) -> bool:
+    """True for CJK ideographs and the full-width punctuation used with them."""
+    o = ord(ch)
+    return (
+        0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F
+        or 0xF900 <= o <= 0xFAFF or 0x3000 <= o <= 0x303F or 0xFF00 <= o <= 0xFFEF
+        or 0x3040 <= o <= 0x30FF or 0xAC00 <= o <= 0xD7AF
+    )

@@ -1,0 +1,101 @@
+"""CoNLL-style column files: token + tag per line, blank (or whitespace-only) line between sentences."""
+from __future__ import annotations
+
+import logging
+import os
+
+from spanflow.data.examples import NerExample
+from spanflow.data.formats.common import is_cjk, read_lines
+from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
+from spanflow.errors import DataError
+
+log = logging.getLogger("spanflow")
+
+_ALLOWED = {"bio": "BI", "iob1": "BI", "bioes": "BIESLU", "bmes": "BMES"}
+
+
+def _sentences(path: str):
+    """Yield lists of (line_number, token, tag)."""
+    sent: list[tuple[int, str, str]] = []
+    ncols, ncols_line = None, None
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            if sent:
+                yield sent
+            sent = []
+            continue
+        cols = line.split("\t") if "\t" in line else line.split()
+        if cols[0] == "-DOCSTART-":
+            continue
+        if len(cols) < 2:
+            raise DataError(f"expected a token and a tag separated by a tab or space, got {line!r}",
+                            path=path, line=lineno)
+        if ncols is None:
+            ncols, ncols_line = len(cols), lineno
+        elif len(cols) != ncols:
+            raise DataError(f"expected {ncols} columns as on line {ncols_line}, got {len(cols)}",
+                            path=path, line=lineno)
+        sent.append((lineno, cols[0], cols[-1].strip()))
+    if sent:
+        yield sent
+
+
+def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Join tokens into text: spaces between words, none between CJK characters.
+
+    A sentence of single characters that holds any CJK character is a character-level
+    sentence (one char per line, as in BMES data) and is joined without spaces, so
+    '1 9 6 6 年' reads back as '1966年'.
+    """
+    char_level = all(len(t) == 1 for t in tokens) and any(is_cjk(t) for t in tokens)
+    parts, offsets, pos = [], [], 0
+    for i, tok in enumerate(tokens):
+        if i and not char_level and not (is_cjk(tokens[i - 1][-1]) and is_cjk(tok[0])):
+            parts.append(" ")
+            pos += 1
+        offsets.append((pos, pos + len(tok)))
+        parts.append(tok)
+        pos += len(tok)
+    return "".join(parts), offsets
+
+
+def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bool = False) -> list[NerExample]:
+    """Read a CoNLL column file into NerExamples with character-offset spans.
+
+    `scheme` is one of bio, iob1, bioes, bmes (detected from the file when None). An inside
+    tag that opens no entity is read as an entity start and reported as a warning (the
+    IOB1 repair); with `strict=True` it is an error instead.
+    """
+    path = os.fspath(path)
+    if scheme is not None and scheme.lower() not in SCHEMES:
+        raise DataError(f"unknown tag scheme {scheme!r}; expected one of {', '.join(SCHEMES)}", path=path)
+    sentences = list(_sentences(path))
+    if not sentences:
+        raise DataError("file is empty: no sentences found", path=path)
+    for sent in sentences:
+        for lineno, _, tag in sent:
+            if split_tag(tag)[0] == "?":
+                raise DataError(f"unknown tag {tag!r}; expected O or a B-/I-/E-/S-/M- prefixed label",
+                                path=path, line=lineno)
+    scheme = scheme.lower() if scheme else detect_scheme([t for s in sentences for _, _, t in s])
+    allowed = _ALLOWED[scheme] + "O"
+    examples, repaired = [], []
+    for sent in sentences:
+        for lineno, _, tag in sent:
+            if split_tag(tag)[0] not in allowed:
+                raise DataError(f"tag {tag!r} is not valid in the {scheme.upper()} scheme", path=path, line=lineno)
+        tokens = [tok for _, tok, _ in sent]
+        spans, repairs = decode_tags([tag for _, _, tag in sent], scheme)
+        if repairs:
+            if strict:
+                r = repairs[0]
+                raise DataError(r.message, path=path, line=sent[r.index][0])
+            repaired += [sent[r.index][0] for r in repairs]
+        text, offsets = join_tokens(tokens)
+        char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
+        examples.append(NerExample(text, char_spans))
+    if repaired:
+        shown = ", ".join(str(n) for n in repaired[:5]) + (" ..." if len(repaired) > 5 else "")
+        log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",
+                    path, len(repaired), shown)
+    return examples

@@ -1,0 +1,58 @@
+"""JSONL: one {"text": ..., "entities": [[start, end, label], ...]} object per line."""
+from __future__ import annotations
+
+import json
+import os
+
+from spanflow.data.examples import NerExample, check_spans
+from spanflow.data.formats.common import read_lines
+from spanflow.errors import DataError
+
+
+def _span(item, path: str, lineno: int):
+    if isinstance(item, dict):
+        try:
+            return (item["start"], item["end"], item["label"])
+        except KeyError as e:
+            raise DataError(f"entity object lacks {e.args[0]!r}", path=path, line=lineno) from None
+    if isinstance(item, (list, tuple)) and len(item) == 3:
+        return tuple(item)
+    raise DataError(f"entity {item!r} is neither [start, end, label] nor an object", path=path, line=lineno)
+
+
+def parse_record(line: str, path: str, lineno: int) -> dict:
+    """Parse one JSON object line, or raise a DataError naming the line."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path, line=lineno) from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+        raise DataError('expected an object with a string "text" field', path=path, line=lineno)
+    return rec
+
+
+def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
+    """Read NER examples; spans out of range or overlapping are DataErrors naming the line."""
+    path = os.fspath(path)
+    examples = []
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            continue
+        rec = parse_record(line, path, lineno)
+        raw = rec.get("entities", rec.get("spans", []))
+        if not isinstance(raw, list):
+            raise DataError('"entities" must be a list', path=path, line=lineno)
+        spans = [_span(item, path, lineno) for item in raw]
+        problem = check_spans(rec["text"], spans)
+        if problem:
+            raise DataError(problem, path=path, line=lineno)
+        examples.append(NerExample(rec["text"], sorted(spans)))
+    if not examples:
+        raise DataError("file is empty: no records found", path=path)
+    return examples
+
+
+def write_jsonl_record(f, text: str, spans, **extra) -> None:
+    """Write one NER record in the format read_jsonl reads."""
+    rec = {"text": text, "entities": [[s, e, lab] for s, e, lab in spans], **extra}
+    f.write(json.dumps(rec, ensure_ascii=False) + "\n")

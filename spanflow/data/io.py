@@ -1,0 +1,71 @@
+"""Format detection and the two entry points: read_ner (labelled) and read_texts (to predict)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+from spanflow.data.examples import NerExample
+from spanflow.data.formats.common import read_lines
+from spanflow.data.formats.conll import read_conll
+from spanflow.data.formats.jsonl import read_jsonl
+from spanflow.errors import DataError
+
+NER_FORMATS = ("conll", "jsonl")
+
+
+def detect_format(path: str) -> str:
+    """By extension first (.jsonl/.json -> jsonl), else by the first non-blank line."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    for _, line in read_lines(path):
+        if line.strip():
+            return "jsonl" if line.lstrip().startswith("{") else "conll"
+    raise DataError("file is empty", path=path)
+
+
+def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | None = None,
+             strict: bool = False) -> list[NerExample]:
+    """Read labelled NER data from CoNLL columns or JSONL (detected unless `fmt` is given)."""
+    path = os.fspath(path)
+    fmt = fmt or detect_format(path)
+    if fmt == "conll":
+        return read_conll(path, scheme=scheme, strict=strict)
+    if fmt == "jsonl":
+        return read_jsonl(path)
+    raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
+
+
+def read_texts(path: str | os.PathLike, *, field: str = "text", errors: str = "raise") -> Iterator[str | DataError]:
+    """Stream texts to predict: JSONL records (their `field`) or plain text, one per line.
+
+    Every line yields one item (an empty line yields ""), so outputs stay aligned with
+    inputs. A bad JSONL record raises, or with `errors="record"` yields its DataError in
+    its place so a bulk job can write an error record and go on.
+    """
+    path = os.fspath(path)
+    is_jsonl = os.path.splitext(path)[1].lower() in (".jsonl", ".ndjson")
+    for lineno, line in read_lines(path):
+        if not is_jsonl:
+            yield line
+            continue
+        if not line.strip():
+            yield ""
+            continue
+        err = None
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            err = DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path, line=lineno)
+        else:
+            if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
+                err = DataError(f'expected an object with a string "{field}" field', path=path, line=lineno)
+        if err is None:
+            yield rec[field]
+        elif errors == "record":
+            yield err
+        else:
+            raise err
+
+

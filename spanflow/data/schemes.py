@@ -1,0 +1,81 @@
+"""Tag schemes (BIO, IOB1, BIOES/BILOU, BMES) decoded into token-index spans."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMES = ("bio", "iob1", "bioes", "bmes")
+
+
+@dataclass
+class Repair:
+    """A tag sequence fix applied while decoding (reported, never silent)."""
+
+    index: int
+    message: str
+
+
+def split_tag(tag: str) -> tuple[str, str | None]:
+    """'B-PER' -> ('B', 'PER'); 'O' -> ('O', None). Accepts '-' or '_' separators."""
+    if tag == "O":
+        return "O", None
+    for sep in ("-", "_"):
+        if len(tag) > 2 and tag[1] == sep and tag[0].upper() in "BIESMLU":
+            return tag[0].upper(), tag[2:]
+    return "?", None
+
+
+def detect_scheme(tags: list[str]) -> str:
+    """Guess the scheme from the prefixes seen in a whole file."""
+    prefixes = {split_tag(t)[0] for t in tags}
+    if "M" in prefixes:
+        return "bmes"
+    if prefixes & {"E", "S", "L", "U"}:
+        return "bioes"
+    if "I" in prefixes and "B" not in prefixes:
+        return "iob1"
+    return "bio"
+
+
+def decode_tags(tags: list[str], scheme: str) -> tuple[list[tuple[int, int, str]], list[Repair]]:
+    """Turn per-token tags into (first_token, last_token_exclusive, label) spans.
+
+    An inside tag (I-/M-/E-) with no open entity of the same label starts a new entity,
+    the IOB1 reading; it is reported as a Repair unless the scheme is IOB1, where it is
+    the normal way an entity starts.
+    """
+    spans: list[tuple[int, int, str]] = []
+    repairs: list[Repair] = []
+    start, label = None, None
+
+    def close(end: int) -> None:
+        nonlocal start, label
+        if start is not None:
+            spans.append((start, end, label))
+        start, label = None, None
+
+    for i, tag in enumerate(tags):
+        p, lab = split_tag(tag)
+        p = {"L": "E", "U": "S"}.get(p, p)
+        if p == "O":
+            close(i)
+        elif p == "B" and scheme == "iob1":
+            close(i)
+            start, label = i, lab
+        elif p == "B":
+            close(i)
+            start, label = i, lab
+        elif p == "S":
+            close(i)
+            spans.append((i, i + 1, lab))
+        elif p in ("I", "M", "E"):
+            if start is None or label != lab:
+                close(i)
+                if scheme != "iob1":
+                    repairs.append(Repair(i, f"tag {tag!r} continues no open entity; read as its start"))
+                start, label = i, lab
+            if p == "E":
+                close(i + 1)
+        else:
+            raise ValueError(f"tag {tag!r} is not valid in scheme {scheme}")
+    close(len(tags))
+    return spans, repairs

@@ -1,0 +1,25 @@
+"""Typed errors. The CLI turns any SpanflowError into a one-line message and exit code 2."""
+from __future__ import annotations
+
+
+class SpanflowError(Exception):
+    """Base class for every user-facing error spanflow raises."""
+
+
+class DataError(SpanflowError):
+    """Bad input data; names the file and line (or record) at fault."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        self.path, self.line, self.reason = path, line, message
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+
+
+class ModelDirError(SpanflowError):
+    """A model directory is missing, incomplete, or of another task."""
+
+
+class ConfigError(SpanflowError):
+    """An option value that cannot work (e.g. bf16 asked on a device without it)."""

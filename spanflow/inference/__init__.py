@@ -1,0 +1,1 @@
+"""Bulk inference: streaming, length-sorted token-budget batches, overlapped tokenization."""

@@ -1,0 +1,1 @@
+"""Encoders (loaded or built tiny), task heads, and self-contained model directories."""

@@ -1,0 +1,79 @@
+"""Self-contained model directories: spanflow.json + encoder/ (HF layout) + head.safetensors.
+
+Loading needs no network and no pickle. Writes go to a temporary sibling directory that
+is renamed into place, so a crash never leaves a half-written model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from spanflow.errors import ModelDirError
+
+FORMAT_VERSION = 1
+CONFIG = "spanflow.json"
+
+
+def replace_dir(tmp: str, final: str) -> None:
+    """Move a finished directory into place, replacing any older one atomically enough:
+    the old copy is renamed aside first and removed only once the new one is in place."""
+    old = None
+    if os.path.exists(final):
+        old = final.rstrip("/") + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:
+    """Write encoder (safetensors), tokenizer files, head weights and config into `path`."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    try:
+        enc_dir = os.path.join(tmp, "encoder")
+        encoder.save_pretrained(enc_dir, safe_serialization=True)
+        tokenizer.save_pretrained(enc_dir)
+        state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+        save_file(state, os.path.join(tmp, "head.safetensors"))
+        cfg = {"format_version": FORMAT_VERSION, **config}
+        with open(os.path.join(tmp, CONFIG), "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2, ensure_ascii=False)
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_model_config(path: str, task: str | None = None) -> dict:
+    """spanflow.json of a model directory, checked for existence and task."""
+    if not os.path.isdir(path):
+        raise ModelDirError(f"model directory not found: {path}")
+    cfg_path = os.path.join(path, CONFIG)
+    if not os.path.exists(cfg_path):
+        raise ModelDirError(f"{path} is not a spanflow model directory (no {CONFIG}); "
+                            "train one with 'spanflow train'")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelDirError(f"{cfg_path} is unreadable: {e}") from None
+    if task and cfg.get("task") != task:
+        raise ModelDirError(f"{path} is a {cfg.get('task')!r} model, but this command needs a {task!r} model")
+    return cfg
+
+
+def load_head_state(path: str) -> dict:
+    """The head's tensors from head.safetensors."""
+    f = os.path.join(path, "head.safetensors")
+    if not os.path.exists(f):
+        raise ModelDirError(f"{path} lacks head.safetensors")
+    return load_file(f)

@@ -1,0 +1,90 @@
+"""Load a local Hugging Face encoder directory, or build `tiny` from scratch.
+
+Only local paths are read: spanflow never fetches weights from a hub.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+
+from spanflow.errors import ModelDirError
+
+log = logging.getLogger("spanflow")
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def load_encoder(path: str) -> tuple[nn.Module, object]:
+    """(encoder, fast tokenizer) from a local HF or sentence-transformers directory."""
+    from transformers import AutoModel, AutoTokenizer
+
+    _quiet_transformers()
+    if not os.path.isdir(path):
+        raise ModelDirError(f"model directory not found: {path}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise ModelDirError(f"{path} has no config.json: not a Hugging Face encoder directory "
+                            "(use a local encoder directory, a spanflow model directory, or 'tiny')")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelDirError(f"{path}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+    kwargs = dict(local_files_only=True, attn_implementation="sdpa")
+    try:
+        # the pooler is unused by token-level heads; leaving it out keeps DDP free of unused params
+        encoder = AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
+    except TypeError:
+        encoder = AutoModel.from_pretrained(path, **kwargs)
+    return encoder, tokenizer
+
+
+def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
+    """Longest input the encoder accepts, special tokens included."""
+    cfg = encoder.config
+    n = getattr(cfg, "max_position_embeddings", 512)
+    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= 2  # these count positions from padding_idx + 1
+    tok_max = getattr(tokenizer, "model_max_length", n) or n
+    return int(min(n, tok_max))
+
+
+def train_wordpiece(texts: list[str], vocab_size: int = 4000):
+    """A BERT-style WordPiece tokenizer trained on `texts`, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False, handle_chinese_chars=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                                             min_frequency=1))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+
+
+def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 128, layers: int = 2, heads: int = 2,
+               max_length: int = 512, seed: int = 0) -> tuple[nn.Module, object]:
+    """A small from-scratch BERT and a WordPiece tokenizer trained on the given texts."""
+    from transformers import BertConfig, BertModel
+
+    _quiet_transformers()
+    tokenizer = train_wordpiece(texts, vocab_size)
+    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=heads, intermediate_size=hidden * 4, max_position_embeddings=max_length,
+                     pad_token_id=tokenizer.pad_token_id, hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.1, attn_implementation="sdpa")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        encoder = BertModel(cfg, add_pooling_layer=False)
+    return encoder, tokenizer

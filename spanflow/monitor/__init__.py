@@ -1,0 +1,1 @@
+"""Device samplers, timers and the one throughput report format."""

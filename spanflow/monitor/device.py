@@ -1,0 +1,87 @@
+"""Memory and utilization readings: CUDA allocator, NVML when installed, process RSS on CPU."""
+from __future__ import annotations
+
+import functools
+import resource
+import threading
+import time
+
+import torch
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """CUDA max allocated since the last reset, or the process RSS high-water mark on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+class GpuUtilSampler:
+    """Samples NVML GPU utilization in a background thread; mean() is None without NVML."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.2):
+        self._handle, self._samples, self._stop = None, [], threading.Event()
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        except Exception:  # nvidia-ml-py absent or no driver: utilization stays unknown
+            self._handle = None
+            return
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self._samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            except Exception:
+                return
+
+    def take(self) -> float | None:
+        """Mean utilization (0-100) since the last take, or None when unknown."""
+        if self._handle is None or not self._samples:
+            return None
+        s, self._samples = self._samples, []
+        return sum(s) / len(s)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s) from vendor datasheets, for MFU on known GPUs.
+_GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
+                    "A10": 125.0, "4090": 165.0, "3090": 71.0, "V100": 125.0, "T4": 65.0}
+
+
+@functools.lru_cache(maxsize=4)
+def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[float | None, str]:
+    """(peak FLOP/s, basis). GPUs: datasheet table. CPU: a measured matmul peak, because
+    CPU datasheet peaks are rarely reachable and vary with clocks and core counts."""
+    if device_type == "cuda":
+        for key, tf in _GPU_PEAK_TFLOPS.items():
+            if key in device_name:
+                scale = 0.5 if dtype_name == "fp32" else 1.0  # TF32 runs at about half the bf16 rate
+                return tf * 1e12 * scale, "datasheet"
+        return None, "unknown"
+    if device_type != "cpu":
+        return None, "unknown"
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best, "measured_matmul"

@@ -1,0 +1,105 @@
+"""The throughput report every long run prints and writes the same way."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from spanflow.monitor.device import GpuUtilSampler, peak_flops, peak_memory_bytes, reset_peak_memory
+
+
+def train_flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
+    """6N per token for the dense weights plus the attention score/value matmuls.
+
+    N counts non-embedding parameters (embedding lookups do no matmul work).
+    """
+    n = sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
+    cfg = getattr(getattr(model, "encoder", None), "config", None)
+    layers, hidden = getattr(cfg, "num_hidden_layers", 0), getattr(cfg, "hidden_size", 0)
+    return 6 * n + 12 * layers * hidden * seq_len
+
+
+@dataclass
+class Meter:
+    """Accumulates one reporting period: tokens, phase times, steps."""
+
+    device: torch.device
+    precision: str
+    flops_per_token: float = 0.0  # set by the loop: training or inference cost per padded token
+    real: int = 0
+    padded: int = 0
+    steps: int = 0
+    times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0})
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self):
+        self.gpu = GpuUtilSampler(self.device)
+        reset_peak_memory(self.device)
+
+    def add_tokens(self, real: int, padded: int) -> None:
+        self.real += real
+        self.padded += padded
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.times[phase] += seconds
+
+    def report(self) -> dict:
+        """Close the period and return its figures (names are a stable contract)."""
+        wall = max(time.perf_counter() - self.started, 1e-9)
+        total = sum(self.times.values()) or 1e-9
+        peak, basis = peak_flops(self.device.type, _device_name(self.device), self.precision)
+        achieved = self.flops_per_token * self.padded / wall
+        out = {
+            "real_tokens_per_s": self.real / wall,
+            "padded_tokens_per_s": self.padded / wall,
+            "padding_efficiency": self.real / self.padded if self.padded else 1.0,
+            "data_wait_frac": self.times["data_wait"] / total,
+            "compute_frac": self.times["compute"] / total,
+            "optimizer_frac": self.times["optimizer"] / total,
+            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "mfu": achieved / peak if peak and self.flops_per_token else None,
+            "mfu_basis": basis,
+            "gpu_util": self.gpu.take(),
+            "wall_s": wall,
+            "steps": self.steps,
+        }
+        self.real = self.padded = self.steps = 0
+        self.times = {k: 0.0 for k in self.times}
+        self.started = time.perf_counter()
+        reset_peak_memory(self.device)
+        return out
+
+    def close(self) -> None:
+        self.gpu.close()
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def format_report(r: dict) -> str:
+    """One human line per report."""
+    mfu = f"{r['mfu'] * 100:.1f}%" if r.get("mfu") is not None else "n/a"
+    util = f"{r['gpu_util']:.0f}%" if r.get("gpu_util") is not None else "n/a"
+    parts = [
+        f"epoch {r.get('epoch', '-')} step {r.get('step', '-')}",
+        f"{r['real_tokens_per_s']:.0f} real tok/s ({r['padded_tokens_per_s']:.0f} padded)",
+        f"padding eff {r['padding_efficiency']:.2f}",
+        f"time: data {r['data_wait_frac']:.0%} compute {r['compute_frac']:.0%} optim {r['optimizer_frac']:.0%}",
+        f"peak mem {r['peak_memory_bytes'] / 2**20:.0f} MiB",
+        f"MFU {mfu}", f"GPU util {util}",
+    ]
+    if r.get("dev_f1") is not None:
+        parts.append(f"dev F1 {r['dev_f1']:.4f}")
+    return " | ".join(parts)
+
+
+def append_jsonl(path: str, record: dict) -> None:
+    """Append one JSON line and flush it to disk (a killed run keeps what it reported)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

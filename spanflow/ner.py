@@ -1,0 +1,120 @@
+"""The NER Python API: NerModel (load, predict, evaluate, save) and train_ner."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+
+from spanflow.data.examples import NerExample, Span
+from spanflow.errors import ConfigError
+from spanflow.inference.tagging import tag_texts
+from spanflow.models.directory import load_head_state, read_model_config, save_model_dir
+from spanflow.models.encoder import build_tiny, encoder_max_length, load_encoder
+from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
+from spanflow.tasks.metrics import span_prf
+from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows
+from spanflow.training.loop import TaskHooks, train_loop
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import Policy, resolve_policy
+
+log = logging.getLogger("spanflow")
+
+
+class NerModel:
+    """An encoder with a token-classification head, its tokenizer and label set."""
+
+    def __init__(self, *, encoder, tokenizer, labels: list[str], max_length: int, stride: int = 32,
+                 head: TokenClassificationHead | None = None, policy: Policy | None = None):
+        self.tokenizer = tokenizer
+        self.labels = sorted(labels)
+        self.id2label = bio_label_list(self.labels)
+        self.max_length, self.stride = max_length, stride
+        head = head or TokenClassificationHead(hidden_size=encoder.config.hidden_size,
+                                               num_labels=len(self.id2label))
+        self.module = EncoderWithHead(encoder, head)
+        self.policy = policy or resolve_policy()
+        self.module.to(self.policy.device)
+
+    @classmethod
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
+        """Load a spanflow NER model directory (no network, no pickle)."""
+        cfg = read_model_config(path, task="ner")
+        encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
+        labels = cfg["labels"]
+        head = TokenClassificationHead(hidden_size=encoder.config.hidden_size, num_labels=len(bio_label_list(labels)))
+        head.load_state_dict(load_head_state(path))
+        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=cfg["max_length"],
+                   stride=cfg.get("stride", 32), head=head, policy=resolve_policy(precision, device))
+
+    def save(self, path: str) -> None:
+        """Write a self-contained model directory."""
+        save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
+                       config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
+                               "stride": self.stride, "tag_scheme": "bio"})
+
+    def predict_stream(self, texts: Iterable[str], *, max_tokens: int = 8192,
+                       on_batch: Callable | None = None) -> Iterator[list[Span]]:
+        """Spans for each text, in order, with bounded memory for inputs of any size."""
+        return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
+                         stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
+                         on_batch=on_batch)
+
+    def predict(self, texts: list[str], *, max_tokens: int = 8192) -> list[list[Span]]:
+        """Character-offset (start, end, label) spans for each text."""
+        return list(self.predict_stream(texts, max_tokens=max_tokens))
+
+    def evaluate(self, examples: list[NerExample], *, max_tokens: int = 8192) -> dict:
+        """Entity-level exact-span P/R/F1, overall and per label."""
+        pred = self.predict([e.text for e in examples], max_tokens=max_tokens)
+        return span_prf([e.spans for e in examples], pred)
+
+
+def _start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
+                 policy: Policy) -> NerModel:
+    if model == "tiny":
+        encoder, tokenizer = build_tiny([e.text for e in train], seed=opts.seed,
+                                        max_length=max(opts.max_length or 512, 16))
+    elif os.path.exists(os.path.join(model, "spanflow.json")):
+        start = NerModel.load(model, device=str(policy.device))
+        if start.labels != sorted(labels):
+            raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
+        return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels,
+                        max_length=start.max_length, stride=start.stride, head=start.module.head, policy=policy)
+    else:
+        encoder, tokenizer = load_encoder(model)
+    limit = encoder_max_length(encoder, tokenizer)
+    max_length = min(opts.max_length or limit, limit)
+    if opts.max_tokens < max_length:
+        raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {max_length}: "
+                          "one full window must fit in a batch")
+    return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
+                    stride=opts.stride, policy=policy)
+
+
+def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
+              options: TrainOptions | None = None, log_fn: Callable[[str], None] = print) -> NerModel:
+    """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned."""
+    opts = options or TrainOptions()
+    torch.manual_seed(opts.seed)
+    policy = resolve_policy(opts.precision, opts.device)
+    log_fn(policy.describe())
+    labels = sorted({lab for e in train for _, _, lab in e.spans})
+    if not labels:
+        raise ConfigError("the training data has no entities")
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt_model = os.path.join(out_dir, "checkpoint", "model")
+    source = ckpt_model if opts.resume and os.path.isdir(ckpt_model) else model
+    nm = _start_model(source, train, labels, opts, policy)
+    label2id = {lab: i for i, lab in enumerate(nm.id2label)}
+    windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
+    log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
+    evaluate = (lambda module: nm.evaluate(dev, max_tokens=opts.max_tokens * 2)) if dev else None
+    hooks = TaskHooks(collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=ner_loss, evaluate=evaluate,
+                      save_model=nm.save)
+    summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn)
+    best_dir = os.path.join(out_dir, "model")
+    if summary["completed"] and os.path.isdir(best_dir):
+        return NerModel.load(best_dir, device=str(policy.device), precision=policy.name)
+    return nm

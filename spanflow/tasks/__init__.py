@@ -1,0 +1,1 @@
+"""Per task: features -> loss, decode -> spans, metrics."""

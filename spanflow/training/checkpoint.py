@@ -1,0 +1,56 @@
+"""Checkpoints: a full model directory plus optimizer/scheduler/RNG state, written atomically."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import torch
+
+from spanflow.models.directory import replace_dir
+
+STATE = "state.json"
+TRAINER = "trainer.pt"
+
+
+def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, state: dict) -> None:
+    """Write model (via `save_model(path)`), optimizer, scheduler, scaler, RNG and loop state."""
+    parent = os.path.dirname(os.path.abspath(ckpt_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".ckpt-", dir=parent)
+    try:
+        save_model(os.path.join(tmp, "model"))
+        trainer = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else {},
+            "torch_rng": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            trainer["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(trainer, os.path.join(tmp, TRAINER))
+        with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=2)
+        replace_dir(tmp, ckpt_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def has_checkpoint(ckpt_dir: str) -> bool:
+    return os.path.exists(os.path.join(ckpt_dir, STATE)) and os.path.exists(os.path.join(ckpt_dir, TRAINER))
+
+
+def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler) -> dict:
+    """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict."""
+    trainer = torch.load(os.path.join(ckpt_dir, TRAINER), map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(trainer["optimizer"])
+    scheduler.load_state_dict(trainer["scheduler"])
+    if scaler is not None and trainer["scaler"]:
+        scaler.load_state_dict(trainer["scaler"])
+    torch.set_rng_state(trainer["torch_rng"])
+    if "cuda_rng" in trainer and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(trainer["cuda_rng"])
+    with open(os.path.join(ckpt_dir, STATE), encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,186 @@
+"""The training loop every task reuses: token-budget batches, accumulation, precision,
+clipping, warmup + linear decay, evaluation, early stopping, checkpoints and reports."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from spanflow.batching.batcher import token_budget_batches
+from spanflow.batching.prefetch import prefetch
+from spanflow.monitor.report import Meter, append_jsonl, format_report, train_flops_per_token
+from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import Policy
+
+
+@dataclass
+class TaskHooks:
+    """What a task gives the loop. Batches are dicts of CPU tensors plus host-side counts
+    `n_targets`, `real_tokens`, `padded_tokens` (so the loop never syncs to learn them)."""
+
+    collate: Callable[[list], dict]
+    loss_fn: Callable[[nn.Module, dict], torch.Tensor]  # summed loss over the batch's targets
+    evaluate: Callable[[nn.Module], dict] | None  # returns at least {"f1": ...}
+    save_model: Callable[[str], None]  # writes a self-contained model directory
+
+
+def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and LayerNorm; optional separate head learning rate."""
+    groups: dict[tuple, list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        no_decay = p.ndim < 2
+        is_head = name.startswith("head.")
+        lr = opts.head_lr if (is_head and opts.head_lr) else opts.lr
+        groups.setdefault((lr, 0.0 if no_decay else opts.weight_decay), []).append(p)
+    param_groups = [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(param_groups, **kwargs)
+
+
+def warmup_linear(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    warm = max(1, int(total_steps * warmup_ratio))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total_steps - step) / max(1, total_steps - warm))
+
+    return f
+
+
+def _epoch_plan(lengths, opts: TrainOptions, epoch: int) -> list[list[list[int]]]:
+    """The epoch's optimizer steps, each a list of micro-batches of item indices."""
+    batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch)
+    a = opts.grad_accum
+    return [batches[i:i + a] for i in range(0, len(batches), a)]
+
+
+def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
+               out_dir: str, log: Callable[[str], None] = print) -> dict:
+    """Train `model` on `items` (windows with len()); return a summary with the best dev F1."""
+    device = policy.device
+    lengths = [len(it) for it in items]
+    plans = [len(_epoch_plan(lengths, opts, e)) for e in range(opts.epochs)]
+    total_steps = sum(plans)
+    optimizer = build_optimizer(model, opts, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
+    scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
+    ckpt_dir = os.path.join(out_dir, "checkpoint")
+    report_path = os.path.join(out_dir, "train_report.jsonl")
+    st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "bad_evals": 0, "stopped": False}
+    if opts.resume and has_checkpoint(ckpt_dir):
+        st = load_checkpoint(ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+        log(f"resumed from {ckpt_dir}: epoch {st['epoch'] + 1}, step {st['global_step']}")
+    mean_len = sum(lengths) / max(1, len(lengths))
+    meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt_dir, save_model=hooks.save_model, optimizer=optimizer, scheduler=scheduler,
+                        scaler=scaler, state=st)
+
+    def evaluate_and_maybe_save() -> float | None:
+        if hooks.evaluate is None:
+            return None
+        model.eval()
+        f1 = hooks.evaluate(model)["f1"]
+        model.train()
+        if st["best_f1"] is None or f1 > st["best_f1"]:
+            st["best_f1"], st["bad_evals"] = f1, 0
+            hooks.save_model(os.path.join(out_dir, "model"))
+        else:
+            st["bad_evals"] += 1
+            if opts.patience is not None and st["bad_evals"] >= opts.patience:
+                st["stopped"] = True
+        return f1
+
+    model.train()
+    running = torch.zeros((), device=device)  # loss summed on device: read only at log points
+    n_running = 0
+    try:
+        while st["epoch"] < opts.epochs and not st["stopped"]:
+            epoch = st["epoch"]
+            plan = _epoch_plan(lengths, opts, epoch)[st["step_in_epoch"]:]
+            groups = ([hooks.collate([items[i] for i in mb]) for mb in step] for step in plan)
+            wait_start = time.perf_counter()
+            for micro in prefetch(groups):
+                t_data = time.perf_counter()
+                meter.add_time("data_wait", t_data - wait_start)
+                loss = _train_step(model, micro, hooks.loss_fn, policy, scaler, meter)
+                running += loss
+                n_running += 1
+                t_comp = time.perf_counter()
+                meter.add_time("compute", t_comp - t_data)
+                _optimizer_step(model, optimizer, scheduler, scaler, opts.max_grad_norm, device)
+                meter.add_time("optimizer", time.perf_counter() - t_comp)
+                meter.steps += 1
+                st["step_in_epoch"] += 1
+                st["global_step"] += 1
+                gs = st["global_step"]
+                if opts.log_every and gs % opts.log_every == 0:
+                    log(f"step {gs}/{total_steps} loss {running.item() / n_running:.4f} "  # host sync, log points only
+                        f"lr {scheduler.get_last_lr()[0]:.2e}")
+                    running.zero_()
+                    n_running = 0
+                if opts.eval_every and gs % opts.eval_every == 0:
+                    f1 = evaluate_and_maybe_save()
+                    log(f"step {gs}: dev F1 {f1:.4f}" if f1 is not None else f"step {gs}")
+                    if st["stopped"]:
+                        break
+                if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
+                    checkpoint()
+                if gs == opts.max_steps:
+                    log(f"stopped after max_steps={gs}; resume with --resume")
+                    return {"best_f1": st["best_f1"], "global_step": gs, "completed": False}
+                wait_start = time.perf_counter()
+            rep = meter.report()  # before evaluation, so eval time is not counted as training
+            f1 = evaluate_and_maybe_save() if opts.eval_every is None else st["best_f1"]
+            rep = {"epoch": epoch + 1, "step": st["global_step"], **rep, "precision": policy.name,
+                   "device": str(device), "dev_f1": f1}
+            append_jsonl(report_path, rep)
+            log(format_report(rep))
+            st["epoch"], st["step_in_epoch"] = epoch + 1, 0
+            checkpoint()
+    finally:
+        meter.close()
+    if hooks.evaluate is None:
+        hooks.save_model(os.path.join(out_dir, "model"))
+    return {"best_f1": st["best_f1"], "global_step": st["global_step"], "completed": True}
+
+
+def _train_step(model: nn.Module, micro: list[dict], loss_fn, policy: Policy, scaler, meter: Meter) -> torch.Tensor:
+    """Forward/backward over one step's micro-batches; the loss is normalised by the
+    step's total target count so accumulation equals one large batch."""
+    n_targets = max(1, sum(b["n_targets"] for b in micro))
+    total = None
+    for b in micro:
+        meter.add_tokens(b["real_tokens"], b["padded_tokens"])
+        batch = {k: v.to(policy.device, non_blocking=True) for k, v in b.items() if torch.is_tensor(v)}
+        with policy.autocast():
+            loss = loss_fn(model, batch) / n_targets
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
+
+
+def _optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float, device) -> None:
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if max_grad_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()

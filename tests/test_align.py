@@ -1,0 +1,89 @@
+import random
+
+from spanflow.batching.align import (IGNORE, Encoded, bio_labels, decode_spans, encode_texts, make_windows,
+                                     merge_windows, windows_for)
+from spanflow.data.io import read_ner
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.tasks.ner import bio_label_list
+
+
+def roundtrip(tokenizer, examples):
+    labels = sorted({lab for e in examples for *_, lab in e.spans})
+    id2label = bio_label_list(labels)
+    l2i = {lab: i for i, lab in enumerate(id2label)}
+    encs = encode_texts(tokenizer, [e.text for e in examples])
+    out = []
+    for e, enc in zip(examples, encs):
+        lab = bio_labels(enc, e.spans, l2i)
+        out.append(decode_spans(enc, [x if x != IGNORE else 0 for x in lab], id2label))
+    return out
+
+
+def test_roundtrip_fixtures_with_traps(asset, tiny_tokenizer):
+    for name in ("wnut_like.conll", "resume_like.bmes"):
+        ex = read_ner(asset(name))
+        assert roundtrip(tiny_tokenizer, ex) == [sorted(e.spans) for e in ex]
+
+
+def test_roundtrip_synthetic(tiny_tokenizer):
+    ex = synthetic_ner(100, seed=5)
+    assert roundtrip(tiny_tokenizer, ex) == [e.spans for e in ex]
+
+
+def test_token_without_pieces_shifts_nothing(tiny_tokenizer):
+    text = "see \u200b Paris"
+    enc = encode_texts(tiny_tokenizer, [text])[0]
+    assert all(text[s:e] != "\u200b" for s, e in enc.offsets)  # the tokenizer drops it
+    labels = bio_labels(enc, [(8, 13, "LOC")], {"O": 0, "B-LOC": 1, "I-LOC": 2})
+    firsts = [lab for lab, f in zip(labels, enc.first) if f]
+    assert firsts[-1] == 1 and set(firsts[:-1]) == {0}
+
+
+def test_subword_labels_only_on_first_piece():
+    enc = Encoded(ids=[1, 2, 3], offsets=[(0, 3), (3, 6), (7, 9)], first=[True, False, True])
+    assert bio_labels(enc, [(0, 6, "X")], {"O": 0, "B-X": 1, "I-X": 2}) == [1, IGNORE, 0]
+
+
+def test_windows_cover_everything_with_overlap():
+    for n in (1, 5, 6, 7, 50, 101):
+        wins = make_windows(n, max_length=8, stride=2)
+        covered = set()
+        for a, b in wins:
+            assert b - a <= 6
+            covered |= set(range(a, b))
+        assert covered == set(range(n))
+        for (a1, b1), (a2, b2) in zip(wins, wins[1:]):
+            assert b1 - a2 == 2  # overlap equals the stride
+
+
+def test_merge_prefers_window_centre():
+    # window 0 says 1 everywhere, window 1 says 2: overlap [4, 6) splits at its midpoint
+    merged = merge_windows(10, [(0, 6, [1] * 6), (4, 10, [2] * 6)])
+    assert merged == [1, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+
+
+def test_long_text_windows_merge_back_to_gold(tiny_tokenizer):
+    rng = random.Random(0)
+    ex = synthetic_ner(30, seed=9, max_clauses=3)
+    text, spans = "", []
+    for e in ex:  # one long text far over the window size
+        base = len(text) + (1 if text else 0)
+        text = (text + " " if text else "") + e.text
+        spans += [(s + base, e_ + base, lab) for s, e_, lab in e.spans]
+    id2label = bio_label_list(sorted({lab for *_, lab in spans}))
+    l2i = {lab: i for i, lab in enumerate(id2label)}
+    enc = encode_texts(tiny_tokenizer, [text])[0]
+    gold = bio_labels(enc, spans, l2i)
+    wins = windows_for([enc], max_length=32, stride=8, cls_id=2, sep_id=3, labels=[gold])
+    assert len(wins) > 10 and all(len(w) <= 32 for w in wins)
+    # a perfect "model": each window predicts its own labels; noise outside the owned middle
+    parts = []
+    for k, w in enumerate(wins):
+        pred = [x if x != IGNORE else 0 for x in w.labels[1:-1]]
+        if k > 0 and rng.random() < 0.5:
+            pred[0] = 1  # inner edges are overruled by the neighbour that sees them centred
+        if k < len(wins) - 1 and rng.random() < 0.5:
+            pred[-1] = 1
+        parts.append((w.start, w.end, pred))
+    merged = merge_windows(len(enc.ids), parts)
+    assert decode_spans(enc, merged, id2label) == spans

@@ -1,0 +1,123 @@
+import json
+import logging
+
+import pytest
+
+from spanflow.data.formats.conll import join_tokens
+from spanflow.data.io import read_ner, read_texts
+from spanflow.errors import DataError
+
+
+def write(tmp_path, name, content, mode="w"):
+    p = tmp_path / name
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content, encoding="utf-8")
+    return str(p)
+
+
+def test_wnut_traps(asset):
+    ex = read_ner(asset("wnut_like.conll"))
+    assert len(ex) == 3  # tab-only and whitespace-only lines break sentences; -DOCSTART- skipped
+    assert ex[0].entities() == [("Empire State Building", "location")]
+    assert ex[1].text == "Go see \ufe0f Dubbz\ufeff now \u200b in Paris"
+    assert ex[1].entities() == [("Dubbz\ufeff", "person"), ("Paris", "location")]
+    assert ex[2].spans == []
+
+
+def test_bmes_chinese_join_and_orphan_repair(asset, caplog):
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        ex = read_ner(asset("resume_like.bmes"))
+    assert ex[0].text == "高勇：男，1966年中国国籍"  # one char per line joins without spaces
+    assert ex[0].entities() == [("高勇", "NAME"), ("中国国籍", "CONT")]
+    assert ex[1].entities() == [("公司", "ORG"), ("董事", "TITLE")]  # M- after a break opens the entity
+    assert ex[2].entities() == [("MBA", "EDU"), ("张", "NAME")]
+    assert "resume_like.bmes" in caplog.text and "lines 16" in caplog.text
+
+
+def test_strict_rejects_orphan_inside_tag(asset):
+    with pytest.raises(DataError) as e:
+        read_ner(asset("resume_like.bmes"), strict=True)
+    assert e.value.line == 16 and "M-ORG" in str(e.value)
+
+
+def test_bioes_iob1_and_extra_columns(tmp_path):
+    p = write(tmp_path, "x.conll", "John NNP x B-PER\nSmith NNP x E-PER\nin IN x O\nRome NNP x S-LOC\n")
+    assert read_ner(p)[0].entities() == [("John Smith", "PER"), ("Rome", "LOC")]
+    p = write(tmp_path, "y.conll", "Mary I-PER\nAnn I-PER\nBob B-PER\nsaw O\nUK I-LOC\n")
+    assert read_ner(p)[0].entities() == [("Mary Ann", "PER"), ("Bob", "PER"), ("UK", "LOC")]
+    p = write(tmp_path, "z.conll", "A B-X\nB L-X\nC U-Y\n")  # BILOU reads as BIOES
+    assert read_ner(p)[0].entities() == [("A B", "X"), ("C", "Y")]
+
+
+def test_mixed_cjk_and_latin_join():
+    text, offs = join_tokens(["我", "爱", "Python", "和", "北京"])
+    assert text == "我爱 Python 和北京"
+    assert [text[s:e] for s, e in offs] == ["我", "爱", "Python", "和", "北京"]
+
+
+@pytest.mark.parametrize("content,line,needle", [
+    ("a O\nb\n", 2, "token and a tag"),
+    ("a O\nb O extra\n", 2, "expected 2 columns"),
+    ("a O\nb X-PER\n", 2, "unknown tag"),
+    ("a O\nb M-PER\nc B-PER\nd I-PER\n", None, "not valid in the BMES"),
+])
+def test_conll_errors_name_the_line(tmp_path, content, line, needle):
+    p = write(tmp_path, "bad.conll", content)
+    with pytest.raises(DataError) as e:
+        read_ner(p)
+    assert needle in str(e.value) and "bad.conll" in str(e.value)
+    if line:
+        assert e.value.line == line
+
+
+def test_bio_scheme_rejects_bmes_tags(tmp_path):
+    p = write(tmp_path, "b.conll", "a B-PER\nb M-PER\n")
+    with pytest.raises(DataError, match="not valid in the BIO scheme"):
+        read_ner(p, scheme="bio")
+
+
+def test_unknown_scheme_empty_and_invalid_utf8(tmp_path):
+    p = write(tmp_path, "ok.conll", "a O\n")
+    with pytest.raises(DataError, match="unknown tag scheme"):
+        read_ner(p, scheme="bilou2")
+    with pytest.raises(DataError, match="empty"):
+        read_ner(write(tmp_path, "empty.conll", "\n  \n"))
+    with pytest.raises(DataError) as e:
+        read_ner(write(tmp_path, "u.conll", b"a O\nb\xff\xfe O\n"))
+    assert e.value.line == 2 and "UTF-8" in str(e.value)
+    with pytest.raises(DataError, match="not found"):
+        read_ner(str(tmp_path / "missing.conll"))
+
+
+def test_jsonl_both_entity_shapes(tmp_path):
+    recs = [{"text": "Ann in Rome", "entities": [[0, 3, "PER"], {"start": 7, "end": 11, "label": "LOC"}]},
+            {"text": "nothing", "entities": []}]
+    p = write(tmp_path, "d.jsonl", "\n".join(json.dumps(r) for r in recs) + "\n")
+    ex = read_ner(p)
+    assert ex[0].entities() == [("Ann", "PER"), ("Rome", "LOC")] and ex[1].spans == []
+
+
+@pytest.mark.parametrize("rec,needle", [
+    ('{"text": "abc", "entities": [[0, 9, "X"]]}', "out of range"),
+    ('{"text": "abcdef", "entities": [[0, 4, "X"], [2, 5, "Y"]]}', "overlap"),
+    ('{"text": "abc", "entities": [[2, 1, "X"]]}', "out of range"),
+    ('{"text": "abc", "entities": [{"start": 0}]}', "lacks 'end'"),
+    ('{"txt": "abc"}', 'string "text"'),
+    ('{"text": "abc", ', "invalid JSON"),
+])
+def test_jsonl_errors(tmp_path, rec, needle):
+    p = write(tmp_path, "bad.jsonl", '{"text": "ok", "entities": []}\n' + rec + "\n")
+    with pytest.raises(DataError) as e:
+        read_ner(p)
+    assert needle in str(e.value) and e.value.line == 2
+
+
+def test_read_texts_plain_and_error_records(tmp_path):
+    assert list(read_texts(write(tmp_path, "t.txt", "one\n\nthree\n"))) == ["one", "", "three"]
+    p = write(tmp_path, "t.jsonl", '{"text": "a"}\nnot json\n{"text": "c"}\n')
+    items = list(read_texts(p, errors="record"))
+    assert items[0] == "a" and items[2] == "c" and isinstance(items[1], DataError) and items[1].line == 2
+    with pytest.raises(DataError):
+        list(read_texts(p))
