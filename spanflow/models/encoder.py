@@ -55,18 +55,40 @@ def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
 
 
 def train_wordpiece(texts: list[str], vocab_size: int = 4000):
-    """A BERT-style WordPiece tokenizer trained on `texts`, as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    """A BERT-style WordPiece tokenizer fitted to `texts`, as a transformers fast tokenizer.
+
+    The vocabulary is every character seen (as a word start and as a ##continuation, so
+    no seen text maps to [UNK]) plus the most frequent words, ties broken alphabetically.
+    It is built here rather than by the library's trainer because that trainer's
+    vocabulary differs from run to run, and a resumed or repeated run must rebuild the
+    very same tokenizer.
+    """
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=False, handle_chinese_chars=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    normalizer = normalizers.BertNormalizer(lowercase=False, handle_chinese_chars=True)
+    pre = pre_tokenizers.BertPreTokenizer()
+    words: Counter = Counter()
+    for t in texts:
+        words.update(w for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(t)))
+    chars = sorted({c for w in words for c in w})
+    vocab = specials + chars + ["##" + c for c in chars]
+    seen = set(vocab)
+    for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(vocab) >= vocab_size:
+            break
+        if w not in seen:
+            vocab.append(w)
+            seen.add(w)
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]",
+                                     max_input_chars_per_word=200))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                                             min_frequency=1))
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    cls, sep = vocab.index("[CLS]"), vocab.index("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",

@@ -77,7 +77,8 @@ def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[flo
         return None, "unknown"
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     n = 1024
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    g = torch.Generator().manual_seed(0)  # a private generator: never disturb the training RNG
+    a, b = torch.randn(n, n, generator=g).to(dtype), torch.randn(n, n, generator=g).to(dtype)
     a @ b  # warm-up
     best = float("inf")
     for _ in range(3):

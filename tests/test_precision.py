@@ -1,0 +1,29 @@
+import pytest
+import torch
+
+from spanflow.errors import ConfigError
+from spanflow.training.precision import resolve_policy
+
+
+def test_cpu_defaults_to_fp32():
+    p = resolve_policy("auto", "cpu")
+    assert p.device.type == "cpu" and p.amp_dtype is None and not p.use_scaler
+    assert "fp32" in p.describe()
+
+
+def test_cpu_bf16_autocasts_matmuls():
+    p = resolve_policy("bf16", "cpu")
+    lin = torch.nn.Linear(4, 4)
+    with p.autocast():
+        y = lin(torch.randn(2, 4))
+    assert y.dtype == torch.bfloat16 and lin.weight.dtype == torch.float32  # fp32 master weights
+
+
+def test_bad_choices_are_config_errors():
+    with pytest.raises(ConfigError, match="fp16 is for CUDA"):
+        resolve_policy("fp16", "cpu")
+    with pytest.raises(ConfigError, match="unknown precision"):
+        resolve_policy("int3", "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA"):
+            resolve_policy("auto", "cuda")
