@@ -1,6 +1,7 @@
 """The NER Python API: NerModel (load, predict, evaluate, save) and train_ner."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -15,6 +16,7 @@ from spanflow.models.encoder import build_tiny, encoder_max_length, load_encoder
 from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
 from spanflow.tasks.metrics import span_prf
 from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows
+from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy, resolve_policy
@@ -97,6 +99,8 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
               options: TrainOptions | None = None, log_fn: Callable[[str], None] = print) -> NerModel:
     """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned."""
     opts = options or TrainOptions()
+    if opts.lr is None:  # a from-scratch model wants a far larger step than a pretrained one
+        opts = dataclasses.replace(opts, lr=2e-3 if model == "tiny" else 5e-5)
     torch.manual_seed(opts.seed)
     policy = resolve_policy(opts.precision, opts.device)
     log_fn(policy.describe())
@@ -104,8 +108,8 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     if not labels:
         raise ConfigError("the training data has no entities")
     os.makedirs(out_dir, exist_ok=True)
-    ckpt_model = os.path.join(out_dir, "checkpoint", "model")
-    source = ckpt_model if opts.resume and os.path.isdir(ckpt_model) else model
+    ckpt_dir = os.path.join(out_dir, "checkpoint")
+    source = os.path.join(ckpt_dir, "model") if opts.resume and has_checkpoint(ckpt_dir) else model
     nm = _start_model(source, train, labels, opts, policy)
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)

@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
     d = TrainOptions()
     p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-5; 2e-3 for tiny)")
     p.add_argument("--head-lr", type=float, default=None, help="learning rate of the head (default: --lr)")
     p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)

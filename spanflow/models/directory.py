@@ -32,6 +32,13 @@ def replace_dir(tmp: str, final: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def recover_dir(final: str) -> None:
+    """Finish a replace_dir that was killed between its two renames."""
+    old = final.rstrip("/") + ".old"
+    if not os.path.exists(final) and os.path.exists(old):
+        os.replace(old, final)
+
+
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:
     """Write encoder (safetensors), tokenizer files, head weights and config into `path`."""
     path = os.path.abspath(path)

@@ -8,7 +8,7 @@ import tempfile
 
 import torch
 
-from spanflow.models.directory import replace_dir
+from spanflow.models.directory import recover_dir, replace_dir
 
 STATE = "state.json"
 TRAINER = "trainer.pt"
@@ -39,6 +39,7 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
 
 
 def has_checkpoint(ckpt_dir: str) -> bool:
+    recover_dir(ckpt_dir)
     return os.path.exists(os.path.join(ckpt_dir, STATE)) and os.path.exists(os.path.join(ckpt_dir, TRAINER))
 
 

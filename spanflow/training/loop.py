@@ -80,6 +80,11 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     if opts.resume and has_checkpoint(ckpt_dir):
         st = load_checkpoint(ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
         log(f"resumed from {ckpt_dir}: epoch {st['epoch'] + 1}, step {st['global_step']}")
+    else:
+        if opts.resume:
+            log(f"no checkpoint in {ckpt_dir}; starting from the beginning")
+        if os.path.exists(report_path):
+            os.remove(report_path)  # a fresh run starts a fresh report
     mean_len = sum(lengths) / max(1, len(lengths))
     meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))
 

@@ -9,7 +9,7 @@ class TrainOptions:
     """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher)."""
 
     epochs: int = 3
-    lr: float = 5e-5
+    lr: float | None = None  # None: 5e-5 for a pretrained encoder, 2e-3 for `tiny`
     head_lr: float | None = None  # None: same as lr
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1

@@ -1,0 +1,101 @@
+"""NER prediction: HF pipeline("token-classification", aggregation_strategy="simple",
+batch_size=32) vs spanflow on the same trained model and texts.
+
+    python bench/ner_predict_vs_hf_pipeline.py --model runs/wnut/model --data ../shared/data/wnut17/dev.conll
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+from common import median, write_results  # noqa: E402
+from spanflow.batching.align import encode_texts  # noqa: E402
+from spanflow.batching.batcher import padding_efficiency, token_budget_batches  # noqa: E402
+from spanflow.data.io import read_ner  # noqa: E402
+from spanflow.ner import NerModel  # noqa: E402
+
+
+def to_hf(model: NerModel, model_dir: str, path: str) -> None:
+    """The same weights as a stock AutoModelForTokenClassification directory."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    cfg = AutoConfig.from_pretrained(os.path.join(model_dir, "encoder"), num_labels=len(model.id2label),
+                                     id2label=dict(enumerate(model.id2label)),
+                                     label2id={lab: i for i, lab in enumerate(model.id2label)})
+    hf = AutoModelForTokenClassification.from_config(cfg)
+    base = getattr(hf, hf.base_model_prefix)
+    missing = base.load_state_dict(model.module.encoder.state_dict(), strict=False)
+    assert not [k for k in missing.missing_keys if "pooler" not in k], missing
+    hf.classifier.load_state_dict(model.module.head.proj.state_dict())
+    hf.save_pretrained(path)
+    model.tokenizer.save_pretrained(path)
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a spanflow NER model directory")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args()
+    from transformers import pipeline
+
+    texts = [e.text for e in read_ner(a.data)]
+    sf = NerModel.load(a.model, device="cpu", precision="fp32")
+    hf_dir = tempfile.mkdtemp(prefix="hf_ner_")
+    to_hf(sf, a.model, hf_dir)
+    pipe = pipeline("token-classification", model=hf_dir, aggregation_strategy="simple", batch_size=32, device=-1)
+    torch.set_grad_enabled(False)
+    pipe(texts[:64])  # warm-up
+    sf.predict(texts[:64])
+    t_hf, hf_out = timed(lambda: pipe(texts), a.repeats)
+    t_sf, sf_out = timed(lambda: sf.predict(texts, max_tokens=a.max_tokens), a.repeats)
+    sf16 = NerModel.load(a.model, device="cpu", precision="bf16")
+    sf16.predict(texts[:64])
+    t_sf16, sf16_out = timed(lambda: sf16.predict(texts, max_tokens=a.max_tokens), a.repeats)
+    hf_spans = [sorted((d["start"], d["end"], d["entity_group"]) for d in doc) for doc in hf_out]
+    same = sum(h == s for h, s in zip(hf_spans, sf_out))
+    diffs = [(t, h, s) for t, h, s in zip(texts, hf_spans, sf_out) if h != s]
+    lengths = [len(e.ids) + 2 for e in encode_texts(sf.tokenizer, texts)]
+    hf_eff = padding_efficiency([list(range(i, min(i + 32, len(texts)))) for i in range(0, len(texts), 32)], lengths)
+    sf_eff = padding_efficiency(token_budget_batches(lengths, a.max_tokens, shuffle=False), lengths)
+    n_tok = sum(lengths)
+    rows = [
+        {"run": "hf_pipeline_simple_bs32_fp32", "seconds": t_hf, "texts_per_s": len(texts) / t_hf,
+         "real_tokens_per_s": n_tok / t_hf, "padding_efficiency": hf_eff, "speedup": 1.0},
+        {"run": "spanflow_fp32", "seconds": t_sf, "texts_per_s": len(texts) / t_sf, "real_tokens_per_s": n_tok / t_sf,
+         "padding_efficiency": sf_eff, "speedup": t_hf / t_sf},
+        {"run": "spanflow_bf16", "seconds": t_sf16, "texts_per_s": len(texts) / t_sf16,
+         "real_tokens_per_s": n_tok / t_sf16, "padding_efficiency": sf_eff, "speedup": t_hf / t_sf16},
+    ]
+    print(f"identical entity lists: {same}/{len(texts)} texts (fp32); bf16 vs fp32 identical: "
+          f"{sum(a_ == b for a_, b in zip(sf_out, sf16_out))}/{len(texts)}")
+    for t, h, s in diffs[:10]:
+        print("DIFF", repr(t[:120]), "\n  hf:", [(t[x:y], lab) for x, y, lab in h], "\n  sf:",
+              [(t[x:y], lab) for x, y, lab in s])
+    write_results(a.out, "ner_predict_vs_hf_pipeline",
+                  {"description": f"{len(texts)} texts of {a.data}, model {a.model}, CPU; medians of {a.repeats}. "
+                                  f"Identical entity lists (fp32): {same}/{len(texts)}",
+                   "identical_texts": same, "n_texts": len(texts),
+                   "differences": [{"text": t, "hf": h, "spanflow": s} for t, h, s in diffs]},
+                  rows, ["run", "seconds", "texts_per_s", "real_tokens_per_s", "padding_efficiency", "speedup"])
+
+
+if __name__ == "__main__":
+    main()
