@@ -19,7 +19,7 @@ from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_w
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy, resolve_policy
+from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 log = logging.getLogger("spanflow")
 
@@ -56,18 +56,19 @@ class NerModel:
                        config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
                                "stride": self.stride, "tag_scheme": "bio"})
 
-    def predict_stream(self, texts: Iterable[str], *, max_tokens: int = 8192,
+    def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
                        on_batch: Callable | None = None) -> Iterator[list[Span]]:
         """Spans for each text, in order, with bounded memory for inputs of any size."""
+        max_tokens = max_tokens or default_infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
                          on_batch=on_batch)
 
-    def predict(self, texts: list[str], *, max_tokens: int = 8192) -> list[list[Span]]:
+    def predict(self, texts: list[str], *, max_tokens: int | None = None) -> list[list[Span]]:
         """Character-offset (start, end, label) spans for each text."""
         return list(self.predict_stream(texts, max_tokens=max_tokens))
 
-    def evaluate(self, examples: list[NerExample], *, max_tokens: int = 8192) -> dict:
+    def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None) -> dict:
         """Entity-level exact-span P/R/F1, overall and per label."""
         pred = self.predict([e.text for e in examples], max_tokens=max_tokens)
         return span_prf([e.spans for e in examples], pred)
@@ -114,7 +115,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
-    evaluate = (lambda module: nm.evaluate(dev, max_tokens=opts.max_tokens * 2)) if dev else None
+    evaluate = (lambda module: nm.evaluate(dev)) if dev else None
     hooks = TaskHooks(collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=ner_loss, evaluate=evaluate,
                       save_model=nm.save)
     summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn)

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=["conll", "jsonl"])
     p.add_argument("--scheme")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_runtime_args(p, max_tokens=8192)
+    add_runtime_args(p, max_tokens=None)
 
 
 def run(a: argparse.Namespace) -> int:

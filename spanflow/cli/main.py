@@ -5,10 +5,10 @@ import argparse
 import logging
 import sys
 
-from spanflow.cli import demo, evaluate, predict, train
+from spanflow.cli import demo, embed, evaluate, predict, train
 from spanflow.errors import SpanflowError
 
-COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "demo": demo}
+COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,10 +21,10 @@ def add_parser(sub) -> None:
     p.add_argument("--input", required=True, help="plain text (one document per line) or JSONL")
     p.add_argument("--output", required=True, help="output JSONL")
     p.add_argument("--field", default="text", help="JSONL field holding the text [%(default)s]")
-    add_runtime_args(p, max_tokens=8192)
+    add_runtime_args(p, max_tokens=None)
 
 
-def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: int = 8192,
+def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: int | None = None,
                  progress: bool = True) -> dict:
     """Tag every record of `src` into `dst` (written to a temp file, then renamed).
 

@@ -1,0 +1,46 @@
+"""`spanflow embed --model DIR --input F --output OUT.npy|OUT.jsonl`"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from spanflow.embedder import EMBED_PRECISIONS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("embed", help="embed texts in bulk (.npy or JSONL output), streaming and resumable",
+                       description="Embed every record of the input. Empty or whitespace-only texts get the "
+                                   "embedding of an input with only special tokens; unreadable records become "
+                                   "NaN rows (.npy) or error records (JSONL) and are listed in OUT.errors.jsonl.")
+    p.add_argument("--model", required=True, help="a sentence-transformers or Hugging Face encoder directory")
+    p.add_argument("--input", required=True, help="text lines, JSONL (--field) or CSV/TSV (--column)")
+    p.add_argument("--output", required=True, help="OUT.npy (plus OUT.ids.txt) or OUT.jsonl")
+    p.add_argument("--field", default="text", help="JSONL field with the text [%(default)s]")
+    p.add_argument("--column", type=int, default=None, help="CSV/TSV column with the text, from 0 [0]")
+    p.add_argument("--skip-header", action="store_true", help="skip the first line/row")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help=".npy dtype [%(default)s]")
+    p.add_argument("--window", type=int, default=8192, help="texts read, sorted and written at a time")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="padded tokens per batch [2048 on CPU, 32768 on GPU]")
+    p.add_argument("--precision", choices=EMBED_PRECISIONS, default="auto",
+                   help="auto, fp32, bf16, fp16 (CUDA) or int8 (CPU dynamic quantization) [%(default)s]")
+    p.add_argument("--force", action="store_true", help="accept a reduced precision that fails the cosine check")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--resume", action="store_true", help="continue a killed run of the same job")
+
+
+def run(a: argparse.Namespace) -> int:
+    from spanflow.embedder import Embedder
+    from spanflow.inference.embed_job import EmbedSpec, embed_file
+
+    emb = Embedder.load(a.model, precision=a.precision, device=a.device)
+    print(f"device {emb.policy.device}, precision {emb.precision_name}, max length {emb.max_length}, "
+          f"dim {emb.dim}")
+    spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
+                     window=a.window, dtype=a.dtype, model=a.model)
+    s = embed_file(emb, spec, max_tokens=a.max_tokens, resume=a.resume, force=a.force)
+    print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "
+          f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
+          f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")
+    print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
+    return 0

@@ -1,0 +1,201 @@
+"""The embedding Python API: Embedder.load(dir) and encode(texts) -> np.ndarray."""
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from spanflow.batching.batcher import token_budget_batches
+from spanflow.batching.prefetch import prefetch
+from spanflow.errors import ConfigError
+from spanflow.models.encoder import encoder_max_length, load_encoder
+from spanflow.models.pooling import Pooling
+from spanflow.models.st_dir import read_embedding_config
+from spanflow.training.precision import default_infer_tokens, resolve_policy
+
+log = logging.getLogger("spanflow")
+
+EMBED_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+# the least mean cosine to fp32 a reduced precision must reach on the calibration sample
+MIN_MEAN_COSINE = {"bf16": 0.999, "fp16": 0.999, "int8": 0.99}
+
+
+class _Pooled(nn.Module):
+    def __init__(self, encoder: nn.Module, pooling: Pooling):
+        super().__init__()
+        self.encoder, self.pooling = encoder, pooling
+
+    def forward(self, input_ids, attention_mask):
+        h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+        return self.pooling({"token_embeddings": h, "attention_mask": attention_mask})  # (B, H)
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    buf = []
+    for x in items:
+        buf.append(x)
+        if len(buf) == size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+class Embedder:
+    """A sentence embedder: encoder + pooling (+ normalisation), batched by token budget.
+
+    Empty and whitespace-only texts are embedded as the model embeds an input of only its
+    special tokens (what sentence-transformers returns too); they never fail.
+    """
+
+    def __init__(self, *, encoder: nn.Module, tokenizer, pooling: Pooling, max_length: int,
+                 precision: str = "auto", device: str = "auto"):
+        if precision not in EMBED_PRECISIONS:
+            raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(EMBED_PRECISIONS)}")
+        self.tokenizer, self.max_length, self.precision = tokenizer, max_length, precision
+        self.policy = resolve_policy("fp32" if precision == "int8" else precision, device)
+        if precision == "int8" and self.policy.device.type != "cpu":
+            raise ConfigError("int8 dynamic quantization runs on CPU only; use --device cpu")
+        self.model = _Pooled(encoder, pooling).eval().to(self.policy.device)
+        self._fp32 = None
+        if precision == "int8":
+            self._fp32 = self.model
+            self.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(self.model), {nn.Linear},
+                                                                dtype=torch.qint8)
+        self._backend = self._fast_backend()
+        self.truncated = 0  # texts cut at max_length so far
+        self.oom_budget: int | None = None  # token budget lowered after an out-of-memory error
+
+    @property
+    def dim(self) -> int:
+        return self.model.encoder.config.hidden_size
+
+    @property
+    def precision_name(self) -> str:
+        return "int8" if self.precision == "int8" else self.policy.name
+
+    @classmethod
+    def load(cls, path: str, *, precision: str = "auto", device: str = "auto") -> "Embedder":
+        """A sentence-transformers directory (modules.json, pooling, Normalize, max_seq_length)
+        or a plain Hugging Face encoder directory (mean pooling)."""
+        cfg = read_embedding_config(path)
+        encoder, tokenizer = load_encoder(cfg["encoder_dir"])
+        limit = encoder_max_length(encoder, tokenizer)
+        max_length = min(cfg["max_seq_length"] or limit, limit)
+        return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
+                   normalize=cfg["normalize"]), max_length=max_length, precision=precision, device=device)
+
+    def _fast_backend(self):
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+        backend.no_padding()
+        backend.enable_truncation(self.max_length)
+        return backend
+
+    def tokenize(self, texts: list[str]) -> tuple[list[list[int]], int]:
+        """Token ids with special tokens, truncated at max_length; and how many were cut."""
+        encs = self._backend.encode_batch(texts)
+        return [e.ids for e in encs], sum(1 for e in encs if e.overflowing)
+
+    def _forward(self, model: nn.Module, ids: list[list[int]], batch: list[int], autocast: bool) -> torch.Tensor:
+        T = max(len(ids[i]) for i in batch)
+        pad = self.tokenizer.pad_token_id or 0
+        x = torch.full((len(batch), T), pad, dtype=torch.long)
+        m = torch.zeros((len(batch), T), dtype=torch.long)
+        for r, i in enumerate(batch):
+            x[r, :len(ids[i])] = torch.tensor(ids[i])
+            m[r, :len(ids[i])] = 1
+        dev = self.policy.device
+        with torch.inference_mode(), (self.policy.autocast() if autocast else _null()):
+            return model(x.to(dev, non_blocking=True), m.to(dev, non_blocking=True)).float()  # (B, H)
+
+    def _embed_ids(self, ids: list[list[int]], max_tokens: int, model: nn.Module | None = None,
+                   autocast: bool = True, on_batch: Callable | None = None) -> np.ndarray:
+        """Embed token-id lists in token-budget batches (longest first).
+
+        Out of memory on CUDA: the batch is split (the rest of the window re-cut at half
+        that batch's size) and the lower budget is kept for the rest of the run.
+        """
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        lengths = [len(t) for t in ids]
+        budget = max(max_tokens, self.max_length)
+        if self.oom_budget:
+            budget = min(budget, self.oom_budget)
+        batches = token_budget_batches(lengths, budget, shuffle=False)
+        k = 0
+        while k < len(batches):
+            batch = batches[k]
+            try:
+                emb = self._forward(model or self.model, ids, batch, autocast)
+            except torch.cuda.OutOfMemoryError:
+                if len(batch) == 1:
+                    raise
+                padded = max(lengths[i] for i in batch) * len(batch)
+                self.oom_budget = max(1, padded // 2)
+                log.warning("out of memory on a batch of %d texts (%d padded tokens): splitting it; token "
+                            "budget lowered to %d for the rest of the run", len(batch), padded, self.oom_budget)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                rest = [i for b in batches[k:] for i in b]
+                recut = token_budget_batches([lengths[i] for i in rest], self.oom_budget, shuffle=False)
+                batches = batches[:k] + [[rest[j] for j in b] for b in recut]
+                continue
+            out[batch] = emb.cpu().numpy()  # host sync: one per batch, the result is needed
+            if on_batch:
+                lens = [lengths[i] for i in batch]
+                on_batch(len(batch), sum(lens), max(lens) * len(lens))
+            k += 1
+        return out
+
+    def encode_stream(self, texts: Iterable[str], *, window: int = 8192, max_tokens: int | None = None,
+                      on_batch: Callable | None = None) -> Iterator[np.ndarray]:
+        """One (n, dim) float32 array per `window` texts, in input order; the next window is
+        tokenized in a background thread while this one computes."""
+        max_tokens = max_tokens or default_infer_tokens(self.policy.device)
+
+        def prep(chunk):
+            return self.tokenize(chunk)
+
+        for ids, n_cut in prefetch(prep(c) for c in _chunks(texts, window)):
+            self.truncated += n_cut
+            yield self._embed_ids(ids, max_tokens, on_batch=on_batch)
+
+    def encode(self, texts: list[str], *, max_tokens: int | None = None) -> np.ndarray:
+        """(len(texts), dim) float32 embeddings in input order."""
+        parts = list(self.encode_stream(texts, max_tokens=max_tokens))
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
+
+    def calibrate(self, texts: list[str], *, max_tokens: int = 4096) -> dict | None:
+        """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32."""
+        if self.precision_name == "fp32" or not texts:
+            return None
+        ids, _ = self.tokenize(texts)
+        ref_model = self._fp32 or self.model
+        ref = self._embed_ids(ids, max_tokens, model=ref_model, autocast=False)
+        got = self._embed_ids(ids, max_tokens)
+        cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1) + 1e-12)
+        return {"precision": self.precision_name, "n": len(texts), "mean_cosine": float(cos.mean()),
+                "min_cosine": float(cos.min()), "threshold": MIN_MEAN_COSINE[self.precision_name]}
+
+    def check_precision(self, texts: list[str], *, force: bool = False) -> dict | None:
+        """Calibrate and refuse (ConfigError) a reduced precision whose mean cosine to fp32 is
+        below its threshold, unless `force`."""
+        cal = self.calibrate(texts)
+        if cal and cal["mean_cosine"] < cal["threshold"] and not force:
+            raise ConfigError(f"{cal['precision']} embeddings reach a mean cosine of {cal['mean_cosine']:.5f} "
+                              f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
+                              "use a higher precision, or --force to accept")
+        return cal
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
