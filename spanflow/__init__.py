@@ -7,7 +7,7 @@ from spanflow.training.options import TrainOptions
 __version__ = "0.1.0"
 
 __all__ = ["NerExample", "read_ner", "read_texts", "TrainOptions", "SpanflowError", "DataError",
-           "ModelDirError", "ConfigError", "NerModel", "train_ner"]
+           "ModelDirError", "ConfigError", "NerModel", "train_ner", "Embedder"]
 
 
 def __getattr__(name: str):
@@ -16,4 +16,8 @@ def __getattr__(name: str):
         from spanflow import ner
 
         return getattr(ner, name)
+    if name == "Embedder":
+        from spanflow.embedder import Embedder
+
+        return Embedder
     raise AttributeError(name)

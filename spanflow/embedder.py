@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -64,8 +65,7 @@ class Embedder:
         self._fp32 = None
         if precision == "int8":
             self._fp32 = self.model
-            self.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(self.model), {nn.Linear},
-                                                                dtype=torch.qint8)
+            self.model = _quantize_int8(self.model)
         self._backend = self._fast_backend()
         self.truncated = 0  # texts cut at max_length so far
         self.oom_budget: int | None = None  # token budget lowered after an out-of-memory error
@@ -191,6 +191,17 @@ class Embedder:
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
                               "use a higher precision, or --force to accept")
         return cal
+
+
+def _quantize_int8(model: nn.Module) -> nn.Module:
+    """Dynamic int8 quantization of the Linear layers (weights int8, activations quantized per batch)."""
+    try:
+        from torch.ao.quantization import quantize_dynamic
+    except ImportError:
+        raise ConfigError("int8 needs torch.ao.quantization, which this torch build lacks") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its deprecation notice is for torch developers, not users
+        return quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
 
 
 class _null:

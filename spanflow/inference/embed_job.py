@@ -133,7 +133,6 @@ def _run_windows(embedder, spec, fmt, state, partial, journal, errors_path, max_
     done = state["windows_done"]
     recs = read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header)
     recs = itertools.islice(recs, done * W, None)  # finished windows are skipped, not recomputed
-    mm = open_memmap(partial, mode="r+") if fmt == "npy" else None
     bar = tqdm(total=n, initial=min(n, done * W), unit="text", disable=not progress, dynamic_ncols=True,
                mininterval=0.5)
     tokens = [0]
@@ -168,8 +167,12 @@ def _run_windows(embedder, spec, fmt, state, partial, journal, errors_path, max_
             for k, (_, t) in enumerate(window):
                 if isinstance(t, DataError):
                     emb[k] = np.nan  # an unreadable record: a NaN row, explained in the errors file
+            # map the file for this window only: pages of a map held open for the whole run
+            # would count in the process's memory and grow with the input
+            mm = open_memmap(partial, mode="r+")
             mm[start:start + len(window)] = emb.astype(spec.dtype)
             mm.flush()
+            del mm
         else:
             with open(partial, "r+", encoding="utf-8") as f:
                 f.seek(state["bytes"])
@@ -192,4 +195,3 @@ def _run_windows(embedder, spec, fmt, state, partial, journal, errors_path, max_
         state["windows_done"] = w + 1
         _write_json_atomic(journal, state)
     bar.close()
-    del mm

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from spanflow.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+log = logging.getLogger("spanflow")
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,6 +87,8 @@ def resolve_policy(precision: str = "auto", device: str = "auto") -> Policy:
         precision = "fp32" if precision == "auto" else precision
         if precision == "fp16":
             raise ConfigError("fp16 is for CUDA devices; on CPU use --precision bf16 or fp32")
+        if precision == "bf16" and not cpu_has_bf16():
+            log.warning("this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32")
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return Policy(dev, dtype, use_scaler=(dtype is torch.float16 and dev.type == "cuda"))
 

@@ -1,0 +1,203 @@
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from spanflow.cli.main import main
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.embedder import Embedder
+from spanflow.errors import ConfigError, ModelDirError
+from spanflow.inference.embed_job import EmbedSpec, embed_file
+from spanflow.models.encoder import build_tiny
+from spanflow.models.pooling import Pooling
+
+TEXTS = [e.text for e in synthetic_ner(40, seed=8, max_clauses=3)]
+
+
+def make_dir(path, modules=None, max_seq_length=None, pooling="mean"):
+    enc, tok = build_tiny(TEXTS, hidden=32, layers=2, heads=2, seed=0)
+    enc.save_pretrained(path)
+    tok.save_pretrained(path)
+    if modules is not None:
+        (path / "modules.json").write_text(json.dumps(modules))
+        (path / "1_Pooling").mkdir()
+        keys = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
+                "max": "pooling_mode_max_tokens", "lasttoken": "pooling_mode_lasttoken"}
+        (path / "1_Pooling" / "config.json").write_text(json.dumps({keys[pooling]: True, "word_embedding_dimension": 32}))
+        if max_seq_length:
+            (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+    return str(path)
+
+
+ST_MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+              {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+              {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+
+
+@pytest.fixture(scope="module")
+def st_dir(tmp_path_factory):
+    return make_dir(tmp_path_factory.mktemp("st"), ST_MODULES, max_seq_length=24, pooling="cls")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return make_dir(tmp_path_factory.mktemp("hf"))
+
+
+def test_pooling_modes_ignore_padding():
+    x = torch.tensor([[[1.0, 0.0], [3.0, 2.0], [100.0, 100.0]]])  # last position is padding
+    m = torch.tensor([[1, 1, 0]])
+    f = {"token_embeddings": x, "attention_mask": m}
+    assert Pooling(mode="mean")(f).tolist() == [[2.0, 1.0]]
+    assert Pooling(mode="cls")(f).tolist() == [[1.0, 0.0]]
+    assert Pooling(mode="max")(f).tolist() == [[3.0, 2.0]]
+    assert Pooling(mode="lasttoken")(f).tolist() == [[3.0, 2.0]]
+    n = Pooling(mode="mean", normalize=True)(f)
+    assert torch.allclose(n.norm(dim=-1), torch.ones(1))
+
+
+def test_st_dir_config_is_read(st_dir, hf_dir):
+    st = Embedder.load(st_dir)
+    assert st.max_length == 24 and st.model.pooling.mode == "cls" and st.model.pooling.normalize
+    hf = Embedder.load(hf_dir)
+    assert hf.model.pooling.mode == "mean" and not hf.model.pooling.normalize and hf.max_length == 512
+
+
+def test_unsupported_module_is_a_clear_error(tmp_path):
+    mods = ST_MODULES + [{"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]
+    d = make_dir(tmp_path, mods)
+    with pytest.raises(ModelDirError, match="Dense"):
+        Embedder.load(d)
+
+
+def test_batching_changes_nothing_and_order_is_kept(st_dir):
+    emb = Embedder.load(st_dir)
+    texts = TEXTS + ["", "   ", "x"]
+    together = emb.encode(texts, max_tokens=64)
+    alone = np.stack([emb.encode([t])[0] for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    assert np.allclose(np.linalg.norm(together, axis=1), 1, atol=1e-5)
+    # empty and whitespace-only texts: the embedding of the special tokens alone
+    np.testing.assert_allclose(together[-3], together[-2], atol=1e-6)
+    assert np.isfinite(together).all()
+
+
+def test_truncation_is_counted(st_dir):
+    emb = Embedder.load(st_dir)
+    emb.encode([" ".join(TEXTS[:5]), "short"])
+    assert emb.truncated == 1
+
+
+def test_oom_splits_and_lowers_budget(st_dir, monkeypatch, caplog):
+    emb = Embedder.load(st_dir)
+    want = emb.encode(TEXTS, max_tokens=4096)
+    real = emb._forward
+
+    def flaky(model, ids, batch, autocast):
+        if len(batch) > 6:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, ids, batch, autocast)
+
+    monkeypatch.setattr(emb, "_forward", flaky)
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        got = emb.encode(TEXTS, max_tokens=4096)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert emb.oom_budget is not None and emb.oom_budget < 4096
+    assert "out of memory" in caplog.text and "lowered" in caplog.text
+
+
+def test_reduced_precision_checked_against_fp32(st_dir, monkeypatch):
+    emb = Embedder.load(st_dir, precision="bf16", device="cpu")
+    cal = emb.check_precision(TEXTS)
+    assert cal["precision"] == "bf16" and 0.9 < cal["mean_cosine"] <= 1.0 + 1e-6 and cal["min_cosine"] <= cal["mean_cosine"]
+    monkeypatch.setitem(__import__("spanflow.embedder").embedder.MIN_MEAN_COSINE, "bf16", 1.01)
+    with pytest.raises(ConfigError, match="below 1.01"):
+        emb.check_precision(TEXTS)
+    assert emb.check_precision(TEXTS, force=True)["mean_cosine"] < 1.01
+    assert Embedder.load(st_dir, precision="fp32").check_precision(TEXTS) is None
+
+
+def test_int8_is_cpu_quantized(st_dir):
+    emb = Embedder.load(st_dir, precision="int8", device="cpu")
+    assert any("quantized" in type(m).__module__ for m in emb.model.modules())
+    cal = emb.calibrate(TEXTS)
+    assert cal["precision"] == "int8" and -1 <= cal["min_cosine"] <= cal["mean_cosine"] <= 1 + 1e-6
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_embed_file_npy_ids_and_error_rows(st_dir, tmp_path):
+    emb = Embedder.load(st_dir)
+    lines = [json.dumps({"id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS[:9])]
+    lines.insert(4, "{not json")
+    src = write_lines(tmp_path / "in.jsonl", lines)
+    out = str(tmp_path / "out.npy")
+    s = embed_file(emb, EmbedSpec(input=src, output=out, window=4), progress=False, log=lambda m: None)
+    arr = np.load(out)
+    assert arr.shape == (10, emb.dim) and s["texts"] == 10 and s["errors"] == 1
+    np.testing.assert_allclose(np.delete(arr, 4, axis=0), emb.encode(TEXTS[:9]), atol=1e-5)
+    assert np.isnan(arr[4]).all()
+    ids = (tmp_path / "out.ids.txt").read_text().split("\n")[:-1]
+    assert ids[:4] == ["d0", "d1", "d2", "d3"] and ids[4] == "5" and ids[5] == "d4"
+    err = [json.loads(x) for x in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert err == [{"id": "5", "line": 5, "error": err[0]["error"]}] and "invalid JSON" in err[0]["error"]
+    assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.progress.json"))
+
+
+def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
+    emb = Embedder.load(st_dir)
+    src = tmp_path / "in.csv"
+    src.write_text('a,"first, with comma",1\nb,second,2\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    embed_file(emb, EmbedSpec(input=str(src), output=str(out), column=1, dtype="float32"), progress=False,
+               log=lambda m: None)
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in recs] == ["1", "2"]
+    np.testing.assert_allclose(np.array([r["embedding"] for r in recs]),
+                               emb.encode(["first, with comma", "second"]), atol=1e-5)
+
+
+def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
+    src = write_lines(tmp_path / "in.txt", TEXTS[:23])
+    out = str(tmp_path / "out.npy")
+    spec = EmbedSpec(input=src, output=out, window=5, dtype="float16", model=st_dir)
+    emb = Embedder.load(st_dir)
+    calls = {"n": 0}
+    real = emb._embed_ids
+
+    def dies_on_third(ids, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # a kill after two finished windows
+        return real(ids, *a, **kw)
+
+    emb._embed_ids = dies_on_third
+    with pytest.raises(KeyboardInterrupt):
+        embed_file(emb, spec, progress=False, log=lambda m: None)
+    journal = json.loads((tmp_path / "out.npy.progress.json").read_text())
+    assert journal["windows_done"] == 2 and not (tmp_path / "out.npy").exists()
+    emb2 = Embedder.load(st_dir)
+    seen = []
+    real2 = emb2._embed_ids
+    emb2._embed_ids = lambda ids, *a, **kw: seen.append(len(ids)) or real2(ids, *a, **kw)
+    embed_file(emb2, spec, resume=True, progress=False, log=lambda m: None)
+    assert seen == [5, 5, 3]  # windows 3..5 only
+    arr = np.load(out)
+    assert arr.dtype == np.float16 and arr.shape[0] == 23
+    np.testing.assert_allclose(arr.astype(np.float32), emb.encode(TEXTS[:23]), atol=2e-3)
+
+
+def test_embed_cli(st_dir, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", TEXTS[:5])
+    out = tmp_path / "o.npy"
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", str(out)]) == 0
+    assert np.load(out).shape[0] == 5 and "embedded 5 texts" in capsys.readouterr().out
+    assert main(["embed", "--model", st_dir, "--input", str(tmp_path / "none.txt"), "--output", str(out)]) == 2
+    assert "none.txt: file not found" in capsys.readouterr().err
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "o.csv")]) == 2
+    assert main(["embed", "--model", str(tmp_path / "nomodel"), "--input", src, "--output", str(out)]) == 2
