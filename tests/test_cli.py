@@ -82,8 +82,12 @@ def test_user_errors_are_one_line(trained, tmp_path, capsys):
     other = tmp_path / "re_model"
     other.mkdir()
     (other / "spanflow.json").write_text(json.dumps({"task": "re"}))
-    err = run_err(["evaluate", "--model", str(other), "--data", str(d / "train.jsonl")], capsys)
+    err = run_err(["train", "ner", "--train", str(d / "train.jsonl"), "--model", str(other), "--out",
+                   str(tmp_path / "o2")], capsys)
     assert "is a 're' model" in err and "'ner'" in err
+    (other / "spanflow.json").write_text(json.dumps({"task": "parser"}))
+    err = run_err(["evaluate", "--model", str(other), "--data", str(d / "train.jsonl")], capsys)
+    assert "is a 'parser' model" in err
     err = run_err(["predict", "--model", model, "--input", str(tmp_path / "missing.txt"),
                    "--output", str(tmp_path / "x.jsonl")], capsys)
     assert "missing.txt: file not found" in err

@@ -12,3 +12,21 @@ def add_runtime_args(p: argparse.ArgumentParser, *, max_tokens: int | None) -> N
                         "32768 on GPU]")
     p.add_argument("--precision", choices=PRECISIONS, default="auto", help="[%(default)s]")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps [%(default)s]")
+
+
+def load_task_model(path: str, *, device: str = "auto", precision: str = "auto"):
+    """A trained spanflow model of whichever task its directory holds."""
+    from spanflow.models.directory import read_model_config
+
+    task = read_model_config(path).get("task")
+    if task == "ner":
+        from spanflow.ner import NerModel
+
+        return NerModel.load(path, device=device, precision=precision)
+    if task == "re":
+        from spanflow.re import ReModel
+
+        return ReModel.load(path, device=device, precision=precision)
+    from spanflow.errors import ModelDirError
+
+    raise ModelDirError(f"{path} is a {task!r} model; evaluate and predict take 'ner' or 're' models")

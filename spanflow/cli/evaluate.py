@@ -13,17 +13,29 @@ def add_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="score a model on labelled data")
     p.add_argument("--model", required=True, help="a spanflow model directory")
     p.add_argument("--data", required=True, help="labelled data (CoNLL columns or JSONL)")
-    p.add_argument("--format", choices=["conll", "jsonl"])
+    p.add_argument("--format", choices=["conll", "jsonl"], help="NER data format (detected when omitted)")
     p.add_argument("--scheme")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_runtime_args(p, max_tokens=None)
 
 
 def run(a: argparse.Namespace) -> int:
+    from spanflow.cli.common import load_task_model
+    from spanflow.data.io import read_re
     from spanflow.ner import NerModel
 
-    model = NerModel.load(a.model, device=a.device, precision=a.precision)
-    data = read_ner(a.data, fmt=a.format, scheme=a.scheme)
-    m = model.evaluate(data, max_tokens=a.max_tokens)
-    print(json.dumps(m) if a.json else format_table(m))
+    model = load_task_model(a.model, device=a.device, precision=a.precision)
+    if isinstance(model, NerModel):
+        data = read_ner(a.data, fmt=a.format, scheme=a.scheme)
+        m = model.evaluate(data, max_tokens=a.max_tokens)
+        print(json.dumps(m) if a.json else format_table(m))
+        return 0
+    m = model.evaluate(read_re(a.data), max_tokens=a.max_tokens)
+    if a.json:
+        print(json.dumps(m))
+    else:
+        print(format_table({**m, "per_label": m["per_relation"]}).replace("label  ", "relation"))
+        p = m["partial"]
+        print(f"partial (last-word) match: precision {p['precision']:.4f} recall {p['recall']:.4f} "
+              f"f1 {p['f1']:.4f}")
     return 0

@@ -24,6 +24,15 @@ def add_parser(sub) -> None:
     add_runtime_args(p, max_tokens=None)
 
 
+def format_record(text: str, result) -> dict:
+    """An output line: NER spans as [start, end, label]; RE triples as head/type/tail objects."""
+    if result and isinstance(result[0][0], tuple):  # ((s, e), relation, (s, e))
+        return {"text": text, "relations": [
+            {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
+            for h, r, t in result]}
+    return {"text": text, "entities": [[s, e, lab] for s, e, lab in result]}
+
+
 def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: int | None = None,
                  progress: bool = True) -> dict:
     """Tag every record of `src` into `dst` (written to a temp file, then renamed).
@@ -64,7 +73,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
                     rec = {"line": err.line, "error": err.reason}
                     n_err += 1
                 else:
-                    rec = {"text": text, "entities": [[s, e, lab] for s, e, lab in spans]}
+                    rec = format_record(text, spans)
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 n += 1
         os.replace(tmp, dst)
@@ -76,11 +85,11 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
 
 
 def run(a: argparse.Namespace) -> int:
-    from spanflow.ner import NerModel
+    from spanflow.cli.common import load_task_model
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    model = NerModel.load(a.model, device=a.device, precision=a.precision)
+    model = load_task_model(a.model, device=a.device, precision=a.precision)
     stats = predict_file(model, a.input, a.output, field=a.field, max_tokens=a.max_tokens)
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
     return 0

@@ -10,14 +10,16 @@ from spanflow.training.options import TrainOptions
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model", description="Train a model; the best is saved to OUT/model.")
-    p.add_argument("task", choices=["ner"], help="what to train")
-    p.add_argument("--train", required=True, help="training data (CoNLL columns or JSONL)")
+    p.add_argument("task", choices=["ner", "re"], help="what to train: ner, or re (CasRel relation extraction)")
+    p.add_argument("--train", required=True, help="training data: NER CoNLL/JSONL; RE CasRel JSON or JSONL")
     p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps)")
     p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow NER model, or 'tiny'")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--format", choices=["conll", "jsonl"], help="input format (detected when omitted)")
     p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
     p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
+    p.add_argument("--all-subjects", action="store_true",
+                   help="RE: train the object stage on every gold subject, not one sampled per text")
     d = TrainOptions()
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-5; 2e-3 for tiny)")
@@ -45,10 +47,26 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
 
 
 def run(a: argparse.Namespace) -> int:
+    if a.task == "re":
+        return run_re(a)
     from spanflow.ner import train_ner
 
     train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
     dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
     model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a))
     print(f"model saved to {a.out}/model (labels: {', '.join(model.labels)})")
+    return 0
+
+
+def run_re(a: argparse.Namespace) -> int:
+    from spanflow.data.formats.casrel import read_relations_vocab
+    from spanflow.data.io import read_re
+    from spanflow.re import train_re
+
+    train = read_re(a.train)
+    dev = read_re(a.dev) if a.dev else None
+    relations = read_relations_vocab(a.train)
+    model = train_re(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a), relations=relations,
+                     all_subjects=a.all_subjects)
+    print(f"model saved to {a.out}/model ({len(model.relations)} relations)")
     return 0

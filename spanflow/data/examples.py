@@ -30,3 +30,26 @@ def check_spans(text: str, spans: list[Span]) -> str | None:
             return f"spans {prev!r} and {(s, e, lab)!r} overlap"
         prev_end, prev = e, (s, e, lab)
     return None
+
+
+CharSpan = tuple[int, int]
+Triple = tuple[CharSpan, str, CharSpan]  # ((subj_start, subj_end), relation, (obj_start, obj_end))
+
+
+@dataclass
+class ReExample:
+    """One text with relation triples between character spans.
+
+    `unlocated` keeps (subject, relation, object) strings of gold triples whose text could
+    not be found in `text`: they cannot be trained on, but they still count as gold in
+    evaluation, so nothing disappears silently.
+    """
+
+    text: str
+    triples: list[Triple] = field(default_factory=list)
+    unlocated: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def string_triples(self) -> set[tuple[str, str, str]]:
+        """(subject text, relation, object text) for every gold triple, located or not."""
+        t = self.text
+        return {(t[s[0]:s[1]], r, t[o[0]:o[1]]) for s, r, o in self.triples} | set(self.unlocated)

@@ -69,3 +69,19 @@ def read_texts(path: str | os.PathLike, *, field: str = "text", errors: str = "r
             raise err
 
 
+
+
+def read_re(path: str | os.PathLike, *, fmt: str | None = None):
+    """Read relation data: CasRel JSON (.json) or JSONL with character offsets (.jsonl)."""
+    from spanflow.data.formats.casrel import read_casrel_json, read_re_jsonl
+
+    path = os.fspath(path)
+    if fmt is None:
+        if not os.path.exists(path):
+            raise DataError("file not found", path=path)
+        fmt = "casrel" if os.path.splitext(path)[1].lower() == ".json" else "jsonl"
+    if fmt == "casrel":
+        return read_casrel_json(path)
+    if fmt == "jsonl":
+        return read_re_jsonl(path)
+    raise DataError(f"unknown relation format {fmt!r}; expected casrel or jsonl", path=path)

@@ -70,3 +70,38 @@ def synthetic_ner(n: int, *, seed: int = 0, max_clauses: int = 3) -> list[NerExa
             spans += [(s + base, e + base, lab) for s, e, lab in ex.spans]
         out.append(NerExample(text, spans))
     return out
+
+
+_RE_TEMPLATES = [
+    ("{PER} works for {ORG} .", [(0, "works_for", 1)]),
+    ("{ORG} is based in {LOC} .", [(0, "based_in", 1)]),
+    ("{PER} was born in {LOC} and works for {ORG} .", [(0, "born_in", 1), (0, "works_for", 2)]),
+    ("{ORG} makes the {PRODUCT} .", [(0, "makes", 1)]),
+    ("{PER} , who founded {ORG} , lives in {LOC} .", [(0, "founded", 1), (0, "lives_in", 2)]),
+    ("{ORG} , based in {LOC} , makes the {PRODUCT} .", [(0, "based_in", 1), (0, "makes", 2)]),
+]
+
+
+def synthetic_re(n: int, *, seed: int = 0, max_clauses: int = 2):
+    """`n` ReExamples built from templated clauses with known subject-relation-object triples."""
+    from spanflow.data.examples import ReExample
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        text, triples = "", []
+        for _ in range(rng.randint(1, max_clauses)):
+            template, rels = rng.choice(_RE_TEMPLATES)
+            spans = []
+            for part in template.split():
+                if text:
+                    text += " "
+                if part.startswith("{") and part.endswith("}"):
+                    value = rng.choice(_VOCAB[part[1:-1]])
+                    spans.append((len(text), len(text) + len(value)))
+                    text += value
+                else:
+                    text += part
+            triples += [(spans[a], rel, spans[b]) for a, rel, b in rels]
+        out.append(ReExample(text, triples))
+    return out

@@ -1,0 +1,144 @@
+"""The relation-extraction Python API: ReModel (load, predict, evaluate, save) and train_re."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import torch
+
+from spanflow.batching.align import encode_texts
+from spanflow.batching.batcher import token_budget_batches
+from spanflow.data.examples import ReExample, Triple
+from spanflow.errors import ConfigError
+from spanflow.models.casrel import CasRelHead, CasRelModel, extract
+from spanflow.models.directory import load_head_state, read_model_config, save_model_dir
+from spanflow.models.encoder import build_tiny, encoder_max_length, load_encoder
+from spanflow.tasks.re import ReFeature, casrel_loss, make_collate, prepare_features
+from spanflow.tasks.re_metrics import re_metrics
+from spanflow.training.checkpoint import has_checkpoint
+from spanflow.training.loop import TaskHooks, train_loop
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
+
+
+class ReModel:
+    """An encoder with a CasRel head, its tokenizer and relation set."""
+
+    def __init__(self, *, encoder, tokenizer, relations: list[str], max_length: int, threshold: float = 0.5,
+                 head: CasRelHead | None = None, policy: Policy | None = None):
+        self.tokenizer, self.relations = tokenizer, list(relations)
+        self.rel2id = {r: i for i, r in enumerate(self.relations)}
+        self.max_length, self.threshold = max_length, threshold
+        head = head or CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(self.relations))
+        self.module = CasRelModel(encoder, head)
+        self.policy = policy or resolve_policy()
+        self.module.to(self.policy.device)
+
+    @classmethod
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
+        cfg = read_model_config(path, task="re")
+        encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
+        head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(cfg["relations"]))
+        head.load_state_dict(load_head_state(path))
+        return cls(encoder=encoder, tokenizer=tokenizer, relations=cfg["relations"], max_length=cfg["max_length"],
+                   threshold=cfg.get("threshold", 0.5), head=head, policy=resolve_policy(precision, device))
+
+    def save(self, path: str) -> None:
+        save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
+                       config={"task": "re", "relations": self.relations, "max_length": self.max_length,
+                               "threshold": self.threshold})
+
+    def predict(self, texts: list[str], *, max_tokens: int | None = None,
+                threshold: float | None = None) -> list[list[Triple]]:
+        """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order."""
+        thr = self.threshold if threshold is None else threshold
+        encs = encode_texts(self.tokenizer, list(texts))
+        feats = [ReFeature(i, [self.tokenizer.cls_token_id] + e.ids[:self.max_length - 2] + [self.tokenizer.sep_token_id])
+                 for i, e in enumerate(encs)]
+        collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations))
+        out: list[list[Triple]] = [[] for _ in feats]
+        budget = max(max_tokens or default_infer_tokens(self.policy.device), self.max_length)
+        self.module.eval()
+        dev = self.policy.device
+        for batch in token_budget_batches([len(f) for f in feats], budget, shuffle=False):
+            t = collate([feats[i] for i in batch])
+            with torch.inference_mode(), self.policy.autocast():
+                res = extract(self.module, t["input_ids"].to(dev), t["content_mask"].to(dev),
+                              t["attention_mask"].to(dev), thr)
+            for row, s, e, r, os_, oe in zip(*[x.tolist() for x in res]):  # host sync: one per batch
+                enc = encs[batch[row]]
+                subj = (enc.starts[s - 1], enc.ends[e - 1])
+                obj = (enc.starts[os_ - 1], enc.ends[oe - 1])
+                trip = (subj, self.relations[r], obj)
+                if trip not in out[batch[row]]:
+                    out[batch[row]].append(trip)
+        return out
+
+    def predict_stream(self, texts, *, max_tokens: int | None = None, on_batch: Callable | None = None,
+                       chunk_size: int = 4096):
+        """Triples for each text, in order, a chunk of texts at a time (bounded memory)."""
+        chunk: list[str] = []
+        for t in texts:
+            chunk.append(t)
+            if len(chunk) == chunk_size:
+                yield from self._chunk(chunk, max_tokens, on_batch)
+                chunk = []
+        if chunk:
+            yield from self._chunk(chunk, max_tokens, on_batch)
+
+    def _chunk(self, chunk, max_tokens, on_batch):
+        res = self.predict(chunk, max_tokens=max_tokens)
+        if on_batch:
+            on_batch(len(chunk), 0, 0)
+        return res
+
+    def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None) -> dict:
+        pred = self.predict([e.text for e in examples], max_tokens=max_tokens)
+        gold = [e.string_triples() for e in examples]
+        got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
+        return re_metrics(gold, got)
+
+
+def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str = "tiny", out_dir: str,
+             options: TrainOptions | None = None, relations: list[str] | None = None, all_subjects: bool = False,
+             log_fn: Callable[[str], None] = print) -> ReModel:
+    """Train a CasRel model; the best by dev exact F1 is saved to `<out_dir>/model` and returned."""
+    opts = options or TrainOptions()
+    if opts.lr is None:
+        opts = dataclasses.replace(opts, lr=2e-3 if model == "tiny" else 5e-5)
+    torch.manual_seed(opts.seed)
+    policy = resolve_policy(opts.precision, opts.device)
+    log_fn(policy.describe())
+    relations = relations or sorted({r for e in train for _, r, _ in e.triples})
+    if not relations:
+        raise ConfigError("the training data has no located triples")
+    ckpt = os.path.join(out_dir, "checkpoint")
+    source = os.path.join(ckpt, "model") if opts.resume and has_checkpoint(ckpt) else model
+    os.makedirs(out_dir, exist_ok=True)
+    if source == "tiny":
+        encoder, tokenizer = build_tiny([e.text for e in train], seed=opts.seed, max_length=opts.max_length or 512)
+        head = None
+    elif os.path.exists(os.path.join(source, "spanflow.json")):
+        start = ReModel.load(source, device=str(policy.device))
+        if start.relations != relations:
+            raise ConfigError(f"{source} was trained on other relations than the data has")
+        encoder, tokenizer, head = start.module.encoder, start.tokenizer, start.module.head
+    else:
+        encoder, tokenizer = load_encoder(source)
+        head = None
+    limit = encoder_max_length(encoder, tokenizer)
+    max_length = min(opts.max_length or limit, limit)
+    rm = ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, max_length=max_length, head=head,
+                 policy=policy)
+    feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)
+    log_fn(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
+           + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
+    hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
+                                           all_subjects=all_subjects),
+                      loss_fn=casrel_loss, evaluate=(lambda m: rm.evaluate(dev)) if dev else None, save_model=rm.save)
+    summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn)
+    best = os.path.join(out_dir, "model")
+    if summary["completed"] and os.path.isdir(best):
+        return ReModel.load(best, device=str(policy.device), precision=policy.name)
+    return rm

@@ -1,0 +1,117 @@
+"""Relation extraction as CasRel cascade tagging: token features, sampled-subject
+collation, masked BCE losses."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from spanflow.batching.align import Encoded, encode_texts
+from spanflow.data.examples import ReExample
+
+log = logging.getLogger("spanflow")
+
+
+@dataclass
+class ReFeature:
+    """One model input; token indices count the leading [CLS]."""
+
+    index: int
+    input_ids: list[int]
+    # subject (start, end) -> [(relation id, object start, object end)]
+    subjects: dict[tuple[int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def token_span(enc: Encoded, span: tuple[int, int], limit: int) -> tuple[int, int] | None:
+    """First and last token (input positions, +1 for [CLS]) overlapping a char span."""
+    toks = [j for j, (a, b) in enumerate(enc.offsets[:limit]) if a < span[1] and b > span[0]]
+    return (toks[0] + 1, toks[-1] + 1) if toks else None
+
+
+def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int], *, max_length: int,
+                     encs: list[Encoded] | None = None) -> list[ReFeature]:
+    """Features for training/eval; texts longer than max_length are cut, and counted."""
+    encs = encs or encode_texts(tokenizer, [e.text for e in examples])
+    limit = max_length - 2
+    cut = lost = unknown = 0
+    feats = []
+    for i, (ex, enc) in enumerate(zip(examples, encs)):
+        cut += len(enc.ids) > limit
+        f = ReFeature(i, [tokenizer.cls_token_id] + enc.ids[:limit] + [tokenizer.sep_token_id])
+        for s, rel, o in ex.triples:
+            if rel not in rel2id:
+                unknown += 1
+                continue
+            ts, to = token_span(enc, s, limit), token_span(enc, o, limit)
+            if ts is None or to is None:
+                lost += 1
+                continue
+            f.subjects.setdefault(ts, []).append((rel2id[rel], *to))
+        feats.append(f)
+    if cut or lost or unknown:
+        log.warning("%d texts longer than %d tokens were cut; %d triples fell outside the tokens kept; "
+                    "%d triples have a relation outside the model's set", cut, max_length, lost, unknown)
+    return feats
+
+
+def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects: bool = False):
+    """Collate features; the object stage gets one sampled gold subject per text (the
+    paper's recipe) or, with all_subjects, every gold subject. Sampling is seeded by the
+    batch's contents, so it repeats exactly for a seed, across resumes too."""
+
+    def fn(feats: list[ReFeature]) -> dict:
+        B, T, R = len(feats), max(len(f) for f in feats), num_relations
+        ids = torch.full((B, T), pad_id, dtype=torch.long)
+        att = torch.zeros((B, T), dtype=torch.long)
+        sub = torch.zeros((B, T, 2))
+        rng = np.random.default_rng([seed] + [f.index for f in feats])
+        rows, starts, ends, objs = [], [], [], []
+        for b, f in enumerate(feats):
+            n = len(f)
+            ids[b, :n] = torch.tensor(f.input_ids)
+            att[b, :n] = 1
+            for (s, e) in f.subjects:
+                sub[b, s, 0] = sub[b, e, 1] = 1
+            keys = list(f.subjects)
+            if not keys:
+                continue
+            chosen = keys if all_subjects else [keys[rng.integers(len(keys))]]
+            for s, e in chosen:
+                rows.append(b)
+                starts.append(s)
+                ends.append(e)
+                objs.append(f.subjects[(s, e)])
+        content = att.clone()
+        content[:, 0] = 0
+        content[torch.arange(B), att.sum(1) - 1] = 0  # [CLS] and [SEP] are never subjects or objects
+        obj = torch.zeros((len(rows), T, R, 2))
+        for k, triples in enumerate(objs):
+            for r, os_, oe in triples:
+                obj[k, os_, r, 0] = obj[k, oe, r, 1] = 1
+        lens = [len(f) for f in feats]
+        return {"input_ids": ids, "attention_mask": att, "content_mask": content, "sub_labels": sub,
+                "obj_rows": torch.tensor(rows, dtype=torch.long), "obj_starts": torch.tensor(starts, dtype=torch.long),
+                "obj_ends": torch.tensor(ends, dtype=torch.long), "obj_labels": obj,
+                "n_targets": int(content.sum()), "real_tokens": sum(lens), "padded_tokens": max(lens) * B}
+
+    return fn
+
+
+def casrel_loss(model, batch: dict) -> torch.Tensor:
+    """Subject BCE (start + end) plus object BCE (mean over relations), summed over content tokens."""
+    h = model(batch["input_ids"], batch["attention_mask"])  # (B, T, H)
+    mask = batch["content_mask"].float()  # (B, T)
+    sub = F.binary_cross_entropy_with_logits(model.head.subjects(h).float(), batch["sub_labels"], reduction="none")
+    loss = (sub.sum(-1) * mask).sum()
+    rows = batch["obj_rows"]
+    if rows.numel():
+        logits = model.head.objects(h, rows, batch["obj_starts"], batch["obj_ends"]).float()  # (N, T, R, 2)
+        obj = F.binary_cross_entropy_with_logits(logits, batch["obj_labels"], reduction="none")
+        loss = loss + (obj.sum(-1).mean(-1) * mask[rows]).sum()
+    return loss
