@@ -24,9 +24,9 @@ def add_parser(sub) -> None:
     add_runtime_args(p, max_tokens=None)
 
 
-def format_record(text: str, result) -> dict:
+def format_record(text: str, result, task: str) -> dict:
     """An output line: NER spans as [start, end, label]; RE triples as head/type/tail objects."""
-    if result and isinstance(result[0][0], tuple):  # ((s, e), relation, (s, e))
+    if task == "re":  # result: [((s, e), relation, (s, e)), ...]
         return {"text": text, "relations": [
             {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
             for h, r, t in result]}
@@ -41,6 +41,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
     {"line", "error"} record instead of stopping the job.
     """
     total = sum(1 for _ in read_lines(src))
+    task = "re" if hasattr(model, "relations") else "ner"
     pending: deque = deque()  # (text, error) in input order; thread-safe append/popleft
     real = [0]
 
@@ -73,7 +74,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
                     rec = {"line": err.line, "error": err.reason}
                     n_err += 1
                 else:
-                    rec = format_record(text, spans)
+                    rec = format_record(text, spans, task)
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 n += 1
         os.replace(tmp, dst)
