@@ -7,9 +7,10 @@ from spanflow.training.precision import PRECISIONS
 
 
 def add_runtime_args(p: argparse.ArgumentParser, *, max_tokens: int | None) -> None:
-    p.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help="padded tokens per batch (longest x count) [%(default)s; None: 2048 on CPU, "
-                        "32768 on GPU]")
+    p.add_argument("--max-tokens", default=None if max_tokens is None else str(max_tokens),
+                   help="padded tokens per batch (longest x count), or 'auto' (measured once per model and "
+                        "device, then cached) [%(default)s; None: 2048 on CPU, 32768 on GPU]")
+    p.add_argument("--profile", default=None, help="a profile.json from 'spanflow tune': use its best token budget")
     p.add_argument("--precision", choices=PRECISIONS, default="auto", help="[%(default)s]")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps [%(default)s]")
 

@@ -20,8 +20,9 @@ def add_parser(sub) -> None:
     p.add_argument("--skip-header", action="store_true", help="skip the first line/row")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help=".npy dtype [%(default)s]")
     p.add_argument("--window", type=int, default=8192, help="texts read, sorted and written at a time")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="padded tokens per batch [2048 on CPU, 32768 on GPU]")
+    p.add_argument("--max-tokens", default=None,
+                   help="padded tokens per batch, or 'auto' (measured once, cached) [2048 on CPU, 32768 on GPU]")
+    p.add_argument("--profile", default=None, help="a profile.json from 'spanflow tune --task embed --mode infer'")
     p.add_argument("--precision", choices=EMBED_PRECISIONS, default="auto",
                    help="auto, fp32, bf16, fp16 (CUDA) or int8 (CPU dynamic quantization) [%(default)s]")
     p.add_argument("--force", action="store_true", help="accept a reduced precision that fails the cosine check")
@@ -33,12 +34,17 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.embedder import Embedder
     from spanflow.inference.embed_job import EmbedSpec, embed_file
 
+    from spanflow.tuning.auto import resolve_max_tokens
+
+    max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task="embed", mode="infer", model=a.model,
+                                    data=a.input, precision=a.precision, device=a.device, field=a.field,
+                                    column=a.column)
     emb = Embedder.load(a.model, precision=a.precision, device=a.device)
     print(f"device {emb.policy.device}, precision {emb.precision_name}, max length {emb.max_length}, "
           f"dim {emb.dim}")
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                      window=a.window, dtype=a.dtype, model=a.model)
-    s = embed_file(emb, spec, max_tokens=a.max_tokens, resume=a.resume, force=a.force)
+    s = embed_file(emb, spec, max_tokens=max_tokens, resume=a.resume, force=a.force)
     print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")

@@ -19,6 +19,14 @@ def add_parser(sub) -> None:
     add_runtime_args(p, max_tokens=None)
 
 
+def _max_tokens(a: argparse.Namespace, model) -> int | None:
+    from spanflow.tuning.auto import resolve_max_tokens
+
+    task = "re" if hasattr(model, "relations") else "ner"
+    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task, mode="infer", model=a.model,
+                              data=a.data, precision=a.precision, device=a.device)
+
+
 def run(a: argparse.Namespace) -> int:
     from spanflow.cli.common import load_task_model
     from spanflow.data.io import read_re
@@ -27,10 +35,10 @@ def run(a: argparse.Namespace) -> int:
     model = load_task_model(a.model, device=a.device, precision=a.precision)
     if isinstance(model, NerModel):
         data = read_ner(a.data, fmt=a.format, scheme=a.scheme)
-        m = model.evaluate(data, max_tokens=a.max_tokens)
+        m = model.evaluate(data, max_tokens=_max_tokens(a, model))
         print(json.dumps(m) if a.json else format_table(m))
         return 0
-    m = model.evaluate(read_re(a.data), max_tokens=a.max_tokens)
+    m = model.evaluate(read_re(a.data), max_tokens=_max_tokens(a, model))
     if a.json:
         print(json.dumps(m))
     else:

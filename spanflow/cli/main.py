@@ -5,10 +5,11 @@ import argparse
 import logging
 import sys
 
-from spanflow.cli import demo, embed, evaluate, predict, train
+from spanflow.cli import demo, doctor, embed, evaluate, predict, train, tune
 from spanflow.errors import SpanflowError
 
-COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "demo": demo}
+COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "tune": tune,
+            "doctor": doctor, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,12 +85,21 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
     return {"records": n, "errors": n_err}
 
 
+def _max_tokens(a: argparse.Namespace) -> int | None:
+    from spanflow.models.directory import read_model_config
+    from spanflow.tuning.auto import resolve_max_tokens
+
+    task = read_model_config(a.model).get("task", "ner")
+    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task, mode="infer", model=a.model,
+                              data=a.input, precision=a.precision, device=a.device, field=a.field)
+
+
 def run(a: argparse.Namespace) -> int:
     from spanflow.cli.common import load_task_model
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
     model = load_task_model(a.model, device=a.device, precision=a.precision)
-    stats = predict_file(model, a.input, a.output, field=a.field, max_tokens=a.max_tokens)
+    stats = predict_file(model, a.input, a.output, field=a.field, max_tokens=_max_tokens(a))
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
     return 0

@@ -39,8 +39,13 @@ def add_parser(sub) -> None:
 
 
 def options_from_args(a: argparse.Namespace) -> TrainOptions:
+    from spanflow.tuning.auto import resolve_max_tokens
+
+    max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task=a.task, mode="train", model=a.model,
+                                    data=a.train, precision=a.precision, device=a.device)
     return TrainOptions(epochs=a.epochs, lr=a.lr, head_lr=a.head_lr, weight_decay=a.weight_decay,
-                        warmup_ratio=a.warmup_ratio, grad_accum=a.grad_accum, max_tokens=a.max_tokens,
+                        warmup_ratio=a.warmup_ratio, grad_accum=a.grad_accum,
+                        max_tokens=max_tokens or TrainOptions().max_tokens,
                         max_length=a.max_length, stride=a.stride, precision=a.precision, device=a.device,
                         seed=a.seed, eval_every=a.eval_every, patience=a.patience, save_every=a.save_every,
                         max_steps=a.max_steps, resume=a.resume)

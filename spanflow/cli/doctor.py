@@ -1,0 +1,26 @@
+"""`spanflow doctor [--model DIR --data F]`"""
+from __future__ import annotations
+
+import argparse
+
+from spanflow.training.precision import PRECISIONS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="report the machine; with --model and --data, find why training underfeeds it")
+    p.add_argument("--model", help="encoder directory or 'tiny'")
+    p.add_argument("--data", help="NER training data")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="probe fixed batches of N random texts (your current setup), else token-budget batches")
+    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--precision", choices=PRECISIONS, default="auto")
+    p.add_argument("--device", default="auto")
+
+
+def run(a: argparse.Namespace) -> int:
+    from spanflow.tuning.doctor import doctor
+
+    doctor(model=a.model, data=a.data, batch_size=a.batch_size, max_tokens=a.max_tokens, precision=a.precision,
+           device=a.device, steps=a.steps)
+    return 0

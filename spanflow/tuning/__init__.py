@@ -1,0 +1,1 @@
+"""Measured choices: sweeps of token budget and max length, profiles, and the doctor."""

@@ -1,0 +1,147 @@
+"""`spanflow doctor`: what this machine can do, and why a training setup underfeeds it."""
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from spanflow.batching.batcher import token_budget_batches
+from spanflow.training.loop import build_optimizer
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import cpu_has_bf16, resolve_policy
+
+
+def environment() -> dict:
+    """Device, precision support, NVML, threads, versions."""
+    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+           "cuda_available": torch.cuda.is_available(), "cpu_threads": torch.get_num_threads(),
+           "cpu_count": os.cpu_count(), "cpu_bf16": cpu_has_bf16(),
+           "mps_available": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
+    for lib in ("transformers", "tokenizers", "safetensors", "numpy"):
+        try:
+            env[lib] = importlib.import_module(lib).__version__
+        except ImportError:
+            env[lib] = None
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        env.update(gpu=torch.cuda.get_device_name(), gpu_count=torch.cuda.device_count(),
+                   gpu_bf16=torch.cuda.is_bf16_supported(), gpu_tf32=cap >= (8, 0), gpu_fp16=True,
+                   gpu_memory_gb=torch.cuda.get_device_properties(0).total_memory / 2**30)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        env["nvml"] = f"available ({pynvml.nvmlDeviceGetCount()} devices)"
+    except Exception:  # nvidia-ml-py absent or no driver
+        env["nvml"] = "not available (pip install 'spanflow[gpu]' on GPU machines)"
+    return env
+
+
+def _probe(nm, windows, batches, policy, steps: int) -> dict:
+    """A few training steps with the phases timed apart: data (collate + copy), compute, optimizer."""
+    from spanflow.tasks.ner import make_collate, ner_loss
+
+    collate = make_collate(nm.tokenizer.pad_token_id)
+    opt = build_optimizer(nm.module, TrainOptions(lr=1e-5), policy.device)
+    nm.module.train()
+    times = {"data": 0.0, "compute": 0.0, "optimizer": 0.0}
+    real = padded = texts = 0
+    sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
+    for k, b in enumerate(batches[:steps + 1]):
+        t0 = time.perf_counter()
+        t = collate([windows[i] for i in b])
+        n = t["n_targets"]
+        t = {key: v.to(policy.device) for key, v in t.items() if torch.is_tensor(v)}
+        sync()
+        t1 = time.perf_counter()
+        with policy.autocast():
+            (ner_loss(nm.module, t) / max(1, n)).backward()
+        sync()
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        t3 = time.perf_counter()
+        if k == 0:
+            continue  # warm-up
+        times["data"] += t1 - t0
+        times["compute"] += t2 - t1
+        times["optimizer"] += t3 - t2
+        lens = [len(windows[i]) for i in b]
+        real += sum(lens)
+        padded += max(lens) * len(lens)
+        texts += len(b)
+    wall = sum(times.values())
+    return {"real_tokens_per_s": real / wall, "padding_efficiency": real / padded, "texts_per_update": texts / steps,
+            "data_frac": times["data"] / wall, "compute_frac": times["compute"] / wall,
+            "optimizer_frac": times["optimizer"] / wall, "steps": steps}
+
+
+def diagnose(r: dict, healthy: dict | None = None) -> list[str]:
+    """The losses of utilization in a probe, biggest first, each with its fix."""
+    found = []
+    if r["padding_efficiency"] < 0.85:
+        found.append((1 - r["padding_efficiency"],
+                      f"padding efficiency {r['padding_efficiency']:.2f}: {1 - r['padding_efficiency']:.0%} of compute "
+                      "is spent on padding; batch by token budget over length-sorted buckets (spanflow train does)"))
+    if r["texts_per_update"] < 8:
+        loss = 1 - r["real_tokens_per_s"] / healthy["real_tokens_per_s"] if healthy else 0.5
+        found.append((loss, f"batch of {r['texts_per_update']:.0f} text(s) per update: the device is underfed and "
+                            "the optimizer runs after every example; use --max-tokens 2048 or more"))
+    if r["data_frac"] > 0.2:
+        found.append((r["data_frac"], f"{r['data_frac']:.0%} of step time goes to preparing data: pre-tokenize, "
+                                      "and collate in a background thread (spanflow's loop prefetches)"))
+    if r["optimizer_frac"] > 0.2:
+        found.append((r["optimizer_frac"], f"{r['optimizer_frac']:.0%} of step time in the optimizer: updates are "
+                                           "too small for the model; raise --max-tokens or --grad-accum"))
+    found.sort(key=lambda x: -x[0])
+    return [msg for _, msg in found]
+
+
+def doctor(*, model: str | None = None, data: str | None = None, batch_size: int | None = None,
+           max_tokens: int = 4096, precision: str = "auto", device: str = "auto", steps: int = 8,
+           log_fn: Callable[[str], None] = print) -> dict:
+    """Print the environment; with model and data, probe training and name the biggest losses."""
+    env = environment()
+    for k, v in env.items():
+        log_fn(f"{k:>15}: {v}")
+    if not (model and data):
+        return {"environment": env}
+    from spanflow.data.io import read_ner
+    from spanflow.ner import _start_model
+    from spanflow.tasks.ner import prepare_windows
+
+    policy = resolve_policy(precision, device)
+    log_fn(policy.describe())
+    examples = read_ner(data)[:2000]
+    labels = sorted({lab for e in examples for *_, lab in e.spans})
+    nm = _start_model(model, examples, labels, TrainOptions(max_tokens=10**9), policy)
+    windows = prepare_windows(examples, nm.tokenizer, {lab: i for i, lab in enumerate(nm.id2label)},
+                              max_length=nm.max_length, stride=nm.stride)
+    lengths = [len(w) for w in windows]
+    healthy_batches = token_budget_batches(lengths, max(max_tokens, nm.max_length), seed=0)
+    if batch_size:  # the setup under test: fixed-count batches in random order, as naive loops do
+        perm = np.random.default_rng(0).permutation(len(windows)).tolist()
+        batches = [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
+        log_fn(f"probe: {steps} updates of {batch_size} random text(s)")
+    else:
+        batches = healthy_batches
+        log_fn(f"probe: {steps} updates of token-budget batches, max_tokens {max_tokens}")
+    r = _probe(nm, windows, batches, policy, steps)
+    healthy = _probe(nm, windows, healthy_batches, policy, min(steps, 4)) if batch_size else None
+    log_fn(f"measured: {r['real_tokens_per_s']:.0f} real tok/s, padding efficiency {r['padding_efficiency']:.2f}, "
+           f"{r['texts_per_update']:.1f} texts/update; time: data {r['data_frac']:.0%}, compute "
+           f"{r['compute_frac']:.0%}, optimizer {r['optimizer_frac']:.0%}")
+    findings = diagnose(r, healthy)
+    if healthy:
+        log_fn(f"with token-budget batches (max_tokens {max_tokens}): {healthy['real_tokens_per_s']:.0f} real "
+               f"tok/s, {healthy['real_tokens_per_s'] / r['real_tokens_per_s']:.1f}x")
+    log_fn("findings:" if findings else "no loss of utilization found: the setup is healthy")
+    for i, f in enumerate(findings, 1):
+        log_fn(f"  {i}. {f}")
+    return {"environment": env, "probe": r, "healthy": healthy, "findings": findings}

@@ -1,0 +1,63 @@
+"""Timed probes: a few training or inference steps on given batches, measured the same way
+as every long run (tokens/s, padding, latency percentiles, peak memory, utilization)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import psutil
+import torch
+
+from spanflow.monitor.device import GpuUtilSampler, reset_peak_memory
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # timing needs the device finished; probes only, never the train loop
+
+
+def _peak(device: torch.device, rss_peak: int) -> int:
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else rss_peak
+
+
+def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, device: torch.device,
+              warmup: int = 2, max_steps: int = 10, max_seconds: float = 20.0) -> dict:
+    """Run `step(batch)` over batches (cycling), warm-up first; return the measured figures.
+
+    `step` does one unit of work (a training step, or one inference batch) for a list of
+    item indices.
+    """
+    proc = psutil.Process()
+    batches = [b for b in batches if b]
+    if not batches:
+        raise ValueError("no batches to probe")
+    for k in range(warmup):
+        step(batches[k % len(batches)])
+    _sync(device)
+    reset_peak_memory(device)
+    gpu = GpuUtilSampler(device, interval_s=0.05)
+    lat, real, padded, rss = [], 0, 0, proc.memory_info().rss
+    t_start = time.perf_counter()
+    k = 0
+    try:
+        while k < max_steps and (k < 2 or time.perf_counter() - t_start < max_seconds):
+            b = batches[(warmup + k) % len(batches)]
+            t = time.perf_counter()
+            step(b)
+            _sync(device)
+            lat.append(time.perf_counter() - t)
+            ls = [lengths[i] for i in b]
+            real += sum(ls)
+            padded += max(ls) * len(ls)
+            rss = max(rss, proc.memory_info().rss)
+            k += 1
+    finally:
+        util = gpu.take()
+        gpu.close()
+    wall = sum(lat)
+    return {"real_tokens_per_s": real / wall, "padded_tokens_per_s": padded / wall,
+            "padding_efficiency": real / padded, "latency_p50_ms": float(np.percentile(lat, 50) * 1e3),
+            "latency_p95_ms": float(np.percentile(lat, 95) * 1e3), "peak_memory_bytes": _peak(device, rss),
+            "gpu_util": util, "steps": k, "texts_per_step": sum(len(batches[(warmup + j) % len(batches)])
+                                                                for j in range(k)) / k}

@@ -1,0 +1,97 @@
+"""`spanflow tune` as a function: sweep, pick, write profile.json (+ plot)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from spanflow.errors import ConfigError
+from spanflow.training.precision import resolve_policy
+from spanflow.tuning.profile import device_name, write_profile
+from spanflow.tuning.sweep import geometric, pick_best, sweep
+
+TASKS, MODES = ("ner", "re", "embed"), ("train", "infer")
+
+
+def _sample(task: str, data: str, n: int, field: str, column: int | None):
+    if task == "ner":
+        from spanflow.data.io import read_ner
+
+        return read_ner(data)[:n]
+    if task == "re":
+        from spanflow.data.io import read_re
+
+        return read_re(data)[:n]
+    from spanflow.data.records import read_records
+
+    out = []
+    for _, t in read_records(data, field=field, column=column):
+        if isinstance(t, str):
+            out.append(t)
+        if len(out) == n:
+            break
+    return out
+
+
+def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: list[int] | None = None,
+         budgets: list[int] | None = None, max_memory_gb: float | None = None, latency_slo_ms: float | None = None,
+         budget_seconds: float = 120, sample: int = 512, precision: str = "auto", device: str = "auto",
+         out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True,
+         log_fn: Callable[[str], None] = print) -> dict:
+    """Measure, choose the best point, write `<out>/profile.json`; return the profile."""
+    if task not in TASKS or mode not in MODES:
+        raise ConfigError(f"--task must be one of {TASKS} and --mode one of {MODES}")
+    if task == "embed" and mode == "train":
+        raise ConfigError("embed is tuned for inference only (--mode infer)")
+    from spanflow.tuning import measures
+
+    policy = resolve_policy("fp32" if precision == "int8" else precision, device)
+    examples = _sample(task, data, sample, field, column)
+    if not examples:
+        raise ConfigError(f"{data}: no usable records to tune on")
+    if task == "ner":
+        measure, limit = measures.ner_measure(model, examples, mode=mode, policy=policy)
+    elif task == "re":
+        measure, limit = measures.re_measure(model, examples, mode=mode, policy=policy)
+    else:
+        measure, limit = measures.embed_measure(model, examples, policy=policy, precision=precision)
+    lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
+    budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
+    per_point = max(1.0, budget_seconds / max(1, len(budgets) * len(lengths)))  # spread the time budget
+
+    log_fn(f"tuning {task} {mode} on {len(examples)} samples of {data}, {policy.describe()}")
+    try:  # one discarded point first: the first kernels of a process are slow to start
+        measure(min(b for b in budgets if b >= lengths[0]), lengths[0], 0.5)
+    except (ValueError, RuntimeError):
+        pass  # no budget fits, or out of memory: the sweep itself records what happens
+    points = sweep(lambda b, L: measure(b, L, per_point), budgets, lengths, log_fn=log_fn)
+    best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
+                     latency_slo_ms=latency_slo_ms)
+    profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
+               "precision": precision if precision == "int8" else policy.name,
+               "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
+               "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
+    out_dir = out or "."
+    write_profile(os.path.join(out_dir, "profile.json"), profile)
+    log_fn(format_table(profile))
+    if plot:
+        from spanflow.tuning.plot import plot_profile
+
+        png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
+        log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
+    return profile
+
+
+def format_table(profile: dict) -> str:
+    rows = [f"{'max_tokens':>10} {'max_len':>7} {'real tok/s':>10} {'pad eff':>7} {'p50 ms':>8} {'p95 ms':>8} "
+            f"{'peak MiB':>9} {'quality':>8}"]
+    best = profile.get("best") or {}
+    for p in profile["points"]:
+        mark = " <- best" if (p["max_tokens"], p["max_length"]) == (best.get("max_tokens"), best.get("max_length")) else ""
+        if p["oom"]:
+            rows.append(f"{p['max_tokens']:>10} {p['max_length']:>7} {'out of memory':>10}")
+            continue
+        q = f"{p['quality']:.4f}" if p["quality"] is not None else "-"
+        rows.append(f"{p['max_tokens']:>10} {p['max_length']:>7} {p['real_tokens_per_s']:>10.0f} "
+                    f"{p['padding_efficiency']:>7.3f} {p['latency_p50_ms']:>8.1f} {p['latency_p95_ms']:>8.1f} "
+                    f"{p['peak_memory_bytes'] / 2**20:>9.0f} {q:>8}{mark}")
+    return "\n".join(rows)

@@ -1,0 +1,117 @@
+import json
+import os
+
+import pytest
+import torch
+
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError
+from spanflow.tuning import auto
+from spanflow.tuning.doctor import diagnose, doctor, environment
+from spanflow.tuning.sweep import Point, pick_best, sweep
+from spanflow.tuning.tune import tune
+
+
+def fake_measure(oom_from):
+    def measure(b, L):
+        if b >= oom_from:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return {"real_tokens_per_s": float(b), "padded_tokens_per_s": float(b), "padding_efficiency": 1.0,
+                "latency_p50_ms": b / 100, "latency_p95_ms": b / 50, "peak_memory_bytes": b * 1000,
+                "gpu_util": None, "quality": None}
+    return measure
+
+
+def test_sweep_survives_oom_and_picks_below_it():
+    points = sweep(fake_measure(2048), [256, 512, 1024, 2048, 4096], [128, 256], log_fn=lambda s: None)
+    oom = [(p.max_tokens, p.max_length) for p in points if p.oom]
+    assert oom == [(2048, 128), (2048, 256)]  # recorded once per length; 4096 never tried
+    assert {p.max_length for p in points if not p.oom} == {128, 256}  # the sweep went on after the OOM
+    best = pick_best(points)
+    assert best.max_tokens == 1024 and not best.oom
+
+
+def test_pick_best_respects_limits():
+    pts = [Point(b, 128, real_tokens_per_s=b, latency_p95_ms=b / 10, peak_memory_bytes=b * 10) for b in (256, 512, 1024)]
+    assert pick_best(pts, max_memory_bytes=6000).max_tokens == 512
+    assert pick_best(pts, latency_slo_ms=30).max_tokens == 256
+    assert pick_best(pts, latency_slo_ms=1) is None
+
+
+@pytest.fixture(scope="module")
+def ner_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tune")
+    p = d / "train.jsonl"
+    with open(p, "w") as f:
+        for e in synthetic_ner(120, seed=3):
+            write_jsonl_record(f, e.text, e.spans)
+    return str(p)
+
+
+def test_tune_writes_profile(ner_file, tmp_path):
+    prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256, 512, 1024], budget_seconds=3,
+                max_lengths=[64],
+                sample=64, out=str(tmp_path), log_fn=lambda s: None)
+    saved = json.loads((tmp_path / "profile.json").read_text())
+    assert saved == prof and {"device", "model", "task", "mode", "best", "points"} <= set(saved)
+    keys = {"max_tokens", "max_length", "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency",
+            "latency_p50_ms", "latency_p95_ms", "peak_memory_bytes", "gpu_util", "quality", "oom"}
+    assert len(saved["points"]) == 3 and all(keys == set(p) for p in saved["points"])
+    assert saved["best"]["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in saved["points"])
+
+
+def test_tune_infer_reports_quality_per_length(ner_file, tmp_path):
+    from spanflow.data.io import read_ner
+    from spanflow.ner import train_ner
+    from spanflow.training.options import TrainOptions
+
+    train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=2, max_tokens=1024, max_length=64, log_every=0))
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=ner_file, mode="infer", budgets=[512],
+                max_lengths=[16, 64], budget_seconds=2, sample=32, out=str(tmp_path), plot=False, log_fn=lambda s: None)
+    q = {p["max_length"]: p["quality"] for p in prof["points"]}
+    assert set(q) == {16, 64} and all(0 <= v <= 1 for v in q.values())
+
+
+def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
+    assert auto.resolve_max_tokens("1234", profile=None, task="ner", mode="train", model="tiny", data=ner_file) == 1234
+    with pytest.raises(ConfigError):
+        auto.resolve_max_tokens("lots", profile=None, task="ner", mode="train", model="tiny", data=ner_file)
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"task": "ner", "mode": "train", "best": {"max_tokens": 777}, "points": []}))
+    assert auto.resolve_max_tokens(None, profile=str(prof), task="ner", mode="train", model="tiny",
+                                   data=ner_file, log_fn=lambda s: None) == 777
+    with pytest.raises(ConfigError, match="measured for mode"):
+        auto.resolve_max_tokens(None, profile=str(prof), task="ner", mode="infer", model="tiny", data=ner_file)
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
+    calls = []
+    import spanflow.tuning.tune as tune_mod
+
+    def fake_tune(**kw):
+        calls.append(kw)
+        os.makedirs(kw["out"], exist_ok=True)
+        p = {"task": "ner", "mode": "train", "best": {"max_tokens": 2048}, "points": []}
+        (open(os.path.join(kw["out"], "profile.json"), "w")).write(json.dumps(p))
+        return p
+
+    monkeypatch.setattr(tune_mod, "tune", fake_tune)
+    args = dict(profile=None, task="ner", mode="train", model="tiny", data=ner_file, log_fn=lambda s: None)
+    assert auto.resolve_max_tokens("auto", **args) == 2048
+    assert auto.resolve_max_tokens("auto", **args) == 2048
+    assert len(calls) == 1  # the second call read the cached profile
+
+
+def test_doctor_names_starvation(ner_file):
+    starved = doctor(model="tiny", data=ner_file, batch_size=1, steps=6, log_fn=lambda s: None)
+    assert starved["findings"] and "batch of 1 text" in starved["findings"][0]
+    healthy = doctor(model="tiny", data=ner_file, max_tokens=768, steps=4, log_fn=lambda s: None)
+    assert not any("batch of" in f or "padding" in f for f in healthy["findings"])
+
+
+def test_diagnose_padding_and_environment():
+    r = {"padding_efficiency": 0.45, "texts_per_update": 32, "data_frac": 0.05, "optimizer_frac": 0.05,
+         "real_tokens_per_s": 100.0}
+    assert "padding efficiency 0.45" in diagnose(r)[0]
+    env = environment()
+    assert {"torch", "cuda_available", "cpu_threads", "nvml", "cpu_bf16"} <= set(env)
