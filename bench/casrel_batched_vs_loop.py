@@ -19,11 +19,14 @@ import torch  # noqa: E402
 from common import median, write_results  # noqa: E402
 from spanflow.batching.align import encode_texts  # noqa: E402
 from spanflow.data.io import read_re  # noqa: E402
+from spanflow.models.casrel import next_true  # noqa: E402
 from spanflow.re import ReModel  # noqa: E402
 
 
 def loop_predict(model: ReModel, texts: list[str]) -> list[list]:
-    """One sentence at a time; the object stage once per candidate subject."""
+    """One sentence at a time, and the object stage once per candidate subject (decoding
+    each subject's objects with the same tensor ops as the batched path, so the comparison
+    measures batching, not Python decoding)."""
     tok, head, thr = model.tokenizer, model.module.head, model.threshold
     out = []
     model.module.eval()
@@ -31,26 +34,23 @@ def loop_predict(model: ReModel, texts: list[str]) -> list[list]:
         for enc in encode_texts(tok, texts):
             ids = torch.tensor([[tok.cls_token_id] + enc.ids[:model.max_length - 2] + [tok.sep_token_id]])
             n = ids.shape[1]
+            keep = torch.zeros(n, dtype=torch.bool)
+            keep[1:n - 1] = True
             h = model.module(ids, torch.ones_like(ids))  # (1, T, H)
-            p = torch.sigmoid(head.subjects(h).float())[0]
-            starts = [i for i in range(1, n - 1) if p[i, 0] > thr]
-            ends = [i for i in range(1, n - 1) if p[i, 1] > thr]
+            p = torch.sigmoid(head.subjects(h).float())[0]  # (T, 2)
+            nxt = next_true((p[:, 1] > thr) & keep)
+            starts = ((p[:, 0] > thr) & keep & (nxt < n)).nonzero().flatten().tolist()
             triples = []
-            for s in starts:
-                e = next((j for j in ends if j >= s), None)
-                if e is None:
-                    continue
+            for s in starts:  # the per-subject loop
+                e = int(nxt[s])
                 q = torch.sigmoid(head.objects(h, torch.tensor([0]), torch.tensor([s]), torch.tensor([e])).float())[0]
-                for r in range(q.shape[1]):
-                    os_ = [i for i in range(1, n - 1) if q[i, r, 0] > thr]
-                    oe = [i for i in range(1, n - 1) if q[i, r, 1] > thr]
-                    for o in os_:
-                        oend = next((j for j in oe if j >= o), None)
-                        if oend is not None:
-                            t = ((enc.starts[s - 1], enc.ends[e - 1]), model.relations[r],
-                                 (enc.starts[o - 1], enc.ends[oend - 1]))
-                            if t not in triples:
-                                triples.append(t)
+                o_start = (q[..., 0].T > thr) & keep  # (R, T)
+                onxt = next_true((q[..., 1].T > thr) & keep)
+                for r, o in (o_start & (onxt < n)).nonzero().tolist():
+                    t = ((enc.starts[s - 1], enc.ends[e - 1]), model.relations[r],
+                         (enc.starts[o - 1], enc.ends[int(onxt[r, o]) - 1]))
+                    if t not in triples:
+                        triples.append(t)
             out.append(triples)
     return out
 

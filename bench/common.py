@@ -37,7 +37,9 @@ def write_results(out_dir: str, name: str, payload: dict, rows: list[dict], colu
         json.dump(payload, f, indent=2)
 
     def fmt(v):
-        return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+        if isinstance(v, float):
+            return f"{v:.6f}" if 0.99 < v < 1 else f"{v:.4g}"  # cosines near 1 need the digits
+        return "" if v is None else str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
