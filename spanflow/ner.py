@@ -1,7 +1,6 @@
 """The NER Python API: NerModel (load, predict, evaluate, save) and train_ner."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -15,10 +14,11 @@ from spanflow.models.directory import load_head_state, read_model_config, save_m
 from spanflow.models.encoder import build_tiny, encoder_max_length, load_encoder
 from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
 from spanflow.tasks.metrics import span_prf
-from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows
+from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows, window_targets
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.options import TrainOptions
+from spanflow.training.distributed import init_from_env
+from spanflow.training.options import TrainOptions, scaled_options
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 log = logging.getLogger("spanflow")
@@ -100,11 +100,12 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
               options: TrainOptions | None = None, log_fn: Callable[[str], None] = print) -> NerModel:
     """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned."""
     opts = options or TrainOptions()
-    if opts.lr is None:  # a from-scratch model wants a far larger step than a pretrained one
-        opts = dataclasses.replace(opts, lr=2e-3 if model == "tiny" else 5e-5)
+    dist = init_from_env()
+    opts = scaled_options(opts, default_lr=2e-3 if model == "tiny" else 5e-5, world=dist.world)
+    log_fn = log_fn if dist.is_main else (lambda s: None)
     torch.manual_seed(opts.seed)
     policy = resolve_policy(opts.precision, opts.device)
-    log_fn(policy.describe())
+    log_fn(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")
@@ -117,8 +118,9 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
     evaluate = (lambda module: nm.evaluate(dev)) if dev else None
     hooks = TaskHooks(collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=ner_loss, evaluate=evaluate,
-                      save_model=nm.save)
-    summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn)
+                      save_model=nm.save, targets=window_targets)
+    summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
+                         dist=dist)
     best_dir = os.path.join(out_dir, "model")
     if summary["completed"] and os.path.isdir(best_dir):
         return NerModel.load(best_dir, device=str(policy.device), precision=policy.name)

@@ -1,7 +1,6 @@
 """The relation-extraction Python API: ReModel (load, predict, evaluate, save) and train_re."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 
@@ -18,7 +17,8 @@ from spanflow.tasks.re import ReFeature, casrel_loss, make_collate, prepare_feat
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.options import TrainOptions
+from spanflow.training.distributed import init_from_env
+from spanflow.training.options import TrainOptions, scaled_options
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 
@@ -105,11 +105,12 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
              log_fn: Callable[[str], None] = print) -> ReModel:
     """Train a CasRel model; the best by dev exact F1 is saved to `<out_dir>/model` and returned."""
     opts = options or TrainOptions()
-    if opts.lr is None:
-        opts = dataclasses.replace(opts, lr=2e-3 if model == "tiny" else 5e-5)
+    dist = init_from_env()
+    opts = scaled_options(opts, default_lr=2e-3 if model == "tiny" else 5e-5, world=dist.world)
+    log_fn = log_fn if dist.is_main else (lambda s: None)
     torch.manual_seed(opts.seed)
     policy = resolve_policy(opts.precision, opts.device)
-    log_fn(policy.describe())
+    log_fn(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")
@@ -136,8 +137,10 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
     hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                            all_subjects=all_subjects),
-                      loss_fn=casrel_loss, evaluate=(lambda m: rm.evaluate(dev)) if dev else None, save_model=rm.save)
-    summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn)
+                      loss_fn=casrel_loss, evaluate=(lambda m: rm.evaluate(dev)) if dev else None, save_model=rm.save,
+                      targets=lambda f: len(f) - 2)
+    summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
+                         dist=dist)
     best = os.path.join(out_dir, "model")
     if summary["completed"] and os.path.isdir(best):
         return ReModel.load(best, device=str(policy.device), precision=policy.name)

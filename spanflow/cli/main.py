@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # for commands that re-launch themselves (train --devices N)
     try:
         return COMMANDS[args.command].run(args) or 0
     except SpanflowError as e:

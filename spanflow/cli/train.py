@@ -35,6 +35,11 @@ def add_parser(sub) -> None:
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N optimizer steps")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resumable)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (0: never)")
+    p.add_argument("--devices", type=int, default=1,
+                   help="processes on this node: re-launches itself through torch.distributed.run (torchrun)")
+    p.add_argument("--lr-scaling", choices=["none", "sqrt", "linear"], default="none",
+                   help="scale --lr for the larger global batch of several processes [%(default)s]")
     add_runtime_args(p, max_tokens=d.max_tokens)
 
 
@@ -48,10 +53,19 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
                         max_tokens=max_tokens or TrainOptions().max_tokens,
                         max_length=a.max_length, stride=a.stride, precision=a.precision, device=a.device,
                         seed=a.seed, eval_every=a.eval_every, patience=a.patience, save_every=a.save_every,
-                        max_steps=a.max_steps, resume=a.resume)
+                        max_steps=a.max_steps, resume=a.resume, lr_scaling=a.lr_scaling,
+                        log_every=a.log_every)
 
 
 def run(a: argparse.Namespace) -> int:
+    import os
+
+    if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        from spanflow.training.distributed import relaunch
+
+        argv = list(a.argv)
+        i = argv.index("--devices")
+        return relaunch(argv[:i] + argv[i + 2:], a.devices)
     if a.task == "re":
         return run_re(a)
     from spanflow.ner import train_ner

@@ -43,3 +43,8 @@ def ner_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     logits = model(batch["input_ids"], batch["attention_mask"])  # (B, T, C)
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(),
                            ignore_index=IGNORE, reduction="sum")
+
+
+def window_targets(window) -> int:
+    """Labelled tokens of a window: what its loss is summed over."""
+    return sum(1 for x in window.labels if x != IGNORE)

@@ -107,12 +107,13 @@ def casrel_loss(model, batch: dict) -> torch.Tensor:
     """Subject BCE (start + end) plus object BCE summed over relations (as the paper does: a
     mean over hundreds of relations starves the object taggers), summed over content tokens."""
     h = model(batch["input_ids"], batch["attention_mask"])  # (B, T, H)
+    head = getattr(model, "module", model).head  # DDP wraps the model; the head's params are still reduced
     mask = batch["content_mask"].float()  # (B, T)
-    sub = F.binary_cross_entropy_with_logits(model.head.subjects(h).float(), batch["sub_labels"], reduction="none")
+    sub = F.binary_cross_entropy_with_logits(head.subjects(h).float(), batch["sub_labels"], reduction="none")
     loss = (sub.sum(-1) * mask).sum()
     rows = batch["obj_rows"]
     if rows.numel():
-        logits = model.head.objects(h, rows, batch["obj_starts"], batch["obj_ends"]).float()  # (N, T, R, 2)
+        logits = head.objects(h, rows, batch["obj_starts"], batch["obj_ends"]).float()  # (N, T, R, 2)
         obj = F.binary_cross_entropy_with_logits(logits, batch["obj_labels"], reduction="none")
         loss = loss + (obj.sum((-1, -2)) * mask[rows]).sum()
     return loss

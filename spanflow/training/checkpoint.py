@@ -14,7 +14,8 @@ STATE = "state.json"
 TRAINER = "trainer.pt"
 
 
-def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, state: dict) -> None:
+def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, state: dict,
+                    rng_states: list | None = None) -> None:
     """Write model (via `save_model(path)`), optimizer, scheduler, scaler, RNG and loop state."""
     parent = os.path.dirname(os.path.abspath(ckpt_dir))
     os.makedirs(parent, exist_ok=True)
@@ -26,6 +27,7 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else {},
             "torch_rng": torch.get_rng_state(),
+            "torch_rng_ranks": rng_states or [torch.get_rng_state()],
         }
         if torch.cuda.is_available():
             trainer["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -43,14 +45,15 @@ def has_checkpoint(ckpt_dir: str) -> bool:
     return os.path.exists(os.path.join(ckpt_dir, STATE)) and os.path.exists(os.path.join(ckpt_dir, TRAINER))
 
 
-def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler) -> dict:
+def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 0) -> dict:
     """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict."""
     trainer = torch.load(os.path.join(ckpt_dir, TRAINER), map_location="cpu", weights_only=True)
     optimizer.load_state_dict(trainer["optimizer"])
     scheduler.load_state_dict(trainer["scheduler"])
     if scaler is not None and trainer["scaler"]:
         scaler.load_state_dict(trainer["scaler"])
-    torch.set_rng_state(trainer["torch_rng"])
+    ranks = trainer.get("torch_rng_ranks") or [trainer["torch_rng"]]
+    torch.set_rng_state(ranks[rank] if rank < len(ranks) else trainer["torch_rng"])
     if "cuda_rng" in trainer and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(trainer["cuda_rng"])
     with open(os.path.join(ckpt_dir, STATE), encoding="utf-8") as f:

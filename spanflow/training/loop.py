@@ -2,6 +2,7 @@
 clipping, warmup + linear decay, evaluation, early stopping, checkpoints and reports."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, append_jsonl, format_report, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from spanflow.training.distributed import Dist, all_sum, barrier, broadcast, gather
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy
 
@@ -27,6 +29,7 @@ class TaskHooks:
     loss_fn: Callable[[nn.Module, dict], torch.Tensor]  # summed loss over the batch's targets
     evaluate: Callable[[nn.Module], dict] | None  # returns at least {"f1": ...}
     save_model: Callable[[str], None]  # writes a self-contained model directory
+    targets: Callable[[object], int] | None = None  # loss targets of one item: global step normalisation
 
 
 def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) -> torch.optim.Optimizer:
@@ -57,54 +60,75 @@ def warmup_linear(total_steps: int, warmup_ratio: float) -> Callable[[int], floa
     return f
 
 
-def _epoch_plan(lengths, opts: TrainOptions, epoch: int) -> list[list[list[int]]]:
-    """The epoch's optimizer steps, each a list of micro-batches of item indices."""
-    batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch)
-    a = opts.grad_accum
-    return [batches[i:i + a] for i in range(0, len(batches), a)]
+def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1) -> list[list[list[int]]]:
+    """The epoch's global optimizer steps, each `grad_accum x world` micro-batches of item
+    indices; rank r runs step[r::world]. Every rank derives the same plan from the seed."""
+    batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch, world_size=world)
+    n = opts.grad_accum * world
+    steps = [batches[i:i + n] for i in range(0, len(batches), n)]
+    if steps and len(steps[-1]) < n:  # a short tail: empty micro-batches keep every rank in step
+        steps[-1] = steps[-1] + [[] for _ in range(n - len(steps[-1]))]
+    return steps
 
 
 def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
-               out_dir: str, log: Callable[[str], None] = print) -> dict:
-    """Train `model` on `items` (windows with len()); return a summary with the best dev F1."""
+               out_dir: str, log: Callable[[str], None] = print, dist: Dist = Dist(),
+               plan_world: int | None = None) -> dict:
+    """Train `model` on `items` (windows with len()); return a summary with the best dev F1.
+
+    Under torchrun (`dist.world > 1`) the model runs in DDP; rank 0 alone evaluates and
+    writes checkpoints, reports and models. `plan_world` (tests) plans batches for that
+    many ranks while running as one process, to check DDP against single-process training.
+    """
     device = policy.device
+    world = plan_world or dist.world
     lengths = [len(it) for it in items]
-    plans = [len(_epoch_plan(lengths, opts, e)) for e in range(opts.epochs)]
+    targets = [hooks.targets(it) for it in items] if hooks.targets else None
+    plans = [len(_epoch_plan(lengths, opts, e, world)) for e in range(opts.epochs)]
     total_steps = sum(plans)
     optimizer = build_optimizer(model, opts, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
+    os.makedirs(out_dir, exist_ok=True)
     ckpt_dir = os.path.join(out_dir, "checkpoint")
     report_path = os.path.join(out_dir, "train_report.jsonl")
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "bad_evals": 0, "stopped": False}
     if opts.resume and has_checkpoint(ckpt_dir):
-        st = load_checkpoint(ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+        st = load_checkpoint(ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
         log(f"resumed from {ckpt_dir}: epoch {st['epoch'] + 1}, step {st['global_step']}")
     else:
         if opts.resume:
             log(f"no checkpoint in {ckpt_dir}; starting from the beginning")
-        if os.path.exists(report_path):
+        if os.path.exists(report_path) and dist.is_main:
             os.remove(report_path)  # a fresh run starts a fresh report
+    ddp = _wrap_ddp(model, dist, device)
     mean_len = sum(lengths) / max(1, len(lengths))
     meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))
 
     def checkpoint() -> None:
-        save_checkpoint(ckpt_dir, save_model=hooks.save_model, optimizer=optimizer, scheduler=scheduler,
-                        scaler=scaler, state=st)
+        rngs = gather(torch.get_rng_state(), dist)  # every rank's dropout stream, for an exact resume
+        if dist.is_main:
+            save_checkpoint(ckpt_dir, save_model=hooks.save_model, optimizer=optimizer, scheduler=scheduler,
+                            scaler=scaler, state=st, rng_states=rngs)
+        barrier(dist)
 
     def evaluate_and_maybe_save() -> float | None:
         if hooks.evaluate is None:
             return None
-        model.eval()
-        f1 = hooks.evaluate(model)["f1"]
-        model.train()
-        if st["best_f1"] is None or f1 > st["best_f1"]:
-            st["best_f1"], st["bad_evals"] = f1, 0
-            hooks.save_model(os.path.join(out_dir, "model"))
-        else:
-            st["bad_evals"] += 1
-            if opts.patience is not None and st["bad_evals"] >= opts.patience:
-                st["stopped"] = True
+        f1 = None
+        if dist.is_main:  # rank 0 evaluates; the others wait for its verdict
+            model.eval()
+            f1 = hooks.evaluate(model)["f1"]
+            model.train()
+            if st["best_f1"] is None or f1 > st["best_f1"]:
+                st["best_f1"], st["bad_evals"] = f1, 0
+                hooks.save_model(os.path.join(out_dir, "model"))
+            else:
+                st["bad_evals"] += 1
+                if opts.patience is not None and st["bad_evals"] >= opts.patience:
+                    st["stopped"] = True
+        f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
+            (f1, st["best_f1"], st["bad_evals"], st["stopped"]), dist)
         return f1
 
     model.train()
@@ -113,13 +137,16 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     try:
         while st["epoch"] < opts.epochs and not st["stopped"]:
             epoch = st["epoch"]
-            plan = _epoch_plan(lengths, opts, epoch)[st["step_in_epoch"]:]
-            groups = ([hooks.collate([items[i] for i in mb]) for mb in step] for step in plan)
+            plan = _epoch_plan(lengths, opts, epoch, world)[st["step_in_epoch"]:]
+            mine = dist.rank if plan_world is None else 0
+            stride = dist.world if plan_world is None else 1
+            groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
+                                    else None, items, hooks.collate) for step in plan)
             wait_start = time.perf_counter()
             for micro in prefetch(groups):
                 t_data = time.perf_counter()
                 meter.add_time("data_wait", t_data - wait_start)
-                loss = _train_step(model, micro, hooks.loss_fn, policy, scaler, meter)
+                loss = _train_step(ddp, micro, hooks.loss_fn, policy, scaler, meter, dist.world)
                 running += loss
                 n_running += 1
                 t_comp = time.perf_counter()
@@ -130,7 +157,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 st["step_in_epoch"] += 1
                 st["global_step"] += 1
                 gs = st["global_step"]
-                if opts.log_every and gs % opts.log_every == 0:
+                if opts.log_every and gs % opts.log_every == 0 and dist.is_main:
                     log(f"step {gs}/{total_steps} loss {running.item() / n_running:.4f} "  # host sync, log points only
                         f"lr {scheduler.get_last_lr()[0]:.2e}")
                     running.zero_()
@@ -143,40 +170,80 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
                     checkpoint()
                 if gs == opts.max_steps:
+                    rep = _close_period(meter, dist)  # the partial epoch's figures are reported too
+                    if dist.is_main:
+                        append_jsonl(report_path, {"epoch": epoch + 1, "step": gs, **rep, "precision": policy.name,
+                                                   "device": str(device), "dev_f1": st["best_f1"], "partial": True})
+                        log(format_report({"epoch": epoch + 1, "step": gs, **rep}))
                     log(f"stopped after max_steps={gs}; resume with --resume")
                     return {"best_f1": st["best_f1"], "global_step": gs, "completed": False}
                 wait_start = time.perf_counter()
-            rep = meter.report()  # before evaluation, so eval time is not counted as training
+            rep = _close_period(meter, dist)  # before evaluation, so eval time is not counted as training
             f1 = evaluate_and_maybe_save() if opts.eval_every is None else st["best_f1"]
             rep = {"epoch": epoch + 1, "step": st["global_step"], **rep, "precision": policy.name,
                    "device": str(device), "dev_f1": f1}
-            append_jsonl(report_path, rep)
-            log(format_report(rep))
+            if dist.is_main:
+                append_jsonl(report_path, rep)
+                log(format_report(rep))
             st["epoch"], st["step_in_epoch"] = epoch + 1, 0
             checkpoint()
     finally:
         meter.close()
-    if hooks.evaluate is None:
+    if hooks.evaluate is None and dist.is_main:
         hooks.save_model(os.path.join(out_dir, "model"))
+    barrier(dist)
     return {"best_f1": st["best_f1"], "global_step": st["global_step"], "completed": True}
 
 
-def _train_step(model: nn.Module, micro: list[dict], loss_fn, policy: Policy, scaler, meter: Meter) -> torch.Tensor:
-    """Forward/backward over one step's micro-batches; the loss is normalised by the
-    step's total target count so accumulation equals one large batch."""
-    n_targets = max(1, sum(b["n_targets"] for b in micro))
+def _close_period(meter: Meter, dist: Dist) -> dict:
+    """The meter's report with tokens summed over all ranks."""
+    meter.real, meter.padded = (int(x) for x in all_sum([meter.real, meter.padded], dist))
+    return meter.report()
+
+
+def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: list, collate) -> list[dict]:
+    """Collate this rank's micro-batches of a step. An empty one (a short tail) becomes a
+    one-item stand-in whose loss is zeroed: the rank still joins every all-reduce."""
+    out = []
+    for mb in micro_batches:
+        b = collate([items[i] for i in (mb or [0])])
+        b["weight"] = 1.0 if mb else 0.0
+        b["n_global"] = n_global
+        out.append(b)
+    return out
+
+
+def _wrap_ddp(model: nn.Module, dist: Dist, device: torch.device) -> nn.Module:
+    if not dist.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def _train_step(model: nn.Module, micro: list[dict], loss_fn, policy: Policy, scaler, meter: Meter,
+                world: int = 1) -> torch.Tensor:
+    """Forward/backward over one step's micro-batches. The loss is normalised by the step's
+    target count over all ranks, and scaled by the world size because DDP averages the
+    ranks' gradients, so the update equals one process training on the whole global batch.
+    Gradients are all-reduced on the last micro-batch only (no_sync before it)."""
+    local = sum(b["n_targets"] for b in micro if b["weight"])
+    n_targets = max(1, micro[0]["n_global"] if micro[0]["n_global"] is not None else local)
     total = None
-    for b in micro:
-        meter.add_tokens(b["real_tokens"], b["padded_tokens"])
-        batch = {k: v.to(policy.device, non_blocking=True) for k, v in b.items() if torch.is_tensor(v)}
-        with policy.autocast():
-            loss = loss_fn(model, batch) / n_targets
+    for k, b in enumerate(micro):
+        if b["weight"]:
+            meter.add_tokens(b["real_tokens"], b["padded_tokens"])
+        batch = {key: v.to(policy.device, non_blocking=True) for key, v in b.items() if torch.is_tensor(v)}
+        sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
+        with (contextlib.nullcontext() if sync else model.no_sync()), policy.autocast():
+            loss = loss_fn(model, batch) * (b["weight"] * world / n_targets)
         if scaler is not None:
             scaler.scale(loss).backward()
         else:
             loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
-    return total
+    return total / world
 
 
 def _optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float, device) -> None:

@@ -1,6 +1,8 @@
 """Run options as one typed dataclass, with defaults right for most users."""
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import asdict, dataclass
 
 
@@ -27,6 +29,28 @@ class TrainOptions:
     max_steps: int | None = None  # stop (with a checkpoint) after this many optimizer steps
     resume: bool = False
     log_every: int = 50
+    lr_scaling: str = "none"  # none | sqrt | linear: lr x sqrt(world) or x world under DDP
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+LR_SCALINGS = ("none", "sqrt", "linear")
+
+
+def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> TrainOptions:
+    """Fill the default learning rate and apply --lr-scaling for `world` processes.
+
+    Each process takes max_tokens per micro-batch, so a step sees world times the tokens of
+    one process. `linear` keeps the per-token step size of single-device training (good for
+    SGD-like regimes and large data); `sqrt` is the milder rule that tends to suit Adam;
+    `none` keeps the learning rate and simply averages over more tokens.
+    """
+    from spanflow.errors import ConfigError
+
+    if opts.lr_scaling not in LR_SCALINGS:
+        raise ConfigError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}")
+    lr = opts.lr if opts.lr is not None else default_lr
+    factor = {"none": 1.0, "sqrt": math.sqrt(world), "linear": float(world)}[opts.lr_scaling]
+    head = opts.head_lr * factor if opts.head_lr else None
+    return dataclasses.replace(opts, lr=lr * factor, head_lr=head)

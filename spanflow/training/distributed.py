@@ -1,0 +1,85 @@
+"""torch.distributed as launched by torchrun: process-group set-up and the few collectives
+the loop needs. One process per device; NCCL on CUDA, gloo on CPU."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_from_env() -> Dist:
+    """Join the process group that torchrun describes in the environment, if any."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and os.environ.get("SPANFLOW_DEVICE", "auto") != "cpu"
+    if cuda:
+        torch.cuda.set_device(local)  # before the group, so NCCL binds this process to its own GPU
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), local)
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def all_sum(values: list[float], d: Dist) -> list[float]:
+    """Element-wise sum over ranks (host floats; called at epoch ends, not per step)."""
+    if not d.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def gather(obj, d: Dist) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not d.enabled:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast(obj, d: Dist):
+    """Rank 0's `obj` on every rank."""
+    if not d.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def relaunch(argv: list[str], devices: int) -> int:
+    """Run `spanflow <argv>` under torch.distributed.run with `devices` processes on this node."""
+    from torch.distributed import run
+
+    args = ["--nproc-per-node", str(devices), "-m", "spanflow", *argv]
+    print(f"launching: torchrun {' '.join(args)}", file=sys.stderr)
+    run.main(args)
+    return 0

@@ -1,0 +1,145 @@
+"""DDP on CPU with gloo: 2 real processes against single-process training on the same batches."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from spanflow.batching.align import IGNORE
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.training.distributed import Dist, init_from_env
+from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import resolve_policy
+
+OPTS = dict(epochs=2, lr=3e-3, max_tokens=200, seed=3, patience=None, log_every=0, warmup_ratio=0.1)
+N_TEXTS = 37
+
+
+def setup_task():
+    """A tiny NER model without dropout (so runs compare exactly) and its windows."""
+    from spanflow.models.encoder import build_tiny
+    from spanflow.ner import NerModel
+    from spanflow.tasks.ner import make_collate, ner_loss, prepare_windows, window_targets
+
+    data = synthetic_ner(N_TEXTS, seed=11, max_clauses=2)
+    enc, tok = build_tiny([e.text for e in data], hidden=32, layers=2, heads=2, seed=0)
+    nm = NerModel(encoder=enc, tokenizer=tok, labels=sorted({s[2] for e in data for s in e.spans}), max_length=64,
+                  policy=resolve_policy("fp32", "cpu"))
+    torch.manual_seed(0)
+    nm.module.head.proj.reset_parameters()
+    for m in nm.module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    windows = prepare_windows(data, tok, {lab: i for i, lab in enumerate(nm.id2label)}, max_length=64, stride=8)
+    hooks = TaskHooks(collate=make_collate(tok.pad_token_id), loss_fn=ner_loss, evaluate=None,
+                      save_model=lambda path: None, targets=window_targets)
+    return nm, windows, hooks
+
+
+def _worker(rank, world, port, out, extra):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
+    torch.set_num_threads(1)
+    d = init_from_env()
+    nm, windows, hooks = setup_task()
+    opts = TrainOptions(**{**OPTS, **extra})
+    if opts.resume:  # the model weights come from the checkpoint, as train_ner does
+        from spanflow.ner import NerModel
+
+        nm.module.load_state_dict(NerModel.load(os.path.join(out, "checkpoint", "model"), device="cpu")
+                                  .module.state_dict())
+    hooks.save_model = nm.save if rank == 0 else (lambda p: None)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=out, log=lambda s: None, dist=d)
+    if rank == 0:
+        torch.save({k: v.clone() for k, v in nm.module.state_dict().items()}, os.path.join(out, "params.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(out, **extra):
+    mp.spawn(_worker, args=(2, free_port(), str(out), extra), nprocs=2, join=True)
+    return torch.load(os.path.join(out, "params.pt"))
+
+
+def single_process(out, **extra):
+    nm, windows, hooks = setup_task()
+    train_loop(nm.module, windows, hooks, opts=TrainOptions(**{**OPTS, **extra}), policy=nm.policy,
+               out_dir=str(out), log=lambda s: None, plan_world=2)
+    return nm.module.state_dict()
+
+
+def assert_same(a, b):
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
+    _, windows, _ = setup_task()
+    plans = [_epoch_plan([len(w) for w in windows], TrainOptions(**OPTS), e, world=2) for e in range(2)]
+    assert any(mb == [] for plan in plans for step in plan for mb in step), "data must leave a rank a short tail"
+    for plan in plans:  # the two shards are disjoint and complete
+        r0 = [i for step in plan for mb in step[0::2] for i in mb]
+        r1 = [i for step in plan for mb in step[1::2] for i in mb]
+        assert not set(r0) & set(r1) and sorted(r0 + r1) == list(range(len(windows)))
+    ddp = run_ddp(tmp_path / "ddp")  # finishing at all shows no rank waited forever
+    assert_same(ddp, single_process(tmp_path / "single"))
+    init = setup_task()[0].module.state_dict()
+    assert any(not torch.allclose(init[k], ddp[k]) for k in init)  # it trained
+
+
+@pytest.mark.slow
+def test_ddp_resume_matches_uninterrupted(tmp_path):
+    full = run_ddp(tmp_path / "full")
+    run_ddp(tmp_path / "part", max_steps=3)  # stops after writing a checkpoint
+    assert os.path.exists(tmp_path / "part" / "checkpoint" / "state.json")
+    resumed = run_ddp(tmp_path / "part", resume=True)
+    assert_same(full, resumed)
+
+
+def test_single_process_dist_is_inert():
+    d = Dist()
+    assert not d.enabled and d.is_main and IGNORE == -100
+
+
+@pytest.mark.slow
+def test_cli_devices_relaunches_under_torchrun(tmp_path):
+    """`spanflow train --devices 2` re-launches itself through torch.distributed.run (gloo on CPU)."""
+    import json
+    import subprocess
+    import sys
+
+    from spanflow.data.formats.jsonl import write_jsonl_record
+
+    train = tmp_path / "train.jsonl"
+    with open(train, "w") as f:
+        for e in synthetic_ner(80, seed=2):
+            write_jsonl_record(f, e.text, e.spans)
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "spanflow", "train", "ner", "--train", str(train), "--dev", str(train),
+                        "--out", str(out), "--epochs", "2", "--max-tokens", "512", "--max-length", "64",
+                        "--devices", "2", "--lr-scaling", "sqrt"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "2 processes" in r.stdout + r.stderr
+    reps = [json.loads(x) for x in open(out / "train_report.jsonl")]
+    assert len(reps) == 2  # rank 0 alone writes the report
+    assert (out / "model" / "spanflow.json").exists()
+    assert all(r_["real_tokens_per_s"] > 0 and 0 < r_["padding_efficiency"] <= 1 for r_ in reps)
+
+
+def test_max_steps_writes_a_partial_report(tmp_path):
+    import json
+
+    nm, windows, hooks = setup_task()
+    train_loop(nm.module, windows, hooks, opts=TrainOptions(**{**OPTS, "max_steps": 2}), policy=nm.policy,
+               out_dir=str(tmp_path), log=lambda s: None)
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    assert len(reps) == 1 and reps[0]["partial"] and reps[0]["step"] == 2 and reps[0]["real_tokens_per_s"] > 0
