@@ -143,3 +143,60 @@ def test_max_steps_writes_a_partial_report(tmp_path):
                out_dir=str(tmp_path), log=lambda s: None)
     reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
     assert len(reps) == 1 and reps[0]["partial"] and reps[0]["step"] == 2 and reps[0]["real_tokens_per_s"] > 0
+
+
+def _embed_worker(rank, world, port, model_dir, src, out, die_after):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
+    torch.set_num_threads(1)
+    from spanflow.embedder import Embedder
+    from spanflow.inference.embed_job import EmbedSpec, embed_file
+
+    d = init_from_env()
+    emb = Embedder.load(model_dir, device="cpu")
+    if rank == 1 and die_after is not None:  # this rank is killed after `die_after` windows
+        real, calls = emb._embed_ids, [0]
+
+        def dying(*a, **kw):
+            calls[0] += 1
+            if calls[0] > die_after:
+                os._exit(1)
+            return real(*a, **kw)
+        emb._embed_ids = dying
+    embed_file(emb, EmbedSpec(input=src, output=out, window=4), resume=die_after is None, progress=False,
+               log=lambda m: None, dist=d)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ext", ["npy", "jsonl"])
+def test_sharded_embed_matches_one_process_and_resumes_a_killed_rank(tmp_path, ext):
+    import json
+
+    import numpy as np
+
+    from spanflow.embedder import Embedder
+    from spanflow.models.encoder import build_tiny
+
+    texts = [e.text for e in synthetic_ner(30, seed=4)]
+    enc, tok = build_tiny(texts, hidden=32, layers=1, heads=2)
+    model_dir = str(tmp_path / "m")
+    enc.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(texts) + "\n")
+    out = str(tmp_path / f"out.{ext}")
+    with pytest.raises(Exception):  # rank 1 dies after one of its windows
+        mp.spawn(_embed_worker, args=(2, free_port(), model_dir, str(src), out, 1), nprocs=2, join=True)
+    assert not os.path.exists(out)
+    mp.spawn(_embed_worker, args=(2, free_port(), model_dir, str(src), out, None), nprocs=2, join=True)
+    want = Embedder.load(model_dir, device="cpu").encode(texts)
+    if ext == "npy":
+        got = np.load(out)
+        assert (tmp_path / "out.ids.txt").read_text().split() == [str(i) for i in range(1, 31)]
+    else:
+        recs = [json.loads(x) for x in open(out)]
+        assert [r["id"] for r in recs] == [str(i) for i in range(1, 31)]
+        got = np.array([r["embedding"] for r in recs])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert not [f for f in os.listdir(tmp_path) if ".part" in f or "progress" in f]

@@ -179,8 +179,8 @@ def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
     emb._embed_ids = dies_on_third
     with pytest.raises(KeyboardInterrupt):
         embed_file(emb, spec, progress=False, log=lambda m: None)
-    journal = json.loads((tmp_path / "out.npy.progress.json").read_text())
-    assert journal["windows_done"] == 2 and not (tmp_path / "out.npy").exists()
+    journal = json.loads((tmp_path / "out.npy.progress.rank0.json").read_text())
+    assert sorted(journal["done"]) == ["0", "1"] and not (tmp_path / "out.npy").exists()
     emb2 = Embedder.load(st_dir)
     seen = []
     real2 = emb2._embed_ids

@@ -34,7 +34,10 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.embedder import Embedder
     from spanflow.inference.embed_job import EmbedSpec, embed_file
 
+    from spanflow.training.distributed import init_from_env
     from spanflow.tuning.auto import resolve_max_tokens
+
+    dist = init_from_env()  # under torchrun each rank embeds its share of the windows
 
     max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task="embed", mode="infer", model=a.model,
                                     data=a.input, precision=a.precision, device=a.device, field=a.field,
@@ -44,7 +47,9 @@ def run(a: argparse.Namespace) -> int:
           f"dim {emb.dim}")
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                      window=a.window, dtype=a.dtype, model=a.model)
-    s = embed_file(emb, spec, max_tokens=max_tokens, resume=a.resume, force=a.force)
+    s = embed_file(emb, spec, max_tokens=max_tokens, resume=a.resume, force=a.force, dist=dist)
+    if not dist.is_main:
+        return 0
     print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")

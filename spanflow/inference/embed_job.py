@@ -7,6 +7,7 @@ never recomputes finished ones. The final files appear only when the job complet
 """
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import os
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from spanflow.data.records import read_records
 from spanflow.errors import ConfigError, DataError
+from spanflow.training.distributed import Dist, barrier
 
 
 @dataclass
@@ -74,67 +76,159 @@ def _sample(spec: EmbedSpec, k: int) -> list[str]:
     return [t for _, t in itertools.islice(recs, k * 2) if isinstance(t, str) and t.strip()][:k]
 
 
+def _zero_stats() -> dict:
+    return {"real_tokens": 0, "padded_tokens": 0, "seconds": 0.0, "truncated": 0, "empty": 0, "errors": 0}
+
+
+@dataclass
+class _Paths:
+    out: str
+    partial: str  # the .npy being filled, or the merged JSONL being written
+    journal: str  # the job: spec, record count, windows
+    errors: str
+    ids: str
+
+    def rank_journal(self, r: int) -> str:
+        return f"{self.out}.progress.rank{r}.json"
+
+    def rank_part(self, r: int) -> str:
+        return f"{self.out}.part{r}"
+
+    def rank_errors(self, r: int) -> str:
+        return f"{self.out}.errors.part{r}"
+
+
+def _paths(out: str) -> _Paths:
+    stem = os.path.splitext(out)[0]
+    return _Paths(out, out + ".partial", out + ".progress.json", stem + ".errors.jsonl", stem + ".ids.txt")
+
+
+def _open_job(spec: EmbedSpec, fmt: str, ident: dict, P: _Paths, dim: int, resume: bool, log) -> dict:
+    """Rank 0: reuse the journal of an interrupted job, or count the input and lay out the output."""
+    if resume and os.path.exists(P.journal) and os.path.exists(P.partial):
+        with open(P.journal, encoding="utf-8") as f:
+            job = json.load(f)
+        if job.get("spec") != ident:
+            raise ConfigError(f"{P.journal} belongs to a job with other settings; remove it or drop --resume")
+        return job
+    for stale in glob.glob(glob.escape(P.out) + ".progress.rank*.json") + glob.glob(glob.escape(P.out) + ".part*") \
+            + glob.glob(glob.escape(P.out) + ".errors.part*"):
+        os.remove(stale)
+    n = _count_and_ids(spec, P.ids + ".partial" if fmt == "npy" else None)
+    job = {"spec": ident, "n": n, "windows": -(-n // spec.window)}
+    if fmt == "npy":
+        open_memmap(P.partial, mode="w+", dtype=spec.dtype, shape=(n, dim)).flush()
+    else:
+        open(P.partial, "w").close()
+    _write_json_atomic(P.journal, job)
+    return job
+
+
+def _rank_state(P: _Paths, rank: int, resume: bool) -> dict:
+    """This rank's finished windows and byte ranges; a half-written window is cut off."""
+    path = P.rank_journal(rank)
+    st = None
+    if resume and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            st = json.load(f)
+    st = st or {"done": {}, "end": 0, "err_end": 0, "stats": _zero_stats()}
+    for f, end in ((P.rank_part(rank), st["end"]), (P.rank_errors(rank), st["err_end"])):
+        with open(f, "a+b") as fh:
+            fh.truncate(end)
+    return st
+
+
 def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resume: bool = False, force: bool = False,
-               progress: bool = True, log=print) -> dict:
-    """Embed every record of spec.input into spec.output; returns the run summary."""
+               progress: bool = True, log=print, dist: Dist = Dist()) -> dict:
+    """Embed every record of spec.input into spec.output; returns the run summary.
+
+    Under torchrun each rank embeds the windows w with w % world == rank; rank 0 lays out
+    the output first and assembles it, in input order, once every rank is done. A killed
+    rank's unfinished windows are redone on --resume.
+    """
     fmt = _out_format(spec.output)
     if spec.dtype not in ("float32", "float16"):
         raise ConfigError(f"--dtype must be float32 or float16, got {spec.dtype!r}")
     if not os.path.exists(spec.input):
         raise DataError("file not found", path=spec.input)
+    log = log if dist.is_main else (lambda m: None)
     calibration = embedder.check_precision(_sample(spec, 256), force=force)
     if calibration:
         log(f"{calibration['precision']} vs fp32 on {calibration['n']} input texts: mean cosine "
             f"{calibration['mean_cosine']:.6f}, min {calibration['min_cosine']:.6f}")
-    out = spec.output
-    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
-    partial, journal = out + ".partial", out + ".progress.json"
-    errors_path = os.path.splitext(out)[0] + ".errors.jsonl"
-    ids_path = os.path.splitext(out)[0] + ".ids.txt"
-    ident = {**asdict(spec), "format": fmt, "dim": embedder.dim}
-    state = None
-    if resume and os.path.exists(journal) and os.path.exists(partial):
-        with open(journal, encoding="utf-8") as f:
-            state = json.load(f)
-        if state.get("spec") != ident:
-            raise ConfigError(f"{journal} belongs to a job with other settings; remove it or drop --resume")
-        log(f"resuming: {state['windows_done']} of {state['windows']} windows already done")
-    if state is None:
-        n = _count_and_ids(spec, ids_path + ".partial" if fmt == "npy" else None)
-        state = {"spec": ident, "n": n, "windows": -(-n // spec.window), "windows_done": 0, "bytes": 0,
-                 "errors_bytes": 0, "stats": {"real_tokens": 0, "padded_tokens": 0, "seconds": 0.0,
-                                              "truncated": 0, "empty": 0, "errors": 0}}
-        if fmt == "npy":
-            open_memmap(partial, mode="w+", dtype=spec.dtype, shape=(n, embedder.dim)).flush()
-        else:
-            open(partial, "w").close()
-        open(errors_path, "w").close()
-        _write_json_atomic(journal, state)
-    _run_windows(embedder, spec, fmt, state, partial, journal, errors_path, max_tokens, progress)
-    if fmt == "npy":
-        os.replace(ids_path + ".partial", ids_path)
-    os.replace(partial, out)
-    os.remove(journal)
-    st = state["stats"]
-    if not st["errors"]:
-        os.remove(errors_path)
-    secs = max(st["seconds"], 1e-9)
-    summary = {"texts": state["n"], "errors": st["errors"], "truncated": st["truncated"], "empty": st["empty"],
-               "real_tokens": st["real_tokens"], "padding_efficiency": st["real_tokens"] / max(1, st["padded_tokens"]),
-               "texts_per_s": state["n"] / secs, "real_tokens_per_s": st["real_tokens"] / secs, "seconds": secs,
-               "precision": embedder.precision_name, "calibration": calibration, "output": out,
-               "ids": ids_path if fmt == "npy" else None,
-               "errors_file": errors_path if st["errors"] else None}
-    return summary
+    os.makedirs(os.path.dirname(os.path.abspath(spec.output)) or ".", exist_ok=True)
+    P = _paths(spec.output)
+    ident = {**asdict(spec), "format": fmt, "dim": embedder.dim, "world": dist.world}
+    if dist.is_main:
+        _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
+    barrier(dist)
+    with open(P.journal, encoding="utf-8") as f:
+        job = json.load(f)
+    rst = _rank_state(P, dist.rank, resume)
+    if rst["done"]:
+        log(f"resuming: {len(rst['done'])} windows of this rank already done")
+    _run_windows(embedder, spec, fmt, job, rst, P, dist, max_tokens, progress and dist.is_main)
+    barrier(dist)
+    stats = _finish(P, fmt, job, dist) if dist.is_main else rst["stats"]
+    barrier(dist)
+    secs = max(stats["seconds"], 1e-9)
+    return {"texts": job["n"], "errors": stats["errors"], "truncated": stats["truncated"], "empty": stats["empty"],
+            "real_tokens": stats["real_tokens"],
+            "padding_efficiency": stats["real_tokens"] / max(1, stats["padded_tokens"]),
+            "texts_per_s": job["n"] / secs, "real_tokens_per_s": stats["real_tokens"] / secs, "seconds": secs,
+            "precision": embedder.precision_name, "calibration": calibration, "output": spec.output,
+            "ids": P.ids if fmt == "npy" else None, "errors_file": P.errors if stats["errors"] else None}
 
 
-def _run_windows(embedder, spec, fmt, state, partial, journal, errors_path, max_tokens, progress) -> None:
-    n, W, st = state["n"], spec.window, state["stats"]
-    done = state["windows_done"]
-    recs = read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header)
-    recs = itertools.islice(recs, done * W, None)  # finished windows are skipped, not recomputed
-    bar = tqdm(total=n, initial=min(n, done * W), unit="text", disable=not progress, dynamic_ncols=True,
-               mininterval=0.5)
+def _copy_ranges(dst, sources: list[str], ranges: list[tuple[int, list[int]]]) -> None:
+    handles = [open(s, "rb") for s in sources]
+    try:
+        for r, (a, b) in ranges:
+            handles[r].seek(a)
+            dst.write(handles[r].read(b - a))
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _finish(P: _Paths, fmt: str, job: dict, dist: Dist) -> dict:
+    """Rank 0: assemble parts in window order, sum the ranks' stats, move files into place.
+    `seconds` is the slowest rank's time: the job's wall time."""
+    states = []
+    for r in range(dist.world):
+        with open(P.rank_journal(r), encoding="utf-8") as f:
+            states.append(json.load(f))
+    order = [(w % dist.world, str(w)) for w in range(job["windows"])]
+    with open(P.errors, "wb") as f:
+        _copy_ranges(f, [P.rank_errors(r) for r in range(dist.world)],
+                     [(r, states[r]["done"][w]["errors"]) for r, w in order])
+    if fmt == "jsonl":
+        with open(P.partial, "wb") as f:
+            _copy_ranges(f, [P.rank_part(r) for r in range(dist.world)],
+                         [(r, states[r]["done"][w]["bytes"]) for r, w in order])
+    else:
+        os.replace(P.ids + ".partial", P.ids)
+    os.replace(P.partial, P.out)
+    stats = _zero_stats()
+    for st in states:
+        for k, v in st["stats"].items():
+            stats[k] = max(stats[k], v) if k == "seconds" else stats[k] + v
+    for r in range(dist.world):
+        for f in (P.rank_journal(r), P.rank_part(r), P.rank_errors(r)):
+            if os.path.exists(f):
+                os.remove(f)
+    os.remove(P.journal)
+    if not stats["errors"]:
+        os.remove(P.errors)
+    return stats
+
+
+def _run_windows(embedder, spec, fmt, job, rst, P: _Paths, dist: Dist, max_tokens, progress) -> None:
+    """Embed this rank's unfinished windows; journal each one after its output is on disk."""
+    W, st = spec.window, rst["stats"]
+    mine = [w for w in range(job["windows"]) if w % dist.world == dist.rank and str(w) not in rst["done"]]
+    bar = tqdm(total=sum(min(W, job["n"] - w * W) for w in mine), unit="text", disable=not progress,
+               dynamic_ncols=True, mininterval=0.5)
     tokens = [0]
 
     def on_batch(k, real, padded):
@@ -142,56 +236,62 @@ def _run_windows(embedder, spec, fmt, state, partial, journal, errors_path, max_
         st["padded_tokens"] += padded
         tokens[0] += real
         bar.update(k)
-        el = max(bar.format_dict["elapsed"], 1e-9)
-        bar.set_postfix(tok_s=f"{tokens[0] / el:.0f}")
+        bar.set_postfix(tok_s=f"{tokens[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
 
-    embedder.truncated = 0
-    pending: deque = deque()  # windows read by the tokenizing thread, awaiting their embeddings
+    pending: deque = deque()  # (window id, records) read by the tokenizing thread, awaiting embeddings
 
     def texts():
-        for _ in range(done, state["windows"]):
-            window = list(itertools.islice(recs, W))
-            pending.append(window)
+        recs = read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header)
+        pos = 0
+        for w in mine:  # other ranks' windows and finished ones are skipped, not tokenized
+            window = list(itertools.islice(recs, (w - pos) * W, (w - pos + 1) * W))
+            pos = w + 1
+            pending.append((w, window))
             yield from (t if isinstance(t, str) else "" for _, t in window)
 
+    embedder.truncated = 0
     t0 = time.perf_counter()
-    stream = embedder.encode_stream(texts(), window=W, max_tokens=max_tokens, on_batch=on_batch)
-    for w, emb in zip(range(done, state["windows"]), stream):
-        window = pending.popleft()
+    for emb in embedder.encode_stream(texts(), window=W, max_tokens=max_tokens, on_batch=on_batch):
+        w, window = pending.popleft()
         st["empty"] += sum(1 for _, t in window if isinstance(t, str) and not t.strip())
-        errs = [(rid, t) for rid, t in window if isinstance(t, DataError)]
         st["truncated"] += embedder.truncated
         embedder.truncated = 0
-        start = w * W
+        rec = {"bytes": [rst["end"], rst["end"]]}
         if fmt == "npy":
             for k, (_, t) in enumerate(window):
                 if isinstance(t, DataError):
                     emb[k] = np.nan  # an unreadable record: a NaN row, explained in the errors file
             # map the file for this window only: pages of a map held open for the whole run
             # would count in the process's memory and grow with the input
-            mm = open_memmap(partial, mode="r+")
-            mm[start:start + len(window)] = emb.astype(spec.dtype)
+            mm = open_memmap(P.partial, mode="r+")
+            mm[w * W:w * W + len(window)] = emb.astype(spec.dtype)
             mm.flush()
             del mm
         else:
-            with open(partial, "r+", encoding="utf-8") as f:
-                f.seek(state["bytes"])
-                f.truncate()
-                for k, (rid, t) in enumerate(window):
-                    rec = ({"id": rid, "line": t.line, "error": t.reason} if isinstance(t, DataError)
-                           else {"id": rid, "embedding": [round(float(x), 7) for x in emb[k]]})
-                    f.write(json.dumps(rec) + "\n")
-                state["bytes"] = f.tell()
-        with open(errors_path, "r+", encoding="utf-8") as f:
-            f.seek(state["errors_bytes"])
-            f.truncate()
-            for rid, e in errs:
-                f.write(json.dumps({"id": rid, "line": e.line, "error": e.reason}) + "\n")
-            state["errors_bytes"] = f.tell()
+            rec["bytes"] = _append(P.rank_part(dist.rank), rst["end"], [
+                {"id": rid, "line": t.line, "error": t.reason} if isinstance(t, DataError)
+                else {"id": rid, "embedding": [round(float(x), 7) for x in emb[k]]}
+                for k, (rid, t) in enumerate(window)])
+            rst["end"] = rec["bytes"][1]
+        errs = [{"id": rid, "line": t.line, "error": t.reason} for rid, t in window if isinstance(t, DataError)]
+        rec["errors"] = _append(P.rank_errors(dist.rank), rst["err_end"], errs)
+        rst["err_end"] = rec["errors"][1]
         st["errors"] += len(errs)
         now = time.perf_counter()
         st["seconds"] += now - t0
         t0 = now
-        state["windows_done"] = w + 1
-        _write_json_atomic(journal, state)
+        rst["done"][str(w)] = rec
+        _write_json_atomic(P.rank_journal(dist.rank), rst)
     bar.close()
+
+
+def _append(path: str, at: int, records: list[dict]) -> list[int]:
+    """Write JSON lines at byte `at` (dropping anything after it); return the byte range."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.truncate()
+        for r in records:
+            f.write((json.dumps(r) + "\n").encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+        return [at, f.tell()]
