@@ -17,7 +17,7 @@ from spanflow.tasks.metrics import span_prf
 from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows, window_targets
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.distributed import init_from_env
+from spanflow.training.distributed import Dist, init_from_env, shard_gather
 from spanflow.training.options import TrainOptions, scaled_options
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
@@ -68,9 +68,9 @@ class NerModel:
         """Character-offset (start, end, label) spans for each text."""
         return list(self.predict_stream(texts, max_tokens=max_tokens))
 
-    def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None) -> dict:
-        """Entity-level exact-span P/R/F1, overall and per label."""
-        pred = self.predict([e.text for e in examples], max_tokens=max_tokens)
+    def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
+        """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
+        pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         return span_prf([e.spans for e in examples], pred)
 
 
@@ -116,7 +116,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
-    evaluate = (lambda module: nm.evaluate(dev)) if dev else None
+    evaluate = (lambda module: nm.evaluate(dev, dist=dist)) if dev else None
     hooks = TaskHooks(collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=ner_loss, evaluate=evaluate,
                       save_model=nm.save, targets=window_targets)
     summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,

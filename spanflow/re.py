@@ -17,7 +17,7 @@ from spanflow.tasks.re import ReFeature, casrel_loss, make_collate, prepare_feat
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.distributed import init_from_env
+from spanflow.training.distributed import Dist, init_from_env, shard_gather
 from spanflow.training.options import TrainOptions, scaled_options
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
@@ -93,8 +93,9 @@ class ReModel:
             on_batch(len(chunk), 0, 0)
         return res
 
-    def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None) -> dict:
-        pred = self.predict([e.text for e in examples], max_tokens=max_tokens)
+    def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
+        """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
+        pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
         return re_metrics(gold, got)
@@ -137,7 +138,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
     hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                            all_subjects=all_subjects),
-                      loss_fn=casrel_loss, evaluate=(lambda m: rm.evaluate(dev)) if dev else None, save_model=rm.save,
+                      loss_fn=casrel_loss, evaluate=(lambda m: rm.evaluate(dev, dist=dist)) if dev else None, save_model=rm.save,
                       targets=lambda f: len(f) - 2)
     summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
                          dist=dist)

@@ -200,3 +200,41 @@ def test_sharded_embed_matches_one_process_and_resumes_a_killed_rank(tmp_path, e
         got = np.array([r["embedding"] for r in recs])
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert not [f for f in os.listdir(tmp_path) if ".part" in f or "progress" in f]
+
+
+def _eval_worker(rank, world, port, model_dir, data_path, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
+    torch.set_num_threads(1)
+    import json
+
+    from spanflow.data.io import read_ner
+    from spanflow.ner import NerModel
+
+    d = init_from_env()
+    m = NerModel.load(model_dir, device="cpu").evaluate(read_ner(data_path), dist=d)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(m, f)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_sharded_evaluation_equals_single_process(tmp_path):
+    import json
+
+    from spanflow.data.formats.jsonl import write_jsonl_record
+    from spanflow.data.io import read_ner
+    from spanflow.ner import NerModel, train_ner
+
+    data = synthetic_ner(41, seed=5)
+    p = tmp_path / "d.jsonl"
+    with open(p, "w") as f:
+        for e in data:
+            write_jsonl_record(f, e.text, e.spans)
+    train_ner(data, None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=3, max_tokens=512, max_length=64, log_every=0))
+    model_dir = str(tmp_path / "run" / "model")
+    want = NerModel.load(model_dir, device="cpu").evaluate(read_ner(str(p)))
+    mp.spawn(_eval_worker, args=(2, free_port(), model_dir, str(p), str(tmp_path / "m")), nprocs=2, join=True)
+    for r in range(2):
+        assert json.loads((tmp_path / f"m.{r}").read_text()) == json.loads(json.dumps(want))

@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (0: never)")
     p.add_argument("--devices", type=int, default=1,
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun)")
+    p.add_argument("--grad-compression", choices=["none", "fp16"], default="none",
+                   help="all-reduce DDP gradients in fp16 (CUDA, several processes) [%(default)s]")
     p.add_argument("--lr-scaling", choices=["none", "sqrt", "linear"], default="none",
                    help="scale --lr for the larger global batch of several processes [%(default)s]")
     add_runtime_args(p, max_tokens=d.max_tokens)
@@ -54,6 +56,7 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
                         max_length=a.max_length, stride=a.stride, precision=a.precision, device=a.device,
                         seed=a.seed, eval_every=a.eval_every, patience=a.patience, save_every=a.save_every,
                         max_steps=a.max_steps, resume=a.resume, lr_scaling=a.lr_scaling,
+                        grad_compression=a.grad_compression,
                         log_every=a.log_every)
 
 

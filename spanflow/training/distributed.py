@@ -83,3 +83,14 @@ def relaunch(argv: list[str], devices: int) -> int:
     print(f"launching: torchrun {' '.join(args)}", file=sys.stderr)
     run.main(args)
     return 0
+
+
+def shard_gather(items: list, fn, d: Dist) -> list:
+    """fn(items[rank::world]) on every rank, gathered back into input order on every rank."""
+    if not d.enabled:
+        return fn(items)
+    parts = gather(fn(items[d.rank::d.world]), d)
+    out = [None] * len(items)
+    for r, part in enumerate(parts):
+        out[r::d.world] = part
+    return out

@@ -101,7 +101,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             log(f"no checkpoint in {ckpt_dir}; starting from the beginning")
         if os.path.exists(report_path) and dist.is_main:
             os.remove(report_path)  # a fresh run starts a fresh report
-    ddp = _wrap_ddp(model, dist, device)
+    ddp = _wrap_ddp(model, dist, device, opts.grad_compression)
     mean_len = sum(lengths) / max(1, len(lengths))
     meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))
 
@@ -115,11 +115,10 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     def evaluate_and_maybe_save() -> float | None:
         if hooks.evaluate is None:
             return None
-        f1 = None
-        if dist.is_main:  # rank 0 evaluates; the others wait for its verdict
-            model.eval()
-            f1 = hooks.evaluate(model)["f1"]
-            model.train()
+        model.eval()
+        f1 = hooks.evaluate(model)["f1"]  # every rank takes part: evaluation is sharded and gathered
+        model.train()
+        if dist.is_main:  # rank 0 decides and saves; the others take its verdict
             if st["best_f1"] is None or f1 > st["best_f1"]:
                 st["best_f1"], st["bad_evals"] = f1, 0
                 hooks.save_model(os.path.join(out_dir, "model"))
@@ -213,13 +212,18 @@ def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: l
     return out
 
 
-def _wrap_ddp(model: nn.Module, dist: Dist, device: torch.device) -> nn.Module:
+def _wrap_ddp(model: nn.Module, dist: Dist, device: torch.device, compression: str = "none") -> nn.Module:
     if not dist.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    ddp = DistributedDataParallel(model, device_ids=ids)
+    if compression == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)  # halves gradient traffic
+    return ddp
 
 
 def _train_step(model: nn.Module, micro: list[dict], loss_fn, policy: Policy, scaler, meter: Meter,

@@ -30,6 +30,7 @@ class TrainOptions:
     resume: bool = False
     log_every: int = 50
     lr_scaling: str = "none"  # none | sqrt | linear: lr x sqrt(world) or x world under DDP
+    grad_compression: str = "none"  # none | fp16: DDP gradient all-reduce in fp16 (CUDA)
 
     def to_dict(self) -> dict:
         return asdict(self)
