@@ -5,10 +5,10 @@ import argparse
 import logging
 import sys
 
-from spanflow.cli import demo, doctor, embed, evaluate, predict, train, tune
+from spanflow.cli import demo, doctor, embed, evaluate, predict, serve, train, tune
 from spanflow.errors import SpanflowError
 
-COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "tune": tune,
+COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
             "doctor": doctor, "demo": demo}
 
 

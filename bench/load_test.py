@@ -1,0 +1,119 @@
+"""Closed-loop load test of `spanflow serve` on loopback: dynamic batching vs --no-batching.
+
+Starts the server twice (batching on, then off) with the same embedding model, and for each
+concurrency level runs a fixed number of requests (one text each) from that many clients.
+
+    python bench/load_test.py --model MINILM_DIR --data ../shared/data/stsb/stsb-en-dev.csv
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+
+from common import default_minilm, write_results  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "spanflow", "serve", "--model", f"emb={model}", "--port", str(port),
+                             *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(proc.stderr.read().decode()[-2000:])
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+async def level(port: int, texts: list[str], concurrency: int, n_requests: int) -> dict:
+    import httpx
+
+    lat, status = [], {}
+    todo = iter(range(n_requests))
+    rng = random.Random(concurrency)
+
+    async def client(c: httpx.AsyncClient):
+        for _ in todo:  # the shared iterator bounds the total request count
+            t = time.perf_counter()
+            try:
+                r = await c.post("/v1/embeddings", json={"input": [rng.choice(texts)]})
+                code = r.status_code
+            except httpx.HTTPError:
+                code = "conn"
+            lat.append(time.perf_counter() - t)
+            status[code] = status.get(code, 0) + 1
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits) as c:
+        t0 = time.perf_counter()
+        await asyncio.gather(*[client(c) for _ in range(concurrency)])
+        wall = time.perf_counter() - t0
+    ok = status.get(200, 0)
+    return {"concurrency": concurrency, "requests": n_requests, "texts_per_s": ok / wall,
+            "p50_ms": float(np.percentile(lat, 50) * 1e3), "p95_ms": float(np.percentile(lat, 95) * 1e3),
+            "p99_ms": float(np.percentile(lat, 99) * 1e3),
+            "errors_5xx": sum(v for k, v in status.items() if isinstance(k, int) and k >= 500),
+            "errors_other": sum(v for k, v in status.items() if k != 200 and not (isinstance(k, int) and k >= 500))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=default_minilm())
+    ap.add_argument("--data", required=True, help="CSV (first column) or text lines")
+    ap.add_argument("--levels", default="1,4,16,32,64")
+    ap.add_argument("--requests", type=int, default=300, help="requests per concurrency level")
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--max-wait-ms", default="5")
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args()
+    with open(a.data, encoding="utf-8", newline="") as f:
+        texts = [r[0] for r in csv.reader(f) if r] if a.data.endswith(".csv") else f.read().splitlines()
+    rows = []
+    for mode, extra in (("dynamic_batching", []), ("no_batching", ["--no-batching"])):
+        port = free_port()
+        proc = start_server(a.model, port, extra + ["--precision", a.precision, "--max-wait-ms", a.max_wait_ms])
+        try:
+            for c in map(int, a.levels.split(",")):
+                r = asyncio.run(level(port, texts, c, a.requests))
+                r["mode"] = mode
+                rows.append(r)
+                print(r, flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    by = {(r["mode"], r["concurrency"]): r for r in rows}
+    for r in rows:
+        base = by.get(("no_batching", r["concurrency"]))
+        r["ratio_vs_no_batching"] = r["texts_per_s"] / base["texts_per_s"] if base and base["texts_per_s"] else None
+    write_results(a.out, "load_test", {"description": f"one text per request, {a.requests} requests per level, "
+                                                      f"model {a.model}, precision {a.precision}, max wait {a.max_wait_ms} ms, "
+                                                      "loopback; the load generator shares the 2 CPU cores"},
+                  rows, ["mode", "concurrency", "texts_per_s", "ratio_vs_no_batching", "p50_ms", "p95_ms", "p99_ms",
+                         "errors_5xx", "errors_other"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""`spanflow serve --model DIR [--model NAME=DIR ...]`"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve models over HTTP with token-budget dynamic batching (extra: serve)")
+    p.add_argument("--model", action="append", required=True, help="DIR or NAME=DIR; repeat for several models")
+    p.add_argument("--host", default="127.0.0.1", help="bind address [%(default)s: loopback only]")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env SPANFLOW_API_KEY)")
+    p.add_argument("--max-tokens", default=None, help="padded tokens per batch, or 'auto' [4096]")
+    p.add_argument("--profile", default=None, help="profile.json from 'spanflow tune --mode infer'")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="longest a request waits for a batch to fill")
+    p.add_argument("--max-queue-tokens", type=int, default=1 << 18, help="beyond this, 429 with Retry-After")
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
+    p.add_argument("--max-texts", type=int, default=256, help="texts per request (422 beyond)")
+    p.add_argument("--max-text-chars", type=int, default=100_000, help="characters per text (422 beyond)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request's waiting work is dropped")
+    p.add_argument("--no-batching", action="store_true", help="one request per batch (for comparison)")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--device", default="auto")
+
+
+def run(a: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from spanflow.serving.app import ServeOptions, api_key_from_env, create_app
+    except ImportError as e:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"serving needs the 'serve' extra (pip install 'spanflow[serve]'): {e}") from None
+    from spanflow.serving.services import load_service
+    from spanflow.tuning.auto import resolve_max_tokens
+
+    services = [load_service(m, precision=a.precision, device=a.device) for m in a.model]
+    max_tokens = 4096
+    if a.max_tokens or a.profile:
+        s = services[0]
+        max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task=s.task, mode="infer",
+                                        model=a.model[0].rpartition("=")[2], data="", precision=a.precision,
+                                        device=a.device) or max_tokens
+    opts = ServeOptions(max_tokens=max_tokens, max_wait_ms=a.max_wait_ms, max_queue_tokens=a.max_queue_tokens,
+                        max_request_bytes=a.max_request_bytes, max_texts=a.max_texts,
+                        max_text_chars=a.max_text_chars, timeout_s=a.timeout, batching=not a.no_batching,
+                        api_key=api_key_from_env(a.api_key))
+    print(f"serving {', '.join(f'{s.name} ({s.task})' for s in services)} on http://{a.host}:{a.port} "
+          f"(max_tokens {max_tokens}, batching {'on' if opts.batching else 'off'})")
+    uvicorn.run(create_app(services, opts), host=a.host, port=a.port, log_level="warning",
+                timeout_graceful_shutdown=int(a.timeout))
+    return 0

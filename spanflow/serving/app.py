@@ -1,0 +1,181 @@
+"""The FastAPI app: routes, limits, auth, and one dynamic batcher per model."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from spanflow.serving.batcher import DynamicBatcher, Overloaded
+from spanflow.serving.metrics import ServerMetrics
+from spanflow.serving.services import Service
+
+
+@dataclass
+class ServeOptions:
+    max_tokens: int = 4096
+    max_wait_ms: float = 5.0
+    max_queue_tokens: int = 1 << 18
+    max_request_bytes: int = 1 << 20
+    max_texts: int = 256
+    max_text_chars: int = 100_000
+    timeout_s: float = 30.0
+    batching: bool = True
+    api_key: str | None = None
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+ROUTE_TASK = {"/v1/embeddings": "embed", "/v1/ner": "ner", "/v1/relations": "re"}
+
+
+def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
+    metrics = ServerMetrics()
+    state = {"ready": False, "batchers": {}}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        for s in services:
+            b = DynamicBatcher(s.run_batch, max_tokens=opts.max_tokens, max_wait_ms=opts.max_wait_ms,
+                               max_queue_tokens=opts.max_queue_tokens, per_request=not opts.batching,
+                               on_batch=metrics.batch_observer(s.name))
+            b.start()
+            state["batchers"][s.name] = b
+            units, lengths, _ = s.units(["warm up the model"])
+            await b.submit(units, lengths)  # first kernels are slow; /ready waits for this
+        state["ready"] = True
+        yield
+        state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
+        for b in state["batchers"].values():
+            await b.close()
+
+    app = FastAPI(title="spanflow", lifespan=lifespan)
+
+    @app.exception_handler(HttpError)
+    async def _http_error(request: Request, exc: HttpError):
+        metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        return JSONResponse({"error": {"message": exc.message, "code": exc.status}}, status_code=exc.status,
+                            headers=exc.headers)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready(request: Request):
+        _auth(request, opts)
+        if not state["ready"]:
+            raise HttpError(503, "models are loading")
+        return {"status": "ready", "models": {s.name: s.task for s in services}}
+
+    @app.get("/metrics")
+    async def prometheus(request: Request):
+        _auth(request, opts)
+        for name, b in state["batchers"].items():
+            metrics.queue_depth.labels(name).set(b.depth)
+            metrics.queue_tokens.labels(name).set(b.queued_tokens)
+        if torch.cuda.is_available():
+            metrics.gpu_memory.set(torch.cuda.memory_allocated())
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def handle(request: Request, task: str) -> dict:
+        _auth(request, opts)
+        body = await _read_body(request, opts.max_request_bytes)
+        service = _pick_service(services, task, body.get("model"))
+        texts = _texts(body, "input" if task == "embed" else "texts", opts)
+        units, lengths, ctx = service.units(texts)
+        try:
+            results = await state["batchers"][service.name].submit(units, lengths, opts.timeout_s)
+        except Overloaded as e:
+            raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
+        except asyncio.TimeoutError:
+            raise HttpError(504, f"request not served within {opts.timeout_s:.0f}s; its queued work was dropped") \
+                from None
+        out = service.assemble(texts, units, results, ctx)
+        metrics.requests.labels(request.url.path, "200").inc()
+        return {"service": service, "out": out, "tokens": sum(lengths)}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        r = await handle(request, "embed")
+        data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(r["out"])]
+        # a JSONResponse built here skips FastAPI's recursive encoder: float lists are its slowest case
+        return JSONResponse({"object": "list", "data": data, "model": r["service"].name,
+                             "usage": {"prompt_tokens": r["tokens"], "total_tokens": r["tokens"]}})
+
+    @app.post("/v1/ner")
+    async def ner(request: Request):
+        r = await handle(request, "ner")
+        return JSONResponse({"model": r["service"].name, "results": [{"entities": ents} for ents in r["out"]]})
+
+    @app.post("/v1/relations")
+    async def relations(request: Request):
+        r = await handle(request, "re")
+        return JSONResponse({"model": r["service"].name, "results": [{"relations": rels} for rels in r["out"]]})
+
+    return app
+
+
+def _auth(request: Request, opts: ServeOptions) -> None:
+    if opts.api_key and request.headers.get("authorization") != f"Bearer {opts.api_key}":
+        raise HttpError(401, "missing or wrong API key (Authorization: Bearer ...)", {"WWW-Authenticate": "Bearer"})
+
+
+async def _read_body(request: Request, limit: int) -> dict:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"request body over the {limit}-byte limit (--max-request-bytes)")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise HttpError(413, f"request body over the {limit}-byte limit (--max-request-bytes)")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HttpError(400, f"malformed JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return body
+
+
+def _pick_service(services: list[Service], task: str, name) -> Service:
+    of_task = [s for s in services if s.task == task]
+    if name is not None:
+        for s in of_task:
+            if s.name == name:
+                return s
+        raise HttpError(404, f"no {task} model named {name!r}; loaded: {[s.name for s in of_task]}")
+    if not of_task:
+        raise HttpError(404, f"no {task} model is loaded")
+    if len(of_task) > 1:
+        raise HttpError(422, f"several {task} models are loaded; name one with \"model\": "
+                             f"{[s.name for s in of_task]}")
+    return of_task[0]
+
+
+def _texts(body: dict, key: str, opts: ServeOptions) -> list[str]:
+    value = body.get(key)
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise HttpError(422, f'"{key}" must be a string or a list of strings')
+    if len(texts) > opts.max_texts:
+        raise HttpError(422, f"{len(texts)} texts in one request; the limit is {opts.max_texts} (--max-texts)")
+    for i, t in enumerate(texts):
+        if len(t) > opts.max_text_chars:
+            raise HttpError(422, f"text {i} has {len(t)} characters; the limit is {opts.max_text_chars} "
+                                 "(--max-text-chars)")
+    return texts
+
+
+def api_key_from_env(explicit: str | None) -> str | None:
+    return explicit or os.environ.get("SPANFLOW_API_KEY") or None

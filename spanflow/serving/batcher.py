@@ -1,0 +1,141 @@
+"""Async dynamic batcher: requests from all clients queue as units (a text, or a window of
+one); a worker cuts batches by token budget, runs the model in a thread and resolves each
+request's future. Bounded by queued tokens; a request's units may span several batches."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Overloaded(Exception):
+    """The queue holds too many tokens; the client should retry later."""
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"queue full; retry after {retry_after_s:.0f}s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Request:
+    units: list  # opaque unit payloads (e.g. token-id lists)
+    lengths: list[int]
+    future: asyncio.Future
+    results: list = field(default_factory=list)
+    todo: deque = field(default_factory=deque)  # indices not yet batched
+    left: int = 0
+    enqueued: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+
+class DynamicBatcher:
+    """`run_batch(units) -> results` runs in a worker thread; one batch at a time."""
+
+    def __init__(self, run_batch: Callable[[list], list], *, max_tokens: int, max_wait_ms: float = 5.0,
+                 max_queue_tokens: int = 1 << 20, per_request: bool = False, on_batch: Callable | None = None):
+        self.run_batch, self.max_tokens, self.max_wait = run_batch, max_tokens, max_wait_ms / 1000
+        self.max_queue_tokens, self.per_request, self.on_batch = max_queue_tokens, per_request, on_batch
+        self._queue: deque[_Request] = deque()  # round-robin order: a big request cannot starve others
+        self.queued_tokens = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        self.tokens_per_s = 1.0  # for Retry-After estimates
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._worker())
+
+    async def close(self) -> None:
+        """Finish what is queued, then stop."""
+        self._closing = True
+        self._wake.set()
+        if self._task:
+            await self._task
+
+    @property
+    def depth(self) -> int:
+        return sum(len(r.todo) for r in self._queue)
+
+    async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None) -> list:
+        """Queue a request's units; return their results in order. Raises Overloaded, TimeoutError."""
+        need = sum(lengths)
+        if self.queued_tokens + need > self.max_queue_tokens and self.queued_tokens > 0:
+            raise Overloaded(max(1.0, self.queued_tokens / max(self.tokens_per_s, 1.0)))
+        req = _Request(units, lengths, asyncio.get_running_loop().create_future(), [None] * len(units),
+                       deque(range(len(units))), len(units))
+        if not units:
+            return []
+        self._queue.append(req)
+        self.queued_tokens += need
+        self._wake.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(req.future), timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            req.cancelled = True  # its queued units are dropped by the worker
+            raise
+
+    def _take(self) -> list[tuple[_Request, int]]:
+        """Cut one batch: the next request in round-robin order anchors it; units of similar
+        length from any request (only its own with per_request) fill the token budget."""
+        while self._queue and (self._queue[0].cancelled or not self._queue[0].todo):
+            r = self._queue.popleft()
+            self.queued_tokens -= sum(r.lengths[i] for i in r.todo)
+            r.todo.clear()
+        if not self._queue:
+            return []
+        anchor = self._queue[0]
+        self._queue.rotate(-1)
+        pool = [anchor] if self.per_request else [r for r in self._queue if not r.cancelled]
+        cands = sorted(((abs(r.lengths[i] - anchor.lengths[anchor.todo[0]]), id(r), r, i)
+                        for r in pool for i in r.todo), key=lambda c: (c[0], c[1]))
+        batch, longest = [], 0
+        for _, _, r, i in cands:
+            n = r.lengths[i]
+            if batch and max(longest, n) * (len(batch) + 1) > self.max_tokens:
+                continue
+            batch.append((r, i))
+            longest = max(longest, n)
+        for r, i in batch:
+            r.todo.remove(i)
+            self.queued_tokens -= r.lengths[i]
+        for r in {id(r): r for r, _ in batch}.values():
+            if not r.todo:
+                self._queue.remove(r)  # fully batched: it no longer counts as waiting
+        return batch
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            oldest = min((r.enqueued for r in self._queue if r.todo), default=time.perf_counter())
+            wait = self.max_wait - (time.perf_counter() - oldest)
+            if wait > 0 and self.queued_tokens < self.max_tokens and not self._closing:
+                await asyncio.sleep(wait)  # let a batch form, but never hold a request past max_wait
+            batch = self._take()
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            try:
+                out = await loop.run_in_executor(None, self.run_batch, [r.units[i] for r, i in batch])
+            except Exception as e:  # a failing batch fails its requests, not the server
+                for r, _ in batch:
+                    if not r.future.done():
+                        r.future.set_exception(e)
+                continue
+            dt = time.perf_counter() - t0
+            lens = [r.lengths[i] for r, i in batch]
+            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (sum(lens) / max(dt, 1e-6))
+            if self.on_batch:
+                self.on_batch(lens, dt, [t0 - r.enqueued for r, _ in batch])
+            for (r, i), res in zip(batch, out):
+                r.results[i] = res
+                r.left -= 1
+                if r.left == 0 and not r.future.done():
+                    r.future.set_result(r.results)

@@ -1,0 +1,79 @@
+"""What the server runs per task: how a request becomes units, and a batch becomes results."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from spanflow.batching.align import decode_spans, encode_texts, merge_windows, windows_for
+from spanflow.batching.collate import collate
+
+
+@dataclass
+class Service:
+    """A loaded model behind one task route."""
+
+    name: str
+    task: str  # "embed" | "ner" | "re"
+    model: object
+
+    def units(self, texts: list[str]):
+        """(units, token lengths, context to assemble the response)."""
+        if self.task == "embed":
+            ids, _ = self.model.tokenize(texts)
+            return ids, [len(x) for x in ids], None
+        if self.task == "ner":
+            m = self.model
+            encs = encode_texts(m.tokenizer, texts)
+            wins = windows_for(encs, max_length=m.max_length, stride=m.stride, cls_id=m.tokenizer.cls_token_id,
+                               sep_id=m.tokenizer.sep_token_id)
+            return wins, [len(w) for w in wins], encs
+        ids = self.model.tokenizer(texts, add_special_tokens=True)["input_ids"]
+        return list(texts), [min(len(x), self.model.max_length) for x in ids], None
+
+    def run_batch(self, units: list) -> list:
+        """Runs in the worker thread."""
+        if self.task == "embed":
+            emb = self.model._forward(self.model.model, units, list(range(len(units))), True)
+            return emb.cpu().numpy().tolist()
+        if self.task == "ner":
+            m = self.model
+            t = collate(units, m.tokenizer.pad_token_id)
+            with torch.inference_mode(), m.policy.autocast():
+                logits = m.module(t["input_ids"].to(m.policy.device), t["attention_mask"].to(m.policy.device))
+            ids = logits.argmax(-1).cpu().tolist()
+            return [row[1:len(w) - 1] for row, w in zip(ids, units)]
+        return self.model.predict(units, max_tokens=10**9)
+
+    def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
+        if self.task == "embed":
+            return results
+        if self.task == "ner":
+            per_text: list[list] = [[] for _ in texts]
+            for w, pred in zip(units, results):
+                per_text[w.example].append((w.start, w.end, pred))
+            out = []
+            for i, enc in enumerate(ctx):
+                merged = merge_windows(len(enc.ids), per_text[i]) if enc.ids else []
+                out.append([{"start": s, "end": e, "label": lab, "text": texts[i][s:e]}
+                            for s, e, lab in decode_spans(enc, merged, self.model.id2label)])
+            return out
+        return [[{"head": list(h), "type": r, "tail": list(t_), "head_text": text[h[0]:h[1]],
+                  "tail_text": text[t_[0]:t_[1]]} for h, r, t_ in triples] for text, triples in zip(texts, results)]
+
+
+def load_service(spec: str, *, precision: str = "auto", device: str = "auto") -> Service:
+    """NAME=DIR or DIR (named after the directory): a spanflow NER/RE model or an embedding model."""
+    name, _, path = spec.rpartition("=")
+    path = path or spec
+    name = name or os.path.basename(os.path.normpath(path))
+    if os.path.exists(os.path.join(path, "spanflow.json")):
+        from spanflow.cli.common import load_task_model
+        from spanflow.re import ReModel
+
+        model = load_task_model(path, device=device, precision=precision)
+        return Service(name, "re" if isinstance(model, ReModel) else "ner", model)
+    from spanflow.embedder import Embedder
+
+    return Service(name, "embed", Embedder.load(path, precision=precision, device=device))

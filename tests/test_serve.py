@@ -1,0 +1,151 @@
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from spanflow.data.synthetic import synthetic_ner, synthetic_re  # noqa: E402
+from spanflow.embedder import Embedder  # noqa: E402
+from spanflow.models.encoder import build_tiny  # noqa: E402
+from spanflow.serving.app import ServeOptions, create_app  # noqa: E402
+from spanflow.serving.batcher import DynamicBatcher, Overloaded  # noqa: E402
+from spanflow.serving.services import load_service  # noqa: E402
+from spanflow.training.options import TrainOptions  # noqa: E402
+
+TEXTS = [e.text for e in synthetic_ner(30, seed=1)]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from spanflow.ner import train_ner
+    from spanflow.re import train_re
+
+    d = tmp_path_factory.mktemp("serve")
+    enc, tok = build_tiny(TEXTS, hidden=32, layers=1, heads=2)
+    enc.save_pretrained(d / "emb")
+    tok.save_pretrained(d / "emb")
+    opts = TrainOptions(epochs=2, max_tokens=512, max_length=32, log_every=0)
+    train_ner(synthetic_ner(40, seed=2), None, out_dir=str(d / "ner"), options=opts, log_fn=lambda s: None)
+    train_re(synthetic_re(40, seed=2), None, out_dir=str(d / "re"), options=opts, log_fn=lambda s: None)
+    return {"emb": str(d / "emb"), "ner": str(d / "ner" / "model"), "re": str(d / "re" / "model")}
+
+
+def client(dirs, **kw):
+    services = [load_service(f"{k}={v}", device="cpu") for k, v in dirs.items()]
+    return TestClient(create_app(services, ServeOptions(**kw)))
+
+
+def test_routes_and_shapes(model_dirs):
+    with client(model_dirs) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        assert c.get("/ready").json()["models"] == {"emb": "embed", "ner": "ner", "re": "re"}
+        r = c.post("/v1/embeddings", json={"input": TEXTS[:5], "model": "emb"}).json()
+        assert r["object"] == "list" and [d["index"] for d in r["data"]] == list(range(5))
+        want = Embedder.load(model_dirs["emb"], device="cpu").encode(TEXTS[:5])
+        np.testing.assert_allclose(np.array([d["embedding"] for d in r["data"]]), want, atol=1e-5)
+        assert r["usage"]["prompt_tokens"] > 0
+        long = " ".join(TEXTS[:6])  # over the NER model's 32-token windows
+        r = c.post("/v1/ner", json={"texts": [TEXTS[0], long]}).json()
+        assert len(r["results"]) == 2
+        for text, res in zip([TEXTS[0], long], r["results"]):
+            for e in res["entities"]:
+                assert text[e["start"]:e["end"]] == e["text"]
+        r = c.post("/v1/relations", json={"texts": ["Hooli is based in Oslo ."]}).json()
+        assert isinstance(r["results"][0]["relations"], list)
+        m = c.get("/metrics").text
+        assert 'spanflow_requests_total{route="/v1/ner",status="200"}' in m and "spanflow_batch_tokens_bucket" in m
+
+
+def test_errors_are_4xx(model_dirs):
+    with client(model_dirs, max_texts=3, max_text_chars=50, max_request_bytes=2000) as c:
+        assert c.post("/v1/ner", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
+        assert c.post("/v1/embeddings", json={"input": ["a"], "model": "nope"}).status_code == 404
+        r = c.post("/v1/ner", json={"texts": ["a"] * 4})
+        assert r.status_code == 422 and "limit is 3" in r.json()["error"]["message"]
+        r = c.post("/v1/ner", json={"texts": ["x" * 51]})
+        assert r.status_code == 422 and "--max-text-chars" in r.json()["error"]["message"]
+        assert c.post("/v1/ner", json={"texts": [1, 2]}).status_code == 422
+        assert c.post("/v1/ner", json={"texts": ["y" * 40] * 2, "pad": "z" * 3000}).status_code == 413
+
+
+def test_api_key(model_dirs):
+    with client({"emb": model_dirs["emb"]}, api_key="s3cret") as c:
+        assert c.get("/health").status_code == 200
+        assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
+        ok = c.post("/v1/embeddings", json={"input": "a"}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and c.get("/metrics").status_code == 401
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_batcher_batches_across_requests_and_keeps_order():
+    seen = []
+
+    def run_batch(units):
+        seen.append(len(units))
+        return [u * 10 for u in units]
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=20)
+        b.start()
+        reqs = [b.submit([i, i + 100], [4, 4]) for i in range(8)]
+        out = await asyncio.gather(*reqs)
+        await b.close()
+        return out
+
+    out = run(main())
+    assert out == [[i * 10, (i + 100) * 10] for i in range(8)]
+    assert sum(seen) == 16 and len(seen) < 8  # units of different requests shared batches
+
+
+def test_batcher_per_request_mode_and_overload_and_timeout():
+    async def main():
+        sizes = []
+        b = DynamicBatcher(lambda u: sizes.append(len(u)) or u, max_tokens=64, max_wait_ms=1, per_request=True)
+        b.start()
+        await asyncio.gather(*[b.submit([1, 2], [4, 4]) for _ in range(5)])
+        await b.close()
+        assert sizes == [2] * 5  # never mixes requests
+
+        slow = DynamicBatcher(lambda u: __import__("time").sleep(0.3) or u, max_tokens=8, max_wait_ms=1,
+                              max_queue_tokens=16)
+        slow.start()
+        first = asyncio.ensure_future(slow.submit([1, 2, 3, 4], [4, 4, 4, 4]))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded) as e:
+            await slow.submit([5] * 5, [4] * 5)
+        assert e.value.retry_after_s >= 1
+        with pytest.raises(asyncio.TimeoutError):
+            await slow.submit([6], [4], timeout_s=0.01)
+        assert await first == [1, 2, 3, 4]
+        await slow.close()
+
+    run(main())
+
+
+def test_a_huge_request_does_not_stall_a_small_one():
+    order = []
+
+    def run_batch(units):
+        order.append(tuple(units))
+        __import__("time").sleep(0.01)
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_tokens=10**6)
+        b.start()
+        big = asyncio.ensure_future(b.submit(list(range(100)), [8] * 100))
+        await asyncio.sleep(0.02)
+        small = await b.submit(["s"], [8])
+        done_big = big.done()
+        await big
+        await b.close()
+        return small, done_big
+
+    small, done_big = run(main())
+    assert small == ["s"] and not done_big  # served while the big one was still running
