@@ -12,7 +12,9 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env SPANFLOW_API_KEY)")
     p.add_argument("--max-tokens", default=None, help="padded tokens per batch, or 'auto' [4096]")
     p.add_argument("--profile", default=None, help="profile.json from 'spanflow tune --mode infer'")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="longest a request waits for a batch to fill")
+    p.add_argument("--max-wait-ms", type=float, default=2.0,
+                   help="longest a request waits for a batch to fill; under load batches also form while the "
+                        "model is busy [%(default)s]")
     p.add_argument("--max-queue-tokens", type=int, default=1 << 18, help="beyond this, 429 with Retry-After")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--max-texts", type=int, default=256, help="texts per request (422 beyond)")

@@ -19,7 +19,7 @@ from spanflow.serving.services import Service
 @dataclass
 class ServeOptions:
     max_tokens: int = 4096
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 2.0
     max_queue_tokens: int = 1 << 18
     max_request_bytes: int = 1 << 20
     max_texts: int = 256

@@ -88,10 +88,13 @@ class DynamicBatcher:
         anchor = self._queue[0]
         self._queue.rotate(-1)
         pool = [anchor] if self.per_request else [r for r in self._queue if not r.cancelled]
-        cands = sorted(((abs(r.lengths[i] - anchor.lengths[anchor.todo[0]]), id(r), r, i)
-                        for r in pool for i in r.todo), key=lambda c: (c[0], c[1]))
-        batch, longest = [], 0
-        for _, _, r, i in cands:
+        first = anchor.todo[0]
+        # the anchor's next unit always goes in (that is what round-robin guarantees); the
+        # rest are the closest in length, older requests first among equals
+        cands = sorted(((abs(r.lengths[i] - anchor.lengths[first]), r.enqueued, i, r)
+                        for r in pool for i in r.todo if not (r is anchor and i == first)), key=lambda c: c[:3])
+        batch, longest = [(anchor, first)], anchor.lengths[first]
+        for _, _, i, r in cands:
             n = r.lengths[i]
             if batch and max(longest, n) * (len(batch) + 1) > self.max_tokens:
                 continue
@@ -116,7 +119,7 @@ class DynamicBatcher:
                 continue
             oldest = min((r.enqueued for r in self._queue if r.todo), default=time.perf_counter())
             wait = self.max_wait - (time.perf_counter() - oldest)
-            if wait > 0 and self.queued_tokens < self.max_tokens and not self._closing:
+            if wait > 0 and self.queued_tokens < self.max_tokens and not self._closing and not self.per_request:
                 await asyncio.sleep(wait)  # let a batch form, but never hold a request past max_wait
             batch = self._take()
             if not batch:
