@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 from spanflow.batching.align import IGNORE
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.training.distributed import Dist, init_from_env
+from spanflow.training.distributed import Dist, init_from_env, shutdown
 from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import resolve_policy
@@ -54,7 +54,7 @@ def _worker(rank, world, port, out, extra):
     train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=out, log=lambda s: None, dist=d)
     if rank == 0:
         torch.save({k: v.clone() for k, v in nm.module.state_dict().items()}, os.path.join(out, "params.pt"))
-    torch.distributed.destroy_process_group()
+    shutdown()
 
 
 def free_port() -> int:
@@ -165,7 +165,7 @@ def _embed_worker(rank, world, port, model_dir, src, out, die_after):
         emb._embed_ids = dying
     embed_file(emb, EmbedSpec(input=src, output=out, window=4), resume=die_after is None, progress=False,
                log=lambda m: None, dist=d)
-    torch.distributed.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.slow
@@ -215,7 +215,7 @@ def _eval_worker(rank, world, port, model_dir, data_path, out):
     m = NerModel.load(model_dir, device="cpu").evaluate(read_ner(data_path), dist=d)
     with open(f"{out}.{rank}", "w") as f:
         json.dump(m, f)
-    torch.distributed.destroy_process_group()
+    shutdown()
 
 
 @pytest.mark.slow

@@ -26,7 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
     try:
-        return COMMANDS[args.command].run(args) or 0
+        rc = COMMANDS[args.command].run(args) or 0
+        if args.command in ("train", "embed"):
+            from spanflow.training.distributed import shutdown
+
+            shutdown()  # under torchrun: every rank leaves the group together
+        return rc
     except SpanflowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

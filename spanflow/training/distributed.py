@@ -94,3 +94,11 @@ def shard_gather(items: list, fn, d: Dist) -> list:
     for r, part in enumerate(parts):
         out[r::d.world] = part
     return out
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly: wait for every rank, then tear down (a rank that
+    exits while a peer still talks to it can abort in the communication library)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
