@@ -29,6 +29,16 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def timed(fn, repeats: int) -> tuple[float, object]:
+    """(median seconds over `repeats` calls, the last result)."""
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return median(times), out
+
+
 def write_results(out_dir: str, name: str, payload: dict, rows: list[dict], columns: list[str]) -> str:
     """Write <name>.json and <name>.md (a table of `rows` over `columns`)."""
     os.makedirs(out_dir, exist_ok=True)

@@ -12,12 +12,11 @@ import argparse
 import csv
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
-from common import default_minilm, median, write_results  # noqa: E402
+from common import default_minilm, timed, write_results  # noqa: E402
 from spanflow.batching.batcher import padding_efficiency  # noqa: E402
 from spanflow.embedder import Embedder  # noqa: E402
 from spanflow.training.precision import cpu_has_bf16  # noqa: E402
@@ -32,15 +31,6 @@ def spearman(a, b) -> float:
 def sts_score(emb: np.ndarray, n_pairs: int, gold) -> float:
     e = emb / np.linalg.norm(emb, axis=1, keepdims=True)
     return spearman((e[:n_pairs] * e[n_pairs:]).sum(1), gold)
-
-
-def timed(fn, repeats: int):
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return median(times), out
 
 
 def main() -> None:

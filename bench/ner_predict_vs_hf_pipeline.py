@@ -9,12 +9,11 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import median, write_results  # noqa: E402
+from common import timed, write_results  # noqa: E402
 from spanflow.batching.align import encode_texts  # noqa: E402
 from spanflow.batching.batcher import padding_efficiency, token_budget_batches  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
@@ -41,15 +40,6 @@ def _mid_word(text: str, span) -> bool:
     """True when a span starts or ends inside a whitespace-delimited word."""
     s, e = span[0], span[1]
     return (s > 0 and not text[s - 1].isspace()) or (e < len(text) and not text[e].isspace())
-
-
-def timed(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return median(times), out
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from spanflow.batching.batcher import token_budget_batches
-from spanflow.batching.prefetch import prefetch
+from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.models.pooling import Pooling
@@ -33,17 +33,6 @@ class _Pooled(nn.Module):
     def forward(self, input_ids, attention_mask):
         h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
         return self.pooling({"token_embeddings": h, "attention_mask": attention_mask})  # (B, H)
-
-
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    buf = []
-    for x in items:
-        buf.append(x)
-        if len(buf) == size:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
 
 
 class Embedder:
@@ -88,6 +77,11 @@ class Embedder:
         max_length = min(cfg["max_seq_length"] or limit, limit)
         return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
                    normalize=cfg["normalize"]), max_length=max_length, precision=precision, device=device)
+
+    def set_max_length(self, n: int) -> None:
+        """Truncate future inputs at `n` tokens (the encoder's limit still applies)."""
+        self.max_length = n
+        self._backend = self._fast_backend()
 
     def _fast_backend(self):
         from tokenizers import Tokenizer
@@ -161,7 +155,7 @@ class Embedder:
         def prep(chunk):
             return self.tokenize(chunk)
 
-        for ids, n_cut in prefetch(prep(c) for c in _chunks(texts, window)):
+        for ids, n_cut in prefetch(prep(c) for c in chunked(texts, window)):
             self.truncated += n_cut
             yield self._embed_ids(ids, max_tokens, on_batch=on_batch)
 
@@ -178,7 +172,7 @@ class Embedder:
         ref_model = self._fp32 or self.model
         ref = self._embed_ids(ids, max_tokens, model=ref_model, autocast=False)
         got = self._embed_ids(ids, max_tokens)
-        cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1) + 1e-12)
+        cos = cosines(ref, got)
         return {"precision": self.precision_name, "n": len(texts), "mean_cosine": float(cos.mean()),
                 "min_cosine": float(cos.min()), "threshold": MIN_MEAN_COSINE[self.precision_name]}
 
@@ -191,6 +185,11 @@ class Embedder:
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
                               "use a higher precision, or --force to accept")
         return cal
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two (n, d) arrays."""
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
 
 
 def _quantize_int8(model: nn.Module) -> nn.Module:

@@ -5,20 +5,18 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-import torch
-
 from spanflow.data.examples import NerExample, Span
 from spanflow.errors import ConfigError
 from spanflow.inference.tagging import tag_texts
-from spanflow.models.directory import load_head_state, read_model_config, save_model_dir
-from spanflow.models.encoder import build_tiny, encoder_max_length, load_encoder
+from spanflow.models.directory import load_model_dir, save_model_dir
+from spanflow.models.encoder import start_encoder
 from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
 from spanflow.tasks.metrics import span_prf
 from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows, window_targets
-from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.distributed import Dist, init_from_env, shard_gather
-from spanflow.training.options import TrainOptions, scaled_options
+from spanflow.training.setup import start_run
+from spanflow.training.distributed import Dist, shard_gather
+from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 log = logging.getLogger("spanflow")
@@ -26,6 +24,8 @@ log = logging.getLogger("spanflow")
 
 class NerModel:
     """An encoder with a token-classification head, its tokenizer and label set."""
+
+    task = "ner"
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], max_length: int, stride: int = 32,
                  head: TokenClassificationHead | None = None, policy: Policy | None = None):
@@ -42,11 +42,10 @@ class NerModel:
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
         """Load a spanflow NER model directory (no network, no pickle)."""
-        cfg = read_model_config(path, task="ner")
-        encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
         labels = cfg["labels"]
         head = TokenClassificationHead(hidden_size=encoder.config.hidden_size, num_labels=len(bio_label_list(labels)))
-        head.load_state_dict(load_head_state(path))
+        head.load_state_dict(head_state)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=cfg["max_length"],
                    stride=cfg.get("stride", 32), head=head, policy=resolve_policy(precision, device))
 
@@ -76,19 +75,14 @@ class NerModel:
 
 def _start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
                  policy: Policy) -> NerModel:
-    if model == "tiny":
-        encoder, tokenizer = build_tiny([e.text for e in train], seed=opts.seed,
-                                        max_length=max(opts.max_length or 512, 16))
-    elif os.path.exists(os.path.join(model, "spanflow.json")):
+    if os.path.exists(os.path.join(model, "spanflow.json")):
         start = NerModel.load(model, device=str(policy.device))
         if start.labels != sorted(labels):
             raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
         return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels,
                         max_length=start.max_length, stride=start.stride, head=start.module.head, policy=policy)
-    else:
-        encoder, tokenizer = load_encoder(model)
-    limit = encoder_max_length(encoder, tokenizer)
-    max_length = min(opts.max_length or limit, limit)
+    encoder, tokenizer, max_length = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
+                                                   seed=opts.seed)
     if opts.max_tokens < max_length:
         raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {max_length}: "
                           "one full window must fit in a batch")
@@ -99,20 +93,12 @@ def _start_model(model: str, train: list[NerExample], labels: list[str], opts: T
 def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
               options: TrainOptions | None = None, log_fn: Callable[[str], None] = print) -> NerModel:
     """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned."""
-    opts = options or TrainOptions()
-    dist = init_from_env()
-    opts = scaled_options(opts, default_lr=2e-3 if model == "tiny" else 5e-5, world=dist.world)
-    log_fn = log_fn if dist.is_main else (lambda s: None)
-    torch.manual_seed(opts.seed)
-    policy = resolve_policy(opts.precision, opts.device)
-    log_fn(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")
-    os.makedirs(out_dir, exist_ok=True)
-    ckpt_dir = os.path.join(out_dir, "checkpoint")
-    source = os.path.join(ckpt_dir, "model") if opts.resume and has_checkpoint(ckpt_dir) else model
-    nm = _start_model(source, train, labels, opts, policy)
+    run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
+    opts, dist, policy, log_fn = run.opts, run.dist, run.policy, run.log
+    nm = _start_model(run.source, train, labels, opts, policy)
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")

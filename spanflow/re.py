@@ -6,24 +6,27 @@ from collections.abc import Callable
 
 import torch
 
-from spanflow.batching.align import encode_texts
+from spanflow.batching.align import Encoded, encode_texts
+from spanflow.batching.prefetch import chunked
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.data.examples import ReExample, Triple
 from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
-from spanflow.models.directory import load_head_state, read_model_config, save_model_dir
-from spanflow.models.encoder import build_tiny, encoder_max_length, load_encoder
-from spanflow.tasks.re import ReFeature, casrel_loss, make_collate, prepare_features
+from spanflow.models.directory import load_model_dir, save_model_dir
+from spanflow.models.encoder import start_encoder
+from spanflow.tasks.re import casrel_loss, input_features, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
-from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.distributed import Dist, init_from_env, shard_gather
-from spanflow.training.options import TrainOptions, scaled_options
+from spanflow.training.setup import start_run
+from spanflow.training.distributed import Dist, shard_gather
+from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 
 class ReModel:
     """An encoder with a CasRel head, its tokenizer and relation set."""
+
+    task = "re"
 
     def __init__(self, *, encoder, tokenizer, relations: list[str], max_length: int, threshold: float = 0.5,
                  head: CasRelHead | None = None, policy: Policy | None = None):
@@ -37,10 +40,9 @@ class ReModel:
 
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
-        cfg = read_model_config(path, task="re")
-        encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re")
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(cfg["relations"]))
-        head.load_state_dict(load_head_state(path))
+        head.load_state_dict(head_state)
         return cls(encoder=encoder, tokenizer=tokenizer, relations=cfg["relations"], max_length=cfg["max_length"],
                    threshold=cfg.get("threshold", 0.5), head=head, policy=resolve_policy(precision, device))
 
@@ -52,10 +54,14 @@ class ReModel:
     def predict(self, texts: list[str], *, max_tokens: int | None = None,
                 threshold: float | None = None) -> list[list[Triple]]:
         """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order."""
+        return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
+                                    threshold=threshold)
+
+    def predict_encoded(self, encs: list[Encoded], *, max_tokens: int | None = None,
+                        threshold: float | None = None) -> list[list[Triple]]:
+        """predict() for texts already tokenized with encode_texts (the server tokenizes once)."""
         thr = self.threshold if threshold is None else threshold
-        encs = encode_texts(self.tokenizer, list(texts))
-        feats = [ReFeature(i, [self.tokenizer.cls_token_id] + e.ids[:self.max_length - 2] + [self.tokenizer.sep_token_id])
-                 for i, e in enumerate(encs)]
+        feats = input_features(encs, self.tokenizer, self.max_length)
         collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations))
         out: list[list[Triple]] = [[] for _ in feats]
         budget = max(max_tokens or default_infer_tokens(self.policy.device), self.max_length)
@@ -78,20 +84,10 @@ class ReModel:
     def predict_stream(self, texts, *, max_tokens: int | None = None, on_batch: Callable | None = None,
                        chunk_size: int = 4096):
         """Triples for each text, in order, a chunk of texts at a time (bounded memory)."""
-        chunk: list[str] = []
-        for t in texts:
-            chunk.append(t)
-            if len(chunk) == chunk_size:
-                yield from self._chunk(chunk, max_tokens, on_batch)
-                chunk = []
-        if chunk:
-            yield from self._chunk(chunk, max_tokens, on_batch)
-
-    def _chunk(self, chunk, max_tokens, on_batch):
-        res = self.predict(chunk, max_tokens=max_tokens)
-        if on_batch:
-            on_batch(len(chunk), 0, 0)
-        return res
+        for chunk in chunked(texts, chunk_size):
+            yield from self.predict(chunk, max_tokens=max_tokens)
+            if on_batch:
+                on_batch(len(chunk), 0, 0)
 
     def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
@@ -105,32 +101,20 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
              options: TrainOptions | None = None, relations: list[str] | None = None, all_subjects: bool = False,
              log_fn: Callable[[str], None] = print) -> ReModel:
     """Train a CasRel model; the best by dev exact F1 is saved to `<out_dir>/model` and returned."""
-    opts = options or TrainOptions()
-    dist = init_from_env()
-    opts = scaled_options(opts, default_lr=2e-3 if model == "tiny" else 5e-5, world=dist.world)
-    log_fn = log_fn if dist.is_main else (lambda s: None)
-    torch.manual_seed(opts.seed)
-    policy = resolve_policy(opts.precision, opts.device)
-    log_fn(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")
-    ckpt = os.path.join(out_dir, "checkpoint")
-    source = os.path.join(ckpt, "model") if opts.resume and has_checkpoint(ckpt) else model
-    os.makedirs(out_dir, exist_ok=True)
-    if source == "tiny":
-        encoder, tokenizer = build_tiny([e.text for e in train], seed=opts.seed, max_length=opts.max_length or 512)
-        head = None
-    elif os.path.exists(os.path.join(source, "spanflow.json")):
+    run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
+    opts, dist, policy, log_fn, source = run.opts, run.dist, run.policy, run.log, run.source
+    if os.path.exists(os.path.join(source, "spanflow.json")):
         start = ReModel.load(source, device=str(policy.device))
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has")
-        encoder, tokenizer, head = start.module.encoder, start.tokenizer, start.module.head
+        encoder, tokenizer, head, max_length = start.module.encoder, start.tokenizer, start.module.head, start.max_length
     else:
-        encoder, tokenizer = load_encoder(source)
+        encoder, tokenizer, max_length = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
+                                                       seed=opts.seed)
         head = None
-    limit = encoder_max_length(encoder, tokenizer)
-    max_length = min(opts.max_length or limit, limit)
     rm = ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, max_length=max_length, head=head,
                  policy=policy)
     feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)

@@ -1,5 +1,4 @@
 import asyncio
-import json
 
 import numpy as np
 import pytest

@@ -47,6 +47,18 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
                 t.join(timeout=0.05)
 
 
+def chunked(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of `size` consecutive items (the last may be shorter)."""
+    buf = []
+    for x in items:
+        buf.append(x)
+        if len(buf) == size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
 class _Raise:
     def __init__(self, error: BaseException):
         self.error = error

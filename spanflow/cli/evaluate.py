@@ -22,18 +22,15 @@ def add_parser(sub) -> None:
 def _max_tokens(a: argparse.Namespace, model) -> int | None:
     from spanflow.tuning.auto import resolve_max_tokens
 
-    task = "re" if hasattr(model, "relations") else "ner"
-    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task, mode="infer", model=a.model,
+    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=model.task, mode="infer", model=a.model,
                               data=a.data, precision=a.precision, device=a.device)
 
 
 def run(a: argparse.Namespace) -> int:
     from spanflow.cli.common import load_task_model
     from spanflow.data.io import read_re
-    from spanflow.ner import NerModel
-
     model = load_task_model(a.model, device=a.device, precision=a.precision)
-    if isinstance(model, NerModel):
+    if model.task == "ner":
         data = read_ner(a.data, fmt=a.format, scheme=a.scheme)
         m = model.evaluate(data, max_tokens=_max_tokens(a, model))
         print(json.dumps(m) if a.json else format_table(m))

@@ -41,7 +41,6 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
     {"line", "error"} record instead of stopping the job.
     """
     total = sum(1 for _ in read_lines(src))
-    task = "re" if hasattr(model, "relations") else "ner"
     pending: deque = deque()  # (text, error) in input order; thread-safe append/popleft
     real = [0]
 
@@ -74,7 +73,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
                     rec = {"line": err.line, "error": err.reason}
                     n_err += 1
                 else:
-                    rec = format_record(text, spans, task)
+                    rec = format_record(text, spans, model.task)
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 n += 1
         os.replace(tmp, dst)

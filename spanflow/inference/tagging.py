@@ -9,20 +9,9 @@ from torch import nn
 from spanflow.batching.align import decode_spans, encode_texts, merge_windows, windows_for
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
-from spanflow.batching.prefetch import prefetch
+from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.data.examples import Span
 from spanflow.training.precision import Policy
-
-
-def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-    buf = []
-    for t in texts:
-        buf.append(t)
-        if len(buf) == size:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
 
 
 def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: list[str], max_length: int,
@@ -43,7 +32,7 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
         return chunk, encs, wins, batches
 
     model.eval()
-    for chunk, encs, wins, batches in prefetch(prepare(c) for c in _chunks(texts, chunk_size)):
+    for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(texts, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
         with torch.inference_mode():
             for b in batches:

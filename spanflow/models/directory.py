@@ -84,3 +84,12 @@ def load_head_state(path: str) -> dict:
     if not os.path.exists(f):
         raise ModelDirError(f"{path} lacks head.safetensors")
     return load_file(f)
+
+
+def load_model_dir(path: str, task: str) -> tuple[dict, nn.Module, object, dict]:
+    """(config, encoder, tokenizer, head tensors) of a spanflow model directory of `task`."""
+    from spanflow.models.encoder import load_encoder
+
+    cfg = read_model_config(path, task=task)
+    encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
+    return cfg, encoder, tokenizer, load_head_state(path)

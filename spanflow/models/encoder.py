@@ -110,3 +110,13 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 128, l
         torch.manual_seed(seed)
         encoder = BertModel(cfg, add_pooling_layer=False)
     return encoder, tokenizer
+
+
+def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed: int = 0) -> tuple[nn.Module, object, int]:
+    """(encoder, tokenizer, max length) to train from: `tiny` built on `texts`, or a local HF directory."""
+    if source == "tiny":
+        encoder, tokenizer = build_tiny(texts, seed=seed, max_length=max(max_length or 512, 16))
+    else:
+        encoder, tokenizer = load_encoder(source)
+    limit = encoder_max_length(encoder, tokenizer)
+    return encoder, tokenizer, min(max_length or limit, limit)

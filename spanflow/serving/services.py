@@ -29,8 +29,8 @@ class Service:
             wins = windows_for(encs, max_length=m.max_length, stride=m.stride, cls_id=m.tokenizer.cls_token_id,
                                sep_id=m.tokenizer.sep_token_id)
             return wins, [len(w) for w in wins], encs
-        ids = self.model.tokenizer(texts, add_special_tokens=True)["input_ids"]
-        return list(texts), [min(len(x), self.model.max_length) for x in ids], None
+        encs = encode_texts(self.model.tokenizer, texts)  # tokenized once: run_batch reuses it
+        return encs, [min(len(e.ids) + 2, self.model.max_length) for e in encs], None
 
     def run_batch(self, units: list) -> list:
         """Runs in the worker thread."""
@@ -44,7 +44,7 @@ class Service:
                 logits = m.module(t["input_ids"].to(m.policy.device), t["attention_mask"].to(m.policy.device))
             ids = logits.argmax(-1).cpu().tolist()
             return [row[1:len(w) - 1] for row, w in zip(ids, units)]
-        return self.model.predict(units, max_tokens=10**9)
+        return self.model.predict_encoded(units, max_tokens=10**9)
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
         if self.task == "embed":
@@ -70,10 +70,9 @@ def load_service(spec: str, *, precision: str = "auto", device: str = "auto") ->
     name = name or os.path.basename(os.path.normpath(path))
     if os.path.exists(os.path.join(path, "spanflow.json")):
         from spanflow.cli.common import load_task_model
-        from spanflow.re import ReModel
 
         model = load_task_model(path, device=device, precision=precision)
-        return Service(name, "re" if isinstance(model, ReModel) else "ner", model)
+        return Service(name, model.task, model)
     from spanflow.embedder import Embedder
 
     return Service(name, "embed", Embedder.load(path, precision=precision, device=device))

@@ -6,28 +6,31 @@ from collections import Counter
 from spanflow.data.examples import Span
 
 
-def _prf(tp: int, n_pred: int, n_gold: int) -> dict:
+def prf(tp: int, n_pred: int, n_gold: int) -> dict:
+    """Precision, recall, F1 and support from counts."""
     p = tp / n_pred if n_pred else 0.0
     r = tp / n_gold if n_gold else 0.0
     f = 2 * p * r / (p + r) if p + r else 0.0
     return {"f1": f, "precision": p, "recall": r, "support": n_gold}
 
 
+def prf_by_key(gold: list[set], pred: list[set], key) -> tuple[dict, dict]:
+    """Overall P/R/F1 of exact matches between gold and predicted sets, and per `key(item)`."""
+    tp, npred, ngold = Counter(), Counter(), Counter()
+    for g, p in zip(gold, pred, strict=True):
+        ngold.update(key(x) for x in g)
+        npred.update(key(x) for x in p)
+        tp.update(key(x) for x in g & p)
+    overall = prf(sum(tp.values()), sum(npred.values()), sum(ngold.values()))
+    return overall, {k: prf(tp[k], npred[k], ngold[k]) for k in sorted(set(ngold) | set(npred))}
+
+
 def span_prf(gold: list[list[Span]], pred: list[list[Span]]) -> dict:
     """{"f1", "precision", "recall", "support", "per_label": {label: {...}}}; a span counts
     only when start, end and label all match."""
-    tp, npred, ngold = Counter(), Counter(), Counter()
-    for g, p in zip(gold, pred, strict=True):
-        gs, ps = set(map(tuple, g)), set(map(tuple, p))
-        for s in gs:
-            ngold[s[2]] += 1
-        for s in ps:
-            npred[s[2]] += 1
-        for s in gs & ps:
-            tp[s[2]] += 1
-    out = _prf(sum(tp.values()), sum(npred.values()), sum(ngold.values()))
-    labels = sorted(set(ngold) | set(npred))
-    out["per_label"] = {lab: _prf(tp[lab], npred[lab], ngold[lab]) for lab in labels}
+    out, per_label = prf_by_key([set(map(tuple, g)) for g in gold], [set(map(tuple, p)) for p in pred],
+                                key=lambda s: s[2])
+    out["per_label"] = per_label
     return out
 
 

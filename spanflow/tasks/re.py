@@ -34,16 +34,21 @@ def token_span(enc: Encoded, span: tuple[int, int], limit: int) -> tuple[int, in
     return (toks[0] + 1, toks[-1] + 1) if toks else None
 
 
+def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFeature]:
+    """Model inputs ([CLS] tokens [SEP], cut at max_length) without labels."""
+    cls, sep, limit = tokenizer.cls_token_id, tokenizer.sep_token_id, max_length - 2
+    return [ReFeature(i, [cls] + enc.ids[:limit] + [sep]) for i, enc in enumerate(encs)]
+
+
 def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int], *, max_length: int,
                      encs: list[Encoded] | None = None) -> list[ReFeature]:
     """Features for training/eval; texts longer than max_length are cut, and counted."""
     encs = encs or encode_texts(tokenizer, [e.text for e in examples])
     limit = max_length - 2
     cut = lost = unknown = 0
-    feats = []
-    for i, (ex, enc) in enumerate(zip(examples, encs)):
+    feats = input_features(encs, tokenizer, max_length)
+    for f, ex, enc in zip(feats, examples, encs):
         cut += len(enc.ids) > limit
-        f = ReFeature(i, [tokenizer.cls_token_id] + enc.ids[:limit] + [tokenizer.sep_token_id])
         for s, rel, o in ex.triples:
             if rel not in rel2id:
                 unknown += 1
@@ -53,7 +58,6 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
                 lost += 1
                 continue
             f.subjects.setdefault(ts, []).append((rel2id[rel], *to))
-        feats.append(f)
     if cut or lost or unknown:
         log.warning("%d texts longer than %d tokens were cut; %d triples fell outside the tokens kept; "
                     "%d triples have a relation outside the model's set", cut, max_length, lost, unknown)

@@ -2,13 +2,7 @@
 "partial" last-word match used by published WebNLG*/NYT* numbers."""
 from __future__ import annotations
 
-from collections import Counter
-
-
-def _prf(tp: int, npred: int, ngold: int) -> dict:
-    p = tp / npred if npred else 0.0
-    r = tp / ngold if ngold else 0.0
-    return {"f1": 2 * p * r / (p + r) if p + r else 0.0, "precision": p, "recall": r, "support": ngold}
+from spanflow.tasks.metrics import prf_by_key
 
 
 def _last_word(s: str) -> str:
@@ -21,17 +15,9 @@ def partial(t: tuple[str, str, str]) -> tuple[str, str, str]:
 
 
 def triple_prf(gold: list[set], pred: list[set], *, per_relation: bool = False) -> dict:
-    tp, npred, ngold = Counter(), Counter(), Counter()
-    for g, p in zip(gold, pred, strict=True):
-        for t in g:
-            ngold[t[1]] += 1
-        for t in p:
-            npred[t[1]] += 1
-        for t in g & p:
-            tp[t[1]] += 1
-    out = _prf(sum(tp.values()), sum(npred.values()), sum(ngold.values()))
+    out, per = prf_by_key(gold, pred, key=lambda t: t[1])
     if per_relation:
-        out["per_relation"] = {r: _prf(tp[r], npred[r], ngold[r]) for r in sorted(set(ngold) | set(npred))}
+        out["per_relation"] = per
     return out
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 
 from spanflow.batching.batcher import token_budget_batches
@@ -90,14 +89,13 @@ def ner_measure(model: str, examples, *, mode: str, policy, seed: int = 0):
 
 
 def embed_measure(model: str, texts: list[str], *, policy, precision: str):
-    from spanflow.embedder import Embedder
+    from spanflow.embedder import Embedder, cosines
 
     emb = Embedder.load(model, precision=precision, device=str(policy.device))
     limit = emb.max_length
 
     def at_length(L):
-        emb.max_length = min(L, limit)
-        emb._backend = emb._fast_backend()
+        emb.set_max_length(min(L, limit))
 
     @functools.lru_cache(maxsize=None)
     def ref():
@@ -108,14 +106,16 @@ def embed_measure(model: str, texts: list[str], *, policy, precision: str):
     def quality(L):
         r = ref()
         at_length(L)
-        got = emb.encode(texts)
-        cos = (r * got).sum(1) / (np.linalg.norm(r, axis=1) * np.linalg.norm(got, axis=1) + 1e-12)
-        return float(cos.mean())
+        return float(cosines(r, emb.encode(texts)).mean())
+
+    @functools.lru_cache(maxsize=None)
+    def token_ids(L):  # once per length, not once per budget
+        at_length(L)
+        return emb.tokenize(texts)[0]
 
     def measure(b, L, seconds=5.0):
         q = quality(L)
-        at_length(L)
-        ids, _ = emb.tokenize(texts)
+        ids = token_ids(L)
         lengths = [len(x) for x in ids]
 
         def step(batch):
@@ -146,7 +146,8 @@ def re_measure(model: str, examples, *, mode: str, policy, seed: int = 0):
 
     quality = _f1_at_length(rm, examples)
 
-    def features(L):
+    @functools.lru_cache(maxsize=None)
+    def features(L):  # once per length, not once per budget
         return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit))
 
     return _model_measure(rm.module, features, collate, casrel_loss, quality, mode=mode, policy=policy, opt=opt,

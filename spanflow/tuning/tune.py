@@ -7,7 +7,7 @@ from collections.abc import Callable
 from spanflow.errors import ConfigError
 from spanflow.training.precision import resolve_policy
 from spanflow.tuning.profile import device_name, write_profile
-from spanflow.tuning.sweep import geometric, pick_best, sweep
+from spanflow.tuning.sweep import geometric, is_oom, pick_best, sweep
 
 TASKS, MODES = ("ner", "re", "embed"), ("train", "infer")
 
@@ -59,10 +59,14 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
     per_point = max(1.0, budget_seconds / max(1, len(budgets) * len(lengths)))  # spread the time budget
 
     log_fn(f"tuning {task} {mode} on {len(examples)} samples of {data}, {policy.describe()}")
-    try:  # one discarded point first: the first kernels of a process are slow to start
-        measure(min(b for b in budgets if b >= lengths[0]), lengths[0], 0.5)
-    except (ValueError, RuntimeError):
-        pass  # no budget fits, or out of memory: the sweep itself records what happens
+    fitting = [b for b in budgets if b >= lengths[0]]
+    if fitting:  # one discarded point first: the first kernels of a process are slow to start
+        try:
+            measure(min(fitting), lengths[0], 0.5)
+        except Exception as e:  # noqa: BLE001 - out of memory is for the sweep to record; the rest re-raises
+            if not is_oom(e):
+                raise
+            log_fn(f"warm-up ran out of memory at max_tokens {min(fitting)}; the sweep will record it")
     points = sweep(lambda b, L: measure(b, L, per_point), budgets, lengths, log_fn=log_fn)
     best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
                      latency_slo_ms=latency_slo_ms)

@@ -7,6 +7,7 @@ import os
 
 from spanflow.data.examples import ReExample
 from spanflow.data.formats.common import read_lines
+from spanflow.data.formats.jsonl import parse_record
 from spanflow.errors import DataError
 
 log = logging.getLogger("spanflow")
@@ -87,12 +88,7 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path, line=lineno) from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-            raise DataError('expected an object with a string "text" field', path=path, line=lineno)
+        rec = parse_record(line, path, lineno)
         ex = ReExample(rec["text"])
         for r in rec.get("relations", []):
             try:

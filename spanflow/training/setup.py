@@ -1,0 +1,37 @@
+"""What every task's train function does first: join torchrun, fill options, pick the
+precision policy, and decide whether to start from the model or from a checkpoint."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from spanflow.training.checkpoint import has_checkpoint
+from spanflow.training.distributed import Dist, init_from_env
+from spanflow.training.options import TrainOptions, scaled_options
+from spanflow.training.precision import Policy, resolve_policy
+
+
+@dataclass
+class Run:
+    opts: TrainOptions
+    dist: Dist
+    policy: Policy
+    log: Callable[[str], None]  # silent on ranks other than 0
+    source: str  # the model to start from: the given one, or the checkpoint's when resuming
+
+
+def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None]) -> Run:
+    dist = init_from_env()
+    # a from-scratch model wants a far larger step than a pretrained one
+    opts = scaled_options(options or TrainOptions(), default_lr=2e-3 if model == "tiny" else 5e-5, world=dist.world)
+    log = log_fn if dist.is_main else (lambda s: None)
+    torch.manual_seed(opts.seed)
+    policy = resolve_policy(opts.precision, opts.device)
+    log(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt = os.path.join(out_dir, "checkpoint")
+    source = os.path.join(ckpt, "model") if opts.resume and has_checkpoint(ckpt) else model
+    return Run(opts, dist, policy, log, source)
