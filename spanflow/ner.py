@@ -9,10 +9,12 @@ from spanflow.data.examples import NerExample, Span
 from spanflow.errors import ConfigError
 from spanflow.inference.tagging import tag_texts
 from spanflow.models.directory import load_model_dir, save_model_dir
-from spanflow.models.encoder import start_encoder
-from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
+from spanflow.models.encoder import enable_checkpointing, start_encoder
+from spanflow.batching.sampling import rarity_weights
+from spanflow.models.heads import EncoderWithHead, make_tagging_head
 from spanflow.tasks.metrics import span_prf
-from spanflow.tasks.ner import bio_label_list, make_collate, ner_loss, prepare_windows, window_targets
+from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, prepare_windows,
+                                window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
 from spanflow.training.distributed import Dist, shard_gather
@@ -23,18 +25,17 @@ log = logging.getLogger("spanflow")
 
 
 class NerModel:
-    """An encoder with a token-classification head, its tokenizer and label set."""
+    """An encoder with a token-tagging head (softmax or CRF), its tokenizer and label set."""
 
     task = "ner"
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], max_length: int, stride: int = 32,
-                 head: TokenClassificationHead | None = None, policy: Policy | None = None):
+                 head=None, head_type: str = "softmax", policy: Policy | None = None):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
         self.id2label = bio_label_list(self.labels)
-        self.max_length, self.stride = max_length, stride
-        head = head or TokenClassificationHead(hidden_size=encoder.config.hidden_size,
-                                               num_labels=len(self.id2label))
+        self.max_length, self.stride, self.head_type = max_length, stride, head_type
+        head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
         self.module.to(self.policy.device)
@@ -43,17 +44,18 @@ class NerModel:
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
         """Load a spanflow NER model directory (no network, no pickle)."""
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
-        labels = cfg["labels"]
-        head = TokenClassificationHead(hidden_size=encoder.config.hidden_size, num_labels=len(bio_label_list(labels)))
+        labels, head_type = cfg["labels"], cfg.get("head", "softmax")
+        head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=bio_label_list(labels))
         head.load_state_dict(head_state)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=cfg["max_length"],
-                   stride=cfg.get("stride", 32), head=head, policy=resolve_policy(precision, device))
+                   stride=cfg.get("stride", 32), head=head, head_type=head_type,
+                   policy=resolve_policy(precision, device))
 
     def save(self, path: str) -> None:
         """Write a self-contained model directory."""
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
-                               "stride": self.stride, "tag_scheme": "bio"})
+                               "stride": self.stride, "tag_scheme": "bio", "head": self.head_type})
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
                        on_batch: Callable | None = None) -> Iterator[list[Span]]:
@@ -74,39 +76,56 @@ class NerModel:
 
 
 def _start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
-                 policy: Policy) -> NerModel:
+                 policy: Policy, head_type: str | None = None) -> NerModel:
+    """The model to train: a spanflow NER model to continue (its head unless another is
+    asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else softmax."""
     if os.path.exists(os.path.join(model, "spanflow.json")):
         start = NerModel.load(model, device=str(policy.device))
         if start.labels != sorted(labels):
             raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
+        if head_type is not None and start.head_type != head_type:
+            raise ConfigError(f"{model} has a {start.head_type} head; --head {head_type} was asked for")
         return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels,
-                        max_length=start.max_length, stride=start.stride, head=start.module.head, policy=policy)
+                        max_length=start.max_length, stride=start.stride, head=start.module.head,
+                        head_type=start.head_type, policy=policy)
     encoder, tokenizer, max_length = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                                    seed=opts.seed)
     if opts.max_tokens < max_length:
         raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {max_length}: "
                           "one full window must fit in a batch")
     return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
-                    stride=opts.stride, policy=policy)
+                    stride=opts.stride, head_type=head_type or "softmax", policy=policy)
 
 
 def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
-              options: TrainOptions | None = None, log_fn: Callable[[str], None] = print) -> NerModel:
-    """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned."""
+              options: TrainOptions | None = None, head: str | None = None,
+              log_fn: Callable[[str], None] = print) -> NerModel:
+    """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned.
+
+    `head` is "softmax" (per-token cross-entropy, the default) or "crf" (BIO-constrained CRF,
+    Viterbi decoding); None continues a spanflow model with the head it has.
+    """
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")
     run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
     opts, dist, policy, log_fn = run.opts, run.dist, run.policy, run.log
-    nm = _start_model(run.source, train, labels, opts, policy)
+    nm = _start_model(run.source, train, labels, opts, policy, head)
+    if nm.head_type == "crf" and (opts.label_smoothing or opts.class_weights is not None):
+        raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
+    if opts.grad_checkpointing:
+        enable_checkpointing(nm.module.encoder)
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
+    weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
+    loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
+                            class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))
     evaluate = (lambda module: nm.evaluate(dev, dist=dist)) if dev else None
-    hooks = TaskHooks(collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=ner_loss, evaluate=evaluate,
+    hooks = TaskHooks(collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=loss_fn, evaluate=evaluate,
                       save_model=nm.save, targets=window_targets)
     summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
-                         dist=dist)
+                         dist=dist, weights=weights)
     best_dir = os.path.join(out_dir, "model")
     if summary["completed"] and os.path.isdir(best_dir):
         return NerModel.load(best_dir, device=str(policy.device), precision=policy.name)

@@ -13,8 +13,9 @@ from spanflow.data.examples import ReExample, Triple
 from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
 from spanflow.models.directory import load_model_dir, save_model_dir
-from spanflow.models.encoder import start_encoder
-from spanflow.tasks.re import casrel_loss, input_features, make_collate, prepare_features
+from spanflow.batching.sampling import rarity_weights
+from spanflow.models.encoder import enable_checkpointing, start_encoder
+from spanflow.tasks.re import feature_relations, input_features, make_casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
@@ -115,17 +116,22 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         encoder, tokenizer, max_length = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
                                                        seed=opts.seed)
         head = None
+    if opts.class_weights is not None:
+        raise ConfigError("--class-weights applies to NER; relation extraction takes --oversample instead")
     rm = ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, max_length=max_length, head=head,
                  policy=policy)
+    if opts.grad_checkpointing:
+        enable_checkpointing(rm.module.encoder)
     feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)
     log_fn(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
     hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                            all_subjects=all_subjects),
-                      loss_fn=casrel_loss, evaluate=(lambda m: rm.evaluate(dev, dist=dist)) if dev else None, save_model=rm.save,
+                      loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing), evaluate=(lambda m: rm.evaluate(dev, dist=dist)) if dev else None, save_model=rm.save,
                       targets=lambda f: len(f) - 2)
+    weights = rarity_weights(feature_relations(feats), opts.oversample) if opts.oversample else None
     summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
-                         dist=dist)
+                         dist=dist, weights=weights)
     best = os.path.join(out_dir, "model")
     if summary["completed"] and os.path.isdir(best):
         return ReModel.load(best, device=str(policy.device), precision=policy.name)

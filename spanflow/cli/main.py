@@ -5,11 +5,11 @@ import argparse
 import logging
 import sys
 
-from spanflow.cli import demo, doctor, embed, evaluate, predict, serve, train, tune
+from spanflow.cli import convert, demo, doctor, embed, evaluate, predict, serve, train, tune
 from spanflow.errors import SpanflowError
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
-            "doctor": doctor, "demo": demo}
+            "doctor": doctor, "convert": convert, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,19 @@ def add_parser(sub) -> None:
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun)")
     p.add_argument("--grad-compression", choices=["none", "fp16"], default="none",
                    help="all-reduce DDP gradients in fp16 (CUDA, several processes) [%(default)s]")
+    g = p.add_argument_group("recipes", "options for rare types and small data (docs/recipes.md has their measured effect)")
+    g.add_argument("--head", choices=["softmax", "crf"], default=None,
+                   help="NER: per-token softmax (default for a new model), or a BIO-constrained CRF with "
+                        "Viterbi decoding; a spanflow model keeps its head unless this is given")
+    g.add_argument("--label-smoothing", type=float, default=0.0, help="spread this much target probability [0]")
+    g.add_argument("--class-weights", default=None,
+                   help="NER loss weights: 'auto' (inverse sqrt label frequency) or 'person=2,product=3'")
+    g.add_argument("--llrd", type=float, default=1.0,
+                   help="layer-wise lr decay: each encoder layer takes LLRD x the lr of the one above [1.0: off]")
+    g.add_argument("--oversample", type=float, default=0.0,
+                   help="entity-aware sampling: draw examples of rare types (f_max/f)^X times as often [0: off]")
+    g.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute layer activations in backward: far less memory on long inputs, ~30%% slower")
     p.add_argument("--lr-scaling", choices=["none", "sqrt", "linear"], default="none",
                    help="scale --lr for the larger global batch of several processes [%(default)s]")
     add_runtime_args(p, max_tokens=d.max_tokens)
@@ -56,8 +69,9 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
                         max_length=a.max_length, stride=a.stride, precision=a.precision, device=a.device,
                         seed=a.seed, eval_every=a.eval_every, patience=a.patience, save_every=a.save_every,
                         max_steps=a.max_steps, resume=a.resume, lr_scaling=a.lr_scaling,
-                        grad_compression=a.grad_compression,
-                        log_every=a.log_every)
+                        grad_compression=a.grad_compression, log_every=a.log_every,
+                        label_smoothing=a.label_smoothing, class_weights=a.class_weights, llrd=a.llrd,
+                        oversample=a.oversample, grad_checkpointing=a.grad_checkpointing)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -70,12 +84,16 @@ def run(a: argparse.Namespace) -> int:
         i = argv.index("--devices")
         return relaunch(argv[:i] + argv[i + 2:], a.devices)
     if a.task == "re":
+        if a.head is not None:
+            from spanflow.errors import ConfigError
+
+            raise ConfigError("--head applies to NER; relation extraction uses the CasRel head")
         return run_re(a)
     from spanflow.ner import train_ner
 
     train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
     dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
-    model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a))
+    model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a), head=a.head)
     print(f"model saved to {a.out}/model (labels: {', '.join(model.labels)})")
     return 0
 

@@ -11,14 +11,16 @@ from spanflow.data.formats.conll import read_conll
 from spanflow.data.formats.jsonl import read_jsonl
 from spanflow.errors import DataError
 
-NER_FORMATS = ("conll", "jsonl")
+NER_FORMATS = ("conll", "jsonl", "docbin")
 
 
 def detect_format(path: str) -> str:
-    """By extension first (.jsonl/.json -> jsonl), else by the first non-blank line."""
+    """By extension first (.jsonl/.json -> jsonl, .spacy -> docbin), else by the first non-blank line."""
     ext = os.path.splitext(path)[1].lower()
     if ext in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
+    if ext == ".spacy":
+        return "docbin"
     for _, line in read_lines(path):
         if line.strip():
             return "jsonl" if line.lstrip().startswith("{") else "conll"
@@ -27,14 +29,45 @@ def detect_format(path: str) -> str:
 
 def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | None = None,
              strict: bool = False) -> list[NerExample]:
-    """Read labelled NER data from CoNLL columns or JSONL (detected unless `fmt` is given)."""
+    """Read labelled NER data from CoNLL columns, JSONL or a spaCy DocBin (detected unless `fmt` is given)."""
     path = os.fspath(path)
     fmt = fmt or detect_format(path)
     if fmt == "conll":
         return read_conll(path, scheme=scheme, strict=strict)
     if fmt == "jsonl":
         return read_jsonl(path)
+    if fmt == "docbin":
+        from spanflow.data.formats.docbin import read_docbin
+
+        return read_docbin(path)
     raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
+
+
+def output_format(path: str) -> str:
+    """The format a written file takes from its extension: .jsonl, .spacy, else CoNLL."""
+    ext = os.path.splitext(path)[1].lower()
+    return {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".spacy": "docbin"}.get(ext, "conll")
+
+
+def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str | None = None) -> None:
+    """Write NER examples as CoNLL (BIO), JSONL or a spaCy DocBin; atomic (temp file + rename)."""
+    path = os.fspath(path)
+    fmt = fmt or output_format(path)
+    if fmt == "docbin":
+        from spanflow.data.formats.docbin import examples_to_docbin
+
+        examples_to_docbin(examples, path)
+        return
+    if fmt not in ("conll", "jsonl"):
+        raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
+    from spanflow.data.formats.conll import write_conll_sentence
+    from spanflow.data.formats.jsonl import write_jsonl_record
+
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for ex in examples:
+            (write_conll_sentence if fmt == "conll" else write_jsonl_record)(f, ex.text, ex.spans)
+    os.replace(tmp, path)
 
 
 def read_texts(path: str | os.PathLike, *, field: str = "text", errors: str = "raise") -> Iterator[str | DataError]:

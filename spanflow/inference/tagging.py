@@ -31,6 +31,8 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
         batches = token_budget_batches([len(w) for w in wins], max_tokens, shuffle=False)
         return chunk, encs, wins, batches
 
+    head = getattr(model, "head", None)
+    decode = getattr(head, "decode", None)
     model.eval()
     for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(texts, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
@@ -39,7 +41,11 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
                 t = collate([wins[i] for i in b], pad_id)
                 with policy.autocast():
                     logits = model(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
-                ids = logits.argmax(-1).cpu().tolist()  # host sync: one per batch, needed to decode
+                if decode is None:
+                    ids = logits.argmax(-1)
+                else:
+                    ids = decode(logits, _first_mask(encs, [wins[i] for i in b], logits.shape[1]).to(logits.device))
+                ids = ids.cpu().tolist()  # host sync: one per batch, needed to decode
                 for r, i in enumerate(b):
                     preds[i] = ids[r][1:len(wins[i]) - 1]  # drop [CLS]/[SEP]
                 if on_batch:
@@ -53,3 +59,13 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
             yield decode_spans(enc, merged, id2label)
         if on_batch:
             on_batch(len(chunk), 0, 0)
+
+
+def _first_mask(encs, windows, width: int) -> torch.Tensor:
+    """(B, T) bool: the word-initial tokens of each window (its special tokens excluded)."""
+    first = torch.zeros((len(windows), width), dtype=torch.bool)
+    for r, w in enumerate(windows):
+        f = encs[w.example].first[w.start:w.end]
+        if f:
+            first[r, 1:1 + len(f)] = torch.tensor(f)
+    return first

@@ -120,3 +120,20 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
         encoder, tokenizer = load_encoder(source)
     limit = encoder_max_length(encoder, tokenizer)
     return encoder, tokenizer, min(max_length or limit, limit)
+
+
+def enable_checkpointing(encoder: nn.Module) -> None:
+    """Recompute each layer's activations in backward instead of keeping them (HF encoders)."""
+    from spanflow.errors import ConfigError
+
+    if not getattr(encoder, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"{type(encoder).__name__} does not support gradient checkpointing")
+    kwargs = {"use_reentrant": False}  # non-reentrant: works under DDP and with inputs that need no grad
+    if hasattr(encoder, "activation_checkpointing_enable"):  # transformers >= 5
+        encoder.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def is_checkpointing(encoder: nn.Module) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in encoder.modules())

@@ -1,8 +1,16 @@
-"""Task heads. A head reads `features["token_embeddings"]` (B, T, H) and is testable alone."""
+"""Task heads. A head reads `features["token_embeddings"]` (B, T, H) and is testable alone.
+
+Token-tagging heads also offer `decode(logits, first)`: label ids (B, T) read at the
+word-initial positions `first` (B, T) bool.
+"""
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from spanflow.models.crf import CRF, bio_transition_mask, compact
+
+HEAD_TYPES = ("softmax", "crf")
 
 
 class TokenClassificationHead(nn.Module):
@@ -16,6 +24,43 @@ class TokenClassificationHead(nn.Module):
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         x = features["token_embeddings"]  # (B, T, H)
         return self.proj(self.dropout(x))  # (B, T, C)
+
+    def decode(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1)
+
+
+class CrfTaggingHead(nn.Module):
+    """Linear emissions plus a BIO-constrained CRF over the word-initial tokens."""
+
+    def __init__(self, *, hidden_size: int, id2label: list[str], dropout: float = 0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(hidden_size, len(id2label))
+        self.crf = CRF(len(id2label), bio_transition_mask(id2label))
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.proj(self.dropout(features["token_embeddings"]))  # emissions (B, T, C)
+
+    def nll(self, logits: torch.Tensor, labels: torch.Tensor, ignore: int) -> torch.Tensor:
+        """Summed negative log-likelihood of the labels at positions not equal to `ignore`."""
+        em, index, mask = compact(logits.float(), labels != ignore)
+        return self.crf.nll(em, labels.gather(1, index), mask).sum()
+
+    def decode(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        em, index, mask = compact(logits.float(), first)
+        tags = torch.where(mask, self.crf.viterbi(em, mask), torch.zeros_like(index))
+        return torch.zeros(first.shape, dtype=torch.long, device=logits.device).scatter_(1, index, tags)
+
+
+def make_tagging_head(kind: str, *, hidden_size: int, id2label: list[str]) -> nn.Module:
+    """A `softmax` or `crf` token-tagging head for these labels."""
+    if kind == "crf":
+        return CrfTaggingHead(hidden_size=hidden_size, id2label=id2label)
+    if kind == "softmax":
+        return TokenClassificationHead(hidden_size=hidden_size, num_labels=len(id2label))
+    from spanflow.errors import ConfigError
+
+    raise ConfigError(f"unknown head {kind!r}; choose one of {', '.join(HEAD_TYPES)}")
 
 
 class EncoderWithHead(nn.Module):

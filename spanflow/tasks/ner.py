@@ -38,11 +38,82 @@ def make_collate(pad_id: int):
     return fn
 
 
-def ner_loss(model: nn.Module, batch: dict) -> torch.Tensor:
-    """Cross-entropy summed over labelled tokens (the loop divides by the step's count)."""
-    logits = model(batch["input_ids"], batch["attention_mask"])  # (B, T, C)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(),
-                           ignore_index=IGNORE, reduction="sum")
+def make_ner_loss(*, label_smoothing: float = 0.0, class_weights: torch.Tensor | None = None):
+    """The NER loss, summed over labelled tokens (the loop divides by the step's count).
+
+    A softmax head takes cross-entropy, optionally label-smoothed and class-weighted; a
+    CRF head takes the sequence negative log-likelihood of its word-initial tags.
+    """
+
+    def loss_fn(model: nn.Module, batch: dict) -> torch.Tensor:
+        logits = model(batch["input_ids"], batch["attention_mask"])  # (B, T, C)
+        head = getattr(model, "module", model).head  # DDP wraps the model; the head's params are still reduced
+        if hasattr(head, "nll"):
+            return head.nll(logits, batch["labels"], IGNORE)
+        weight = class_weights.to(logits.device) if class_weights is not None else None
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), weight=weight,
+                               ignore_index=IGNORE, reduction="sum", label_smoothing=label_smoothing)
+
+    return loss_fn
+
+
+ner_loss = make_ner_loss()
+
+
+def class_weight_tensor(spec, windows: list, id2label: list[str]) -> torch.Tensor | None:
+    """Per-label loss weights from `spec`: None, "auto" or {entity label or BIO label: weight}.
+
+    "auto" weighs each label by (n / (C * count)) ** 0.5 (inverse square-root frequency,
+    gentler than inverse frequency, which over-predicts rare types), rescaled so the
+    average weight over training tokens is 1 and the loss keeps its scale.
+    Given weights name an entity type (applies to its B- and I- tags), a BIO tag, or "O";
+    labels not named weigh 1.
+    """
+    from spanflow.errors import ConfigError
+
+    if spec is None:
+        return None
+    C = len(id2label)
+    if spec == "auto":
+        counts = torch.zeros(C)
+        for w in windows:
+            for x in w.labels:
+                if x != IGNORE:
+                    counts[x] += 1
+        n = counts.sum()
+        weights = (n / (C * counts.clamp(min=1))) ** 0.5
+        weights = weights * n / (weights * counts).sum()
+        return torch.where(counts > 0, weights, torch.ones(C))  # unseen labels never reach the loss
+    if isinstance(spec, str):
+        spec = parse_weights(spec)
+    weights = torch.ones(C)
+    for key, value in spec.items():
+        hits = [i for i, lab in enumerate(id2label) if lab == key or lab[2:] == key]
+        if not hits:
+            raise ConfigError(f"class weight for unknown label {key!r}; labels: {', '.join(id2label)}")
+        weights[hits] = float(value)
+    return weights
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """'person=2,corporation=3' -> {'person': 2.0, 'corporation': 3.0}."""
+    from spanflow.errors import ConfigError
+
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.rpartition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise ConfigError(f"--class-weights: expected LABEL=WEIGHT pairs or 'auto', got {part!r}")
+    return out
+
+
+def window_kinds(windows: list, id2label: list[str]) -> list[set[str]]:
+    """The entity types each window holds (for entity-aware sampling)."""
+    return [{id2label[x][2:] for x in w.labels if x != IGNORE and id2label[x] != "O"} for w in windows]
 
 
 def window_targets(window) -> int:

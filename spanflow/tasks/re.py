@@ -107,17 +107,34 @@ def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects
     return fn
 
 
-def casrel_loss(model, batch: dict) -> torch.Tensor:
+def make_casrel_loss(*, label_smoothing: float = 0.0):
     """Subject BCE (start + end) plus object BCE summed over relations (as the paper does: a
-    mean over hundreds of relations starves the object taggers), summed over content tokens."""
-    h = model(batch["input_ids"], batch["attention_mask"])  # (B, T, H)
-    head = getattr(model, "module", model).head  # DDP wraps the model; the head's params are still reduced
-    mask = batch["content_mask"].float()  # (B, T)
-    sub = F.binary_cross_entropy_with_logits(head.subjects(h).float(), batch["sub_labels"], reduction="none")
-    loss = (sub.sum(-1) * mask).sum()
-    rows = batch["obj_rows"]
-    if rows.numel():
-        logits = head.objects(h, rows, batch["obj_starts"], batch["obj_ends"]).float()  # (N, T, R, 2)
-        obj = F.binary_cross_entropy_with_logits(logits, batch["obj_labels"], reduction="none")
-        loss = loss + (obj.sum((-1, -2)) * mask[rows]).sum()
-    return loss
+    mean over hundreds of relations starves the object taggers), summed over content tokens.
+    Label smoothing pulls the 0/1 targets to eps/2 and 1 - eps/2."""
+
+    def smooth(y: torch.Tensor) -> torch.Tensor:
+        return y * (1 - label_smoothing) + label_smoothing / 2 if label_smoothing else y
+
+    def loss_fn(model, batch: dict) -> torch.Tensor:
+        h = model(batch["input_ids"], batch["attention_mask"])  # (B, T, H)
+        head = getattr(model, "module", model).head  # DDP wraps the model; the head's params are still reduced
+        mask = batch["content_mask"].float()  # (B, T)
+        sub = F.binary_cross_entropy_with_logits(head.subjects(h).float(), smooth(batch["sub_labels"]),
+                                                 reduction="none")
+        loss = (sub.sum(-1) * mask).sum()
+        rows = batch["obj_rows"]
+        if rows.numel():
+            logits = head.objects(h, rows, batch["obj_starts"], batch["obj_ends"]).float()  # (N, T, R, 2)
+            obj = F.binary_cross_entropy_with_logits(logits, smooth(batch["obj_labels"]), reduction="none")
+            loss = loss + (obj.sum((-1, -2)) * mask[rows]).sum()
+        return loss
+
+    return loss_fn
+
+
+casrel_loss = make_casrel_loss()
+
+
+def feature_relations(feats: list[ReFeature]) -> list[set[int]]:
+    """The relation ids each feature holds (for relation-aware sampling)."""
+    return [{r for objs in f.subjects.values() for r, _, _ in objs} for f in feats]

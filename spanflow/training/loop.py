@@ -13,9 +13,11 @@ from torch import nn
 
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
+from spanflow.batching.sampling import epoch_indices
 from spanflow.monitor.report import Meter, append_jsonl, format_report, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, barrier, broadcast, gather
+from spanflow.training.optim import build_optimizer, warmup_linear
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy
 
@@ -32,38 +34,18 @@ class TaskHooks:
     targets: Callable[[object], int] | None = None  # loss targets of one item: global step normalisation
 
 
-def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and LayerNorm; optional separate head learning rate."""
-    groups: dict[tuple, list] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        no_decay = p.ndim < 2
-        is_head = name.startswith("head.")
-        lr = opts.head_lr if (is_head and opts.head_lr) else opts.lr
-        groups.setdefault((lr, 0.0 if no_decay else opts.weight_decay), []).append(p)
-    param_groups = [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
-    try:  # the fused kernel is 4x faster than foreach on CPU too (torch >= 2.4)
-        return torch.optim.AdamW(param_groups, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(param_groups)
-
-
-def warmup_linear(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
-    warm = max(1, int(total_steps * warmup_ratio))
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return max(0.0, (total_steps - step) / max(1, total_steps - warm))
-
-    return f
-
-
-def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1) -> list[list[list[int]]]:
+def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
+                weights: list[float] | None = None) -> list[list[list[int]]]:
     """The epoch's global optimizer steps, each `grad_accum x world` micro-batches of item
-    indices; rank r runs step[r::world]. Every rank derives the same plan from the seed."""
-    batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch, world_size=world)
+    indices; rank r runs step[r::world]. Every rank derives the same plan from the seed.
+    With sampling `weights` the epoch's items are drawn first (see batching.sampling)."""
+    if weights is None:
+        batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch, world_size=world)
+    else:
+        drawn = epoch_indices(weights, seed=opts.seed, epoch=epoch)
+        batches = token_budget_batches([lengths[i] for i in drawn], opts.max_tokens, seed=opts.seed, epoch=epoch,
+                                       world_size=world)
+        batches = [[drawn[j] for j in b] for b in batches]
     n = opts.grad_accum * world
     steps = [batches[i:i + n] for i in range(0, len(batches), n)]
     if steps and len(steps[-1]) < n:  # a short tail: empty micro-batches keep every rank in step
@@ -73,18 +55,19 @@ def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1) -> list
 
 def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
                out_dir: str, log: Callable[[str], None] = print, dist: Dist = Dist(),
-               plan_world: int | None = None) -> dict:
+               plan_world: int | None = None, weights: list[float] | None = None) -> dict:
     """Train `model` on `items` (windows with len()); return a summary with the best dev F1.
 
     Under torchrun (`dist.world > 1`) the model runs in DDP; rank 0 alone evaluates and
     writes checkpoints, reports and models. `plan_world` (tests) plans batches for that
     many ranks while running as one process, to check DDP against single-process training.
+    `weights` (one per item) turn on weighted sampling of each epoch's items.
     """
     device = policy.device
     world = plan_world or dist.world
     lengths = [len(it) for it in items]
     targets = [hooks.targets(it) for it in items] if hooks.targets else None
-    plans = [len(_epoch_plan(lengths, opts, e, world)) for e in range(opts.epochs)]
+    plans = [len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
     total_steps = sum(plans)
     optimizer = build_optimizer(model, opts, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
@@ -136,7 +119,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     try:
         while st["epoch"] < opts.epochs and not st["stopped"]:
             epoch = st["epoch"]
-            plan = _epoch_plan(lengths, opts, epoch, world)[st["step_in_epoch"]:]
+            plan = _epoch_plan(lengths, opts, epoch, world, weights)[st["step_in_epoch"]:]
             mine = dist.rank if plan_world is None else 0
             stride = dist.world if plan_world is None else 1
             groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets

@@ -31,6 +31,12 @@ class TrainOptions:
     log_every: int = 50
     lr_scaling: str = "none"  # none | sqrt | linear: lr x sqrt(world) or x world under DDP
     grad_compression: str = "none"  # none | fp16: DDP gradient all-reduce in fp16 (CUDA)
+    # recipes (docs/recipes.md has their measured effect)
+    label_smoothing: float = 0.0  # share of each target's probability spread over all labels
+    class_weights: str | dict | None = None  # NER: None, "auto" (from label frequencies) or {label: weight}
+    llrd: float = 1.0  # layer-wise lr decay: each encoder layer takes llrd x the lr of the one above
+    oversample: float = 0.0  # entity-aware sampling strength: rare-type examples drawn (f_max/f)^x as often
+    grad_checkpointing: bool = False  # recompute layer activations in backward: less memory, ~30% more compute
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,6 +57,12 @@ def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> Trai
 
     if opts.lr_scaling not in LR_SCALINGS:
         raise ConfigError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}")
+    if not 0.0 <= opts.label_smoothing < 1.0:
+        raise ConfigError(f"--label-smoothing must be in [0, 1), got {opts.label_smoothing}")
+    if not 0.0 < opts.llrd <= 1.0:
+        raise ConfigError(f"--llrd must be in (0, 1], got {opts.llrd}")
+    if opts.oversample < 0:
+        raise ConfigError(f"--oversample must be >= 0, got {opts.oversample}")
     lr = opts.lr if opts.lr is not None else default_lr
     factor = {"none": 1.0, "sqrt": math.sqrt(world), "linear": float(world)}[opts.lr_scaling]
     head = opts.head_lr * factor if opts.head_lr else None

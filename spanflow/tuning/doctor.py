@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from spanflow.batching.batcher import token_budget_batches
-from spanflow.training.loop import build_optimizer
+from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import cpu_has_bf16, resolve_policy
 

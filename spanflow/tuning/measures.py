@@ -6,7 +6,7 @@ import functools
 import torch
 
 from spanflow.batching.batcher import token_budget_batches
-from spanflow.training.loop import build_optimizer
+from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.tuning.probe import run_probe
 

@@ -1,0 +1,33 @@
+"""`spanflow convert IN OUT`: NER data between CoNLL, JSONL and spaCy DocBin."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("convert", help="convert NER data between CoNLL, JSONL and spaCy DocBin",
+                       description="Convert NER data. Formats follow the extensions (.jsonl, .spacy, else "
+                                   "CoNLL) unless --from/--to say otherwise. CoNLL is written as token<TAB>BIO.")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--from", dest="src", choices=["conll", "jsonl", "docbin"], help="input format (detected)")
+    p.add_argument("--to", dest="dst", choices=["conll", "jsonl", "docbin"], help="output format (by extension)")
+    p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
+    p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
+
+
+def run(a: argparse.Namespace) -> int:
+    from spanflow.data.io import output_format, read_ner, write_ner
+
+    examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
+    fmt = a.dst or output_format(a.output)
+    if fmt == "conll":
+        # CoNLL stores tokens only: report texts whose spacing will not come back as it was
+        from spanflow.data.formats.conll import conll_tokens, join_tokens
+
+        changed = sum(join_tokens(conll_tokens(e.text, e.spans))[0] != e.text for e in examples)
+        if changed:
+            print(f"note: {changed} text(s) have spacing CoNLL cannot keep (tokens are kept, offsets shift)")
+    write_ner(examples, a.output, fmt=fmt)
+    print(f"wrote {len(examples)} texts, {sum(len(e.spans) for e in examples)} entities to {a.output} ({fmt})")
+    return 0

@@ -1,0 +1,84 @@
+"""spaCy DocBin (.spacy) files: entities of each Doc as character spans, both ways.
+
+Needs spaCy (`pip install 'spanflow[spacy]'`); nothing else in spanflow imports it.
+"""
+from __future__ import annotations
+
+import os
+
+from spanflow.data.examples import NerExample, check_spans
+from spanflow.data.formats.tokens import word_bounds
+from spanflow.errors import ConfigError, DataError
+
+
+def _spacy():
+    try:
+        from spacy.tokens import Doc, DocBin
+        from spacy.vocab import Vocab
+    except ImportError:
+        raise ConfigError("reading or writing .spacy files needs spaCy: pip install 'spanflow[spacy]'") from None
+    return Doc, DocBin, Vocab
+
+
+def read_docbin(path: str | os.PathLike) -> list[NerExample]:
+    """Each Doc's text and its `doc.ents` as (start_char, end_char, label) spans."""
+    path = os.fspath(path)
+    Doc, DocBin, Vocab = _spacy()
+    if not os.path.isfile(path):
+        raise DataError("file not found", path=path)
+    try:
+        docs = list(DocBin().from_disk(path).get_docs(Vocab()))
+    except Exception as e:  # zlib, msgpack or spaCy errors: the file is not a DocBin
+        raise DataError(f"not a readable spaCy DocBin ({type(e).__name__}: {e})", path=path) from None
+    out = []
+    for i, doc in enumerate(docs):
+        spans = [(ent.start_char, ent.end_char, ent.label_) for ent in doc.ents]
+        problem = check_spans(doc.text, spans)
+        if problem:
+            raise DataError(f"document {i}: {problem}", path=path)
+        out.append(NerExample(doc.text, spans))
+    if not out:
+        raise DataError("file holds no documents", path=path)
+    return out
+
+
+def _words_and_spaces(text: str, spans) -> tuple[list[str], list[bool]]:
+    """Tokens whose concatenation (with one space where `spaces` says) is exactly `text`;
+    whitespace other than one plain space becomes its own token, as spaCy does."""
+    words, spaces, pos = [], [], 0
+    for s, e in word_bounds(text, spans):
+        gap = text[pos:s]
+        if gap:
+            if words and gap[0] == " ":
+                spaces[-1], gap = True, gap[1:]
+            if gap:
+                words.append(gap)
+                spaces.append(False)
+        words.append(text[s:e])
+        spaces.append(False)
+        pos = e
+    tail = text[pos:]
+    if tail and words and tail[0] == " ":
+        spaces[-1], tail = True, tail[1:]
+    if tail:
+        words.append(tail)
+        spaces.append(False)
+    return words, spaces
+
+
+def examples_to_docbin(examples: list[NerExample], path: str | os.PathLike) -> None:
+    """Write examples as a DocBin whose Docs have exactly these texts and entities (atomic)."""
+    path = os.fspath(path)
+    Doc, DocBin, Vocab = _spacy()
+    vocab, db = Vocab(), DocBin()
+    for i, ex in enumerate(examples):
+        words, spaces = _words_and_spaces(ex.text, ex.spans)
+        doc = Doc(vocab, words=words, spaces=spaces)
+        ents = [doc.char_span(s, e, label=lab) for s, e, lab in ex.spans]
+        if any(ent is None for ent in ents):  # cannot happen: tokens are cut at every span boundary
+            raise DataError(f"example {i}: an entity does not align with tokens", path=path)
+        doc.ents = ents
+        db.add(doc)
+    tmp = path + ".tmp"
+    db.to_disk(tmp)
+    os.replace(tmp, path)

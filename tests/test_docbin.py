@@ -1,0 +1,84 @@
+"""spaCy DocBin reading/writing and `spanflow convert` (spaCy is in the test extra)."""
+import json
+import sys
+
+import pytest
+
+from spanflow.cli.main import main
+from spanflow.data.examples import NerExample
+from spanflow.data.io import read_ner, write_ner
+from spanflow.errors import ConfigError, DataError
+
+spacy = pytest.importorskip("spacy")
+
+EXAMPLES = [
+    NerExample("Hello  Paris\n is big ", [(7, 12, "loc")]),  # double space, newline, trailing space
+    NerExample("北京大学在北京。", [(0, 4, "org"), (5, 7, "loc")]),  # no spaces at all
+    NerExample("iPhone's price", [(0, 6, "product")]),  # an entity inside a whitespace token
+    NerExample("no entities here", []),
+]
+
+
+def test_docbin_written_by_spanflow_keeps_texts_and_spans_exactly(tmp_path):
+    path = str(tmp_path / "x.spacy")
+    write_ner(EXAMPLES, path)
+    assert read_ner(path) == EXAMPLES
+
+
+def test_docbin_made_by_spacy_reads_as_char_spans(tmp_path):
+    from spacy.tokens import Doc, DocBin, Span
+    from spacy.vocab import Vocab
+
+    vocab = Vocab()
+    doc = Doc(vocab, words=["Ada", "Lovelace", "visited", "New", "York", "."],
+              spaces=[True, True, True, True, False, False])
+    doc.ents = [Span(doc, 0, 2, label="PER"), Span(doc, 3, 5, label="LOC")]
+    path = tmp_path / "made.spacy"
+    DocBin(docs=[doc]).to_disk(path)
+    (ex,) = read_ner(path)
+    assert ex.text == "Ada Lovelace visited New York."
+    assert ex.entities() == [("Ada Lovelace", "PER"), ("New York", "LOC")]
+
+
+def test_corrupt_or_missing_docbin_is_a_data_error(tmp_path):
+    bad = tmp_path / "bad.spacy"
+    bad.write_bytes(b"this is not zlib")
+    with pytest.raises(DataError, match="bad.spacy: not a readable spaCy DocBin"):
+        read_ner(bad)
+    with pytest.raises(DataError, match="file not found"):
+        read_ner(tmp_path / "missing.spacy")
+
+
+def test_docbin_without_spacy_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "spacy.tokens", None)  # import fails as if spaCy were absent
+    with pytest.raises(ConfigError, match=r"spanflow\[spacy\]"):
+        read_ner(tmp_path / "x.spacy")
+
+
+def test_convert_roundtrip_conll_docbin_jsonl(asset, tmp_path, capsys):
+    src = asset("wnut_like.conll")
+    original = read_ner(src)
+    assert main(["convert", src, str(tmp_path / "a.spacy")]) == 0
+    assert main(["convert", str(tmp_path / "a.spacy"), str(tmp_path / "b.jsonl")]) == 0
+    assert main(["convert", str(tmp_path / "b.jsonl"), str(tmp_path / "c.conll")]) == 0
+    assert f"wrote {len(original)} texts" in capsys.readouterr().out
+    for name in ("a.spacy", "b.jsonl", "c.conll"):
+        assert read_ner(tmp_path / name) == original, name
+    first = json.loads((tmp_path / "b.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert first["text"] == original[0].text
+
+
+def test_convert_bmes_to_conll_writes_bio(asset, tmp_path):
+    out = tmp_path / "r.conll"
+    assert main(["convert", asset("resume_like.bmes"), str(out)]) == 0
+    tags = [line.split("\t")[1] for line in out.read_text(encoding="utf-8").splitlines() if line]
+    assert "B-NAME" in tags and "I-NAME" in tags and not any(t[:2] in ("M-", "E-", "S-") for t in tags)
+    assert read_ner(out) == read_ner(asset("resume_like.bmes"))
+
+
+def test_convert_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": 5}\n', encoding="utf-8")
+    assert main(["convert", str(bad), str(tmp_path / "out.spacy")]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+    assert not list(tmp_path.glob("out.spacy*"))
