@@ -1,12 +1,12 @@
 """spanflow: train, tune, run and serve span models at full accelerator utilization."""
 from spanflow.data.examples import NerExample
-from spanflow.data.io import read_ner, read_texts
+from spanflow.data.io import read_ner, read_texts, write_ner
 from spanflow.errors import ConfigError, DataError, ModelDirError, SpanflowError
 from spanflow.training.options import TrainOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["NerExample", "read_ner", "read_texts", "TrainOptions", "SpanflowError", "DataError",
+__all__ = ["NerExample", "read_ner", "read_texts", "write_ner", "TrainOptions", "SpanflowError", "DataError",
            "ModelDirError", "ConfigError", "NerModel", "train_ner", "Embedder"]
 
 

@@ -38,7 +38,7 @@ class NerModel:
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
-        self.module.to(self.policy.device)
+        self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
@@ -115,6 +115,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
     if opts.grad_checkpointing:
         enable_checkpointing(nm.module.encoder)
+        log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")

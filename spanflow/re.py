@@ -37,7 +37,7 @@ class ReModel:
         head = head or CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(self.relations))
         self.module = CasRelModel(encoder, head)
         self.policy = policy or resolve_policy()
-        self.module.to(self.policy.device)
+        self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
@@ -122,6 +122,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
                  policy=policy)
     if opts.grad_checkpointing:
         enable_checkpointing(rm.module.encoder)
+        log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
     feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)
     log_fn(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))

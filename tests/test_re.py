@@ -145,3 +145,31 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     assert rec["text"] == data[0].text and isinstance(rec["relations"], list)
     for r in rec["relations"]:
         assert rec["text"][r["head"][0]:r["head"][1]] == r["head_text"]
+
+
+def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
+    from spanflow.errors import ConfigError
+    from spanflow.tasks.re import feature_relations, make_casrel_loss
+
+    data = synthetic_re(40, seed=1, max_clauses=1)
+    opts = TrainOptions(epochs=40, lr=2e-3, max_tokens=160, max_length=64, patience=None, log_every=0,
+                        warmup_ratio=0.05, label_smoothing=0.05, oversample=1.0, llrd=0.9, grad_checkpointing=True)
+    model = train_re(data, data, model="tiny", out_dir=str(tmp_path), options=opts, all_subjects=True,
+                     log_fn=lambda s: None)
+    assert model.evaluate(data)["f1"] >= 0.9
+    from spanflow.tasks.re import prepare_features
+
+    feats = prepare_features(data[:4], model.tokenizer, model.rel2id, max_length=64)
+    assert all(rels for rels in feature_relations(feats))
+    with pytest.raises(ConfigError, match="--class-weights applies to NER"):
+        train_re(data, None, model="tiny", out_dir=str(tmp_path / "b"),
+                 options=TrainOptions(epochs=1, class_weights="auto", log_every=0), log_fn=lambda s: None)
+    # smoothed targets: the loss of a batch is higher than with 0/1 targets for a confident model
+    from spanflow.tasks.re import make_collate
+
+    batch = make_collate(model.tokenizer.pad_token_id, len(model.relations), all_subjects=True)(feats)
+    batch = {k: v for k, v in batch.items() if hasattr(v, "shape")}
+    model.module.eval()
+    with torch.no_grad():
+        plain, smooth = (make_casrel_loss(label_smoothing=e)(model.module, batch) for e in (0.0, 0.1))
+    assert smooth > plain

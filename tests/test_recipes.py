@@ -99,6 +99,7 @@ def test_crf_overfit_and_save_load_roundtrip(tmp_path, head):
     assert model.evaluate(data)["f1"] >= 0.95
     again = NerModel.load(str(tmp_path / "model"))
     assert again.head_type == head
+    assert not any(m.training for m in again.module.modules())  # loaded for inference: no dropout anywhere
     assert isinstance(again.module.head, CrfTaggingHead if head == "crf" else TokenClassificationHead)
     texts = [e.text for e in data[:10]]
     assert again.predict(texts) == model.predict(texts)
@@ -243,3 +244,22 @@ def test_recipes_train_end_to_end_and_reject_bad_combinations(tmp_path):
     for bad in (dict(label_smoothing=1.0), dict(llrd=0.0), dict(oversample=-1)):
         with pytest.raises(ConfigError):
             train_ner(data, None, model="tiny", out_dir=str(tmp_path / "c"), options=small_opts(**bad))
+
+
+def test_cli_train_with_recipes_from_docbin(tmp_path, capsys):
+    pytest.importorskip("spacy")
+    from spanflow.cli.main import main
+    from spanflow.data.io import write_ner
+    from spanflow.models.directory import read_model_config
+
+    write_ner(synthetic_ner(40, seed=1, max_clauses=1), tmp_path / "train.spacy")
+    args = ["train", "ner", "--train", str(tmp_path / "train.spacy"), "--dev", str(tmp_path / "train.spacy"),
+            "--model", "tiny", "--epochs", "2", "--max-tokens", "512", "--max-length", "64", "--log-every", "0"]
+    assert main(args + ["--out", str(tmp_path / "run"), "--head", "crf", "--llrd", "0.9", "--head-lr", "1e-2",
+                        "--oversample", "0.5", "--grad-checkpointing"]) == 0
+    assert read_model_config(str(tmp_path / "run" / "model"))["head"] == "crf"
+    capsys.readouterr()
+    assert main(args + ["--out", str(tmp_path / "bad"), "--head", "crf", "--label-smoothing", "0.1"]) == 2
+    assert "apply to the softmax head" in capsys.readouterr().err
+    assert main(args + ["--out", str(tmp_path / "bad"), "--class-weights", "person=x"]) == 2
+    assert "LABEL=WEIGHT" in capsys.readouterr().err

@@ -2,6 +2,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -148,3 +149,27 @@ def test_a_huge_request_does_not_stall_a_small_one():
 
     small, done_big = run(main())
     assert small == ["s"] and not done_big  # served while the big one was still running
+
+
+def test_served_crf_model_decodes_like_predict(tmp_path):
+    from spanflow.ner import NerModel, train_ner
+
+    data = synthetic_ner(40, seed=2, max_clauses=1)
+    opts = TrainOptions(epochs=10, lr=5e-3, max_tokens=512, max_length=32, log_every=0, patience=None)
+    train_ner(data, None, out_dir=str(tmp_path), options=opts, head="crf", log_fn=lambda s: None)
+    model = NerModel.load(str(tmp_path / "model"), device="cpu")
+    texts = [e.text for e in data[:6]] + [" ".join(e.text for e in data[:6])]  # the last spans several windows
+    assert any(s > 0 for spans in model.predict(texts[:6]) for s, _, _ in spans)
+    # forbid every transition into a B- tag: Viterbi now finds entities only at a window's
+    # first word, while the per-token argmax of the same emissions would still find the rest
+    with torch.no_grad():
+        crf = model.module.head.crf
+        for j, lab in enumerate(model.id2label):
+            if lab.startswith("B-"):
+                crf.transitions[:, j] = -1e3
+    model.save(str(tmp_path / "forced"))
+    want = NerModel.load(str(tmp_path / "forced"), device="cpu").predict(texts)
+    assert all(s == 0 for spans in want[:6] for s, _, _ in spans)  # one window each
+    with client({"crf": str(tmp_path / "forced")}) as c:
+        got = c.post("/v1/ner", json={"texts": texts}).json()["results"]
+    assert [[(e["start"], e["end"], e["label"]) for e in r["entities"]] for r in got] == want

@@ -31,26 +31,16 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
         batches = token_budget_batches([len(w) for w in wins], max_tokens, shuffle=False)
         return chunk, encs, wins, batches
 
-    head = getattr(model, "head", None)
-    decode = getattr(head, "decode", None)
     model.eval()
     for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(texts, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
-        with torch.inference_mode():
-            for b in batches:
-                t = collate([wins[i] for i in b], pad_id)
-                with policy.autocast():
-                    logits = model(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
-                if decode is None:
-                    ids = logits.argmax(-1)
-                else:
-                    ids = decode(logits, _first_mask(encs, [wins[i] for i in b], logits.shape[1]).to(logits.device))
-                ids = ids.cpu().tolist()  # host sync: one per batch, needed to decode
-                for r, i in enumerate(b):
-                    preds[i] = ids[r][1:len(wins[i]) - 1]  # drop [CLS]/[SEP]
-                if on_batch:
-                    lens = [len(wins[i]) for i in b]
-                    on_batch(0, sum(lens), max(lens) * len(lens))
+        for b in batches:
+            bw = [wins[i] for i in b]
+            for i, p in zip(b, tag_windows(model, bw, [word_starts(encs, w) for w in bw], pad_id, policy)):
+                preds[i] = p
+            if on_batch:
+                lens = [len(w) for w in bw]
+                on_batch(0, sum(lens), max(lens) * len(lens))
         per_text: list[list[tuple[int, int, list[int]]]] = [[] for _ in chunk]
         for w, p in zip(wins, preds):
             per_text[w.example].append((w.start, w.end, p))
@@ -61,11 +51,27 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
             on_batch(len(chunk), 0, 0)
 
 
-def _first_mask(encs, windows, width: int) -> torch.Tensor:
-    """(B, T) bool: the word-initial tokens of each window (its special tokens excluded)."""
-    first = torch.zeros((len(windows), width), dtype=torch.bool)
-    for r, w in enumerate(windows):
-        f = encs[w.example].first[w.start:w.end]
-        if f:
-            first[r, 1:1 + len(f)] = torch.tensor(f)
-    return first
+def word_starts(encs, window) -> list[bool]:
+    """Which content tokens of a window start a word (the positions labels are read at)."""
+    return encs[window.example].first[window.start:window.end]
+
+
+def tag_windows(model: nn.Module, windows: list, starts: list[list[bool]], pad_id: int,
+                policy: Policy) -> list[list[int]]:
+    """Label ids of each window's content tokens: one forward, then the head's decoding
+    (argmax, or Viterbi over word starts for a CRF head). One host sync per batch."""
+    t = collate(windows, pad_id)
+    with torch.inference_mode():
+        with policy.autocast():
+            logits = model(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
+        decode = getattr(getattr(model, "head", None), "decode", None)
+        if decode is None:
+            ids = logits.argmax(-1)
+        else:
+            first = torch.zeros(t["input_ids"].shape, dtype=torch.bool)
+            for r, f in enumerate(starts):
+                if f:
+                    first[r, 1:1 + len(f)] = torch.tensor(f)
+            ids = decode(logits, first.to(logits.device))
+        ids = ids.cpu().tolist()
+    return [row[1:len(w) - 1] for row, w in zip(ids, windows)]  # drop [CLS]/[SEP]

@@ -4,10 +4,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
 
 from spanflow.batching.align import decode_spans, encode_texts, merge_windows, windows_for
-from spanflow.batching.collate import collate
+from spanflow.inference.tagging import tag_windows, word_starts
 
 
 @dataclass
@@ -28,7 +27,8 @@ class Service:
             encs = encode_texts(m.tokenizer, texts)
             wins = windows_for(encs, max_length=m.max_length, stride=m.stride, cls_id=m.tokenizer.cls_token_id,
                                sep_id=m.tokenizer.sep_token_id)
-            return wins, [len(w) for w in wins], encs
+            # a unit is a window and its word starts (a CRF head decodes over those)
+            return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs
         encs = encode_texts(self.model.tokenizer, texts)  # tokenized once: run_batch reuses it
         return encs, [min(len(e.ids) + 2, self.model.max_length) for e in encs], None
 
@@ -39,11 +39,8 @@ class Service:
             return emb.cpu().numpy().tolist()
         if self.task == "ner":
             m = self.model
-            t = collate(units, m.tokenizer.pad_token_id)
-            with torch.inference_mode(), m.policy.autocast():
-                logits = m.module(t["input_ids"].to(m.policy.device), t["attention_mask"].to(m.policy.device))
-            ids = logits.argmax(-1).cpu().tolist()
-            return [row[1:len(w) - 1] for row, w in zip(ids, units)]
+            return tag_windows(m.module, [w for w, _ in units], [f for _, f in units], m.tokenizer.pad_token_id,
+                               m.policy)
         return self.model.predict_encoded(units, max_tokens=10**9)
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
@@ -51,7 +48,7 @@ class Service:
             return results
         if self.task == "ner":
             per_text: list[list] = [[] for _ in texts]
-            for w, pred in zip(units, results):
+            for (w, _), pred in zip(units, results):
                 per_text[w.example].append((w.start, w.end, pred))
             out = []
             for i, enc in enumerate(ctx):
