@@ -53,6 +53,37 @@ def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
     return steps
 
 
+@dataclass
+class _Run:
+    """What one training run carries between its steps, epochs, evaluations and checkpoints."""
+
+    model: nn.Module
+    ddp: nn.Module  # the model, DDP-wrapped under torchrun
+    items: list
+    hooks: TaskHooks
+    opts: TrainOptions
+    policy: Policy
+    dist: Dist
+    log: Callable[[str], None]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: object
+    meter: Meter | None  # set last, so its clock starts when training does
+    st: dict  # epoch, step_in_epoch, global_step, best_f1, bad_evals, stopped: what a checkpoint keeps
+    out_dir: str
+    total_steps: int
+    running: torch.Tensor  # loss summed on device: read only at log points
+    n_running: int = 0
+
+    @property
+    def ckpt_dir(self) -> str:
+        return os.path.join(self.out_dir, "checkpoint")
+
+    @property
+    def report_path(self) -> str:
+        return os.path.join(self.out_dir, "train_report.jsonl")
+
+
 def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
                out_dir: str, log: Callable[[str], None] = print, dist: Dist = Dist(),
                plan_world: int | None = None, weights: list[float] | None = None) -> dict:
@@ -63,118 +94,132 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     many ranks while running as one process, to check DDP against single-process training.
     `weights` (one per item) turn on weighted sampling of each epoch's items.
     """
-    device = policy.device
     world = plan_world or dist.world
     lengths = [len(it) for it in items]
     targets = [hooks.targets(it) for it in items] if hooks.targets else None
-    plans = [len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
-    total_steps = sum(plans)
+    r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
+               total_steps=sum(len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)))
+    model.train()
+    try:
+        while r.st["epoch"] < opts.epochs and not r.st["stopped"]:
+            epoch = r.st["epoch"]
+            plan = _epoch_plan(lengths, opts, epoch, world, weights)[r.st["step_in_epoch"]:]
+            mine, stride = (dist.rank, dist.world) if plan_world is None else (0, 1)
+            groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
+                                    else None, items, hooks.collate) for step in plan)
+            if not _run_steps(r, groups, epoch):
+                log(f"stopped after max_steps={r.st['global_step']}; resume with --resume")
+                return {"best_f1": r.st["best_f1"], "global_step": r.st["global_step"], "completed": False}
+            rep = _close_period(r.meter, dist)  # before evaluation, so eval time is not counted as training
+            f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
+            _report(r, epoch, rep, f1)
+            r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
+            _checkpoint(r)
+    finally:
+        r.meter.close()
+    if hooks.evaluate is None and dist.is_main:
+        hooks.save_model(os.path.join(out_dir, "model"))
+    barrier(dist)
+    return {"best_f1": r.st["best_f1"], "global_step": r.st["global_step"], "completed": True}
+
+
+def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
+           log: Callable[[str], None], dist: Dist, total_steps: int) -> _Run:
+    """Optimizer, schedule, scaler and state: fresh, or restored from the checkpoint."""
+    device = policy.device
     optimizer = build_optimizer(model, opts, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
     os.makedirs(out_dir, exist_ok=True)
-    ckpt_dir = os.path.join(out_dir, "checkpoint")
-    report_path = os.path.join(out_dir, "train_report.jsonl")
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "bad_evals": 0, "stopped": False}
-    if opts.resume and has_checkpoint(ckpt_dir):
-        st = load_checkpoint(ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
-        log(f"resumed from {ckpt_dir}: epoch {st['epoch'] + 1}, step {st['global_step']}")
+    r = _Run(model, _wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
+             optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
+    if opts.resume and has_checkpoint(r.ckpt_dir):
+        r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
+        log(f"resumed from {r.ckpt_dir}: epoch {r.st['epoch'] + 1}, step {r.st['global_step']}")
     else:
         if opts.resume:
-            log(f"no checkpoint in {ckpt_dir}; starting from the beginning")
-        if os.path.exists(report_path) and dist.is_main:
-            os.remove(report_path)  # a fresh run starts a fresh report
-    ddp = _wrap_ddp(model, dist, device, opts.grad_compression)
-    mean_len = sum(lengths) / max(1, len(lengths))
-    meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))
+            log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
+        if os.path.exists(r.report_path) and dist.is_main:
+            os.remove(r.report_path)  # a fresh run starts a fresh report
+    mean_len = sum(len(it) for it in items) / max(1, len(items))
+    r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
+    return r
 
-    def checkpoint() -> None:
-        rngs = gather(torch.get_rng_state(), dist)  # every rank's dropout stream, for an exact resume
-        if dist.is_main:
-            save_checkpoint(ckpt_dir, save_model=hooks.save_model, optimizer=optimizer, scheduler=scheduler,
-                            scaler=scaler, state=st, rng_states=rngs)
-        barrier(dist)
 
-    def evaluate_and_maybe_save() -> float | None:
-        if hooks.evaluate is None:
-            return None
-        model.eval()
-        f1 = hooks.evaluate(model)["f1"]  # every rank takes part: evaluation is sharded and gathered
-        model.train()
-        if dist.is_main:  # rank 0 decides and saves; the others take its verdict
-            if st["best_f1"] is None or f1 > st["best_f1"]:
-                st["best_f1"], st["bad_evals"] = f1, 0
-                hooks.save_model(os.path.join(out_dir, "model"))
-            else:
-                st["bad_evals"] += 1
-                if opts.patience is not None and st["bad_evals"] >= opts.patience:
-                    st["stopped"] = True
-        f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
-            (f1, st["best_f1"], st["bad_evals"], st["stopped"]), dist)
-        return f1
+def _run_steps(r: _Run, groups, epoch: int) -> bool:
+    """Train over the epoch's remaining steps; False when max_steps stopped the run."""
+    opts, st, meter = r.opts, r.st, r.meter
+    wait_start = time.perf_counter()
+    for micro in prefetch(groups):
+        t_data = time.perf_counter()
+        meter.add_time("data_wait", t_data - wait_start)
+        r.running += _train_step(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
+        r.n_running += 1
+        t_comp = time.perf_counter()
+        meter.add_time("compute", t_comp - t_data)
+        _optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm, r.policy.device)
+        meter.add_time("optimizer", time.perf_counter() - t_comp)
+        meter.steps += 1
+        st["step_in_epoch"] += 1
+        st["global_step"] += 1
+        gs = st["global_step"]
+        if opts.log_every and gs % opts.log_every == 0 and r.dist.is_main:
+            r.log(f"step {gs}/{r.total_steps} loss {r.running.item() / r.n_running:.4f} "  # host sync, log points only
+                  f"lr {r.scheduler.get_last_lr()[0]:.2e}")
+            r.running.zero_()
+            r.n_running = 0
+        if opts.eval_every and gs % opts.eval_every == 0:
+            f1 = _evaluate(r)
+            r.log(f"step {gs}: dev F1 {f1:.4f}" if f1 is not None else f"step {gs}")
+            if st["stopped"]:
+                return True
+        if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
+            _checkpoint(r)
+        if gs == opts.max_steps:
+            _report(r, epoch, _close_period(meter, r.dist), st["best_f1"], partial=True)  # the partial epoch too
+            return False
+        wait_start = time.perf_counter()
+    return True
 
-    model.train()
-    running = torch.zeros((), device=device)  # loss summed on device: read only at log points
-    n_running = 0
-    try:
-        while st["epoch"] < opts.epochs and not st["stopped"]:
-            epoch = st["epoch"]
-            plan = _epoch_plan(lengths, opts, epoch, world, weights)[st["step_in_epoch"]:]
-            mine = dist.rank if plan_world is None else 0
-            stride = dist.world if plan_world is None else 1
-            groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
-                                    else None, items, hooks.collate) for step in plan)
-            wait_start = time.perf_counter()
-            for micro in prefetch(groups):
-                t_data = time.perf_counter()
-                meter.add_time("data_wait", t_data - wait_start)
-                loss = _train_step(ddp, micro, hooks.loss_fn, policy, scaler, meter, dist.world)
-                running += loss
-                n_running += 1
-                t_comp = time.perf_counter()
-                meter.add_time("compute", t_comp - t_data)
-                _optimizer_step(model, optimizer, scheduler, scaler, opts.max_grad_norm, device)
-                meter.add_time("optimizer", time.perf_counter() - t_comp)
-                meter.steps += 1
-                st["step_in_epoch"] += 1
-                st["global_step"] += 1
-                gs = st["global_step"]
-                if opts.log_every and gs % opts.log_every == 0 and dist.is_main:
-                    log(f"step {gs}/{total_steps} loss {running.item() / n_running:.4f} "  # host sync, log points only
-                        f"lr {scheduler.get_last_lr()[0]:.2e}")
-                    running.zero_()
-                    n_running = 0
-                if opts.eval_every and gs % opts.eval_every == 0:
-                    f1 = evaluate_and_maybe_save()
-                    log(f"step {gs}: dev F1 {f1:.4f}" if f1 is not None else f"step {gs}")
-                    if st["stopped"]:
-                        break
-                if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
-                    checkpoint()
-                if gs == opts.max_steps:
-                    rep = _close_period(meter, dist)  # the partial epoch's figures are reported too
-                    if dist.is_main:
-                        append_jsonl(report_path, {"epoch": epoch + 1, "step": gs, **rep, "precision": policy.name,
-                                                   "device": str(device), "dev_f1": st["best_f1"], "partial": True})
-                        log(format_report({"epoch": epoch + 1, "step": gs, **rep}))
-                    log(f"stopped after max_steps={gs}; resume with --resume")
-                    return {"best_f1": st["best_f1"], "global_step": gs, "completed": False}
-                wait_start = time.perf_counter()
-            rep = _close_period(meter, dist)  # before evaluation, so eval time is not counted as training
-            f1 = evaluate_and_maybe_save() if opts.eval_every is None else st["best_f1"]
-            rep = {"epoch": epoch + 1, "step": st["global_step"], **rep, "precision": policy.name,
-                   "device": str(device), "dev_f1": f1}
-            if dist.is_main:
-                append_jsonl(report_path, rep)
-                log(format_report(rep))
-            st["epoch"], st["step_in_epoch"] = epoch + 1, 0
-            checkpoint()
-    finally:
-        meter.close()
-    if hooks.evaluate is None and dist.is_main:
-        hooks.save_model(os.path.join(out_dir, "model"))
-    barrier(dist)
-    return {"best_f1": st["best_f1"], "global_step": st["global_step"], "completed": True}
+
+def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
+    rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
+           "device": str(r.policy.device), "dev_f1": f1}
+    if partial:
+        rep["partial"] = True
+    if r.dist.is_main:
+        append_jsonl(r.report_path, rep)
+        r.log(format_report(rep))
+
+
+def _checkpoint(r: _Run) -> None:
+    rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
+    if r.dist.is_main:
+        save_checkpoint(r.ckpt_dir, save_model=r.hooks.save_model, optimizer=r.optimizer, scheduler=r.scheduler,
+                        scaler=r.scaler, state=r.st, rng_states=rngs)
+    barrier(r.dist)
+
+
+def _evaluate(r: _Run) -> float | None:
+    """Dev F1; rank 0 keeps the best model and decides early stopping, the others follow."""
+    if r.hooks.evaluate is None:
+        return None
+    st = r.st
+    r.model.eval()
+    f1 = r.hooks.evaluate(r.model)["f1"]  # every rank takes part: evaluation is sharded and gathered
+    r.model.train()
+    if r.dist.is_main:
+        if st["best_f1"] is None or f1 > st["best_f1"]:
+            st["best_f1"], st["bad_evals"] = f1, 0
+            r.hooks.save_model(os.path.join(r.out_dir, "model"))
+        else:
+            st["bad_evals"] += 1
+            if r.opts.patience is not None and st["bad_evals"] >= r.opts.patience:
+                st["stopped"] = True
+    f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
+        (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)
+    return f1
 
 
 def _close_period(meter: Meter, dist: Dist) -> dict:
