@@ -62,7 +62,8 @@ def one(model_dir: str, batch: int, length: int, ckpt: bool, device: str, precis
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
         if peak is None:
-            peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            peak = (torch.cuda.max_memory_allocated() if cuda
+                    else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return {"checkpointing": ckpt, "device": str(policy.device), "precision": policy.name, "batch": batch,
             "length": length, "peak_step_mib": (peak - base) / 2**20, "step_s": median(times[1:] or times)}
 

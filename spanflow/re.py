@@ -128,7 +128,8 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
     hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                            all_subjects=all_subjects),
-                      loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing), evaluate=(lambda m: rm.evaluate(dev, dist=dist)) if dev else None, save_model=rm.save,
+                      loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing),
+                      evaluate=(lambda m: rm.evaluate(dev, dist=dist)) if dev else None, save_model=rm.save,
                       targets=lambda f: len(f) - 2)
     weights = rarity_weights(feature_relations(feats), opts.oversample) if opts.oversample else None
     summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,

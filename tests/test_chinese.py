@@ -9,7 +9,8 @@ from spanflow.training.options import TrainOptions
 NAMES = ["张伟", "王芳", "李娜", "刘洋", "陈静", "杨磊"]
 ORGS = ["华为公司", "北京大学", "中国银行", "腾讯集团"]
 PLACES = ["上海", "广州", "杭州", "成都"]
-TEMPLATES = ["{n}在{o}工作。", "{n}毕业于{o}，现居{p}。", "{o}位于{p}，{n}任董事。", "{p}人{n}加入{o}"]
+TEMPLATES = ["{n}在{o}工作。", "{n}毕业于{o}，现居{p}。",
+             "{o}位于{p}，{n}任董事。", "{p}人{n}加入{o}"]
 
 
 def bmes(sentence_parts):

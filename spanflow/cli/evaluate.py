@@ -13,7 +13,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="score a model on labelled data")
     p.add_argument("--model", required=True, help="a spanflow model directory")
     p.add_argument("--data", required=True, help="labelled data (CoNLL columns or JSONL)")
-    p.add_argument("--format", choices=["conll", "jsonl"], help="NER data format (detected when omitted)")
+    p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="NER data format (detected when omitted)")
     p.add_argument("--scheme")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_runtime_args(p, max_tokens=None)

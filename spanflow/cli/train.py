@@ -11,11 +11,12 @@ from spanflow.training.options import TrainOptions
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a model", description="Train a model; the best is saved to OUT/model.")
     p.add_argument("task", choices=["ner", "re"], help="what to train: ner, or re (CasRel relation extraction)")
-    p.add_argument("--train", required=True, help="training data: NER CoNLL/JSONL; RE CasRel JSON or JSONL")
+    p.add_argument("--train", required=True,
+                   help="training data: NER CoNLL, JSONL or spaCy .spacy; RE CasRel JSON or JSONL")
     p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps)")
     p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow NER model, or 'tiny'")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--format", choices=["conll", "jsonl"], help="input format (detected when omitted)")
+    p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
     p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
     p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
     p.add_argument("--all-subjects", action="store_true",
@@ -40,7 +41,8 @@ def add_parser(sub) -> None:
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun)")
     p.add_argument("--grad-compression", choices=["none", "fp16"], default="none",
                    help="all-reduce DDP gradients in fp16 (CUDA, several processes) [%(default)s]")
-    g = p.add_argument_group("recipes", "options for rare types and small data (docs/recipes.md has their measured effect)")
+    g = p.add_argument_group("recipes", "options for rare types and small data "
+                                        "(docs/recipes.md has their measured effect)")
     g.add_argument("--head", choices=["softmax", "crf"], default=None,
                    help="NER: per-token softmax (default for a new model), or a BIO-constrained CRF with "
                         "Viterbi decoding; a spanflow model keeps its head unless this is given")
