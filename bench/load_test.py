@@ -91,32 +91,49 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300, help="requests per concurrency level")
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--max-wait-ms", default="2")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per level and mode; medians are reported")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
     with open(a.data, encoding="utf-8", newline="") as f:
         texts = [r[0] for r in csv.reader(f) if r] if a.data.endswith(".csv") else f.read().splitlines()
-    rows = []
-    for mode, extra in (("dynamic_batching", []), ("no_batching", ["--no-batching"])):
-        port = free_port()
-        proc = start_server(a.model, port, extra + ["--precision", a.precision, "--max-wait-ms", a.max_wait_ms])
-        try:
+    modes = {"dynamic_batching": [], "no_batching": ["--no-batching"]}
+    ports, procs = {}, []
+    try:
+        for mode, extra in modes.items():  # both servers up at once; runs alternate between them
+            ports[mode] = free_port()
+            procs.append(start_server(a.model, ports[mode], extra + ["--precision", a.precision,
+                                                                     "--max-wait-ms", a.max_wait_ms]))
+        runs: dict = {}
+        for rep in range(a.repeats):
             for c in map(int, a.levels.split(",")):
-                r = asyncio.run(level(port, texts, c, a.requests))
-                r["mode"] = mode
-                rows.append(r)
-                print(r, flush=True)
-        finally:
+                for mode in modes:
+                    r = asyncio.run(level(ports[mode], texts, c, a.requests))
+                    runs.setdefault((mode, c), []).append(r)
+                    print(mode, rep, r, flush=True)
+    finally:
+        for proc in procs:
             proc.terminate()
             proc.wait(timeout=60)
+    rows = []
+    for (mode, c), rs in runs.items():
+        row = {"mode": mode, "concurrency": c}
+        for k in ("texts_per_s", "p50_ms", "p95_ms", "p99_ms"):
+            row[k] = float(np.median([r[k] for r in rs]))
+        row["errors_5xx"] = sum(r["errors_5xx"] for r in rs)
+        row["errors_other"] = sum(r["errors_other"] for r in rs)
+        row["texts_per_s_runs"] = [round(r["texts_per_s"], 1) for r in rs]
+        rows.append(row)
+    rows.sort(key=lambda r: (r["mode"], r["concurrency"]))
     by = {(r["mode"], r["concurrency"]): r for r in rows}
     for r in rows:
         base = by.get(("no_batching", r["concurrency"]))
         r["ratio_vs_no_batching"] = r["texts_per_s"] / base["texts_per_s"] if base and base["texts_per_s"] else None
     write_results(a.out, "load_test", {"description": f"one text per request, {a.requests} requests per level, "
+                                                      f"medians of {a.repeats} runs alternating between the modes, "
                                                       f"model {a.model}, precision {a.precision}, max wait {a.max_wait_ms} ms, "
                                                       "loopback; the load generator shares the 2 CPU cores"},
                   rows, ["mode", "concurrency", "texts_per_s", "ratio_vs_no_batching", "p50_ms", "p95_ms", "p99_ms",
-                         "errors_5xx", "errors_other"])
+                         "errors_5xx", "errors_other", "texts_per_s_runs"])
 
 
 if __name__ == "__main__":

@@ -103,6 +103,29 @@ def test_batcher_batches_across_requests_and_keeps_order():
     assert sum(seen) == 16 and len(seen) < 8  # units of different requests shared batches
 
 
+def test_batcher_runs_a_mixed_batch_as_similar_length_parts_in_order():
+    parts = []
+
+    def run_batch(units):
+        parts.append(sorted(len(u) for u in units))
+        return [u.upper() for u in units]
+
+    texts = ["a" * n for n in (4, 40, 4, 40, 4, 40)]  # one request: all fit one 1024-token budget
+
+    async def main(min_split_tokens):
+        b = DynamicBatcher(run_batch, max_tokens=1024, max_wait_ms=1, min_split_tokens=min_split_tokens)
+        b.start()
+        out = await b.submit(texts, [len(t) for t in texts])
+        await b.close()
+        return out
+
+    assert run(main(None)) == [t.upper() for t in texts]  # 240 padded tokens: under a quarter budget, one batch
+    assert parts == [[4, 4, 4, 40, 40, 40]]
+    parts.clear()
+    assert run(main(0)) == [t.upper() for t in texts]  # split: short and long texts apart, results in order
+    assert sorted(parts) == [[4, 4, 4], [40, 40, 40]]
+
+
 def test_batcher_per_request_mode_and_overload_and_timeout():
     async def main():
         sizes = []

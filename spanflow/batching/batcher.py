@@ -8,18 +8,20 @@ import numpy as np
 
 
 def _cut(order: list[int], lengths, max_tokens: int, max_batch_size: int | None,
-         min_efficiency: float = 0.0) -> list[list[int]]:
+         min_efficiency: float = 0.0, min_tokens: int | None = None) -> list[list[int]]:
     """Greedy cut of a length-sorted index list into batches within the budget.
 
-    With min_efficiency > 0, a batch holding at least a quarter of the budget is also
-    closed when the next item would drop its real/padded ratio below that value.
+    With min_efficiency > 0, a batch holding at least `min_tokens` padded tokens (default a
+    quarter of the budget) is also closed when the next item would drop its real/padded
+    ratio below that value.
     """
+    min_tokens = max_tokens // 4 if min_tokens is None else min_tokens
     batches, cur, longest, real = [], [], 0, 0
     for i in order:
         n = lengths[i]
         new_longest = max(longest, n)
         full = max_batch_size is not None and len(cur) >= max_batch_size
-        loose = (min_efficiency and longest * len(cur) * 4 >= max_tokens
+        loose = (min_efficiency and longest * len(cur) >= min_tokens
                  and real + n < min_efficiency * new_longest * (len(cur) + 1))
         if cur and (new_longest * (len(cur) + 1) > max_tokens or full or loose):
             batches.append(cur)
@@ -34,7 +36,8 @@ def _cut(order: list[int], lengths, max_tokens: int, max_batch_size: int | None,
 
 def token_budget_batches(lengths, max_tokens: int, *, shuffle: bool = True, seed: int = 0, epoch: int = 0,
                          bucket_batches: int = 64, jitter: float = 2.0, world_size: int = 1,
-                         max_batch_size: int | None = None, min_efficiency: float = 0.9) -> list[list[int]]:
+                         max_batch_size: int | None = None, min_efficiency: float = 0.9,
+                         min_tokens: int | None = None) -> list[list[int]]:
     """Cut example indices into batches of at most `max_tokens` padded tokens.
 
     shuffle=True (training): shuffle, split into buckets of about `bucket_batches`
@@ -48,14 +51,16 @@ def token_budget_batches(lengths, max_tokens: int, *, shuffle: bool = True, seed
     rank runs the same number of steps.
     shuffle=False (inference): one global sort, longest first, so memory peaks early;
     batches are also closed early when their padding efficiency would fall below
-    `min_efficiency` (when the budget holds texts of very different lengths).
+    `min_efficiency` (when the budget holds texts of very different lengths), once they
+    hold `min_tokens` padded tokens (default: a quarter of the budget; lower it where
+    compute cost follows padded tokens even in small batches, as on CPU).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) == 0:
         return []
     if not shuffle:
         order = np.argsort(-lengths, kind="stable").tolist()
-        return _cut(order, lengths, max_tokens, max_batch_size, min_efficiency)
+        return _cut(order, lengths, max_tokens, max_batch_size, min_efficiency, min_tokens)
     rng = np.random.default_rng([seed, epoch])
     perm = rng.permutation(len(lengths))
     per_batch = max(1, max_tokens // max(1, int(lengths.mean())))

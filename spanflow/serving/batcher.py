@@ -9,6 +9,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from spanflow.batching.batcher import token_budget_batches
+
 
 class Overloaded(Exception):
     """The queue holds too many tokens; the client should retry later."""
@@ -34,8 +36,10 @@ class DynamicBatcher:
     """`run_batch(units) -> results` runs in a worker thread; one batch at a time."""
 
     def __init__(self, run_batch: Callable[[list], list], *, max_tokens: int, max_wait_ms: float = 5.0,
-                 max_queue_tokens: int = 1 << 20, per_request: bool = False, on_batch: Callable | None = None):
+                 max_queue_tokens: int = 1 << 20, per_request: bool = False, on_batch: Callable | None = None,
+                 min_efficiency: float = 0.9, min_split_tokens: int | None = None):
         self.run_batch, self.max_tokens, self.max_wait = run_batch, max_tokens, max_wait_ms / 1000
+        self.min_efficiency, self.min_split_tokens = min_efficiency, min_split_tokens
         self.max_queue_tokens, self.per_request, self.on_batch = max_queue_tokens, per_request, on_batch
         self._queue: deque[_Request] = deque()  # round-robin order: a big request cannot starve others
         self.queued_tokens = 0
@@ -108,6 +112,24 @@ class DynamicBatcher:
                 self._queue.remove(r)  # fully batched: it no longer counts as waiting
         return batch
 
+    def _run(self, batch: list[tuple[_Request, int]], t0: float) -> list:
+        """Run what was taken, cut by the one token-budget batcher into sub-batches of
+        similar length (worker thread). All waiting requests of different lengths often fit
+        one budget; run as one batch they would be padded to the longest."""
+        lens = [r.lengths[i] for r, i in batch]
+        parts = token_budget_batches(lens, self.max_tokens, shuffle=False, min_efficiency=self.min_efficiency,
+                                     min_tokens=self.min_split_tokens)
+        out: list = [None] * len(batch)
+        for part in parts:
+            start = time.perf_counter()
+            res = self.run_batch([batch[k][0].units[batch[k][1]] for k in part])
+            if self.on_batch:
+                self.on_batch([lens[k] for k in part], time.perf_counter() - start,
+                              [t0 - batch[k][0].enqueued for k in part])
+            for k, x in zip(part, res):
+                out[k] = x
+        return out
+
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -126,17 +148,14 @@ class DynamicBatcher:
                 continue
             t0 = time.perf_counter()
             try:
-                out = await loop.run_in_executor(None, self.run_batch, [r.units[i] for r, i in batch])
+                out = await loop.run_in_executor(None, self._run, batch, t0)
             except Exception as e:  # a failing batch fails its requests, not the server
                 for r, _ in batch:
                     if not r.future.done():
                         r.future.set_exception(e)
                 continue
-            dt = time.perf_counter() - t0
             lens = [r.lengths[i] for r, i in batch]
-            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (sum(lens) / max(dt, 1e-6))
-            if self.on_batch:
-                self.on_batch(lens, dt, [t0 - r.enqueued for r, _ in batch])
+            self.tokens_per_s = 0.8 * self.tokens_per_s + 0.2 * (sum(lens) / max(time.perf_counter() - t0, 1e-6))
             for (r, i), res in zip(batch, out):
                 r.results[i] = res
                 r.left -= 1
