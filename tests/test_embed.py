@@ -119,6 +119,18 @@ def test_reduced_precision_checked_against_fp32(st_dir, monkeypatch):
     assert Embedder.load(st_dir, precision="fp32").check_precision(TEXTS) is None
 
 
+def test_bf16_weights_cast_once_give_the_autocast_result(st_dir):
+    emb = Embedder.load(st_dir, precision="bf16", device="cpu")
+    linears = [m for m in emb.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert all(p.dtype == torch.float32 for p in emb._fp32.parameters())  # the calibration reference
+    ids, _ = emb.tokenize(TEXTS)
+    batch = list(range(len(ids)))
+    fast = emb._forward(emb.model, ids, batch, True)
+    autocast_fp32 = emb._forward(emb._fp32, ids, batch, True)  # autocast casting fp32 weights per call
+    assert torch.equal(fast, autocast_fp32)
+
+
 def test_int8_is_cpu_quantized(st_dir):
     emb = Embedder.load(st_dir, precision="int8", device="cpu")
     assert any("quantized" in type(m).__module__ for m in emb.model.modules())
