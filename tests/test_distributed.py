@@ -17,7 +17,7 @@ OPTS = dict(epochs=2, lr=3e-3, max_tokens=200, seed=3, patience=None, log_every=
 N_TEXTS = 37
 
 
-def setup_task():
+def setup_task(head="softmax"):
     """A tiny NER model without dropout (so runs compare exactly) and its windows."""
     from spanflow.models.encoder import build_tiny
     from spanflow.ner import NerModel
@@ -26,7 +26,7 @@ def setup_task():
     data = synthetic_ner(N_TEXTS, seed=11, max_clauses=2)
     enc, tok = build_tiny([e.text for e in data], hidden=32, layers=2, heads=2, seed=0)
     nm = NerModel(encoder=enc, tokenizer=tok, labels=sorted({s[2] for e in data for s in e.spans}), max_length=64,
-                  policy=resolve_policy("fp32", "cpu"))
+                  policy=resolve_policy("fp32", "cpu"), head_type=head)
     torch.manual_seed(0)
     nm.module.head.proj.reset_parameters()
     for m in nm.module.modules():
@@ -43,7 +43,9 @@ def _worker(rank, world, port, out, extra):
                       LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
     torch.set_num_threads(1)
     d = init_from_env()
-    nm, windows, hooks = setup_task()
+    extra = dict(extra)
+    head = extra.pop("head", "softmax")
+    nm, windows, hooks = setup_task(head)
     opts = TrainOptions(**{**OPTS, **extra})
     if opts.resume:  # the model weights come from the checkpoint, as train_ner does
         from spanflow.ner import NerModel
@@ -51,7 +53,8 @@ def _worker(rank, world, port, out, extra):
         nm.module.load_state_dict(NerModel.load(os.path.join(out, "checkpoint", "model"), device="cpu")
                                   .module.state_dict())
     hooks.save_model = nm.save if rank == 0 else (lambda p: None)
-    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=out, log=lambda s: None, dist=d)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=out, log=lambda s: None, dist=d,
+               weights=_weights(nm, windows, opts))
     if rank == 0:
         torch.save({k: v.clone() for k, v in nm.module.state_dict().items()}, os.path.join(out, "params.pt"))
     shutdown()
@@ -68,10 +71,19 @@ def run_ddp(out, **extra):
     return torch.load(os.path.join(out, "params.pt"))
 
 
+def _weights(nm, windows, opts):
+    from spanflow.batching.sampling import rarity_weights
+    from spanflow.tasks.ner import window_kinds
+
+    return rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
+
+
 def single_process(out, **extra):
-    nm, windows, hooks = setup_task()
-    train_loop(nm.module, windows, hooks, opts=TrainOptions(**{**OPTS, **extra}), policy=nm.policy,
-               out_dir=str(out), log=lambda s: None, plan_world=2)
+    head = extra.pop("head", "softmax")
+    nm, windows, hooks = setup_task(head)
+    opts = TrainOptions(**{**OPTS, **extra})
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(out), log=lambda s: None,
+               plan_world=2, weights=_weights(nm, windows, opts))
     return nm.module.state_dict()
 
 
@@ -93,6 +105,15 @@ def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
     assert_same(ddp, single_process(tmp_path / "single"))
     init = setup_task()[0].module.state_dict()
     assert any(not torch.allclose(init[k], ddp[k]) for k in init)  # it trained
+
+
+@pytest.mark.slow
+def test_ddp_crf_head_with_weighted_sampling_equals_single_process(tmp_path):
+    # the CRF's transitions are used in the loss, outside DDP's forward; sampling draws the
+    # same epoch on every rank from the seed
+    ddp = run_ddp(tmp_path / "ddp", head="crf", oversample=1.0)
+    assert_same(ddp, single_process(tmp_path / "single", head="crf", oversample=1.0))
+    assert not torch.allclose(ddp["head.crf.transitions"], torch.zeros_like(ddp["head.crf.transitions"]))
 
 
 @pytest.mark.slow
