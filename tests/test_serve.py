@@ -196,3 +196,19 @@ def test_served_crf_model_decodes_like_predict(tmp_path):
     with client({"crf": str(tmp_path / "forced")}) as c:
         got = c.post("/v1/ner", json={"texts": texts}).json()["results"]
     assert [[(e["start"], e["end"], e["label"]) for e in r["entities"]] for r in got] == want
+
+
+@pytest.mark.parametrize("with_orjson", [True, False])
+def test_embeddings_json_with_and_without_orjson(model_dirs, monkeypatch, with_orjson):
+    import sys
+
+    if with_orjson:
+        pytest.importorskip("orjson")
+    else:
+        monkeypatch.setitem(sys.modules, "orjson", None)  # as if the serve extra's orjson were absent
+    want = Embedder.load(model_dirs["emb"], device="cpu").encode(TEXTS[:3])
+    with client({"emb": model_dirs["emb"]}) as c:
+        r = c.post("/v1/embeddings", json={"input": TEXTS[:3]})
+    assert r.headers["content-type"].startswith("application/json")
+    got = np.array([d["embedding"] for d in r.json()["data"]])
+    np.testing.assert_allclose(got, want, atol=1e-6)

@@ -114,9 +114,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     async def embeddings(request: Request):
         r = await handle(request, "embed")
         data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(r["out"])]
-        # a JSONResponse built here skips FastAPI's recursive encoder: float lists are its slowest case
-        return JSONResponse({"object": "list", "data": data, "model": r["service"].name,
-                             "usage": {"prompt_tokens": r["tokens"], "total_tokens": r["tokens"]}})
+        return _json({"object": "list", "data": data, "model": r["service"].name,
+                      "usage": {"prompt_tokens": r["tokens"], "total_tokens": r["tokens"]}})
 
     @app.post("/v1/ner")
     async def ner(request: Request):
@@ -129,6 +128,19 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         return JSONResponse({"model": r["service"].name, "results": [{"relations": rels} for rels in r["out"]]})
 
     return app
+
+
+def _json(payload: dict) -> Response:
+    """A JSON response whose numpy rows are written by orjson when it is installed (the serve
+    extra): float formatting was a fifth of the event loop's time with the standard encoder.
+    Either way FastAPI's recursive encoder is skipped."""
+    try:
+        import orjson
+    except ImportError:
+        for d in payload.get("data", []):
+            d["embedding"] = d["embedding"].tolist()
+        return JSONResponse(payload)
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 def _auth(request: Request, opts: ServeOptions) -> None:

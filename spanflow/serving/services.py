@@ -36,7 +36,7 @@ class Service:
         """Runs in the worker thread."""
         if self.task == "embed":
             emb = self.model._forward(self.model.model, units, list(range(len(units))), True)
-            return emb.cpu().numpy().tolist()
+            return list(emb.cpu().numpy())  # float32 rows; the response writes them
         if self.task == "ner":
             m = self.model
             return tag_windows(m.module, [w for w, _ in units], [f for _, f in units], m.tokenizer.pad_token_id,
