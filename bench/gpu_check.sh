@@ -30,3 +30,5 @@ if os.path.exists(path):
         r = json.loads(line)
         print({k: r[k] for k in ("epoch", "step", "real_tokens_per_s", "padding_efficiency", "gpu_util", "mfu")})
 PYEOF
+# gradient checkpointing on the GPU: max_memory_allocated with and without, batch 8 x 512
+$PY bench/grad_checkpointing_memory.py --model "$MODEL" --device cuda --precision bf16 --out "$OUT/results" | tail -3
