@@ -24,7 +24,7 @@ def _constrained_f1(model, data) -> float:
     crf = CRF(len(model.id2label), bio_transition_mask(model.id2label)).to(model.policy.device)
 
     def decode(logits, first):
-        em, index, mask = compact(logits.float().log_softmax(-1), first)
+        em, index, mask = compact(logits.float().log_softmax(-1), first.to(logits.device))
         tags = torch.where(mask, crf.viterbi(em, mask), torch.zeros_like(index))
         return torch.zeros(first.shape, dtype=torch.long, device=logits.device).scatter_(1, index, tags)
 

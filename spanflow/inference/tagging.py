@@ -65,13 +65,13 @@ def tag_windows(model: nn.Module, windows: list, starts: list[list[bool]], pad_i
         with policy.autocast():
             logits = model(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
         decode = getattr(getattr(model, "head", None), "decode", None)
-        if decode is None:
+        if decode is None:  # argmax: the word starts are only read when decoding spans
             ids = logits.argmax(-1)
         else:
             first = torch.zeros(t["input_ids"].shape, dtype=torch.bool)
             for r, f in enumerate(starts):
                 if f:
                     first[r, 1:1 + len(f)] = torch.tensor(f)
-            ids = decode(logits, first.to(logits.device))
+            ids = decode(logits, first)
         ids = ids.cpu().tolist()
     return [row[1:len(w) - 1] for row, w in zip(ids, windows)]  # drop [CLS]/[SEP]

@@ -24,14 +24,16 @@ def bio_transition_mask(id2label: list[str]) -> torch.Tensor:
     return mask
 
 
-def compact(x: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compact(x: torch.Tensor, keep: torch.Tensor, width: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move the kept positions of each row to the front, in order.
 
-    x (B, T, ...) and keep (B, T) bool -> (x (B, N, ...), index (B, N), mask (B, N)) where N
-    is the most kept positions in a row and `index` maps back to T.
+    x (B, T, ...) and keep (B, T) bool -> (x (B, N, ...), index (B, N), mask (B, N)) where
+    `index` maps back to T. N is `width` when given (the caller knows it without asking the
+    device), else the most kept positions in a row (read from `keep`: a host sync on a GPU).
     """
     counts = keep.sum(1)
-    n = max(1, int(counts.max()))  # one host sync per batch
+    n = width if width is not None else max(1, int(counts.max()))
     index = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :n]
     gather_index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
     mask = torch.arange(n, device=x.device)[None, :] < counts[:, None]

@@ -1,13 +1,14 @@
 """Task heads. A head reads `features["token_embeddings"]` (B, T, H) and is testable alone.
 
-Token-tagging heads also offer `decode(logits, first)`: label ids (B, T) read at the
-word-initial positions `first` (B, T) bool.
+A tagging head that decodes other than by argmax (the CRF) offers `decode(logits, first)`:
+label ids (B, T) read at the word-initial positions `first` (B, T) bool, given on the host.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from spanflow.errors import ConfigError
 from spanflow.models.crf import CRF, bio_transition_mask, compact
 
 HEAD_TYPES = ("softmax", "crf")
@@ -25,9 +26,6 @@ class TokenClassificationHead(nn.Module):
         x = features["token_embeddings"]  # (B, T, H)
         return self.proj(self.dropout(x))  # (B, T, C)
 
-    def decode(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        return logits.argmax(-1)
-
 
 class CrfTaggingHead(nn.Module):
     """Linear emissions plus a BIO-constrained CRF over the word-initial tokens."""
@@ -43,11 +41,13 @@ class CrfTaggingHead(nn.Module):
 
     def nll(self, logits: torch.Tensor, labels: torch.Tensor, ignore: int) -> torch.Tensor:
         """Summed negative log-likelihood of the labels at positions not equal to `ignore`."""
-        em, index, mask = compact(logits.float(), labels != ignore)
+        # width T rather than the most labelled positions: knowing that would cost a device sync per step
+        em, index, mask = compact(logits.float(), labels != ignore, width=labels.shape[1])
         return self.crf.nll(em, labels.gather(1, index), mask).sum()
 
     def decode(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        em, index, mask = compact(logits.float(), first)
+        width = max(1, int(first.sum(1).max()))  # read on the host, before the mask moves to the device
+        em, index, mask = compact(logits.float(), first.to(logits.device), width)
         tags = torch.where(mask, self.crf.viterbi(em, mask), torch.zeros_like(index))
         return torch.zeros(first.shape, dtype=torch.long, device=logits.device).scatter_(1, index, tags)
 
@@ -58,8 +58,6 @@ def make_tagging_head(kind: str, *, hidden_size: int, id2label: list[str]) -> nn
         return CrfTaggingHead(hidden_size=hidden_size, id2label=id2label)
     if kind == "softmax":
         return TokenClassificationHead(hidden_size=hidden_size, num_labels=len(id2label))
-    from spanflow.errors import ConfigError
-
     raise ConfigError(f"unknown head {kind!r}; choose one of {', '.join(HEAD_TYPES)}")
 
 

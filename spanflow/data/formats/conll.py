@@ -6,6 +6,7 @@ import os
 
 from spanflow.data.examples import NerExample
 from spanflow.data.formats.common import is_cjk, read_lines
+from spanflow.data.formats.tokens import bio_tags, word_bounds
 from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
 from spanflow.errors import DataError
 
@@ -104,8 +105,6 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
 def conll_token_bounds(text: str, spans) -> list[tuple[int, int]]:
     """How a text is cut into CoNLL tokens: words (split at entity bounds), or single
     characters for unspaced CJK text (as BMES data is), so read_conll joins them back."""
-    from spanflow.data.formats.tokens import word_bounds
-
     if any(is_cjk(c) for c in text) and not any(c.isspace() for c in text):
         return [(i, i + 1) for i in range(len(text))]
     return word_bounds(text, spans)
@@ -118,8 +117,6 @@ def conll_tokens(text: str, spans) -> list[str]:
 def write_conll_sentence(f, text: str, spans) -> None:
     """One sentence as `token<TAB>BIO-tag` lines and a blank line. CoNLL keeps tokens, not
     the whitespace between them: texts read back are joined as read_conll joins them."""
-    from spanflow.data.formats.tokens import bio_tags
-
     bounds = conll_token_bounds(text, spans)
     for (s, e), tag in zip(bounds, bio_tags(bounds, spans)):
         f.write(f"{text[s:e]}\t{tag}\n")
