@@ -1,4 +1,6 @@
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -147,6 +149,52 @@ def test_batcher_per_request_mode_and_overload_and_timeout():
             await slow.submit([6], [4], timeout_s=0.01)
         assert await first == [1, 2, 3, 4]
         await slow.close()
+
+    run(main())
+
+
+def test_batcher_answers_each_part_as_it_finishes_on_one_model_thread():
+    answered, threads, seen_answer = threading.Event(), [], []
+
+    def run_batch(units):
+        threads.append(threading.current_thread())
+        if units == ["s"]:  # the second part: the first part's request must be answered by now
+            seen_answer.append(answered.wait(timeout=2))
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=1024, max_wait_ms=20, min_split_tokens=0)
+        b.start()
+        long = asyncio.ensure_future(b.submit(["l" * 40], [40]))
+        long.add_done_callback(lambda _: answered.set())
+        short = asyncio.ensure_future(b.submit(["s"], [4]))
+        out = await asyncio.gather(long, short)
+        await b.close()
+        return out
+
+    assert run(main()) == [["l" * 40], ["s"]]
+    assert seen_answer == [True]  # parts are [long], [short] (longest first); long answered before short ran
+    assert len({id(t) for t in threads}) == 1 and threads[0].name.startswith("spanflow-model")
+
+
+def test_batcher_refuses_work_it_could_not_start_in_time_and_recovers():
+    def run_batch(units):  # 8 tokens per 0.1 s
+        time.sleep(0.1)
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1)
+        b.start()
+        await b.warm_up([0], [4])
+        assert b.tokens_per_s is None  # the warm-up does not count as the service rate
+        first = asyncio.ensure_future(b.submit(list(range(8)), [4] * 8))  # 4 batches of 2
+        await asyncio.sleep(0.15)  # one batch done (about 80 tokens/s), the next running, 16 tokens queued
+        with pytest.raises(Overloaded) as e:
+            await b.submit([99], [4])  # about 0.2 s of queued work before it: over 0.1 s
+        assert e.value.retry_after_s >= 1
+        assert await first == list(range(8))  # admitted work is still served
+        assert await b.submit([7], [4]) == [7]  # the queue drained: admitted again
+        await b.close()
 
     run(main())
 

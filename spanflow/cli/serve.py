@@ -16,6 +16,9 @@ def add_parser(sub) -> None:
                    help="longest a request waits for a batch to fill; under load batches also form while the "
                         "model is busy [%(default)s]")
     p.add_argument("--max-queue-tokens", type=int, default=1 << 18, help="beyond this, 429 with Retry-After")
+    p.add_argument("--max-queue-wait-ms", type=float, default=2000.0,
+                   help="429 with Retry-After when the queued work would take longer than this to start, at "
+                        "the measured rate [%(default)s]")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     p.add_argument("--max-texts", type=int, default=256, help="texts per request (422 beyond)")
     p.add_argument("--max-text-chars", type=int, default=100_000, help="characters per text (422 beyond)")
@@ -45,6 +48,7 @@ def run(a: argparse.Namespace) -> int:
                                         model=a.model[0].rpartition("=")[2], data="", precision=a.precision,
                                         device=a.device) or max_tokens
     opts = ServeOptions(max_tokens=max_tokens, max_wait_ms=a.max_wait_ms, max_queue_tokens=a.max_queue_tokens,
+                        max_queue_wait_s=a.max_queue_wait_ms / 1000,
                         max_request_bytes=a.max_request_bytes, max_texts=a.max_texts,
                         max_text_chars=a.max_text_chars, timeout_s=a.timeout, batching=not a.no_batching,
                         api_key=api_key_from_env(a.api_key))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ class ServeOptions:
     max_tokens: int = 4096
     max_wait_ms: float = 2.0
     max_queue_tokens: int = 1 << 18
+    max_queue_wait_s: float = 2.0
     max_request_bytes: int = 1 << 20
     max_texts: int = 256
     max_text_chars: int = 100_000
@@ -47,17 +49,22 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         for s in services:
             # what the queue gives is cut into sub-batches of similar length once a part holds
             # 256 padded tokens on a CPU (where cost follows padded tokens beyond the per-call
-            # overhead; at concurrency 32 this took MiniLM from 260 to 293 texts/s, medians of 3),
+            # overhead; MiniLM at concurrency 32: 304 texts/s at 256, 272 at 512, medians of 4),
             # a quarter of the budget on an accelerator
             on_cpu = s.model.policy.device.type == "cpu"
             b = DynamicBatcher(s.run_batch, max_tokens=opts.max_tokens, max_wait_ms=opts.max_wait_ms,
                                min_split_tokens=256 if on_cpu else None,
-                               max_queue_tokens=opts.max_queue_tokens, per_request=not opts.batching,
+                               max_queue_tokens=opts.max_queue_tokens, max_queue_wait_s=opts.max_queue_wait_s,
+                               per_request=not opts.batching,
                                on_batch=metrics.batch_observer(s.name))
             b.start()
             state["batchers"][s.name] = b
             units, lengths, _ = s.units(["warm up the model"])
-            await b.submit(units, lengths)  # first kernels are slow; /ready waits for this
+            await b.warm_up(units, lengths)  # first kernels are slow; /ready waits for this
+        # the models' objects live as long as the server: kept out of the collector's full
+        # passes, which otherwise stalled every in-flight request for 0.2-0.3 s now and then
+        gc.collect()
+        gc.freeze()
         state["ready"] = True
         yield
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
