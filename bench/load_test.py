@@ -48,7 +48,7 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
     raise RuntimeError("server did not become ready")
 
 
-async def level(port: int, texts: list[str], concurrency: int, n_requests: int) -> dict:
+async def level(port: int, texts: list[str], concurrency: int, n_requests: int, per_request: int = 1) -> dict:
     """`concurrency` clients, each sending its next request when the last one returns,
     until `n_requests` are done. aiohttp: its client costs the shared CPU less than httpx."""
     import aiohttp
@@ -62,7 +62,7 @@ async def level(port: int, texts: list[str], concurrency: int, n_requests: int) 
         for _ in todo:  # the shared iterator bounds the total request count
             t = time.perf_counter()
             try:
-                async with session.post(url, json={"input": [rng.choice(texts)]}) as r:
+                async with session.post(url, json={"input": [rng.choice(texts) for _ in range(per_request)]}) as r:
                     await r.read()
                     code = r.status
             except aiohttp.ClientError:
@@ -76,11 +76,33 @@ async def level(port: int, texts: list[str], concurrency: int, n_requests: int) 
         await asyncio.gather(*[client(session) for _ in range(concurrency)])
         wall = time.perf_counter() - t0
     ok = status.get(200, 0)
-    return {"concurrency": concurrency, "requests": n_requests, "texts_per_s": ok / wall,
+    return {"concurrency": concurrency, "requests": n_requests, "texts_per_s": ok * per_request / wall,
             "p50_ms": float(np.percentile(lat, 50) * 1e3), "p95_ms": float(np.percentile(lat, 95) * 1e3),
             "p99_ms": float(np.percentile(lat, 99) * 1e3),
             "errors_5xx": sum(v for k, v in status.items() if isinstance(k, int) and k >= 500),
             "errors_other": sum(v for k, v in status.items() if k != 200 and not (isinstance(k, int) and k >= 500))}
+
+
+def offline_reference(model: str, texts: list[str], precision: str) -> dict:
+    """The same model in this process, no HTTP: texts/s one text per call and in token-budget
+    batches (medians of 3). Their ratio bounds what batching can gain on this machine."""
+    from spanflow.embedder import Embedder
+
+    emb = Embedder.load(model, precision=precision)
+    ids, _ = emb.tokenize(texts[:2000])  # tokenized ahead, as the server does before queueing
+    emb._embed_ids(ids[:64], 4096)  # warm-up
+    one, full = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        for i in range(200):
+            emb._forward(emb.model, ids, [i], True)  # what --no-batching runs per request
+        one.append(200 / (time.perf_counter() - t))
+        t = time.perf_counter()
+        emb._embed_ids(ids, 4096)  # the server's default budget
+        full.append(len(ids) / (time.perf_counter() - t))
+    one_s, full_s = float(np.median(one)), float(np.median(full))
+    return {"batch_1_texts_per_s": round(one_s, 1), "token_budget_texts_per_s": round(full_s, 1),
+            "ceiling_ratio": round(full_s / one_s, 2)}
 
 
 def main() -> None:
@@ -96,6 +118,8 @@ def main() -> None:
     a = ap.parse_args()
     with open(a.data, encoding="utf-8", newline="") as f:
         texts = [r[0] for r in csv.reader(f) if r] if a.data.endswith(".csv") else f.read().splitlines()
+    offline = offline_reference(a.model, texts, a.precision)
+    print("offline", offline, flush=True)
     modes = {"dynamic_batching": [], "no_batching": ["--no-batching"]}
     ports, procs = {}, []
     try:
@@ -131,7 +155,9 @@ def main() -> None:
     write_results(a.out, "load_test", {"description": f"one text per request, {a.requests} requests per level, "
                                                       f"medians of {a.repeats} runs alternating between the modes, "
                                                       f"model {a.model}, precision {a.precision}, max wait {a.max_wait_ms} ms, "
-                                                      "loopback; the load generator shares the 2 CPU cores"},
+                                                      "loopback; the load generator shares the CPU. Offline "
+                                                      f"reference, same model in-process without HTTP: {offline}",
+                                    "offline": offline},
                   rows, ["mode", "concurrency", "texts_per_s", "ratio_vs_no_batching", "p50_ms", "p95_ms", "p99_ms",
                          "errors_5xx", "errors_other", "texts_per_s_runs"])
 

@@ -1,26 +1,32 @@
 """Pad a batch of windows to its longest member; tensors built once on the host."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from spanflow.batching.align import IGNORE, Window
 
 
 def collate(windows: list[Window], pad_id: int) -> dict[str, torch.Tensor]:
-    """input_ids / attention_mask (B, T) and labels (B, T) when the windows carry labels."""
+    """input_ids / attention_mask (B, T) and labels (B, T) when the windows carry labels.
+
+    Built in numpy: collation runs in the prefetch thread, and a parallel torch op there (a
+    fill of over 32k elements) starts a second OpenMP team, which slows every op of the
+    compute thread on a CPU for as long as the prefetch thread lives.
+    """
     T = max(len(w) for w in windows)
     B = len(windows)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.long)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
     has_labels = windows[0].labels is not None
-    labels = torch.full((B, T), IGNORE, dtype=torch.long) if has_labels else None
+    labels = np.full((B, T), IGNORE, dtype=np.int64) if has_labels else None
     for r, w in enumerate(windows):
         n = len(w)
-        ids[r, :n] = torch.tensor(w.input_ids)
+        ids[r, :n] = w.input_ids
         mask[r, :n] = 1
         if has_labels:
-            labels[r, :n] = torch.tensor(w.labels)
-    out = {"input_ids": ids, "attention_mask": mask}
+            labels[r, :n] = w.labels
+    out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
     if has_labels:
-        out["labels"] = labels
+        out["labels"] = torch.from_numpy(labels)
     return out

@@ -105,9 +105,11 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         body = await _read_body(request, opts.max_request_bytes)
         service = _pick_service(services, task, body.get("model"))
         texts = _texts(body, "input" if task == "embed" else "texts", opts)
-        units, lengths, ctx = service.units(texts)
+        batcher = state["batchers"][service.name]
         try:
-            results = await state["batchers"][service.name].submit(units, lengths, opts.timeout_s)
+            batcher.admit(0)  # shed load before the tokenizer spends time on it
+            units, lengths, ctx = service.units(texts)
+            results = await batcher.submit(units, lengths, opts.timeout_s)
         except Overloaded as e:
             raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
         except asyncio.TimeoutError:

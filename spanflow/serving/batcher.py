@@ -87,7 +87,7 @@ class DynamicBatcher:
         await self.submit(units, lengths)
         self.tokens_per_s = None
 
-    def _admit(self, need: int) -> None:
+    def admit(self, need: int) -> None:
         """Refuse work the queue cannot hold, or could not start within max_queue_wait_s at
         the measured rate: the client hears 429 at once instead of waiting to time out."""
         if not self.queued_tokens:
@@ -100,7 +100,7 @@ class DynamicBatcher:
     async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None) -> list:
         """Queue a request's units; return their results in order. Raises Overloaded, TimeoutError."""
         need = sum(lengths)
-        self._admit(need)
+        self.admit(need)
         req = _Request(units, lengths, asyncio.get_running_loop().create_future(), [None] * len(units),
                        deque(range(len(units))), len(units))
         if not units:

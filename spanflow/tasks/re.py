@@ -70,15 +70,16 @@ def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects
     batch's contents, so it repeats exactly for a seed, across resumes too."""
 
     def fn(feats: list[ReFeature]) -> dict:
+        # numpy, not torch: this runs in the prefetch thread (see batching.collate)
         B, T, R = len(feats), max(len(f) for f in feats), num_relations
-        ids = torch.full((B, T), pad_id, dtype=torch.long)
-        att = torch.zeros((B, T), dtype=torch.long)
-        sub = torch.zeros((B, T, 2))
+        ids = np.full((B, T), pad_id, dtype=np.int64)
+        att = np.zeros((B, T), dtype=np.int64)
+        sub = np.zeros((B, T, 2), dtype=np.float32)
         rng = np.random.default_rng([seed] + [f.index for f in feats])
         rows, starts, ends, objs = [], [], [], []
         for b, f in enumerate(feats):
             n = len(f)
-            ids[b, :n] = torch.tensor(f.input_ids)
+            ids[b, :n] = f.input_ids
             att[b, :n] = 1
             for (s, e) in f.subjects:
                 sub[b, s, 0] = sub[b, e, 1] = 1
@@ -91,17 +92,18 @@ def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects
                 starts.append(s)
                 ends.append(e)
                 objs.append(f.subjects[(s, e)])
-        content = att.clone()
+        content = att.copy()
         content[:, 0] = 0
-        content[torch.arange(B), att.sum(1) - 1] = 0  # [CLS] and [SEP] are never subjects or objects
-        obj = torch.zeros((len(rows), T, R, 2))
+        content[np.arange(B), att.sum(1) - 1] = 0  # [CLS] and [SEP] are never subjects or objects
+        obj = np.zeros((len(rows), T, R, 2), dtype=np.float32)
         for k, triples in enumerate(objs):
             for r, os_, oe in triples:
                 obj[k, os_, r, 0] = obj[k, oe, r, 1] = 1
         lens = [len(f) for f in feats]
-        return {"input_ids": ids, "attention_mask": att, "content_mask": content, "sub_labels": sub,
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(att),
+                "content_mask": torch.from_numpy(content), "sub_labels": torch.from_numpy(sub),
                 "obj_rows": torch.tensor(rows, dtype=torch.long), "obj_starts": torch.tensor(starts, dtype=torch.long),
-                "obj_ends": torch.tensor(ends, dtype=torch.long), "obj_labels": obj,
+                "obj_ends": torch.tensor(ends, dtype=torch.long), "obj_labels": torch.from_numpy(obj),
                 "n_targets": int(content.sum()), "real_tokens": sum(lens), "padded_tokens": max(lens) * B}
 
     return fn
