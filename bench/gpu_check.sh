@@ -32,3 +32,9 @@ if os.path.exists(path):
 PYEOF
 # gradient checkpointing on the GPU: max_memory_allocated with and without, batch 8 x 512
 $PY bench/grad_checkpointing_memory.py --model "$MODEL" --device cuda --precision bf16 --out "$OUT/results" | tail -3
+# serving on the GPU: dynamic batching vs --no-batching at concurrency 1/32/64 (bench extra: aiohttp, httpx)
+STSB=${STSB:-../shared/data/stsb/stsb-en-dev.csv}
+if [ -f "$STSB" ]; then
+    $PY bench/load_test.py --model "$MODEL" --data "$STSB" --levels 1,32,64 --requests 1000 --repeats 2 \
+        --precision bf16 --out "$OUT/results" | tail -8
+fi

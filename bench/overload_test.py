@@ -138,6 +138,17 @@ def main() -> None:
         "rss_mib_peak_overload_second_half": round(max(m for t_, m in rss if (o_lo + o_hi) / 2 <= t_ < o_hi), 1),
         "rss_mib_end": round(rss[-1][1], 1)}
     print(recovery)
+    # per-second view around the end of the overload: when did latency come back?
+    timeline = []
+    for sec in range(int(-3), int(bounds["after"][1] - over_end) + 1):
+        rs = [r for r in records if sec <= r[1] - over_end < sec + 1]
+        ok = [r[2] for r in rs if r[3] == 200]
+        timeline.append({"second_after_overload": sec, "sent": len(rs), "ok": len(ok),
+                         "refused": sum(1 for r in rs if r[3] == 429),
+                         "p50_ms_200": round(float(np.median(ok)) * 1e3, 1) if ok else None})
+        print(timeline[-1])
+    recovery["timeline"] = timeline
+    recovery["errors_other_codes"] = sorted({str(r[3]) for r in records if r[3] not in (200, 429)})
     write_results(a.out, "overload_test", {
         "description": f"open loop, {a.texts_per_request} texts per request, capacity {cap:.0f} texts/s measured "
                        f"closed-loop at concurrency 32; overload {a.factor}x capacity for {a.seconds:.0f} s between "

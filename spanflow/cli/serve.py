@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
                    help="longest a request waits for a batch to fill; under load batches also form while the "
                         "model is busy [%(default)s]")
     p.add_argument("--max-queue-tokens", type=int, default=1 << 18, help="beyond this, 429 with Retry-After")
-    p.add_argument("--max-queue-wait-ms", type=float, default=2000.0,
+    p.add_argument("--max-queue-wait-ms", type=float, default=1000.0,
                    help="429 with Retry-After when the queued work would take longer than this to start, at "
                         "the measured rate [%(default)s]")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")

@@ -22,7 +22,7 @@ class ServeOptions:
     max_tokens: int = 4096
     max_wait_ms: float = 2.0
     max_queue_tokens: int = 1 << 18
-    max_queue_wait_s: float = 2.0
+    max_queue_wait_s: float = 1.0
     max_request_bytes: int = 1 << 20
     max_texts: int = 256
     max_text_chars: int = 100_000
