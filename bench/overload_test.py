@@ -44,8 +44,8 @@ async def offer(port: int, texts: list[str], phases: list[tuple[str, float, floa
             async with session.post(url, json={"input": [rng.choice(texts) for _ in range(per_request)]}) as r:
                 await r.read()
                 code = r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            code = "conn"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            code = f"conn:{type(e).__name__}"  # no HTTP answer
         records.append((phase, t - t_start, time.perf_counter() - t, code))
 
     async def sample(session, stop):
@@ -136,7 +136,10 @@ def main() -> None:
         "rss_mib_before": round(max(m for t_, m in rss if t_ < o_lo), 1),
         "rss_mib_peak_overload_first_half": round(max(m for t_, m in rss if o_lo <= t_ < (o_lo + o_hi) / 2), 1),
         "rss_mib_peak_overload_second_half": round(max(m for t_, m in rss if (o_lo + o_hi) / 2 <= t_ < o_hi), 1),
-        "rss_mib_end": round(rss[-1][1], 1)}
+        "rss_mib_end": round(rss[-1][1], 1),
+        # the server's RSS every 5 s (peak of the samples in each)
+        "rss_mib_every_5s": [round(max((m for t_, m in rss if k <= t_ < k + 5), default=0.0), 1)
+                             for k in range(0, int(rss[-1][0]) + 1, 5)]}
     print(recovery)
     # per-second view around the end of the overload: when did latency come back?
     timeline = []

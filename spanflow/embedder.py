@@ -13,6 +13,7 @@ from torch import nn
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
+from spanflow.batching.collate import round_up
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.models.pooling import Pooling
 from spanflow.models.st_dir import read_embedding_config
@@ -99,8 +100,10 @@ class Embedder:
         encs = self._backend.encode_batch(texts)
         return [e.ids for e in encs], sum(1 for e in encs if e.overflowing)
 
-    def _forward(self, model: nn.Module, ids: list[list[int]], batch: list[int], autocast: bool) -> torch.Tensor:
+    def _forward(self, model: nn.Module, ids: list[list[int]], batch: list[int], autocast: bool,
+                 pad_multiple: int = 1) -> torch.Tensor:
         T = max(len(ids[i]) for i in batch)
+        T = round_up(T, pad_multiple, self.max_length)  # fewer distinct shapes (servers)
         pad = self.tokenizer.pad_token_id or 0
         x = torch.full((len(batch), T), pad, dtype=torch.long)
         m = torch.zeros((len(batch), T), dtype=torch.long)

@@ -67,3 +67,15 @@ def test_shards_disjoint_complete_and_equal_steps(lengths, world):
 
 def test_empty_input():
     assert token_budget_batches([], 100) == []
+
+
+def test_round_up_and_collate_pad_multiple():
+    from spanflow.batching.align import Window
+    from spanflow.batching.collate import collate, round_up
+
+    assert [round_up(n, 8) for n in (1, 8, 9, 17)] == [8, 8, 16, 24]
+    assert round_up(13, 8, limit=14) == 14 and round_up(15, 8, limit=14) == 15 and round_up(5, 1) == 5
+    ws = [Window(example=0, start=0, end=3, input_ids=[1, 5, 2]), Window(example=1, start=0, end=1, input_ids=[1, 2])]
+    t = collate(ws, pad_id=0, pad_multiple=8)
+    assert t["input_ids"].shape == (2, 8) and t["attention_mask"].sum().item() == 5
+    assert t["input_ids"][0].tolist() == [1, 5, 2, 0, 0, 0, 0, 0]

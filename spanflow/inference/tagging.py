@@ -57,10 +57,11 @@ def word_starts(encs, window) -> list[bool]:
 
 
 def tag_windows(model: nn.Module, windows: list, starts: list[list[bool]], pad_id: int,
-                policy: Policy) -> list[list[int]]:
+                policy: Policy, pad_multiple: int = 1, limit: int | None = None) -> list[list[int]]:
     """Label ids of each window's content tokens: one forward, then the head's decoding
-    (argmax, or Viterbi over word starts for a CRF head). One host sync per batch."""
-    t = collate(windows, pad_id)
+    (argmax, or Viterbi over word starts for a CRF head). One host sync per batch.
+    `pad_multiple`/`limit`: see batching.collate.round_up."""
+    t = collate(windows, pad_id, pad_multiple, limit)
     with torch.inference_mode():
         with policy.autocast():
             logits = model(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))

@@ -9,6 +9,13 @@ from spanflow.batching.align import decode_spans, encode_texts, merge_windows, w
 from spanflow.inference.tagging import tag_windows, word_starts
 
 
+# padded lengths are rounded up to this: a server meets every (batch, length) shape, and on
+# a CPU each new one costs a kernel build and a cache entry kept for the life of the process.
+# MiniLM on 400 server-like batches: RSS 1010 -> 745 MiB, throughput unchanged (560-590 vs
+# 520-630 texts/s); under a 20 s overload the kernel caches had grown RSS by 380 MiB.
+PAD_MULTIPLE = 8
+
+
 @dataclass
 class Service:
     """A loaded model behind one task route."""
@@ -35,12 +42,12 @@ class Service:
     def run_batch(self, units: list) -> list:
         """Runs in the worker thread."""
         if self.task == "embed":
-            emb = self.model._forward(self.model.model, units, list(range(len(units))), True)
+            emb = self.model._forward(self.model.model, units, list(range(len(units))), True, PAD_MULTIPLE)
             return list(emb.cpu().numpy())  # float32 rows; the response writes them
         if self.task == "ner":
             m = self.model
             return tag_windows(m.module, [w for w, _ in units], [f for _, f in units], m.tokenizer.pad_token_id,
-                               m.policy)
+                               m.policy, PAD_MULTIPLE, m.max_length)
         return self.model.predict_encoded(units, max_tokens=10**9)
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
