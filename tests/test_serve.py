@@ -260,3 +260,35 @@ def test_embeddings_json_with_and_without_orjson(model_dirs, monkeypatch, with_o
     assert r.headers["content-type"].startswith("application/json")
     got = np.array([d["embedding"] for d in r.json()["data"]])
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs):
+    import httpx
+
+    svc = load_service(f"emb={model_dirs['emb']}", device="cpu")
+    fast = svc.run_batch
+
+    def slow(units):  # holds the model so that a queue forms
+        time.sleep(0.3)
+        return fast(units)
+
+    svc.run_batch = slow
+    body = {"input": ["Grace flew to Oslo"] * 3}
+    need = sum(svc.units(body["input"])[1])
+    app = create_app([svc], ServeOptions(max_queue_tokens=need, max_wait_ms=1))
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                first = asyncio.create_task(c.post("/v1/embeddings", json=body))
+                await asyncio.sleep(0.1)  # taken by the worker: running
+                second = asyncio.create_task(c.post("/v1/embeddings", json=body))
+                await asyncio.sleep(0.05)  # queued: the queue now holds its limit
+                third = await c.post("/v1/embeddings", json=body)
+                return third, await first, await second
+
+    third, first, second = run(main())
+    assert third.status_code == 429 and int(third.headers["retry-after"]) >= 1
+    assert "queue full" in third.json()["error"]["message"]
+    assert first.status_code == 200 and second.status_code == 200  # admitted work is still served
+    assert len(second.json()["data"]) == 3
