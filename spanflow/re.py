@@ -59,11 +59,13 @@ class ReModel:
                                     threshold=threshold)
 
     def predict_encoded(self, encs: list[Encoded], *, max_tokens: int | None = None,
-                        threshold: float | None = None) -> list[list[Triple]]:
-        """predict() for texts already tokenized with encode_texts (the server tokenizes once)."""
+                        threshold: float | None = None, pad_multiple: int = 1) -> list[list[Triple]]:
+        """predict() for texts already tokenized with encode_texts (the server tokenizes once;
+        it also rounds padded lengths up to `pad_multiple`)."""
         thr = self.threshold if threshold is None else threshold
         feats = input_features(encs, self.tokenizer, self.max_length)
-        collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations))
+        collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations), pad_multiple=pad_multiple,
+                               limit=self.max_length)
         out: list[list[Triple]] = [[] for _ in feats]
         budget = max(max_tokens or default_infer_tokens(self.policy.device), self.max_length)
         self.module.eval()

@@ -3,6 +3,7 @@ import json
 import pytest
 import torch
 
+from spanflow.batching.align import encode_texts
 from spanflow.cli.main import main
 from spanflow.data.formats.casrel import locate
 from spanflow.data.io import read_re
@@ -119,6 +120,8 @@ def test_overfit_and_save_load(tmp_path):
     again = ReModel.load(str(tmp_path / "model"))
     texts = [e.text for e in data]
     assert again.predict(texts) == model.predict(texts)
+    encs = encode_texts(model.tokenizer, texts)  # the server pads lengths up to a multiple of 8
+    assert model.predict_encoded(encs, pad_multiple=8) == model.predict_encoded(encs) != [[]] * len(texts)
 
 
 def test_cli_train_evaluate_predict_re(tmp_path, capsys):

@@ -48,7 +48,7 @@ class Service:
             m = self.model
             return tag_windows(m.module, [w for w, _ in units], [f for _, f in units], m.tokenizer.pad_token_id,
                                m.policy, PAD_MULTIPLE, m.max_length)
-        return self.model.predict_encoded(units, max_tokens=10**9)
+        return self.model.predict_encoded(units, max_tokens=10**9, pad_multiple=PAD_MULTIPLE)
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
         if self.task == "embed":

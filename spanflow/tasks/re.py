@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from spanflow.batching.align import Encoded, encode_texts
+from spanflow.batching.collate import round_up
 from spanflow.data.examples import ReExample
 
 log = logging.getLogger("spanflow")
@@ -64,14 +65,16 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
     return feats
 
 
-def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects: bool = False):
+def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects: bool = False,
+                 pad_multiple: int = 1, limit: int | None = None):
     """Collate features; the object stage gets one sampled gold subject per text (the
     paper's recipe) or, with all_subjects, every gold subject. Sampling is seeded by the
-    batch's contents, so it repeats exactly for a seed, across resumes too."""
+    batch's contents, so it repeats exactly for a seed, across resumes too. `pad_multiple`,
+    `limit`: see batching.collate.round_up."""
 
     def fn(feats: list[ReFeature]) -> dict:
         # numpy, not torch: this runs in the prefetch thread (see batching.collate)
-        B, T, R = len(feats), max(len(f) for f in feats), num_relations
+        B, T, R = len(feats), round_up(max(len(f) for f in feats), pad_multiple, limit), num_relations
         ids = np.full((B, T), pad_id, dtype=np.int64)
         att = np.zeros((B, T), dtype=np.int64)
         sub = np.zeros((B, T, 2), dtype=np.float32)
