@@ -13,7 +13,7 @@ from torch import nn
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
-from spanflow.batching.collate import round_up
+from spanflow.batching.collate import pad_rows
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.models.pooling import Pooling
 from spanflow.models.st_dir import read_embedding_config
@@ -102,17 +102,12 @@ class Embedder:
 
     def _forward(self, model: nn.Module, ids: list[list[int]], batch: list[int], autocast: bool,
                  pad_multiple: int = 1) -> torch.Tensor:
-        T = max(len(ids[i]) for i in batch)
-        T = round_up(T, pad_multiple, self.max_length)  # fewer distinct shapes (servers)
-        pad = self.tokenizer.pad_token_id or 0
-        x = torch.full((len(batch), T), pad, dtype=torch.long)
-        m = torch.zeros((len(batch), T), dtype=torch.long)
-        for r, i in enumerate(batch):
-            x[r, :len(ids[i])] = torch.tensor(ids[i])
-            m[r, :len(ids[i])] = 1
+        # the pad multiple is for servers: fewer distinct shapes
+        x, m = pad_rows([ids[i] for i in batch], self.tokenizer.pad_token_id or 0, pad_multiple, self.max_length)
         dev = self.policy.device
         with torch.inference_mode(), (self.policy.autocast() if autocast else _null()):
-            return model(x.to(dev, non_blocking=True), m.to(dev, non_blocking=True)).float()  # (B, H)
+            return model(torch.from_numpy(x).to(dev, non_blocking=True),
+                         torch.from_numpy(m).to(dev, non_blocking=True)).float()  # (B, H)
 
     def _embed_ids(self, ids: list[list[int]], max_tokens: int, model: nn.Module | None = None,
                    autocast: bool = True, on_batch: Callable | None = None) -> np.ndarray:

@@ -10,28 +10,31 @@ from spanflow.batching.align import IGNORE, Window
 def collate(windows: list[Window], pad_id: int, pad_multiple: int = 1,
             limit: int | None = None) -> dict[str, torch.Tensor]:
     """input_ids / attention_mask (B, T) and labels (B, T) when the windows carry labels.
-    T is the longest window, rounded up to `pad_multiple` (at most `limit`).
+    T is the longest window, rounded up to `pad_multiple` (at most `limit`)."""
+    ids, mask = pad_rows([w.input_ids for w in windows], pad_id, pad_multiple, limit)
+    out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+    if windows[0].labels is not None:
+        labels, _ = pad_rows([w.labels for w in windows], IGNORE, pad_multiple, limit)  # same T
+        out["labels"] = torch.from_numpy(labels)
+    return out
+
+
+def pad_rows(rows: list[list[int]], pad_id: int, pad_multiple: int = 1,
+             limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(B, T) int64 rows padded with `pad_id`, and their 0/1 mask; T is the longest row
+    rounded up to `pad_multiple` (at most `limit`).
 
     Built in numpy: collation runs in the prefetch thread, and a parallel torch op there (a
     fill of over 32k elements) starts a second OpenMP team, which slows every op of the
     compute thread on a CPU for as long as the prefetch thread lives.
     """
-    T = round_up(max(len(w) for w in windows), pad_multiple, limit)
-    B = len(windows)
-    ids = np.full((B, T), pad_id, dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.int64)
-    has_labels = windows[0].labels is not None
-    labels = np.full((B, T), IGNORE, dtype=np.int64) if has_labels else None
-    for r, w in enumerate(windows):
-        n = len(w)
-        ids[r, :n] = w.input_ids
-        mask[r, :n] = 1
-        if has_labels:
-            labels[r, :n] = w.labels
-    out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-    if has_labels:
-        out["labels"] = torch.from_numpy(labels)
-    return out
+    T = round_up(max(len(r) for r in rows), pad_multiple, limit)
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for k, r in enumerate(rows):
+        ids[k, :len(r)] = r
+        mask[k, :len(r)] = 1
+    return ids, mask
 
 
 def round_up(n: int, multiple: int, limit: int | None = None) -> int:

@@ -32,7 +32,8 @@ def model_thread() -> ThreadPoolExecutor:
 
 
 class Overloaded(Exception):
-    """The queue holds too many tokens; the client should retry later."""
+    """The queue holds too many tokens, or more work than starts within the wait bound;
+    the client should retry later."""
 
     def __init__(self, retry_after_s: float):
         super().__init__(f"queue full; retry after {retry_after_s:.0f}s")

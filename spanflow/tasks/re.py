@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from spanflow.batching.align import Encoded, encode_texts
-from spanflow.batching.collate import round_up
+from spanflow.batching.collate import pad_rows
 from spanflow.data.examples import ReExample
 
 log = logging.getLogger("spanflow")
@@ -73,17 +73,13 @@ def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects
     `limit`: see batching.collate.round_up."""
 
     def fn(feats: list[ReFeature]) -> dict:
-        # numpy, not torch: this runs in the prefetch thread (see batching.collate)
-        B, T, R = len(feats), round_up(max(len(f) for f in feats), pad_multiple, limit), num_relations
-        ids = np.full((B, T), pad_id, dtype=np.int64)
-        att = np.zeros((B, T), dtype=np.int64)
+        # numpy, not torch: this runs in the prefetch thread (see batching.collate.pad_rows)
+        ids, att = pad_rows([f.input_ids for f in feats], pad_id, pad_multiple, limit)
+        (B, T), R = ids.shape, num_relations
         sub = np.zeros((B, T, 2), dtype=np.float32)
         rng = np.random.default_rng([seed] + [f.index for f in feats])
         rows, starts, ends, objs = [], [], [], []
         for b, f in enumerate(feats):
-            n = len(f)
-            ids[b, :n] = f.input_ids
-            att[b, :n] = 1
             for (s, e) in f.subjects:
                 sub[b, s, 0] = sub[b, e, 1] = 1
             keys = list(f.subjects)
