@@ -41,29 +41,49 @@ def word_tags(example, words):
     return tags
 
 
-def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
-    """Train with the stock Trainer + DataCollatorForTokenClassification; count tokens in the collator."""
-    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
-                              Trainer, TrainingArguments)
+def hf_features(tok, train) -> tuple[list[str], list[dict]]:
+    """(BIO labels, Trainer features): CoNLL words tokenized as words, labels on first subwords."""
     from spanflow.tasks.ner import bio_label_list
 
     labels = bio_label_list(sorted({lab for e in train for *_, lab in e.spans}))
     l2i = {lab: i for i, lab in enumerate(labels)}
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    feats = []
+    for e in train:
+        words = words_of(e)
+        enc = tok([w for w, *_ in words], is_split_into_words=True, truncation=True, max_length=512)
+        tags, prev, lab = word_tags(e, words), None, []
+        for wid in enc.word_ids():
+            lab.append(-100 if wid is None or wid == prev else l2i[tags[wid]])
+            prev = wid
+        feats.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": lab})
+    return labels, feats
 
-    def features(examples):
-        feats = []
-        for e in examples:
+
+def hf_dev_f1(model, tok, labels, dev) -> float:
+    """Exact-span dev F1 of a token-classification model: first-subword tags per word -> spans."""
+    preds = []
+    with torch.inference_mode():
+        for e in dev:
             words = words_of(e)
-            enc = tok([w for w, *_ in words], is_split_into_words=True, truncation=True, max_length=512)
-            tags, prev, lab = word_tags(e, words), None, []
-            for wid in enc.word_ids():
-                lab.append(-100 if wid is None or wid == prev else l2i[tags[wid]])
+            enc = tok([w for w, *_ in words], is_split_into_words=True, truncation=True, max_length=512,
+                      return_tensors="pt")
+            ids = model(**enc).logits[0].argmax(-1).tolist()
+            tags, prev = ["O"] * len(words), None
+            for j, wid in enumerate(enc.word_ids()):
+                if wid is not None and wid != prev:
+                    tags[wid] = labels[ids[j]]
                 prev = wid
-            feats.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": lab})
-        return feats
+            preds.append(tags_to_spans(tags, words))
+    return span_prf([e.spans for e in dev], preds)["f1"]
 
-    train_f = features(train)
+
+def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
+    """Train with the stock Trainer + DataCollatorForTokenClassification; count tokens in the collator."""
+    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
+                              Trainer, TrainingArguments)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    labels, train_f = hf_features(tok, train)
     counts = {"real": 0, "padded": 0}
     base = DataCollatorForTokenClassification(tok)
 
@@ -83,22 +103,8 @@ def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
     trainer = Trainer(model=model, args=args, train_dataset=train_f, data_collator=collate)
     res = trainer.train()
     runtime = res.metrics["train_runtime"]
-    # dev F1 with the same exact-span metric: first-subword tags per word -> spans
     model.eval()
-    preds = []
-    with torch.inference_mode():
-        for e in dev:
-            words = words_of(e)
-            enc = tok([w for w, *_ in words], is_split_into_words=True, truncation=True, max_length=512,
-                      return_tensors="pt")
-            ids = model(**enc).logits[0].argmax(-1).tolist()
-            tags, prev = ["O"] * len(words), None
-            for j, wid in enumerate(enc.word_ids()):
-                if wid is not None and wid != prev:
-                    tags[wid] = labels[ids[j]]
-                prev = wid
-            preds.append(tags_to_spans(tags, words))
-    f1 = span_prf([e.spans for e in dev], preds)["f1"]
+    f1 = hf_dev_f1(model, tok, labels, dev)
     return {"real_tokens_per_s": counts["real"] / runtime, "padding_efficiency": counts["real"] / counts["padded"],
             "dev_f1": f1, "train_s": runtime}
 

@@ -6,10 +6,12 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from spanflow.data.examples import NerExample, Span
+from spanflow.batching.align import check_window
+from spanflow.batching.collate import round_up
 from spanflow.errors import ConfigError
 from spanflow.inference.tagging import tag_texts
 from spanflow.models.directory import load_model_dir, save_model_dir
-from spanflow.models.encoder import enable_checkpointing, start_encoder
+from spanflow.models.encoder import enable_checkpointing, is_tiny, start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import EncoderWithHead, make_tagging_head
 from spanflow.tasks.metrics import span_prf
@@ -18,10 +20,16 @@ from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collat
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
 from spanflow.training.distributed import Dist, shard_gather
+from spanflow.training.defaults import TaskDefaults, fill_defaults
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 log = logging.getLogger("spanflow")
+
+# measured for time to dev F1 (docs/defaults.md): wnut17 with all-MiniLM-L6-v2, resume_ner with tiny
+DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=10),
+            "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20)}
+DEFAULT_HEAD = "crf"
 
 
 class NerModel:
@@ -30,11 +38,14 @@ class NerModel:
     task = "ner"
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], max_length: int, stride: int = 32,
-                 head=None, head_type: str = "softmax", policy: Policy | None = None):
+                 head=None, head_type: str = "softmax", policy: Policy | None = None, window: int | None = None):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
         self.id2label = bio_label_list(self.labels)
         self.max_length, self.stride, self.head_type = max_length, stride, head_type
+        # inference window: as long as the longest training window, not the encoder's limit,
+        # so long documents are read in pieces of the length the model learned from
+        self.window = min(window or max_length, max_length)
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
@@ -49,20 +60,26 @@ class NerModel:
         head.load_state_dict(head_state)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=cfg["max_length"],
                    stride=cfg.get("stride", 32), head=head, head_type=head_type,
-                   policy=resolve_policy(precision, device))
+                   policy=resolve_policy(precision, device), window=cfg.get("window"))
 
     def save(self, path: str) -> None:
         """Write a self-contained model directory."""
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
-                               "stride": self.stride, "tag_scheme": "bio", "head": self.head_type})
+                               "window": self.window, "stride": self.stride, "tag_scheme": "bio",
+                               "head": self.head_type})
+
+    def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Override the inference window (tokens, special tokens included) and its overlap."""
+        self.window, self.stride = check_window(max_length or self.window, self.stride if stride is None else stride,
+                                                self.max_length)
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
                        on_batch: Callable | None = None) -> Iterator[list[Span]]:
         """Spans for each text, in order, with bounded memory for inputs of any size."""
         max_tokens = max_tokens or default_infer_tokens(self.policy.device)
-        return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
-                         stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
+        return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.window,
+                         stride=self.stride, max_tokens=max(max_tokens, self.window), policy=self.policy,
                          on_batch=on_batch)
 
     def predict(self, texts: list[str], *, max_tokens: int | None = None) -> list[list[Span]]:
@@ -76,9 +93,9 @@ class NerModel:
 
 
 def _start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
-                 policy: Policy, head_type: str | None = None) -> NerModel:
+                 policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
     """The model to train: a spanflow NER model to continue (its head unless another is
-    asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else softmax."""
+    asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
     if os.path.exists(os.path.join(model, "spanflow.json")):
         start = NerModel.load(model, device=str(policy.device))
         if start.labels != sorted(labels):
@@ -90,11 +107,11 @@ def _start_model(model: str, train: list[NerExample], labels: list[str], opts: T
                         head_type=start.head_type, policy=policy)
     encoder, tokenizer, max_length = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                                    seed=opts.seed)
-    if opts.max_tokens < max_length:
+    if opts.max_tokens is not None and opts.max_tokens < max_length:
         raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {max_length}: "
                           "one full window must fit in a batch")
     return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
-                    stride=opts.stride, head_type=head_type or "softmax", policy=policy)
+                    stride=opts.stride, head_type=head_type or fresh_head, policy=policy)
 
 
 def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
@@ -102,15 +119,19 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
               log_fn: Callable[[str], None] = print) -> NerModel:
     """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned.
 
-    `head` is "softmax" (per-token cross-entropy, the default) or "crf" (BIO-constrained CRF,
-    Viterbi decoding); None continues a spanflow model with the head it has.
+    `head` is "crf" (BIO-constrained CRF, Viterbi decoding) or "softmax" (per-token
+    cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
+    Options left unset take the task's DEFAULTS for the starting point, sized to the data.
     """
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")
     run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
     opts, dist, policy, log_fn = run.opts, run.dist, run.policy, run.log
-    nm = _start_model(run.source, train, labels, opts, policy, head)
+    # label smoothing and class weights are softmax recipes: asking for one picks that head for a new model
+    softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
+    nm = _start_model(run.source, train, labels, opts, policy, head,
+                      fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
     if nm.head_type == "crf" and (opts.label_smoothing or opts.class_weights is not None):
         raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
     if opts.grad_checkpointing:
@@ -118,7 +139,11 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
+    nm.window = min(nm.max_length, round_up(max(len(w) for w in windows), 8))
     log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
+    start = "tiny" if is_tiny(nm.module.encoder) else "pretrained"
+    opts = fill_defaults(opts, DEFAULTS[start], lengths=[len(w) for w in windows], device=policy.device,
+                         world=dist.world, log=log_fn)
     weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
     loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                             class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from spanflow.batching.align import Encoded, encode_texts
+from spanflow.batching.align import Encoded, check_window, encode_texts
 from spanflow.batching.prefetch import chunked
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.data.examples import ReExample, Triple
@@ -14,13 +14,18 @@ from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
 from spanflow.models.directory import load_model_dir, save_model_dir
 from spanflow.batching.sampling import rarity_weights
-from spanflow.models.encoder import enable_checkpointing, start_encoder
+from spanflow.models.encoder import enable_checkpointing, is_tiny, start_encoder
 from spanflow.tasks.re import feature_relations, input_features, make_casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
 from spanflow.training.distributed import Dist, shard_gather
+from spanflow.training.defaults import TaskDefaults, fill_defaults
 from spanflow.training.options import TrainOptions
+
+# measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
+DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
+            "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20)}
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 
@@ -51,6 +56,14 @@ class ReModel:
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "re", "relations": self.relations, "max_length": self.max_length,
                                "threshold": self.threshold})
+
+    def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Read texts up to `max_length` tokens (at most the trained length); RE does not slide windows."""
+        if stride is not None:
+            raise ConfigError("--stride applies to NER; relation extraction reads each text whole, "
+                              "up to --max-length tokens")
+        if max_length is not None:
+            self.max_length, _ = check_window(max_length, 0, self.max_length)
 
     def predict(self, texts: list[str], *, max_tokens: int | None = None,
                 threshold: float | None = None) -> list[list[Triple]]:
@@ -128,6 +141,8 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)
     log_fn(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
+    opts = fill_defaults(opts, DEFAULTS["tiny" if is_tiny(encoder) else "pretrained"], lengths=[len(f) for f in feats],
+                         device=policy.device, world=dist.world, log=log_fn)
     hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                            all_subjects=all_subjects),
                       loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing),

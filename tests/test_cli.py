@@ -18,7 +18,7 @@ def trained(tmp_path_factory):
         for e in data:
             write_jsonl_record(f, e.text, e.spans)
     rc = main(["train", "ner", "--train", str(train), "--dev", str(train), "--model", "tiny", "--out",
-               str(d / "run"), "--epochs", "10", "--lr", "5e-3", "--max-tokens", "512", "--max-length", "64"])
+               str(d / "run"), "--epochs", "10", "--lr", "2e-2", "--max-tokens", "512", "--max-length", "64"])
     assert rc == 0
     return d, data
 

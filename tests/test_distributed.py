@@ -24,7 +24,7 @@ def setup_task(head="softmax"):
     from spanflow.tasks.ner import make_collate, ner_loss, prepare_windows, window_targets
 
     data = synthetic_ner(N_TEXTS, seed=11, max_clauses=2)
-    enc, tok = build_tiny([e.text for e in data], hidden=32, layers=2, heads=2, seed=0)
+    enc, tok = build_tiny([e.text for e in data], hidden=32, embedding=32, bigram_buckets=1009, seed=0)
     nm = NerModel(encoder=enc, tokenizer=tok, labels=sorted({s[2] for e in data for s in e.spans}), max_length=64,
                   policy=resolve_policy("fp32", "cpu"), head_type=head)
     torch.manual_seed(0)
@@ -200,7 +200,7 @@ def test_sharded_embed_matches_one_process_and_resumes_a_killed_rank(tmp_path, e
     from spanflow.models.encoder import build_tiny
 
     texts = [e.text for e in synthetic_ner(30, seed=4)]
-    enc, tok = build_tiny(texts, hidden=32, layers=1, heads=2)
+    enc, tok = build_tiny(texts, hidden=32, embedding=32, bigram_buckets=1009)
     model_dir = str(tmp_path / "m")
     enc.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)

@@ -10,14 +10,14 @@ from spanflow.data.synthetic import synthetic_ner
 from spanflow.embedder import Embedder
 from spanflow.errors import ConfigError, ModelDirError
 from spanflow.inference.embed_job import EmbedSpec, embed_file
-from spanflow.models.encoder import build_tiny
+from helpers import tiny_bert
 from spanflow.models.pooling import Pooling
 
 TEXTS = [e.text for e in synthetic_ner(40, seed=8, max_clauses=3)]
 
 
 def make_dir(path, modules=None, max_seq_length=None, pooling="mean"):
-    enc, tok = build_tiny(TEXTS, hidden=32, layers=2, heads=2, seed=0)
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=2, seed=0)
     enc.save_pretrained(path)
     tok.save_pretrained(path)
     if modules is not None:

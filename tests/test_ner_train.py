@@ -14,7 +14,7 @@ REPORT_KEYS = {"epoch", "step", "real_tokens_per_s", "padded_tokens_per_s", "pad
 
 
 def small_opts(**kw):
-    base = dict(epochs=12, lr=5e-3, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
+    base = dict(epochs=12, lr=2e-2, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
                 seed=0)
     base.update(kw)
     return TrainOptions(**base)

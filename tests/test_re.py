@@ -84,7 +84,7 @@ def reference_loop(model, ids, content, att, thr):
 
 def test_batched_cascade_equals_per_subject_loop():
     texts = [e.text for e in synthetic_re(20, seed=3)]
-    enc, tok = build_tiny(texts, hidden=32, layers=1, heads=2)
+    enc, tok = build_tiny(texts, hidden=32, embedding=32, bigram_buckets=1009)
     torch.manual_seed(0)
     model = CasRelModel(enc, CasRelHead(hidden_size=32, num_relations=5)).eval()
     batch = tok(texts[:6], padding=True, return_tensors="pt")

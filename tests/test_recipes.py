@@ -22,7 +22,7 @@ ID2LABEL = bio_label_list(["A", "B"])  # O B-A I-A B-B I-B
 
 
 def small_opts(**kw):
-    base = dict(epochs=12, lr=5e-3, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
+    base = dict(epochs=12, lr=2e-2, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
                 seed=0)
     base.update(kw)
     return TrainOptions(**base)
@@ -213,15 +213,17 @@ def test_window_kinds_reads_entity_types():
     assert window_kinds(wins, ID2LABEL) == [{"B"}, {"A"}, set()]
 
 
-def test_gradient_checkpointing_keeps_gradients(tmp_path):
+@pytest.mark.parametrize("kind", ["transformer", "tiny"])
+def test_gradient_checkpointing_keeps_gradients(tmp_path, kind):
+    from helpers import tiny_bert
     from spanflow.models.encoder import build_tiny, enable_checkpointing, is_checkpointing
 
     texts = [e.text for e in synthetic_ner(20, seed=2)]
     grads = []
     for ckpt in (False, True):
-        enc, tok = build_tiny(texts, seed=0, layers=2)
+        enc, tok = tiny_bert(texts, hidden=128, seed=0) if kind == "transformer" else build_tiny(texts, seed=0)
         torch.manual_seed(4)
-        model = EncoderWithHead(enc, TokenClassificationHead(hidden_size=128, num_labels=3)).train()
+        model = EncoderWithHead(enc, TokenClassificationHead(hidden_size=enc.config.hidden_size, num_labels=3)).train()
         assert not is_checkpointing(enc)
         if ckpt:
             enable_checkpointing(enc)

@@ -121,6 +121,17 @@ def decode_spans(enc: Encoded, pred: list[int], id2label: list[str]) -> list[Spa
     return spans
 
 
+def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:
+    """A valid (max_length, stride) pair for windows of an encoder that takes `limit` tokens."""
+    from spanflow.errors import ConfigError
+
+    if not 8 <= max_length <= limit:
+        raise ConfigError(f"--max-length must be between 8 and the model's limit {limit}, got {max_length}")
+    if not 0 <= stride < max_length - 2:
+        raise ConfigError(f"--stride must be between 0 and max length - 3 ({max_length - 3}), got {stride}")
+    return max_length, stride
+
+
 def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
     """Cut [0, n_tokens) into windows of at most max_length-2 content tokens.
 

@@ -6,17 +6,36 @@ import argparse
 from spanflow.training.precision import PRECISIONS
 
 
-def add_runtime_args(p: argparse.ArgumentParser, *, max_tokens: int | None) -> None:
+INFER_BUDGET = "None: 2048 on CPU, 32768 on GPU"
+
+
+def add_runtime_args(p: argparse.ArgumentParser, *, max_tokens: int | None, unset: str = INFER_BUDGET) -> None:
     p.add_argument("--max-tokens", default=None if max_tokens is None else str(max_tokens),
                    help="padded tokens per batch (longest x count), or 'auto' (measured once per model and "
-                        "device, then cached) [%(default)s; None: 2048 on CPU, 32768 on GPU]")
+                        f"device, then cached) [%(default)s; {unset}]")
     p.add_argument("--profile", default=None, help="a profile.json from 'spanflow tune': use its best token budget")
     p.add_argument("--precision", choices=PRECISIONS, default="auto", help="[%(default)s]")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps [%(default)s]")
 
 
-def load_task_model(path: str, *, device: str = "auto", precision: str = "auto"):
-    """A trained spanflow model of whichever task its directory holds."""
+def add_window_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per window, special tokens included (default: the longest window the model "
+                        "was trained on, which keeps long documents as accurate as short texts)")
+    p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows "
+                                                             "(default: as trained)")
+
+
+def load_task_model(path: str, *, device: str = "auto", precision: str = "auto", max_length: int | None = None,
+                    stride: int | None = None):
+    """A trained spanflow model of whichever task its directory holds, with its window set."""
+    model = _load(path, device=device, precision=precision)
+    if max_length is not None or stride is not None:
+        model.set_window(max_length, stride)
+    return model
+
+
+def _load(path: str, *, device: str, precision: str):
     from spanflow.models.directory import read_model_config
 
     task = read_model_config(path).get("task")

@@ -28,8 +28,7 @@ def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) ->
     dev = synthetic_ner(max(100, train_size // 5), seed=seed + 1)
     print(f"synthetic data: {len(train)} train / {len(dev)} dev texts, "
           f"labels {sorted({lab for e in train for *_, lab in e.spans})}")
-    opts = TrainOptions(epochs=epochs, lr=3e-3, max_tokens=2048, seed=seed, warmup_ratio=0.06, patience=None,
-                        max_length=128)
+    opts = TrainOptions(epochs=epochs, seed=seed)  # everything else: the defaults a user gets
     model = train_ner(train, dev, model="tiny", out_dir=out, options=opts)
     metrics = model.evaluate(dev)
     print(format_table(metrics))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from spanflow.cli.common import add_runtime_args
+from spanflow.cli.common import add_runtime_args, add_window_args
 from spanflow.data.io import read_ner
 from spanflow.tasks.metrics import format_table
 
@@ -17,6 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--scheme")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_runtime_args(p, max_tokens=None)
+    add_window_args(p)
 
 
 def _max_tokens(a: argparse.Namespace, model) -> int | None:
@@ -29,7 +30,8 @@ def _max_tokens(a: argparse.Namespace, model) -> int | None:
 def run(a: argparse.Namespace) -> int:
     from spanflow.cli.common import load_task_model
     from spanflow.data.io import read_re
-    model = load_task_model(a.model, device=a.device, precision=a.precision)
+    model = load_task_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
+                            stride=a.stride)
     if model.task == "ner":
         data = read_ner(a.data, fmt=a.format, scheme=a.scheme)
         m = model.evaluate(data, max_tokens=_max_tokens(a, model))

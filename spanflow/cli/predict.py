@@ -9,7 +9,7 @@ from collections import deque
 
 from tqdm import tqdm
 
-from spanflow.cli.common import add_runtime_args
+from spanflow.cli.common import add_runtime_args, add_window_args
 from spanflow.data.formats.common import read_lines
 from spanflow.data.io import read_texts
 from spanflow.errors import DataError
@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--output", required=True, help="output JSONL")
     p.add_argument("--field", default="text", help="JSONL field holding the text [%(default)s]")
     add_runtime_args(p, max_tokens=None)
+    add_window_args(p)
 
 
 def format_record(text: str, result, task: str) -> dict:
@@ -98,7 +99,8 @@ def run(a: argparse.Namespace) -> int:
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    model = load_task_model(a.model, device=a.device, precision=a.precision)
+    model = load_task_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
+                            stride=a.stride)
     stats = predict_file(model, a.input, a.output, field=a.field, max_tokens=_max_tokens(a))
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
     return 0

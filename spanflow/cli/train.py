@@ -22,9 +22,12 @@ def add_parser(sub) -> None:
     p.add_argument("--all-subjects", action="store_true",
                    help="RE: train the object stage on every gold subject, not one sampled per text")
     d = TrainOptions()
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-5; 2e-3 for tiny)")
-    p.add_argument("--head-lr", type=float, default=None, help="learning rate of the head (default: --lr)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="most epochs; early stopping on dev usually ends sooner (default: per task, docs/defaults.md)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate of the encoder (default: per task, scaled to the update size)")
+    p.add_argument("--head-lr", type=float, default=None,
+                   help="learning rate of a freshly initialised head (default: per task)")
     p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--grad-accum", type=int, default=d.grad_accum)
@@ -44,8 +47,8 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("recipes", "options for rare types and small data "
                                         "(docs/recipes.md has their measured effect)")
     g.add_argument("--head", choices=["softmax", "crf"], default=None,
-                   help="NER: per-token softmax (default for a new model), or a BIO-constrained CRF with "
-                        "Viterbi decoding; a spanflow model keeps its head unless this is given")
+                   help="NER: a BIO-constrained CRF with Viterbi decoding (default for a new model), or a "
+                        "per-token softmax; a spanflow model keeps its head unless this is given")
     g.add_argument("--label-smoothing", type=float, default=0.0, help="spread this much target probability [0]")
     g.add_argument("--class-weights", default=None,
                    help="NER loss weights: 'auto' (inverse sqrt label frequency) or 'person=2,product=3'")
@@ -57,7 +60,7 @@ def add_parser(sub) -> None:
                    help="recompute layer activations in backward: far less memory on long inputs, ~30%% slower")
     p.add_argument("--lr-scaling", choices=["none", "sqrt", "linear"], default="none",
                    help="scale --lr for the larger global batch of several processes [%(default)s]")
-    add_runtime_args(p, max_tokens=d.max_tokens)
+    add_runtime_args(p, max_tokens=None, unset="None: sized from the data, about 100 updates per epoch")
 
 
 def options_from_args(a: argparse.Namespace) -> TrainOptions:
@@ -67,7 +70,7 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
                                     data=a.train, precision=a.precision, device=a.device)
     return TrainOptions(epochs=a.epochs, lr=a.lr, head_lr=a.head_lr, weight_decay=a.weight_decay,
                         warmup_ratio=a.warmup_ratio, grad_accum=a.grad_accum,
-                        max_tokens=max_tokens or TrainOptions().max_tokens,
+                        max_tokens=max_tokens,
                         max_length=a.max_length, stride=a.stride, precision=a.precision, device=a.device,
                         seed=a.seed, eval_every=a.eval_every, patience=a.patience, save_every=a.save_every,
                         max_steps=a.max_steps, resume=a.resume, lr_scaling=a.lr_scaling,

@@ -35,6 +35,10 @@ def load_encoder(path: str) -> tuple[nn.Module, object]:
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not getattr(tokenizer, "is_fast", False):
         raise ModelDirError(f"{path}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+    if _model_type(path) == "spanflow_tiny":
+        from spanflow.models.tiny import TinyModel
+
+        return TinyModel.from_pretrained(path, local_files_only=True), tokenizer
     kwargs = dict(local_files_only=True, attn_implementation="sdpa")
     try:
         # the pooler is unused by token-level heads; leaving it out keeps DDP free of unused params
@@ -42,6 +46,16 @@ def load_encoder(path: str) -> tuple[nn.Module, object]:
     except TypeError:
         encoder = AutoModel.from_pretrained(path, **kwargs)
     return encoder, tokenizer
+
+
+def _model_type(path: str) -> str | None:
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # left to the loader, which reports what is wrong
 
 
 def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
@@ -95,21 +109,32 @@ def train_wordpiece(texts: list[str], vocab_size: int = 4000):
                                    sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
 
 
-def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 128, layers: int = 2, heads: int = 2,
-               max_length: int = 512, seed: int = 0) -> tuple[nn.Module, object]:
-    """A small from-scratch BERT and a WordPiece tokenizer trained on the given texts."""
-    from transformers import BertConfig, BertModel
+def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, embedding: int = 128,
+               layers: int = 1, bigram_buckets: int | None = None, max_length: int = 512,
+               seed: int = 0) -> tuple[nn.Module, object]:
+    """A small from-scratch encoder (models/tiny.py) and a WordPiece tokenizer trained on the texts.
+
+    `bigram_buckets` None sizes the bigram table to twice the distinct token bigrams of the
+    texts (at most 100003): a table far larger than the data only adds memory.
+    """
+    from spanflow.models.tiny import TinyConfig, TinyModel
 
     _quiet_transformers()
     tokenizer = train_wordpiece(texts, vocab_size)
-    cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-                     num_attention_heads=heads, intermediate_size=hidden * 4, max_position_embeddings=max_length,
-                     pad_token_id=tokenizer.pad_token_id, hidden_dropout_prob=0.1,
-                     attention_probs_dropout_prob=0.1, attn_implementation="sdpa")
+    if bigram_buckets is None:
+        bigram_buckets = min(100_003, max(1009, 2 * _distinct_bigrams(tokenizer, texts)))
+    cfg = TinyConfig(vocab_size=len(tokenizer), embedding_size=embedding, hidden_size=hidden,
+                     num_hidden_layers=layers, bigram_buckets=bigram_buckets, pad_token_id=tokenizer.pad_token_id,
+                     max_position_embeddings=max_length)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        encoder = BertModel(cfg, add_pooling_layer=False)
+        encoder = TinyModel(cfg)
     return encoder, tokenizer
+
+
+def _distinct_bigrams(tokenizer, texts: list[str]) -> int:
+    ids = tokenizer(list(texts), add_special_tokens=True, return_attention_mask=False)["input_ids"] if texts else []
+    return len({pair for row in ids for pair in zip(row, row[1:])})
 
 
 def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed: int = 0) -> tuple[nn.Module, object, int]:
@@ -120,6 +145,11 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
         encoder, tokenizer = load_encoder(source)
     limit = encoder_max_length(encoder, tokenizer)
     return encoder, tokenizer, min(max_length or limit, limit)
+
+
+def is_tiny(encoder: nn.Module) -> bool:
+    """True for the from-scratch `tiny` encoder (continued or new), which trains with its own defaults."""
+    return getattr(encoder.config, "model_type", None) == "spanflow_tiny"
 
 
 def enable_checkpointing(encoder: nn.Module) -> None:

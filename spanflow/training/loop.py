@@ -74,6 +74,8 @@ class _Run:
     total_steps: int
     running: torch.Tensor  # loss summed on device: read only at log points
     n_running: int = 0
+    epoch_loss: float = 0.0  # summed on device as `running`; read once per epoch
+    n_epoch: int = 0
 
     @property
     def ckpt_dir(self) -> str:
@@ -113,6 +115,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             rep = _close_period(r.meter, dist)  # before evaluation, so eval time is not counted as training
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
             _report(r, epoch, rep, f1)
+            _learning_check(r, f1)
             r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
             _checkpoint(r)
     finally:
@@ -131,7 +134,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
     os.makedirs(out_dir, exist_ok=True)
-    st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "bad_evals": 0, "stopped": False}
+    st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "bad_evals": 0, "stopped": False,
+          "first_loss": None}
     r = _Run(model, _wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
              optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
     if opts.resume and has_checkpoint(r.ckpt_dir):
@@ -154,8 +158,13 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
     for micro in prefetch(groups):
         t_data = time.perf_counter()
         meter.add_time("data_wait", t_data - wait_start)
-        r.running += _train_step(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
+        loss = _train_step(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
+        if st.get("first_loss") is None:
+            st["first_loss"] = loss.item()  # host sync, once per run: the baseline of learning_check
+        r.running += loss
+        r.epoch_loss = r.epoch_loss + loss
         r.n_running += 1
+        r.n_epoch += 1
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
         _optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm, r.policy.device)
@@ -191,6 +200,23 @@ def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = Fa
     if r.dist.is_main:
         append_jsonl(r.report_path, rep)
         r.log(format_report(rep))
+
+
+def _learning_check(r: _Run, f1: float | None) -> None:
+    """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try."""
+    loss = float(r.epoch_loss) / max(1, r.n_epoch)  # host sync, once per epoch
+    r.epoch_loss, r.n_epoch = 0.0, 0
+    first = r.st.get("first_loss")
+    if f1 is None or f1 > 0 or not first or not r.dist.is_main:
+        return
+    steps = r.st["global_step"]
+    if loss > 0.8 * first:
+        r.log(f"not learning: dev F1 is 0 and the loss barely moved ({first:.3g} -> {loss:.3g}) in {steps} "
+              "optimizer steps; give it more updates (a smaller --max-tokens, more --epochs) or a higher "
+              "--lr/--head-lr")
+    else:
+        r.log(f"dev F1 is still 0 although the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
+              "train longer (--epochs), or check that --dev holds the labels of --train")
 
 
 def _checkpoint(r: _Run) -> None:

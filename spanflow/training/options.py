@@ -10,14 +10,14 @@ from dataclasses import asdict, dataclass
 class TrainOptions:
     """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher)."""
 
-    epochs: int = 3
-    lr: float | None = None  # None: 5e-5 for a pretrained encoder, 2e-3 for `tiny`
-    head_lr: float | None = None  # None: same as lr
+    epochs: int | None = None  # None: the task's default (training/defaults.py); early stopping ends most runs
+    lr: float | None = None  # None: the task's default, scaled to the update size
+    head_lr: float | None = None  # None: the task's default for a fresh head (or lr)
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
     grad_accum: int = 1
-    max_tokens: int = 4096
+    max_tokens: int | None = None  # None: sized from the data (training/defaults.update_tokens)
     max_length: int | None = None  # None: the encoder's limit
     stride: int = 32
     precision: str = "auto"

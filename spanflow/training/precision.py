@@ -67,9 +67,10 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_policy(precision: str = "auto", device: str = "auto") -> Policy:
-    """bf16 where the accelerator has it, fp16 + GradScaler otherwise on CUDA, fp32 on CPU
-    unless asked; TF32 matmuls on Ampere and newer."""
+def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: bool = False) -> Policy:
+    """bf16 where the accelerator has it, fp16 + GradScaler otherwise on CUDA; TF32 matmuls
+    on Ampere and newer. On CPU `auto` is fp32, or bf16 when `cpu_bf16` and the CPU runs
+    bf16 natively (training: dev F1 equal to fp32's within seed noise, docs/defaults.md)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
     dev = pick_device(device)
@@ -84,7 +85,8 @@ def resolve_policy(precision: str = "auto", device: str = "auto") -> Policy:
     elif dev.type == "mps":
         precision = "fp32" if precision == "auto" else precision
     else:
-        precision = "fp32" if precision == "auto" else precision
+        if precision == "auto":
+            precision = "bf16" if cpu_bf16 and cpu_has_bf16() else "fp32"
         if precision == "fp16":
             raise ConfigError("fp16 is for CUDA devices; on CPU use --precision bf16 or fp32")
         if precision == "bf16" and not cpu_has_bf16():

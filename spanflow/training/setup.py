@@ -10,7 +10,7 @@ import torch
 
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.distributed import Dist, init_from_env
-from spanflow.training.options import TrainOptions, scaled_options
+from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy, resolve_policy
 
 
@@ -25,11 +25,10 @@ class Run:
 
 def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None]) -> Run:
     dist = init_from_env()
-    # a from-scratch model wants a far larger step than a pretrained one
-    opts = scaled_options(options or TrainOptions(), default_lr=2e-3 if model == "tiny" else 5e-5, world=dist.world)
+    opts = options or TrainOptions()  # unset values are filled from the data later (training/defaults.py)
     log = log_fn if dist.is_main else (lambda s: None)
     torch.manual_seed(opts.seed)
-    policy = resolve_policy(opts.precision, opts.device)
+    policy = resolve_policy(opts.precision, opts.device, cpu_bf16=True)
     log(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
     os.makedirs(out_dir, exist_ok=True)
     ckpt = os.path.join(out_dir, "checkpoint")

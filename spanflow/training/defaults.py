@@ -1,0 +1,77 @@
+"""What a run with only the required flags gets: defaults chosen for time to accuracy.
+
+Each task states its defaults as a `TaskDefaults` per starting point (a pretrained encoder
+or `tiny`); `fill_defaults` applies them to the options a user left unset, and sizes the
+optimizer update from the data. docs/defaults.md holds the measurement behind each value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from spanflow.training.options import TrainOptions, scaled_options
+
+UPDATES_PER_EPOCH = 100  # a small data set still gets enough optimizer updates to learn in a few epochs
+REFERENCE_TOKENS = 1024  # the update size the learning rates below were measured at
+MIN_UPDATE_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """Defaults of one task for one kind of starting point."""
+
+    lr: float  # encoder peak learning rate at REFERENCE_TOKENS per update
+    head_lr: float | None  # a freshly initialised head's own rate; None: the encoder's
+    epochs: int  # the most epochs; early stopping on dev (--patience) usually ends the run before
+
+
+def device_budget(device: torch.device) -> int:
+    """Largest padded tokens per micro-batch worth taking: on CPU throughput is flat from
+    1k to 4k tokens, a GPU needs far larger batches to fill."""
+    return 4096 if device.type == "cpu" else 32768
+
+
+def update_tokens(lengths: list[int], device: torch.device, world: int = 1) -> int:
+    """Padded tokens per optimizer step (per process) for a data set of these item lengths.
+
+    About UPDATES_PER_EPOCH updates per epoch, rounded to a power of two, never fewer
+    tokens than the longest item nor more than the device's budget: on a large data set
+    the update is as large as the device runs well; on a small one it is cut so the model
+    still takes enough steps. More processes share one update.
+    """
+    total = sum(lengths) / max(1, world)
+    want = 2 ** round(math.log2(max(1.0, total / UPDATES_PER_EPOCH)))
+    return int(max(max(lengths, default=1), MIN_UPDATE_TOKENS, min(want, device_budget(device))))
+
+
+def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[int], device: torch.device,
+                  world: int = 1, log: Callable[[str], None] = print) -> TrainOptions:
+    """Options with every unset value taken from `defaults` and the data, each choice logged.
+
+    The learning rates follow the update size by the square-root rule (Adam-style
+    optimizers keep their per-update noise level that way), from REFERENCE_TOKENS.
+    """
+    auto = []
+    max_tokens = opts.max_tokens
+    if max_tokens is None:
+        max_tokens = update_tokens(lengths, device, world)
+        auto.append(f"max_tokens {max_tokens} (about {UPDATES_PER_EPOCH} updates per epoch)")
+    scale = math.sqrt(max_tokens * opts.grad_accum * world / REFERENCE_TOKENS)
+    checked = scaled_options(opts, default_lr=0.0, world=world)  # validates; --lr-scaling for rates given
+    lr = checked.lr if opts.lr is not None else defaults.lr * scale
+    head_lr = checked.head_lr if opts.head_lr is not None else (defaults.head_lr * scale if defaults.head_lr else None)
+    if opts.lr is None:
+        auto.append(f"lr {lr:.2g}")
+    if opts.head_lr is None and head_lr is not None:
+        auto.append(f"head_lr {head_lr:.2g}")
+    epochs = opts.epochs if opts.epochs is not None else defaults.epochs
+    if opts.epochs is None:
+        auto.append(f"epochs {epochs}" + (f" (early stop after {opts.patience} evaluations without gain)"
+                                          if opts.patience else ""))
+    if auto:
+        log("defaults: " + ", ".join(auto))
+    return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs)

@@ -1,0 +1,107 @@
+"""Defaults sized from the data, the not-learning line, the inference window, training precision."""
+import math
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError
+from spanflow.ner import NerModel, train_ner
+from spanflow.training import precision
+from spanflow.training.defaults import (REFERENCE_TOKENS, UPDATES_PER_EPOCH, TaskDefaults, device_budget,
+                                        fill_defaults, update_tokens)
+from spanflow.training.loop import TaskHooks, train_loop
+from spanflow.training.options import TrainOptions
+
+CPU = torch.device("cpu")
+D = TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=7)
+
+
+def test_update_size_follows_the_data_within_device_bounds():
+    small = [32] * 3000  # 96k tokens: about 100 updates of 1024
+    assert update_tokens(small, CPU) == 1024
+    assert len(small) * 32 / update_tokens(small, CPU) == pytest.approx(UPDATES_PER_EPOCH, rel=0.5)
+    assert update_tokens([32] * 10, CPU) == 256  # never below the floor
+    assert update_tokens([300] * 5, CPU) == 300  # nor below the longest item
+    assert update_tokens([32] * 10 ** 6, CPU) == device_budget(CPU)  # large data: as large as the device runs well
+    assert update_tokens([32] * 10 ** 6, torch.device("cuda")) > device_budget(CPU)
+    # two processes share one update: each takes half
+    assert update_tokens(small, CPU, world=2) == 512
+
+
+def test_fill_defaults_fills_only_what_is_unset():
+    lines = []
+    o = fill_defaults(TrainOptions(), D, lengths=[32] * 3000, device=CPU, log=lines.append)
+    assert (o.max_tokens, o.epochs, o.lr, o.head_lr) == (1024, 7, 5e-5, 1e-3)
+    assert lines and "max_tokens 1024" in lines[0] and "epochs 7" in lines[0]
+    given = fill_defaults(TrainOptions(max_tokens=4096, lr=1e-4, head_lr=2e-3, epochs=2), D, lengths=[32] * 3000,
+                          device=CPU, log=lines.append)
+    assert (given.max_tokens, given.epochs, given.lr, given.head_lr) == (4096, 2, 1e-4, 2e-3)
+
+
+def test_default_rates_follow_the_update_size_by_square_root():
+    o = fill_defaults(TrainOptions(max_tokens=4 * REFERENCE_TOKENS), D, lengths=[32] * 100, device=CPU,
+                      log=lambda s: None)
+    assert o.lr == pytest.approx(2 * D.lr) and o.head_lr == pytest.approx(2 * D.head_lr)
+    # --lr-scaling scales a given rate by the world; a default one already counts the world's tokens
+    o = fill_defaults(TrainOptions(max_tokens=REFERENCE_TOKENS, lr=1e-4, lr_scaling="sqrt"), D,
+                      lengths=[32] * 100, device=CPU, world=4, log=lambda s: None)
+    assert o.lr == pytest.approx(2e-4) and o.head_lr == pytest.approx(D.head_lr * 2)
+    with pytest.raises(ConfigError):
+        fill_defaults(TrainOptions(llrd=0.0), D, lengths=[32], device=CPU, log=lambda s: None)
+
+
+class _Constant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+
+def _loop(tmp_path, loss, lr):
+    items = [[0] * 8 for _ in range(16)]
+    hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
+                                          "padded_tokens": 8 * len(ws)},
+                      loss_fn=loss, evaluate=lambda m: {"f1": 0.0}, save_model=lambda p: os.makedirs(p, exist_ok=True))
+    lines = []
+    opts = TrainOptions(epochs=2, lr=lr, max_tokens=32, patience=None, log_every=0, warmup_ratio=0.0,
+                        weight_decay=0.0, max_grad_norm=0.0)
+    train_loop(_Constant(), items, hooks, opts=opts, policy=precision.resolve_policy("fp32", "cpu"),
+               out_dir=str(tmp_path), log=lines.append)
+    return lines
+
+
+def test_a_run_that_does_not_learn_says_so(tmp_path):
+    flat = _loop(tmp_path / "a", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1)
+    assert sum("not learning" in x for x in flat) == 2 and "--max-tokens" in [x for x in flat if "not learning" in x][0]
+    falling = _loop(tmp_path / "b", lambda m, b: m.w.square() * b["x"].numel(), lr=0.3)
+    assert not any("not learning" in x for x in falling)
+    assert any("loss fell" in x for x in falling)
+
+
+def test_training_auto_precision_is_bf16_only_on_native_bf16_cpus(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    assert precision.resolve_policy("auto", "cpu", cpu_bf16=True).name == "bf16"
+    assert precision.resolve_policy("auto", "cpu").name == "fp32"  # inference keeps fp32 unless asked
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    assert precision.resolve_policy("auto", "cpu", cpu_bf16=True).name == "fp32"
+
+
+def test_inference_window_is_the_trained_length(tmp_path):
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    opts = TrainOptions(epochs=12, lr=2e-2, max_tokens=512, warmup_ratio=0.05, patience=None, log_every=0)
+    model = train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
+    longest = max(len(model.tokenizer(e.text)["input_ids"]) for e in data)
+    assert model.window == math.ceil(longest / 8) * 8 < model.max_length
+    again = NerModel.load(str(tmp_path / "model"))
+    assert again.window == model.window
+    long = " ".join(e.text for e in data[:12])  # far longer than any training window
+    assert len(model.tokenizer(long)["input_ids"]) > 3 * model.window
+    spans = again.predict([long])[0]
+    assert max(e for _, e, _ in spans) > len(long) - len(data[11].text)  # the last sentence is still tagged
+    again.set_window(16, 4)
+    assert (again.window, again.stride) == (16, 4)
+    for bad in ((2, None), (10 ** 6, None), (16, 14)):
+        with pytest.raises(ConfigError):
+            again.set_window(*bad)
