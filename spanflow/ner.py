@@ -75,20 +75,23 @@ class NerModel:
                                                 self.max_length)
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
-                       on_batch: Callable | None = None) -> Iterator[list[Span]]:
-        """Spans for each text, in order, with bounded memory for inputs of any size."""
+                       on_batch: Callable | None = None, words: Iterable | None = None) -> Iterator[list[Span]]:
+        """Spans for each text, in order, with bounded memory for inputs of any size; `words`:
+        each text's own tokens as char offsets (or None), which spans then start and end on."""
         max_tokens = max_tokens or default_infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.window,
                          stride=self.stride, max_tokens=max(max_tokens, self.window), policy=self.policy,
-                         on_batch=on_batch)
+                         on_batch=on_batch, words=words)
 
-    def predict(self, texts: list[str], *, max_tokens: int | None = None) -> list[list[Span]]:
-        """Character-offset (start, end, label) spans for each text."""
-        return list(self.predict_stream(texts, max_tokens=max_tokens))
+    def predict(self, texts: list[str], *, max_tokens: int | None = None,
+                words: list | None = None) -> list[list[Span]]:
+        """Character-offset (start, end, label) spans for each text (`words`: see predict_stream)."""
+        return list(self.predict_stream(texts, max_tokens=max_tokens, words=words))
 
     def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
-        pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
+        pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
+                                                              words=[e.words for e in ex]), dist)
         return span_prf([e.spans for e in examples], pred)
 
 

@@ -87,3 +87,23 @@ def test_long_text_windows_merge_back_to_gold(tiny_tokenizer):
         parts.append((w.start, w.end, pred))
     merged = merge_windows(len(enc.ids), parts)
     assert decode_spans(enc, merged, id2label) == spans
+
+
+def test_input_tokens_are_the_words(tiny_tokenizer, tmp_path):
+    """A text read as tokens labels and decodes whole tokens: a URL the tokenizer cuts into
+    many words is one word, so a span cannot start or end inside it."""
+    path = tmp_path / "t.conll"
+    path.write_text("see\tO\nhttp://t.co/ab\tB-product\nnow\tO\n\n", encoding="utf-8")
+    ex = read_ner(str(path))[0]
+    assert ex.text == "see http://t.co/ab now" and ex.words == [(0, 3), (4, 18), (19, 22)]
+    enc = encode_texts(tiny_tokenizer, [ex.text], [ex.words])[0]
+    by_tokenizer = encode_texts(tiny_tokenizer, [ex.text])[0]
+    assert sum(enc.first) == 3 < sum(by_tokenizer.first)
+    id2label = ["O", "B-product", "I-product"]
+    labels = bio_labels(enc, ex.spans, {lab: i for i, lab in enumerate(id2label)})
+    assert sum(x == 1 for x in labels) == 1 and sum(x == 2 for x in labels) == 0
+    # a B on the URL's first piece decodes to the whole token, whatever the other pieces say
+    pred = [1 if (f and enc.offsets[j][0] == 4) else 0 for j, f in enumerate(enc.first)]
+    assert decode_spans(enc, pred, id2label) == [(4, 18, "product")]
+    # the same prediction read at the tokenizer's words ends inside the token
+    assert decode_spans(by_tokenizer, pred, id2label)[0][1] < 18

@@ -111,7 +111,7 @@ def test_overfit_and_save_load(tmp_path):
     # one clause per text: a 2-layer encoder trained from scratch on 40 texts cannot yet tell
     # apart several subjects of one sentence (that takes a pretrained encoder)
     data = synthetic_re(40, seed=1, max_clauses=1)
-    opts = TrainOptions(epochs=40, lr=2e-3, max_tokens=160, max_length=64, patience=None, log_every=0,
+    opts = TrainOptions(epochs=40, lr=5e-3, max_tokens=160, max_length=64, patience=None, log_every=0,
                         warmup_ratio=0.05)
     model = train_re(data, data, model="tiny", out_dir=str(tmp_path), options=opts, all_subjects=True,
                      log_fn=lambda s: None)

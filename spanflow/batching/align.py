@@ -38,20 +38,42 @@ class Window:
         return len(self.input_ids)
 
 
-def encode_texts(tokenizer, texts: list[str]) -> list[Encoded]:
-    """Tokenize a batch of texts (fast tokenizer, no special tokens) keeping char offsets."""
+def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list[Encoded]:
+    """Tokenize a batch of texts (fast tokenizer, no special tokens) keeping char offsets.
+
+    A word starts at the tokenizer's word boundaries, or, where `words[i]` gives the text's
+    own tokens as (start, end) offsets, at the first subword of each of those tokens.
+    """
     if not texts:
         return []
     enc = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
                     return_attention_mask=False, return_token_type_ids=False)
     out = []
     for i, ids in enumerate(enc["input_ids"]):
-        words = enc.word_ids(i)
-        first = [w is not None and (j == 0 or words[j - 1] != w) for j, w in enumerate(words)]
         offsets = [tuple(o) for o in enc["offset_mapping"][i]]
+        if words is not None and words[i] is not None:
+            first = first_of_words(offsets, words[i])
+        else:
+            wids = enc.word_ids(i)
+            first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
         starts, ends = _widen(texts[i], offsets)
         out.append(Encoded(ids, offsets, first, starts, ends))
     return out
+
+
+def first_of_words(offsets: list[tuple[int, int]], words: list[tuple[int, int]]) -> list[bool]:
+    """Which tokens start one of the given words: the first token that begins inside each
+    word. A token outside every word (none should be) starts a word of its own."""
+    owner: dict[int, int] = {}
+    for w, (a, b) in enumerate(words):
+        for c in range(a, b):
+            owner[c] = w
+    first, prev = [], None
+    for j, (s, _) in enumerate(offsets):
+        w = owner.get(s, ("alone", j))
+        first.append(w != prev)
+        prev = w
+    return first
 
 
 def _widen(text: str, offsets: list[tuple[int, int]]) -> tuple[list[int], list[int]]:

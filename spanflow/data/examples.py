@@ -8,10 +8,16 @@ Span = tuple[int, int, str]  # (start, end, label); end exclusive, character off
 
 @dataclass
 class NerExample:
-    """One text with its entity spans as (start, end, label) character offsets."""
+    """One text with its entity spans as (start, end, label) character offsets.
+
+    `words` holds the (start, end) offsets of the input's own tokens when the text came as
+    tokens (CoNLL, DocBin): the model then labels and decodes whole input tokens, so a
+    predicted entity never starts or ends inside one. None: the tokenizer's words.
+    """
 
     text: str
     spans: list[Span] = field(default_factory=list)
+    words: list[tuple[int, int]] | None = field(default=None, compare=False)
 
     def entities(self) -> list[tuple[str, str]]:
         """The (surface text, label) of each span, for display and checks."""

@@ -16,8 +16,12 @@ from spanflow.training.precision import Policy
 
 def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: list[str], max_length: int,
               stride: int, max_tokens: int, policy: Policy, chunk_size: int = 8192,
-              on_batch: Callable[[int, int, int], None] | None = None) -> Iterator[list[Span]]:
+              on_batch: Callable[[int, int, int], None] | None = None,
+              words: Iterable | None = None) -> Iterator[list[Span]]:
     """Yield each text's spans, in input order, streaming `chunk_size` texts at a time.
+
+    `words` (parallel to `texts`; an item may be None) gives a text's own tokens as char
+    offsets: spans then start and end on those tokens (see batching.align.encode_texts).
 
     Within a chunk windows are sorted by length and cut into token-budget batches; the
     next chunk is tokenized in a background thread while this one computes.
@@ -25,14 +29,16 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
     """
     cls_id, sep_id, pad_id = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id
 
-    def prepare(chunk: list[str]):
-        encs = encode_texts(tokenizer, chunk)
+    def prepare(pairs: list[tuple[str, object]]):
+        chunk = [t for t, _ in pairs]
+        encs = encode_texts(tokenizer, chunk, [w for _, w in pairs])
         wins = windows_for(encs, max_length=max_length, stride=stride, cls_id=cls_id, sep_id=sep_id)
         batches = token_budget_batches([len(w) for w in wins], max_tokens, shuffle=False)
         return chunk, encs, wins, batches
 
     model.eval()
-    for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(texts, chunk_size)):
+    pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
+    for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
         for b in batches:
             bw = [wins[i] for i in b]

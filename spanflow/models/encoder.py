@@ -114,7 +114,7 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, e
                seed: int = 0) -> tuple[nn.Module, object]:
     """A small from-scratch encoder (models/tiny.py) and a WordPiece tokenizer trained on the texts.
 
-    `bigram_buckets` None sizes the bigram table to twice the distinct token bigrams of the
+    `bigram_buckets` None sizes the bigram table to four times the distinct token bigrams of the
     texts (at most 100003): a table far larger than the data only adds memory.
     """
     from spanflow.models.tiny import TinyConfig, TinyModel
@@ -122,7 +122,7 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, e
     _quiet_transformers()
     tokenizer = train_wordpiece(texts, vocab_size)
     if bigram_buckets is None:
-        bigram_buckets = min(100_003, max(1009, 2 * _distinct_bigrams(tokenizer, texts)))
+        bigram_buckets = min(100_003, max(1009, 4 * _distinct_bigrams(tokenizer, texts)))
     cfg = TinyConfig(vocab_size=len(tokenizer), embedding_size=embedding, hidden_size=hidden,
                      num_hidden_layers=layers, bigram_buckets=bigram_buckets, pad_token_id=tokenizer.pad_token_id,
                      max_position_embeddings=max_length)

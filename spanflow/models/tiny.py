@@ -25,7 +25,7 @@ class TinyConfig(PretrainedConfig):
     model_type = "spanflow_tiny"
 
     def __init__(self, vocab_size: int = 4000, embedding_size: int = 128, hidden_size: int = 256,
-                 num_hidden_layers: int = 1, bigram_buckets: int = 100_003, dropout: float = 0.3,
+                 num_hidden_layers: int = 1, bigram_buckets: int = 100_003, dropout: float = 0.5,
                  max_position_embeddings: int = 512, pad_token_id: int = 0, **kwargs):
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.vocab_size, self.embedding_size, self.hidden_size = vocab_size, embedding_size, hidden_size

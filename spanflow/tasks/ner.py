@@ -18,7 +18,7 @@ def bio_label_list(entity_labels: list[str]) -> list[str]:
 def prepare_windows(examples: list[NerExample], tokenizer, label2id: dict[str, int], *, max_length: int,
                     stride: int) -> list:
     """Labelled model windows for every example (long texts become several windows)."""
-    encs = encode_texts(tokenizer, [e.text for e in examples])
+    encs = encode_texts(tokenizer, [e.text for e in examples], [e.words for e in examples])
     labels = [bio_labels(enc, e.spans, label2id) for enc, e in zip(encs, examples)]
     return windows_for(encs, max_length=max_length, stride=stride, cls_id=tokenizer.cls_token_id,
                        sep_id=tokenizer.sep_token_id, labels=labels)

@@ -94,7 +94,7 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
             repaired += [sent[r.index][0] for r in repairs]
         text, offsets = join_tokens(tokens)
         char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
-        examples.append(NerExample(text, char_spans))
+        examples.append(NerExample(text, char_spans, words=offsets))
     if repaired:
         shown = ", ".join(str(n) for n in repaired[:5]) + (" ..." if len(repaired) > 5 else "")
         log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",

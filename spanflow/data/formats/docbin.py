@@ -36,7 +36,7 @@ def read_docbin(path: str | os.PathLike) -> list[NerExample]:
         problem = check_spans(doc.text, spans)
         if problem:
             raise DataError(f"document {i}: {problem}", path=path)
-        out.append(NerExample(doc.text, spans))
+        out.append(NerExample(doc.text, spans, words=[(t.idx, t.idx + len(t)) for t in doc if not t.text.isspace()]))
     if not out:
         raise DataError("file holds no documents", path=path)
     return out

@@ -1,0 +1,74 @@
+"""Long documents keep their accuracy: per-sentence F1 against documents of joined sentences.
+
+Consecutive dev sentences are joined (one space between) into documents of 5, 10, 20 and
+40 sentences, entity offsets shifted along. Each document size is scored with the model's
+default inference window (the longest window it was trained on) and with the encoder's
+full window (`--max-length` = the encoder limit, what spanflow ran before).
+
+    python bench/long_documents.py --model runs/wnut/model --data ../shared/data/wnut17/dev.conll
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write_results  # noqa: E402
+from spanflow.data.examples import NerExample  # noqa: E402
+from spanflow.data.io import read_ner  # noqa: E402
+from spanflow.ner import NerModel  # noqa: E402
+
+
+def join(examples: list[NerExample], k: int) -> list[NerExample]:
+    """Documents of k consecutive examples, texts joined by a space, spans shifted."""
+    docs = []
+    for i in range(0, len(examples), k):
+        text, spans = "", []
+        for e in examples[i:i + k]:
+            if text:
+                text += " "
+            spans += [(s + len(text), t + len(text), lab) for s, t, lab in e.spans]
+            text += e.text
+        docs.append(NerExample(text, spans))
+    return docs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--sizes", default="1,5,10,20,40")
+    ap.add_argument("--name", default="wnut17")
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args()
+    model = NerModel.load(a.model)
+    data = read_ner(a.data)
+    trained, full = model.window, model.max_length
+    rows = []
+    for k in (int(x) for x in a.sizes.split(",")):
+        docs = join(data, k)
+        row = {"sentences_per_doc": k, "docs": len(docs)}
+        for name, window in (("encoder_window", full), ("trained_window", trained)):
+            model.set_window(window)
+            t = time.perf_counter()
+            m = model.evaluate(docs)
+            row.update({f"{name}_f1": m["f1"], f"{name}_recall": m["recall"],
+                        f"{name}_s": round(time.perf_counter() - t, 2)})
+        rows.append(row)
+        print(row, flush=True)
+    base = rows[0]
+    for r in rows:
+        r["trained_window_f1_drop"] = base["trained_window_f1"] - r["trained_window_f1"]
+    write_results(a.out, f"long_documents_{a.name}",
+                  {"description": f"{a.name} dev sentences joined into documents; exact-span entity F1 with the "
+                                  f"encoder's full window ({full} tokens) and with the trained window ({trained} "
+                                  f"tokens, the default); model {os.path.basename(os.path.dirname(a.model.rstrip('/')))}",
+                   "args": {"sizes": a.sizes, "name": a.name}},
+                  rows, ["sentences_per_doc", "docs", "encoder_window_f1", "encoder_window_recall", "trained_window_f1",
+                         "trained_window_recall", "trained_window_f1_drop", "encoder_window_s", "trained_window_s"])
+
+
+if __name__ == "__main__":
+    main()
