@@ -120,7 +120,7 @@ def spanflow_run(model_dir, train, dev, *, epochs, lr, seed, precision, max_toke
     from spanflow.ner import train_ner
 
     opts = TrainOptions(epochs=epochs, lr=lr, seed=seed, precision=precision, max_tokens=max_tokens,
-                        patience=None, log_every=0)
+                        patience=0, log_every=0)
     if os.path.exists(os.path.join(out, "train_report.jsonl")):
         os.remove(os.path.join(out, "train_report.jsonl"))
     train_ner(train, dev, model=model_dir, out_dir=out, options=opts, log_fn=lambda s: None)

@@ -65,7 +65,7 @@ def run_one(name: str, seed: int, a) -> dict:
     os.makedirs(work, exist_ok=True)
     train, dev = load_train(a.train, variant, work), read_ner(a.dev)
     opts = TrainOptions(epochs=a.epochs, lr=a.lr, seed=seed, precision=a.precision, max_tokens=a.max_tokens,
-                        patience=None, log_every=0, **overrides)
+                        patience=0, log_every=0, **overrides)
     torch.manual_seed(seed)
     t = time.perf_counter()
     model = train_ner(train, dev, model=a.model, out_dir=work, options=opts, head=head, log_fn=lambda s: None)

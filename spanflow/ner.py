@@ -28,7 +28,7 @@ log = logging.getLogger("spanflow")
 
 # measured for time to dev F1 (docs/defaults.md): wnut17 with all-MiniLM-L6-v2, resume_ner with tiny
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=10),
-            "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20)}
+            "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
 DEFAULT_HEAD = "crf"
 
 

@@ -52,7 +52,7 @@ def test_chinese_bmes_trains_and_predicts_char_offsets(tmp_path):
     make_file(tmp_path / "dev.bmes", 30, seed=1)
     train, dev = read_ner(tmp_path / "train.bmes"), read_ner(tmp_path / "dev.bmes")
     assert " " not in train[0].text  # character-level lines are joined without spaces
-    opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=64, patience=None, log_every=0)
+    opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=64, patience=0, log_every=0)
     model = train_ner(train, dev, model="tiny", out_dir=str(tmp_path / "run"), options=opts, log_fn=lambda s: None)
     tok = model.tokenizer
     ids = tok("华为公司", add_special_tokens=False)["input_ids"]

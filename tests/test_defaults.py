@@ -65,7 +65,7 @@ def _loop(tmp_path, loss, lr):
                                           "padded_tokens": 8 * len(ws)},
                       loss_fn=loss, evaluate=lambda m: {"f1": 0.0}, save_model=lambda p: os.makedirs(p, exist_ok=True))
     lines = []
-    opts = TrainOptions(epochs=2, lr=lr, max_tokens=32, patience=None, log_every=0, warmup_ratio=0.0,
+    opts = TrainOptions(epochs=2, lr=lr, max_tokens=32, patience=0, log_every=0, warmup_ratio=0.0,
                         weight_decay=0.0, max_grad_norm=0.0)
     train_loop(_Constant(), items, hooks, opts=opts, policy=precision.resolve_policy("fp32", "cpu"),
                out_dir=str(tmp_path), log=lines.append)
@@ -90,7 +90,7 @@ def test_training_auto_precision_is_bf16_only_on_native_bf16_cpus(monkeypatch):
 
 def test_inference_window_is_the_trained_length(tmp_path):
     data = synthetic_ner(40, seed=1, max_clauses=1)
-    opts = TrainOptions(epochs=12, lr=2e-2, max_tokens=512, warmup_ratio=0.05, patience=None, log_every=0)
+    opts = TrainOptions(epochs=12, lr=2e-2, max_tokens=512, warmup_ratio=0.05, patience=0, log_every=0)
     model = train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
     longest = max(len(model.tokenizer(e.text)["input_ids"]) for e in data)
     assert model.window == math.ceil(longest / 8) * 8 < model.max_length
@@ -105,3 +105,14 @@ def test_inference_window_is_the_trained_length(tmp_path):
     for bad in ((2, None), (10 ** 6, None), (16, 14)):
         with pytest.raises(ConfigError):
             again.set_window(*bad)
+
+
+def test_flops_per_token_skip_lookup_tables():
+    from spanflow.models.encoder import build_tiny
+    from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
+    from spanflow.monitor.report import train_flops_per_token
+
+    enc, _ = build_tiny([e.text for e in synthetic_ner(20, seed=1)], hidden=32, embedding=16, bigram_buckets=1009)
+    model = EncoderWithHead(enc, TokenClassificationHead(hidden_size=32, num_labels=3))
+    dense = sum(p.numel() for p in enc.lstm.parameters()) + sum(p.numel() for p in model.head.parameters())
+    assert train_flops_per_token(model, 30) == 6 * dense  # no bigram or token table, no attention term

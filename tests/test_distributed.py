@@ -13,7 +13,7 @@ from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import resolve_policy
 
-OPTS = dict(epochs=2, lr=3e-3, max_tokens=200, seed=3, patience=None, log_every=0, warmup_ratio=0.1)
+OPTS = dict(epochs=2, lr=3e-3, max_tokens=200, seed=3, patience=0, log_every=0, warmup_ratio=0.1)
 N_TEXTS = 37
 
 

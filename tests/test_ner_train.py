@@ -14,7 +14,7 @@ REPORT_KEYS = {"epoch", "step", "real_tokens_per_s", "padded_tokens_per_s", "pad
 
 
 def small_opts(**kw):
-    base = dict(epochs=12, lr=2e-2, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
+    base = dict(epochs=12, lr=2e-2, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=0, log_every=0,
                 seed=0)
     base.update(kw)
     return TrainOptions(**base)
@@ -62,7 +62,7 @@ def params(path):
 
 def test_resume_matches_uninterrupted(tmp_path):
     data = synthetic_ner(60, seed=2, max_clauses=2)
-    opts = dict(epochs=3, max_tokens=256, patience=None)
+    opts = dict(epochs=3, max_tokens=256, patience=0)
     full = tmp_path / "full"
     train_ner(data, data[:10], model="tiny", out_dir=str(full), options=small_opts(**opts), log_fn=lambda s: None)
     part = tmp_path / "part"

@@ -111,7 +111,7 @@ def test_overfit_and_save_load(tmp_path):
     # one clause per text: a 2-layer encoder trained from scratch on 40 texts cannot yet tell
     # apart several subjects of one sentence (that takes a pretrained encoder)
     data = synthetic_re(40, seed=1, max_clauses=1)
-    opts = TrainOptions(epochs=40, lr=5e-3, max_tokens=160, max_length=64, patience=None, log_every=0,
+    opts = TrainOptions(epochs=40, lr=5e-3, max_tokens=160, max_length=64, patience=0, log_every=0,
                         warmup_ratio=0.05)
     model = train_re(data, data, model="tiny", out_dir=str(tmp_path), options=opts, all_subjects=True,
                      log_fn=lambda s: None)
@@ -155,7 +155,7 @@ def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
     from spanflow.tasks.re import feature_relations, make_casrel_loss
 
     data = synthetic_re(40, seed=1, max_clauses=1)
-    opts = TrainOptions(epochs=40, lr=2e-3, max_tokens=160, max_length=64, patience=None, log_every=0,
+    opts = TrainOptions(epochs=40, lr=2e-3, max_tokens=160, max_length=64, patience=0, log_every=0,
                         warmup_ratio=0.05, label_smoothing=0.05, oversample=1.0, llrd=0.9, grad_checkpointing=True)
     model = train_re(data, data, model="tiny", out_dir=str(tmp_path), options=opts, all_subjects=True,
                      log_fn=lambda s: None)

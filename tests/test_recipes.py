@@ -22,7 +22,7 @@ ID2LABEL = bio_label_list(["A", "B"])  # O B-A I-A B-B I-B
 
 
 def small_opts(**kw):
-    base = dict(epochs=12, lr=2e-2, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=None, log_every=0,
+    base = dict(epochs=12, lr=2e-2, max_tokens=512, max_length=64, warmup_ratio=0.05, patience=0, log_every=0,
                 seed=0)
     base.update(kw)
     return TrainOptions(**base)

@@ -226,7 +226,7 @@ def test_served_crf_model_decodes_like_predict(tmp_path):
     from spanflow.ner import NerModel, train_ner
 
     data = synthetic_ner(40, seed=2, max_clauses=1)
-    opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=32, log_every=0, patience=None)
+    opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=32, log_every=0, patience=0)
     train_ner(data, None, out_dir=str(tmp_path), options=opts, head="crf", log_fn=lambda s: None)
     model = NerModel.load(str(tmp_path / "model"), device="cpu")
     texts = [e.text for e in data[:6]] + [" ".join(e.text for e in data[:6])]  # the last spans several windows

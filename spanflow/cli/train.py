@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--stride", type=int, default=d.stride, help="overlap between windows of long texts")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--eval-every", type=int, default=None, help="evaluate every N optimizer steps")
-    p.add_argument("--patience", type=int, default=d.patience, help="evaluations without gain before stopping")
+    p.add_argument("--patience", type=int, default=None,
+                   help="evaluations without a better dev F1 before stopping (default: per task; 0: never stop)")
     p.add_argument("--save-every", type=int, default=None, help="checkpoint every N optimizer steps")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (resumable)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")

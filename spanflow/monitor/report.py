@@ -12,12 +12,15 @@ from spanflow.monitor.device import GpuUtilSampler, peak_flops, peak_memory_byte
 
 
 def train_flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
-    """6N per token for the dense weights plus the attention score/value matmuls.
+    """6N per token for the dense weights plus, for attention encoders, the score/value matmuls.
 
-    N counts non-embedding parameters (embedding lookups do no matmul work).
+    N counts parameters outside embedding tables (a lookup does no matmul work).
     """
-    n = sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
+    lookup = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    n = sum(p.numel() for p in model.parameters() if id(p) not in lookup)
     cfg = getattr(getattr(model, "encoder", None), "config", None)
+    if not getattr(cfg, "num_attention_heads", None):
+        return 6 * n
     layers, hidden = getattr(cfg, "num_hidden_layers", 0), getattr(cfg, "hidden_size", 0)
     return 6 * n + 12 * layers * hidden * seq_len
 

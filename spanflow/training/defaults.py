@@ -26,7 +26,8 @@ class TaskDefaults:
 
     lr: float  # encoder peak learning rate at REFERENCE_TOKENS per update
     head_lr: float | None  # a freshly initialised head's own rate; None: the encoder's
-    epochs: int  # the most epochs; early stopping on dev (--patience) usually ends the run before
+    epochs: int  # the most epochs
+    patience: int = 3  # evaluations without a better dev F1 before stopping; 0: run all epochs
 
 
 def device_budget(device: torch.device) -> int:
@@ -69,9 +70,12 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     if opts.head_lr is None and head_lr is not None:
         auto.append(f"head_lr {head_lr:.2g}")
     epochs = opts.epochs if opts.epochs is not None else defaults.epochs
+    patience = opts.patience if opts.patience is not None else defaults.patience
     if opts.epochs is None:
-        auto.append(f"epochs {epochs}" + (f" (early stop after {opts.patience} evaluations without gain)"
-                                          if opts.patience else ""))
+        auto.append(f"epochs {epochs}")
+    if opts.patience is None:
+        auto.append(f"early stop after {patience} evaluations without gain" if patience else "no early stop")
     if auto:
         log("defaults: " + ", ".join(auto))
-    return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs)
+    return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs,
+                               patience=patience)

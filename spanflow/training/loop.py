@@ -241,7 +241,7 @@ def _evaluate(r: _Run) -> float | None:
             r.hooks.save_model(os.path.join(r.out_dir, "model"))
         else:
             st["bad_evals"] += 1
-            if r.opts.patience is not None and st["bad_evals"] >= r.opts.patience:
+            if r.opts.patience and st["bad_evals"] >= r.opts.patience:
                 st["stopped"] = True
     f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
         (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)

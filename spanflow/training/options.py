@@ -24,7 +24,7 @@ class TrainOptions:
     device: str = "auto"
     seed: int = 0
     eval_every: int | None = None  # optimizer steps; None: once per epoch
-    patience: int | None = 3  # evaluations without improvement before stopping; None: never stop
+    patience: int | None = None  # evaluations without a better dev F1 before stopping; None: the task's; 0: never
     save_every: int | None = None  # optimizer steps between mid-epoch checkpoints
     max_steps: int | None = None  # stop (with a checkpoint) after this many optimizer steps
     resume: bool = False
