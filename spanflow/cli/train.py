@@ -19,8 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
     p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
     p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
-    p.add_argument("--all-subjects", action="store_true",
-                   help="RE: train the object stage on every gold subject, not one sampled per text")
+    p.add_argument("--subjects", choices=["all", "sample"], default="all",
+                   help="RE: train the object stage on every gold subject of a text (default), or on one "
+                        "sampled per text and step (the CasRel paper's recipe)")
     d = TrainOptions()
     p.add_argument("--epochs", type=int, default=None,
                    help="most epochs; early stopping on dev usually ends sooner (default: per task, docs/defaults.md)")
@@ -113,6 +114,6 @@ def run_re(a: argparse.Namespace) -> int:
     dev = read_re(a.dev) if a.dev else None
     relations = read_relations_vocab(a.train)
     model = train_re(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a), relations=relations,
-                     all_subjects=a.all_subjects)
+                     all_subjects=a.subjects == "all")
     print(f"model saved to {a.out}/model ({len(model.relations)} relations)")
     return 0
