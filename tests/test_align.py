@@ -107,3 +107,9 @@ def test_input_tokens_are_the_words(tiny_tokenizer, tmp_path):
     assert decode_spans(enc, pred, id2label) == [(4, 18, "product")]
     # the same prediction read at the tokenizer's words ends inside the token
     assert decode_spans(by_tokenizer, pred, id2label)[0][1] < 18
+
+
+def test_overlap_is_at_most_half_a_window():
+    wins = make_windows(100, 32, 32)  # 30 tokens per window; a 32-token overlap would advance by 1
+    assert [b - a for a, b in wins[:-1]] == [30] * (len(wins) - 1) and wins[1][0] == 15
+    assert wins[-1][1] == 100 and len(wins) == 6

@@ -226,10 +226,14 @@ def test_served_crf_model_decodes_like_predict(tmp_path):
     from spanflow.ner import NerModel, train_ner
 
     data = synthetic_ner(40, seed=2, max_clauses=1)
-    opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=32, log_every=0, patience=0)
+    opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=64, log_every=0, patience=0)
     train_ner(data, None, out_dir=str(tmp_path), options=opts, head="crf", log_fn=lambda s: None)
     model = NerModel.load(str(tmp_path / "model"), device="cpu")
+    assert model.window < model.max_length
     texts = [e.text for e in data[:6]] + [" ".join(e.text for e in data[:6])]  # the last spans several windows
+    from spanflow.serving.services import Service  # the server cuts windows as predict does: at the trained length
+    _, lengths, _ = Service("crf", "ner", model).units(texts)
+    assert max(lengths) == model.window and len(lengths) > len(texts)
     assert any(s > 0 for spans in model.predict(texts[:6]) for s, _, _ in spans)
     # forbid every transition into a B- tag: Viterbi now finds entities only at a window's
     # first word, while the per-token argmax of the same emissions would still find the rest

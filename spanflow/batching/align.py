@@ -157,15 +157,16 @@ def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:
 def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
     """Cut [0, n_tokens) into windows of at most max_length-2 content tokens.
 
-    Consecutive windows overlap by `stride` tokens so every token has context on both
-    sides in some window; nothing is truncated.
+    Consecutive windows overlap by `stride` tokens, at most half a window (a short trained
+    window with the default stride would otherwise advance a token at a time), so every
+    token has context on both sides in some window; nothing is truncated.
     """
     size = max_length - 2
     if size < 1:
         raise ValueError("max_length must be at least 3")
     if n_tokens <= size:
         return [(0, n_tokens)]
-    step = max(1, size - min(stride, size - 1))
+    step = max(1, size - min(stride, size // 2))
     out, a = [], 0
     while True:
         b = min(a + size, n_tokens)

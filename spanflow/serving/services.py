@@ -32,7 +32,7 @@ class Service:
         if self.task == "ner":
             m = self.model
             encs = encode_texts(m.tokenizer, texts)
-            wins = windows_for(encs, max_length=m.max_length, stride=m.stride, cls_id=m.tokenizer.cls_token_id,
+            wins = windows_for(encs, max_length=m.window, stride=m.stride, cls_id=m.tokenizer.cls_token_id,
                                sep_id=m.tokenizer.sep_token_id)
             # a unit is a window and its word starts (a CRF head decodes over those)
             return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs
