@@ -16,23 +16,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_results  # noqa: E402
-from spanflow.data.examples import NerExample  # noqa: E402
+from spanflow.data.examples import NerExample, join_examples  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
 from spanflow.ner import NerModel  # noqa: E402
 
 
 def join(examples: list[NerExample], k: int) -> list[NerExample]:
-    """Documents of k consecutive examples, texts joined by a space, spans shifted."""
-    docs = []
-    for i in range(0, len(examples), k):
-        text, spans = "", []
-        for e in examples[i:i + k]:
-            if text:
-                text += " "
-            spans += [(s + len(text), t + len(text), lab) for s, t, lab in e.spans]
-            text += e.text
-        docs.append(NerExample(text, spans))
-    return docs
+    """Documents of k consecutive examples, texts joined by a space."""
+    return [join_examples(examples[i:i + k]) for i in range(0, len(examples), k)]
 
 
 def main() -> None:

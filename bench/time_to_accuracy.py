@@ -145,7 +145,8 @@ def main() -> None:
                   {"description": f"{a.name} ({a.task}), model {model_name}, epochs "
                                   f"{a.epochs or 'spanflow default / HF 3'}; dev F1 (exact spans) after each epoch "
                                   "against cumulative training seconds, evaluation excluded",
-                   "args": {**vars(a), "model": model_name}},
+                   "args": {**vars(a), "model": model_name, "train": os.path.basename(a.train),
+                            "dev": os.path.basename(a.dev)}},
                   rows, ["run", "epochs", "final_f1", "best_f1", "train_s", "spanflow_s_to_this_f1",
                          "spanflow_time_ratio", "real_tokens_per_s", "padding_efficiency", "precision"])
     curves = ["", "| run | epoch | train s | dev F1 |", "|---|---|---|---|"]

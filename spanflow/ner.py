@@ -15,8 +15,8 @@ from spanflow.models.encoder import enable_checkpointing, is_tiny, start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import EncoderWithHead, make_tagging_head
 from spanflow.tasks.metrics import span_prf
-from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, prepare_windows,
-                                window_kinds, window_targets)
+from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
+                                prepare_windows, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
 from spanflow.training.distributed import Dist, shard_gather
@@ -141,10 +141,12 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         enable_checkpointing(nm.module.encoder)
         log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
-    windows = prepare_windows(train, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
-    nm.window = min(nm.max_length, round_up(max(len(w) for w in windows), 8))
-    log_fn(f"{len(train)} training texts -> {len(windows)} windows; labels: {', '.join(labels)}")
     start = "tiny" if is_tiny(nm.module.encoder) else "pretrained"
+    texts = pack_examples(train, opts.pack if opts.pack is not None else DEFAULTS[start].pack, seed=opts.seed)
+    windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
+    nm.window = min(nm.max_length, round_up(max(len(w) for w in windows), 8))
+    log_fn(f"{len(train)} training texts" + (f" ({len(texts)} after joining neighbours)" if len(texts) < len(train)
+                                             else "") + f" -> {len(windows)} windows; labels: {', '.join(labels)}")
     opts = fill_defaults(opts, DEFAULTS[start], lengths=[len(w) for w in windows], device=policy.device,
                          world=dist.world, log=log_fn)
     weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None

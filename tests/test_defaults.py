@@ -116,3 +116,23 @@ def test_flops_per_token_skip_lookup_tables():
     model = EncoderWithHead(enc, TokenClassificationHead(hidden_size=32, num_labels=3))
     dense = sum(p.numel() for p in enc.lstm.parameters()) + sum(p.numel() for p in model.head.parameters())
     assert train_flops_per_token(model, 30) == 6 * dense  # no bigram or token table, no attention term
+
+
+def test_pack_examples_joins_neighbours_within_the_longest_text():
+    from spanflow.data.examples import NerExample, join_examples
+    from spanflow.tasks.ner import pack_examples
+
+    a = NerExample("Ada met Bob", [(0, 3, "PER"), (8, 11, "PER")], words=[(0, 3), (4, 7), (8, 11)])
+    b = NerExample("in Oslo", [(3, 7, "LOC")], words=[(0, 2), (3, 7)])
+    j = join_examples([a, b])
+    assert j.text == "Ada met Bob in Oslo" and j.entities() == [("Ada", "PER"), ("Bob", "PER"), ("Oslo", "LOC")]
+    assert [j.text[s:e] for s, e in j.words] == ["Ada", "met", "Bob", "in", "Oslo"]
+    data = synthetic_ner(200, seed=3)
+    assert pack_examples(data, 0.0) == data
+    packed = pack_examples(data, 0.5, seed=1)
+    assert len(packed) < len(data) and len(packed) > len(data) // 5
+    assert max(len(e.text) for e in packed) <= max(len(e.text) for e in data)
+    # nothing lost: the texts and entities come back in order
+    assert " ".join(e.text for e in packed) == " ".join(e.text for e in data)
+    assert [x for e in packed for x in e.entities()] == [x for e in data for x in e.entities()]
+    assert pack_examples(data, 0.5, seed=1) == packed  # deterministic for a seed

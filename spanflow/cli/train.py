@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                    help="layer-wise lr decay: each encoder layer takes LLRD x the lr of the one above [1.0: off]")
     g.add_argument("--oversample", type=float, default=0.0,
                    help="entity-aware sampling: draw examples of rare types (f_max/f)^X times as often [0: off]")
+    g.add_argument("--pack", type=float, default=None,
+                   help="NER: share of training texts joined with the texts after them into multi-sentence "
+                        "sequences, so long documents are tagged as well as sentences (default: per task)")
     g.add_argument("--grad-checkpointing", action="store_true",
                    help="recompute layer activations in backward: far less memory on long inputs, ~30%% slower")
     p.add_argument("--lr-scaling", choices=["none", "sqrt", "linear"], default="none",
@@ -78,7 +81,7 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
                         max_steps=a.max_steps, resume=a.resume, lr_scaling=a.lr_scaling,
                         grad_compression=a.grad_compression, log_every=a.log_every,
                         label_smoothing=a.label_smoothing, class_weights=a.class_weights, llrd=a.llrd,
-                        oversample=a.oversample, grad_checkpointing=a.grad_checkpointing)
+                        oversample=a.oversample, grad_checkpointing=a.grad_checkpointing, pack=a.pack)
 
 
 def run(a: argparse.Namespace) -> int:

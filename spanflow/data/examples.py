@@ -24,6 +24,18 @@ class NerExample:
         return [(self.text[s:e], lab) for s, e, lab in self.spans]
 
 
+def join_examples(examples: list[NerExample], sep: str = " ") -> NerExample:
+    """One example of several texts joined by `sep`, their spans and words shifted along."""
+    text, spans, words, has_words = "", [], [], any(e.words is not None for e in examples)
+    for e in examples:
+        if text:
+            text += sep
+        spans += [(s + len(text), t + len(text), lab) for s, t, lab in e.spans]
+        words += [(a + len(text), b + len(text)) for a, b in (e.words or [])]
+        text += e.text
+    return NerExample(text, spans, words=words if has_words else None)
+
+
 def check_spans(text: str, spans: list[Span]) -> str | None:
     """Return why `spans` do not fit `text` (out of range, empty, overlapping), or None."""
     prev_end, prev = -1, None

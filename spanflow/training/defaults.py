@@ -28,6 +28,7 @@ class TaskDefaults:
     head_lr: float | None  # a freshly initialised head's own rate; None: the encoder's
     epochs: int  # the most epochs
     patience: int = 3  # evaluations without a better dev F1 before stopping; 0: run all epochs
+    pack: float = 0.0  # NER: share of training texts joined with their neighbours (see tasks.ner.pack_examples)
 
 
 def device_budget(device: torch.device) -> int:
@@ -77,5 +78,6 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         auto.append(f"early stop after {patience} evaluations without gain" if patience else "no early stop")
     if auto:
         log("defaults: " + ", ".join(auto))
+    pack = opts.pack if opts.pack is not None else defaults.pack
     return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs,
-                               patience=patience)
+                               patience=patience, pack=pack)

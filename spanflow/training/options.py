@@ -35,6 +35,7 @@ class TrainOptions:
     label_smoothing: float = 0.0  # share of each target's probability spread over all labels
     class_weights: str | dict | None = None  # NER: None, "auto" (from label frequencies) or {label: weight}
     llrd: float = 1.0  # layer-wise lr decay: each encoder layer takes llrd x the lr of the one above
+    pack: float | None = None  # NER: share of training texts joined with their neighbours; None: the task's
     oversample: float = 0.0  # entity-aware sampling strength: rare-type examples drawn (f_max/f)^x as often
     grad_checkpointing: bool = False  # recompute layer activations in backward: less memory, ~30% more compute
 
