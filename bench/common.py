@@ -39,10 +39,21 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return median(times), out
 
 
+def anonymise(text: str) -> str:
+    """Results name models and data, not this machine's paths: the offline MiniLM by its
+    name, any other absolute path by its last two parts."""
+    import re
+
+    minilm = default_minilm()
+    if minilm:
+        text = text.replace(minilm, "all-MiniLM-L6-v2")
+    return re.sub(r"(?<![\w.])/(?:[^/\s\"']+/)+([^/\s\"']+/[^/\s\"']+)", r"\1", text)
+
+
 def write_results(out_dir: str, name: str, payload: dict, rows: list[dict], columns: list[str]) -> str:
     """Write <name>.json and <name>.md (a table of `rows` over `columns`)."""
     os.makedirs(out_dir, exist_ok=True)
-    payload = {"machine": machine(), **payload, "rows": rows}
+    payload = json.loads(anonymise(json.dumps({"machine": machine(), **payload, "rows": rows})))
     with open(os.path.join(out_dir, name + ".json"), "w", encoding="utf-8") as f:
         json.dump(payload, f, indent=2)
 
