@@ -14,7 +14,7 @@ from spanflow.models.directory import load_model_dir, save_model_dir
 from spanflow.models.encoder import enable_checkpointing, is_tiny, start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import EncoderWithHead, make_tagging_head
-from spanflow.tasks.metrics import span_prf
+from spanflow.tasks.metrics import format_table, span_prf
 from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
                                 prepare_windows, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
@@ -87,6 +87,23 @@ class NerModel:
                 words: list | None = None) -> list[list[Span]]:
         """Character-offset (start, end, label) spans for each text (`words`: see predict_stream)."""
         return list(self.predict_stream(texts, max_tokens=max_tokens, words=words))
+
+    @staticmethod
+    def read_labelled(path: str, *, fmt: str | None = None, scheme: str | None = None) -> list[NerExample]:
+        """Labelled NER data (CoNLL, JSONL or DocBin) for evaluate."""
+        from spanflow.data.io import read_ner
+
+        return read_ner(path, fmt=fmt, scheme=scheme)
+
+    @staticmethod
+    def format_metrics(m: dict) -> str:
+        """The evaluate table: P/R/F1 per label and overall."""
+        return format_table(m)
+
+    @staticmethod
+    def output_record(text: str, spans: list[Span]) -> dict:
+        """The line predict writes: spans as [start, end, label]."""
+        return {"text": text, "entities": [[s, e, lab] for s, e, lab in spans]}
 
     def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""

@@ -105,6 +105,29 @@ class ReModel:
             if on_batch:
                 on_batch(len(chunk), 0, 0)
 
+    @staticmethod
+    def read_labelled(path: str, **_) -> list[ReExample]:
+        """Labelled relation data (CasRel JSON or JSONL) for evaluate; NER format options do not apply."""
+        from spanflow.data.io import read_re
+
+        return read_re(path)
+
+    @staticmethod
+    def output_record(text: str, triples: list[Triple]) -> dict:
+        """The line predict writes: head/type/tail objects with the head and tail text."""
+        return {"text": text, "relations": [
+            {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
+            for h, r, t in triples]}
+
+    @staticmethod
+    def format_metrics(m: dict) -> str:
+        """The evaluate table per relation, then the partial-match line."""
+        from spanflow.tasks.metrics import format_table
+
+        p = m["partial"]
+        return (format_table({**m, "per_label": m["per_relation"]}).replace("label  ", "relation")
+                + f"\npartial (last-word) match: precision {p['precision']:.4f} recall {p['recall']:.4f} f1 {p['f1']:.4f}")
+
     def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
         pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)

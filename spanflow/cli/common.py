@@ -29,24 +29,9 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
 def load_task_model(path: str, *, device: str = "auto", precision: str = "auto", max_length: int | None = None,
                     stride: int | None = None):
     """A trained spanflow model of whichever task its directory holds, with its window set."""
-    model = _load(path, device=device, precision=precision)
+    from spanflow.tasks.registry import load_model
+
+    model = load_model(path, device=device, precision=precision)
     if max_length is not None or stride is not None:
         model.set_window(max_length, stride)
     return model
-
-
-def _load(path: str, *, device: str, precision: str):
-    from spanflow.models.directory import read_model_config
-
-    task = read_model_config(path).get("task")
-    if task == "ner":
-        from spanflow.ner import NerModel
-
-        return NerModel.load(path, device=device, precision=precision)
-    if task == "re":
-        from spanflow.re import ReModel
-
-        return ReModel.load(path, device=device, precision=precision)
-    from spanflow.errors import ModelDirError
-
-    raise ModelDirError(f"{path} is a {task!r} model; evaluate and predict take 'ner' or 're' models")

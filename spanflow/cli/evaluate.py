@@ -5,8 +5,6 @@ import argparse
 import json
 
 from spanflow.cli.common import add_runtime_args, add_window_args
-from spanflow.data.io import read_ner
-from spanflow.tasks.metrics import format_table
 
 
 def add_parser(sub) -> None:
@@ -29,20 +27,9 @@ def _max_tokens(a: argparse.Namespace, model) -> int | None:
 
 def run(a: argparse.Namespace) -> int:
     from spanflow.cli.common import load_task_model
-    from spanflow.data.io import read_re
+
     model = load_task_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
                             stride=a.stride)
-    if model.task == "ner":
-        data = read_ner(a.data, fmt=a.format, scheme=a.scheme)
-        m = model.evaluate(data, max_tokens=_max_tokens(a, model))
-        print(json.dumps(m) if a.json else format_table(m))
-        return 0
-    m = model.evaluate(read_re(a.data), max_tokens=_max_tokens(a, model))
-    if a.json:
-        print(json.dumps(m))
-    else:
-        print(format_table({**m, "per_label": m["per_relation"]}).replace("label  ", "relation"))
-        p = m["partial"]
-        print(f"partial (last-word) match: precision {p['precision']:.4f} recall {p['recall']:.4f} "
-              f"f1 {p['f1']:.4f}")
+    m = model.evaluate(model.read_labelled(a.data, fmt=a.format, scheme=a.scheme), max_tokens=_max_tokens(a, model))
+    print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0

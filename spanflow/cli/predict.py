@@ -25,15 +25,6 @@ def add_parser(sub) -> None:
     add_window_args(p)
 
 
-def format_record(text: str, result, task: str) -> dict:
-    """An output line: NER spans as [start, end, label]; RE triples as head/type/tail objects."""
-    if task == "re":  # result: [((s, e), relation, (s, e)), ...]
-        return {"text": text, "relations": [
-            {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
-            for h, r, t in result]}
-    return {"text": text, "entities": [[s, e, lab] for s, e, lab in result]}
-
-
 def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: int | None = None,
                  progress: bool = True) -> dict:
     """Tag every record of `src` into `dst` (written to a temp file, then renamed).
@@ -74,7 +65,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
                     rec = {"line": err.line, "error": err.reason}
                     n_err += 1
                 else:
-                    rec = format_record(text, spans, model.task)
+                    rec = model.output_record(text, spans)
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 n += 1
         os.replace(tmp, dst)
