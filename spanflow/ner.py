@@ -11,7 +11,7 @@ from spanflow.batching.collate import round_up
 from spanflow.errors import ConfigError
 from spanflow.inference.tagging import tag_texts
 from spanflow.models.directory import load_model_dir, save_model_dir
-from spanflow.models.encoder import enable_checkpointing, is_tiny, start_encoder
+from spanflow.models.encoder import enable_checkpointing, start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import EncoderWithHead, make_tagging_head
 from spanflow.tasks.metrics import format_table, span_prf
@@ -20,7 +20,7 @@ from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collat
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
 from spanflow.training.distributed import Dist, shard_gather
-from spanflow.training.defaults import TaskDefaults, fill_defaults
+from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
@@ -152,19 +152,19 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
     nm = _start_model(run.source, train, labels, opts, policy, head,
                       fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
-    if nm.head_type == "crf" and (opts.label_smoothing or opts.class_weights is not None):
+    if nm.head_type == "crf" and softmax_recipe:
         raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
     if opts.grad_checkpointing:
         enable_checkpointing(nm.module.encoder)
         log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
-    start = "tiny" if is_tiny(nm.module.encoder) else "pretrained"
-    texts = pack_examples(train, opts.pack if opts.pack is not None else DEFAULTS[start].pack, seed=opts.seed)
+    defaults = for_encoder(DEFAULTS, nm.module.encoder)
+    texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, seed=opts.seed)
     windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     nm.window = min(nm.max_length, round_up(max(len(w) for w in windows), 8))
     log_fn(f"{len(train)} training texts" + (f" ({len(texts)} after joining neighbours)" if len(texts) < len(train)
                                              else "") + f" -> {len(windows)} windows; labels: {', '.join(labels)}")
-    opts = fill_defaults(opts, DEFAULTS[start], lengths=[len(w) for w in windows], device=policy.device,
+    opts = fill_defaults(opts, defaults, lengths=[len(w) for w in windows], device=policy.device,
                          world=dist.world, log=log_fn)
     weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
     loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,

@@ -14,13 +14,13 @@ from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
 from spanflow.models.directory import load_model_dir, save_model_dir
 from spanflow.batching.sampling import rarity_weights
-from spanflow.models.encoder import enable_checkpointing, is_tiny, start_encoder
+from spanflow.models.encoder import enable_checkpointing, start_encoder
 from spanflow.tasks.re import feature_relations, input_features, make_casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import start_run
 from spanflow.training.distributed import Dist, shard_gather
-from spanflow.training.defaults import TaskDefaults, fill_defaults
+from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.options import TrainOptions
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
@@ -167,8 +167,8 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)
     log_fn(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
-    opts = fill_defaults(opts, DEFAULTS["tiny" if is_tiny(encoder) else "pretrained"], lengths=[len(f) for f in feats],
-                         device=policy.device, world=dist.world, log=log_fn)
+    opts = fill_defaults(opts, for_encoder(DEFAULTS, encoder), lengths=[len(f) for f in feats], device=policy.device,
+                         world=dist.world, log=log_fn)
     hooks = TaskHooks(collate=make_collate(tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                            all_subjects=all_subjects),
                       loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing),

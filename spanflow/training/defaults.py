@@ -31,6 +31,13 @@ class TaskDefaults:
     pack: float = 0.0  # NER: share of training texts joined with their neighbours (see tasks.ner.pack_examples)
 
 
+def for_encoder(table: dict[str, TaskDefaults], encoder) -> TaskDefaults:
+    """A task's defaults for this starting point: `tiny` (from scratch) or a pretrained encoder."""
+    from spanflow.models.encoder import is_tiny
+
+    return table["tiny" if is_tiny(encoder) else "pretrained"]
+
+
 def device_budget(device: torch.device) -> int:
     """Largest padded tokens per micro-batch worth taking: on CPU throughput is flat from
     1k to 4k tokens, a GPU needs far larger batches to fill."""

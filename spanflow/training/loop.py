@@ -74,7 +74,7 @@ class _Run:
     total_steps: int
     running: torch.Tensor  # loss summed on device: read only at log points
     n_running: int = 0
-    epoch_loss: float = 0.0  # summed on device as `running`; read once per epoch
+    epoch_loss: torch.Tensor | float = 0.0  # summed on device like `running`; read only when dev F1 is 0
     n_epoch: int = 0
 
     @property
@@ -204,11 +204,12 @@ def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = Fa
 
 def _learning_check(r: _Run, f1: float | None) -> None:
     """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try."""
-    loss = float(r.epoch_loss) / max(1, r.n_epoch)  # host sync, once per epoch
+    total, n = r.epoch_loss, max(1, r.n_epoch)
     r.epoch_loss, r.n_epoch = 0.0, 0
     first = r.st.get("first_loss")
     if f1 is None or f1 > 0 or not first or not r.dist.is_main:
         return
+    loss = float(total) / n  # host sync, only at an epoch that ended at dev F1 0
     steps = r.st["global_step"]
     if loss > 0.8 * first:
         r.log(f"not learning: dev F1 is 0 and the loss barely moved ({first:.3g} -> {loss:.3g}) in {steps} "
