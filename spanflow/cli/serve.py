@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-texts", type=int, default=256, help="texts per request (422 beyond)")
     p.add_argument("--max-text-chars", type=int, default=100_000, help="characters per text (422 beyond)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request's waiting work is dropped")
+    p.add_argument("--read-timeout", type=float, default=10.0,
+                   help="seconds a client has to send a request's headers or body (408, then the connection "
+                        "closes) [%(default)s]")
     p.add_argument("--no-batching", action="store_true", help="one request per batch (for comparison)")
     p.add_argument("--precision", default="auto")
     p.add_argument("--device", default="auto")
@@ -33,6 +36,7 @@ def run(a: argparse.Namespace) -> int:
         import uvicorn
 
         from spanflow.serving.app import ServeOptions, api_key_from_env, create_app
+        from spanflow.serving.guard import deadline_protocol
     except ImportError as e:
         from spanflow.errors import ConfigError
 
@@ -50,10 +54,11 @@ def run(a: argparse.Namespace) -> int:
     opts = ServeOptions(max_tokens=max_tokens, max_wait_ms=a.max_wait_ms, max_queue_tokens=a.max_queue_tokens,
                         max_queue_wait_s=a.max_queue_wait_ms / 1000,
                         max_request_bytes=a.max_request_bytes, max_texts=a.max_texts,
-                        max_text_chars=a.max_text_chars, timeout_s=a.timeout, batching=not a.no_batching,
+                        max_text_chars=a.max_text_chars, timeout_s=a.timeout, read_timeout_s=a.read_timeout,
+                        batching=not a.no_batching,
                         api_key=api_key_from_env(a.api_key))
     print(f"serving {', '.join(f'{s.name} ({s.task})' for s in services)} on http://{a.host}:{a.port} "
           f"(max_tokens {max_tokens}, batching {'on' if opts.batching else 'off'})")
     uvicorn.run(create_app(services, opts), host=a.host, port=a.port, log_level="warning",
-                timeout_graceful_shutdown=int(a.timeout))
+                http=deadline_protocol(a.read_timeout), timeout_graceful_shutdown=int(a.timeout))
     return 0

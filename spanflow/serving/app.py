@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from dataclasses import dataclass
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from spanflow.serving.batcher import DynamicBatcher, Overloaded
+from spanflow.serving.guard import Guard
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.services import Service
 
@@ -27,6 +30,7 @@ class ServeOptions:
     max_texts: int = 256
     max_text_chars: int = 100_000
     timeout_s: float = 30.0
+    read_timeout_s: float = 10.0  # a request's body must arrive within this (408), idle connections close
     batching: bool = True
     api_key: str | None = None
 
@@ -36,8 +40,7 @@ class HttpError(Exception):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
 
-
-ROUTE_TASK = {"/v1/embeddings": "embed", "/v1/ner": "ner", "/v1/relations": "re"}
+log = logging.getLogger("spanflow.serve")
 
 
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
@@ -75,7 +78,6 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, exc: HttpError):
-        metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return JSONResponse({"error": {"message": exc.message, "code": exc.status}}, status_code=exc.status,
                             headers=exc.headers)
 
@@ -84,15 +86,13 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/ready")
-    async def ready(request: Request):
-        _auth(request, opts)
+    async def ready():
         if not state["ready"]:
             raise HttpError(503, "models are loading")
         return {"status": "ready", "models": {s.name: s.task for s in services}}
 
     @app.get("/metrics")
-    async def prometheus(request: Request):
-        _auth(request, opts)
+    async def prometheus():
         for name, b in state["batchers"].items():
             metrics.queue_depth.labels(name).set(b.depth)
             metrics.queue_tokens.labels(name).set(b.queued_tokens)
@@ -101,8 +101,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def handle(request: Request, task: str) -> dict:
-        _auth(request, opts)
-        body = await _read_body(request, opts.max_request_bytes)
+        body = await _read_body(request, opts.max_request_bytes, opts.read_timeout_s)
         service = _pick_service(services, task, body.get("model"))
         texts = _texts(body, "input" if task == "embed" else "texts", opts)
         batcher = state["batchers"][service.name]
@@ -116,7 +115,6 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             raise HttpError(504, f"request not served within {opts.timeout_s:.0f}s; its queued work was dropped") \
                 from None
         out = service.assemble(texts, units, results, ctx)
-        metrics.requests.labels(request.url.path, "200").inc()
         return {"service": service, "out": out, "tokens": sum(lengths)}
 
     @app.post("/v1/embeddings")
@@ -136,6 +134,9 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         r = await handle(request, "re")
         return JSONResponse({"model": r["service"].name, "results": [{"relations": rels} for rels in r["out"]]})
 
+    routes = {getattr(r, "path", "") for r in app.routes}
+    app.add_middleware(Guard, api_key=opts.api_key, routes=routes,
+                       count=lambda route, status: metrics.requests.labels(route, str(status)).inc())
     return app
 
 
@@ -152,27 +153,34 @@ def _json(payload: dict) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
-def _auth(request: Request, opts: ServeOptions) -> None:
-    if opts.api_key and request.headers.get("authorization") != f"Bearer {opts.api_key}":
-        raise HttpError(401, "missing or wrong API key (Authorization: Bearer ...)", {"WWW-Authenticate": "Bearer"})
-
-
-async def _read_body(request: Request, limit: int) -> dict:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, f"request body over the {limit}-byte limit (--max-request-bytes)")
-    raw = b""
+    try:
+        raw = await asyncio.wait_for(_body(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise HttpError(408, f"request body not received within {timeout_s:g}s", {"Connection": "close"}) from None
+    except ClientDisconnect:
+        log.info("client disconnected before sending its whole body")
+        raise HttpError(400, "client disconnected") from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # also too deep nesting and integers over Python's digit limit
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+        raise HttpError(400, f"malformed JSON: {reason}") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return body
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > limit:
             raise HttpError(413, f"request body over the {limit}-byte limit (--max-request-bytes)")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HttpError(400, f"malformed JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise HttpError(400, "the body must be a JSON object")
-    return body
+    return bytes(raw)
 
 
 def _pick_service(services: list[Service], task: str, name) -> Service:
@@ -201,6 +209,10 @@ def _texts(body: dict, key: str, opts: ServeOptions) -> list[str]:
         if len(t) > opts.max_text_chars:
             raise HttpError(422, f"text {i} has {len(t)} characters; the limit is {opts.max_text_chars} "
                                  "(--max-text-chars)")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise HttpError(422, f"text {i} is not valid Unicode: a lone surrogate at character {e.start}") from None
     return texts
 
 

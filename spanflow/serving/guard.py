@@ -1,0 +1,99 @@
+"""What stands between the network and the routes: auth, status counting, no bare 500s, and
+connections that cannot be held open by a client that sends nothing."""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+log = logging.getLogger("spanflow.serve")
+
+OPEN_PATHS = ("/health",)
+
+
+def key_matches(header: str | None, key: str) -> bool:
+    """An `Authorization: Bearer KEY` header (scheme in any case) holding `key`, compared in constant time."""
+    scheme, _, token = (header or "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+class Guard:
+    """ASGI middleware around the whole app (docs and OpenAPI schema included).
+
+    Every path but /health needs the API key when one is set; every response's status is
+    counted under its route (unknown paths under "other", so clients cannot grow the label
+    set); an exception no handler turned into a response becomes one 500 JSON answer and
+    one log line with its traceback, and is counted like any other status.
+    """
+
+    def __init__(self, app, *, api_key: str | None, count, routes: set[str]):
+        self.app, self.api_key, self.count, self.routes = app, api_key, count, routes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        route = path if path in self.routes else "other"
+        if self.api_key and path not in OPEN_PATHS:
+            headers = dict(scope.get("headers") or [])
+            header = headers.get(b"authorization", b"").decode("latin-1")
+            if not key_matches(header, self.api_key):
+                self.count(route, 401)
+                return await _send_json(send, 401, "missing or wrong API key (Authorization: Bearer ...)",
+                                        [(b"www-authenticate", b"Bearer")])
+        started = []
+
+        async def send_counting(message):
+            if message["type"] == "http.response.start":
+                started.append(message["status"])
+                self.count(route, message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        except Exception:
+            log.exception("internal error on %s", path)
+            if not started:
+                self.count(route, 500)
+                await _send_json(send, 500, "internal server error")
+
+
+async def _send_json(send, status: int, message: str, headers: list | None = None) -> None:
+    body = json.dumps({"error": {"message": message, "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def deadline_protocol(idle_s: float):
+    """uvicorn's HTTP protocol class with a deadline on clients that do not start a request.
+
+    uvicorn closes a keep-alive connection idle after a response, but not a new connection
+    that sends nothing or trickles its headers. Every `idle_s` this checks: a connection
+    that is not inside a request and has not started a new one since the last check is
+    closed. Bodies have their own deadline in the app (408).
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class DeadlineProtocol(base):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._seen = object()
+            self._tick()
+
+        def _tick(self):
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            busy = cycle is not None and not cycle.response_complete
+            if not busy and cycle is self._seen:
+                self.transport.close()
+                return
+            self._seen = cycle
+            self.loop.call_later(idle_s, self._tick)
+
+    return DeadlineProtocol
