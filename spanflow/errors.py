@@ -2,6 +2,15 @@
 from __future__ import annotations
 
 
+QUOTE_CHARS = 200
+
+
+def quote(value, limit: int = QUOTE_CHARS) -> str:
+    """repr(value) cut to about `limit` characters: messages quote bad input, never all of it."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
+
+
 class SpanflowError(Exception):
     """Base class for every user-facing error spanflow raises."""
 

@@ -8,20 +8,21 @@ from collections.abc import Callable, Iterable, Iterator
 from spanflow.data.examples import NerExample, Span
 from spanflow.batching.align import check_window
 from spanflow.batching.collate import round_up
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, ModelDirError
 from spanflow.inference.tagging import tag_texts
-from spanflow.models.directory import load_model_dir, save_model_dir
+from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.models.encoder import enable_checkpointing, start_encoder
 from spanflow.batching.sampling import rarity_weights
-from spanflow.models.heads import EncoderWithHead, make_tagging_head
+from spanflow.models.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
 from spanflow.tasks.metrics import format_table, span_prf
 from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
                                 prepare_windows, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.setup import start_run
+from spanflow.training.setup import start_run, warn_unseen
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.options import TrainOptions
+from spanflow.training.outdir import claim_out_dir
 from spanflow.training.precision import Policy, default_infer_tokens, resolve_policy
 
 log = logging.getLogger("spanflow")
@@ -55,12 +56,16 @@ class NerModel:
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
         """Load a spanflow NER model directory (no network, no pickle)."""
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
-        labels, head_type = cfg["labels"], cfg.get("head", "softmax")
+        labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
+        if head_type not in HEAD_TYPES:
+            raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "
+                                f"{', '.join(HEAD_TYPES)}")
         head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=bio_label_list(labels))
-        head.load_state_dict(head_state)
-        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=cfg["max_length"],
-                   stride=cfg.get("stride", 32), head=head, head_type=head_type,
-                   policy=resolve_policy(precision, device), window=cfg.get("window"))
+        max_length = config_int(cfg, "max_length", path)
+        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
+                   stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
+                   head_type=head_type, policy=resolve_policy(precision, device),
+                   window=config_int(cfg, "window", path, max_length))
 
     def save(self, path: str) -> None:
         """Write a self-contained model directory."""
@@ -143,11 +148,20 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
     Options left unset take the task's DEFAULTS for the starting point, sized to the data.
     """
+    with claim_out_dir(out_dir):
+        return _train_ner(train, dev, model=model, out_dir=out_dir, options=options, head=head, log_fn=log_fn)
+
+
+def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
+               options: TrainOptions | None = None, head: str | None = None,
+               log_fn: Callable[[str], None] = print) -> NerModel:
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")
     run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
     opts, dist, policy, log_fn = run.opts, run.dist, run.policy, run.log
+    if dev:
+        warn_unseen(labels, {lab for e in dev for _, _, lab in e.spans}, "labels", log_fn)
     # label smoothing and class weights are softmax recipes: asking for one picks that head for a new model
     softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
     nm = _start_model(run.source, train, labels, opts, policy, head,

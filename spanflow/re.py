@@ -12,16 +12,17 @@ from spanflow.batching.batcher import token_budget_batches
 from spanflow.data.examples import ReExample, Triple
 from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
-from spanflow.models.directory import load_model_dir, save_model_dir
+from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.encoder import enable_checkpointing, start_encoder
 from spanflow.tasks.re import feature_relations, input_features, make_casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.setup import start_run
+from spanflow.training.setup import start_run, warn_unseen
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.options import TrainOptions
+from spanflow.training.outdir import claim_out_dir
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
 DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
@@ -47,10 +48,11 @@ class ReModel:
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "re")
-        head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(cfg["relations"]))
-        head.load_state_dict(head_state)
-        return cls(encoder=encoder, tokenizer=tokenizer, relations=cfg["relations"], max_length=cfg["max_length"],
-                   threshold=cfg.get("threshold", 0.5), head=head, policy=resolve_policy(precision, device))
+        relations = check_names(cfg, "relations", path)
+        head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
+        return cls(encoder=encoder, tokenizer=tokenizer, relations=relations,
+                   max_length=config_int(cfg, "max_length", path), threshold=cfg.get("threshold", 0.5),
+                   head=fill_head(head, head_state, path), policy=resolve_policy(precision, device))
 
     def save(self, path: str) -> None:
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
@@ -143,11 +145,22 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
 
     The object stage trains on every gold subject of a text; `all_subjects=False` samples one
     per text and step, as the CasRel paper does (slower to learn, docs/defaults.md)."""
+    with claim_out_dir(out_dir):
+        return _train_re(train, dev, model=model, out_dir=out_dir, options=options, relations=relations,
+                         all_subjects=all_subjects, log_fn=log_fn)
+
+
+def _train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str = "tiny", out_dir: str,
+              options: TrainOptions | None = None, relations: list[str] | None = None, all_subjects: bool = True,
+              log_fn: Callable[[str], None] = print) -> ReModel:
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")
     run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
     opts, dist, policy, log_fn, source = run.opts, run.dist, run.policy, run.log, run.source
+    if dev:
+        warn_unseen(relations, {r for e in dev for _, r, _ in e.triples} | {r for e in dev for _, r, _ in e.unlocated},
+                    "relations", log_fn)
     if os.path.exists(os.path.join(source, "spanflow.json")):
         start = ReModel.load(source, device=str(policy.device))
         if start.relations != relations:

@@ -204,6 +204,34 @@ def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
     np.testing.assert_allclose(arr.astype(np.float32), emb.encode(TEXTS[:23]), atol=2e-3)
 
 
+def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):
+    lines = TEXTS[:23]
+    src = write_lines(tmp_path / "in.txt", lines)
+    out = str(tmp_path / "out.npy")
+    spec = EmbedSpec(input=src, output=out, window=5, model=st_dir)
+    emb = Embedder.load(st_dir)
+    real, calls = emb._embed_ids, {"n": 0}
+
+    def dies_on_third(ids, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(ids, *a, **kw)
+
+    emb._embed_ids = dies_on_third
+    with pytest.raises(KeyboardInterrupt):
+        embed_file(emb, spec, progress=False, log=lambda m: None)
+    for changed in (lines[::-1], lines[:7]):  # the same lines reversed (same size), and fewer lines
+        write_lines(tmp_path / "in.txt", changed)
+        assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert "in.txt changed since the interrupted job began" in err and "Traceback" not in err
+        assert not (tmp_path / "out.npy").exists()
+    write_lines(tmp_path / "in.txt", lines)  # the original again: the resume goes on
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume"]) == 0
+    np.testing.assert_allclose(np.load(out), emb.encode(lines), atol=1e-5)
+
+
 def test_embed_cli(st_dir, tmp_path, capsys):
     src = write_lines(tmp_path / "in.txt", TEXTS[:5])
     out = tmp_path / "o.npy"

@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 from collections import deque
 
 from tqdm import tqdm
 
+from spanflow.atomic import clean_stale, temp_file
 from spanflow.cli.common import add_runtime_args, add_window_args
 from spanflow.data.formats.common import read_lines
 from spanflow.data.io import read_texts
@@ -55,7 +55,8 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
 
     parent = os.path.dirname(os.path.abspath(dst))
     os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".predict-", suffix=".jsonl", dir=parent)
+    clean_stale(parent, "predict")  # what a run killed by SIGKILL left
+    fd, tmp = temp_file(parent, "predict", ".jsonl")
     n = n_err = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spanflow.errors import quote
+
 Span = tuple[int, int, str]  # (start, end, label); end exclusive, character offsets
 
 
@@ -36,14 +38,22 @@ def join_examples(examples: list[NerExample], sep: str = " ") -> NerExample:
     return NerExample(text, spans, words=words if has_words else None)
 
 
+def is_offset(x) -> bool:
+    """An int and not a bool: JSON true/false are not offsets."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def check_spans(text: str, spans: list[Span]) -> str | None:
     """Return why `spans` do not fit `text` (out of range, empty, overlapping), or None."""
+    for s, e, lab in spans:  # types first: sorting mixed types would raise
+        if not (is_offset(s) and is_offset(e)):
+            return f"span {quote((s, e, lab))} needs integer offsets"
+        if not isinstance(lab, str) or not lab:
+            return f"span {quote((s, e, lab))} needs a label that is a non-empty string"
     prev_end, prev = -1, None
     for s, e, lab in sorted(spans):
-        if not (isinstance(s, int) and isinstance(e, int)) or s < 0 or e > len(text) or s >= e:
-            return f"span {(s, e, lab)!r} is out of range for a text of {len(text)} characters"
-        if not isinstance(lab, str) or not lab:
-            return f"span {(s, e, lab)!r} has no label"
+        if s < 0 or e > len(text) or s >= e:
+            return f"span {quote((s, e, lab))} is out of range for a text of {len(text)} characters"
         if s < prev_end:
             return f"spans {prev!r} and {(s, e, lab)!r} overlap"
         prev_end, prev = e, (s, e, lab)

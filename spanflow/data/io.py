@@ -1,12 +1,11 @@
 """Format detection and the two entry points: read_ner (labelled) and read_texts (to predict)."""
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import read_lines
+from spanflow.data.formats.common import parse_json, read_lines
 from spanflow.data.formats.conll import read_conll
 from spanflow.data.formats.jsonl import read_jsonl
 from spanflow.errors import DataError
@@ -88,9 +87,9 @@ def read_texts(path: str | os.PathLike, *, field: str = "text", errors: str = "r
             continue
         err = None
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            err = DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path, line=lineno)
+            rec = parse_json(line, path, lineno)
+        except DataError as e:
+            err = e
         else:
             if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
                 err = DataError(f'expected an object with a string "{field}" field', path=path, line=lineno)

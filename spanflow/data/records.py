@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from collections.abc import Iterator
 
-from spanflow.data.formats.common import read_lines
+from spanflow.data.formats.common import parse_json, read_lines
 from spanflow.errors import DataError
 
 
@@ -63,9 +62,9 @@ def read_records(path: str, *, field: str = "text", column: int | None = None,
             yield str(lineno), line
             continue
         try:
-            rec = json.loads(line) if line.strip() else {field: ""}
-        except json.JSONDecodeError as e:
-            yield str(lineno), DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path, line=lineno)
+            rec = parse_json(line, path, lineno) if line.strip() else {field: ""}
+        except DataError as e:
+            yield str(lineno), e
             continue
         if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
             yield str(lineno), DataError(f'expected an object with a string "{field}" field', path=path,

@@ -8,6 +8,7 @@ never recomputes finished ones. The final files appear only when the job complet
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import json
 import os
@@ -54,6 +55,16 @@ def _write_json_atomic(path: str, obj: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fingerprint(path: str) -> dict:
+    """Size, mtime and SHA-256 of a file: what a resumed job checks it is reading the same input."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
 
 
 def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
@@ -105,17 +116,24 @@ def _paths(out: str) -> _Paths:
 
 def _open_job(spec: EmbedSpec, fmt: str, ident: dict, P: _Paths, dim: int, resume: bool, log) -> dict:
     """Rank 0: reuse the journal of an interrupted job, or count the input and lay out the output."""
+    source = fingerprint(spec.input)
     if resume and os.path.exists(P.journal) and os.path.exists(P.partial):
         with open(P.journal, encoding="utf-8") as f:
             job = json.load(f)
         if job.get("spec") != ident:
             raise ConfigError(f"{P.journal} belongs to a job with other settings; remove it or drop --resume")
+        was = job.get("input") or {}
+        if (was.get("size"), was.get("sha256")) != (source["size"], source["sha256"]):
+            change = (f"{was.get('size')} -> {source['size']} bytes" if was.get("size") != source["size"]
+                      else "same size, other content")
+            raise ConfigError(f"{spec.input} changed since the interrupted job began ({change}): its finished "
+                              "rows would not match the file; drop --resume to start over")
         return job
     for stale in glob.glob(glob.escape(P.out) + ".progress.rank*.json") + glob.glob(glob.escape(P.out) + ".part*") \
             + glob.glob(glob.escape(P.out) + ".errors.part*"):
         os.remove(stale)
     n = _count_and_ids(spec, P.ids + ".partial" if fmt == "npy" else None)
-    job = {"spec": ident, "n": n, "windows": -(-n // spec.window)}
+    job = {"spec": ident, "input": source, "n": n, "windows": -(-n // spec.window)}
     if fmt == "npy":
         open_memmap(P.partial, mode="w+", dtype=spec.dtype, shape=(n, dim)).flush()
     else:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from spanflow.atomic import clean_stale, temp_dir
 from spanflow.errors import ModelDirError
 
 FORMAT_VERSION = 1
@@ -43,8 +43,8 @@ def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module,
     """Write encoder (safetensors), tokenizer files, head weights and config into `path`."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    clean_stale(parent, "model")
+    tmp = temp_dir(parent, "model")
     try:
         enc_dir = os.path.join(tmp, "encoder")
         encoder.save_pretrained(enc_dir, safe_serialization=True)
@@ -71,8 +71,16 @@ def read_model_config(path: str, task: str | None = None) -> dict:
     try:
         with open(cfg_path, encoding="utf-8") as f:
             cfg = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelDirError(f"{cfg_path} is unreadable: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise ModelDirError(f"{cfg_path} is unreadable: {str(e)[:200]}") from None
+    if not isinstance(cfg, dict):
+        raise ModelDirError(f"{cfg_path} is not a JSON object")
+    version = cfg.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ModelDirError(f"{cfg_path}: format_version {version!r} is not a version number")
+    if version > FORMAT_VERSION:
+        raise ModelDirError(f"{path} was written by a newer spanflow (model format {version}; this one reads up "
+                            f"to {FORMAT_VERSION}): upgrade spanflow to load it")
     if task and cfg.get("task") != task:
         raise ModelDirError(f"{path} is a {cfg.get('task')!r} model, but this command needs a {task!r} model")
     return cfg
@@ -83,7 +91,38 @@ def load_head_state(path: str) -> dict:
     f = os.path.join(path, "head.safetensors")
     if not os.path.exists(f):
         raise ModelDirError(f"{path} lacks head.safetensors")
-    return load_file(f)
+    try:
+        return load_file(f)
+    except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
+        raise ModelDirError(f"{f} is unreadable (truncated or corrupt?): {str(e)[:200]}") from None
+
+
+def check_names(cfg: dict, key: str, path: str) -> list[str]:
+    """cfg[key] as a non-empty list of distinct non-empty strings (labels, relations), or a ModelDirError."""
+    names = cfg.get(key)
+    if not (isinstance(names, list) and names and all(isinstance(x, str) and x for x in names)
+            and len(set(names)) == len(names)):
+        raise ModelDirError(f"{os.path.join(path, CONFIG)}: {key!r} must be a non-empty list of distinct names, "
+                            f"got {str(names)[:200]}")
+    return names
+
+
+def config_int(cfg: dict, key: str, path: str, default: int | None = None) -> int:
+    """cfg[key] as a positive integer (`default` when absent or null), or a ModelDirError."""
+    v = default if cfg.get(key) is None else cfg[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ModelDirError(f"{os.path.join(path, CONFIG)}: {key!r} must be a positive integer, got {str(v)[:50]}")
+    return v
+
+
+def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:
+    """Load head.safetensors into `head`; tensors that do not fit the config are a ModelDirError."""
+    try:
+        head.load_state_dict(state)
+    except RuntimeError as e:
+        raise ModelDirError(f"{path}: head.safetensors does not match {CONFIG} ({str(e).splitlines()[0][:200]})") \
+            from None
+    return head
 
 
 def load_model_dir(path: str, task: str) -> tuple[dict, nn.Module, object, dict]:

@@ -24,7 +24,7 @@ def _quiet_transformers() -> None:
 
 def load_encoder(path: str) -> tuple[nn.Module, object]:
     """(encoder, fast tokenizer) from a local HF or sentence-transformers directory."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     _quiet_transformers()
     if not os.path.isdir(path):
@@ -32,20 +32,47 @@ def load_encoder(path: str) -> tuple[nn.Module, object]:
     if not os.path.exists(os.path.join(path, "config.json")):
         raise ModelDirError(f"{path} has no config.json: not a Hugging Face encoder directory "
                             "(use a local encoder directory, a spanflow model directory, or 'tiny')")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a truncated tokenizer.json fails deep in tokenizers with its own error types
+        raise ModelDirError(f"{path}: the tokenizer files are unreadable (truncated or corrupt?): "
+                            f"{type(e).__name__}: {str(e)[:200]}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelDirError(f"{path}: a fast tokenizer (tokenizer.json) is needed for character offsets")
+    _check_safetensors(path)
+    try:
+        return _load_weights(path), tokenizer
+    except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
+        raise ModelDirError(f"{path}: the encoder weights are unreadable (truncated or corrupt?): "
+                            f"{type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _load_weights(path: str) -> nn.Module:
+    from transformers import AutoModel
+
     if _model_type(path) == "spanflow_tiny":
         from spanflow.models.tiny import TinyModel
 
-        return TinyModel.from_pretrained(path, local_files_only=True), tokenizer
-    kwargs = dict(local_files_only=True, attn_implementation="sdpa")
+        return TinyModel.from_pretrained(path, local_files_only=True, use_safetensors=True)
+    kwargs = dict(local_files_only=True, attn_implementation="sdpa", use_safetensors=True)
     try:
         # the pooler is unused by token-level heads; leaving it out keeps DDP free of unused params
-        encoder = AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
+        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
     except TypeError:
-        encoder = AutoModel.from_pretrained(path, **kwargs)
-    return encoder, tokenizer
+        return AutoModel.from_pretrained(path, **kwargs)
+
+
+def _check_safetensors(path: str) -> None:
+    """Weights load from safetensors only: a pickle (pytorch_model.bin) can run code when loaded."""
+    if any(f.endswith(".safetensors") for f in os.listdir(path)):
+        return
+    pickles = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+    if pickles:
+        raise ModelDirError(
+            f"{path} holds its weights only as {pickles[0]} (a pickle, which spanflow does not load: it can run "
+            "code). Convert it once, where you trust the file: python -c \"from transformers import AutoModel; "
+            f"AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\"")
+    raise ModelDirError(f"{path} has no model.safetensors")
 
 
 def _model_type(path: str) -> str | None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
 import torch
 
+from spanflow.atomic import clean_stale, temp_dir
+from spanflow.errors import ModelDirError
 from spanflow.models.directory import recover_dir, replace_dir
 
 STATE = "state.json"
@@ -18,8 +19,8 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
                     rng_states: list | None = None) -> None:
     """Write model (via `save_model(path)`), optimizer, scheduler, scaler, RNG and loop state."""
     parent = os.path.dirname(os.path.abspath(ckpt_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".ckpt-", dir=parent)
+    clean_stale(parent, "ckpt")
+    tmp = temp_dir(parent, "ckpt")
     try:
         save_model(os.path.join(tmp, "model"))
         trainer = {
@@ -47,14 +48,22 @@ def has_checkpoint(ckpt_dir: str) -> bool:
 
 def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 0) -> dict:
     """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict."""
-    trainer = torch.load(os.path.join(ckpt_dir, TRAINER), map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(trainer["optimizer"])
-    scheduler.load_state_dict(trainer["scheduler"])
-    if scaler is not None and trainer["scaler"]:
-        scaler.load_state_dict(trainer["scaler"])
-    ranks = trainer.get("torch_rng_ranks") or [trainer["torch_rng"]]
-    torch.set_rng_state(ranks[rank] if rank < len(ranks) else trainer["torch_rng"])
-    if "cuda_rng" in trainer and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(trainer["cuda_rng"])
-    with open(os.path.join(ckpt_dir, STATE), encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        trainer = torch.load(os.path.join(ckpt_dir, TRAINER), map_location="cpu", weights_only=True)
+        with open(os.path.join(ckpt_dir, STATE), encoding="utf-8") as f:
+            state = json.load(f)
+        optimizer.load_state_dict(trainer["optimizer"])
+        scheduler.load_state_dict(trainer["scheduler"])
+        if scaler is not None and trainer["scaler"]:
+            scaler.load_state_dict(trainer["scaler"])
+        ranks = trainer.get("torch_rng_ranks") or [trainer["torch_rng"]]
+        torch.set_rng_state(ranks[rank] if rank < len(ranks) else trainer["torch_rng"])
+        if "cuda_rng" in trainer and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(trainer["cuda_rng"])
+    except Exception as e:  # truncated by a full disk or a copy; torch and json each fail their own way
+        raise ModelDirError(f"the checkpoint in {ckpt_dir} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
+                            "remove it to start over, or run without --resume") from None
+    if not isinstance(state, dict):
+        raise ModelDirError(f"{os.path.join(ckpt_dir, STATE)} is not a JSON object; remove the checkpoint to start "
+                            "over")
+    return state

@@ -23,6 +23,19 @@ class Run:
     source: str  # the model to start from: the given one, or the checkpoint's when resuming
 
 
+def warn_unseen(trained: list[str], dev: set[str], what: str, log: Callable[[str], None]) -> None:
+    """One warning line naming the dev `what` (labels, relations) that training never shows."""
+    unseen = sorted(dev - set(trained))
+    if not unseen:
+        return
+    if not dev & set(trained):
+        log(f"warning: none of the --dev {what} occurs in --train ({', '.join(unseen[:10])}"
+            f"{', ...' if len(unseen) > 10 else ''}): dev F1 will stay 0; check that the two files match")
+    else:
+        log(f"warning: {len(unseen)} --dev {what} never occur in --train and count as misses: "
+            f"{', '.join(unseen[:10])}{', ...' if len(unseen) > 10 else ''}")
+
+
 def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None]) -> Run:
     dist = init_from_env()
     opts = options or TrainOptions()  # unset values are filled from the data later (training/defaults.py)

@@ -1,14 +1,13 @@
 """Relation data: CasRel JSON (strings located in the text) and JSONL with character offsets."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 
-from spanflow.data.examples import ReExample
-from spanflow.data.formats.common import read_lines
+from spanflow.data.examples import ReExample, is_offset
+from spanflow.data.formats.common import parse_json, read_lines
 from spanflow.data.formats.jsonl import parse_record
-from spanflow.errors import DataError
+from spanflow.errors import DataError, quote
 
 log = logging.getLogger("spanflow")
 
@@ -52,10 +51,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
     raw = "\n".join(line for _, line in read_lines(path))
     if not raw.strip():
         raise DataError("file is empty", path=path)
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise DataError(f"invalid JSON: {e.msg}", path=path, line=e.lineno) from None
+    data = parse_json(raw, path)
     if not isinstance(data, list):
         raise DataError("expected a JSON list of {\"text\", \"triple_list\"} records", path=path)
     out, missing, total = [], [], 0
@@ -65,7 +61,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         ex = ReExample(rec["text"])
         for t in rec.get("triple_list", []):
             if not (isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(x, str) for x in t)):
-                raise DataError(f"record {k}: triple {t!r} is not [subject, relation, object]", path=path)
+                raise DataError(f"record {k}: triple {quote(t)} is not [subject, relation, object]", path=path)
             total += 1
             spans = locate(ex.text, t[0], t[2])
             if spans is None:
@@ -90,21 +86,35 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
             continue
         rec = parse_record(line, path, lineno)
         ex = ReExample(rec["text"])
-        for r in rec.get("relations", []):
-            try:
-                h, typ, t = tuple(r["head"]), r["type"], tuple(r["tail"])
-            except (KeyError, TypeError):
-                raise DataError(f'relation {r!r} needs "head": [s, e], "type" and "tail": [s, e]', path=path,
-                                line=lineno) from None
-            for s, e in (h, t):
-                if not (isinstance(s, int) and isinstance(e, int) and 0 <= s < e <= len(ex.text)):
-                    raise DataError(f"span {[s, e]} is out of range for a text of {len(ex.text)} characters",
-                                    path=path, line=lineno)
-            ex.triples.append((h, str(typ), t))
+        relations = rec.get("relations", [])
+        if not isinstance(relations, list):
+            raise DataError('"relations" must be a list', path=path, line=lineno)
+        for r in relations:
+            ex.triples.append(_relation(r, ex.text, path, lineno))
         out.append(ex)
     if not out:
         raise DataError("file is empty: no records found", path=path)
     return out
+
+
+def _relation(r, text: str, path: str, lineno: int):
+    """((s, e), type, (s, e)) from {"head": [s, e], "type": str, "tail": [s, e]}, checked."""
+    if not isinstance(r, dict) or not all(k in r for k in ("head", "type", "tail")):
+        raise DataError(f'relation {quote(r)} needs "head": [s, e], "type" and "tail": [s, e]', path=path,
+                        line=lineno)
+    spans = []
+    for key in ("head", "tail"):
+        v = r[key]
+        if not (isinstance(v, list) and len(v) == 2 and all(is_offset(x) for x in v)):
+            raise DataError(f'"{key}" must be [start, end] with integer offsets, got {quote(v)}', path=path,
+                            line=lineno)
+        if not 0 <= v[0] < v[1] <= len(text):
+            raise DataError(f'"{key}" span {v} is out of range for a text of {len(text)} characters', path=path,
+                            line=lineno)
+        spans.append((v[0], v[1]))
+    if not isinstance(r["type"], str) or not r["type"]:
+        raise DataError(f'"type" must be a non-empty string, got {quote(r["type"])}', path=path, line=lineno)
+    return spans[0], r["type"], spans[1]
 
 
 def read_relations_vocab(path: str) -> list[str] | None:
@@ -112,7 +122,8 @@ def read_relations_vocab(path: str) -> list[str] | None:
     f = os.path.join(os.path.dirname(os.path.abspath(path)), "rel2id.json")
     if not os.path.exists(f):
         return None
-    with open(f, encoding="utf-8") as fh:
-        data = json.load(fh)
-    rel2id = data[1] if isinstance(data, list) else data
-    return [r for r, _ in sorted(rel2id.items(), key=lambda kv: int(kv[1]))]
+    data = parse_json("\n".join(line for _, line in read_lines(f)), f)
+    rel2id = data[1] if isinstance(data, list) and len(data) == 2 else data
+    if not (isinstance(rel2id, dict) and all(is_offset(v) for v in rel2id.values())):
+        raise DataError('expected {"relation": id, ...} or [id2rel, rel2id]', path=f)
+    return [r for r, _ in sorted(rel2id.items(), key=lambda kv: kv[1])]

@@ -1,6 +1,7 @@
 """Helpers shared by the readers: strict UTF-8 line reading with line numbers."""
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -23,6 +24,20 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             if lineno == 1 and line.startswith("\ufeff"):
                 line = line[1:]  # a UTF-8 byte-order mark is not part of the data
             yield lineno, line.rstrip("\r\n")
+
+
+def parse_json(text: str, path: str, line: int | None = None):
+    """json.loads, with every way JSON can be unreadable (syntax, nesting too deep, an integer
+    beyond Python's digit limit) a DataError naming the file and line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path,
+                        line=e.lineno if line is None else line) from None
+    except RecursionError:
+        raise DataError("invalid JSON: nested too deeply", path=path, line=line) from None
+    except ValueError as e:  # int() of more digits than sys.get_int_max_str_digits()
+        raise DataError(f"invalid JSON: {str(e)[:120]}", path=path, line=line) from None
 
 
 def is_cjk(ch: str) -> bool:

@@ -8,7 +8,7 @@ from spanflow.data.examples import NerExample
 from spanflow.data.formats.common import is_cjk, read_lines
 from spanflow.data.formats.tokens import bio_tags, word_bounds
 from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
-from spanflow.errors import DataError
+from spanflow.errors import DataError, quote
 
 log = logging.getLogger("spanflow")
 
@@ -29,7 +29,7 @@ def _sentences(path: str):
         if cols[0] == "-DOCSTART-":
             continue
         if len(cols) < 2:
-            raise DataError(f"expected a token and a tag separated by a tab or space, got {line!r}",
+            raise DataError(f"expected a token and a tag separated by a tab or space, got {quote(line)}",
                             path=path, line=lineno)
         if ncols is None:
             ncols, ncols_line = len(cols), lineno
@@ -76,7 +76,7 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     for sent in sentences:
         for lineno, _, tag in sent:
             if split_tag(tag)[0] == "?":
-                raise DataError(f"unknown tag {tag!r}; expected O or a B-/I-/E-/S-/M- prefixed label",
+                raise DataError(f"unknown tag {quote(tag)}; expected O or a B-/I-/E-/S-/M- prefixed label",
                                 path=path, line=lineno)
     scheme = scheme.lower() if scheme else detect_scheme([t for s in sentences for _, _, t in s])
     allowed = _ALLOWED[scheme] + "O"
@@ -84,7 +84,7 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     for sent in sentences:
         for lineno, _, tag in sent:
             if split_tag(tag)[0] not in allowed:
-                raise DataError(f"tag {tag!r} is not valid in the {scheme.upper()} scheme", path=path, line=lineno)
+                raise DataError(f"tag {quote(tag)} is not valid in the {scheme.upper()} scheme", path=path, line=lineno)
         tokens = [tok for _, tok, _ in sent]
         spans, repairs = decode_tags([tag for _, _, tag in sent], scheme)
         if repairs:

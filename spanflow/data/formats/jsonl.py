@@ -5,8 +5,8 @@ import json
 import os
 
 from spanflow.data.examples import NerExample, check_spans
-from spanflow.data.formats.common import read_lines
-from spanflow.errors import DataError
+from spanflow.data.formats.common import parse_json, read_lines
+from spanflow.errors import DataError, quote
 
 
 def _span(item, path: str, lineno: int):
@@ -17,15 +17,12 @@ def _span(item, path: str, lineno: int):
             raise DataError(f"entity object lacks {e.args[0]!r}", path=path, line=lineno) from None
     if isinstance(item, (list, tuple)) and len(item) == 3:
         return tuple(item)
-    raise DataError(f"entity {item!r} is neither [start, end, label] nor an object", path=path, line=lineno)
+    raise DataError(f"entity {quote(item)} is neither [start, end, label] nor an object", path=path, line=lineno)
 
 
 def parse_record(line: str, path: str, lineno: int) -> dict:
     """Parse one JSON object line, or raise a DataError naming the line."""
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path, line=lineno) from None
+    rec = parse_json(line, path, lineno)
     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
         raise DataError('expected an object with a string "text" field', path=path, line=lineno)
     return rec

@@ -1,0 +1,55 @@
+"""The output directory of a training run: checked writable before any work, held by one run at
+a time, and removed again when a run that created it fails before writing anything to keep."""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from spanflow.errors import ConfigError
+
+LOCK = ".lock"
+KEEP = ("checkpoint", "model")  # what makes a failed run's directory worth keeping (it resumes)
+
+
+def _lock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform: run unguarded
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+@contextmanager
+def claim_out_dir(out_dir: str) -> Iterator[None]:
+    """Hold `out_dir` for this run (rank 0 only under torchrun; the other ranks share it)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"--out {out_dir} is a file; give a directory")
+    created = not os.path.exists(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        fd = os.open(os.path.join(out_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise ConfigError(f"cannot write to --out {out_dir}: {e.strerror or e}") from None
+    ok = False
+    try:
+        if not _lock(fd):
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise ConfigError(f"another run (pid {owner}) is training into {out_dir}; wait for it to finish, or "
+                              "choose another --out")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+        ok = True
+    finally:
+        os.close(fd)  # releases the lock
+        if not ok and created and not any(os.path.exists(os.path.join(out_dir, k)) for k in KEEP):
+            shutil.rmtree(out_dir, ignore_errors=True)

@@ -1,0 +1,217 @@
+"""Bad input, damaged files and hostile conditions, through the real CLI: one `error:` line and
+exit 2, never a traceback, never a wrong result in silence, nothing left behind."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spanflow.cli.main import main
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.training.outdir import claim_out_dir
+
+TRAIN = synthetic_ner(30, seed=5, max_clauses=1)
+FAST = ["--epochs", "1", "--max-tokens", "512", "--log-every", "0"]
+
+
+def write_jsonl(path, examples):
+    with open(path, "w", encoding="utf-8") as f:
+        for e in examples:
+            write_jsonl_record(f, e.text, e.spans)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hard")
+    train = write_jsonl(d / "train.jsonl", TRAIN)
+    assert main(["train", "ner", "--train", train, "--out", str(d / "run"), *FAST]) == 0
+    return d, train, str(d / "run" / "model")
+
+
+def fails(argv, capsys, *expect):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err and err.count("\n") <= 3, err
+    for e in expect:
+        assert e in err, err
+    return err
+
+
+def copy_model(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def test_jsonl_offsets_must_be_integers_and_labels_strings(tmp_path, capsys):
+    cases = {
+        "bool.jsonl": '{"text": "Ada Lovelace", "entities": [[false, true, "PER"]]}',
+        "label.jsonl": '{"text": "Ada Lovelace", "entities": [[0, 3, 7]]}',
+        "str.jsonl": '{"text": "Ada Lovelace", "entities": [["0", 3, "PER"], [4, 12, "PER"]]}',
+        "digits.jsonl": '{"text": "Ada Lovelace", "entities": [[0, ' + "9" * 5000 + ', "PER"]]}',
+        "deep.jsonl": '{"text": "Ada", "entities": ' + "[" * 50000 + "}",
+    }
+    for name, line in cases.items():
+        f = tmp_path / name
+        f.write_text('{"text": "ok", "entities": []}\n' + line + "\n")
+        err = fails(["train", "ner", "--train", str(f), "--out", str(tmp_path / "o")], capsys, f"{name}:2:")
+        assert len(err) < 400
+    assert not (tmp_path / "o").exists()
+
+
+def test_relation_jsonl_is_checked(tmp_path, capsys):
+    ok = '{"text": "Ada lives in Oslo", "relations": [{"head": [0, 3], "type": "lives_in", "tail": [13, 17]}]}'
+    cases = {
+        "type.jsonl": ok.replace('"lives_in"', "7"),
+        "head.jsonl": ok.replace("[0, 3]", '"Ada"'),
+        "bool.jsonl": ok.replace("[0, 3]", "[false, true]"),
+        "digits.jsonl": ok.replace("[13, 17]", "[13, " + "1" * 5000 + "]"),
+    }
+    for name, line in cases.items():
+        f = tmp_path / name
+        f.write_text(ok + "\n" + line + "\n")
+        fails(["train", "re", "--train", str(f), "--out", str(tmp_path / "o")], capsys, f"{name}:2:")
+    (tmp_path / "good.json").write_text(json.dumps([{"text": "Ada lives in Oslo",
+                                                    "triple_list": [["Ada", "lives_in", "Oslo"]]}]))
+    (tmp_path / "rel2id.json").write_text('[{"0": "lives_in"}, {"lives_in": 0')
+    fails(["train", "re", "--train", str(tmp_path / "good.json"), "--out", str(tmp_path / "o")], capsys,
+          "rel2id.json", "invalid JSON")
+
+
+def test_an_error_quotes_at_most_a_short_part_of_a_long_line(tmp_path, capsys):
+    f = tmp_path / "long.conll"
+    f.write_text("Ada B-PER\n" + "x" * 1_000_000 + "\n")
+    err = fails(["train", "ner", "--train", str(f), "--out", str(tmp_path / "o")], capsys, "long.conll:2:")
+    assert len(err) < 500
+
+
+def test_dev_labels_missing_from_train_are_named(tmp_path, capsys):
+    train = write_jsonl(tmp_path / "t.jsonl", TRAIN)
+    dev = tmp_path / "d.jsonl"
+    dev.write_text('{"text": "Zork met Quux", "entities": [[0, 4, "ALIEN"], [9, 13, "ROBOT"]]}\n')
+    assert main(["train", "ner", "--train", train, "--dev", str(dev), "--out", str(tmp_path / "o"), *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "none of the --dev labels occurs in --train (ALIEN, ROBOT)" in out
+
+
+def test_damaged_model_directories_are_one_error_line(trained, tmp_path, capsys):
+    d, train, model = trained
+    pred = ["--input", train, "--output", str(tmp_path / "p.jsonl")]
+
+    m = copy_model(model, tmp_path / "newer")
+    cfg = json.loads(open(os.path.join(m, "spanflow.json")).read())
+    json.dump({**cfg, "format_version": 99}, open(os.path.join(m, "spanflow.json"), "w"))
+    fails(["predict", "--model", m, *pred], capsys, "newer spanflow", "format 99")
+
+    for name, content in (("labels", {**cfg, "labels": []}), ("array", [1, 2])):
+        m = copy_model(model, tmp_path / name)
+        json.dump(content, open(os.path.join(m, "spanflow.json"), "w"))
+        fails(["predict", "--model", m, *pred], capsys, "spanflow.json")
+
+    for rel in ("head.safetensors", "encoder/model.safetensors", "encoder/tokenizer.json"):
+        m = copy_model(model, tmp_path / rel.replace("/", "_"))
+        f = os.path.join(m, rel)
+        with open(f, "r+b") as fh:
+            fh.truncate(os.path.getsize(f) // 2)
+        fails(["predict", "--model", m, *pred], capsys, "truncated or corrupt")
+
+
+def test_pickled_weights_are_refused_with_how_to_convert(tmp_path, capsys):
+    from spanflow.models.encoder import build_tiny
+
+    enc, tok = build_tiny([e.text for e in TRAIN], hidden=16, embedding=16, bigram_buckets=101)
+    import torch
+
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    os.remove(tmp_path / "enc" / "model.safetensors")  # the weights as a pickle only, as older tools wrote them
+    torch.save(enc.state_dict(), tmp_path / "enc" / "pytorch_model.bin")
+    train = write_jsonl(tmp_path / "t.jsonl", TRAIN)
+    fails(["train", "ner", "--train", train, "--model", str(tmp_path / "enc"), "--out", str(tmp_path / "o")],
+          capsys, "pytorch_model.bin", "safe_serialization=True")
+
+
+def test_a_truncated_checkpoint_is_one_error_line(trained, tmp_path, capsys):
+    d, train, _ = trained
+    out = tmp_path / "run"
+    assert main(["train", "ner", "--train", train, "--out", str(out), *FAST]) == 0
+    capsys.readouterr()
+    f = out / "checkpoint" / "trainer.pt"
+    with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) // 3)
+    fails(["train", "ner", "--train", train, "--out", str(out), "--resume", "--epochs", "2", "--max-tokens", "512"],
+          capsys, "checkpoint", "unreadable")
+
+
+def test_out_that_cannot_be_used_is_refused_before_training(trained, tmp_path, capsys):
+    _, train, _ = trained
+    (tmp_path / "file").write_text("x")
+    fails(["train", "ner", "--train", train, "--out", str(tmp_path / "file"), *FAST], capsys, "is a file")
+    if os.geteuid() == 0:
+        unwritable = "/proc/self/fdinfo"  # root writes through file modes, not into /proc
+    else:
+        os.chmod(tmp_path, 0o500)
+        unwritable = str(tmp_path / "ro")
+    t0 = time.monotonic()
+    fails(["train", "ner", "--train", train, "--out", unwritable, *FAST], capsys, "cannot write to --out")
+    assert time.monotonic() - t0 < 10  # before any training
+    os.chmod(tmp_path, 0o700)
+
+
+def test_two_runs_cannot_share_an_out_dir(trained, tmp_path, capsys):
+    _, train, _ = trained
+    out = str(tmp_path / "busy")
+    with claim_out_dir(out):
+        fails(["train", "ner", "--train", train, "--out", out, *FAST], capsys, "another run", str(os.getpid()))
+    assert main(["train", "ner", "--train", train, "--out", out, *FAST]) == 0  # free again
+
+
+def test_a_failed_run_removes_the_out_dir_it_created(trained, tmp_path, capsys):
+    _, train, _ = trained
+    out = tmp_path / "new"
+    fails(["train", "ner", "--train", train, "--out", str(out), "--max-tokens", "8"], capsys, "--max-tokens")
+    assert not out.exists()
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    fails(["train", "ner", "--train", train, "--out", str(out), "--max-tokens", "8"], capsys)
+    assert (out / "mine.txt").read_text() == "keep"
+
+
+def test_outputs_and_model_dirs_follow_the_umask(trained, tmp_path, capsys):
+    _, train, model = trained
+    old = os.umask(0o022)
+    try:
+        assert main(["predict", "--model", model, "--input", train, "--output", str(tmp_path / "p.jsonl")]) == 0
+        assert main(["train", "ner", "--train", train, "--out", str(tmp_path / "run"), *FAST]) == 0
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "p.jsonl").st_mode & 0o777 == 0o644
+    for p in ("run/model", "run/checkpoint", "run/model/encoder"):
+        assert os.stat(tmp_path / p).st_mode & 0o777 == 0o755, p
+
+
+def test_predict_cleans_up_after_sigterm_and_after_a_killed_run(trained, tmp_path):
+    _, train, model = trained
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".predict-{int(dead.stdout)}-abc.jsonl"  # what a SIGKILLed run leaves
+    stale.write_text("{}\n")
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join([e.text for e in TRAIN] * 3000) + "\n")
+    out = tmp_path / "p.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "spanflow", "predict", "--model", model, "--input", str(big),
+                             "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob(f".predict-{proc.pid}-*")):
+        time.sleep(0.05)
+    assert not stale.exists()  # removed as the run began: its process is gone
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err
+    assert list(tmp_path.glob(".predict-*")) == [] and not out.exists()
