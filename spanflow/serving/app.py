@@ -162,7 +162,7 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
     except asyncio.TimeoutError:
         raise HttpError(408, f"request body not received within {timeout_s:g}s", {"Connection": "close"}) from None
     except ClientDisconnect:
-        log.info("client disconnected before sending its whole body")
+        log.debug("client disconnected before sending its whole body")
         raise HttpError(400, "client disconnected") from None
     try:
         body = json.loads(raw)
