@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -13,7 +14,7 @@ from torch import nn
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
-from spanflow.batching.collate import pad_rows
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.models.pooling import Pooling
 from spanflow.models.st_dir import read_embedding_config
@@ -81,6 +82,40 @@ class Embedder:
         max_length = min(cfg["max_seq_length"] or limit, limit)
         return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
                    normalize=cfg["normalize"]), max_length=max_length, precision=precision, device=device)
+
+    task = "embed"
+
+    def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Truncate at `max_length` tokens (texts are embedded whole: no windows, no stride)."""
+        if stride is not None:
+            raise ConfigError("--stride applies to NER; an embedding model reads each text up to --max-length")
+        if max_length is not None:
+            self.set_max_length(min(max_length, encoder_max_length(self.model.encoder, self.tokenizer)))
+
+    def units(self, texts: list[str]):
+        """(token ids, lengths, None): the server's units."""
+        ids, _ = self.tokenize(texts)
+        return ids, [len(x) for x in ids], None
+
+    def run_batch(self, units: list) -> list:
+        emb = self._forward(self.model, units, list(range(len(units))), True, SERVE_PAD_MULTIPLE)
+        return list(emb.cpu().numpy())  # float32 rows
+
+    def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
+        return results
+
+    def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
+                       on_batch: Callable | None = None) -> Iterator[np.ndarray]:
+        """One embedding per text, in input order."""
+        for part in self.encode_stream(texts, max_tokens=max_tokens, on_batch=on_batch):
+            yield from part
+
+    @staticmethod
+    def output_record(text: str, vector) -> dict:
+        return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
+
+    def evaluate(self, examples, **_) -> dict:
+        raise ConfigError("an embedding model has no labelled evaluation here; use it through predict or serve")
 
     def set_max_length(self, n: int) -> None:
         """Truncate future inputs at `n` tokens (the encoder's limit still applies)."""
@@ -222,3 +257,76 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+class EmbedTask:
+    """Sentence embeddings from an encoder directory: the `embed` entry of the task registry.
+    A directory without spanflow.json is loaded as this task."""
+
+    name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", False
+
+    def add_train_args(self, p) -> None:
+        pass
+
+    def train_from_args(self, a, options) -> str:
+        raise ConfigError("embedding models are not trained by spanflow; serve or run an encoder directory")
+
+    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> Embedder:
+        return Embedder.load(path, precision=precision, device=device)
+
+    def read_labelled(self, path: str, **_) -> list:
+        raise ConfigError("an embedding model has no labelled evaluation here")
+
+    def measure(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int, field: str = "text",
+                column: int | None = None, **_):
+        """Inference only; quality(L) is the mean cosine to the embeddings at the model's full length."""
+        import functools
+
+        from spanflow.data.records import read_records
+        from spanflow.tuning.probe import run_probe
+
+        if mode != "infer":
+            raise ConfigError("embed is tuned for inference only (--mode infer)")
+        texts = [t for _, t in itertools.islice(read_records(data, field=field, column=column), sample * 2)
+                 if isinstance(t, str)][:sample]
+        if not texts:
+            raise ConfigError(f"{data}: no usable records to tune on")
+        emb = Embedder.load(model, precision=precision, device=str(policy.device))
+        limit = emb.max_length
+
+        @functools.lru_cache(maxsize=None)
+        def ref():
+            emb.set_max_length(limit)
+            return emb.encode(texts)
+
+        @functools.lru_cache(maxsize=None)
+        def quality(L):
+            r = ref()
+            emb.set_max_length(min(L, limit))
+            return float(cosines(r, emb.encode(texts)).mean())
+
+        @functools.lru_cache(maxsize=None)
+        def token_ids(L):  # once per length, not once per budget
+            emb.set_max_length(min(L, limit))
+            return emb.tokenize(texts)[0]
+
+        def measure(b, L, seconds=5.0):
+            q = quality(L)
+            ids = token_ids(L)
+            lengths = [len(x) for x in ids]
+            out = run_probe(lambda batch: emb._forward(emb.model, ids, batch, True),
+                            token_budget_batches(lengths, b, shuffle=False), lengths, device=policy.device,
+                            max_seconds=seconds)
+            out["quality"] = q
+            return out
+
+        return measure, limit
+
+    def response(self, model: Embedder, name: str, texts: list[str], results: list, tokens: int) -> dict:
+        """OpenAI's embeddings response shape (rows stay numpy until the JSON encoder)."""
+        return {"object": "list", "model": name,
+                "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(results)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+TASK = EmbedTask()

@@ -6,10 +6,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 
 from spanflow.data.examples import NerExample, Span
-from spanflow.batching.align import check_window
-from spanflow.batching.collate import round_up
+from spanflow.batching.align import check_window, decode_spans, encode_texts, merge_windows, windows_for
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE, round_up
 from spanflow.errors import ConfigError, ModelDirError
-from spanflow.inference.tagging import tag_texts
+from spanflow.inference.tagging import tag_texts, tag_windows, word_starts
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.models.encoder import enable_checkpointing, start_encoder
 from spanflow.batching.sampling import rarity_weights
@@ -107,8 +107,29 @@ class NerModel:
 
     @staticmethod
     def output_record(text: str, spans: list[Span]) -> dict:
-        """The line predict writes: spans as [start, end, label]."""
-        return {"text": text, "entities": [[s, e, lab] for s, e, lab in spans]}
+        """The record of one text, from predict, the server and the API alike."""
+        return {"text": text, "entities": [{"start": s, "end": e, "label": lab, "text": text[s:e]}
+                                           for s, e, lab in spans]}
+
+    def units(self, texts: list[str]):
+        """(windows with their word starts, window lengths, encodings): the server's units."""
+        encs = encode_texts(self.tokenizer, texts)
+        wins = windows_for(encs, max_length=self.window, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
+                           sep_id=self.tokenizer.sep_token_id)
+        return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs
+
+    def run_batch(self, units: list) -> list:
+        """Label ids of each window (a CRF head decodes over its word starts)."""
+        return tag_windows(self.module, [w for w, _ in units], [f for _, f in units], self.tokenizer.pad_token_id,
+                           self.policy, SERVE_PAD_MULTIPLE, self.max_length)
+
+    def assemble(self, texts: list[str], units: list, results: list, encs) -> list[list[Span]]:
+        """Each text's spans from its windows' labels."""
+        per_text: list[list] = [[] for _ in texts]
+        for (w, _), pred in zip(units, results):
+            per_text[w.example].append((w.start, w.end, pred))
+        return [decode_spans(enc, merge_windows(len(enc.ids), per_text[i]), self.id2label) if enc.ids else []
+                for i, enc in enumerate(encs)]
 
     def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
@@ -117,8 +138,8 @@ class NerModel:
         return span_prf([e.spans for e in examples], pred)
 
 
-def _start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
-                 policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
+def start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
+                policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
     """The model to train: a spanflow NER model to continue (its head unless another is
     asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
     if os.path.exists(os.path.join(model, "spanflow.json")):
@@ -164,7 +185,7 @@ def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: 
         warn_unseen(labels, {lab for e in dev for _, _, lab in e.spans}, "labels", log_fn)
     # label smoothing and class weights are softmax recipes: asking for one picks that head for a new model
     softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
-    nm = _start_model(run.source, train, labels, opts, policy, head,
+    nm = start_model(run.source, train, labels, opts, policy, head,
                       fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
     if nm.head_type == "crf" and softmax_recipe:
         raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
@@ -192,3 +213,58 @@ def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: 
     if summary["completed"] and os.path.isdir(best_dir):
         return NerModel.load(best_dir, device=str(policy.device), precision=policy.name)
     return nm
+
+
+class NerTask:
+    """Named entities as character-offset spans: the `ner` entry of the task registry."""
+
+    name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
+
+    def add_train_args(self, p) -> None:
+        p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
+        p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
+        p.add_argument("--strict", action="store_true",
+                       help="reject inside tags with no opening tag instead of repairing")
+        p.add_argument("--head", choices=list(HEAD_TYPES), default=None,
+                       help="a BIO-constrained CRF with Viterbi decoding (default for a new model), or a per-token "
+                            "softmax; a spanflow model keeps its head unless this is given")
+
+    def train_from_args(self, a, options: TrainOptions) -> str:
+        from spanflow.data.io import read_ner
+
+        train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
+        dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
+        model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
+        return f"model saved to {a.out}/model (labels: {', '.join(model.labels)})"
+
+    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
+        return NerModel.load(path, device=device, precision=precision)
+
+    def read_labelled(self, path: str, *, fmt: str | None = None, scheme: str | None = None, **_) -> list:
+        return NerModel.read_labelled(path, fmt=fmt, scheme=scheme)
+
+    def measure(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+        from spanflow.data.io import read_ner
+        from spanflow.tasks.ner import ner_loss
+        from spanflow.tuning.measures import f1_at_length, model_measure
+
+        examples = read_ner(data)[:sample]
+        labels = sorted({lab for e in examples for *_, lab in e.spans})
+        if mode == "train":
+            nm = start_model(model, examples, labels, TrainOptions(max_tokens=10**9, seed=seed), policy)
+        else:
+            nm = NerModel.load(model, device=str(policy.device), precision=policy.name)
+        l2i = {lab: i for i, lab in enumerate(nm.id2label)}
+        limit = nm.max_length
+
+        def windows(L):
+            return prepare_windows(examples, nm.tokenizer, l2i, max_length=min(L, limit), stride=nm.stride)
+
+        return model_measure(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss,
+                             f1_at_length(nm, examples), mode=mode, policy=policy, seed=seed), limit
+
+    def response(self, model: NerModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
+        return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+
+
+TASK = NerTask()

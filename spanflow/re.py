@@ -9,6 +9,7 @@ import torch
 from spanflow.batching.align import Encoded, check_window, encode_texts
 from spanflow.batching.prefetch import chunked
 from spanflow.batching.batcher import token_budget_batches
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE
 from spanflow.data.examples import ReExample, Triple
 from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
@@ -121,6 +122,17 @@ class ReModel:
             {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
             for h, r, t in triples]}
 
+    def units(self, texts: list[str]):
+        """(encodings, token lengths, None): the server's units, tokenized once."""
+        encs = encode_texts(self.tokenizer, texts)
+        return encs, [min(len(e.ids) + 2, self.max_length) for e in encs], None
+
+    def run_batch(self, units: list) -> list:
+        return self.predict_encoded(units, max_tokens=10**9, pad_multiple=SERVE_PAD_MULTIPLE)
+
+    def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
+        return results
+
     @staticmethod
     def format_metrics(m: dict) -> str:
         """The evaluate table per relation, then the partial-match line."""
@@ -194,3 +206,59 @@ def _train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str
     if summary["completed"] and os.path.isdir(best):
         return ReModel.load(best, device=str(policy.device), precision=policy.name)
     return rm
+
+
+class ReTask:
+    """Relation triples between character spans (CasRel): the `re` entry of the task registry."""
+
+    name, summary, route, request_field, trains = "re", "relation triples (CasRel)", "/v1/relations", "texts", True
+
+    def add_train_args(self, p) -> None:
+        p.add_argument("--subjects", choices=["all", "sample"], default="all",
+                       help="train the object stage on every gold subject of a text (default), or on one sampled "
+                            "per text and step (the CasRel paper's recipe)")
+
+    def train_from_args(self, a, options: TrainOptions) -> str:
+        from spanflow.data.formats.casrel import read_relations_vocab
+        from spanflow.data.io import read_re
+
+        train = read_re(a.train)
+        dev = read_re(a.dev) if a.dev else None
+        model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
+                         relations=read_relations_vocab(a.train), all_subjects=a.subjects == "all")
+        return f"model saved to {a.out}/model ({len(model.relations)} relations)"
+
+    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
+        return ReModel.load(path, device=device, precision=precision)
+
+    def read_labelled(self, path: str, **_) -> list:
+        return ReModel.read_labelled(path)
+
+    def measure(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+        from spanflow.data.io import read_re
+        from spanflow.models.encoder import encoder_max_length, load_encoder
+        from spanflow.tasks.re import casrel_loss
+        from spanflow.tuning.measures import f1_at_length, model_measure
+
+        examples = read_re(data)[:sample]
+        if mode == "train":
+            enc, tok = load_encoder(model)
+            rels = sorted({r for e in examples for _, r, _ in e.triples})
+            rm = ReModel(encoder=enc, tokenizer=tok, relations=rels, max_length=encoder_max_length(enc, tok),
+                         policy=policy)
+        else:
+            rm = ReModel.load(model, device=str(policy.device), precision=policy.name)
+        limit = rm.max_length
+
+        def features(L):
+            return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit))
+
+        collate = make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed)
+        return model_measure(rm.module, features, collate, casrel_loss, f1_at_length(rm, examples), mode=mode,
+                             policy=policy, seed=seed), limit
+
+    def response(self, model: ReModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
+        return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+
+
+TASK = ReTask()

@@ -50,7 +50,8 @@ def test_predict_keeps_order_and_writes_error_records(trained, tmp_path, capsys)
     assert recs[0]["text"] == data[0].text and recs[3]["text"] == data[1].text
     assert recs[1] == {"line": 2, "error": recs[1]["error"]} and "invalid JSON" in recs[1]["error"]
     assert recs[2] == {"text": "", "entities": []}
-    assert [tuple(x) for x in recs[0]["entities"]] == data[0].spans
+    assert [(x["start"], x["end"], x["label"]) for x in recs[0]["entities"]] == data[0].spans
+    assert all(recs[0]["text"][x["start"]:x["end"]] == x["text"] for x in recs[0]["entities"])
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".predict-")]  # no temp file left behind
 
 

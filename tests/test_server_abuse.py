@@ -77,7 +77,7 @@ def test_an_internal_error_is_one_json_500_counted_in_metrics(server, monkeypatc
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(svc, "assemble", broken)
+    monkeypatch.setattr(svc, "respond", broken)
     auth = {"Authorization": f"Bearer {KEY}"}
     status, raw = abuse.request("127.0.0.1", server["port"], "POST", "/v1/ner", b'{"texts": ["a b"]}', auth)
     assert status == 500 and b'"internal server error"' in raw and b"boom" not in raw

@@ -7,6 +7,12 @@ import torch
 from spanflow.batching.align import IGNORE, Window
 
 
+# the server rounds padded lengths up to this: it meets every (batch, length) shape, and on a
+# CPU each new one costs a kernel build and a cache entry kept for the life of the process
+# (bench/results/load_test.md has the memory this saves)
+SERVE_PAD_MULTIPLE = 8
+
+
 def collate(windows: list[Window], pad_id: int, pad_multiple: int = 1,
             limit: int | None = None) -> dict[str, torch.Tensor]:
     """input_ids / attention_mask (B, T) and labels (B, T) when the windows carry labels.

@@ -24,14 +24,3 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
                         "was trained on, which keeps long documents as accurate as short texts)")
     p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows "
                                                              "(default: as trained)")
-
-
-def load_task_model(path: str, *, device: str = "auto", precision: str = "auto", max_length: int | None = None,
-                    stride: int | None = None):
-    """A trained spanflow model of whichever task its directory holds, with its window set."""
-    from spanflow.tasks.registry import load_model
-
-    model = load_model(path, device=device, precision=precision)
-    if max_length is not None or stride is not None:
-        model.set_window(max_length, stride)
-    return model

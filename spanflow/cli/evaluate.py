@@ -26,10 +26,10 @@ def _max_tokens(a: argparse.Namespace, model) -> int | None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from spanflow.cli.common import load_task_model
+    from spanflow.tasks.registry import load_model, task_of_dir
 
-    model = load_task_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
-                            stride=a.stride)
-    m = model.evaluate(model.read_labelled(a.data, fmt=a.format, scheme=a.scheme), max_tokens=_max_tokens(a, model))
+    examples = task_of_dir(a.model).read_labelled(a.data, fmt=a.format, scheme=a.scheme)
+    model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
+    m = model.evaluate(examples, max_tokens=_max_tokens(a, model))
     print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0

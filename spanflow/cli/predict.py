@@ -17,7 +17,7 @@ from spanflow.errors import DataError
 
 def add_parser(sub) -> None:
     p = sub.add_parser("predict", help="tag texts; writes char-offset spans as JSONL, in input order")
-    p.add_argument("--model", required=True, help="a spanflow model directory")
+    p.add_argument("--model", required=True, help="a spanflow model directory, or an encoder directory (embeddings)")
     p.add_argument("--input", required=True, help="plain text (one document per line) or JSONL")
     p.add_argument("--output", required=True, help="output JSONL")
     p.add_argument("--field", default="text", help="JSONL field holding the text [%(default)s]")
@@ -78,20 +78,19 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", max_tokens: 
 
 
 def _max_tokens(a: argparse.Namespace) -> int | None:
-    from spanflow.models.directory import read_model_config
+    from spanflow.tasks.registry import task_of_dir
     from spanflow.tuning.auto import resolve_max_tokens
 
-    task = read_model_config(a.model).get("task", "ner")
-    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task, mode="infer", model=a.model,
+    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task_of_dir(a.model).name, mode="infer", model=a.model,
                               data=a.input, precision=a.precision, device=a.device, field=a.field)
 
 
 def run(a: argparse.Namespace) -> int:
-    from spanflow.cli.common import load_task_model
+    from spanflow.tasks.registry import load_model
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    model = load_task_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
+    model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
                             stride=a.stride)
     stats = predict_file(model, a.input, a.output, field=a.field, max_tokens=_max_tokens(a))
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")

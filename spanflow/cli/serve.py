@@ -43,22 +43,25 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError(f"serving needs the 'serve' extra (pip install 'spanflow[serve]'): {e}") from None
     from spanflow.serving.services import load_service
     from spanflow.tuning.auto import resolve_max_tokens
+    from spanflow.tuning.profile import read_profile
 
     services = [load_service(m, precision=a.precision, device=a.device) for m in a.model]
-    max_tokens = 4096
-    if a.max_tokens or a.profile:
-        s = services[0]
-        max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task=s.task, mode="infer",
-                                        model=a.model[0].rpartition("=")[2], data="", precision=a.precision,
-                                        device=a.device) or max_tokens
-    opts = ServeOptions(max_tokens=max_tokens, max_wait_ms=a.max_wait_ms, max_queue_tokens=a.max_queue_tokens,
+    max_tokens, per_model = ServeOptions.max_tokens, {}
+    profile_task = read_profile(a.profile, mode="infer").get("task") if a.profile else None
+    for spec, s in zip(a.model, services):  # each model its own measured budget, where there is one
+        profile = a.profile if profile_task in (None, s.task.name) else None  # a profile is for one task
+        n = resolve_max_tokens(a.max_tokens, profile=profile, task=s.task.name, mode="infer",
+                               model=spec.rpartition("=")[2], data=None, precision=a.precision, device=a.device)
+        if n:
+            per_model[s.name] = n
+    opts = ServeOptions(max_tokens=max_tokens, model_max_tokens=per_model, max_wait_ms=a.max_wait_ms, max_queue_tokens=a.max_queue_tokens,
                         max_queue_wait_s=a.max_queue_wait_ms / 1000,
                         max_request_bytes=a.max_request_bytes, max_texts=a.max_texts,
                         max_text_chars=a.max_text_chars, timeout_s=a.timeout, read_timeout_s=a.read_timeout,
                         batching=not a.no_batching,
                         api_key=api_key_from_env(a.api_key))
-    print(f"serving {', '.join(f'{s.name} ({s.task})' for s in services)} on http://{a.host}:{a.port} "
-          f"(max_tokens {max_tokens}, batching {'on' if opts.batching else 'off'})")
+    budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model.get(s.name, max_tokens)})" for s in services)
+    print(f"serving {budgets} on http://{a.host}:{a.port} (batching {'on' if opts.batching else 'off'})")
     uvicorn.run(create_app(services, opts), host=a.host, port=a.port, log_level="warning",
                 http=deadline_protocol(a.read_timeout), timeout_graceful_shutdown=int(a.timeout))
     return 0

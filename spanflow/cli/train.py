@@ -1,27 +1,31 @@
-"""`spanflow train ner ...`"""
+"""`spanflow train TASK ...`: the common flags here, each task's own from the task registry."""
 from __future__ import annotations
 
 import argparse
 
 from spanflow.cli.common import add_runtime_args
-from spanflow.data.io import read_ner
 from spanflow.training.options import TrainOptions
 
 
 def add_parser(sub) -> None:
+    from spanflow.tasks.registry import tasks
+
     p = sub.add_parser("train", help="train a model", description="Train a model; the best is saved to OUT/model.")
-    p.add_argument("task", choices=["ner", "re"], help="what to train: ner, or re (CasRel relation extraction)")
+    by_task = p.add_subparsers(dest="task", required=True, metavar="TASK")
+    for task in tasks():
+        if task.trains:
+            tp = by_task.add_parser(task.name, help=task.summary,
+                                    description=f"Train a {task.name} model; the best is saved to OUT/model.")
+            _add_common(tp)
+            task.add_train_args(tp.add_argument_group(f"{task.name} options"))
+
+
+def _add_common(p) -> None:
     p.add_argument("--train", required=True,
                    help="training data: NER CoNLL, JSONL or spaCy .spacy; RE CasRel JSON or JSONL")
     p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps)")
     p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow NER model, or 'tiny'")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
-    p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
-    p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
-    p.add_argument("--subjects", choices=["all", "sample"], default="all",
-                   help="RE: train the object stage on every gold subject of a text (default), or on one "
-                        "sampled per text and step (the CasRel paper's recipe)")
     d = TrainOptions()
     p.add_argument("--epochs", type=int, default=None,
                    help="most epochs; early stopping on dev usually ends sooner (default: per task, docs/defaults.md)")
@@ -48,9 +52,6 @@ def add_parser(sub) -> None:
                    help="all-reduce DDP gradients in fp16 (CUDA, several processes) [%(default)s]")
     g = p.add_argument_group("recipes", "options for rare types and small data "
                                         "(docs/recipes.md has their measured effect)")
-    g.add_argument("--head", choices=["softmax", "crf"], default=None,
-                   help="NER: a BIO-constrained CRF with Viterbi decoding (default for a new model), or a "
-                        "per-token softmax; a spanflow model keeps its head unless this is given")
     g.add_argument("--label-smoothing", type=float, default=0.0, help="spread this much target probability [0]")
     g.add_argument("--class-weights", default=None,
                    help="NER loss weights: 'auto' (inverse sqrt label frequency) or 'person=2,product=3'")
@@ -87,36 +88,13 @@ def options_from_args(a: argparse.Namespace) -> TrainOptions:
 def run(a: argparse.Namespace) -> int:
     import os
 
+    from spanflow.tasks.registry import get
+
     if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from spanflow.training.distributed import relaunch
 
         argv = list(a.argv)
         i = argv.index("--devices")
         return relaunch(argv[:i] + argv[i + 2:], a.devices)
-    if a.task == "re":
-        if a.head is not None:
-            from spanflow.errors import ConfigError
-
-            raise ConfigError("--head applies to NER; relation extraction uses the CasRel head")
-        return run_re(a)
-    from spanflow.ner import train_ner
-
-    train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
-    dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
-    model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a), head=a.head)
-    print(f"model saved to {a.out}/model (labels: {', '.join(model.labels)})")
-    return 0
-
-
-def run_re(a: argparse.Namespace) -> int:
-    from spanflow.data.formats.casrel import read_relations_vocab
-    from spanflow.data.io import read_re
-    from spanflow.re import train_re
-
-    train = read_re(a.train)
-    dev = read_re(a.dev) if a.dev else None
-    relations = read_relations_vocab(a.train)
-    model = train_re(train, dev, model=a.model, out_dir=a.out, options=options_from_args(a), relations=relations,
-                     all_subjects=a.subjects == "all")
-    print(f"model saved to {a.out}/model ({len(model.relations)} relations)")
+    print(get(a.task).train_from_args(a, options_from_args(a)))
     return 0

@@ -1,4 +1,4 @@
-"""`spanflow tune --task ner|re|embed --model DIR --data F --mode train|infer`"""
+"""`spanflow tune --task TASK --model DIR --data F --mode train|infer`"""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,9 @@ def _ints(s: str) -> list[int]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="measure token budgets (and max lengths) and pick the best; writes profile.json")
-    p.add_argument("--task", choices=["ner", "re", "embed"], required=True)
+    from spanflow.tasks.registry import names
+
+    p.add_argument("--task", choices=names(), required=True)
     p.add_argument("--model", required=True, help="encoder directory (train) or trained model directory (infer)")
     p.add_argument("--data", required=True, help="a sample of your real data (labelled for quality in infer mode)")
     p.add_argument("--mode", choices=["train", "infer"], default="train")

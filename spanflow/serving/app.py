@@ -6,8 +6,9 @@ import gc
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ from spanflow.serving.services import Service
 @dataclass
 class ServeOptions:
     max_tokens: int = 4096
+    model_max_tokens: dict[str, int] = field(default_factory=dict)  # per served model, where measured
     max_wait_ms: float = 2.0
     max_queue_tokens: int = 1 << 18
     max_queue_wait_s: float = 1.0
@@ -55,7 +57,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             # overhead; MiniLM at concurrency 32: 304 texts/s at 256, 272 at 512, medians of 4),
             # a quarter of the budget on an accelerator
             on_cpu = s.model.policy.device.type == "cpu"
-            b = DynamicBatcher(s.run_batch, max_tokens=opts.max_tokens, max_wait_ms=opts.max_wait_ms,
+            b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens), max_wait_ms=opts.max_wait_ms,
                                min_split_tokens=256 if on_cpu else None,
                                max_queue_tokens=opts.max_queue_tokens, max_queue_wait_s=opts.max_queue_wait_s,
                                per_request=not opts.batching,
@@ -73,6 +75,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
         for b in state["batchers"].values():
             await b.close()
+        pool.shutdown(wait=False)
 
     app = FastAPI(title="spanflow", lifespan=lifespan)
 
@@ -89,7 +92,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     async def ready():
         if not state["ready"]:
             raise HttpError(503, "models are loading")
-        return {"status": "ready", "models": {s.name: s.task for s in services}}
+        return {"status": "ready", "models": {s.name: s.task.name for s in services}}
 
     @app.get("/metrics")
     async def prometheus():
@@ -100,39 +103,35 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             metrics.gpu_memory.set(torch.cuda.memory_allocated())
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    async def handle(request: Request, task: str) -> dict:
-        body = await _read_body(request, opts.max_request_bytes, opts.read_timeout_s)
-        service = _pick_service(services, task, body.get("model"))
-        texts = _texts(body, "input" if task == "embed" else "texts", opts)
-        batcher = state["batchers"][service.name]
-        try:
-            batcher.admit(0)  # shed load before the tokenizer spends time on it
-            units, lengths, ctx = service.units(texts)
-            results = await batcher.submit(units, lengths, opts.timeout_s)
-        except Overloaded as e:
-            raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
-        except asyncio.TimeoutError:
-            raise HttpError(504, f"request not served within {opts.timeout_s:.0f}s; its queued work was dropped") \
-                from None
-        out = service.assemble(texts, units, results, ctx)
-        return {"service": service, "out": out, "tokens": sum(lengths)}
+    # tokenizing and assembling responses run on one thread of their own, never on the event
+    # loop: one thread, so that a tokenizer is never entered by two threads at once
+    pool = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
 
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request):
-        r = await handle(request, "embed")
-        data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(r["out"])]
-        return _json({"object": "list", "data": data, "model": r["service"].name,
-                      "usage": {"prompt_tokens": r["tokens"], "total_tokens": r["tokens"]}})
+    async def off_loop(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
-    @app.post("/v1/ner")
-    async def ner(request: Request):
-        r = await handle(request, "ner")
-        return JSONResponse({"model": r["service"].name, "results": [{"entities": ents} for ents in r["out"]]})
+    def route(task):
+        async def handle(request: Request) -> Response:
+            body = await _read_body(request, opts.max_request_bytes, opts.read_timeout_s)
+            service = _pick_service(services, task.name, body.get("model"))
+            texts = _texts(body, task.request_field, opts)
+            batcher = state["batchers"][service.name]
+            try:
+                batcher.admit(0)  # shed load before the tokenizer spends time on it
+                units, lengths, ctx = await off_loop(service.units, texts)
+                results = await batcher.submit(units, lengths, opts.timeout_s)
+            except Overloaded as e:
+                raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
+            except asyncio.TimeoutError:
+                raise HttpError(504, f"request not served within {opts.timeout_s:.0f}s; its queued work was "
+                                     "dropped") from None
+            payload = await off_loop(service.respond, texts, units, results, ctx, sum(lengths))
+            return _json(payload)
+        return handle
 
-    @app.post("/v1/relations")
-    async def relations(request: Request):
-        r = await handle(request, "re")
-        return JSONResponse({"model": r["service"].name, "results": [{"relations": rels} for rels in r["out"]]})
+    for task in {s.task.name: s.task for s in services}.values():
+        if task.route:
+            app.post(task.route)(route(task))
 
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(Guard, api_key=opts.api_key, routes=routes,
@@ -141,16 +140,20 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
 
 def _json(payload: dict) -> Response:
-    """A JSON response whose numpy rows are written by orjson when it is installed (the serve
-    extra): float formatting was a fifth of the event loop's time with the standard encoder.
-    Either way FastAPI's recursive encoder is skipped."""
+    """A JSON response; numpy rows (embeddings) are written by orjson when it is installed (the
+    serve extra), where float formatting with the standard encoder was a fifth of the event
+    loop's time. Either way FastAPI's recursive encoder is skipped."""
     try:
         import orjson
     except ImportError:
-        for d in payload.get("data", []):
-            d["embedding"] = d["embedding"].tolist()
-        return JSONResponse(payload)
+        return Response(json.dumps(payload, default=_plain, ensure_ascii=False), media_type="application/json")
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+
+
+def _plain(x):
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} is not JSON serializable")
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
@@ -184,7 +187,7 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def _pick_service(services: list[Service], task: str, name) -> Service:
-    of_task = [s for s in services if s.task == task]
+    of_task = [s for s in services if s.task.name == task]
     if name is not None:
         for s in of_task:
             if s.name == name:

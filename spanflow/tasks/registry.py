@@ -1,20 +1,129 @@
-"""The one table of trained-model tasks: a model directory's spanflow.json names its task,
-this table names the class that loads it. Callers never switch on the task's name."""
+"""The one table of tasks. A task is an object with the members of `Task` below; the CLI, the
+server, `tune` and bulk prediction look tasks up here and never switch on a task's name.
+
+A model directory's spanflow.json names its task; a directory without one is a plain
+encoder, served and run as the `embed` task. A new task is one module that defines a Task
+and calls `register()` (or is listed in BUILTIN): no other file changes.
+"""
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 
-from spanflow.errors import ModelDirError
+from spanflow.errors import ConfigError, ModelDirError
 
-MODELS = {"ner": "spanflow.ner:NerModel", "re": "spanflow.re:ReModel"}
+BUILTIN = {"ner": "spanflow.ner:TASK", "re": "spanflow.re:TASK", "embed": "spanflow.embedder:TASK"}
+ENCODER_TASK = "embed"  # what a directory without spanflow.json holds
+_TASKS: dict[str, Any] = dict(BUILTIN)
 
 
-def load_model(path: str, *, device: str = "auto", precision: str = "auto"):
-    """A trained spanflow model of whichever task its directory holds."""
-    from spanflow.models.directory import read_model_config
+class TaskModel(Protocol):
+    """A loaded model of some task, as predict, evaluate and the server use it."""
 
+    task: str
+    policy: Any  # training.precision.Policy: device and precision
+
+    def units(self, texts: list[str]) -> tuple[list, list[int], Any]:
+        """Texts -> (units to batch, each unit's token length, context for assemble)."""
+
+    def run_batch(self, units: list) -> list:
+        """One result per unit; runs on the model's thread."""
+
+    def assemble(self, texts: list[str], units: list, results: list, ctx: Any) -> list:
+        """Per-text results in the task's record format (the same as predict's records)."""
+
+    def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
+                       on_batch: Callable | None = None) -> Iterator:
+        """Per-text results in input order, bounded memory (bulk predict)."""
+
+    def output_record(self, text: str, result: Any) -> dict:
+        """The JSON record of one text: the line predict writes, the item the server returns."""
+
+    def evaluate(self, examples: list, *, max_tokens: int | None = None) -> dict:
+        """Metrics on labelled examples, with at least "f1"."""
+
+    def format_metrics(self, m: dict) -> str:
+        """The evaluate table."""
+
+    def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Override the inference window (None: as trained)."""
+
+
+class Task(Protocol):
+    """What a task gives the rest of spanflow."""
+
+    name: str
+    summary: str  # one line for --help
+    route: str | None  # the server's POST route (None: not served)
+    request_field: str  # the request's JSON field that holds the texts
+
+    def add_train_args(self, p: argparse.ArgumentParser) -> None:
+        """The task's own `spanflow train TASK` flags."""
+
+    def train_from_args(self, a: argparse.Namespace, options) -> str:
+        """Read --train/--dev, train into --out; return the line printed at the end."""
+
+    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> TaskModel:
+        """The trained model in `path`."""
+
+    def read_labelled(self, path: str, **fmt) -> list:
+        """Labelled examples from a file (evaluate, tune)."""
+
+    def measure(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int, field: str,
+                column: int | None):
+        """(measure(max_tokens, max_length, seconds) -> figures, longest max_length) for tune."""
+
+    trains: bool  # whether `spanflow train TASK` exists
+
+    def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
+        """The HTTP response body for one request: `results` from model.assemble, `tokens` its units' total."""
+
+
+def register(task: Task) -> None:
+    """Add (or replace) a task under task.name."""
+    _TASKS[task.name] = task
+
+
+def get(name: str) -> Task:
+    """The task called `name`; a ConfigError naming the known ones otherwise."""
+    entry = _TASKS.get(name)
+    if entry is None:
+        raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(names())}")
+    if isinstance(entry, str):
+        module, attr = entry.split(":")
+        entry = _TASKS[name] = getattr(importlib.import_module(module), attr)
+    return entry
+
+
+def names() -> list[str]:
+    return list(_TASKS)
+
+
+def tasks() -> list[Task]:
+    return [get(n) for n in names()]
+
+
+def task_of_dir(path: str) -> Task:
+    """The task a model directory holds: spanflow.json's "task", or ENCODER_TASK for a plain encoder."""
+    from spanflow.models.directory import CONFIG, read_model_config
+
+    if not os.path.isdir(path):
+        raise ModelDirError(f"model directory not found: {path}")
+    if not os.path.exists(os.path.join(path, CONFIG)):
+        return get(ENCODER_TASK)
     task = read_model_config(path).get("task")
-    if task not in MODELS:
-        raise ModelDirError(f"{path} is a {task!r} model; this command takes {' or '.join(map(repr, MODELS))} models")
-    module, name = MODELS[task].split(":")
-    return getattr(importlib.import_module(module), name).load(path, device=device, precision=precision)
+    if task not in _TASKS:
+        raise ModelDirError(f"{path} is a {task!r} model; this spanflow knows {', '.join(map(repr, names()))}")
+    return get(task)
+
+
+def load_model(path: str, *, device: str = "auto", precision: str = "auto", max_length: int | None = None,
+               stride: int | None = None) -> TaskModel:
+    """The model in `path`, of whichever task it holds, with its inference window set."""
+    model = task_of_dir(path).load(path, device=device, precision=precision)
+    if max_length is not None or stride is not None:
+        model.set_window(max_length, stride)
+    return model

@@ -2,7 +2,6 @@
 clipping, warmup + linear decay, evaluation, early stopping, checkpoints and reports."""
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from spanflow.training.distributed import Dist, all_sum, barrier, broadcast, gat
 from spanflow.training.optim import build_optimizer, warmup_linear
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy
+from spanflow.training.step import forward_backward, optimizer_step
 
 
 @dataclass
@@ -158,7 +158,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
     for micro in prefetch(groups):
         t_data = time.perf_counter()
         meter.add_time("data_wait", t_data - wait_start)
-        loss = _train_step(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
+        loss = forward_backward(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
         if st.get("first_loss") is None:
             st["first_loss"] = loss.item()  # host sync, once per run: the baseline of learning_check
         r.running += loss
@@ -167,7 +167,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
         r.n_epoch += 1
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
-        _optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm, r.policy.device)
+        optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm)
         meter.add_time("optimizer", time.perf_counter() - t_comp)
         meter.steps += 1
         st["step_in_epoch"] += 1
@@ -279,41 +279,3 @@ def _wrap_ddp(model: nn.Module, dist: Dist, device: torch.device, compression: s
 
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)  # halves gradient traffic
     return ddp
-
-
-def _train_step(model: nn.Module, micro: list[dict], loss_fn, policy: Policy, scaler, meter: Meter,
-                world: int = 1) -> torch.Tensor:
-    """Forward/backward over one step's micro-batches. The loss is normalised by the step's
-    target count over all ranks, and scaled by the world size because DDP averages the
-    ranks' gradients, so the update equals one process training on the whole global batch.
-    Gradients are all-reduced on the last micro-batch only (no_sync before it)."""
-    local = sum(b["n_targets"] for b in micro if b["weight"])
-    n_targets = max(1, micro[0]["n_global"] if micro[0]["n_global"] is not None else local)
-    total = None
-    for k, b in enumerate(micro):
-        if b["weight"]:
-            meter.add_tokens(b["real_tokens"], b["padded_tokens"])
-        batch = {key: v.to(policy.device, non_blocking=True) for key, v in b.items() if torch.is_tensor(v)}
-        sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
-        with (contextlib.nullcontext() if sync else model.no_sync()), policy.autocast():
-            loss = loss_fn(model, batch) * (b["weight"] * world / n_targets)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
-        total = loss.detach() if total is None else total + loss.detach()
-    return total / world
-
-
-def _optimizer_step(model, optimizer, scheduler, scaler, max_grad_norm: float, device) -> None:
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if max_grad_norm:
-        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    scheduler.step()

@@ -36,6 +36,10 @@ def resolve_max_tokens(value: str | int | None, *, profile: str | None, task: st
         best = read_profile(cached, task=task, mode=mode)["best"]
         log_fn(f"max_tokens auto: {best['max_tokens']} from the cached profile {cached}")
         return int(best["max_tokens"])
+    if not data:  # nothing to measure on (serve): the default, and how to get a measured one
+        log_fn(f"max_tokens auto: no cached profile for {model} on this device; using the default (measure one "
+               f"with: spanflow tune --task {task} --mode {mode} --model {model} --data YOUR_TEXTS)")
+        return None
     from spanflow.tuning.tune import tune
 
     log_fn("max_tokens auto: no profile for this model and device yet; measuring one (about 30 s)")

@@ -14,6 +14,7 @@ from spanflow.batching.batcher import token_budget_batches
 from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import cpu_has_bf16, resolve_policy
+from spanflow.training.step import as_micro, forward_backward, optimizer_step
 
 
 def environment() -> dict:
@@ -43,11 +44,13 @@ def environment() -> dict:
 
 
 def _probe(nm, windows, batches, policy, steps: int) -> dict:
-    """A few training steps with the phases timed apart: data (collate + copy), compute, optimizer."""
+    """A few of the training loop's steps with the phases timed apart: data (collate), compute (copy,
+    forward, backward), optimizer (clipping and step)."""
     from spanflow.tasks.ner import make_collate, ner_loss
 
     collate = make_collate(nm.tokenizer.pad_token_id)
     opt = build_optimizer(nm.module, TrainOptions(lr=1e-5), policy.device)
+    scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
     nm.module.train()
     times = {"data": 0.0, "compute": 0.0, "optimizer": 0.0}
     real = padded = texts = 0
@@ -55,16 +58,12 @@ def _probe(nm, windows, batches, policy, steps: int) -> dict:
     for k, b in enumerate(batches[:steps + 1]):
         t0 = time.perf_counter()
         t = collate([windows[i] for i in b])
-        n = t["n_targets"]
-        t = {key: v.to(policy.device) for key, v in t.items() if torch.is_tensor(v)}
         sync()
         t1 = time.perf_counter()
-        with policy.autocast():
-            (ner_loss(nm.module, t) / max(1, n)).backward()
+        forward_backward(nm.module, [as_micro(t)], ner_loss, policy, scaler)
         sync()
         t2 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(nm.module, opt, None, scaler)
         sync()
         t3 = time.perf_counter()
         if k == 0:
@@ -113,14 +112,14 @@ def doctor(*, model: str | None = None, data: str | None = None, batch_size: int
     if not (model and data):
         return {"environment": env}
     from spanflow.data.io import read_ner
-    from spanflow.ner import _start_model
+    from spanflow.ner import start_model
     from spanflow.tasks.ner import prepare_windows
 
     policy = resolve_policy(precision, device)
     log_fn(policy.describe())
     examples = read_ner(data)[:2000]
     labels = sorted({lab for e in examples for *_, lab in e.spans})
-    nm = _start_model(model, examples, labels, TrainOptions(max_tokens=10**9), policy)
+    nm = start_model(model, examples, labels, TrainOptions(max_tokens=10**9), policy)
     windows = prepare_windows(examples, nm.tokenizer, {lab: i for i, lab in enumerate(nm.id2label)},
                               max_length=nm.max_length, stride=nm.stride)
     lengths = [len(w) for w in windows]

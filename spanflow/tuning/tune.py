@@ -9,27 +9,7 @@ from spanflow.training.precision import resolve_policy
 from spanflow.tuning.profile import device_name, write_profile
 from spanflow.tuning.sweep import geometric, is_oom, pick_best, sweep
 
-TASKS, MODES = ("ner", "re", "embed"), ("train", "infer")
-
-
-def _sample(task: str, data: str, n: int, field: str, column: int | None):
-    if task == "ner":
-        from spanflow.data.io import read_ner
-
-        return read_ner(data)[:n]
-    if task == "re":
-        from spanflow.data.io import read_re
-
-        return read_re(data)[:n]
-    from spanflow.data.records import read_records
-
-    out = []
-    for _, t in read_records(data, field=field, column=column):
-        if isinstance(t, str):
-            out.append(t)
-        if len(out) == n:
-            break
-    return out
+MODES = ("train", "infer")
 
 
 def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: list[int] | None = None,
@@ -38,27 +18,18 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
          out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True,
          log_fn: Callable[[str], None] = print) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile."""
-    if task not in TASKS or mode not in MODES:
-        raise ConfigError(f"--task must be one of {TASKS} and --mode one of {MODES}")
-    if task == "embed" and mode == "train":
-        raise ConfigError("embed is tuned for inference only (--mode infer)")
-    from spanflow.tuning import measures
+    from spanflow.tasks.registry import get
 
+    if mode not in MODES:
+        raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
     policy = resolve_policy("fp32" if precision == "int8" else precision, device)
-    examples = _sample(task, data, sample, field, column)
-    if not examples:
-        raise ConfigError(f"{data}: no usable records to tune on")
-    if task == "ner":
-        measure, limit = measures.ner_measure(model, examples, mode=mode, policy=policy)
-    elif task == "re":
-        measure, limit = measures.re_measure(model, examples, mode=mode, policy=policy)
-    else:
-        measure, limit = measures.embed_measure(model, examples, policy=policy, precision=precision)
+    measure, limit = get(task).measure(model, data, mode=mode, policy=policy, precision=precision, sample=sample,
+                                       field=field, column=column)
     lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
     per_point = max(1.0, budget_seconds / max(1, len(budgets) * len(lengths)))  # spread the time budget
 
-    log_fn(f"tuning {task} {mode} on {len(examples)} samples of {data}, {policy.describe()}")
+    log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, {policy.describe()}")
     fitting = [b for b in budgets if b >= lengths[0]]
     if fitting:  # one discarded point first: the first kernels of a process are slow to start
         try:
