@@ -296,3 +296,19 @@ def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs
     assert "queue full" in third.json()["error"]["message"]
     assert first.status_code == 200 and second.status_code == 200  # admitted work is still served
     assert len(second.json()["data"]) == 3
+
+
+def test_serve_max_tokens_auto_without_a_profile_serves_every_model_with_a_budget(model_dirs, monkeypatch, capsys,
+                                                                                 tmp_path):
+    import uvicorn
+
+    from spanflow.cli.main import main
+
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))  # no cached profiles
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
+                 "--max-tokens", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "ner (ner, max_tokens 4096)" in out and "emb (embed, max_tokens 4096)" in out
+    assert "app" in seen and seen["http"].__name__ == "DeadlineProtocol"

@@ -38,7 +38,7 @@ def server(tmp_path_factory):
     train_ner(synthetic_ner(30, seed=2), None, out_dir=str(d / "ner"), log_fn=lambda s: None,
               options=TrainOptions(epochs=1, max_tokens=512, log_every=0))
     services = [load_service(f"ner={d / 'ner' / 'model'}", device="cpu")]
-    app = create_app(services, ServeOptions(api_key=KEY, read_timeout_s=READ_TIMEOUT))
+    app = create_app(services, ServeOptions(api_key=KEY, read_timeout=READ_TIMEOUT))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 
+from spanflow.cli.options import add_options, options_from
+from spanflow.serving.options import ServeOptions
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve models over HTTP with token-budget dynamic batching (extra: serve)")
@@ -12,20 +15,7 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env SPANFLOW_API_KEY)")
     p.add_argument("--max-tokens", default=None, help="padded tokens per batch, or 'auto' [4096]")
     p.add_argument("--profile", default=None, help="profile.json from 'spanflow tune --mode infer'")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="longest a request waits for a batch to fill; under load batches also form while the "
-                        "model is busy [%(default)s]")
-    p.add_argument("--max-queue-tokens", type=int, default=1 << 18, help="beyond this, 429 with Retry-After")
-    p.add_argument("--max-queue-wait-ms", type=float, default=1000.0,
-                   help="429 with Retry-After when the queued work would take longer than this to start, at "
-                        "the measured rate [%(default)s]")
-    p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger bodies get 413")
-    p.add_argument("--max-texts", type=int, default=256, help="texts per request (422 beyond)")
-    p.add_argument("--max-text-chars", type=int, default=100_000, help="characters per text (422 beyond)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request's waiting work is dropped")
-    p.add_argument("--read-timeout", type=float, default=10.0,
-                   help="seconds a client has to send a request's headers or body (408, then the connection "
-                        "closes) [%(default)s]")
+    add_options(p, ServeOptions)
     p.add_argument("--no-batching", action="store_true", help="one request per batch (for comparison)")
     p.add_argument("--precision", default="auto")
     p.add_argument("--device", default="auto")
@@ -35,7 +25,7 @@ def run(a: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from spanflow.serving.app import ServeOptions, api_key_from_env, create_app
+        from spanflow.serving.app import api_key_from_env, create_app
         from spanflow.serving.guard import deadline_protocol
     except ImportError as e:
         from spanflow.errors import ConfigError
@@ -54,14 +44,10 @@ def run(a: argparse.Namespace) -> int:
                                model=spec.rpartition("=")[2], data=None, precision=a.precision, device=a.device)
         if n:
             per_model[s.name] = n
-    opts = ServeOptions(max_tokens=max_tokens, model_max_tokens=per_model, max_wait_ms=a.max_wait_ms, max_queue_tokens=a.max_queue_tokens,
-                        max_queue_wait_s=a.max_queue_wait_ms / 1000,
-                        max_request_bytes=a.max_request_bytes, max_texts=a.max_texts,
-                        max_text_chars=a.max_text_chars, timeout_s=a.timeout, read_timeout_s=a.read_timeout,
-                        batching=not a.no_batching,
-                        api_key=api_key_from_env(a.api_key))
+    opts = options_from(ServeOptions, a, max_tokens=max_tokens, model_max_tokens=per_model,
+                        batching=not a.no_batching, api_key=api_key_from_env(a.api_key))
     budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model.get(s.name, max_tokens)})" for s in services)
     print(f"serving {budgets} on http://{a.host}:{a.port} (batching {'on' if opts.batching else 'off'})")
     uvicorn.run(create_app(services, opts), host=a.host, port=a.port, log_level="warning",
-                http=deadline_protocol(a.read_timeout), timeout_graceful_shutdown=int(a.timeout))
+                http=deadline_protocol(opts.read_timeout), timeout_graceful_shutdown=int(opts.timeout))
     return 0

@@ -8,7 +8,6 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 import torch
 from fastapi import FastAPI, Request
@@ -18,23 +17,8 @@ from starlette.requests import ClientDisconnect
 from spanflow.serving.batcher import DynamicBatcher, Overloaded
 from spanflow.serving.guard import Guard
 from spanflow.serving.metrics import ServerMetrics
+from spanflow.serving.options import ServeOptions
 from spanflow.serving.services import Service
-
-
-@dataclass
-class ServeOptions:
-    max_tokens: int = 4096
-    model_max_tokens: dict[str, int] = field(default_factory=dict)  # per served model, where measured
-    max_wait_ms: float = 2.0
-    max_queue_tokens: int = 1 << 18
-    max_queue_wait_s: float = 1.0
-    max_request_bytes: int = 1 << 20
-    max_texts: int = 256
-    max_text_chars: int = 100_000
-    timeout_s: float = 30.0
-    read_timeout_s: float = 10.0  # a request's body must arrive within this (408), idle connections close
-    batching: bool = True
-    api_key: str | None = None
 
 
 class HttpError(Exception):
@@ -59,7 +43,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             on_cpu = s.model.policy.device.type == "cpu"
             b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens), max_wait_ms=opts.max_wait_ms,
                                min_split_tokens=256 if on_cpu else None,
-                               max_queue_tokens=opts.max_queue_tokens, max_queue_wait_s=opts.max_queue_wait_s,
+                               max_queue_tokens=opts.max_queue_tokens, max_queue_wait_s=opts.max_queue_wait_ms / 1000,
                                per_request=not opts.batching,
                                on_batch=metrics.batch_observer(s.name))
             b.start()
@@ -112,18 +96,18 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     def route(task):
         async def handle(request: Request) -> Response:
-            body = await _read_body(request, opts.max_request_bytes, opts.read_timeout_s)
+            body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
             service = _pick_service(services, task.name, body.get("model"))
             texts = _texts(body, task.request_field, opts)
             batcher = state["batchers"][service.name]
             try:
                 batcher.admit(0)  # shed load before the tokenizer spends time on it
                 units, lengths, ctx = await off_loop(service.units, texts)
-                results = await batcher.submit(units, lengths, opts.timeout_s)
+                results = await batcher.submit(units, lengths, opts.timeout)
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
             except asyncio.TimeoutError:
-                raise HttpError(504, f"request not served within {opts.timeout_s:.0f}s; its queued work was "
+                raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
             payload = await off_loop(service.respond, texts, units, results, ctx, sum(lengths))
             return _json(payload)

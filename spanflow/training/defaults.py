@@ -70,7 +70,7 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         max_tokens = update_tokens(lengths, device, world)
         auto.append(f"max_tokens {max_tokens} (about {UPDATES_PER_EPOCH} updates per epoch)")
     scale = math.sqrt(max_tokens * opts.grad_accum * world / REFERENCE_TOKENS)
-    checked = scaled_options(opts, default_lr=0.0, world=world)  # validates; --lr-scaling for rates given
+    checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given
     lr = checked.lr if opts.lr is not None else defaults.lr * scale
     head_lr = checked.head_lr if opts.head_lr is not None else (defaults.head_lr * scale if defaults.head_lr else None)
     if opts.lr is None:

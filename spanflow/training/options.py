@@ -3,47 +3,89 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+
+def opt(default, help: str | None = None, **meta):
+    """A field with its command-line help (cli/options.py makes the flag from it)."""
+    if help is not None:
+        meta["help"] = help
+    return field(default=default, metadata=meta)
+
+
+RECIPES = {"group": "recipes", "group_help": "options for rare types and small data (docs/recipes.md has their "
+                                             "measured effect)"}
+LR_SCALINGS = ("none", "sqrt", "linear")
 
 
 @dataclass
 class TrainOptions:
-    """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher)."""
+    """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher).
+    Unset (None) values take the task's defaults, sized to the data (training/defaults.py)."""
 
-    epochs: int | None = None  # None: the task's default (training/defaults.py); early stopping ends most runs
-    lr: float | None = None  # None: the task's default, scaled to the update size
-    head_lr: float | None = None  # None: the task's default for a fresh head (or lr)
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    grad_accum: int = 1
-    max_tokens: int | None = None  # None: sized from the data (training/defaults.update_tokens)
-    max_length: int | None = None  # None: the encoder's limit
-    stride: int = 32
-    precision: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    eval_every: int | None = None  # optimizer steps; None: once per epoch
-    patience: int | None = None  # evaluations without a better dev F1 before stopping; None: the task's; 0: never
-    save_every: int | None = None  # optimizer steps between mid-epoch checkpoints
-    max_steps: int | None = None  # stop (with a checkpoint) after this many optimizer steps
-    resume: bool = False
-    log_every: int = 50
-    lr_scaling: str = "none"  # none | sqrt | linear: lr x sqrt(world) or x world under DDP
-    grad_compression: str = "none"  # none | fp16: DDP gradient all-reduce in fp16 (CUDA)
-    # recipes (docs/recipes.md has their measured effect)
-    label_smoothing: float = 0.0  # share of each target's probability spread over all labels
-    class_weights: str | dict | None = None  # NER: None, "auto" (from label frequencies) or {label: weight}
-    llrd: float = 1.0  # layer-wise lr decay: each encoder layer takes llrd x the lr of the one above
-    pack: float | None = None  # NER: share of training texts joined with their neighbours; None: the task's
-    oversample: float = 0.0  # entity-aware sampling strength: rare-type examples drawn (f_max/f)^x as often
-    grad_checkpointing: bool = False  # recompute layer activations in backward: less memory, ~30% more compute
+    epochs: int | None = opt(None, "most epochs; early stopping on dev usually ends sooner",
+                             unset="per task, docs/defaults.md")
+    lr: float | None = opt(None, "peak learning rate of the encoder", unset="per task, scaled to the update size")
+    head_lr: float | None = opt(None, "learning rate of a freshly initialised head", unset="per task")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    warmup_ratio: float = opt(0.1, "share of the steps spent warming the learning rate up")
+    max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")
+    grad_accum: int = opt(1, "micro-batches per optimizer step")
+    max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
+    max_length: int | None = opt(None, "most tokens per training window", unset="the encoder's limit")
+    stride: int = opt(32, "tokens shared by neighbouring windows of a long text")
+    precision: str = "auto"  # runtime flag
+    device: str = "auto"  # runtime flag
+    seed: int = opt(0, "seed of initialisation, shuffling and dropout")
+    eval_every: int | None = opt(None, "evaluate every N optimizer steps", unset="once per epoch")
+    patience: int | None = opt(None, "evaluations without a better dev F1 before stopping (0: never stop)",
+                               unset="per task")
+    save_every: int | None = opt(None, "also checkpoint every N optimizer steps", unset="at epoch ends")
+    max_steps: int | None = opt(None, "stop after N optimizer steps, with a checkpoint to resume from")
+    resume: bool = opt(False, "continue from OUT/checkpoint")
+    log_every: int = opt(50, "print the loss every N steps (0: never)")
+    lr_scaling: str = opt("none", "scale --lr for the larger global batch of several processes",
+                          choices=LR_SCALINGS)
+    grad_compression: str = opt("none", "all-reduce DDP gradients in fp16 (CUDA, several processes)",
+                                choices=("none", "fp16"))
+    label_smoothing: float = opt(0.0, "spread this much target probability over all labels", **RECIPES)
+    class_weights: str | dict | None = opt(None, "NER loss weights: 'auto' (inverse sqrt label frequency) or "
+                                                 "'person=2,product=3'", **RECIPES)
+    llrd: float = opt(1.0, "layer-wise lr decay: each encoder layer takes LLRD x the lr of the one above (1: off)",
+                      **RECIPES)
+    pack: float | None = opt(None, "NER: share of training texts joined with the texts after them into "
+                                   "multi-sentence sequences", unset="per task", **RECIPES)
+    oversample: float = opt(0.0, "entity-aware sampling: draw examples of rare types (f_max/f)^X times as often "
+                                 "(0: off)", **RECIPES)
+    grad_checkpointing: bool = opt(False, "recompute layer activations in backward: far less memory on long "
+                                          "inputs, about a third slower", **RECIPES)
+
+    def __post_init__(self):
+        """Every value checked here, once, whether it came from the CLI or the Python API."""
+        from spanflow.errors import ConfigError
+
+        checks = [
+            (self.lr_scaling in LR_SCALINGS, f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}"),
+            (0.0 <= self.label_smoothing < 1.0, f"--label-smoothing must be in [0, 1), got {self.label_smoothing}"),
+            (0.0 < self.llrd <= 1.0, f"--llrd must be in (0, 1], got {self.llrd}"),
+            (self.oversample >= 0, f"--oversample must be >= 0, got {self.oversample}"),
+            (self.pack is None or 0.0 <= self.pack <= 1.0, f"--pack must be in [0, 1], got {self.pack}"),
+            (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
+            (self.stride >= 0, f"--stride must be >= 0, got {self.stride}"),
+            (0.0 <= self.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}"),
+        ]
+        for name in ("epochs", "max_tokens", "max_length", "eval_every", "save_every", "max_steps"):
+            v = getattr(self, name)
+            checks.append((v is None or v >= 1, f"--{name.replace('_', '-')} must be >= 1, got {v}"))
+        for name in ("lr", "head_lr"):
+            v = getattr(self, name)
+            checks.append((v is None or v > 0, f"--{name.replace('_', '-')} must be > 0, got {v}"))
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-LR_SCALINGS = ("none", "sqrt", "linear")
 
 
 def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> TrainOptions:
@@ -54,16 +96,6 @@ def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> Trai
     SGD-like regimes and large data); `sqrt` is the milder rule that tends to suit Adam;
     `none` keeps the learning rate and simply averages over more tokens.
     """
-    from spanflow.errors import ConfigError
-
-    if opts.lr_scaling not in LR_SCALINGS:
-        raise ConfigError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}")
-    if not 0.0 <= opts.label_smoothing < 1.0:
-        raise ConfigError(f"--label-smoothing must be in [0, 1), got {opts.label_smoothing}")
-    if not 0.0 < opts.llrd <= 1.0:
-        raise ConfigError(f"--llrd must be in (0, 1], got {opts.llrd}")
-    if opts.oversample < 0:
-        raise ConfigError(f"--oversample must be >= 0, got {opts.oversample}")
     lr = opts.lr if opts.lr is not None else default_lr
     factor = {"none": 1.0, "sqrt": math.sqrt(world), "linear": float(world)}[opts.lr_scaling]
     head = opts.head_lr * factor if opts.head_lr else None

@@ -1,0 +1,47 @@
+"""Command-line flags made from an options dataclass: one flag per field that carries a "help"
+in its metadata, named after the field (`max_wait_ms` -> `--max-wait-ms`), typed and
+defaulted by the field itself. The dataclass is the one source of names, units and defaults."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+
+def _scalar(annotation) -> type:
+    """The flag's type: the first of int/float/str in an annotation like `int | None`."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if name in typing.cast(str, text).replace("|", " ").split():
+            return typ
+    return str
+
+
+def add_options(p, cls, *, skip: tuple[str, ...] = ()) -> None:
+    """Add a flag for every documented field of dataclass `cls` not in `skip`."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if f.name in skip or "help" not in meta:
+            continue
+        target = p
+        if meta.get("group"):
+            if meta["group"] not in groups:
+                groups[meta["group"]] = p.add_argument_group(meta["group"], meta.get("group_help"))
+            target = groups[meta["group"]]
+        flag = "--" + f.name.replace("_", "-")
+        typ = _scalar(f.type)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if typ is bool:
+            target.add_argument(flag, action="store_true", help=meta["help"])
+            continue
+        unset = meta.get("unset")
+        shown = f"[%(default)s{'; ' + unset if unset else ''}]" if default is not None else f"[{unset or 'unset'}]"
+        target.add_argument(flag, type=typ, default=default, choices=meta.get("choices"), help=f"{meta['help']} {shown}")
+
+
+def options_from(cls, a: argparse.Namespace, **given):
+    """An instance of `cls` from the parsed flags (fields without a flag keep their defaults)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(a).items() if k in names}
+    return cls(**{**values, **given})

@@ -1,0 +1,28 @@
+"""The server's options: one dataclass, the source of `spanflow serve`'s flags (no web
+framework imported, so the CLI can build its parser without the serve extra)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spanflow.training.options import opt
+
+
+@dataclass
+class ServeOptions:
+    """How the server batches and what it accepts; `spanflow serve` makes a flag of each documented field."""
+
+    max_tokens: int = 4096  # a runtime flag of its own (a number, 'auto' or --profile)
+    model_max_tokens: dict[str, int] = field(default_factory=dict)  # per served model, where measured
+    max_wait_ms: float = opt(2.0, "longest a request waits for a batch to fill; under load batches also form "
+                                  "while the model is busy")
+    max_queue_tokens: int = opt(1 << 18, "queued tokens beyond which requests get 429 with Retry-After")
+    max_queue_wait_ms: float = opt(1000.0, "429 with Retry-After when the queued work would take longer than this "
+                                           "to start, at the measured rate")
+    max_request_bytes: int = opt(1 << 20, "larger bodies get 413")
+    max_texts: int = opt(256, "texts per request (422 beyond)")
+    max_text_chars: int = opt(100_000, "characters per text (422 beyond)")
+    timeout: float = opt(30.0, "seconds before a request's waiting work is dropped (504)")
+    read_timeout: float = opt(10.0, "seconds a client has to send a request's headers or body (408, then the "
+                                    "connection closes)")
+    batching: bool = True  # --no-batching turns it off (for comparison)
+    api_key: str | None = None  # --api-key or SPANFLOW_API_KEY
