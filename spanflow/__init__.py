@@ -1,6 +1,7 @@
 """spanflow: train, tune, run and serve span models at full accelerator utilization."""
 from spanflow.data.examples import NerExample
-from spanflow.data.io import read_ner, read_texts, write_ner
+from spanflow.data.io import read_ner, write_ner
+from spanflow.data.records import read_texts
 from spanflow.errors import ConfigError, DataError, ModelDirError, SpanflowError
 from spanflow.training.options import TrainOptions
 

@@ -107,3 +107,15 @@ def test_python_m_entry_point():
 
     r = subprocess.run([sys.executable, "-m", "spanflow", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "train" in r.stdout and "predict" in r.stdout
+
+
+def test_predict_reads_csv_columns_like_embed(trained, tmp_path):
+    d, data = trained
+    src = tmp_path / "in.csv"
+    src.write_text('id,text\n7,"' + data[0].text.replace('"', '""') + '"\n8,"' + data[1].text + '"\n',
+                   encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(src), "--output", str(out),
+                 "--column", "1", "--skip-header"]) == 0
+    recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["text"] for r in recs] == [data[0].text, data[1].text]

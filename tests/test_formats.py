@@ -4,7 +4,8 @@ import logging
 import pytest
 
 from spanflow.data.formats.conll import join_tokens
-from spanflow.data.io import read_ner, read_texts
+from spanflow.data.io import read_ner
+from spanflow.data.records import read_texts
 from spanflow.errors import DataError
 
 

@@ -1,11 +1,12 @@
-"""Format detection and the two entry points: read_ner (labelled) and read_texts (to predict)."""
+"""Labelled data: format detection (formats/common.EXTENSIONS, then content), read_ner, write_ner
+and read_re. Texts to predict or embed are read by data/records.py."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
+from spanflow.atomic import atomic_open
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import parse_json, read_lines
+from spanflow.data.formats.common import kind_of, read_lines
 from spanflow.data.formats.conll import read_conll
 from spanflow.data.formats.jsonl import read_jsonl
 from spanflow.errors import DataError
@@ -15,10 +16,10 @@ NER_FORMATS = ("conll", "jsonl", "docbin")
 
 def detect_format(path: str) -> str:
     """By extension first (.jsonl/.json -> jsonl, .spacy -> docbin), else by the first non-blank line."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext in (".jsonl", ".json", ".ndjson"):
+    kind = kind_of(path)
+    if kind in ("jsonl", "json"):
         return "jsonl"
-    if ext == ".spacy":
+    if kind == "docbin":
         return "docbin"
     for _, line in read_lines(path):
         if line.strip():
@@ -44,8 +45,8 @@ def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | N
 
 def output_format(path: str) -> str:
     """The format a written file takes from its extension: .jsonl, .spacy, else CoNLL."""
-    ext = os.path.splitext(path)[1].lower()
-    return {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".spacy": "docbin"}.get(ext, "conll")
+    kind = kind_of(path)
+    return {"jsonl": "jsonl", "json": "jsonl", "docbin": "docbin"}.get(kind, "conll")
 
 
 def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str | None = None) -> None:
@@ -62,45 +63,9 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
     from spanflow.data.formats.conll import write_conll_sentence
     from spanflow.data.formats.jsonl import write_jsonl_record
 
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for ex in examples:
             (write_conll_sentence if fmt == "conll" else write_jsonl_record)(f, ex.text, ex.spans)
-    os.replace(tmp, path)
-
-
-def read_texts(path: str | os.PathLike, *, field: str = "text", errors: str = "raise") -> Iterator[str | DataError]:
-    """Stream texts to predict: JSONL records (their `field`) or plain text, one per line.
-
-    Every line yields one item (an empty line yields ""), so outputs stay aligned with
-    inputs. A bad JSONL record raises, or with `errors="record"` yields its DataError in
-    its place so a bulk job can write an error record and go on.
-    """
-    path = os.fspath(path)
-    is_jsonl = os.path.splitext(path)[1].lower() in (".jsonl", ".ndjson")
-    for lineno, line in read_lines(path):
-        if not is_jsonl:
-            yield line
-            continue
-        if not line.strip():
-            yield ""
-            continue
-        err = None
-        try:
-            rec = parse_json(line, path, lineno)
-        except DataError as e:
-            err = e
-        else:
-            if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
-                err = DataError(f'expected an object with a string "{field}" field', path=path, line=lineno)
-        if err is None:
-            yield rec[field]
-        elif errors == "record":
-            yield err
-        else:
-            raise err
-
-
 
 
 def read_re(path: str | os.PathLike, *, fmt: str | None = None):
@@ -111,7 +76,7 @@ def read_re(path: str | os.PathLike, *, fmt: str | None = None):
     if fmt is None:
         if not os.path.exists(path):
             raise DataError("file not found", path=path)
-        fmt = "casrel" if os.path.splitext(path)[1].lower() == ".json" else "jsonl"
+        fmt = "casrel" if kind_of(path) == "json" else "jsonl"
     if fmt == "casrel":
         return read_casrel_json(path)
     if fmt == "jsonl":

@@ -10,13 +10,14 @@ import io
 import os
 from collections.abc import Iterator
 
-from spanflow.data.formats.common import parse_json, read_lines
+from spanflow.data.formats.common import kind_of, parse_json, read_lines
 from spanflow.errors import DataError
 
 
 def input_kind(path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    return {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}.get(ext, "text")
+    """How texts are read from `path`: jsonl (a field), csv/tsv (a column), else text lines."""
+    kind = kind_of(path)
+    return kind if kind in ("jsonl", "csv", "tsv") else "text"
 
 
 def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataError]]:
@@ -71,3 +72,14 @@ def read_records(path: str, *, field: str = "text", column: int | None = None,
                                          line=lineno)
             continue
         yield str(rec.get("id", lineno)), rec[field]
+
+
+def read_texts(path: str, *, field: str = "text", column: int | None = None, skip_header: bool = False,
+               errors: str = "raise") -> Iterator[str | DataError]:
+    """The texts of read_records, one item per record in input order (an empty line yields "").
+    A record that cannot be read raises, or with `errors="record"` yields its DataError in its
+    place, so a bulk job can write an error record and go on."""
+    for _, item in read_records(path, field=field, column=column, skip_header=skip_header):
+        if isinstance(item, DataError) and errors != "record":
+            raise item
+        yield item

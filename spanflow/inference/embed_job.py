@@ -20,6 +20,8 @@ import numpy as np
 from numpy.lib.format import open_memmap
 from tqdm import tqdm
 
+from spanflow.atomic import atomic_open
+from spanflow.data.formats.common import kind_of
 from spanflow.data.records import read_records
 from spanflow.errors import ConfigError, DataError
 from spanflow.training.distributed import Dist, barrier
@@ -40,21 +42,15 @@ class EmbedSpec:
 
 
 def _out_format(path: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".npy":
-        return "npy"
-    if ext in (".jsonl", ".ndjson"):
-        return "jsonl"
+    kind = kind_of(path)
+    if kind in ("npy", "jsonl"):
+        return kind
     raise ConfigError(f"--output must end in .npy or .jsonl, got {path!r}")
 
 
 def _write_json_atomic(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path, "journal", sync=True) as f:
         json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def fingerprint(path: str) -> dict:

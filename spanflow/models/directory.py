@@ -7,45 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from spanflow.atomic import clean_stale, temp_dir
+from spanflow.atomic import atomic_dir
 from spanflow.errors import ModelDirError
 
 FORMAT_VERSION = 1
 CONFIG = "spanflow.json"
 
 
-def replace_dir(tmp: str, final: str) -> None:
-    """Move a finished directory into place, replacing any older one atomically enough:
-    the old copy is renamed aside first and removed only once the new one is in place."""
-    old = None
-    if os.path.exists(final):
-        old = final.rstrip("/") + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def recover_dir(final: str) -> None:
-    """Finish a replace_dir that was killed between its two renames."""
-    old = final.rstrip("/") + ".old"
-    if not os.path.exists(final) and os.path.exists(old):
-        os.replace(old, final)
-
-
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:
     """Write encoder (safetensors), tokenizer files, head weights and config into `path`."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    clean_stale(parent, "model")
-    tmp = temp_dir(parent, "model")
-    try:
+    with atomic_dir(path, "model") as tmp:
         enc_dir = os.path.join(tmp, "encoder")
         encoder.save_pretrained(enc_dir, safe_serialization=True)
         tokenizer.save_pretrained(enc_dir)
@@ -54,10 +29,6 @@ def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module,
         cfg = {"format_version": FORMAT_VERSION, **config}
         with open(os.path.join(tmp, CONFIG), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, ensure_ascii=False)
-        replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def read_model_config(path: str, task: str | None = None) -> dict:

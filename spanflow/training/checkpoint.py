@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import torch
 
-from spanflow.atomic import clean_stale, temp_dir
+from spanflow.atomic import atomic_dir, recover_dir
 from spanflow.errors import ModelDirError
-from spanflow.models.directory import recover_dir, replace_dir
 
 STATE = "state.json"
 TRAINER = "trainer.pt"
@@ -18,10 +16,7 @@ TRAINER = "trainer.pt"
 def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, state: dict,
                     rng_states: list | None = None) -> None:
     """Write model (via `save_model(path)`), optimizer, scheduler, scaler, RNG and loop state."""
-    parent = os.path.dirname(os.path.abspath(ckpt_dir))
-    clean_stale(parent, "ckpt")
-    tmp = temp_dir(parent, "ckpt")
-    try:
+    with atomic_dir(ckpt_dir, "ckpt") as tmp:
         save_model(os.path.join(tmp, "model"))
         trainer = {
             "optimizer": optimizer.state_dict(),
@@ -35,10 +30,6 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
         torch.save(trainer, os.path.join(tmp, TRAINER))
         with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
             json.dump(state, f, indent=2)
-        replace_dir(tmp, ckpt_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def has_checkpoint(ckpt_dir: str) -> bool:

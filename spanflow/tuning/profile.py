@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from spanflow.atomic import atomic_open
 from spanflow.errors import ConfigError
 
 
@@ -25,11 +26,8 @@ def cache_path(model: str, device: torch.device, task: str, mode: str, precision
 
 
 def write_profile(path: str, profile: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         json.dump(profile, f, indent=2)
-    os.replace(tmp, path)
 
 
 def read_profile(path: str, *, task: str | None = None, mode: str | None = None) -> dict:

@@ -26,6 +26,16 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
             yield lineno, line.rstrip("\r\n")
 
 
+# the one table of file extensions: every reader and writer asks kind_of()
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".spacy": "docbin", ".csv": "csv",
+              ".tsv": "tsv", ".npy": "npy", ".conll": "conll", ".bio": "conll", ".bmes": "conll", ".txt": "text"}
+
+
+def kind_of(path: str) -> str | None:
+    """The kind of file its extension says (EXTENSIONS), or None for an extension not listed."""
+    return EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())
+
+
 def parse_json(text: str, path: str, line: int | None = None):
     """json.loads, with every way JSON can be unreadable (syntax, nesting too deep, an integer
     beyond Python's digit limit) a DataError naming the file and line."""

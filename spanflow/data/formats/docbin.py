@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from spanflow.atomic import atomic_path
 from spanflow.data.examples import NerExample, check_spans
 from spanflow.data.formats.tokens import word_bounds
 from spanflow.errors import ConfigError, DataError
@@ -79,6 +80,5 @@ def examples_to_docbin(examples: list[NerExample], path: str | os.PathLike) -> N
             raise DataError(f"example {i}: an entity does not align with tokens", path=path)
         doc.ents = ents
         db.add(doc)
-    tmp = path + ".tmp"
-    db.to_disk(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".spacy") as tmp:
+        db.to_disk(tmp)
