@@ -2,23 +2,23 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator
 
 from spanflow.data.examples import NerExample, Span
-from spanflow.batching.align import check_window, decode_spans, encode_texts, merge_windows, windows_for
+from spanflow.batching.align import check_window, encode_texts, merge_windows, windows_for
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, round_up
 from spanflow.errors import ConfigError, ModelDirError
 from spanflow.inference.tagging import tag_texts, tag_windows, word_starts
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
-from spanflow.models.encoder import enable_checkpointing, start_encoder
+from spanflow.models.encoder import start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
+from spanflow.tasks.bio import decode_spans
 from spanflow.tasks.metrics import format_table, span_prf
 from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
                                 prepare_windows, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.setup import start_run, warn_unseen
+from spanflow.training.setup import best_model, is_model_dir, prepare_encoder, start_run, warn_unseen
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.options import TrainOptions
@@ -142,7 +142,7 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
                 policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
     """The model to train: a spanflow NER model to continue (its head unless another is
     asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
-    if os.path.exists(os.path.join(model, "spanflow.json")):
+    if is_model_dir(model):
         start = NerModel.load(model, device=str(policy.device))
         if start.labels != sorted(labels):
             raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
@@ -189,9 +189,7 @@ def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: 
                       fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
     if nm.head_type == "crf" and softmax_recipe:
         raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
-    if opts.grad_checkpointing:
-        enable_checkpointing(nm.module.encoder)
-        log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
+    prepare_encoder(nm.module.encoder, opts, log_fn)
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     defaults = for_encoder(DEFAULTS, nm.module.encoder)
     texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, seed=opts.seed)
@@ -209,10 +207,8 @@ def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: 
                       save_model=nm.save, targets=window_targets)
     summary = train_loop(nm.module, windows, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
                          dist=dist, weights=weights)
-    best_dir = os.path.join(out_dir, "model")
-    if summary["completed"] and os.path.isdir(best_dir):
-        return NerModel.load(best_dir, device=str(policy.device), precision=policy.name)
-    return nm
+    return best_model(summary, out_dir, lambda d: NerModel.load(d, device=str(policy.device), precision=policy.name),
+                      nm)
 
 
 class NerTask:

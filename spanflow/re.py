@@ -1,7 +1,6 @@
 """The relation-extraction Python API: ReModel (load, predict, evaluate, save) and train_re."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -15,11 +14,11 @@ from spanflow.errors import ConfigError
 from spanflow.models.casrel import CasRelHead, CasRelModel, extract
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.batching.sampling import rarity_weights
-from spanflow.models.encoder import enable_checkpointing, start_encoder
+from spanflow.models.encoder import start_encoder
 from spanflow.tasks.re import feature_relations, input_features, make_casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.setup import start_run, warn_unseen
+from spanflow.training.setup import best_model, is_model_dir, prepare_encoder, start_run, warn_unseen
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.options import TrainOptions
@@ -173,7 +172,7 @@ def _train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str
     if dev:
         warn_unseen(relations, {r for e in dev for _, r, _ in e.triples} | {r for e in dev for _, r, _ in e.unlocated},
                     "relations", log_fn)
-    if os.path.exists(os.path.join(source, "spanflow.json")):
+    if is_model_dir(source):
         start = ReModel.load(source, device=str(policy.device))
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has")
@@ -186,9 +185,7 @@ def _train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str
         raise ConfigError("--class-weights applies to NER; relation extraction takes --oversample instead")
     rm = ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, max_length=max_length, head=head,
                  policy=policy)
-    if opts.grad_checkpointing:
-        enable_checkpointing(rm.module.encoder)
-        log_fn("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
+    prepare_encoder(rm.module.encoder, opts, log_fn)
     feats = prepare_features(train, tokenizer, rm.rel2id, max_length=max_length)
     log_fn(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
@@ -202,10 +199,8 @@ def _train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str
     weights = rarity_weights(feature_relations(feats), opts.oversample) if opts.oversample else None
     summary = train_loop(rm.module, feats, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log_fn,
                          dist=dist, weights=weights)
-    best = os.path.join(out_dir, "model")
-    if summary["completed"] and os.path.isdir(best):
-        return ReModel.load(best, device=str(policy.device), precision=policy.name)
-    return rm
+    return best_model(summary, out_dir, lambda d: ReModel.load(d, device=str(policy.device), precision=policy.name),
+                      rm)
 
 
 class ReTask:

@@ -1,7 +1,7 @@
 import random
 
-from spanflow.batching.align import (IGNORE, Encoded, bio_labels, decode_spans, encode_texts, make_windows,
-                                     merge_windows, windows_for)
+from spanflow.batching.align import IGNORE, Encoded, encode_texts, make_windows, merge_windows, windows_for
+from spanflow.tasks.bio import bio_labels, decode_spans
 from spanflow.data.io import read_ner
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.tasks.ner import bio_label_list

@@ -1,14 +1,13 @@
-"""Character spans <-> subword labels through fast-tokenizer offsets, and overlapping windows.
+"""Texts -> subword tokens with character offsets and word starts, and overlapping windows.
 
 Labels sit on the first subword of each word (the rest are ignored in the loss, -100).
 A character that yields no subwords (U+FE0F, a zero-width space) simply has no token:
-offsets keep every other label in place.
+offsets keep every other label in place. What the labels are is the task's (tasks/bio.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spanflow.data.examples import Span
 
 IGNORE = -100
 
@@ -93,54 +92,6 @@ def _widen(text: str, offsets: list[tuple[int, int]]) -> tuple[list[int], list[i
         starts.append(s)
         ends.append(e)
     return starts, ends
-
-
-def bio_labels(enc: Encoded, spans: list[Span], label2id: dict[str, int]) -> list[int]:
-    """BIO label ids on word-initial tokens, IGNORE elsewhere; from character spans."""
-    labels = [label2id["O"] if f else IGNORE for f in enc.first]
-    for s, e, lab in spans:
-        opened = False
-        for j, (ts, te) in enumerate(enc.offsets):
-            if te <= s or ts >= e or not enc.first[j]:
-                continue
-            labels[j] = label2id[("I-" if opened else "B-") + lab]
-            opened = True
-    return labels
-
-
-def decode_spans(enc: Encoded, pred: list[int], id2label: list[str]) -> list[Span]:
-    """Turn per-token BIO predictions (read at word-initial tokens) into character spans.
-
-    A span runs from its B (or a stray I, read as a start) through the last subword of its
-    last word. Predictions at non-initial subwords are ignored.
-    """
-    spans: list[Span] = []
-    n = len(enc.ids)
-    cur = None  # [start_char, end_char, label]
-    j = 0
-    while j < n:
-        if not enc.first[j]:
-            j += 1
-            continue
-        k = j + 1
-        while k < n and not enc.first[k]:
-            k += 1  # tokens j..k-1 form one word
-        tag = id2label[pred[j]]
-        word_start, word_end = enc.starts[j], enc.ends[k - 1]
-        if tag == "O":
-            if cur:
-                spans.append(tuple(cur))
-            cur = None
-        elif tag.startswith("I-") and cur and cur[2] == tag[2:]:
-            cur[1] = word_end
-        else:
-            if cur:
-                spans.append(tuple(cur))
-            cur = [word_start, word_end, tag[2:]]
-        j = k
-    if cur:
-        spans.append(tuple(cur))
-    return spans
 
 
 def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:

@@ -83,11 +83,6 @@ def token_budget_batches(lengths, max_tokens: int, *, shuffle: bool = True, seed
     return [b for gi in order for b in groups[gi]]
 
 
-def shard(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
-    """The batches of one rank: every world_size-th, starting at its rank."""
-    return batches[rank::world_size]
-
-
 def padding_efficiency(batches: list[list[int]], lengths) -> float:
     """Real tokens / padded tokens over the given batches (1.0 means no padding)."""
     real = sum(int(lengths[i]) for b in batches for i in b)

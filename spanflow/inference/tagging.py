@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from spanflow.batching.align import decode_spans, encode_texts, merge_windows, windows_for
+from spanflow.batching.align import encode_texts, merge_windows, windows_for
+from spanflow.tasks.bio import decode_spans
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
 from spanflow.batching.prefetch import chunked, prefetch

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded
 from spanflow.serving.guard import Guard
 from spanflow.serving.metrics import ServerMetrics
@@ -31,17 +32,17 @@ log = logging.getLogger("spanflow.serve")
 
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     metrics = ServerMetrics()
-    state = {"ready": False, "batchers": {}}
+    state = {"ready": False, "batchers": {}, "gpu": None}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         for s in services:
             # what the queue gives is cut into sub-batches of similar length once a part holds
-            # 256 padded tokens on a CPU (where cost follows padded tokens beyond the per-call
-            # overhead; MiniLM at concurrency 32: 304 texts/s at 256, 272 at 512, medians of 4),
-            # a quarter of the budget on an accelerator
+            # 256 padded tokens on a CPU, where cost follows padded tokens beyond the per-call
+            # overhead, and a quarter of the budget on an accelerator (bench/results/load_test.md)
             on_cpu = s.model.policy.device.type == "cpu"
-            b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens), max_wait_ms=opts.max_wait_ms,
+            b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens),
+                               max_wait_ms=opts.max_wait_ms,
                                min_split_tokens=256 if on_cpu else None,
                                max_queue_tokens=opts.max_queue_tokens, max_queue_wait_s=opts.max_queue_wait_ms / 1000,
                                per_request=not opts.batching,
@@ -51,15 +52,19 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             units, lengths, _ = s.units(["warm up the model"])
             await b.warm_up(units, lengths)  # first kernels are slow; /ready waits for this
         # the models' objects live as long as the server: kept out of the collector's full
-        # passes, which otherwise stalled every in-flight request for 0.2-0.3 s now and then
+        # passes, which otherwise stalled every in-flight request now and then
         gc.collect()
         gc.freeze()
+        cuda = [s.model.policy.device for s in services if s.model.policy.device.type == "cuda"]
+        state["gpu"] = GpuUtilSampler(cuda[0]) if cuda else None  # NVML, when installed (the gpu extra)
         state["ready"] = True
         yield
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
         for b in state["batchers"].values():
             await b.close()
         pool.shutdown(wait=False)
+        if state["gpu"]:
+            state["gpu"].close()
 
     app = FastAPI(title="spanflow", lifespan=lifespan)
 
@@ -85,6 +90,9 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             metrics.queue_tokens.labels(name).set(b.queued_tokens)
         if torch.cuda.is_available():
             metrics.gpu_memory.set(torch.cuda.memory_allocated())
+        util = state["gpu"].take() if state["gpu"] else None  # the mean since the last scrape
+        if util is not None:
+            metrics.gpu_util.set(util)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     # tokenizing and assembling responses run on one thread of their own, never on the event

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spanflow.batching.align import IGNORE, bio_labels, encode_texts, windows_for
+from spanflow.batching.align import IGNORE, encode_texts, windows_for
+from spanflow.tasks.bio import bio_labels
 from spanflow.batching.collate import collate
 from spanflow.data.examples import NerExample, join_examples
 

@@ -56,7 +56,7 @@ def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) 
         wd = 0.0 if p.ndim < 2 else opts.weight_decay
         groups.setdefault((param_lr(name, opts, n_layers), wd), []).append(p)
     param_groups = [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
-    try:  # the fused kernel is 4x faster than foreach on CPU too (torch >= 2.4)
+    try:  # the fused kernel is faster than foreach on CPU too (torch >= 2.4)
         return torch.optim.AdamW(param_groups, fused=True)
     except (RuntimeError, TypeError):
         return torch.optim.AdamW(param_groups)

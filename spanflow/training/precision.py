@@ -96,7 +96,7 @@ def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: b
 
 
 def default_infer_tokens(device: torch.device) -> int:
-    """Padded tokens per inference batch when the user sets none. On CPU, MiniLM runs at
-    the same speed from 1k to 4k tokens per batch, and smaller batches pad less; GPUs need
-    far larger batches to fill."""
+    """Padded tokens per inference batch when the user sets none. On CPU a small encoder runs
+    at about the same speed from 1k to 4k tokens per batch, and smaller batches pad less;
+    GPUs need far larger batches to fill."""
     return 2048 if device.type == "cpu" else 32768

@@ -47,3 +47,25 @@ def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn:
     ckpt = os.path.join(out_dir, "checkpoint")
     source = os.path.join(ckpt, "model") if opts.resume and has_checkpoint(ckpt) else model
     return Run(opts, dist, policy, log, source)
+
+
+def is_model_dir(path: str) -> bool:
+    """A spanflow model directory (to continue training from), rather than an encoder or `tiny`."""
+    from spanflow.models.directory import CONFIG
+
+    return os.path.exists(os.path.join(path, CONFIG))
+
+
+def prepare_encoder(encoder, opts: TrainOptions, log: Callable[[str], None]) -> None:
+    """What every task does to its encoder before the loop: gradient checkpointing when asked."""
+    if opts.grad_checkpointing:
+        from spanflow.models.encoder import enable_checkpointing
+
+        enable_checkpointing(encoder)
+        log("gradient checkpointing: layer activations are recomputed in backward (see peak mem per epoch)")
+
+
+def best_model(summary: dict, out_dir: str, load: Callable[[str], object], last):
+    """The best model the run saved (OUT/model, reloaded), or `last` when the run stopped early."""
+    best = os.path.join(out_dir, "model")
+    return load(best) if summary["completed"] and os.path.isdir(best) else last
