@@ -277,13 +277,13 @@ class EmbedTask:
     def read_labelled(self, path: str, **_) -> list:
         raise ConfigError("an embedding model has no labelled evaluation here")
 
-    def measure(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int, field: str = "text",
-                column: int | None = None, **_):
+    def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
+                 field: str = "text", column: int | None = None, **_):
         """Inference only; quality(L) is the mean cosine to the embeddings at the model's full length."""
         import functools
 
         from spanflow.data.records import read_records
-        from spanflow.tuning.probe import run_probe
+        from spanflow.tasks.registry import Workload
 
         if mode != "infer":
             raise ConfigError("embed is tuned for inference only (--mode infer)")
@@ -294,33 +294,24 @@ class EmbedTask:
         emb = Embedder.load(model, precision=precision, device=str(policy.device))
         limit = emb.max_length
 
+        def at_length(L):
+            emb.set_max_length(min(L, limit))
+            return emb
+
         @functools.lru_cache(maxsize=None)
         def ref():
-            emb.set_max_length(limit)
-            return emb.encode(texts)
+            return at_length(limit).encode(texts)
 
-        @functools.lru_cache(maxsize=None)
         def quality(L):
             r = ref()
-            emb.set_max_length(min(L, limit))
-            return float(cosines(r, emb.encode(texts)).mean())
+            return float(cosines(r, at_length(L).encode(texts)).mean())
 
-        @functools.lru_cache(maxsize=None)
-        def token_ids(L):  # once per length, not once per budget
-            emb.set_max_length(min(L, limit))
-            return emb.tokenize(texts)[0]
+        def collate(rows):
+            x, m = pad_rows(rows, emb.tokenizer.pad_token_id or 0)
+            return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(m)}
 
-        def measure(b, L, seconds=5.0):
-            q = quality(L)
-            ids = token_ids(L)
-            lengths = [len(x) for x in ids]
-            out = run_probe(lambda batch: emb._forward(emb.model, ids, batch, True),
-                            token_budget_batches(lengths, b, shuffle=False), lengths, device=policy.device,
-                            max_seconds=seconds)
-            out["quality"] = q
-            return out
-
-        return measure, limit
+        return Workload(emb.model, lambda L: at_length(L).tokenize(texts)[0], collate, None, limit,
+                        functools.lru_cache(maxsize=None)(quality))
 
     def response(self, model: Embedder, name: str, texts: list[str], results: list, tokens: int) -> dict:
         """OpenAI's embeddings response shape (rows stay numpy until the JSON encoder)."""

@@ -239,10 +239,11 @@ class NerTask:
     def read_labelled(self, path: str, *, fmt: str | None = None, scheme: str | None = None, **_) -> list:
         return NerModel.read_labelled(path, fmt=fmt, scheme=scheme)
 
-    def measure(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
         from spanflow.data.io import read_ner
         from spanflow.tasks.ner import ner_loss
-        from spanflow.tuning.measures import f1_at_length, model_measure
+        from spanflow.tasks.registry import Workload
+        from spanflow.tuning.measures import f1_at_length
 
         examples = read_ner(data)[:sample]
         labels = sorted({lab for e in examples for *_, lab in e.spans})
@@ -256,8 +257,8 @@ class NerTask:
         def windows(L):
             return prepare_windows(examples, nm.tokenizer, l2i, max_length=min(L, limit), stride=nm.stride)
 
-        return model_measure(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss,
-                             f1_at_length(nm, examples), mode=mode, policy=policy, seed=seed), limit
+        return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
+                        f1_at_length(nm, examples) if mode == "infer" else None)
 
     def response(self, model: NerModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
         return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}

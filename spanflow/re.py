@@ -229,18 +229,17 @@ class ReTask:
     def read_labelled(self, path: str, **_) -> list:
         return ReModel.read_labelled(path)
 
-    def measure(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
         from spanflow.data.io import read_re
-        from spanflow.models.encoder import encoder_max_length, load_encoder
         from spanflow.tasks.re import casrel_loss
-        from spanflow.tuning.measures import f1_at_length, model_measure
+        from spanflow.tasks.registry import Workload
+        from spanflow.tuning.measures import f1_at_length
 
         examples = read_re(data)[:sample]
         if mode == "train":
-            enc, tok = load_encoder(model)
+            enc, tok, max_length = start_encoder(model, [e.text for e in examples], max_length=None, seed=seed)
             rels = sorted({r for e in examples for _, r, _ in e.triples})
-            rm = ReModel(encoder=enc, tokenizer=tok, relations=rels, max_length=encoder_max_length(enc, tok),
-                         policy=policy)
+            rm = ReModel(encoder=enc, tokenizer=tok, relations=rels, max_length=max_length, policy=policy)
         else:
             rm = ReModel.load(model, device=str(policy.device), precision=policy.name)
         limit = rm.max_length
@@ -248,9 +247,8 @@ class ReTask:
         def features(L):
             return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit))
 
-        collate = make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed)
-        return model_measure(rm.module, features, collate, casrel_loss, f1_at_length(rm, examples), mode=mode,
-                             policy=policy, seed=seed), limit
+        return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
+                        casrel_loss, limit, f1_at_length(rm, examples) if mode == "infer" else None)
 
     def response(self, model: ReModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
         return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}

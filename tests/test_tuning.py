@@ -115,3 +115,15 @@ def test_diagnose_padding_and_environment():
     assert "padding efficiency 0.45" in diagnose(r)[0]
     env = environment()
     assert {"torch", "cuda_available", "cpu_threads", "nvml", "cpu_bf16"} <= set(env)
+
+
+def test_doctor_probes_any_task_and_a_sample_smaller_than_its_steps(tmp_path):
+    import json
+
+    from spanflow.data.synthetic import synthetic_re
+
+    data = [{"text": e.text, "triple_list": [[e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]] for s, r, o in e.triples]}
+            for e in synthetic_re(6, seed=1)]
+    (tmp_path / "re.json").write_text(json.dumps(data))
+    out = doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=5, log_fn=lambda s: None)
+    assert out["probe"]["steps"] == 5 and out["probe"]["real_tokens_per_s"] > 0

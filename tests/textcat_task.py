@@ -16,7 +16,7 @@ from spanflow.data.formats.common import parse_json, read_lines
 from spanflow.errors import DataError
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.models.encoder import start_encoder
-from spanflow.tasks.registry import register
+from spanflow.tasks.registry import Workload, register
 from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.outdir import claim_out_dir
@@ -178,8 +178,8 @@ class TextcatTask:
     def read_labelled(self, path, **_):
         return read_textcat(path)
 
-    def measure(self, model, data, *, mode, policy, sample, seed=0, **_):
-        from spanflow.tuning.measures import f1_at_length, model_measure
+    def workload(self, model, data, *, mode, policy, sample, **_):
+        from spanflow.tuning.measures import f1_at_length
 
         examples = read_textcat(data)[:sample]
         tm = TextcatModel.load(model, device=str(policy.device), precision=policy.name)
@@ -192,8 +192,8 @@ class TextcatTask:
             finally:
                 tm.max_length = keep
 
-        return model_measure(tm.module, items, lambda b: collate(b, tm.tokenizer.pad_token_id), loss_fn,
-                             f1_at_length(tm, examples), mode=mode, policy=policy, seed=seed), tm.max_length
+        return Workload(tm.module, items, lambda b: collate(b, tm.tokenizer.pad_token_id), loss_fn, tm.max_length,
+                        f1_at_length(tm, examples))
 
     def response(self, model, name, texts, results, tokens):
         return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}

@@ -9,7 +9,8 @@ from spanflow.training.precision import PRECISIONS
 def add_parser(sub) -> None:
     p = sub.add_parser("doctor", help="report the machine; with --model and --data, find why training underfeeds it")
     p.add_argument("--model", help="encoder directory or 'tiny'")
-    p.add_argument("--data", help="NER training data")
+    p.add_argument("--data", help="training data of --task")
+    p.add_argument("--task", default="ner", help="the task whose training is probed [%(default)s]")
     p.add_argument("--batch-size", type=int, default=None,
                    help="probe fixed batches of N random texts (your current setup), else token-budget batches")
     p.add_argument("--max-tokens", type=int, default=4096)
@@ -21,6 +22,6 @@ def add_parser(sub) -> None:
 def run(a: argparse.Namespace) -> int:
     from spanflow.tuning.doctor import doctor
 
-    doctor(model=a.model, data=a.data, batch_size=a.batch_size, max_tokens=a.max_tokens, precision=a.precision,
+    doctor(model=a.model, data=a.data, task=a.task, batch_size=a.batch_size, max_tokens=a.max_tokens, precision=a.precision,
            device=a.device, steps=a.steps)
     return 0

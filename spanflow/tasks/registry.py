@@ -11,6 +11,7 @@ import argparse
 import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spanflow.errors import ConfigError, ModelDirError
@@ -18,6 +19,18 @@ from spanflow.errors import ConfigError, ModelDirError
 BUILTIN = {"ner": "spanflow.ner:TASK", "re": "spanflow.re:TASK", "embed": "spanflow.embedder:TASK"}
 ENCODER_TASK = "embed"  # what a directory without spanflow.json holds
 _TASKS: dict[str, Any] = dict(BUILTIN)
+
+
+@dataclass
+class Workload:
+    """A task's model and data as the tuning tools run them, task-blind."""
+
+    module: Any  # nn.Module: forward(input_ids, attention_mask); loss_fn(module, batch) in training
+    items_at: Callable[[int], list]  # the sample's items (len() = tokens) at a max length
+    collate: Callable[[list], dict]  # items -> a batch dict with input_ids, attention_mask and the loop's counts
+    loss_fn: Callable | None  # summed loss of a batch (training)
+    limit: int  # the longest max length the model takes
+    quality: Callable[[int], float] | None = None  # inference: quality of results at a max length
 
 
 class TaskModel(Protocol):
@@ -72,9 +85,10 @@ class Task(Protocol):
     def read_labelled(self, path: str, **fmt) -> list:
         """Labelled examples from a file (evaluate, tune)."""
 
-    def measure(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int, field: str,
-                column: int | None):
-        """(measure(max_tokens, max_length, seconds) -> figures, longest max_length) for tune."""
+    def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
+                 field: str = "text", column: int | None = None, seed: int = 0) -> Workload:
+        """What tune and doctor run: the module and a sample of `data` as batches (mode "train": the
+        model training would start from; "infer": the trained model in `model`)."""
 
     trains: bool  # whether `spanflow train TASK` exists
 

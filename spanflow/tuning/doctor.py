@@ -43,27 +43,25 @@ def environment() -> dict:
     return env
 
 
-def _probe(nm, windows, batches, policy, steps: int) -> dict:
+def _probe(w, items, batches, policy, steps: int) -> dict:
     """A few of the training loop's steps with the phases timed apart: data (collate), compute (copy,
     forward, backward), optimizer (clipping and step)."""
-    from spanflow.tasks.ner import make_collate, ner_loss
-
-    collate = make_collate(nm.tokenizer.pad_token_id)
-    opt = build_optimizer(nm.module, TrainOptions(lr=1e-5), policy.device)
+    opt = build_optimizer(w.module, TrainOptions(lr=1e-5), policy.device)
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
-    nm.module.train()
+    w.module.train()
     times = {"data": 0.0, "compute": 0.0, "optimizer": 0.0}
     real = padded = texts = 0
     sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
-    for k, b in enumerate(batches[:steps + 1]):
+    for k in range(steps + 1):  # a small sample's batches come round again
+        b = batches[k % len(batches)]
         t0 = time.perf_counter()
-        t = collate([windows[i] for i in b])
+        t = w.collate([items[i] for i in b])
         sync()
         t1 = time.perf_counter()
-        forward_backward(nm.module, [as_micro(t)], ner_loss, policy, scaler)
+        forward_backward(w.module, [as_micro(t)], w.loss_fn, policy, scaler)
         sync()
         t2 = time.perf_counter()
-        optimizer_step(nm.module, opt, None, scaler)
+        optimizer_step(w.module, opt, None, scaler)
         sync()
         t3 = time.perf_counter()
         if k == 0:
@@ -71,7 +69,7 @@ def _probe(nm, windows, batches, policy, steps: int) -> dict:
         times["data"] += t1 - t0
         times["compute"] += t2 - t1
         times["optimizer"] += t3 - t2
-        lens = [len(windows[i]) for i in b]
+        lens = [len(items[i]) for i in b]
         real += sum(lens)
         padded += max(lens) * len(lens)
         texts += len(b)
@@ -102,7 +100,7 @@ def diagnose(r: dict, healthy: dict | None = None) -> list[str]:
     return [msg for _, msg in found]
 
 
-def doctor(*, model: str | None = None, data: str | None = None, batch_size: int | None = None,
+def doctor(*, model: str | None = None, data: str | None = None, task: str = "ner", batch_size: int | None = None,
            max_tokens: int = 4096, precision: str = "auto", device: str = "auto", steps: int = 8,
            log_fn: Callable[[str], None] = print) -> dict:
     """Print the environment; with model and data, probe training and name the biggest losses."""
@@ -111,19 +109,14 @@ def doctor(*, model: str | None = None, data: str | None = None, batch_size: int
         log_fn(f"{k:>15}: {v}")
     if not (model and data):
         return {"environment": env}
-    from spanflow.data.io import read_ner
-    from spanflow.ner import start_model
-    from spanflow.tasks.ner import prepare_windows
+    from spanflow.tasks.registry import get
 
     policy = resolve_policy(precision, device)
     log_fn(policy.describe())
-    examples = read_ner(data)[:2000]
-    labels = sorted({lab for e in examples for *_, lab in e.spans})
-    nm = start_model(model, examples, labels, TrainOptions(max_tokens=10**9), policy)
-    windows = prepare_windows(examples, nm.tokenizer, {lab: i for i, lab in enumerate(nm.id2label)},
-                              max_length=nm.max_length, stride=nm.stride)
+    w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
+    windows = w.items_at(w.limit)
     lengths = [len(w) for w in windows]
-    healthy_batches = token_budget_batches(lengths, max(max_tokens, nm.max_length), seed=0)
+    healthy_batches = token_budget_batches(lengths, max(max_tokens, max(lengths)), seed=0)
     if batch_size:  # the setup under test: fixed-count batches in random order, as naive loops do
         perm = np.random.default_rng(0).permutation(len(windows)).tolist()
         batches = [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
@@ -131,8 +124,8 @@ def doctor(*, model: str | None = None, data: str | None = None, batch_size: int
     else:
         batches = healthy_batches
         log_fn(f"probe: {steps} updates of token-budget batches, max_tokens {max_tokens}")
-    r = _probe(nm, windows, batches, policy, steps)
-    healthy = _probe(nm, windows, healthy_batches, policy, min(steps, 4)) if batch_size else None
+    r = _probe(w, windows, batches, policy, steps)
+    healthy = _probe(w, windows, healthy_batches, policy, min(steps, 4)) if batch_size else None
     log_fn(f"measured: {r['real_tokens_per_s']:.0f} real tok/s, padding efficiency {r['padding_efficiency']:.2f}, "
            f"{r['texts_per_update']:.1f} texts/update; time: data {r['data_frac']:.0%}, compute "
            f"{r['compute_frac']:.0%}, optimizer {r['optimizer_frac']:.0%}")

@@ -8,6 +8,7 @@ import torch
 
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.training.optim import build_optimizer
+from spanflow.tasks.registry import Workload
 from spanflow.training.options import TrainOptions
 from spanflow.training.step import one_step
 from spanflow.tuning.probe import run_probe
@@ -34,10 +35,11 @@ def f1_at_length(task_model, examples):
     return quality
 
 
-def model_measure(module, items_at, collate, loss_fn, quality, *, mode, policy, seed):
-    """measure(budget, max_length, seconds) for a token model: the training loop's steps (loss
-    scaling and clipping included) or forward passes."""
-    items_at = functools.lru_cache(maxsize=None)(items_at)  # once per length, not once per budget
+def measure_of(w: Workload, *, mode: str, policy, seed: int = 0):
+    """measure(budget, max_length, seconds) over a task's workload: the training loop's steps
+    (loss scaling and clipping included) or forward passes, timed by the probe."""
+    module = w.module
+    items_at = functools.lru_cache(maxsize=None)(w.items_at)  # once per length, not once per budget
     opt = build_optimizer(module, TrainOptions(lr=1e-5), policy.device) if mode == "train" else None
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
 
@@ -46,18 +48,18 @@ def model_measure(module, items_at, collate, loss_fn, quality, *, mode, policy, 
         lengths = [len(w) for w in items]
         if mode == "train":
             module.train()
-            step = _train_step(module, items, collate, loss_fn, policy, opt, scaler)
+            step = _train_step(module, items, w.collate, w.loss_fn, policy, opt, scaler)
             batches = token_budget_batches(lengths, b, seed=seed)
         else:
             module.eval()
 
             def step(batch):
-                t = collate([items[i] for i in batch])
+                t = w.collate([items[i] for i in batch])
                 with torch.inference_mode(), policy.autocast():
                     module(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
             batches = token_budget_batches(lengths, b, shuffle=False)
         out = run_probe(step, batches, lengths, device=policy.device, max_seconds=seconds)
-        out["quality"] = quality(L) if mode == "infer" else None
+        out["quality"] = w.quality(L) if mode == "infer" and w.quality else None
         return out
 
     return measure

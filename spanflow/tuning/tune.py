@@ -7,6 +7,7 @@ from collections.abc import Callable
 from spanflow.errors import ConfigError
 from spanflow.training.precision import resolve_policy
 from spanflow.tuning.profile import device_name, write_profile
+from spanflow.tuning.measures import measure_of
 from spanflow.tuning.sweep import geometric, is_oom, pick_best, sweep
 
 MODES = ("train", "infer")
@@ -23,8 +24,9 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
     policy = resolve_policy("fp32" if precision == "int8" else precision, device)
-    measure, limit = get(task).measure(model, data, mode=mode, policy=policy, precision=precision, sample=sample,
-                                       field=field, column=column)
+    w = get(task).workload(model, data, mode=mode, policy=policy, precision=precision, sample=sample, field=field,
+                           column=column)
+    measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
     lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
     per_point = max(1.0, budget_seconds / max(1, len(budgets) * len(lengths)))  # spread the time budget
