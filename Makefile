@@ -13,7 +13,7 @@ $(BIN)/python:
 # so a machine that already has a CUDA build keeps it.
 $(STAMP): $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,plot]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -1,6 +1,7 @@
 """The embedding Python API: Embedder.load(dir) and encode(texts) -> np.ndarray."""
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import logging
@@ -313,10 +314,32 @@ class EmbedTask:
         return Workload(emb.model, lambda L: at_length(L).tokenize(texts)[0], collate, None, limit,
                         functools.lru_cache(maxsize=None)(quality))
 
-    def response(self, model: Embedder, name: str, texts: list[str], results: list, tokens: int) -> dict:
-        """OpenAI's embeddings response shape (rows stay numpy until the JSON encoder)."""
+    def request_params(self, model: Embedder, body: dict) -> dict:
+        """OpenAI's embeddings options: `encoding_format` float|base64, `dimensions` (truncate, then
+        renormalise), `user` (accepted, unused)."""
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ConfigError(f'"encoding_format" must be "float" or "base64", got {str(fmt)[:40]!r}')
+        dims = body.get("dimensions")
+        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= model.dim):
+            raise ConfigError(f'"dimensions" must be an integer from 1 to {model.dim} (the model\'s width), '
+                              f"got {str(dims)[:40]}")
+        return {"encoding_format": fmt, "dimensions": dims}
+
+    def response(self, model: Embedder, name: str, texts: list[str], results: list, tokens: int,
+                 params: dict) -> dict:
+        """OpenAI's embeddings response shape: float rows stay numpy until the JSON encoder;
+        base64 is the little-endian float32 bytes of each row, as OpenAI's clients decode it."""
+        rows = np.stack(results) if results else np.zeros((0, model.dim), dtype=np.float32)
+        if params.get("dimensions"):
+            rows = rows[:, :params["dimensions"]]
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        if params.get("encoding_format") == "base64":
+            out = [base64.b64encode(r.astype("<f4").tobytes()).decode("ascii") for r in rows]
+        else:
+            out = list(rows.astype(np.float32))
         return {"object": "list", "model": name,
-                "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(results)],
+                "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(out)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 

@@ -10,7 +10,8 @@ from spanflow.batching.collate import SERVE_PAD_MULTIPLE, round_up
 from spanflow.errors import ConfigError, ModelDirError
 from spanflow.inference.tagging import tag_texts, tag_windows, word_starts
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
-from spanflow.models.encoder import start_encoder
+from spanflow.interop.hf import bio_rows, load_token_classifier, select_rows, token_classification_config
+from spanflow.models.encoder import encoder_max_length, start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
 from spanflow.tasks.bio import decode_spans
@@ -39,10 +40,12 @@ class NerModel:
     task = "ner"
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], max_length: int, stride: int = 32,
-                 head=None, head_type: str = "softmax", policy: Policy | None = None, window: int | None = None):
+                 head=None, head_type: str = "softmax", policy: Policy | None = None, window: int | None = None,
+                 id2label: list[str] | None = None):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
-        self.id2label = bio_label_list(self.labels)
+        # the BIO tag of each output of the head: spanflow's own order, or an imported classifier's
+        self.id2label = list(id2label) if id2label else bio_label_list(self.labels)
         self.max_length, self.stride, self.head_type = max_length, stride, head_type
         # inference window: as long as the longest training window, not the encoder's limit,
         # so long documents are read in pieces of the length the model learned from
@@ -54,25 +57,48 @@ class NerModel:
 
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
-        """Load a spanflow NER model directory (no network, no pickle)."""
+        """Load a spanflow NER model directory, or a Hugging Face token-classification directory
+        (no network, no pickle)."""
+        if token_classification_config(path) is not None:
+            return cls.from_hf(path, device=device, precision=precision)
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
         labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
         if head_type not in HEAD_TYPES:
             raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "
                                 f"{', '.join(HEAD_TYPES)}")
-        head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=bio_label_list(labels))
+        id2label = cfg.get("id2label") or bio_label_list(labels)
+        head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=id2label)
         max_length = config_int(cfg, "max_length", path)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
                    stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
-                   window=config_int(cfg, "window", path, max_length))
+                   window=config_int(cfg, "window", path, max_length), id2label=cfg.get("id2label"))
+
+    @classmethod
+    def from_hf(cls, path: str, *, device: str = "auto", precision: str = "auto", bio: bool = False) -> "NerModel":
+        """A Hugging Face AutoModelForTokenClassification directory as a softmax NER model: its own
+        label ids (any BIO-like scheme) for inference, or, with `bio`, its classifier carried over
+        onto spanflow's BIO label rows (to continue training)."""
+        encoder, tokenizer, classifier, tags = load_token_classifier(path)
+        labels = sorted({t[2:] for t in tags if t != "O"})
+        head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=tags)
+        id2label = tags
+        if bio:
+            id2label = bio_label_list(labels)
+            head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=id2label)
+            classifier = select_rows(classifier, bio_rows(tags, id2label))
+        head.proj.load_state_dict(classifier.state_dict())
+        max_length = encoder_max_length(encoder, tokenizer)
+        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length, head=head,
+                   head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label)
 
     def save(self, path: str) -> None:
         """Write a self-contained model directory."""
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
                                "window": self.window, "stride": self.stride, "tag_scheme": "bio",
-                               "head": self.head_type})
+                               "head": self.head_type,
+                               **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
     def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
         """Override the inference window (tokens, special tokens included) and its overlap."""
@@ -142,14 +168,18 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
                 policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
     """The model to train: a spanflow NER model to continue (its head unless another is
     asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
-    if is_model_dir(model):
-        start = NerModel.load(model, device=str(policy.device))
+    if is_model_dir(model) or token_classification_config(model) is not None:
+        start = (NerModel.load(model, device=str(policy.device)) if is_model_dir(model)
+                 else NerModel.from_hf(model, device=str(policy.device), bio=True))
         if start.labels != sorted(labels):
             raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
         if head_type is not None and start.head_type != head_type:
             raise ConfigError(f"{model} has a {start.head_type} head; --head {head_type} was asked for")
+        head, bio = start.module.head, bio_label_list(start.labels)
+        if start.id2label != bio:  # an imported classifier's label order: its rows onto spanflow's BIO labels
+            head.proj = select_rows(head.proj, bio_rows(start.id2label, bio))
         return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels,
-                        max_length=start.max_length, stride=start.stride, head=start.module.head,
+                        max_length=start.max_length, stride=start.stride, head=head,
                         head_type=start.head_type, policy=policy)
     encoder, tokenizer, max_length = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                                    seed=opts.seed)
@@ -215,6 +245,16 @@ class NerTask:
     """Named entities as character-offset spans: the `ner` entry of the task registry."""
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
+    exports = ("hf",)
+
+    def claims(self, path: str) -> bool:
+        """A Hugging Face token-classification directory runs as an NER model."""
+        return token_classification_config(path) is not None
+
+    def export(self, model: NerModel, to: str, out: str, log_fn=print) -> str:
+        from spanflow.interop.hf import export_hf
+
+        return export_hf(model, out, log_fn=log_fn)
 
     def add_train_args(self, p) -> None:
         p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
@@ -260,7 +300,8 @@ class NerTask:
         return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
                         f1_at_length(nm, examples) if mode == "infer" else None)
 
-    def response(self, model: NerModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
+    def response(self, model: NerModel, name: str, texts: list[str], results: list, tokens: int,
+                 params: dict) -> dict:
         return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
 
 

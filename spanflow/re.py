@@ -250,7 +250,8 @@ class ReTask:
         return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
                         casrel_loss, limit, f1_at_length(rm, examples) if mode == "infer" else None)
 
-    def response(self, model: ReModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
+    def response(self, model: ReModel, name: str, texts: list[str], results: list, tokens: int,
+                 params: dict) -> dict:
         return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
 
 

@@ -134,3 +134,17 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     b = params(str(tmp_path / "part" / "model"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path, monkeypatch, capsys):
+    import sys
+
+    data = synthetic_ner(40, seed=2)
+    train_ner(data, data[:10], out_dir=str(tmp_path / "plain"), options=small_opts(epochs=1, log_every=1))
+    plain = capsys.readouterr()
+    assert "step 1/" in plain.out and "it/s" not in plain.err and "step/s" not in plain.err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    train_ner(data, data[:10], out_dir=str(tmp_path / "tty"), options=small_opts(epochs=1, log_every=1))
+    tty = capsys.readouterr()
+    assert "step 1/" not in tty.out and "loss=" in tty.err and "tok_s=" in tty.err and "step" in tty.err
+    assert "dev F1" in tty.out or "dev F1" in tty.err  # the epoch report still prints, above the bar

@@ -64,13 +64,21 @@ def test_routes_and_shapes(model_dirs):
 def test_errors_are_4xx(model_dirs):
     with client(model_dirs, max_texts=3, max_text_chars=50, max_request_bytes=2000) as c:
         assert c.post("/v1/ner", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
-        assert c.post("/v1/embeddings", json={"input": ["a"], "model": "nope"}).status_code == 404
+        r = c.post("/v1/embeddings", json={"input": ["a"], "model": "text-embedding-3-small"})
+        assert r.status_code == 200 and r.json()["model"] == "emb"  # the one embedding model answers any name
         r = c.post("/v1/ner", json={"texts": ["a"] * 4})
         assert r.status_code == 422 and "limit is 3" in r.json()["error"]["message"]
         r = c.post("/v1/ner", json={"texts": ["x" * 51]})
         assert r.status_code == 422 and "--max-text-chars" in r.json()["error"]["message"]
         assert c.post("/v1/ner", json={"texts": [1, 2]}).status_code == 422
         assert c.post("/v1/ner", json={"texts": ["y" * 40] * 2, "pad": "z" * 3000}).status_code == 413
+
+
+def test_an_unknown_model_name_is_404_where_several_could_answer(model_dirs):
+    with client({"a": model_dirs["emb"], "b": model_dirs["emb"]}) as c:
+        r = c.post("/v1/embeddings", json={"input": ["x"], "model": "nope"})
+        assert r.status_code == 404 and "'a', 'b'" in r.json()["error"]["message"]
+        assert c.post("/v1/embeddings", json={"input": ["x"], "model": "b"}).json()["model"] == "b"
 
 
 def test_api_key(model_dirs):

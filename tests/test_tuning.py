@@ -69,9 +69,11 @@ def test_tune_infer_reports_quality_per_length(ner_file, tmp_path):
     train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
               options=TrainOptions(epochs=2, max_tokens=1024, max_length=64, log_every=0))
     prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=ner_file, mode="infer", budgets=[512],
-                max_lengths=[16, 64], budget_seconds=2, sample=32, out=str(tmp_path), plot=False, log_fn=lambda s: None)
+                max_lengths=[16, 64], budget_seconds=2, sample=32, out=str(tmp_path), log_fn=lambda s: None)
     q = {p["max_length"]: p["quality"] for p in prof["points"]}
     assert set(q) == {16, 64} and all(0 <= v <= 1 for v in q.values())
+    # the default install (make test / make demo) has the plot extra: the picture is drawn
+    assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):

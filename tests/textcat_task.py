@@ -195,7 +195,7 @@ class TextcatTask:
         return Workload(tm.module, items, lambda b: collate(b, tm.tokenizer.pad_token_id), loss_fn, tm.max_length,
                         f1_at_length(tm, examples))
 
-    def response(self, model, name, texts, results, tokens):
+    def response(self, model, name, texts, results, tokens, params):
         return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
 
 

@@ -7,11 +7,11 @@ import signal
 import sys
 import threading
 
-from spanflow.cli import convert, demo, doctor, embed, evaluate, predict, serve, train, tune
+from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.errors import SpanflowError
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
-            "doctor": doctor, "convert": convert, "demo": demo}
+            "doctor": doctor, "convert": convert, "export": export, "demo": demo}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,22 +24,14 @@ def _quiet_transformers() -> None:
 
 def load_encoder(path: str) -> tuple[nn.Module, object]:
     """(encoder, fast tokenizer) from a local HF or sentence-transformers directory."""
-    from transformers import AutoTokenizer
-
     _quiet_transformers()
     if not os.path.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
     if not os.path.exists(os.path.join(path, "config.json")):
         raise ModelDirError(f"{path} has no config.json: not a Hugging Face encoder directory "
                             "(use a local encoder directory, a spanflow model directory, or 'tiny')")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # a truncated tokenizer.json fails deep in tokenizers with its own error types
-        raise ModelDirError(f"{path}: the tokenizer files are unreadable (truncated or corrupt?): "
-                            f"{type(e).__name__}: {str(e)[:200]}") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelDirError(f"{path}: a fast tokenizer (tokenizer.json) is needed for character offsets")
-    _check_safetensors(path)
+    tokenizer = load_tokenizer(path)
+    require_safetensors(path)
     try:
         return _load_weights(path), tokenizer
     except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
@@ -62,7 +54,22 @@ def _load_weights(path: str) -> nn.Module:
         return AutoModel.from_pretrained(path, **kwargs)
 
 
-def _check_safetensors(path: str) -> None:
+def load_tokenizer(path: str):
+    """The fast tokenizer of a local directory (character offsets need one)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # a truncated tokenizer.json fails deep in tokenizers with its own error types
+        raise ModelDirError(f"{path}: the tokenizer files are unreadable (truncated or corrupt?): "
+                            f"{type(e).__name__}: {str(e)[:200]}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelDirError(f"{path}: a fast tokenizer (tokenizer.json) is needed for character offsets; this one "
+                            "is slow-only")
+    return tokenizer
+
+
+def require_safetensors(path: str) -> None:
     """Weights load from safetensors only: a pickle (pytorch_model.bin) can run code when loaded."""
     if any(f.endswith(".safetensors") for f in os.listdir(path)):
         return

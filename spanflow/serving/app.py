@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -19,6 +20,7 @@ from spanflow.serving.batcher import DynamicBatcher, Overloaded
 from spanflow.serving.guard import Guard
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
+from spanflow.errors import SpanflowError
 from spanflow.serving.services import Service
 
 
@@ -32,6 +34,7 @@ log = logging.getLogger("spanflow.serve")
 
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     metrics = ServerMetrics()
+    started = int(time.time())
     state = {"ready": False, "batchers": {}, "gpu": None}
 
     @asynccontextmanager
@@ -83,6 +86,12 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             raise HttpError(503, "models are loading")
         return {"status": "ready", "models": {s.name: s.task.name for s in services}}
 
+    @app.get("/v1/models")
+    async def models():
+        """OpenAI's model list: every served model, whatever its task."""
+        return {"object": "list", "data": [{"id": s.name, "object": "model", "created": started, "owned_by": "spanflow",
+                                            "task": s.task.name} for s in services]}
+
     @app.get("/metrics")
     async def prometheus():
         for name, b in state["batchers"].items():
@@ -107,6 +116,10 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
             service = _pick_service(services, task.name, body.get("model"))
             texts = _texts(body, task.request_field, opts)
+            try:
+                params = service.params(body)
+            except SpanflowError as e:
+                raise HttpError(422, str(e)) from None
             batcher = state["batchers"][service.name]
             try:
                 batcher.admit(0)  # shed load before the tokenizer spends time on it
@@ -117,7 +130,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
-            payload = await off_loop(service.respond, texts, units, results, ctx, sum(lengths))
+            payload = await off_loop(service.respond, texts, units, results, ctx, sum(lengths), params)
             return _json(payload)
         return handle
 
@@ -179,12 +192,16 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def _pick_service(services: list[Service], task: str, name) -> Service:
+    """The service a request names; where one model of the task is loaded, it answers any name
+    (clients often hard-code a hosted model's name) and the response names the model that ran."""
     of_task = [s for s in services if s.task.name == task]
     if name is not None:
         for s in of_task:
             if s.name == name:
                 return s
-        raise HttpError(404, f"no {task} model named {name!r}; loaded: {[s.name for s in of_task]}")
+        if len(of_task) == 1:
+            return of_task[0]
+        raise HttpError(404, f"no {task} model named {str(name)[:100]!r}; loaded: {[s.name for s in of_task]}")
     if not of_task:
         raise HttpError(404, f"no {task} model is loaded")
     if len(of_task) > 1:
@@ -196,6 +213,9 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
 def _texts(body: dict, key: str, opts: ServeOptions) -> list[str]:
     value = body.get(key)
     texts = [value] if isinstance(value, str) else value
+    if isinstance(texts, list) and texts and all(isinstance(t, int) or (isinstance(t, list) and t and all(
+            isinstance(x, int) for x in t)) for t in texts):
+        raise HttpError(422, f'"{key}" holds token ids; this server tokenizes itself: send the texts')
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise HttpError(422, f'"{key}" must be a string or a list of strings')
     if len(texts) > opts.max_texts:

@@ -25,10 +25,15 @@ class Service:
         """Runs in the model's worker thread."""
         return self.model.run_batch(units)
 
-    def respond(self, texts: list[str], units: list, results: list, ctx, tokens: int) -> dict:
+    def params(self, body: dict) -> dict:
+        """The request's task options, checked (a ConfigError names what is wrong)."""
+        read = getattr(self.task, "request_params", None)
+        return read(self.model, body) if read else {}
+
+    def respond(self, texts: list[str], units: list, results: list, ctx, tokens: int, params: dict) -> dict:
         """The response body; run off the event loop."""
         return self.task.response(self.model, self.name, texts, self.model.assemble(texts, units, results, ctx),
-                                  tokens)
+                                  tokens, params)
 
 
 def load_service(spec: str, *, precision: str = "auto", device: str = "auto") -> Service:

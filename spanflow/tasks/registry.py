@@ -92,8 +92,15 @@ class Task(Protocol):
 
     trains: bool  # whether `spanflow train TASK` exists
 
-    def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int) -> dict:
-        """The HTTP response body for one request: `results` from model.assemble, `tokens` its units' total."""
+    # optional members: claims(path) -> bool, for directories without spanflow.json that the task
+    # loads (checked before they are taken for encoders); request_params(model, body) -> dict for
+    # the server; export(model, to, out, log_fn) and `exports`, the formats `spanflow export` writes
+
+    def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int,
+                 params: dict) -> dict:
+        """The HTTP response body for one request: `results` from model.assemble, `tokens` its units'
+        total, `params` what the task's optional `request_params(model, body)` made of the request's
+        other fields (a ConfigError there is a 422)."""
 
 
 def register(task: Task) -> None:
@@ -127,6 +134,9 @@ def task_of_dir(path: str) -> Task:
     if not os.path.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
     if not os.path.exists(os.path.join(path, CONFIG)):
+        for task in tasks():  # a directory from elsewhere that a task knows (a HF token classifier)
+            if getattr(task, "claims", None) and task.claims(path):
+                return task
         return get(ENCODER_TASK)
     task = read_model_config(path).get("task")
     if task not in _TASKS:

@@ -3,6 +3,7 @@ clipping, warmup + linear decay, evaluation, early stopping, checkpoints and rep
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ class _Run:
     n_running: int = 0
     epoch_loss: torch.Tensor | float = 0.0  # summed on device like `running`; read only when dev F1 is 0
     n_epoch: int = 0
+    bar: object = None  # a progress bar on a terminal (progress_bar), else None and plain log lines
+    bar_tokens: int = 0
 
     @property
     def ckpt_dir(self) -> str:
@@ -102,6 +105,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
                total_steps=sum(len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)))
     model.train()
+    r.bar = progress_bar(r)
     try:
         while r.st["epoch"] < opts.epochs and not r.st["stopped"]:
             epoch = r.st["epoch"]
@@ -120,6 +124,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             _checkpoint(r)
     finally:
         r.meter.close()
+        if r.bar is not None:
+            r.bar.close()
     if hooks.evaluate is None and dist.is_main:
         hooks.save_model(os.path.join(out_dir, "model"))
     barrier(dist)
@@ -173,9 +179,16 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
         st["step_in_epoch"] += 1
         st["global_step"] += 1
         gs = st["global_step"]
+        if r.bar is not None:
+            r.bar.update(1)
+            r.bar_tokens += sum(b["real_tokens"] for b in micro if b["weight"])
         if opts.log_every and gs % opts.log_every == 0 and r.dist.is_main:
-            r.log(f"step {gs}/{r.total_steps} loss {r.running.item() / r.n_running:.4f} "  # host sync, log points only
-                  f"lr {r.scheduler.get_last_lr()[0]:.2e}")
+            loss_now = r.running.item() / r.n_running  # host sync, log points only
+            if r.bar is not None:
+                tok_s = r.bar_tokens / max(r.bar.format_dict["elapsed"], 1e-9)
+                r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
+            else:
+                r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {r.scheduler.get_last_lr()[0]:.2e}")
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
@@ -190,6 +203,20 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
             return False
         wait_start = time.perf_counter()
     return True
+
+
+def progress_bar(r: _Run):
+    """A tqdm bar (steps, ETA, loss, tokens/s) when rank 0 logs to a terminal; None otherwise, and
+    the loop prints plain lines. Lines printed while the bar is up go above it."""
+    if not (r.dist.is_main and r.opts.log_every and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=r.total_steps, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
+    r.bar_tokens = 0
+    log = r.log
+    r.log = lambda s: bar.write(s) if log is print else log(s)
+    return bar
 
 
 def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:

@@ -1,0 +1,1 @@
+"""Models and clients from elsewhere: Hugging Face token classification, spaCy pipelines."""

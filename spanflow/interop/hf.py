@@ -1,0 +1,138 @@
+"""Hugging Face token-classification directories, in and out.
+
+In: a directory written by `AutoModelForTokenClassification.save_pretrained` (config.json with
+`id2label` in BIO, IOB1 or BIOES/BILOU, fast tokenizer files beside it) runs as a spanflow
+NER model. Its classifier keeps its own label ids; each id is read as the BIO tag it stands
+for (S-/U- as B-, E-/L- as I-), which decodes every scheme exactly. To continue training,
+the classifier is carried over onto spanflow's BIO label rows.
+
+Out: `export_hf` writes a directory that `transformers.pipeline("token-classification")` loads.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from torch import nn
+
+from spanflow.errors import ConfigError, ModelDirError
+
+log = logging.getLogger("spanflow")
+
+# the BIO tag each scheme's prefix stands for
+PREFIX_TO_BIO = {"B": "B", "I": "I", "S": "B", "U": "B", "E": "I", "L": "I"}
+
+
+def token_classification_config(path: str) -> dict | None:
+    """config.json of a Hugging Face token-classification directory, or None when it is not one."""
+    f = os.path.join(path, "config.json")
+    if os.path.exists(os.path.join(path, "spanflow.json")) or not os.path.isfile(f):
+        return None
+    try:
+        with open(f, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    archs = cfg.get("architectures") or [] if isinstance(cfg, dict) else []
+    return cfg if any(str(a).endswith("ForTokenClassification") for a in archs) else None
+
+
+def bio_tags(path: str, id2label: dict | None) -> list[str]:
+    """The BIO tag of each label id ("O", "B-X", "I-X"), from `id2label` in any of the schemes."""
+    if not isinstance(id2label, dict) or not id2label:
+        raise ModelDirError(f"{path}/config.json has no id2label: the labels of its classifier are unknown")
+    try:
+        names = [id2label[k] for k in sorted(id2label, key=int)]
+    except (TypeError, ValueError):
+        raise ModelDirError(f"{path}/config.json: id2label keys must be label ids") from None
+    tags = []
+    for name in names:
+        name = str(name)
+        prefix, sep, typ = name.partition("-")
+        if name == "O":
+            tags.append("O")
+        elif sep and prefix.upper() in PREFIX_TO_BIO and typ:
+            tags.append(f"{PREFIX_TO_BIO[prefix.upper()]}-{typ}")
+        else:
+            raise ModelDirError(f"{path}/config.json: label {name[:50]!r} is not O or B-/I-/E-/S-/L-/U- plus a type "
+                                f"(labels: {', '.join(map(str, names[:8]))}); give id2label in a BIO-like scheme")
+    return tags
+
+
+def load_token_classifier(path: str):
+    """(encoder, tokenizer, classifier nn.Linear, BIO tag per label id) from a HF directory."""
+    from transformers import AutoModelForTokenClassification
+
+    from spanflow.models.encoder import load_tokenizer, require_safetensors
+
+    cfg = token_classification_config(path)
+    if cfg is None:
+        raise ModelDirError(f"{path} is not a Hugging Face token-classification directory (config.json names no "
+                            "...ForTokenClassification architecture)")
+    tags = bio_tags(path, cfg.get("id2label"))
+    tokenizer = load_tokenizer(path)
+    require_safetensors(path)
+    try:
+        full = AutoModelForTokenClassification.from_pretrained(path, local_files_only=True, use_safetensors=True)
+    except Exception as e:  # an architecture transformers lacks, truncated weights, ...
+        raise ModelDirError(f"{path}: the token-classification model does not load ({type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+    classifier = getattr(full, "classifier", None)
+    if not isinstance(classifier, nn.Linear) or classifier.out_features != len(tags):
+        raise ModelDirError(f"{path}: expected a linear `classifier` with {len(tags)} outputs on the encoder")
+    return getattr(full, full.base_model_prefix), tokenizer, classifier, tags
+
+
+def bio_rows(tags: list[str], bio: list[str]) -> list[int]:
+    """For each BIO label, the label id of the source classifier to copy its row from."""
+    rows = []
+    for t in bio:
+        same = [i for i, s in enumerate(tags) if s == t]
+        if not same:
+            raise ConfigError(f"the model has no label that reads as {t}")
+        rows.append(same[0])
+    return rows
+
+
+def select_rows(linear: nn.Linear, rows: list[int]) -> nn.Linear:
+    """A linear layer with the given output rows of `linear`, in that order."""
+    out = nn.Linear(linear.in_features, len(rows))
+    out.weight.data.copy_(linear.weight.data[rows])
+    out.bias.data.copy_(linear.bias.data[rows])
+    return out
+
+
+def export_hf(model, out: str, *, log_fn=print) -> str:
+    """Write `model` (a NerModel on a Hugging Face encoder) as an AutoModelForTokenClassification
+    directory; a CRF head exports its emission scores and drops its transitions (said in a line)."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    from spanflow.atomic import atomic_dir
+    from spanflow.models.encoder import is_tiny
+
+    encoder = model.module.encoder
+    if is_tiny(encoder):
+        raise ConfigError("a `tiny` model has no Hugging Face architecture to export to; train on a Hugging Face "
+                          "encoder (--model DIR) to export")
+    if model.head_type == "crf":
+        log_fn("warning: the CRF's transition scores have no place in a token-classification model and are left "
+               "out; the export decodes each token by its own emission scores (argmax), as a softmax head would, "
+               "so its entities can differ from spanflow's Viterbi decoding")
+    cfg = copy.deepcopy(encoder.config)
+    cfg.id2label = dict(enumerate(model.id2label))
+    cfg.label2id = {t: i for i, t in enumerate(model.id2label)}
+    full = AutoModelForTokenClassification.from_config(cfg)
+    missing, _ = getattr(full, full.base_model_prefix).load_state_dict(encoder.state_dict(), strict=False)
+    if missing:
+        raise ConfigError(f"the encoder's weights do not fill {type(full).__name__}: missing {missing[:3]}")
+    with torch.no_grad():
+        full.classifier.weight.copy_(model.module.head.proj.weight)
+        full.classifier.bias.copy_(model.module.head.proj.bias)
+    with atomic_dir(out, "export") as tmp:
+        full.save_pretrained(tmp, safe_serialization=True)
+        model.tokenizer.save_pretrained(tmp)
+    return out

@@ -1,0 +1,80 @@
+"""A spaCy pipeline component that runs a spanflow NER model inside `nlp.pipe`.
+
+    nlp.add_pipe("spanflow_ner", config={"model": "runs/ner/model"})
+
+Registered through spaCy's `spacy_factories` entry point, so installing spanflow is enough.
+Each batch of docs spaCy passes goes through spanflow's token-budget batching. Entities are
+character spans; one that starts or ends inside a spaCy token is expanded to the tokens
+around it, and one that would overlap an earlier entity after that is left out: both are
+counted (`expanded`, `overlapping`) and said in one warning per batch, never dropped in
+silence.
+"""
+from __future__ import annotations
+
+import logging
+
+from spacy.language import Language
+
+log = logging.getLogger("spanflow")
+
+
+class SpanflowNer:
+    """Sets `doc.ents` from a spanflow NER model (any directory `spanflow predict` takes)."""
+
+    def __init__(self, nlp: Language, name: str, model: str, max_tokens: int | None = None, device: str = "auto",
+                 precision: str = "auto"):
+        from spanflow.tasks.registry import load_model
+
+        self.name = name
+        self.model = load_model(model, device=device, precision=precision)
+        if self.model.task != "ner":
+            from spanflow.errors import ConfigError
+
+            raise ConfigError(f"spanflow_ner runs NER models; {model} holds a {self.model.task!r} model")
+        self.max_tokens = max_tokens
+        self.expanded = self.overlapping = 0
+
+    def __call__(self, doc):
+        return next(iter(self.pipe([doc])))
+
+    def pipe(self, docs, batch_size: int = 1000):
+        from spanflow.batching.prefetch import chunked
+
+        for chunk in chunked(docs, batch_size):
+            chunk = list(chunk)
+            results = list(self.model.predict_stream((d.text for d in chunk), max_tokens=self.max_tokens))
+            before = (self.expanded, self.overlapping)
+            for doc, spans in zip(chunk, results):
+                self._set_ents(doc, spans)
+                yield doc
+            expanded, overlapping = self.expanded - before[0], self.overlapping - before[1]
+            if expanded or overlapping:
+                log.warning("%s: %d entities did not end on spaCy token boundaries and were expanded to the "
+                            "tokens around them; %d then overlapped another entity and were left out", self.name,
+                            expanded, overlapping)
+
+    def _set_ents(self, doc, spans) -> None:
+        ents, last_end = [], -1
+        for s, e, label in spans:
+            span = doc.char_span(s, e, label=label)
+            if span is None:
+                span = doc.char_span(s, e, label=label, alignment_mode="expand")
+                self.expanded += 1
+            if span is None or span.start < last_end:
+                self.overlapping += 1
+                continue
+            ents.append(span)
+            last_end = span.end
+        doc.ents = ents
+
+
+@Language.factory("spanflow_ner", default_config={"model": None, "max_tokens": None, "device": "auto",
+                                                   "precision": "auto"})
+def make_spanflow_ner(nlp: Language, name: str, model: str, max_tokens: int | None, device: str,
+                      precision: str) -> SpanflowNer:
+    """The `spanflow_ner` factory: config "model" is a spanflow NER model directory."""
+    if not model:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError('spanflow_ner needs config={"model": "path/to/model"}')
+    return SpanflowNer(nlp, name, model, max_tokens=max_tokens, device=device, precision=precision)

@@ -1,0 +1,129 @@
+"""Hugging Face token-classification directories in (predict, evaluate, serve, train) and out
+(`spanflow export --to hf`), checked against transformers' own pipeline."""
+import json
+
+import pytest
+import torch
+
+from helpers import tiny_bert
+from spanflow.cli.main import main
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ModelDirError
+from spanflow.interop.hf import bio_tags
+
+DATA = synthetic_ner(60, seed=21, max_clauses=2)
+TEXTS = [e.text for e in synthetic_ner(25, seed=22, max_clauses=2)]
+
+
+def write_data(path, examples):
+    with open(path, "w", encoding="utf-8") as f:
+        for e in examples:
+            write_jsonl_record(f, e.text, e.spans)
+    return str(path)
+
+
+def pipeline_entities(model_dir, texts):
+    from transformers import pipeline
+
+    pipe = pipeline("token-classification", model=str(model_dir), aggregation_strategy="first", device="cpu")
+    return [sorted((e["start"], e["end"], e["entity_group"]) for e in out) for out in pipe(texts)]
+
+
+def predicted(path):
+    return [sorted((x["start"], x["end"], x["label"]) for x in json.loads(line)["entities"])
+            for line in open(path, encoding="utf-8")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf")
+    enc, tok = tiny_bert([e.text for e in DATA] + TEXTS, hidden=32, layers=2, heads=2)
+    enc.save_pretrained(d / "enc")
+    tok.save_pretrained(d / "enc")
+    train = write_data(d / "train.jsonl", DATA)
+    assert main(["train", "ner", "--train", train, "--dev", train, "--model", str(d / "enc"), "--out", str(d / "run"),
+                 "--head", "softmax", "--epochs", "6", "--lr", "3e-3", "--head-lr", "3e-3", "--max-tokens", "512",
+                 "--log-every", "0"]) == 0
+    (d / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    return d
+
+
+def test_export_gives_the_pipeline_the_same_entities_as_predict(trained, capsys):
+    d = trained
+    assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "hf")]) == 0
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(d / "texts.txt"), "--output",
+                 str(d / "ours.jsonl")]) == 0
+    ours = predicted(d / "ours.jsonl")
+    assert sum(map(len, ours)) > 5  # the model found entities, so the comparison means something
+    assert pipeline_entities(d / "hf", TEXTS) == ours
+
+
+def test_a_crf_model_exports_its_emissions_with_a_warning(trained, capsys):
+    d = trained
+    train = str(d / "train.jsonl")
+    assert main(["train", "ner", "--train", train, "--model", str(d / "enc"), "--out", str(d / "crf"), "--epochs", "1",
+                 "--max-tokens", "512", "--log-every", "0"]) == 0
+    capsys.readouterr()
+    assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", str(d / "crf_hf")]) == 0
+    assert "transition scores" in capsys.readouterr().out
+    assert (d / "crf_hf" / "model.safetensors").exists()
+
+
+def test_a_directory_saved_by_transformers_is_predicted_evaluated_and_served(trained, tmp_path, capsys):
+    from transformers import BertConfig, BertForTokenClassification
+
+    d = trained
+    enc_cfg = json.loads((d / "enc" / "config.json").read_text())
+    types = sorted({s[2] for e in DATA for s in e.spans})
+    labels = ["O"] + [f"{p}-{t}" for t in types for p in ("I", "B")]  # an order of its own
+    cfg = BertConfig(**{k: v for k, v in enc_cfg.items() if k in BertConfig().to_dict()},
+                     id2label=dict(enumerate(labels)), label2id={lab: i for i, lab in enumerate(labels)})
+    torch.manual_seed(0)
+    hf = BertForTokenClassification(cfg)
+    hf.save_pretrained(tmp_path / "hfdir")
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(d / "enc").save_pretrained(tmp_path / "hfdir")
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", "--model", str(tmp_path / "hfdir"), "--input", str(d / "texts.txt"), "--output",
+                 str(out)]) == 0
+    assert predicted(out) == pipeline_entities(tmp_path / "hfdir", TEXTS)
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tmp_path / "hfdir"), "--data", str(d / "train.jsonl"), "--json"]) == 0
+    assert 0.0 <= json.loads(capsys.readouterr().out)["f1"] <= 1.0
+
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from spanflow.serving.app import create_app
+    from spanflow.serving.options import ServeOptions
+    from spanflow.serving.services import load_service
+
+    with TestClient(create_app([load_service(f"hf={tmp_path / 'hfdir'}", device="cpu")], ServeOptions())) as c:
+        r = c.post("/v1/ner", json={"texts": TEXTS[:3]}).json()
+    got = [sorted((x["start"], x["end"], x["label"]) for x in res["entities"]) for res in r["results"]]
+    assert got == predicted(out)[:3]
+    # and training continues from it: its classifier carried onto spanflow's BIO rows
+    assert main(["train", "ner", "--train", str(d / "train.jsonl"), "--model", str(tmp_path / "hfdir"), "--out", str(tmp_path / "cont"),
+                 "--epochs", "1", "--max-tokens", "512", "--log-every", "0"]) == 0
+
+
+def test_schemes_read_as_bio_and_unusable_directories_are_one_line(tmp_path, capsys):
+    assert bio_tags("d", {"0": "O", "1": "S-PER", "2": "B-PER", "3": "E-PER", "4": "I-PER"}) == \
+        ["O", "B-PER", "B-PER", "I-PER", "I-PER"]
+    assert bio_tags("d", {0: "O", 1: "U-LOC", 2: "L-LOC"}) == ["O", "B-LOC", "I-LOC"]
+    assert bio_tags("d", {0: "I-ORG", 1: "O", 2: "B-ORG"}) == ["I-ORG", "O", "B-ORG"]  # IOB1
+    with pytest.raises(ModelDirError, match="LABEL_0"):
+        bio_tags("d", {0: "LABEL_0", 1: "LABEL_1"})
+    from transformers import BertConfig, BertForTokenClassification
+
+    enc, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    BertForTokenClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=32)).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    (tmp_path / "in.txt").write_text("a b\n")
+    rc = main(["predict", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.txt"), "--output",
+               str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "id2label" in err and "Traceback" not in err

@@ -1,0 +1,62 @@
+"""The spanflow_ner spaCy component: found through spaCy's entry points, sets doc.ents from a
+spanflow model with token-budget batching, for English and Chinese tokenizers."""
+import json
+import logging
+
+import pytest
+
+spacy = pytest.importorskip("spacy")
+
+from spanflow.cli.main import main  # noqa: E402
+from spanflow.data.formats.jsonl import write_jsonl_record  # noqa: E402
+from spanflow.data.io import read_ner  # noqa: E402
+from spanflow.data.synthetic import synthetic_ner  # noqa: E402
+
+
+def train(tmp_path, examples, name):
+    data = tmp_path / f"{name}.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for e in examples:
+            write_jsonl_record(f, e.text, e.spans)
+    assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / name), "--epochs", "8",
+                 "--max-tokens", "512", "--log-every", "0"]) == 0
+    return str(tmp_path / name / "model")
+
+
+def predict(model, texts, tmp_path):
+    src, out = tmp_path / "in.txt", tmp_path / "out.jsonl"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main(["predict", "--model", model, "--input", str(src), "--output", str(out)]) == 0
+    return [[(x["start"], x["end"], x["label"]) for x in json.loads(line)["entities"]] for line in open(out)]
+
+
+def test_english_pipe_sets_the_entities_predict_finds(tmp_path):
+    model = train(tmp_path, synthetic_ner(80, seed=31, max_clauses=2), "en")
+    texts = [e.text for e in synthetic_ner(30, seed=32, max_clauses=2)]
+    nlp = spacy.blank("en")
+    comp = nlp.add_pipe("spanflow_ner", config={"model": model})  # found through the entry point
+    docs = list(nlp.pipe(texts, batch_size=8))
+    want = predict(model, texts, tmp_path)
+    assert sum(map(len, want)) > 5
+    got = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in docs]
+    assert got == want and comp.expanded == 0 and comp.overlapping == 0
+    assert [(e.start_char, e.end_char) for e in nlp(texts[0]).ents] == [s[:2] for s in want[0]]
+
+
+def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, caplog):
+    model = train(tmp_path, read_ner(asset("resume_like.bmes")), "zh")
+    texts = [e.text for e in read_ner(asset("resume_like.bmes"))]
+    nlp = spacy.blank("zh")
+    nlp.add_pipe("spanflow_ner", config={"model": model})
+    docs = list(nlp.pipe(texts))
+    assert all(d.ents == tuple(sorted(d.ents, key=lambda e: e.start)) for d in docs)
+    assert [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in docs] == predict(model, texts, tmp_path)
+    # a tokenizer whose tokens are coarser than the entities: spans grow to whole tokens, with a warning
+    en = spacy.blank("en")
+    comp = en.add_pipe("spanflow_ner", config={"model": model})
+    glued = [t.replace(" ", "") for t in texts]
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        out = list(en.pipe(glued))
+    found = sum(len(d.ents) for d in out)
+    assert comp.expanded + comp.overlapping > 0 and found + comp.overlapping >= comp.expanded
+    assert "expanded" in caplog.text
