@@ -251,10 +251,10 @@ class NerTask:
         """A Hugging Face token-classification directory runs as an NER model."""
         return token_classification_config(path) is not None
 
-    def export(self, model: NerModel, to: str, out: str, log_fn=print) -> str:
+    def export(self, model: NerModel, to: str, out: str, *, lossy: bool = False, log_fn=print) -> str:
         from spanflow.interop.hf import export_hf
 
-        return export_hf(model, out, log_fn=log_fn)
+        return export_hf(model, out, lossy=lossy, log_fn=log_fn)
 
     def add_train_args(self, p) -> None:
         p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")

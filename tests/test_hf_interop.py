@@ -59,14 +59,16 @@ def test_export_gives_the_pipeline_the_same_entities_as_predict(trained, capsys)
     assert pipeline_entities(d / "hf", TEXTS) == ours
 
 
-def test_a_crf_model_exports_its_emissions_with_a_warning(trained, capsys):
+def test_a_crf_model_is_exported_only_when_asked_to_drop_its_transitions(trained, capsys):
     d = trained
     train = str(d / "train.jsonl")
     assert main(["train", "ner", "--train", train, "--model", str(d / "enc"), "--out", str(d / "crf"), "--epochs", "1",
                  "--max-tokens", "512", "--log-every", "0"]) == 0
     capsys.readouterr()
-    assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", str(d / "crf_hf")]) == 0
-    assert "transition scores" in capsys.readouterr().out
+    assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", str(d / "crf_hf")]) == 2
+    assert "--head softmax" in capsys.readouterr().err and not (d / "crf_hf").exists()
+    assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", "--lossy", str(d / "crf_hf")]) == 0
+    assert "transition scores are left out" in capsys.readouterr().out
     assert (d / "crf_hf" / "model.safetensors").exists()
 
 

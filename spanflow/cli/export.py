@@ -9,6 +9,8 @@ def add_parser(sub) -> None:
                                       "AutoModelForTokenClassification directory)")
     p.add_argument("--model", required=True, help="a spanflow model directory")
     p.add_argument("--to", required=True, help="the format to write: hf")
+    p.add_argument("--lossy", action="store_true",
+                   help="export even what the format cannot hold whole (a CRF head: its emission scores only)")
     p.add_argument("out", help="output directory")
 
 
@@ -21,5 +23,5 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError(f"a {task.name} model exports to {', '.join(getattr(task, 'exports', ())) or 'nothing'}, "
                           f"not {a.to!r}")
     model = task.load(a.model, device="cpu", precision="fp32")
-    print(f"wrote {task.export(model, a.to, a.out)} ({a.to})")
+    print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy)} ({a.to})")
     return 0

@@ -103,9 +103,10 @@ def select_rows(linear: nn.Linear, rows: list[int]) -> nn.Linear:
     return out
 
 
-def export_hf(model, out: str, *, log_fn=print) -> str:
+def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     """Write `model` (a NerModel on a Hugging Face encoder) as an AutoModelForTokenClassification
-    directory; a CRF head exports its emission scores and drops its transitions (said in a line)."""
+    directory. A CRF head is refused unless `lossy`: its emission scores alone, decoded token by
+    token, tag far more entities than its Viterbi decoding does (docs/interop in the README)."""
     import copy
 
     import torch
@@ -119,9 +120,13 @@ def export_hf(model, out: str, *, log_fn=print) -> str:
         raise ConfigError("a `tiny` model has no Hugging Face architecture to export to; train on a Hugging Face "
                           "encoder (--model DIR) to export")
     if model.head_type == "crf":
-        log_fn("warning: the CRF's transition scores have no place in a token-classification model and are left "
-               "out; the export decodes each token by its own emission scores (argmax), as a softmax head would, "
-               "so its entities can differ from spanflow's Viterbi decoding")
+        if not lossy:
+            raise ConfigError("this model has a CRF head, whose transition scores a token-classification model "
+                              "cannot hold: decoded by its emission scores alone it tags other entities than "
+                              "spanflow does. Train with --head softmax to export it whole, or pass --lossy to "
+                              "export the emission scores anyway")
+        log_fn("warning: the CRF's transition scores are left out; the export decodes each token by its own "
+               "emission scores (argmax), so its entities differ from spanflow's Viterbi decoding")
     cfg = copy.deepcopy(encoder.config)
     cfg.id2label = dict(enumerate(model.id2label))
     cfg.label2id = {t: i for i, t in enumerate(model.id2label)}
