@@ -15,7 +15,7 @@ from spanflow.errors import ModelDirError
 log = logging.getLogger("spanflow")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -24,7 +24,7 @@ def _quiet_transformers() -> None:
 
 def load_encoder(path: str) -> tuple[nn.Module, object]:
     """(encoder, fast tokenizer) from a local HF or sentence-transformers directory."""
-    _quiet_transformers()
+    quiet_transformers()
     if not os.path.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -153,7 +153,7 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, e
     """
     from spanflow.models.tiny import TinyConfig, TinyModel
 
-    _quiet_transformers()
+    quiet_transformers()
     tokenizer = train_wordpiece(texts, vocab_size)
     if bigram_buckets is None:
         bigram_buckets = min(100_003, max(1009, 4 * _distinct_bigrams(tokenizer, texts)))
