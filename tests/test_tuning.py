@@ -56,8 +56,10 @@ def test_tune_writes_profile(ner_file, tmp_path):
     saved = json.loads((tmp_path / "profile.json").read_text())
     assert saved == prof and {"device", "model", "task", "mode", "best", "points"} <= set(saved)
     keys = {"max_tokens", "max_length", "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency",
-            "latency_p50_ms", "latency_p95_ms", "peak_memory_bytes", "gpu_util", "quality", "oom"}
+            "latency_p50_ms", "latency_p95_ms", "peak_memory_bytes", "gpu_util", "quality", "oom",
+            "real_tokens_per_s_runs", "spread"}
     assert len(saved["points"]) == 3 and all(keys == set(p) for p in saved["points"])
+    assert all(len(p["real_tokens_per_s_runs"]) == 2 for p in saved["points"])  # forward, then backward
     assert saved["best"]["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in saved["points"])
 
 
@@ -129,3 +131,36 @@ def test_doctor_probes_any_task_and_a_sample_smaller_than_its_steps(tmp_path):
     (tmp_path / "re.json").write_text(json.dumps(data))
     out = doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=5, log_fn=lambda s: None)
     assert out["probe"]["steps"] == 5 and out["probe"]["real_tokens_per_s"] > 0
+
+
+def test_sweep_interleaves_repeats_so_order_favours_no_point():
+    calls = []
+
+    def drifting(b, L):  # the machine speeds up as the sweep goes on; the points themselves are equal
+        calls.append((b, L))
+        return {"real_tokens_per_s": 1000.0 + 10 * len(calls), "padded_tokens_per_s": 1.0, "padding_efficiency": 1.0,
+                "latency_p50_ms": 1.0, "latency_p95_ms": 1.0, "peak_memory_bytes": 1, "gpu_util": None,
+                "quality": None}
+
+    once = sweep(drifting, [256], [16, 32, 64], log_fn=lambda s: None, repeats=1)
+    assert len({p.real_tokens_per_s for p in once}) == 3  # one pass: the later lengths look faster
+    calls.clear()
+    twice = sweep(drifting, [256], [16, 32, 64], log_fn=lambda s: None, repeats=2)
+    assert len({p.real_tokens_per_s for p in twice}) == 1 and all(p.spread > 0 for p in twice)
+    assert calls == [(256, 16), (256, 32), (256, 64), (256, 64), (256, 32), (256, 16)]
+
+
+def test_probe_memory_is_per_point_not_the_process_high_water():
+    import numpy as np
+
+    from spanflow.tuning.probe import run_probe
+
+    def step_of(mb):
+        def step(batch):
+            a = np.ones(mb * 2**20 // 8)  # pages touched: they count in RSS while the step runs
+            assert a[-1] == 1.0
+        return step
+
+    big = run_probe(step_of(400), [[0]], [1], device=torch.device("cpu"), warmup=0, max_steps=3)
+    small = run_probe(step_of(8), [[0]], [1], device=torch.device("cpu"), warmup=0, max_steps=3)
+    assert big["peak_memory_bytes"] - small["peak_memory_bytes"] > 300 * 2**20

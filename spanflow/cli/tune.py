@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--budgets", type=_ints, default=None, help="token budgets to try (default: geometric)")
     p.add_argument("--budget-seconds", type=float, default=120, help="time for the whole sweep [%(default)s]")
     p.add_argument("--sample", type=int, default=512, help="texts sampled from --data [%(default)s]")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="runs of every point, the grid in alternating order; medians and spread reported "
+                        "[%(default)s]")
     p.add_argument("--field", default="text")
     p.add_argument("--column", type=int, default=None)
     p.add_argument("--precision", choices=EMBED_PRECISIONS, default="auto")
@@ -36,7 +39,8 @@ def run(a: argparse.Namespace) -> int:
 
     prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths, budgets=a.budgets,
                 max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo, budget_seconds=a.budget_seconds,
-                sample=a.sample, precision=a.precision, device=a.device, out=a.out, field=a.field, column=a.column)
+                sample=a.sample, precision=a.precision, device=a.device, out=a.out, field=a.field, column=a.column,
+                repeats=a.repeats)
     best = prof["best"]
     print(f"best: max_tokens {best['max_tokens']}, max_length {best['max_length']} "
           f"({best['real_tokens_per_s']:.0f} real tok/s)" if best else "no point met the limits")

@@ -2,6 +2,9 @@
 as every long run (tokens/s, padding, latency percentiles, peak memory, utilization)."""
 from __future__ import annotations
 
+import ctypes
+import gc
+import threading
 import time
 from collections.abc import Callable
 
@@ -21,6 +24,34 @@ def _peak(device: torch.device, rss_peak: int) -> int:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else rss_peak
 
 
+def _release_free_memory() -> None:
+    """Hand memory the allocator holds but no longer uses back to the OS (glibc), so a point's
+    RSS shows what it uses, not what earlier points left cached."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS then includes what earlier points freed
+        pass
+
+
+class _RssPeak:
+    """The highest RSS of the process while it runs, sampled in a thread (CPU memory per point)."""
+
+    def __init__(self, interval_s: float = 0.005):
+        self.proc, self.peak, self._stop = psutil.Process(), psutil.Process().memory_info().rss, threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def close(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self.proc.memory_info().rss)
+
+
 def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, device: torch.device,
               warmup: int = 2, max_steps: int = 10, max_seconds: float = 20.0) -> dict:
     """Run `step(batch)` over batches (cycling), warm-up first; return the measured figures.
@@ -28,16 +59,18 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
     `step` does one unit of work (a training step, or one inference batch) for a list of
     item indices.
     """
-    proc = psutil.Process()
     batches = [b for b in batches if b]
     if not batches:
         raise ValueError("no batches to probe")
     for k in range(warmup):
         step(batches[k % len(batches)])
     _sync(device)
+    if device.type == "cpu":
+        _release_free_memory()
     reset_peak_memory(device)
     gpu = GpuUtilSampler(device, interval_s=0.05)
-    lat, real, padded, rss = [], 0, 0, proc.memory_info().rss
+    rss = _RssPeak() if device.type == "cpu" else None
+    lat, real, padded = [], 0, 0
     t_start = time.perf_counter()
     k = 0
     try:
@@ -50,14 +83,14 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
             ls = [lengths[i] for i in b]
             real += sum(ls)
             padded += max(ls) * len(ls)
-            rss = max(rss, proc.memory_info().rss)
             k += 1
     finally:
         util = gpu.take()
         gpu.close()
+        rss_peak = rss.close() if rss else 0
     wall = sum(lat)
     return {"real_tokens_per_s": real / wall, "padded_tokens_per_s": padded / wall,
             "padding_efficiency": real / padded, "latency_p50_ms": float(np.percentile(lat, 50) * 1e3),
-            "latency_p95_ms": float(np.percentile(lat, 95) * 1e3), "peak_memory_bytes": _peak(device, rss),
+            "latency_p95_ms": float(np.percentile(lat, 95) * 1e3), "peak_memory_bytes": _peak(device, rss_peak),
             "gpu_util": util, "steps": k, "texts_per_step": sum(len(batches[(warmup + j) % len(batches)])
                                                                 for j in range(k)) / k}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -26,6 +27,8 @@ class Point:
     gpu_util: float | None = None
     quality: float | None = None
     oom: bool = False
+    real_tokens_per_s_runs: list[float] | None = None  # one per repeat; the figures above are medians
+    spread: float | None = None  # (max - min) / median of the runs' real tokens/s
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,30 +54,56 @@ def _free() -> None:
 
 
 def sweep(measure: Callable[[int, int], dict], budgets: list[int], max_lengths: list[int],
-          log_fn: Callable[[str], None] = print) -> list[Point]:
-    """Measure every (budget, max length), budgets ascending. An out-of-memory point is
-    recorded, memory freed, and the larger budgets at that length are skipped (they would
-    fail too); the sweep goes on with the next length."""
-    points = []
-    for L in max_lengths:
-        for b in sorted(budgets):
-            if b < L:
-                continue  # one full-length sequence must fit in a batch
+          log_fn: Callable[[str], None] = print, repeats: int = 2) -> list[Point]:
+    """Measure every (budget, max length) `repeats` times, the grid in alternating order (forward,
+    backward, ...): a point measured late in one pass is measured early in the next, so with an
+    even number of repeats a steady drift (caches warming, the machine's load) favours no point.
+    Each point reports medians and the spread of its runs. An out-of-memory point is
+    recorded, memory freed, and the larger budgets at that length are skipped."""
+    grid = [(b, L) for L in max_lengths for b in sorted(budgets) if b >= L]  # one full sequence must fit
+    runs: dict[tuple[int, int], list[dict]] = {g: [] for g in grid}
+    oom: set[tuple[int, int]] = set()
+    for r in range(max(1, repeats)):
+        for b, L in (grid if r % 2 == 0 else grid[::-1]):
+            if any(L == L2 and b >= b2 for b2, L2 in oom):
+                continue
             try:
-                figures = measure(b, L)
-                p = Point(b, L, **{k: v for k, v in figures.items() if k in Point.__dataclass_fields__})
+                runs[(b, L)].append(measure(b, L))
             except Exception as e:  # noqa: BLE001 - only OOM is survivable, the rest re-raises
                 if not is_oom(e):
                     raise
                 _free()
-                points.append(Point(b, L, oom=True))
+                oom.add((b, L))
                 log_fn(f"max_tokens {b}, max_length {L}: out of memory; skipping larger budgets")
-                break
-            points.append(p)
-            log_fn(f"max_tokens {b:>6}, max_length {L:>4}: {p.real_tokens_per_s:9.0f} real tok/s, "
-                   f"p95 {p.latency_p95_ms:7.1f} ms, peak {p.peak_memory_bytes / 2**20:7.0f} MiB"
-                   + (f", quality {p.quality:.4f}" if p.quality is not None else ""))
+    points = []
+    for b, L in grid:
+        if (b, L) in oom or not runs[(b, L)]:
+            if (b, L) in oom:
+                points.append(Point(b, L, oom=True))
+            continue
+        p = _median_point(b, L, runs[(b, L)])
+        points.append(p)
+        log_fn(f"max_tokens {b:>6}, max_length {L:>4}: {p.real_tokens_per_s:9.0f} real tok/s "
+               f"(spread {p.spread:.0%} over {len(p.real_tokens_per_s_runs)} runs), p95 {p.latency_p95_ms:7.1f} ms, "
+               f"peak {p.peak_memory_bytes / 2**20:7.0f} MiB"
+               + (f", quality {p.quality:.4f}" if p.quality is not None else ""))
     return points
+
+
+def _median_point(b: int, L: int, runs: list[dict]) -> Point:
+    """One point from its runs: medians of speed and latency, the largest memory peak."""
+    def med(key):
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return float(statistics.median(vals)) if vals else None
+
+    speeds = [r["real_tokens_per_s"] for r in runs]
+    mid = statistics.median(speeds)
+    return Point(b, L, real_tokens_per_s=mid, padded_tokens_per_s=med("padded_tokens_per_s"),
+                 padding_efficiency=med("padding_efficiency"), latency_p50_ms=med("latency_p50_ms"),
+                 latency_p95_ms=med("latency_p95_ms"),
+                 peak_memory_bytes=max(r["peak_memory_bytes"] for r in runs), gpu_util=med("gpu_util"),
+                 quality=runs[-1].get("quality"), real_tokens_per_s_runs=[round(s, 1) for s in speeds],
+                 spread=(max(speeds) - min(speeds)) / mid if mid else 0.0)
 
 
 def pick_best(points: list[Point], *, max_memory_bytes: int | None = None, latency_slo_ms: float | None = None,

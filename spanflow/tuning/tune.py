@@ -16,7 +16,7 @@ MODES = ("train", "infer")
 def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: list[int] | None = None,
          budgets: list[int] | None = None, max_memory_gb: float | None = None, latency_slo_ms: float | None = None,
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", device: str = "auto",
-         out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True,
+         out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True, repeats: int = 2,
          log_fn: Callable[[str], None] = print) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile."""
     from spanflow.tasks.registry import get
@@ -29,7 +29,8 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
     lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
-    per_point = max(1.0, budget_seconds / max(1, len(budgets) * len(lengths)))  # spread the time budget
+    # the time budget spread over every run of every point
+    per_point = max(0.5, budget_seconds / max(1, len(budgets) * len(lengths) * max(1, repeats)))
 
     log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, {policy.describe()}")
     fitting = [b for b in budgets if b >= lengths[0]]
@@ -40,7 +41,7 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
             if not is_oom(e):
                 raise
             log_fn(f"warm-up ran out of memory at max_tokens {min(fitting)}; the sweep will record it")
-    points = sweep(lambda b, L: measure(b, L, per_point), budgets, lengths, log_fn=log_fn)
+    points = sweep(lambda b, L: measure(b, L, per_point), budgets, lengths, log_fn=log_fn, repeats=repeats)
     best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
                      latency_slo_ms=latency_slo_ms)
     profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
@@ -59,8 +60,8 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
 
 
 def format_table(profile: dict) -> str:
-    rows = [f"{'max_tokens':>10} {'max_len':>7} {'real tok/s':>10} {'pad eff':>7} {'p50 ms':>8} {'p95 ms':>8} "
-            f"{'peak MiB':>9} {'quality':>8}"]
+    rows = [f"{'max_tokens':>10} {'max_len':>7} {'real tok/s':>10} {'spread':>6} {'pad eff':>7} {'p50 ms':>8} "
+            f"{'p95 ms':>8} {'peak MiB':>9} {'quality':>8}"]
     best = profile.get("best") or {}
     for p in profile["points"]:
         mark = " <- best" if (p["max_tokens"], p["max_length"]) == (best.get("max_tokens"), best.get("max_length")) else ""
@@ -68,7 +69,8 @@ def format_table(profile: dict) -> str:
             rows.append(f"{p['max_tokens']:>10} {p['max_length']:>7} {'out of memory':>10}")
             continue
         q = f"{p['quality']:.4f}" if p["quality"] is not None else "-"
-        rows.append(f"{p['max_tokens']:>10} {p['max_length']:>7} {p['real_tokens_per_s']:>10.0f} "
+        spread = f"{p['spread']:.0%}" if p.get("spread") is not None else "-"
+        rows.append(f"{p['max_tokens']:>10} {p['max_length']:>7} {p['real_tokens_per_s']:>10.0f} {spread:>6} "
                     f"{p['padding_efficiency']:>7.3f} {p['latency_p50_ms']:>8.1f} {p['latency_p95_ms']:>8.1f} "
                     f"{p['peak_memory_bytes'] / 2**20:>9.0f} {q:>8}{mark}")
     return "\n".join(rows)
