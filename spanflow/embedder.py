@@ -265,6 +265,11 @@ class EmbedTask:
     A directory without spanflow.json is loaded as this task."""
 
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", False
+    agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
+
+    @staticmethod
+    def agreement(ref: list, got: list) -> float:
+        return float(cosines(np.stack(ref), np.stack(got)).mean()) if ref else 1.0
 
     def add_train_args(self, p) -> None:
         pass

@@ -15,7 +15,7 @@ from spanflow.models.encoder import encoder_max_length, start_encoder
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
 from spanflow.tasks.bio import decode_spans
-from spanflow.tasks.metrics import format_table, span_prf
+from spanflow.tasks.metrics import agreement_f1, format_table, span_prf
 from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
                                 prepare_windows, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
@@ -246,6 +246,12 @@ class NerTask:
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
     exports = ("hf",)
+    # --precision auto keeps a reduced precision whose entities agree with fp32's to this F1
+    agreement_name, precision_gate = "entity F1", 0.98
+
+    @staticmethod
+    def agreement(ref: list, got: list) -> float:
+        return agreement_f1(ref, got)
 
     def claims(self, path: str) -> bool:
         """A Hugging Face token-classification directory runs as an NER model."""

@@ -21,3 +21,15 @@ def tiny_tokenizer():
     for name in ("wnut_like.conll", "resume_like.bmes"):
         texts += [e.text for e in read_ner(os.path.join(ASSETS, name))]
     return train_wordpiece(texts, vocab_size=600)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Tune profiles and precision verdicts go to a directory of the test session, not ~/.cache."""
+    old = os.environ.get("SPANFLOW_CACHE")
+    os.environ["SPANFLOW_CACHE"] = str(tmp_path_factory.mktemp("spanflow-cache"))
+    yield
+    if old is None:
+        os.environ.pop("SPANFLOW_CACHE", None)
+    else:
+        os.environ["SPANFLOW_CACHE"] = old

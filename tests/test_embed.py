@@ -223,12 +223,14 @@ def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):
         embed_file(emb, spec, progress=False, log=lambda m: None)
     for changed in (lines[::-1], lines[:7]):  # the same lines reversed (same size), and fewer lines
         write_lines(tmp_path / "in.txt", changed)
-        assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume"]) == 2
+        assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume",
+                     "--precision", "fp32"]) == 2
         err = capsys.readouterr().err
         assert "in.txt changed since the interrupted job began" in err and "Traceback" not in err
         assert not (tmp_path / "out.npy").exists()
     write_lines(tmp_path / "in.txt", lines)  # the original again: the resume goes on
-    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume"]) == 0
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume",
+                 "--precision", "fp32"]) == 0
     np.testing.assert_allclose(np.load(out), emb.encode(lines), atol=1e-5)
 
 

@@ -53,7 +53,7 @@ def test_export_gives_the_pipeline_the_same_entities_as_predict(trained, capsys)
     d = trained
     assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "hf")]) == 0
     assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(d / "texts.txt"), "--output",
-                 str(d / "ours.jsonl")]) == 0
+                 str(d / "ours.jsonl"), "--precision", "fp32"]) == 0  # the pipeline runs in fp32
     ours = predicted(d / "ours.jsonl")
     assert sum(map(len, ours)) > 5  # the model found entities, so the comparison means something
     assert pipeline_entities(d / "hf", TEXTS) == ours
@@ -89,7 +89,7 @@ def test_a_directory_saved_by_transformers_is_predicted_evaluated_and_served(tra
     AutoTokenizer.from_pretrained(d / "enc").save_pretrained(tmp_path / "hfdir")
     out = tmp_path / "p.jsonl"
     assert main(["predict", "--model", str(tmp_path / "hfdir"), "--input", str(d / "texts.txt"), "--output",
-                 str(out)]) == 0
+                 str(out), "--precision", "fp32"]) == 0
     assert predicted(out) == pipeline_entities(tmp_path / "hfdir", TEXTS)
     capsys.readouterr()
     assert main(["evaluate", "--model", str(tmp_path / "hfdir"), "--data", str(d / "train.jsonl"), "--json"]) == 0

@@ -26,7 +26,7 @@ def train(tmp_path, examples, name):
 def predict(model, texts, tmp_path):
     src, out = tmp_path / "in.txt", tmp_path / "out.jsonl"
     src.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    assert main(["predict", "--model", model, "--input", str(src), "--output", str(out)]) == 0
+    assert main(["predict", "--model", model, "--input", str(src), "--output", str(out), "--precision", "fp32"]) == 0
     return [[(x["start"], x["end"], x["label"]) for x in json.loads(line)["entities"]] for line in open(out)]
 
 
@@ -34,7 +34,7 @@ def test_english_pipe_sets_the_entities_predict_finds(tmp_path):
     model = train(tmp_path, synthetic_ner(80, seed=31, max_clauses=2), "en")
     texts = [e.text for e in synthetic_ner(30, seed=32, max_clauses=2)]
     nlp = spacy.blank("en")
-    comp = nlp.add_pipe("spanflow_ner", config={"model": model})  # found through the entry point
+    comp = nlp.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32"})  # found through the entry point
     docs = list(nlp.pipe(texts, batch_size=8))
     want = predict(model, texts, tmp_path)
     assert sum(map(len, want)) > 5
@@ -47,7 +47,7 @@ def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, c
     model = train(tmp_path, read_ner(asset("resume_like.bmes")), "zh")
     texts = [e.text for e in read_ner(asset("resume_like.bmes"))]
     nlp = spacy.blank("zh")
-    nlp.add_pipe("spanflow_ner", config={"model": model})
+    nlp.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32"})
     docs = list(nlp.pipe(texts))
     assert all(d.ents == tuple(sorted(d.ents, key=lambda e: e.start)) for d in docs)
     assert [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in docs] == predict(model, texts, tmp_path)

@@ -24,3 +24,4 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
                         "was trained on, which keeps long documents as accurate as short texts)")
     p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows "
                                                              "(default: as trained)")
+

@@ -31,13 +31,25 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    import itertools
+    import os
+
+    from spanflow.inference.auto_precision import infer_precision
+    from spanflow.data.records import read_texts
     from spanflow.embedder import Embedder
+    from spanflow.errors import DataError
+    from spanflow.inference.auto_precision import SAMPLE
     from spanflow.inference.embed_job import EmbedSpec, embed_file
 
     from spanflow.training.distributed import init_from_env
     from spanflow.tuning.auto import resolve_max_tokens
 
     dist = init_from_env()  # under torchrun each rank embeds its share of the windows
+    if not os.path.exists(a.input):
+        raise DataError("file not found", path=a.input)
+    head = itertools.islice(read_texts(a.input, field=a.field, column=a.column, skip_header=a.skip_header,
+                                       errors="record"), 2 * SAMPLE)
+    a.precision = infer_precision(a.precision, a.model, a.device, [t for t in head if isinstance(t, str)])
 
     max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task="embed", mode="infer", model=a.model,
                                     data=a.input, precision=a.precision, device=a.device, field=a.field,

@@ -32,13 +32,20 @@ def _max_tokens(a: argparse.Namespace) -> int | None:
 
 
 def run(a: argparse.Namespace) -> int:
+    import itertools
+
+    from spanflow.inference.auto_precision import infer_precision
+    from spanflow.data.records import read_texts
+    from spanflow.inference.auto_precision import SAMPLE
     from spanflow.inference.predict_job import predict_file
     from spanflow.tasks.registry import load_model
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length,
-                            stride=a.stride)
+    head = itertools.islice(read_texts(a.input, field=a.field, column=a.column, skip_header=a.skip_header,
+                                       errors="record"), 2 * SAMPLE)
+    a.precision = infer_precision(a.precision, a.model, a.device, [t for t in head if isinstance(t, str)])
+    model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          max_tokens=_max_tokens(a))
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")

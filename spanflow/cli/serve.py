@@ -35,7 +35,11 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tuning.auto import resolve_max_tokens
     from spanflow.tuning.profile import read_profile
 
-    services = [load_service(m, precision=a.precision, device=a.device) for m in a.model]
+    from spanflow.inference.auto_precision import infer_precision
+
+    # auto: a reduced precision where an earlier run on data checked it for the model (cached)
+    services = [load_service(m, precision=infer_precision(a.precision, m.rpartition("=")[2], a.device),
+                             device=a.device) for m in a.model]
     max_tokens, per_model = ServeOptions.max_tokens, {}
     profile_task = read_profile(a.profile, mode="infer").get("task") if a.profile else None
     for spec, s in zip(a.model, services):  # each model its own measured budget, where there is one

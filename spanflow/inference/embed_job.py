@@ -172,7 +172,8 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
             f"{calibration['mean_cosine']:.6f}, min {calibration['min_cosine']:.6f}")
     os.makedirs(os.path.dirname(os.path.abspath(spec.output)) or ".", exist_ok=True)
     P = _paths(spec.output)
-    ident = {**asdict(spec), "format": fmt, "dim": embedder.dim, "world": dist.world}
+    ident = {**asdict(spec), "format": fmt, "dim": embedder.dim, "world": dist.world,
+             "precision": embedder.precision_name}  # a resumed job must not mix precisions
     if dist.is_main:
         _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
     barrier(dist)

@@ -23,10 +23,12 @@ class SpanflowNer:
 
     def __init__(self, nlp: Language, name: str, model: str, max_tokens: int | None = None, device: str = "auto",
                  precision: str = "auto"):
+        from spanflow.inference.auto_precision import infer_precision
         from spanflow.tasks.registry import load_model
 
         self.name = name
-        self.model = load_model(model, device=device, precision=precision)
+        # auto: the precision an earlier predict or evaluate checked for this model (cached), else fp32
+        self.model = load_model(model, device=device, precision=infer_precision(precision, model, device))
         if self.model.task != "ner":
             from spanflow.errors import ConfigError
 

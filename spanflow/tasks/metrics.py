@@ -34,6 +34,21 @@ def span_prf(gold: list[list[Span]], pred: list[list[Span]]) -> dict:
     return out
 
 
+def agreement_f1(ref: list, got: list) -> float:
+    """F1 of `got` against `ref` taken as gold, over any hashable items per text (spans,
+    triples); 1.0 when neither has any."""
+    ref_sets, got_sets = [set(map(_hashable, r)) for r in ref], [set(map(_hashable, g)) for g in got]
+    n_ref, n_got = sum(map(len, ref_sets)), sum(map(len, got_sets))
+    if not n_ref and not n_got:
+        return 1.0
+    hit = sum(len(r & g) for r, g in zip(ref_sets, got_sets))
+    return 2 * hit / (n_ref + n_got)
+
+
+def _hashable(x):
+    return tuple(_hashable(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
 def format_table(m: dict) -> str:
     """A per-label table for the terminal."""
     rows = [f"{'label':<20} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}"]
