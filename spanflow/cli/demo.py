@@ -35,8 +35,7 @@ def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) ->
     samples = ["Grace Hopper flew from Oslo to Lima on Monday .",
                "Hooli announced the Pixel 8 at an event in Seoul , as expected ."]
     for text, spans in zip(samples, model.predict(samples)):
-        print(json.dumps({"text": text, "entities": [[s, e, lab, text[s:e]] for s, e, lab in spans]},
-                         ensure_ascii=False))
+        print(json.dumps(model.output_record(text, spans), ensure_ascii=False))  # what predict writes
     elapsed = time.perf_counter() - t0
     print(f"demo done in {elapsed:.0f}s: dev F1 {metrics['f1']:.4f}; model in {os.path.join(out, 'model')}, "
           f"report in {os.path.join(out, 'train_report.jsonl')}")
