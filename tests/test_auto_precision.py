@@ -47,9 +47,12 @@ def test_a_precision_below_the_gate_falls_back_to_fp32_with_a_reason(bf16_device
     said = []
     assert ap.auto_precision(str(tmp_path), task=FakeTask(0.5), device="cpu", texts=["a"], log=said.append) == "fp32"
     assert "below the gate 0.9" in said[0]
-    assert ap.auto_precision(str(tmp_path / "other"), task=FakeTask(1.0), device="cpu", texts=[],
-                             log=said.append) == "fp32"
-    assert "not checked" in said[1]  # nothing to check on (serve before any run): fp32, and how to check
+    sample = FakeTask(1.0)  # nothing to check on (serve): built-in sentences, and real input checks again later
+    assert ap.auto_precision(str(tmp_path / "other"), task=sample, device="cpu", texts=[], log=said.append) == "bf16"
+    assert "built-in sample texts" in said[1] and sample.loads == ["fp32", "bf16"]
+    real = FakeTask(0.5)
+    assert ap.auto_precision(str(tmp_path / "other"), task=real, device="cpu", texts=["a"], log=said.append) == "fp32"
+    assert real.loads == ["fp32", "bf16"] and "on 1 input texts" in said[2]
 
 
 @pytest.mark.skipif(not cpu_has_bf16(), reason="needs a CPU with native bf16")

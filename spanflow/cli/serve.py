@@ -37,7 +37,7 @@ def run(a: argparse.Namespace) -> int:
 
     from spanflow.inference.auto_precision import infer_precision
 
-    # auto: a reduced precision where an earlier run on data checked it for the model (cached)
+    # auto: a reduced precision where it agrees with fp32 (checked once per model: cached)
     services = [load_service(m, precision=infer_precision(a.precision, m.rpartition("=")[2], a.device),
                              device=a.device) for m in a.model]
     max_tokens, per_model = ServeOptions.max_tokens, {}

@@ -5,7 +5,8 @@ GPUs that have it, fp16 on older GPUs), the model runs once in fp32 and once in 
 precision on a sample of the input, and the task's agreement measure (embeddings: mean
 cosine; NER: entity F1; relations: triple F1, fp32's results taken as gold) must reach the
 task's gate. Otherwise fp32. The verdict is cached per model, device and precision beside
-the tune profiles and printed, so the check runs once.
+the tune profiles and printed, so the check runs once. Without input to check on (serve), a
+few built-in sentences stand in, and the next run on real input checks again.
 """
 from __future__ import annotations
 
@@ -29,28 +30,30 @@ def auto_precision(path: str, *, task, device: str = "auto", texts: list[str] | 
     if candidate == "fp32" or gate is None:  # nothing faster here, or a task without an agreement measure
         return "fp32"
     cached = cache_path(path, pick_device(device), task.name, "infer-precision", candidate)
+    texts = [t for t in (texts or []) if isinstance(t, str) and t.strip()][:SAMPLE]
     if os.path.exists(cached):
         try:
             with open(cached, encoding="utf-8") as f:
                 verdict = json.load(f)
-            return _say(verdict, log, "checked before")
+            if verdict.get("source") == "input" or not texts:  # a check on real input stands
+                return _say(verdict, log, "checked before")
         except (OSError, ValueError, KeyError):
             pass  # an unreadable verdict is measured again
-    texts = [t for t in (texts or []) if isinstance(t, str) and t.strip()][:SAMPLE]
-    if not texts:
-        log(f"precision auto: fp32 ({candidate} is not checked for this model yet; a predict, evaluate or embed "
-            f"run checks it on its input, or pass --precision {candidate})")
-        return "fp32"
+    source = "input"
+    if not texts:  # serve has no input: built-in sentences, until a run on real input checks again
+        from spanflow.data.synthetic import synthetic_ner
+
+        texts, source = [e.text for e in synthetic_ner(64, seed=7, max_clauses=3)], "sample"
     ref = list(task.load(path, device=device, precision="fp32").predict_stream(texts))
     got = list(task.load(path, device=device, precision=candidate).predict_stream(texts))
     score = float(task.agreement(ref, got))
     verdict = {"precision": candidate, "measure": task.agreement_name, "score": score, "gate": gate,
-               "n": len(texts), "passed": score >= gate}
+               "n": len(texts), "passed": score >= gate, "source": source}
     from spanflow.atomic import atomic_open
 
     with atomic_open(cached) as f:
         json.dump(verdict, f, indent=2)
-    return _say(verdict, log, f"on {len(texts)} input texts")
+    return _say(verdict, log, f"on {len(texts)} {'input' if source == 'input' else 'built-in sample'} texts")
 
 
 def _say(v: dict, log: Callable[[str], None], where: str) -> str:
