@@ -23,6 +23,10 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
 
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+    if mode == "infer":  # measure the precision inference will run in
+        from spanflow.inference.auto_precision import infer_precision
+
+        precision = infer_precision(precision, model, device)
     policy = resolve_policy("fp32" if precision == "int8" else precision, device)
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=precision, sample=sample, field=field,
                            column=column)
