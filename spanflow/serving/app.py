@@ -113,6 +113,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     def route(task):
         async def handle(request: Request) -> Response:
+            t0 = time.perf_counter()
             body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
             service = _pick_service(services, task.name, body.get("model"))
             texts = _texts(body, task.request_field, opts)
@@ -123,15 +124,22 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             batcher = state["batchers"][service.name]
             try:
                 batcher.admit(0)  # shed load before the tokenizer spends time on it
+                t1 = time.perf_counter()
                 units, lengths, ctx = await off_loop(service.units, texts)
+                t2 = time.perf_counter()
                 results = await batcher.submit(units, lengths, opts.timeout)
+                t3 = time.perf_counter()
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
-            payload = await off_loop(service.respond, texts, units, results, ctx, sum(lengths), params)
-            return _json(payload)
+            response = await off_loop(lambda: _json(service.respond(texts, units, results, ctx, sum(lengths), params)))
+            phase = metrics.phase
+            for name, seconds in (("read", t1 - t0), ("tokenize", t2 - t1), ("batch", t3 - t2),
+                                  ("respond", time.perf_counter() - t3)):
+                phase.labels(service.name, name).observe(seconds)
+            return response
         return handle
 
     for task in {s.task.name: s.task for s in services}.values():

@@ -22,6 +22,9 @@ class ServerMetrics:
                                     buckets=_SECONDS, registry=r)
         self.compute = Histogram("spanflow_compute_seconds", "model time per batch", ["model"], buckets=_SECONDS,
                                  registry=r)
+        self.phase = Histogram("spanflow_request_phase_seconds", "a request's time by phase: read (body and JSON), "
+                               "tokenize, batch (queue wait and compute), respond (assemble and encode)",
+                               ["model", "phase"], buckets=_SECONDS, registry=r)
         self.padding = Gauge("spanflow_padding_efficiency", "real / padded tokens, cumulative", ["model"],
                              registry=r)
         self.gpu_memory = Gauge("spanflow_accelerator_memory_bytes", "CUDA memory allocated", registry=r)
