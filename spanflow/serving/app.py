@@ -39,6 +39,9 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # tokenizing and assembling responses run on one thread of their own, never on the event
+        # loop: one thread, so that a tokenizer is never entered by two threads at once
+        state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
         for s in services:
             # what the queue gives is cut into sub-batches of similar length once a part holds
             # 256 padded tokens on a CPU, where cost follows padded tokens beyond the per-call
@@ -65,7 +68,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
         for b in state["batchers"].values():
             await b.close()
-        pool.shutdown(wait=False)
+        state["pool"].shutdown(wait=False)
         if state["gpu"]:
             state["gpu"].close()
 
@@ -104,12 +107,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             metrics.gpu_util.set(util)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    # tokenizing and assembling responses run on one thread of their own, never on the event
-    # loop: one thread, so that a tokenizer is never entered by two threads at once
-    pool = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
-
     async def off_loop(fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(state["pool"], fn, *args)
 
     def route(task):
         async def handle(request: Request) -> Response:

@@ -111,7 +111,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
         return {"environment": env}
     from spanflow.tasks.registry import get
 
-    policy = resolve_policy(precision, device)
+    policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in
     log_fn(policy.describe())
     w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
     windows = w.items_at(w.limit)

@@ -27,7 +27,7 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
         from spanflow.inference.auto_precision import infer_precision
 
         precision = infer_precision(precision, model, device)
-    policy = resolve_policy("fp32" if precision == "int8" else precision, device)
+    policy = resolve_policy("fp32" if precision == "int8" else precision, device, cpu_bf16=mode == "train")
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=precision, sample=sample, field=field,
                            column=column)
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
