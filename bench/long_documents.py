@@ -1,7 +1,7 @@
 """Long documents keep their accuracy: per-sentence F1 against documents of joined sentences.
 
-Consecutive dev sentences are joined (one space between) into documents of 5, 10, 20 and
-40 sentences, entity offsets shifted along. Each document size is scored with the model's
+Consecutive dev sentences are joined (one space between, or with `--sep newline` a line
+break) into documents of 5, 10, 20 and 40 sentences, entity offsets shifted along. Each document size is scored with the model's
 default inference window (the longest window it was trained on) and with the encoder's
 full window (`--max-length` = the encoder limit, what spanflow ran before).
 
@@ -21,9 +21,12 @@ from spanflow.data.io import read_ner  # noqa: E402
 from spanflow.ner import NerModel  # noqa: E402
 
 
-def join(examples: list[NerExample], k: int) -> list[NerExample]:
-    """Documents of k consecutive examples, texts joined by a space."""
-    return [join_examples(examples[i:i + k]) for i in range(0, len(examples), k)]
+SEPARATORS = {"space": " ", "newline": "\n"}
+
+
+def join(examples: list[NerExample], k: int, sep: str = " ") -> list[NerExample]:
+    """Documents of k consecutive examples, texts joined by `sep`."""
+    return [join_examples(examples[i:i + k], sep) for i in range(0, len(examples), k)]
 
 
 def main() -> None:
@@ -32,6 +35,7 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--sizes", default="1,5,10,20,40")
     ap.add_argument("--name", default="wnut17")
+    ap.add_argument("--sep", choices=list(SEPARATORS), default="space", help="what joins the sentences [space]")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
     model = NerModel.load(a.model)
@@ -39,7 +43,7 @@ def main() -> None:
     trained, full = model.window, model.max_length
     rows = []
     for k in (int(x) for x in a.sizes.split(",")):
-        docs = join(data, k)
+        docs = join(data, k, SEPARATORS[a.sep])
         row = {"sentences_per_doc": k, "docs": len(docs)}
         for name, window in (("encoder_window", full), ("trained_window", trained)):
             model.set_window(window)
@@ -52,11 +56,11 @@ def main() -> None:
     base = rows[0]
     for r in rows:
         r["trained_window_f1_drop"] = base["trained_window_f1"] - r["trained_window_f1"]
-    write_results(a.out, f"long_documents_{a.name}",
-                  {"description": f"{a.name} dev sentences joined into documents; exact-span entity F1 with the "
+    write_results(a.out, f"long_documents_{a.name}" + ("" if a.sep == "space" else f"_{a.sep}"),
+                  {"description": f"{a.name} dev sentences joined into documents ({a.sep} between); exact-span entity F1 with the "
                                   f"encoder's full window ({full} tokens) and with the trained window ({trained} "
                                   f"tokens, the default); model {os.path.basename(os.path.dirname(a.model.rstrip('/')))}",
-                   "args": {"sizes": a.sizes, "name": a.name}},
+                   "args": {"sizes": a.sizes, "name": a.name, "sep": a.sep}},
                   rows, ["sentences_per_doc", "docs", "encoder_window_f1", "encoder_window_recall", "trained_window_f1",
                          "trained_window_recall", "trained_window_f1_drop", "encoder_window_s", "trained_window_s"])
 

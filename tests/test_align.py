@@ -113,3 +113,11 @@ def test_overlap_is_at_most_half_a_window():
     wins = make_windows(100, 32, 32)  # 30 tokens per window; a 32-token overlap would advance by 1
     assert [b - a for a, b in wins[:-1]] == [30] * (len(wins) - 1) and wins[1][0] == 15
     assert wins[-1][1] == 100 and len(wins) == 6
+
+
+def test_an_entity_never_runs_across_a_line_break(tiny_tokenizer):
+    id2label = ["O", "B-LOC", "I-LOC"]
+    for text, want in (("Paris London", [(0, 12, "LOC")]), ("Paris\nLondon", [(0, 5, "LOC"), (6, 12, "LOC")])):
+        enc = encode_texts(tiny_tokenizer, [text])[0]
+        pred = [1 if k == 0 else 2 for k in range(len(enc.ids))]  # B then I all the way
+        assert decode_spans(enc, pred, id2label) == want

@@ -21,6 +21,7 @@ class Encoded:
     first: list[bool]  # True where a token starts a word: the positions that carry a label
     starts: list[int] | None = None  # token start widened over adjacent characters with no token
     ends: list[int] | None = None  # token end widened likewise (e.g. a trailing U+FEFF)
+    breaks: list[bool] | None = None  # True where a line break lies between a token and the one before
 
 
 @dataclass
@@ -56,7 +57,9 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
         starts, ends = _widen(texts[i], offsets)
-        out.append(Encoded(ids, offsets, first, starts, ends))
+        text = texts[i]
+        breaks = [j > 0 and "\n" in text[offsets[j - 1][1]:offsets[j][0]] for j in range(len(offsets))]
+        out.append(Encoded(ids, offsets, first, starts, ends, breaks))
     return out
 
 

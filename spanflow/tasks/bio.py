@@ -22,7 +22,8 @@ def decode_spans(enc: Encoded, pred: list[int], id2label: list[str]) -> list[Spa
     """Turn per-token BIO predictions (read at word-initial tokens) into character spans.
 
     A span runs from its B (or a stray I, read as a start) through the last subword of its
-    last word. Predictions at non-initial subwords are ignored.
+    last word, and never across a line break (an I after one starts a new span).
+    Predictions at non-initial subwords are ignored.
     """
     spans: list[Span] = []
     n = len(enc.ids)
@@ -37,6 +38,9 @@ def decode_spans(enc: Encoded, pred: list[int], id2label: list[str]) -> list[Spa
             k += 1  # tokens j..k-1 form one word
         tag = id2label[pred[j]]
         word_start, word_end = enc.starts[j], enc.ends[k - 1]
+        if cur and enc.breaks and enc.breaks[j]:  # an entity ends at a line break
+            spans.append(tuple(cur))
+            cur = None
         if tag == "O":
             if cur:
                 spans.append(tuple(cur))
