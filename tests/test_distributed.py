@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 from spanflow.batching.align import IGNORE
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.training.distributed import Dist, init_from_env, shutdown
+from spanflow.training.distributed import Dist, exit_now, init_from_env, shutdown
 from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import resolve_policy
@@ -58,6 +58,7 @@ def _worker(rank, world, port, out, extra):
     if rank == 0:
         torch.save({k: v.clone() for k, v in nm.module.state_dict().items()}, os.path.join(out, "params.pt"))
     shutdown()
+    exit_now(0)  # as spanflow's CLI leaves a rank: no interpreter teardown for gloo to trip on
 
 
 def free_port() -> int:
@@ -187,6 +188,7 @@ def _embed_worker(rank, world, port, model_dir, src, out, die_after):
     embed_file(emb, EmbedSpec(input=src, output=out, window=4), resume=die_after is None, progress=False,
                log=lambda m: None, dist=d)
     shutdown()
+    exit_now(0)  # as spanflow's CLI leaves a rank: no interpreter teardown for gloo to trip on
 
 
 @pytest.mark.slow
@@ -237,6 +239,7 @@ def _eval_worker(rank, world, port, model_dir, data_path, out):
     with open(f"{out}.{rank}", "w") as f:
         json.dump(m, f)
     shutdown()
+    exit_now(0)  # as spanflow's CLI leaves a rank: no interpreter teardown for gloo to trip on
 
 
 @pytest.mark.slow

@@ -40,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = COMMANDS[args.command].run(args) or 0
         if args.command in ("train", "embed"):
-            from spanflow.training.distributed import shutdown
+            from spanflow.training.distributed import exit_now, shutdown
 
-            shutdown()  # under torchrun: every rank leaves the group together
+            if shutdown():  # under torchrun: every rank leaves the group together, then the process
+                exit_now(rc)
         return rc
     except SpanflowError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -2,6 +2,7 @@
 the loop needs. One process per device; NCCL on CUDA, gloo on CPU."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from dataclasses import dataclass
@@ -96,9 +97,26 @@ def shard_gather(items: list, fn, d: Dist) -> list:
     return out
 
 
-def shutdown() -> None:
+def shutdown() -> bool:
     """Leave the process group cleanly: wait for every rank, then tear down (a rank that
-    exits while a peer still talks to it can abort in the communication library)."""
+    exits while a peer still talks to it can abort in the communication library). True when
+    there was a group: the caller should then leave with exit_now()."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
+        return True
+    return False
+
+
+def exit_now(code: int) -> None:
+    """End a rank's process without the interpreter's teardown, output flushed first. Gloo's
+    worker threads can still hold objects then, and freeing them during finalization aborts
+    the process now and then (SIGABRT, "terminate called without an active exception") after
+    the work succeeded, which torchrun would report as a failed run."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
