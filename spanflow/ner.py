@@ -222,7 +222,8 @@ def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: 
     prepare_encoder(nm.module.encoder, opts, log_fn)
     label2id = {lab: i for i, lab in enumerate(nm.id2label)}
     defaults = for_encoder(DEFAULTS, nm.module.encoder)
-    texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, seed=opts.seed)
+    texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, span=opts.pack_span,
+                          seed=opts.seed)
     windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
     nm.window = min(nm.max_length, round_up(max(len(w) for w in windows), 8))
     log_fn(f"{len(train)} training texts" + (f" ({len(texts)} after joining neighbours)" if len(texts) < len(train)

@@ -136,3 +136,7 @@ def test_pack_examples_joins_neighbours_within_the_longest_text():
     assert " ".join(e.text for e in packed) == " ".join(e.text for e in data)
     assert [x for e in packed for x in e.entities()] == [x for e in data for x in e.entities()]
     assert pack_examples(data, 0.5, seed=1) == packed  # deterministic for a seed
+    longer = pack_examples(data, 0.5, span=4, seed=1)
+    assert len(longer) < len(packed) and max(len(e.text) for e in longer) > max(len(e.text) for e in data)
+    assert max(len(e.text) for e in longer) <= 4 * max(len(e.text) for e in data)
+    assert [x for e in longer for x in e.entities()] == [x for e in data for x in e.entities()]

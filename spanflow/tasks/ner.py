@@ -16,12 +16,13 @@ def bio_label_list(entity_labels: list[str]) -> list[str]:
     return ["O"] + [f"{p}-{lab}" for lab in sorted(entity_labels) for p in ("B", "I")]
 
 
-def pack_examples(examples: list[NerExample], share: float, *, seed: int = 0) -> list[NerExample]:
+def pack_examples(examples: list[NerExample], share: float, *, span: float = 1.0,
+                  seed: int = 0) -> list[NerExample]:
     """Join runs of consecutive texts into multi-sentence training texts.
 
     About `share` of the texts start a run that takes the following texts while the run is
-    no longer than the longest single text (so the trained window does not grow); the rest
-    stay alone. A model trained only on single sentences loses F1 on documents of many
+    no longer than `span` times the longest single text (at 1, the trained window does not
+    grow; longer packs put more sentences after other text); the rest stay alone. A model trained only on single sentences loses F1 on documents of many
     sentences, where every sentence but the first has context it never saw.
     """
     import random
@@ -29,7 +30,7 @@ def pack_examples(examples: list[NerExample], share: float, *, seed: int = 0) ->
     if share <= 0 or len(examples) < 2:
         return list(examples)
     rng = random.Random(seed)
-    limit = max(len(e.text) for e in examples)
+    limit = span * max(len(e.text) for e in examples)
     out, i = [], 0
     while i < len(examples):
         j, n = i + 1, len(examples[i].text)

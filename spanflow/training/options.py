@@ -55,6 +55,8 @@ class TrainOptions:
                       **RECIPES)
     pack: float | None = opt(None, "NER: share of training texts joined with the texts after them into "
                                    "multi-sentence sequences", unset="per task", **RECIPES)
+    pack_span: float = opt(1.0, "NER: the longest joined training text, in multiples of the longest single text "
+                                "(longer packs: docs/defaults.md, long documents)", **RECIPES)
     oversample: float = opt(0.0, "entity-aware sampling: draw examples of rare types (f_max/f)^X times as often "
                                  "(0: off)", **RECIPES)
     grad_checkpointing: bool = opt(False, "recompute layer activations in backward: far less memory on long "
@@ -70,6 +72,7 @@ class TrainOptions:
             (0.0 < self.llrd <= 1.0, f"--llrd must be in (0, 1], got {self.llrd}"),
             (self.oversample >= 0, f"--oversample must be >= 0, got {self.oversample}"),
             (self.pack is None or 0.0 <= self.pack <= 1.0, f"--pack must be in [0, 1], got {self.pack}"),
+            (self.pack_span >= 1.0, f"--pack-span must be >= 1, got {self.pack_span}"),
             (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
             (self.stride >= 0, f"--stride must be >= 0, got {self.stride}"),
             (0.0 <= self.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}"),
