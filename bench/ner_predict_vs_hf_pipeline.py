@@ -67,6 +67,13 @@ def main() -> None:
     sf16 = NerModel.load(a.model, device="cpu", precision="bf16")
     sf16.predict(texts[:64])
     t_sf16, sf16_out = timed(lambda: sf16.predict(texts, max_tokens=a.max_tokens), a.repeats)
+    # what `spanflow predict` runs with no flags: --precision auto's choice, the default token budget
+    from spanflow.inference.auto_precision import infer_precision
+
+    auto = infer_precision("auto", a.model, "cpu", texts)
+    sfd = NerModel.load(a.model, device="cpu", precision=auto)
+    sfd.predict(texts[:64])
+    t_sfd, _ = timed(lambda: sfd.predict(texts), a.repeats)
     hf_spans = [sorted((d["start"], d["end"], d["entity_group"]) for d in doc) for doc in hf_out]
     same = sum(h == s for h, s in zip(hf_spans, sf_out))
     diffs = [(t, h, s) for t, h, s in zip(texts, hf_spans, sf_out) if h != s]
@@ -88,6 +95,8 @@ def main() -> None:
          "padding_efficiency": sf_eff, "speedup": t_hf / t_sf},
         {"run": "spanflow_bf16", "seconds": t_sf16, "texts_per_s": len(texts) / t_sf16,
          "real_tokens_per_s": n_tok / t_sf16, "padding_efficiency": sf_eff, "speedup": t_hf / t_sf16},
+        {"run": f"spanflow_defaults_{auto}", "seconds": t_sfd, "texts_per_s": len(texts) / t_sfd,
+         "real_tokens_per_s": n_tok / t_sfd, "padding_efficiency": None, "speedup": t_hf / t_sfd},
     ]
     print(f"identical entity lists vs pipeline 'simple': {same}/{len(texts)} texts; the {len(diffs)} others: "
           f"{len(diffs) - len(unexplained)} where 'simple' cut a word into subword pieces, {len(unexplained)} else; "
