@@ -77,3 +77,13 @@ def test_predict_auto_checks_bf16_on_its_input(tmp_path, monkeypatch, capsys):
     assert "precision auto: " in err and "entity F1" in err
     verdicts = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")]
     assert len(verdicts) == 1 and verdicts[0]["measure"] == "entity F1" and verdicts[0]["n"] == 40
+
+
+def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp_path):
+    said = []
+    assert ap.auto_precision(str(tmp_path), task=FakeTask(0.95), device="cpu", texts=["a"], log=said.append) == "bf16"
+    [cached] = list((tmp_path / "cache").rglob("*.json"))
+    cached.write_text('{"precision": "bf1')  # truncated
+    again = FakeTask(0.5)
+    assert ap.auto_precision(str(tmp_path), task=again, device="cpu", texts=["a"], log=said.append) == "fp32"
+    assert "is unreadable" in said[1] and again.loads == ["fp32", "bf16"]

@@ -31,14 +31,9 @@ def auto_precision(path: str, *, task, device: str = "auto", texts: list[str] | 
         return "fp32"
     cached = cache_path(path, pick_device(device), task.name, "infer-precision", candidate)
     texts = [t for t in (texts or []) if isinstance(t, str) and t.strip()][:SAMPLE]
-    if os.path.exists(cached):
-        try:
-            with open(cached, encoding="utf-8") as f:
-                verdict = json.load(f)
-            if verdict.get("source") == "input" or not texts:  # a check on real input stands
-                return _say(verdict, log, "checked before")
-        except (OSError, ValueError, KeyError):
-            pass  # an unreadable verdict is measured again
+    verdict = _read_verdict(cached, log)
+    if verdict and (verdict["source"] == "input" or not texts):  # a check on real input stands
+        return _say(verdict, log, "checked before")
     source = "input"
     if not texts:  # serve has no input: built-in sentences, until a run on real input checks again
         from spanflow.data.synthetic import synthetic_ner
@@ -54,6 +49,25 @@ def auto_precision(path: str, *, task, device: str = "auto", texts: list[str] | 
     with atomic_open(cached) as f:
         json.dump(verdict, f, indent=2)
     return _say(verdict, log, f"on {len(texts)} {'input' if source == 'input' else 'built-in sample'} texts")
+
+
+VERDICT_KEYS = {"precision", "measure", "score", "gate", "n", "passed", "source"}
+
+
+def _read_verdict(path: str, log: Callable[[str], None]) -> dict | None:
+    """A cached verdict, or None (none yet, or unreadable: said, and the check runs again)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            verdict = json.load(f)
+    except (OSError, ValueError) as e:
+        log(f"precision auto: the cached verdict {path} is unreadable ({str(e)[:100]}); checking again")
+        return None
+    if not isinstance(verdict, dict) or not VERDICT_KEYS <= set(verdict):
+        log(f"precision auto: the cached verdict {path} is incomplete; checking again")
+        return None
+    return verdict
 
 
 def _say(v: dict, log: Callable[[str], None], where: str) -> str:

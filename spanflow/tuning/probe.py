@@ -3,6 +3,7 @@ as every long run (tokens/s, padding, latency percentiles, peak memory, utilizat
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import gc
 import threading
 import time
@@ -24,14 +25,22 @@ def _peak(device: torch.device, rss_peak: int) -> int:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else rss_peak
 
 
+def _find_malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none (macOS, musl): RSS then also
+    counts what earlier points freed."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+
+
+_MALLOC_TRIM = _find_malloc_trim()
+
+
 def _release_free_memory() -> None:
-    """Hand memory the allocator holds but no longer uses back to the OS (glibc), so a point's
-    RSS shows what it uses, not what earlier points left cached."""
+    """Hand memory the allocator holds but no longer uses back to the OS, so a point's RSS
+    shows what it uses, not what earlier points left cached."""
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: RSS then includes what earlier points freed
-        pass
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class _RssPeak:
