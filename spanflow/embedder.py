@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -288,13 +287,12 @@ class EmbedTask:
         """Inference only; quality(L) is the mean cosine to the embeddings at the model's full length."""
         import functools
 
-        from spanflow.data.records import read_records
+        from spanflow.data.records import sample_texts
         from spanflow.tasks.registry import Workload
 
         if mode != "infer":
             raise ConfigError("embed is tuned for inference only (--mode infer)")
-        texts = [t for _, t in itertools.islice(read_records(data, field=field, column=column), sample * 2)
-                 if isinstance(t, str)][:sample]
+        texts = sample_texts(data, sample, field=field, column=column)
         if not texts:
             raise ConfigError(f"{data}: no usable records to tune on")
         emb = Embedder.load(model, precision=precision, device=str(policy.device))

@@ -16,6 +16,7 @@ from spanflow.batching.sampling import rarity_weights
 from spanflow.models.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
 from spanflow.tasks.bio import decode_spans
 from spanflow.tasks.metrics import agreement_f1, format_table, span_prf
+from spanflow.tasks.registry import records_response
 from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
                                 prepare_windows, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
@@ -307,9 +308,7 @@ class NerTask:
         return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
                         f1_at_length(nm, examples) if mode == "infer" else None)
 
-    def response(self, model: NerModel, name: str, texts: list[str], results: list, tokens: int,
-                 params: dict) -> dict:
-        return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+    response = staticmethod(records_response)
 
 
 TASK = NerTask()

@@ -15,6 +15,7 @@ from spanflow.models.casrel import CasRelHead, CasRelModel, extract
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.batching.sampling import rarity_weights
 from spanflow.models.encoder import start_encoder
+from spanflow.tasks.registry import records_response
 from spanflow.tasks.re import feature_relations, input_features, make_casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re_metrics import re_metrics
 from spanflow.training.loop import TaskHooks, train_loop
@@ -258,9 +259,7 @@ class ReTask:
         return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
                         casrel_loss, limit, f1_at_length(rm, examples) if mode == "infer" else None)
 
-    def response(self, model: ReModel, name: str, texts: list[str], results: list, tokens: int,
-                 params: dict) -> dict:
-        return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+    response = staticmethod(records_response)
 
 
 TASK = ReTask()

@@ -16,7 +16,7 @@ from spanflow.data.formats.common import parse_json, read_lines
 from spanflow.errors import DataError
 from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
 from spanflow.models.encoder import start_encoder
-from spanflow.tasks.registry import Workload, register
+from spanflow.tasks.registry import Workload, records_response, register
 from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.outdir import claim_out_dir
@@ -195,8 +195,7 @@ class TextcatTask:
         return Workload(tm.module, items, lambda b: collate(b, tm.tokenizer.pad_token_id), loss_fn, tm.max_length,
                         f1_at_length(tm, examples))
 
-    def response(self, model, name, texts, results, tokens, params):
-        return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+    response = staticmethod(records_response)
 
 
 def write_examples(path, examples) -> str:

@@ -31,14 +31,12 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    import itertools
     import os
 
-    from spanflow.inference.auto_precision import infer_precision
-    from spanflow.data.records import read_texts
+    from spanflow.data.records import sample_texts
     from spanflow.embedder import Embedder
     from spanflow.errors import DataError
-    from spanflow.inference.auto_precision import SAMPLE
+    from spanflow.inference.auto_precision import SAMPLE, infer_precision
     from spanflow.inference.embed_job import EmbedSpec, embed_file
 
     from spanflow.training.distributed import init_from_env
@@ -47,9 +45,10 @@ def run(a: argparse.Namespace) -> int:
     dist = init_from_env()  # under torchrun each rank embeds its share of the windows
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    head = itertools.islice(read_texts(a.input, field=a.field, column=a.column, skip_header=a.skip_header,
-                                       errors="record"), 2 * SAMPLE)
-    a.precision = infer_precision(a.precision, a.model, a.device, [t for t in head if isinstance(t, str)])
+    asked = a.precision
+    a.precision = infer_precision(a.precision, a.model, a.device,
+                                  sample_texts(a.input, SAMPLE, field=a.field, column=a.column,
+                                               skip_header=a.skip_header))
 
     max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task="embed", mode="infer", model=a.model,
                                     data=a.input, precision=a.precision, device=a.device, field=a.field,
@@ -59,7 +58,8 @@ def run(a: argparse.Namespace) -> int:
           f"dim {emb.dim}")
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                      window=a.window, dtype=a.dtype, model=a.model)
-    s = embed_file(emb, spec, max_tokens=max_tokens, resume=a.resume, force=a.force, dist=dist)
+    s = embed_file(emb, spec, max_tokens=max_tokens, resume=a.resume, force=a.force, dist=dist,
+                   calibrate=asked != "auto")  # auto's choice was checked on this input just now
     if not dist.is_main:
         return 0
     print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "

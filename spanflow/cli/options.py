@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import typing
 
 
 def _scalar(annotation) -> type:
     """The flag's type: the first of int/float/str in an annotation like `int | None`."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
-        if name in typing.cast(str, text).replace("|", " ").split():
+        if name in str(text).replace("|", " ").split():
             return typ
     return str
 

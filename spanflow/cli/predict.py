@@ -26,25 +26,22 @@ def _max_tokens(a: argparse.Namespace) -> int | None:
     from spanflow.tasks.registry import task_of_dir
     from spanflow.tuning.auto import resolve_max_tokens
 
-    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task_of_dir(a.model).name, mode="infer", model=a.model,
-                              data=a.input, precision=a.precision, device=a.device, field=a.field,
+    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task_of_dir(a.model).name, mode="infer",
+                              model=a.model, data=a.input, precision=a.precision, device=a.device, field=a.field,
                               column=a.column)
 
 
 def run(a: argparse.Namespace) -> int:
-    import itertools
-
-    from spanflow.inference.auto_precision import infer_precision
-    from spanflow.data.records import read_texts
-    from spanflow.inference.auto_precision import SAMPLE
+    from spanflow.data.records import sample_texts
+    from spanflow.inference.auto_precision import SAMPLE, infer_precision
     from spanflow.inference.predict_job import predict_file
     from spanflow.tasks.registry import load_model
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    head = itertools.islice(read_texts(a.input, field=a.field, column=a.column, skip_header=a.skip_header,
-                                       errors="record"), 2 * SAMPLE)
-    a.precision = infer_precision(a.precision, a.model, a.device, [t for t in head if isinstance(t, str)])
+    a.precision = infer_precision(a.precision, a.model, a.device,
+                                  sample_texts(a.input, SAMPLE, field=a.field, column=a.column,
+                                               skip_header=a.skip_header))
     model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          max_tokens=_max_tokens(a))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import os
 from collections.abc import Iterator
 
@@ -83,3 +84,10 @@ def read_texts(path: str, *, field: str = "text", column: int | None = None, ski
         if isinstance(item, DataError) and errors != "record":
             raise item
         yield item
+
+
+def sample_texts(path: str, n: int, *, field: str = "text", column: int | None = None,
+                 skip_header: bool = False) -> list[str]:
+    """Up to `n` non-empty texts from the first 2n records (precision checks, tuning samples)."""
+    recs = itertools.islice(read_records(path, field=field, column=column, skip_header=skip_header), 2 * n)
+    return [t for _, t in recs if isinstance(t, str) and t.strip()][:n]

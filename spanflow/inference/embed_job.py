@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from spanflow.atomic import atomic_open
 from spanflow.data.formats.common import kind_of
-from spanflow.data.records import read_records
+from spanflow.data.records import read_records, sample_texts
 from spanflow.errors import ConfigError, DataError
 from spanflow.training.distributed import Dist, barrier
 
@@ -76,11 +76,6 @@ def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
         if f:
             f.close()
     return n
-
-
-def _sample(spec: EmbedSpec, k: int) -> list[str]:
-    recs = read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header)
-    return [t for _, t in itertools.islice(recs, k * 2) if isinstance(t, str) and t.strip()][:k]
 
 
 def _zero_stats() -> dict:
@@ -153,8 +148,11 @@ def _rank_state(P: _Paths, rank: int, resume: bool) -> dict:
 
 
 def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resume: bool = False, force: bool = False,
-               progress: bool = True, log=print, dist: Dist = Dist()) -> dict:
+               calibrate: bool = True, progress: bool = True, log=print, dist: Dist = Dist()) -> dict:
     """Embed every record of spec.input into spec.output; returns the run summary.
+
+    A reduced precision is compared with fp32 on the input first (refused below its gate
+    unless `force`); `calibrate=False` skips that where `--precision auto` just checked it.
 
     Under torchrun each rank embeds the windows w with w % world == rank; rank 0 lays out
     the output first and assembles it, in input order, once every rank is done. A killed
@@ -166,7 +164,10 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     if not os.path.exists(spec.input):
         raise DataError("file not found", path=spec.input)
     log = log if dist.is_main else (lambda m: None)
-    calibration = embedder.check_precision(_sample(spec, 256), force=force)
+    calibration = None
+    if calibrate:
+        calibration = embedder.check_precision(sample_texts(spec.input, 256, field=spec.field, column=spec.column,
+                                                            skip_header=spec.skip_header), force=force)
     if calibration:
         log(f"{calibration['precision']} vs fp32 on {calibration['n']} input texts: mean cosine "
             f"{calibration['mean_cosine']:.6f}, min {calibration['min_cosine']:.6f}")

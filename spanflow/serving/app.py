@@ -50,7 +50,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens),
                                max_wait_ms=opts.max_wait_ms,
                                min_split_tokens=256 if on_cpu else None,
-                               max_queue_tokens=opts.max_queue_tokens, max_queue_wait_s=opts.max_queue_wait_ms / 1000,
+                               max_queue_tokens=opts.max_queue_tokens,
+                               max_queue_wait_s=opts.max_queue_wait_ms / 1000,
                                per_request=not opts.batching,
                                on_batch=metrics.batch_observer(s.name))
             b.start()
@@ -209,9 +210,7 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
         if len(of_task) == 1:
             return of_task[0]
         raise HttpError(404, f"no {task} model named {str(name)[:100]!r}; loaded: {[s.name for s in of_task]}")
-    if not of_task:
-        raise HttpError(404, f"no {task} model is loaded")
-    if len(of_task) > 1:
+    if len(of_task) > 1:  # (a route exists only for a task with a loaded model)
         raise HttpError(422, f"several {task} models are loaded; name one with \"model\": "
                              f"{[s.name for s in of_task]}")
     return of_task[0]

@@ -103,6 +103,12 @@ class Task(Protocol):
         other fields (a ConfigError there is a 422)."""
 
 
+def records_response(model: TaskModel, name: str, texts: list[str], results: list, tokens: int = 0,
+                     params: dict | None = None) -> dict:
+    """The response most tasks give: `{"model", "results"}`, one predict record per text."""
+    return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+
+
 def register(task: Task) -> None:
     """Add (or replace) a task under task.name."""
     _TASKS[task.name] = task

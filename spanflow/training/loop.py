@@ -213,7 +213,6 @@ def progress_bar(r: _Run):
     from tqdm import tqdm
 
     bar = tqdm(total=r.total_steps, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
-    r.bar_tokens = 0
     log = r.log
     r.log = lambda s: bar.write(s) if log is print else log(s)
     return bar
