@@ -1,9 +1,12 @@
 """Long documents keep their accuracy: per-sentence F1 against documents of joined sentences.
 
 Consecutive dev sentences are joined (one space between, or with `--sep newline` a line
-break) into documents of 5, 10, 20 and 40 sentences, entity offsets shifted along. Each document size is scored with the model's
-default inference window (the longest window it was trained on) and with the encoder's
-full window (`--max-length` = the encoder limit, what spanflow ran before).
+break) into documents of 5, 10, 20 and 40 sentences, entity offsets shifted along. Each
+document size is scored three ways: the encoder's full window read across line breaks
+(what spanflow ran before), the trained window (the longest window the model was trained
+on) read across line breaks, and the default: the trained window, each line read on its own
+when the model was trained on single-line texts. With spaces between the sentences the
+last two are the same.
 
     python bench/long_documents.py --model runs/wnut/model --data ../shared/data/wnut17/dev.conll
 """
@@ -40,13 +43,16 @@ def main() -> None:
     a = ap.parse_args()
     model = NerModel.load(a.model)
     data = read_ner(a.data)
-    trained, full = model.window, model.max_length
+    trained, full, own_lines = model.window, model.max_length, model.lines
+    configs = (("encoder_window", full, False), ("trained_window", trained, False),
+               ("default", trained, own_lines))
     rows = []
     for k in (int(x) for x in a.sizes.split(",")):
         docs = join(data, k, SEPARATORS[a.sep])
         row = {"sentences_per_doc": k, "docs": len(docs)}
-        for name, window in (("encoder_window", full), ("trained_window", trained)):
+        for name, window, lines in configs:
             model.set_window(window)
+            model.lines = lines
             t = time.perf_counter()
             m = model.evaluate(docs)
             row.update({f"{name}_f1": m["f1"], f"{name}_recall": m["recall"],
@@ -55,14 +61,17 @@ def main() -> None:
         print(row, flush=True)
     base = rows[0]
     for r in rows:
-        r["trained_window_f1_drop"] = base["trained_window_f1"] - r["trained_window_f1"]
+        r["default_f1_drop"] = round(base["default_f1"] - r["default_f1"], 4)
+    names = [n for n, _, _ in configs]
     write_results(a.out, f"long_documents_{a.name}" + ("" if a.sep == "space" else f"_{a.sep}"),
-                  {"description": f"{a.name} dev sentences joined into documents ({a.sep} between); exact-span entity F1 with the "
-                                  f"encoder's full window ({full} tokens) and with the trained window ({trained} "
-                                  f"tokens, the default); model {os.path.basename(os.path.dirname(a.model.rstrip('/')))}",
+                  {"description": f"{a.name} dev sentences joined into documents ({a.sep} between); exact-span entity F1 "
+                                  f"with the encoder's full window ({full} tokens), the trained window ({trained} "
+                                  f"tokens) across line breaks, and the default (trained window, "
+                                  f"{'each line on its own' if own_lines else 'lines read together'}); "
+                                  f"model {os.path.basename(os.path.dirname(a.model.rstrip('/')))}",
                    "args": {"sizes": a.sizes, "name": a.name, "sep": a.sep}},
-                  rows, ["sentences_per_doc", "docs", "encoder_window_f1", "encoder_window_recall", "trained_window_f1",
-                         "trained_window_recall", "trained_window_f1_drop", "encoder_window_s", "trained_window_s"])
+                  rows, ["sentences_per_doc", "docs"] + [f"{n}_{m}" for n in names for m in ("f1", "recall")]
+                  + ["default_f1_drop"] + [f"{n}_s" for n in names])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from spanflow.tasks.bio import decode_spans
 from spanflow.tasks.metrics import agreement_f1, format_table, span_prf
 from spanflow.tasks.registry import records_response
 from spanflow.tasks.ner import (bio_label_list, class_weight_tensor, make_collate, make_ner_loss, pack_examples,
-                                prepare_windows, window_kinds, window_targets)
+                                prepare_windows, single_line, window_kinds, window_targets)
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.setup import best_model, is_model_dir, prepare_encoder, start_run, warn_unseen
 from spanflow.training.distributed import Dist, shard_gather
@@ -42,7 +42,7 @@ class NerModel:
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], max_length: int, stride: int = 32,
                  head=None, head_type: str = "softmax", policy: Policy | None = None, window: int | None = None,
-                 id2label: list[str] | None = None):
+                 id2label: list[str] | None = None, lines: bool = True):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
         # the BIO tag of each output of the head: spanflow's own order, or an imported classifier's
@@ -51,6 +51,8 @@ class NerModel:
         # inference window: as long as the longest training window, not the encoder's limit,
         # so long documents are read in pieces of the length the model learned from
         self.window = min(window or max_length, max_length)
+        # a model trained on single-line texts reads each line of an input on its own
+        self.lines = lines
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
@@ -73,7 +75,8 @@ class NerModel:
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
                    stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
-                   window=config_int(cfg, "window", path, max_length), id2label=cfg.get("id2label"))
+                   window=config_int(cfg, "window", path, max_length), id2label=cfg.get("id2label"),
+                   lines=cfg.get("lines", True) is not False)
 
     @classmethod
     def from_hf(cls, path: str, *, device: str = "auto", precision: str = "auto", bio: bool = False) -> "NerModel":
@@ -97,7 +100,8 @@ class NerModel:
         """Write a self-contained model directory."""
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
-                               "window": self.window, "stride": self.stride, "tag_scheme": "bio",
+                               "window": self.window, "stride": self.stride, "lines": self.lines,
+                               "tag_scheme": "bio",
                                "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
@@ -113,7 +117,7 @@ class NerModel:
         max_tokens = max_tokens or default_infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.window,
                          stride=self.stride, max_tokens=max(max_tokens, self.window), policy=self.policy,
-                         on_batch=on_batch, words=words)
+                         on_batch=on_batch, words=words, lines=self.lines)
 
     def predict(self, texts: list[str], *, max_tokens: int | None = None,
                 words: list | None = None) -> list[list[Span]]:
@@ -142,7 +146,7 @@ class NerModel:
         """(windows with their word starts, window lengths, encodings): the server's units."""
         encs = encode_texts(self.tokenizer, texts)
         wins = windows_for(encs, max_length=self.window, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
-                           sep_id=self.tokenizer.sep_token_id)
+                           sep_id=self.tokenizer.sep_token_id, lines=self.lines)
         return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs
 
     def run_batch(self, units: list) -> list:
@@ -225,7 +229,9 @@ def _train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: 
     defaults = for_encoder(DEFAULTS, nm.module.encoder)
     texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, span=opts.pack_span,
                           seed=opts.seed)
-    windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride)
+    nm.lines = single_line(texts)
+    windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.max_length, stride=nm.stride,
+                              lines=nm.lines)
     nm.window = min(nm.max_length, round_up(max(len(w) for w in windows), 8))
     log_fn(f"{len(train)} training texts" + (f" ({len(texts)} after joining neighbours)" if len(texts) < len(train)
                                              else "") + f" -> {len(windows)} windows; labels: {', '.join(labels)}")
@@ -303,7 +309,8 @@ class NerTask:
         limit = nm.max_length
 
         def windows(L):
-            return prepare_windows(examples, nm.tokenizer, l2i, max_length=min(L, limit), stride=nm.stride)
+            return prepare_windows(examples, nm.tokenizer, l2i, max_length=min(L, limit), stride=nm.stride,
+                                   lines=nm.lines)
 
         return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
                         f1_at_length(nm, examples) if mode == "infer" else None)

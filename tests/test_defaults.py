@@ -100,11 +100,36 @@ def test_inference_window_is_the_trained_length(tmp_path):
     assert len(model.tokenizer(long)["input_ids"]) > 3 * model.window
     spans = again.predict([long])[0]
     assert max(e for _, e, _ in spans) > len(long) - len(data[11].text)  # the last sentence is still tagged
+    # trained on single lines, it reads each line of a document on its own
+    assert again.lines
+    lines = [e.text for e in data[:12]]
+    doc = "\n".join(lines)
+    units, _, encs = again.units([doc])
+    line_of = [doc.count("\n", 0, s) for s, _ in encs[0].offsets]
+    assert len(units) >= len(lines) and all(len(set(line_of[w.start:w.end])) == 1 for w, _ in units)
+    want, base = [], 0
+    for line, spans in zip(lines, again.predict(lines)):
+        want += [(s + base, e + base, lab) for s, e, lab in spans]
+        base += len(line) + 1
+    assert again.predict([doc])[0] == want
     again.set_window(16, 4)
     assert (again.window, again.stride) == (16, 4)
     for bad in ((2, None), (10 ** 6, None), (16, 14)):
         with pytest.raises(ConfigError):
             again.set_window(*bad)
+
+
+def test_a_model_trained_on_multi_line_texts_reads_lines_together(tmp_path):
+    from spanflow.data.examples import join_examples
+
+    data = synthetic_ner(20, seed=1, max_clauses=1)
+    docs = [join_examples(data[i:i + 2], sep="\n") for i in range(0, 20, 2)]
+    opts = TrainOptions(epochs=1, max_tokens=512, log_every=0)
+    model = train_ner(docs, None, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
+    again = NerModel.load(str(tmp_path / "model"))
+    assert not model.lines and not again.lines
+    units, _, _ = again.units([docs[0].text])
+    assert len(units) == 1  # both lines in one window, as in training
 
 
 def test_flops_per_token_skip_lookup_tables():

@@ -130,14 +130,29 @@ def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int,
         a += step
 
 
+def line_segments(enc: Encoded) -> list[tuple[int, int]]:
+    """Token ranges of a text's lines (lines without tokens have none)."""
+    cuts = [j for j, b in enumerate(enc.breaks or []) if b]
+    bounds = [0] + cuts + [len(enc.ids)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 def windows_for(encs: list[Encoded], *, max_length: int, stride: int, cls_id: int, sep_id: int,
-                labels: list[list[int]] | None = None) -> list[Window]:
-    """Every text's windows, in text order, as model inputs (labels sliced alongside)."""
+                labels: list[list[int]] | None = None, lines: bool = False) -> list[Window]:
+    """Every text's windows, in text order, as model inputs (labels sliced alongside).
+
+    With `lines`, no window crosses a line break: each line is read on its own, as a
+    model trained on single-line texts saw its inputs (subword tokenizers drop the break
+    itself, so without this the model cannot tell where one line ends).
+    """
     out = []
     for i, enc in enumerate(encs):
-        for a, b in make_windows(len(enc.ids), max_length, stride):
-            lab = None if labels is None else [IGNORE] + labels[i][a:b] + [IGNORE]
-            out.append(Window(i, a, b, [cls_id] + enc.ids[a:b] + [sep_id], lab))
+        segments = line_segments(enc) if lines else [(0, len(enc.ids))]
+        for s, e in segments:
+            for a, b in make_windows(e - s, max_length, stride):
+                a, b = a + s, b + s
+                lab = None if labels is None else [IGNORE] + labels[i][a:b] + [IGNORE]
+                out.append(Window(i, a, b, [cls_id] + enc.ids[a:b] + [sep_id], lab))
     return out
 
 

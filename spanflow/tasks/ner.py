@@ -44,12 +44,13 @@ def pack_examples(examples: list[NerExample], share: float, *, span: float = 1.0
 
 
 def prepare_windows(examples: list[NerExample], tokenizer, label2id: dict[str, int], *, max_length: int,
-                    stride: int) -> list:
-    """Labelled model windows for every example (long texts become several windows)."""
+                    stride: int, lines: bool = False) -> list:
+    """Labelled model windows for every example (long texts become several windows;
+    `lines`: see batching.align.windows_for)."""
     encs = encode_texts(tokenizer, [e.text for e in examples], [e.words for e in examples])
     labels = [bio_labels(enc, e.spans, label2id) for enc, e in zip(encs, examples)]
     return windows_for(encs, max_length=max_length, stride=stride, cls_id=tokenizer.cls_token_id,
-                       sep_id=tokenizer.sep_token_id, labels=labels)
+                       sep_id=tokenizer.sep_token_id, labels=labels, lines=lines)
 
 
 def make_collate(pad_id: int):
@@ -147,3 +148,9 @@ def window_kinds(windows: list, id2label: list[str]) -> list[set[str]]:
 def window_targets(window) -> int:
     """Labelled tokens of a window: what its loss is summed over."""
     return sum(1 for x in window.labels if x != IGNORE)
+
+
+def single_line(examples: list[NerExample]) -> bool:
+    """Whether every training text is one line: a model trained so reads each line of a
+    longer input on its own."""
+    return not any("\n" in e.text for e in examples)
