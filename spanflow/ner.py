@@ -59,12 +59,12 @@ class NerModel:
         self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
-    def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "NerModel":
         """Load a spanflow NER model directory, or a Hugging Face token-classification directory
-        (no network, no pickle)."""
+        (no network, no pickle); `native`: see models.encoder.load_encoder."""
         if token_classification_config(path) is not None:
             return cls.from_hf(path, device=device, precision=precision)
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", native=native)
         labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
         if head_type not in HEAD_TYPES:
             raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "
@@ -174,7 +174,7 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
     """The model to train: a spanflow NER model to continue (its head unless another is
     asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
     if is_model_dir(model) or token_classification_config(model) is not None:
-        start = (NerModel.load(model, device=str(policy.device)) if is_model_dir(model)
+        start = (NerModel.load(model, device=str(policy.device), native=False) if is_model_dir(model)
                  else NerModel.from_hf(model, device=str(policy.device), bio=True))
         if start.labels != sorted(labels):
             raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")

@@ -47,8 +47,9 @@ class ReModel:
         self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
-    def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re")
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "ReModel":
+        """Load a spanflow RE model directory; `native`: see models.encoder.load_encoder."""
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re", native=native)
         relations = check_names(cfg, "relations", path)
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
         return cls(encoder=encoder, tokenizer=tokenizer, relations=relations,
@@ -174,7 +175,7 @@ def _train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str
         warn_unseen(relations, {r for e in dev for _, r, _ in e.triples} | {r for e in dev for _, r, _ in e.unlocated},
                     "relations", log_fn)
     if is_model_dir(source):
-        start = ReModel.load(source, device=str(policy.device))
+        start = ReModel.load(source, device=str(policy.device), native=False)
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has")
         encoder, tokenizer, head, max_length = start.module.encoder, start.tokenizer, start.module.head, start.max_length

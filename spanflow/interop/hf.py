@@ -108,8 +108,6 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     """Write `model` (a NerModel on a Hugging Face encoder) as an AutoModelForTokenClassification
     directory. A CRF head is refused unless `lossy`: its emission scores alone, decoded token by
     token, tag far more entities than its Viterbi decoding does (docs/interop in the README)."""
-    import copy
-
     import torch
     from transformers import AutoModelForTokenClassification
 
@@ -128,7 +126,7 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
                               "export the emission scores anyway")
         log_fn("warning: the CRF's transition scores are left out; the export decodes each token by its own "
                "emission scores (argmax), so its entities differ from spanflow's Viterbi decoding")
-    cfg = copy.deepcopy(encoder.config)
+    cfg = hf_config(encoder.config)
     cfg.id2label = dict(enumerate(model.id2label))
     cfg.label2id = {t: i for i, t in enumerate(model.id2label)}
     full = AutoModelForTokenClassification.from_config(cfg)
@@ -142,3 +140,15 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
         full.save_pretrained(tmp, safe_serialization=True)
         model.tokenizer.save_pretrained(tmp)
     return out
+
+
+def hf_config(config):
+    """A transformers config of the encoder's own, or one built from a native encoder's."""
+    import copy
+
+    from transformers import AutoConfig
+
+    if hasattr(config, "to_diff_dict"):  # already a transformers config
+        return copy.deepcopy(config)
+    d = config.to_dict()
+    return AutoConfig.for_model(d.pop("model_type"), **d)

@@ -22,8 +22,13 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_encoder(path: str) -> tuple[nn.Module, object]:
-    """(encoder, fast tokenizer) from a local HF or sentence-transformers directory."""
+def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
+    """(encoder, fast tokenizer) from a local HF or sentence-transformers directory.
+
+    `native`: a BERT encoder runs as models.bert.NativeBert, which starts without importing
+    transformers' modelling code; training from an encoder directory takes transformers'
+    own class (gradient checkpointing and the rest of its training support).
+    """
     quiet_transformers()
     if not os.path.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
@@ -33,13 +38,19 @@ def load_encoder(path: str) -> tuple[nn.Module, object]:
     tokenizer = load_tokenizer(path)
     require_safetensors(path)
     try:
-        return _load_weights(path), tokenizer
+        return _load_weights(path, native), tokenizer
     except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
         raise ModelDirError(f"{path}: the encoder weights are unreadable (truncated or corrupt?): "
                             f"{type(e).__name__}: {str(e)[:200]}") from None
 
 
-def _load_weights(path: str) -> nn.Module:
+def _load_weights(path: str, native: bool) -> nn.Module:
+    if native:
+        from spanflow.models.bert import load_native
+
+        encoder = load_native(path)
+        if encoder is not None:
+            return encoder
     from transformers import AutoModel
 
     if _model_type(path) == "spanflow_tiny":
@@ -176,7 +187,7 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
     if source == "tiny":
         encoder, tokenizer = build_tiny(texts, seed=seed, max_length=max(max_length or 512, 16))
     else:
-        encoder, tokenizer = load_encoder(source)
+        encoder, tokenizer = load_encoder(source, native=False)
     limit = encoder_max_length(encoder, tokenizer)
     return encoder, tokenizer, min(max_length or limit, limit)
 

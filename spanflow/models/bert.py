@@ -1,0 +1,182 @@
+"""A BERT encoder in plain PyTorch, for inference on Hugging Face BERT directories.
+
+Loading an encoder through transformers imports its whole modelling stack (torch.distributed
+tensors, dynamo, the loss zoo) before the first text is read; for a short job that import is
+most of the run. BERT is a few matrix products, so the encoders spanflow reads most (BERT,
+MiniLM and the sentence-transformers built on them) run from this module: the same weights,
+the same names, the same outputs within float rounding (tests/test_bert_native.py).
+Anything it does not cover exactly is left to transformers (`supports`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHTS = "model.safetensors"
+
+
+class Config(SimpleNamespace):
+    """config.json as attributes, the way encoder code reads a transformers config."""
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
+
+
+def supports(cfg: dict) -> bool:
+    """Whether this module reproduces the encoder that config.json describes."""
+    return (cfg.get("model_type") == "bert" and cfg.get("hidden_act", "gelu") == "gelu"
+            and cfg.get("position_embedding_type", "absolute") == "absolute"
+            and not cfg.get("is_decoder") and not cfg.get("add_cross_attention")
+            and cfg.get("hidden_size", 0) % max(cfg.get("num_attention_heads", 1), 1) == 0)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(pos) + self.token_type_embeddings.weight[0]
+        return self.dropout(self.LayerNorm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.heads, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
+        self.query = nn.Linear(c.hidden_size, c.hidden_size)
+        self.key = nn.Linear(c.hidden_size, c.hidden_size)
+        self.value = nn.Linear(c.hidden_size, c.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        b, t, h = x.shape
+
+        def split(y):
+            return y.view(b, t, self.heads, h // self.heads).transpose(1, 2)
+
+        y = F.scaled_dot_product_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
+                                           attn_mask=mask, dropout_p=self.p if self.training else 0.0)
+        return y.transpose(1, 2).reshape(b, t, h)
+
+
+class DenseNorm(nn.Module):
+    """dense -> dropout -> LayerNorm(+ residual): BERT's attention and layer outputs."""
+
+    def __init__(self, c: Config, d_in: int):
+        super().__init__()
+        self.dense = nn.Linear(d_in, c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.self = SelfAttention(c)
+        self.output = DenseNorm(c, c.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class Intermediate(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.attention = Attention(c)
+        self.intermediate = Intermediate(c)
+        self.output = DenseNorm(c, c.intermediate_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        a = self.attention(x, mask)
+        return self.output(self.intermediate(a), a)
+
+
+class Stack(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.layer = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+
+
+class NativeBert(nn.Module):
+    """BertModel without its pooler: `forward(input_ids, attention_mask).last_hidden_state`."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.encoder = Stack(config)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
+        x = self.embeddings(input_ids)
+        # a boolean mask lets scaled_dot_product_attention skip padded keys
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        for layer in self.encoder.layer:
+            x = layer(x, mask)
+        return SimpleNamespace(last_hidden_state=x)
+
+    def save_pretrained(self, path: str, **_) -> None:
+        """config.json and model.safetensors, readable by transformers' BertModel as well."""
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(self.config.to_dict(), f, indent=2)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, WEIGHTS),
+                  metadata={"format": "pt"})
+
+
+def config_of(path: str) -> dict | None:
+    """config.json of an encoder directory, or None when it cannot be read as a dict."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+BERT_DEFAULTS = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1,
+                 "attention_probs_dropout_prob": 0.1, "pad_token_id": 0, "max_position_embeddings": 512}
+
+
+def load_native(path: str) -> NativeBert | None:
+    """The directory's encoder as NativeBert, or None when this module does not cover it
+    (another architecture, sharded weights, names it does not know)."""
+    from safetensors.torch import load_file
+
+    cfg = config_of(path)
+    if cfg is None or not supports(cfg) or not os.path.exists(os.path.join(path, WEIGHTS)):
+        return None
+    config = Config(**{**BERT_DEFAULTS, **cfg})
+    model = NativeBert(config)  # on the CPU: building on "meta" would import torch._dynamo, slower than the init
+    state = load_file(os.path.join(path, WEIGHTS))
+    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
+    state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    state = {k: v for k, v in state.items() if not k.startswith("pooler.") and not k.endswith("position_ids")}
+    if set(state) != set(model.state_dict()):
+        return None
+    dtype = torch.float32  # the precision policy decides compute precision; weights load as fp32
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+    return model.eval()

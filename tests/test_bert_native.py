@@ -1,0 +1,70 @@
+"""The plain-PyTorch BERT matches transformers' BertModel on the same directory."""
+import json
+
+import pytest
+import torch
+from helpers import tiny_bert
+from transformers import BertConfig, BertForTokenClassification, BertModel
+
+from spanflow.models.bert import NativeBert, load_native
+from spanflow.models.encoder import load_encoder
+
+TEXTS = ["Grace Hopper was born in New York City .", "short one", "a longer sentence with many words to pad the rest"]
+
+
+def outputs(model, tok, texts=TEXTS):
+    b = tok(texts, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        h = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+    return h[b["attention_mask"].bool()]  # padded positions are not outputs
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bert")
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=4, seed=3)
+    with torch.no_grad():  # a trained encoder's token-type row is not zero: make sure it is added
+        enc.embeddings.token_type_embeddings.weight.normal_()
+    enc.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d, enc.eval(), tok
+
+
+def test_native_bert_gives_transformers_outputs(bert_dir):
+    d, ref, tok = bert_dir
+    native, _ = load_encoder(str(d))
+    assert isinstance(native, NativeBert) and not native.training
+    assert torch.allclose(outputs(native, tok), outputs(ref, tok), atol=1e-5)
+    # padding does not leak: a text alone gives what it gives in a padded batch
+    alone = outputs(native, tok, TEXTS[1:2])
+    assert torch.allclose(alone, outputs(native, tok)[len(tok(TEXTS[0])["input_ids"]):][:len(alone)], atol=1e-5)
+    assert native.config.hidden_size == 32 and native.config.model_type == "bert"
+
+
+def test_native_bert_saves_what_transformers_loads(bert_dir, tmp_path):
+    d, ref, tok = bert_dir
+    native = load_native(str(d))
+    native.save_pretrained(str(tmp_path))
+    again = BertModel.from_pretrained(str(tmp_path), add_pooling_layer=False).eval()
+    assert torch.allclose(outputs(again, tok), outputs(ref, tok), atol=1e-5)
+
+
+def test_prefixed_weights_load_and_other_encoders_fall_back(bert_dir, tmp_path):
+    d, ref, tok = bert_dir
+    cfg = BertConfig.from_pretrained(str(d))
+    cfg.num_labels = 3
+    full = BertForTokenClassification(cfg)  # weights named bert.*, plus a classifier
+    full.bert.load_state_dict(ref.state_dict(), strict=False)
+    full.save_pretrained(tmp_path / "tc")
+    native = load_native(str(tmp_path / "tc"))
+    assert native is not None and torch.allclose(outputs(native, tok), outputs(ref, tok), atol=1e-5)
+    # an activation this module does not implement: transformers' own class runs it
+    other = tmp_path / "relu"
+    ref.save_pretrained(other)
+    tok.save_pretrained(other)
+    c = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**c, "hidden_act": "relu"}))
+    assert load_native(str(other)) is None
+    enc, _ = load_encoder(str(other))
+    assert isinstance(enc, BertModel)
+    assert isinstance(load_encoder(str(d), native=False)[0], BertModel)  # training takes transformers' class
