@@ -60,11 +60,14 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--precision", default="auto", help="as `spanflow predict` takes it [auto]")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
-    model = ReModel.load(a.model, device="cpu", precision=a.precision)
+    from spanflow.inference.auto_precision import infer_precision
+
     texts = [e.text for e in read_re(a.data)]
+    precision = infer_precision(a.precision, a.model, "cpu", texts)
+    model = ReModel.load(a.model, device="cpu", precision=precision)
     model.predict(texts[:32])
     loop_predict(model, texts[:8])
     t_b, t_l, batched, looped = [], [], None, None
@@ -80,7 +83,7 @@ def main() -> None:
     res = {"batched_s": median(t_b), "loop_s": median(t_l), "ratio": median(t_l) / median(t_b),
            "identical": same == len(texts), "identical_texts": same, "texts": len(texts), "triples": n_triples}
     write_results(a.out, "casrel_batched_vs_loop", {"description": f"{len(texts)} texts of {a.data}, model "
-                  f"{a.model}, CPU {a.precision}; medians of {a.repeats}"},
+                  f"{a.model}, CPU {precision} (--precision {a.precision}); medians of {a.repeats}"},
                   [{"run": "per_subject_loop", "seconds": res["loop_s"]},
                    {"run": "batched_cascade", "seconds": res["batched_s"], "ratio": res["ratio"]}],
                   ["run", "seconds", "ratio"])

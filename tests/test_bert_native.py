@@ -68,3 +68,25 @@ def test_prefixed_weights_load_and_other_encoders_fall_back(bert_dir, tmp_path):
     enc, _ = load_encoder(str(other))
     assert isinstance(enc, BertModel)
     assert isinstance(load_encoder(str(d), native=False)[0], BertModel)  # training takes transformers' class
+
+
+def test_predict_on_a_bert_model_does_not_import_transformers_models(bert_dir, tmp_path):
+    """The start-up cut: a job on a BERT model never loads transformers' modelling code."""
+    import subprocess
+    import sys
+
+    from spanflow.ner import NerModel
+
+    d, ref, tok = bert_dir
+    model = NerModel(encoder=ref, tokenizer=tok, labels=["LOC", "PER"], max_length=64, head_type="softmax")
+    model.save(str(tmp_path / "model"))
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    code = ("import sys; from spanflow.cli.main import main; rc = main(sys.argv[1:]); "
+            "heavy = ('transformers.modeling_utils', 'transformers.models.bert.modeling_bert', 'torch._dynamo'); "
+            "print('LOADED', [m for m in heavy if m in sys.modules]); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, "predict", "--model", str(tmp_path / "model"), "--input",
+                          str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.jsonl")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "LOADED []" in out.stdout, out.stdout
+    assert len((tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()) == len(TEXTS)
