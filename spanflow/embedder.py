@@ -65,6 +65,11 @@ class Embedder:
         self.oom_budget: int | None = None  # token budget lowered after an out-of-memory error
 
     @property
+    def network(self) -> nn.Module:
+        """The module whose `.encoder` reads the texts (inference.backend compiles it)."""
+        return self.model
+
+    @property
     def dim(self) -> int:
         return self.model.encoder.config.hidden_size
 

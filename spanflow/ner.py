@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
+from torch import nn
+
 from spanflow.data.examples import NerExample, Span
 from spanflow.batching.align import check_window, encode_texts, merge_windows, windows_for
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, round_up
@@ -104,6 +106,11 @@ class NerModel:
                                "tag_scheme": "bio",
                                "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
+
+    @property
+    def network(self) -> nn.Module:
+        """The module whose `.encoder` reads the texts (inference.backend compiles it)."""
+        return self.module
 
     def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
         """Override the inference window (tokens, special tokens included) and its overlap."""

@@ -56,6 +56,11 @@ class ReModel:
                    max_length=config_int(cfg, "max_length", path), threshold=cfg.get("threshold", 0.5),
                    head=fill_head(head, head_state, path), policy=resolve_policy(precision, device))
 
+    @property
+    def network(self) -> torch.nn.Module:
+        """The module whose `.encoder` reads the texts (inference.backend compiles it)."""
+        return self.module
+
     def save(self, path: str) -> None:
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "re", "relations": self.relations, "max_length": self.max_length,

@@ -315,8 +315,13 @@ def test_serve_max_tokens_auto_without_a_profile_serves_every_model_with_a_budge
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))  # no cached profiles
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    import spanflow.inference.backend as backend
+
+    asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
+    monkeypatch.setattr(backend, "use_backend", lambda model, name: asked.append(name) or "eager")
     assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
                  "--max-tokens", "auto"]) == 0
+    assert asked == ["compile", "compile"]
     out = capsys.readouterr().out
     assert "ner (ner, max_tokens 4096)" in out and "emb (embed, max_tokens 4096)" in out
     assert "app" in seen and seen["http"].__name__ == "DeadlineProtocol"

@@ -18,6 +18,8 @@ def add_parser(sub) -> None:
     add_options(p, ServeOptions)
     p.add_argument("--no-batching", action="store_true", help="one request per batch (for comparison)")
     p.add_argument("--precision", default="auto")
+    p.add_argument("--backend", choices=("auto", "eager", "compile"), default="auto",
+                   help="eager PyTorch, or torch.compile after a warm-up at start [auto: compile when batching]")
     p.add_argument("--device", default="auto")
 
 
@@ -40,6 +42,11 @@ def run(a: argparse.Namespace) -> int:
     # auto: a reduced precision where it agrees with fp32 (checked once per model: cached)
     services = [load_service(m, precision=infer_precision(a.precision, m.rpartition("=")[2], a.device),
                              device=a.device) for m in a.model]
+    from spanflow.inference.backend import choose_backend, use_backend
+
+    backend = choose_backend(a.backend, batching=not a.no_batching)
+    for s in services:
+        use_backend(s.model, backend)
     max_tokens, per_model = ServeOptions.max_tokens, {}
     profile_task = read_profile(a.profile, mode="infer").get("task") if a.profile else None
     for spec, s in zip(a.model, services):  # each model its own measured budget, where there is one

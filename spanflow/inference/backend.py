@@ -1,0 +1,59 @@
+"""How the encoder runs: eager PyTorch, or compiled with torch.compile for a long-lived server.
+
+Compiling takes tens of seconds on a CPU and then runs token-budget batches faster; a
+one-off job never earns the compile time back, a server does (docs/defaults.md has the
+figures). `auto` therefore compiles for a batching server and stays eager elsewhere.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+BACKENDS = ("auto", "eager", "compile")
+
+# texts of 1 to 60 words: warm-up batches whose shapes span what requests bring
+WARM_TEXTS = ["word " * k for k in range(1, 61, 4)]
+
+
+def choose_backend(asked: str, *, batching: bool) -> str:
+    """The backend to run: as asked, or for `auto` compile where batches are large and the
+    process lives long enough (a batching server), eager otherwise."""
+    if asked not in BACKENDS:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"unknown backend {asked!r}; expected one of {', '.join(BACKENDS)}")
+    if asked != "auto":
+        return asked
+    return "compile" if batching else "eager"
+
+
+def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
+    """Run `model`'s encoder (a task model with a `network` holding `.encoder`) on `backend`.
+
+    Compiling happens here, on warm-up batches through the model's own serving path
+    (`units`, `run_batch`), not on the first request. When it fails (no C++ compiler, an
+    operator the compiler does not take), the model stays eager and one line says why.
+    Returns the backend in use.
+    """
+    if backend != "compile":
+        return "eager"
+    import torch
+
+    net = getattr(model, "network", None)
+    if net is None or not hasattr(net, "encoder"):
+        log("backend compile: this model has no encoder to compile; running eager")
+        return "eager"
+    eager = net.encoder
+    t = time.perf_counter()
+    net.encoder = torch.compile(eager, dynamic=True)
+    try:
+        units, _, _ = model.units(WARM_TEXTS)
+        for n in (1, 2, 5, len(units)):
+            model.run_batch(units[:n])
+    except Exception as e:  # inductor raises many types; any of them means: run eager
+        net.encoder = eager
+        log(f"backend compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+            "running eager")
+        return "eager"
+    log(f"backend compile: warm-up compiled in {time.perf_counter() - t:.1f} s")
+    return "compile"
