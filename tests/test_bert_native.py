@@ -70,8 +70,8 @@ def test_prefixed_weights_load_and_other_encoders_fall_back(bert_dir, tmp_path):
     assert isinstance(load_encoder(str(d), native=False)[0], BertModel)  # training takes transformers' class
 
 
-def test_predict_on_a_bert_model_does_not_import_transformers_models(bert_dir, tmp_path):
-    """The start-up cut: a job on a BERT model never loads transformers' modelling code."""
+def test_predict_on_a_bert_model_does_not_import_transformers(bert_dir, tmp_path):
+    """The start-up cut: a job on a BERT model never imports transformers."""
     import subprocess
     import sys
 
@@ -82,7 +82,7 @@ def test_predict_on_a_bert_model_does_not_import_transformers_models(bert_dir, t
     model.save(str(tmp_path / "model"))
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     code = ("import sys; from spanflow.cli.main import main; rc = main(sys.argv[1:]); "
-            "heavy = ('transformers.modeling_utils', 'transformers.models.bert.modeling_bert', 'torch._dynamo'); "
+            "heavy = ('transformers', 'torch._dynamo'); "
             "print('LOADED', [m for m in heavy if m in sys.modules]); sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code, "predict", "--model", str(tmp_path / "model"), "--input",
                           str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.jsonl")],
@@ -90,3 +90,30 @@ def test_predict_on_a_bert_model_does_not_import_transformers_models(bert_dir, t
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout, out.stdout
     assert len((tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()) == len(TEXTS)
+
+
+def test_native_tokenizer_encodes_as_transformers_does(bert_dir, tmp_path):
+    from spanflow.models import tokenizer as native_tokenizer
+    from spanflow.models.encoder import load_tokenizer
+
+    d, _, tok = bert_dir
+    texts = TEXTS + ["Ünïcödé naïve café", "中文 北京", "emoji 😂 ok", "", "a\u200bb\ufe0fc", "tab\there\nline",
+                     " ".join(["word"] * 600)]
+    ours, theirs = native_tokenizer.load(str(d)), load_tokenizer(str(d))
+    assert ours is not None
+    for special in (False, True):
+        a = ours(texts, add_special_tokens=special, return_offsets_mapping=True)
+        b = theirs(texts, add_special_tokens=special, return_offsets_mapping=True)
+        assert a["input_ids"] == b["input_ids"]
+        assert [[tuple(o) for o in x] for x in a["offset_mapping"]] == [[tuple(o) for o in x] for x in b["offset_mapping"]]
+        assert all(a.word_ids(i) == b.word_ids(i) for i in range(len(texts)))
+    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id, len(ours)) == \
+        (theirs.cls_token_id, theirs.sep_token_id, theirs.pad_token_id, len(theirs))
+    ours.save_pretrained(str(tmp_path / "copy"))  # saved as it was: transformers reads the copy
+    assert load_tokenizer(str(tmp_path / "copy"))(texts)["input_ids"] == theirs(texts)["input_ids"]
+    # a tokenizer whose special tokens are unknown is left to transformers
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "tokenizer.json").write_text((d / "tokenizer.json").read_text())
+    (tmp_path / "odd" / "tokenizer_config.json").write_text(json.dumps({**cfg, "cls_token": "<s>"}))
+    assert native_tokenizer.load(str(tmp_path / "odd")) is None

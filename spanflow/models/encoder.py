@@ -25,32 +25,35 @@ def quiet_transformers() -> None:
 def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
     """(encoder, fast tokenizer) from a local HF or sentence-transformers directory.
 
-    `native`: a BERT encoder runs as models.bert.NativeBert, which starts without importing
-    transformers' modelling code; training from an encoder directory takes transformers'
-    own class (gradient checkpointing and the rest of its training support).
+    `native`: a BERT encoder and its tokenizer run as models.bert.NativeBert and
+    models.tokenizer.FastTokenizer, which start without importing transformers; training
+    from an encoder directory takes transformers' own classes (gradient checkpointing and
+    the rest of its training support).
     """
-    quiet_transformers()
     if not os.path.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
     if not os.path.exists(os.path.join(path, "config.json")):
         raise ModelDirError(f"{path} has no config.json: not a Hugging Face encoder directory "
                             "(use a local encoder directory, a spanflow model directory, or 'tiny')")
-    tokenizer = load_tokenizer(path)
     require_safetensors(path)
     try:
-        return _load_weights(path, native), tokenizer
+        from spanflow.models import tokenizer as native_tokenizer
+        from spanflow.models.bert import load_native
+
+        encoder = load_native(path) if native else None
+        if encoder is not None:
+            return encoder, native_tokenizer.load(path) or load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
+        return _load_weights(path), tokenizer
+    except ModelDirError:
+        raise
     except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
         raise ModelDirError(f"{path}: the encoder weights are unreadable (truncated or corrupt?): "
                             f"{type(e).__name__}: {str(e)[:200]}") from None
 
 
-def _load_weights(path: str, native: bool) -> nn.Module:
-    if native:
-        from spanflow.models.bert import load_native
-
-        encoder = load_native(path)
-        if encoder is not None:
-            return encoder
+def _load_weights(path: str) -> nn.Module:
+    quiet_transformers()
     from transformers import AutoModel
 
     if _model_type(path) == "spanflow_tiny":
@@ -67,6 +70,7 @@ def _load_weights(path: str, native: bool) -> nn.Module:
 
 def load_tokenizer(path: str):
     """The fast tokenizer of a local directory (character offsets need one)."""
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     try:

@@ -1,0 +1,98 @@
+"""A directory's tokenizer.json run by the tokenizers library, without importing transformers.
+
+Inference asks little of a tokenizer: ids with character offsets and word ids, the ids of
+[CLS], [SEP] and [PAD], and the longest input. Importing transformers for that costs a
+short job about a second; this adapter gives the same encodings (tests/test_bert_native.py
+compares them with transformers' tokenizer) for BERT-style directories, and `load`
+returns None for anything it does not cover, which then loads through transformers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+NO_LIMIT = int(1e30)  # transformers' "no model_max_length" marker
+# tokenizer classes whose whole behaviour is their tokenizer.json (the last two: a
+# tokenizers pipeline saved as is, as spanflow's own WordPiece for `tiny` is)
+CLASSES = ("BertTokenizer", "BertTokenizerFast", "PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+class Batch(dict):
+    """`input_ids` and `offset_mapping` lists, and each text's word ids."""
+
+    def __init__(self, encodings: list, offsets: bool):
+        super().__init__(input_ids=[e.ids for e in encodings])
+        if offsets:
+            self["offset_mapping"] = [e.offsets for e in encodings]
+        self._encodings = encodings
+
+    def word_ids(self, i: int) -> list[int | None]:
+        return self._encodings[i].word_ids
+
+
+class FastTokenizer:
+    """The subset of a transformers fast tokenizer that spanflow's inference uses."""
+
+    is_fast = True
+
+    def __init__(self, backend, *, special: dict[str, str], model_max_length: int, source: str):
+        backend.no_truncation()
+        backend.no_padding()
+        self.backend_tokenizer, self.model_max_length, self._source = backend, model_max_length, source
+        ids = {k: backend.token_to_id(v) for k, v in special.items()}
+        self.cls_token_id, self.sep_token_id, self.pad_token_id = ids["cls_token"], ids["sep_token"], ids["pad_token"]
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def __call__(self, texts: list[str], *, add_special_tokens: bool = True, return_offsets_mapping: bool = False,
+                 **_) -> Batch:
+        return Batch(self.backend_tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens),
+                     return_offsets_mapping)
+
+    def save_pretrained(self, path: str) -> None:
+        """The source directory's tokenizer files, as they were."""
+        os.makedirs(path, exist_ok=True)
+        for name in FILES:
+            if os.path.exists(os.path.join(self._source, name)):
+                shutil.copyfile(os.path.join(self._source, name), os.path.join(path, name))
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _content(token) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def load(path: str) -> FastTokenizer | None:
+    """The directory's BERT-style tokenizer (tokenizer.json with [CLS]/[SEP]/[PAD] known to
+    its vocabulary), or None to leave it to transformers."""
+    from tokenizers import Tokenizer
+
+    cfg = {**_read(os.path.join(path, "special_tokens_map.json")), **_read(os.path.join(path, "tokenizer_config.json"))}
+    if cfg.get("tokenizer_class") not in CLASSES:
+        return None
+    special = {k: _content(cfg.get(k)) for k in ("cls_token", "sep_token", "pad_token")}
+    if None in special.values() or not os.path.exists(os.path.join(path, "tokenizer.json")):
+        return None
+    try:
+        backend = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    except Exception:  # a truncated file: transformers' loader reports it in its own words
+        return None
+    if any(backend.token_to_id(t) is None for t in special.values()):
+        return None
+    limit = cfg.get("model_max_length")
+    return FastTokenizer(backend, special=special, source=path,
+                         model_max_length=limit if isinstance(limit, int) and limit > 0 else NO_LIMIT)
