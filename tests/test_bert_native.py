@@ -77,7 +77,7 @@ def test_predict_on_a_bert_model_does_not_import_transformers(bert_dir, tmp_path
 
     from spanflow.ner import NerModel
 
-    d, ref, tok = bert_dir
+    _, ref, tok = bert_dir
     model = NerModel(encoder=ref, tokenizer=tok, labels=["LOC", "PER"], max_length=64, head_type="softmax")
     model.save(str(tmp_path / "model"))
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -96,7 +96,7 @@ def test_native_tokenizer_encodes_as_transformers_does(bert_dir, tmp_path):
     from spanflow.models import tokenizer as native_tokenizer
     from spanflow.models.encoder import load_tokenizer
 
-    d, _, tok = bert_dir
+    d, _, _ = bert_dir
     texts = TEXTS + ["Ünïcödé naïve café", "中文 北京", "emoji 😂 ok", "", "a\u200bb\ufe0fc", "tab\there\nline",
                      " ".join(["word"] * 600)]
     ours, theirs = native_tokenizer.load(str(d)), load_tokenizer(str(d))
