@@ -75,13 +75,15 @@ class ReModel:
             self.max_length, _ = check_window(max_length, 0, self.max_length)
 
     def predict(self, texts: list[str], *, max_tokens: int | None = None,
-                threshold: float | None = None) -> list[list[Triple]]:
-        """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order."""
+                threshold: float | None = None, on_batch: Callable | None = None) -> list[list[Triple]]:
+        """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order;
+        `on_batch(0, real_tokens, padded_tokens)` after each batch."""
         return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
-                                    threshold=threshold)
+                                    threshold=threshold, on_batch=on_batch)
 
     def predict_encoded(self, encs: list[Encoded], *, max_tokens: int | None = None,
-                        threshold: float | None = None, pad_multiple: int = 1) -> list[list[Triple]]:
+                        threshold: float | None = None, pad_multiple: int = 1,
+                        on_batch: Callable | None = None) -> list[list[Triple]]:
         """predict() for texts already tokenized with encode_texts (the server tokenizes once;
         it also rounds padded lengths up to `pad_multiple`)."""
         thr = self.threshold if threshold is None else threshold
@@ -94,6 +96,8 @@ class ReModel:
         dev = self.policy.device
         for batch in token_budget_batches([len(f) for f in feats], budget, shuffle=False):
             t = collate([feats[i] for i in batch])
+            if on_batch:
+                on_batch(0, sum(len(feats[i]) for i in batch), t["input_ids"].numel())
             with torch.inference_mode(), self.policy.autocast():
                 res = extract(self.module, t["input_ids"].to(dev), t["content_mask"].to(dev),
                               t["attention_mask"].to(dev), thr)
@@ -110,7 +114,7 @@ class ReModel:
                        chunk_size: int = 4096):
         """Triples for each text, in order, a chunk of texts at a time (bounded memory)."""
         for chunk in chunked(texts, chunk_size):
-            yield from self.predict(chunk, max_tokens=max_tokens)
+            yield from self.predict(chunk, max_tokens=max_tokens, on_batch=on_batch)
             if on_batch:
                 on_batch(len(chunk), 0, 0)
 

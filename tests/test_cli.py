@@ -53,6 +53,8 @@ def test_predict_keeps_order_and_writes_error_records(trained, tmp_path, capsys)
     assert [(x["start"], x["end"], x["label"]) for x in recs[0]["entities"]] == data[0].spans
     assert all(recs[0]["text"][x["start"]:x["end"]] == x["text"] for x in recs[0]["entities"])
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".predict-")]  # no temp file left behind
+    err = capsys.readouterr().err
+    assert "text/s" not in err and "\r" not in err  # stderr is no terminal here: no progress-bar frames
 
 
 def test_plain_text_predict(trained, tmp_path):

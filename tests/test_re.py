@@ -122,6 +122,12 @@ def test_overfit_and_save_load(tmp_path):
     assert again.predict(texts) == model.predict(texts)
     encs = encode_texts(model.tokenizer, texts)  # the server pads lengths up to a multiple of 8
     assert model.predict_encoded(encs, pad_multiple=8) == model.predict_encoded(encs) != [[]] * len(texts)
+    seen = []  # what predict's progress bar is fed: texts done and tokens per batch
+    streamed = list(again.predict_stream(texts, max_tokens=160, on_batch=lambda *a: seen.append(a)))
+    assert streamed == model.predict(texts)
+    assert sum(n for n, _, _ in seen) == len(texts)
+    assert sum(r for _, r, _ in seen) == sum(len(x) + 2 for x in [e.ids[:62] for e in encs])
+    assert all(0 < r <= p for _, r, p in seen if r)
 
 
 def test_cli_train_evaluate_predict_re(tmp_path, capsys):

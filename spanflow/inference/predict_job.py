@@ -33,7 +33,8 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: int 
                 pending.append((item, None))
                 yield item
 
-    bar = tqdm(total=total, unit="text", disable=not progress, dynamic_ncols=True, mininterval=0.5)
+    # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
+    bar = tqdm(total=total, unit="text", disable=None if progress else True, dynamic_ncols=True, mininterval=0.5)
 
     def on_batch(n_texts: int, real_tokens: int, padded: int) -> None:
         real[0] += real_tokens
