@@ -23,6 +23,9 @@ def test_auto_compiles_only_for_a_batching_server():
     assert backend.choose_backend("auto", batching=True) == "compile"
     assert backend.choose_backend("auto", batching=False) == "eager"
     assert backend.choose_backend("eager", batching=True) == "eager"
+    # a profile from `spanflow tune --mode infer` that measured eager faster is followed
+    assert backend.choose_backend("auto", batching=True, measured="eager") == "eager"
+    assert backend.choose_backend("auto", batching=False, measured="compile") == "eager"
     with pytest.raises(ConfigError):
         backend.choose_backend("onnx", batching=True)
 

@@ -1,4 +1,5 @@
 import asyncio
+import json
 import threading
 import time
 
@@ -322,6 +323,13 @@ def test_serve_max_tokens_auto_without_a_profile_serves_every_model_with_a_budge
     assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
                  "--max-tokens", "auto"]) == 0
     assert asked == ["compile", "compile"]
+    profile = tmp_path / "profile.json"  # measured by tune for the NER model: eager was faster there
+    profile.write_text(json.dumps({"task": "ner", "mode": "infer", "best": {"max_tokens": 512, "max_length": 64},
+                                   "backend": {"eager": 900.0, "compile": 800.0, "compile_s": 9.0, "best": "eager"}}))
+    asked.clear()
+    assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
+                 "--profile", str(profile)]) == 0
+    assert asked == ["eager", "compile"]
     out = capsys.readouterr().out
     assert "ner (ner, max_tokens 4096)" in out and "emb (embed, max_tokens 4096)" in out
     assert "app" in seen and seen["http"].__name__ == "DeadlineProtocol"

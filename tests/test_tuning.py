@@ -74,6 +74,11 @@ def test_tune_infer_reports_quality_per_length(ner_file, tmp_path):
                 max_lengths=[16, 64], budget_seconds=2, sample=32, out=str(tmp_path), log_fn=lambda s: None)
     q = {p["max_length"]: p["quality"] for p in prof["points"]}
     assert set(q) == {16, 64} and all(0 <= v <= 1 for v in q.values())
+    # the encoder compiled against eager at the best point: what serve --backend auto follows
+    b = json.loads((tmp_path / "profile.json").read_text())["backend"]
+    assert b["eager"] > 0 and b["best"] in ("eager", "compile")
+    assert b["compile"] is None or (b["compile"] > 0 and b["compile_s"] > 0)
+    assert b["best"] == ("compile" if b["compile"] and b["compile"] > b["eager"] else "eager")
     # the default install (make test / make demo) has the plot extra: the picture is drawn
     assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

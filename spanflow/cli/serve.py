@@ -44,11 +44,12 @@ def run(a: argparse.Namespace) -> int:
                              device=a.device) for m in a.model]
     from spanflow.inference.backend import choose_backend, use_backend
 
-    backend = choose_backend(a.backend, batching=not a.no_batching)
-    for s in services:
-        use_backend(s.model, backend)
+    measured = read_profile(a.profile, mode="infer") if a.profile else {}
+    profile_task = measured.get("task")
+    for s in services:  # --backend auto: the backend the profile measured faster, for its task's models
+        mine = measured.get("backend", {}).get("best") if profile_task == s.task.name else None
+        use_backend(s.model, choose_backend(a.backend, batching=not a.no_batching, measured=mine))
     max_tokens, per_model = ServeOptions.max_tokens, {}
-    profile_task = read_profile(a.profile, mode="infer").get("task") if a.profile else None
     for spec, s in zip(a.model, services):  # each model its own measured budget, where there is one
         profile = a.profile if profile_task in (None, s.task.name) else None  # a profile is for one task
         n = resolve_max_tokens(a.max_tokens, profile=profile, task=s.task.name, mode="infer",

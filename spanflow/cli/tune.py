@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--precision", choices=EMBED_PRECISIONS, default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=".", help="directory for profile.json and profile.png [%(default)s]")
+    p.add_argument("--no-backends", action="store_true",
+                   help="infer: skip measuring the compiled encoder against eager (compiling takes tens of seconds)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -40,7 +42,7 @@ def run(a: argparse.Namespace) -> int:
     prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths, budgets=a.budgets,
                 max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo, budget_seconds=a.budget_seconds,
                 sample=a.sample, precision=a.precision, device=a.device, out=a.out, field=a.field, column=a.column,
-                repeats=a.repeats)
+                repeats=a.repeats, backends=not a.no_backends)
     best = prof["best"]
     print(f"best: max_tokens {best['max_tokens']}, max_length {best['max_length']} "
           f"({best['real_tokens_per_s']:.0f} real tok/s)" if best else "no point met the limits")

@@ -15,16 +15,19 @@ BACKENDS = ("auto", "eager", "compile")
 WARM_TEXTS = ["word " * k for k in range(1, 61, 4)]
 
 
-def choose_backend(asked: str, *, batching: bool) -> str:
-    """The backend to run: as asked, or for `auto` compile where batches are large and the
-    process lives long enough (a batching server), eager otherwise."""
+def choose_backend(asked: str, *, batching: bool, measured: str | None = None) -> str:
+    """The backend to run: as asked; for `auto` the one `spanflow tune --mode infer` measured
+    faster (`measured`, from its profile) in a batching server, else compile where batches
+    are large and the process lives long enough (a batching server), eager otherwise."""
     if asked not in BACKENDS:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"unknown backend {asked!r}; expected one of {', '.join(BACKENDS)}")
     if asked != "auto":
         return asked
-    return "compile" if batching else "eager"
+    if not batching:
+        return "eager"
+    return measured if measured in ("eager", "compile") else "compile"
 
 
 def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
@@ -50,10 +53,35 @@ def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
         units, _, _ = model.units(WARM_TEXTS)
         for n in (1, 2, 5, len(units)):
             model.run_batch(units[:n])
-    except Exception as e:  # inductor raises many types; any of them means: run eager
+    except Exception as e:  # noqa: BLE001 - inductor raises many types; any of them means: run eager
         net.encoder = eager
         log(f"backend compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
             "running eager")
         return "eager"
     log(f"backend compile: warm-up compiled in {time.perf_counter() - t:.1f} s")
     return "compile"
+
+
+def compare_backends(network, measure: Callable[[], dict], log: Callable[[str], None] = print) -> dict:
+    """Real tokens/s of `network`'s encoder eager and compiled, each by `measure()` (one point
+    of a tune sweep); the compile itself happens in a discarded first run and is timed apart.
+    The encoder is eager again afterwards. Returns {"eager", "compile", "compile_s", "best"}."""
+    import torch
+
+    eager = network.encoder
+    eager_tps = measure()["real_tokens_per_s"]
+    t = time.perf_counter()
+    network.encoder = torch.compile(eager, dynamic=True)
+    try:
+        measure()  # compiles
+        compile_s = time.perf_counter() - t
+        compiled_tps = measure()["real_tokens_per_s"]
+    except Exception as e:  # noqa: BLE001 - inductor raises many types; any of them means: eager
+        log(f"backend compile failed ({type(e).__name__}); eager it is")
+        return {"eager": eager_tps, "compile": None, "compile_s": None, "best": "eager"}
+    finally:
+        network.encoder = eager
+    best = "compile" if compiled_tps > eager_tps else "eager"
+    log(f"backend: eager {eager_tps:.0f}, compile {compiled_tps:.0f} real tok/s at the best point "
+        f"(compiled in {compile_s:.1f} s): a batching server runs {best}")
+    return {"eager": eager_tps, "compile": compiled_tps, "compile_s": round(compile_s, 1), "best": best}

@@ -89,7 +89,7 @@ def load(path: str) -> FastTokenizer | None:
         return None
     try:
         backend = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    except Exception:  # a truncated file: transformers' loader reports it in its own words
+    except Exception:  # noqa: BLE001 - tokenizers raises plain Exception; transformers reports it in its own words
         return None
     if any(backend.token_to_id(t) is None for t in special.values()):
         return None

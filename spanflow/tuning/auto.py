@@ -46,7 +46,8 @@ def resolve_max_tokens(value: str | int | None, *, profile: str | None, task: st
     tmp = tempfile.mkdtemp(prefix="spanflow-tune-")
     try:
         prof = tune(task=task, model=model, data=data, mode=mode, budget_seconds=30, sample=256, precision=precision,
-                    device=device, out=tmp, field=field, column=column, plot=False, log_fn=lambda s: None)
+                    device=device, out=tmp, field=field, column=column, plot=False, backends=False,
+                    log_fn=lambda s: None)
         if not prof["best"]:
             raise ConfigError("max_tokens auto: every measured budget ran out of memory")
         os.makedirs(os.path.dirname(cached), exist_ok=True)

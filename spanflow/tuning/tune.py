@@ -17,8 +17,10 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
          budgets: list[int] | None = None, max_memory_gb: float | None = None, latency_slo_ms: float | None = None,
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", device: str = "auto",
          out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True, repeats: int = 2,
-         log_fn: Callable[[str], None] = print) -> dict:
-    """Measure, choose the best point, write `<out>/profile.json`; return the profile."""
+         backends: bool = True, log_fn: Callable[[str], None] = print) -> dict:
+    """Measure, choose the best point, write `<out>/profile.json`; return the profile.
+    In infer mode with `backends`, also the encoder compiled against eager at the best point
+    (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`."""
     from spanflow.tasks.registry import get
 
     if mode not in MODES:
@@ -52,6 +54,11 @@ def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: 
                "precision": precision if precision == "int8" else policy.name,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
                "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
+    if mode == "infer" and best and backends:
+        from spanflow.inference.backend import compare_backends
+
+        profile["backend"] = compare_backends(w.module, lambda: measure(best.max_tokens, best.max_length, per_point),
+                                              log_fn)
     out_dir = out or "."
     write_profile(os.path.join(out_dir, "profile.json"), profile)
     log_fn(format_table(profile))
