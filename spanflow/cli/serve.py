@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from spanflow.cli.options import add_options, options_from
+from spanflow.inference.backend import BACKENDS
 from spanflow.serving.options import ServeOptions
 
 
@@ -18,7 +19,7 @@ def add_parser(sub) -> None:
     add_options(p, ServeOptions)
     p.add_argument("--no-batching", action="store_true", help="one request per batch (for comparison)")
     p.add_argument("--precision", default="auto")
-    p.add_argument("--backend", choices=("auto", "eager", "compile"), default="auto",
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="eager PyTorch, or torch.compile after a warm-up at start [auto: compile when batching]")
     p.add_argument("--device", default="auto")
 
