@@ -77,7 +77,7 @@ class NerModel:
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, max_length=max_length,
                    stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
-                   window=config_int(cfg, "window", path, max_length), id2label=cfg.get("id2label"),
+                   window=config_int(cfg, "window", path, max_length), id2label=id2label,
                    lines=cfg.get("lines", True) is not False)
 
     @classmethod
@@ -87,11 +87,9 @@ class NerModel:
         onto spanflow's BIO label rows (to continue training)."""
         encoder, tokenizer, classifier, tags = load_token_classifier(path)
         labels = sorted({t[2:] for t in tags if t != "O"})
-        head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=tags)
-        id2label = tags
+        id2label = bio_label_list(labels) if bio else tags
+        head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=id2label)
         if bio:
-            id2label = bio_label_list(labels)
-            head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=id2label)
             classifier = select_rows(classifier, bio_rows(tags, id2label))
         head.proj.load_state_dict(classifier.state_dict())
         max_length = encoder_max_length(encoder, tokenizer)
@@ -103,8 +101,7 @@ class NerModel:
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "max_length": self.max_length,
                                "window": self.window, "stride": self.stride, "lines": self.lines,
-                               "tag_scheme": "bio",
-                               "head": self.head_type,
+                               "tag_scheme": "bio", "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
     @property

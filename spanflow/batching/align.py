@@ -21,7 +21,8 @@ class Encoded:
     first: list[bool]  # True where a token starts a word: the positions that carry a label
     starts: list[int] | None = None  # token start widened over adjacent characters with no token
     ends: list[int] | None = None  # token end widened likewise (e.g. a trailing U+FEFF)
-    breaks: list[bool] | None = None  # True where a line break lies between a token and the one before
+    # True where a line break lies between a token and the one before; None: the text is one line
+    breaks: list[bool] | None = None
 
 
 @dataclass
@@ -56,11 +57,14 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
         else:
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
-        starts, ends = _widen(texts[i], offsets)
         text = texts[i]
-        breaks = [j > 0 and "\n" in text[offsets[j - 1][1]:offsets[j][0]] for j in range(len(offsets))]
-        out.append(Encoded(ids, offsets, first, starts, ends, breaks))
+        starts, ends = _widen(text, offsets)
+        out.append(Encoded(ids, offsets, first, starts, ends, _breaks(text, offsets) if "\n" in text else None))
     return out
+
+
+def _breaks(text: str, offsets: list[tuple[int, int]]) -> list[bool]:
+    return [j > 0 and "\n" in text[offsets[j - 1][1]:offsets[j][0]] for j in range(len(offsets))]
 
 
 def first_of_words(offsets: list[tuple[int, int]], words: list[tuple[int, int]]) -> list[bool]:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spanflow.models.directory import json_object
+
 WEIGHTS = "model.safetensors"
 
 
@@ -147,16 +149,6 @@ class NativeBert(nn.Module):
                   metadata={"format": "pt"})
 
 
-def config_of(path: str) -> dict | None:
-    """config.json of an encoder directory, or None when it cannot be read as a dict."""
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return cfg if isinstance(cfg, dict) else None
-
-
 BERT_DEFAULTS = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1,
                  "attention_probs_dropout_prob": 0.1, "pad_token_id": 0, "max_position_embeddings": 512}
 
@@ -166,7 +158,7 @@ def load_native(path: str) -> NativeBert | None:
     (another architecture, sharded weights, names it does not know)."""
     from safetensors.torch import load_file
 
-    cfg = config_of(path)
+    cfg = json_object(os.path.join(path, "config.json"))
     if cfg is None or not supports(cfg) or not os.path.exists(os.path.join(path, WEIGHTS)):
         return None
     config = Config(**{**BERT_DEFAULTS, **cfg})
@@ -177,6 +169,6 @@ def load_native(path: str) -> NativeBert | None:
     state = {k: v for k, v in state.items() if not k.startswith("pooler.") and not k.endswith("position_ids")}
     if set(state) != set(model.state_dict()):
         return None
-    dtype = torch.float32  # the precision policy decides compute precision; weights load as fp32
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+    # weights load as fp32: the precision policy decides the compute precision
+    model.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)
     return model.eval()

@@ -31,6 +31,17 @@ def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module,
             json.dump(cfg, f, indent=2, ensure_ascii=False)
 
 
+def json_object(path: str) -> dict | None:
+    """A JSON file holding an object, or None when it is missing, unreadable or not an object
+    (for optional files whose absence leaves the choice to another loader)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def read_model_config(path: str, task: str | None = None) -> dict:
     """spanflow.json of a model directory, checked for existence and task."""
     if not os.path.isdir(path):

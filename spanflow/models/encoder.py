@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from spanflow.errors import ModelDirError
+from spanflow.models.directory import json_object
 
 log = logging.getLogger("spanflow")
 
@@ -98,13 +99,7 @@ def require_safetensors(path: str) -> None:
 
 
 def _model_type(path: str) -> str | None:
-    import json
-
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            return json.load(f).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None  # left to the loader, which reports what is wrong
+    return (json_object(os.path.join(path, "config.json")) or {}).get("model_type")  # None: left to the loader
 
 
 def encoder_max_length(encoder: nn.Module, tokenizer) -> int:

@@ -8,9 +8,10 @@ returns None for anything it does not cover, which then loads through transforme
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
+
+from spanflow.models.directory import json_object
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 NO_LIMIT = int(1e30)  # transformers' "no model_max_length" marker
@@ -60,15 +61,6 @@ class FastTokenizer:
                 shutil.copyfile(os.path.join(self._source, name), os.path.join(path, name))
 
 
-def _read(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
 def _content(token) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
     if isinstance(token, dict):
@@ -81,7 +73,8 @@ def load(path: str) -> FastTokenizer | None:
     its vocabulary), or None to leave it to transformers."""
     from tokenizers import Tokenizer
 
-    cfg = {**_read(os.path.join(path, "special_tokens_map.json")), **_read(os.path.join(path, "tokenizer_config.json"))}
+    cfg = {**(json_object(os.path.join(path, "special_tokens_map.json")) or {}),
+           **(json_object(os.path.join(path, "tokenizer_config.json")) or {})}
     if cfg.get("tokenizer_class") not in CLASSES:
         return None
     special = {k: _content(cfg.get(k)) for k in ("cls_token", "sep_token", "pad_token")}

@@ -22,8 +22,9 @@ def pack_examples(examples: list[NerExample], share: float, *, span: float = 1.0
 
     About `share` of the texts start a run that takes the following texts while the run is
     no longer than `span` times the longest single text (at 1, the trained window does not
-    grow; longer packs put more sentences after other text); the rest stay alone. A model trained only on single sentences loses F1 on documents of many
-    sentences, where every sentence but the first has context it never saw.
+    grow; longer packs put more sentences after other text); the rest stay alone. A model
+    trained only on single sentences loses F1 on documents of many sentences, where every
+    sentence but the first has context it never saw.
     """
     import random
 
