@@ -33,3 +33,12 @@ def _private_cache(tmp_path_factory):
         os.environ.pop("SPANFLOW_CACHE", None)
     else:
         os.environ["SPANFLOW_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze():
+    """A CLI job run in the test process freezes the heap (inference.heap.settle): give it back."""
+    import gc
+
+    yield
+    gc.unfreeze()

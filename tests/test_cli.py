@@ -1,3 +1,4 @@
+import gc
 import json
 import os
 
@@ -55,6 +56,7 @@ def test_predict_keeps_order_and_writes_error_records(trained, tmp_path, capsys)
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".predict-")]  # no temp file left behind
     err = capsys.readouterr().err
     assert "text/s" not in err and "\r" not in err  # stderr is no terminal here: no progress-bar frames
+    assert gc.get_freeze_count() > 0  # the loaded model was kept out of the collector's full passes
 
 
 def test_plain_text_predict(trained, tmp_path):

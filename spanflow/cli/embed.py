@@ -37,6 +37,7 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.embedder import Embedder
     from spanflow.errors import DataError
     from spanflow.inference.auto_precision import SAMPLE, infer_precision
+    from spanflow.inference.heap import settle
     from spanflow.inference.embed_job import EmbedSpec, embed_file
 
     from spanflow.training.distributed import init_from_env
@@ -54,6 +55,7 @@ def run(a: argparse.Namespace) -> int:
                                     data=a.input, precision=a.precision, device=a.device, field=a.field,
                                     column=a.column)
     emb = Embedder.load(a.model, precision=a.precision, device=a.device)
+    settle()
     print(f"device {emb.policy.device}, precision {emb.precision_name}, max length {emb.max_length}, "
           f"dim {emb.dim}")
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,

@@ -29,10 +29,12 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tasks.registry import load_model, task_of_dir
 
     from spanflow.inference.auto_precision import infer_precision
+    from spanflow.inference.heap import settle
 
     examples = task_of_dir(a.model).read_labelled(a.data, fmt=a.format, scheme=a.scheme)
     a.precision = infer_precision(a.precision, a.model, a.device, [getattr(e, "text", None) for e in examples])
     model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
+    settle()
     m = model.evaluate(examples, max_tokens=_max_tokens(a, model))
     print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0

@@ -34,6 +34,7 @@ def _max_tokens(a: argparse.Namespace) -> int | None:
 def run(a: argparse.Namespace) -> int:
     from spanflow.data.records import sample_texts
     from spanflow.inference.auto_precision import SAMPLE, infer_precision
+    from spanflow.inference.heap import settle
     from spanflow.inference.predict_job import predict_file
     from spanflow.tasks.registry import load_model
 
@@ -43,6 +44,7 @@ def run(a: argparse.Namespace) -> int:
                                   sample_texts(a.input, SAMPLE, field=a.field, column=a.column,
                                                skip_header=a.skip_header))
     model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
+    settle()
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          max_tokens=_max_tokens(a))
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")

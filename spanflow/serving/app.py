@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -15,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded
 from spanflow.serving.guard import Guard
@@ -60,8 +60,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             await b.warm_up(units, lengths)  # first kernels are slow; /ready waits for this
         # the models' objects live as long as the server: kept out of the collector's full
         # passes, which otherwise stalled every in-flight request now and then
-        gc.collect()
-        gc.freeze()
+        settle()
         cuda = [s.model.policy.device for s in services if s.model.policy.device.type == "cuda"]
         state["gpu"] = GpuUtilSampler(cuda[0]) if cuda else None  # NVML, when installed (the gpu extra)
         state["ready"] = True
