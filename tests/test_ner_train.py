@@ -148,3 +148,15 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path, monkeypatch,
     tty = capsys.readouterr()
     assert "step 1/" not in tty.out and "loss=" in tty.err and "tok_s=" in tty.err and "step" in tty.err
     assert "dev F1" in tty.out or "dev F1" in tty.err  # the epoch report still prints, above the bar
+
+
+def test_early_stop_is_said_and_the_best_model_kept(tmp_path):
+    data = synthetic_ner(30, seed=2, max_clauses=1)
+    lines = []
+    # a learning rate too small to change dev F1: no evaluation after the first improves on it
+    train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path), log_fn=lines.append,
+              options=small_opts(epochs=6, lr=1e-12, max_tokens=256, patience=2, warmup_ratio=0.0))
+    epochs = [json.loads(x)["epoch"] for x in (tmp_path / "train_report.jsonl").read_text().splitlines()]
+    assert max(epochs) == 3  # one best evaluation, then two without gain
+    assert any(s.startswith("early stop after epoch 3") for s in lines), lines
+    assert any(s.startswith("best dev F1") and str(tmp_path / "model") in s for s in lines)

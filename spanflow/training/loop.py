@@ -126,6 +126,11 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         r.meter.close()
         if r.bar is not None:
             r.bar.close()
+    if r.st["stopped"]:
+        log(f"early stop after epoch {r.st['epoch']}: dev F1 did not improve for {opts.patience} evaluations "
+            "(--patience)")
+    if r.st["best_f1"] is not None:
+        log(f"best dev F1 {r.st['best_f1']:.4f}: that model is in {os.path.join(out_dir, 'model')}")
     if hooks.evaluate is None and dist.is_main:
         hooks.save_model(os.path.join(out_dir, "model"))
     barrier(dist)
