@@ -9,6 +9,13 @@ when the model was trained on single-line texts. With spaces between the sentenc
 last two are the same.
 
     python bench/long_documents.py --model runs/wnut/model --data ../shared/data/wnut17/dev.conll
+
+To measure on texts of the training data's own kind (WNUT-17 dev is YouTube comments, its
+training data tweets), hold out a share of the training file and train on the rest:
+
+    python bench/split_holdout.py --data ../shared/data/wnut17/train.conll --out runs/ho --seed 0
+    spanflow train ner --train runs/ho/train.conll --dev ../shared/data/wnut17/dev.conll --model MINILM --out runs/ho/w
+    python bench/long_documents.py --model runs/ho/w/model --data runs/ho/held.conll --name wnut17_heldout_tweets_s0
 """
 from __future__ import annotations
 
@@ -64,7 +71,8 @@ def main() -> None:
         r["default_f1_drop"] = round(base["default_f1"] - r["default_f1"], 4)
     names = [n for n, _, _ in configs]
     write_results(a.out, f"long_documents_{a.name}" + ("" if a.sep == "space" else f"_{a.sep}"),
-                  {"description": f"{a.name} dev sentences joined into documents ({a.sep} between); exact-span entity F1 "
+                  {"description": f"{a.name}: the sentences of {os.path.basename(a.data)} joined into documents ({a.sep} "
+                                  f"between); exact-span entity F1 "
                                   f"with the encoder's full window ({full} tokens), the trained window ({trained} "
                                   f"tokens) across line breaks, and the default (trained window, "
                                   f"{'each line on its own' if own_lines else 'lines read together'}); "
