@@ -119,7 +119,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             rep = _close_period(r.meter, dist)  # before evaluation, so eval time is not counted as training
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
             _report(r, epoch, rep, f1)
-            _learning_check(r, f1)
+            _learning_check(r, f1, left=opts.epochs - epoch - 1)
             r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
             _checkpoint(r)
     finally:
@@ -233,8 +233,9 @@ def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = Fa
         r.log(format_report(rep))
 
 
-def _learning_check(r: _Run, f1: float | None) -> None:
-    """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try."""
+def _learning_check(r: _Run, f1: float | None, left: int) -> None:
+    """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try
+    (`left`: epochs still to run)."""
     total, n = r.epoch_loss, max(1, r.n_epoch)
     r.epoch_loss, r.n_epoch = 0.0, 0
     first = r.st.get("first_loss")
@@ -246,6 +247,9 @@ def _learning_check(r: _Run, f1: float | None) -> None:
         r.log(f"not learning: dev F1 is 0 and the loss barely moved ({first:.3g} -> {loss:.3g}) in {steps} "
               "optimizer steps; give it more updates (a smaller --max-tokens, more --epochs) or a higher "
               "--lr/--head-lr")
+    elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
+        r.log(f"dev F1 is 0 so far, but the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
+              f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
     else:
         r.log(f"dev F1 is still 0 although the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
               "train longer (--epochs), or check that --dev holds the labels of --train")
