@@ -107,8 +107,11 @@ def test_native_tokenizer_encodes_as_transformers_does(bert_dir, tmp_path):
         assert a["input_ids"] == b["input_ids"]
         assert [[tuple(o) for o in x] for x in a["offset_mapping"]] == [[tuple(o) for o in x] for x in b["offset_mapping"]]
         assert all(a.word_ids(i) == b.word_ids(i) for i in range(len(texts)))
-    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id, len(ours)) == \
-        (theirs.cls_token_id, theirs.sep_token_id, theirs.pad_token_id, len(theirs))
+    assert (ours.cls_token_id, ours.sep_token_id, ours.pad_token_id, ours.unk_token_id, len(ours)) == \
+        (theirs.cls_token_id, theirs.sep_token_id, theirs.pad_token_id, theirs.unk_token_id, len(theirs))
+    assert ours.unk_token_id is not None
+    one, ref = ours(texts[0], return_offsets_mapping=True), theirs(texts[0], return_offsets_mapping=True)
+    assert (one["input_ids"], one["offset_mapping"]) == (ref["input_ids"], ref["offset_mapping"])  # a text alone
     ours.save_pretrained(str(tmp_path / "copy"))  # saved as it was: transformers reads the copy
     assert load_tokenizer(str(tmp_path / "copy"))(texts)["input_ids"] == theirs(texts)["input_ids"]
     # a tokenizer whose special tokens are unknown is left to transformers

@@ -9,7 +9,6 @@ Anything it does not cover exactly is left to transformers (`supports`).
 """
 from __future__ import annotations
 
-import json
 import os
 from types import SimpleNamespace
 
@@ -17,9 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spanflow.models.directory import json_object
-
-WEIGHTS = "model.safetensors"
+from spanflow.models.directory import WEIGHTS, json_object, write_encoder
 
 
 class Config(SimpleNamespace):
@@ -140,13 +137,7 @@ class NativeBert(nn.Module):
 
     def save_pretrained(self, path: str, **_) -> None:
         """config.json and model.safetensors, readable by transformers' BertModel as well."""
-        from safetensors.torch import save_file
-
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(self.config.to_dict(), f, indent=2)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, WEIGHTS),
-                  metadata={"format": "pt"})
+        write_encoder(path, self)
 
 
 BERT_DEFAULTS = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1,

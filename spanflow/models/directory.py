@@ -16,6 +16,7 @@ from spanflow.errors import ModelDirError
 
 FORMAT_VERSION = 1
 CONFIG = "spanflow.json"
+WEIGHTS = "model.safetensors"  # an encoder directory's weights, as transformers names them
 
 
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:
@@ -40,6 +41,16 @@ def json_object(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
+
+
+def write_encoder(path: str, module: nn.Module) -> None:
+    """config.json (the module's `config.to_dict()`) and model.safetensors: the save_pretrained
+    of spanflow's plain-PyTorch encoders."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(module.config.to_dict(), f, indent=2)
+    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
+              os.path.join(path, WEIGHTS), metadata={"format": "pt"})
 
 
 def read_model_config(path: str, task: str | None = None) -> dict:

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from spanflow.errors import ModelDirError
-from spanflow.models.directory import json_object
 
 log = logging.getLogger("spanflow")
 
@@ -40,7 +39,10 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
     try:
         from spanflow.models import tokenizer as native_tokenizer
         from spanflow.models.bert import load_native
+        from spanflow.models.tiny import is_tiny_dir, load_tiny
 
+        if is_tiny_dir(path):  # plain PyTorch for training and inference alike
+            return load_tiny(path), (native_tokenizer.load(path) if native else None) or load_tokenizer(path)
         encoder = load_native(path) if native else None
         if encoder is not None:
             return encoder, native_tokenizer.load(path) or load_tokenizer(path)
@@ -57,10 +59,6 @@ def _load_weights(path: str) -> nn.Module:
     quiet_transformers()
     from transformers import AutoModel
 
-    if _model_type(path) == "spanflow_tiny":
-        from spanflow.models.tiny import TinyModel
-
-        return TinyModel.from_pretrained(path, local_files_only=True, use_safetensors=True)
     kwargs = dict(local_files_only=True, attn_implementation="sdpa", use_safetensors=True)
     try:
         # the pooler is unused by token-level heads; leaving it out keeps DDP free of unused params
@@ -96,10 +94,6 @@ def require_safetensors(path: str) -> None:
             "code). Convert it once, where you trust the file: python -c \"from transformers import AutoModel; "
             f"AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\"")
     raise ModelDirError(f"{path} has no model.safetensors")
-
-
-def _model_type(path: str) -> str | None:
-    return (json_object(os.path.join(path, "config.json")) or {}).get("model_type")  # None: left to the loader
 
 
 def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
@@ -161,15 +155,15 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, e
     `bigram_buckets` None sizes the bigram table to four times the distinct token bigrams of the
     texts (at most 100003): a table far larger than the data only adds memory.
     """
-    from spanflow.models.tiny import TinyConfig, TinyModel
+    from spanflow.models.tiny import TinyModel, tiny_config
 
     quiet_transformers()
     tokenizer = train_wordpiece(texts, vocab_size)
     if bigram_buckets is None:
         bigram_buckets = min(100_003, max(1009, 4 * _distinct_bigrams(tokenizer, texts)))
-    cfg = TinyConfig(vocab_size=len(tokenizer), embedding_size=embedding, hidden_size=hidden,
-                     num_hidden_layers=layers, bigram_buckets=bigram_buckets, pad_token_id=tokenizer.pad_token_id,
-                     max_position_embeddings=max_length)
+    cfg = tiny_config(vocab_size=len(tokenizer), embedding_size=embedding, hidden_size=hidden,
+                      num_hidden_layers=layers, bigram_buckets=bigram_buckets, pad_token_id=tokenizer.pad_token_id,
+                      max_position_embeddings=max_length)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         encoder = TinyModel(cfg)
@@ -193,7 +187,9 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
 
 def is_tiny(encoder: nn.Module) -> bool:
     """True for the from-scratch `tiny` encoder (continued or new), which trains with its own defaults."""
-    return getattr(encoder.config, "model_type", None) == "spanflow_tiny"
+    from spanflow.models.tiny import MODEL_TYPE
+
+    return getattr(encoder.config, "model_type", None) == MODEL_TYPE
 
 
 def enable_checkpointing(encoder: nn.Module) -> None:

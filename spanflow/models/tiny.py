@@ -6,60 +6,61 @@ transformer of the same size by a wide margin (docs/recipes.md, "tiny"): it need
 position embeddings to learn, and the bigrams give a character-level language such as
 Chinese the word-like units its tokens lack.
 
-It is a Hugging Face `PreTrainedModel` registered under model type `spanflow_tiny`, so
-model directories save and load it like any other encoder (safetensors, config.json).
+It is plain PyTorch, so a job on a `tiny` model starts without importing transformers. Its
+directory is config.json (model type `spanflow_tiny`) and model.safetensors, saved and read
+by this module (`save_pretrained`, `load_tiny`).
 """
 from __future__ import annotations
 
 import contextlib
+import os
+from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput
+from torch.utils.checkpoint import checkpoint
 
+from spanflow.models.bert import Config
+from spanflow.models.directory import WEIGHTS, json_object, write_encoder
+
+MODEL_TYPE = "spanflow_tiny"
 _MIX = 1_000_003  # odd multiplier that spreads (left, right) id pairs over the buckets
 
 
-class TinyConfig(PretrainedConfig):
-    model_type = "spanflow_tiny"
-
-    def __init__(self, vocab_size: int = 4000, embedding_size: int = 128, hidden_size: int = 256,
-                 num_hidden_layers: int = 1, bigram_buckets: int = 100_003, dropout: float = 0.5,
-                 max_position_embeddings: int = 512, pad_token_id: int = 0, **kwargs):
-        super().__init__(pad_token_id=pad_token_id, **kwargs)
-        self.vocab_size, self.embedding_size, self.hidden_size = vocab_size, embedding_size, hidden_size
-        self.num_hidden_layers, self.bigram_buckets, self.dropout = num_hidden_layers, bigram_buckets, dropout
-        # no positions are embedded; this only bounds the windows the batcher cuts
-        self.max_position_embeddings = max_position_embeddings
+def tiny_config(*, vocab_size: int = 4000, embedding_size: int = 128, hidden_size: int = 256,
+                num_hidden_layers: int = 1, bigram_buckets: int = 100_003, dropout: float = 0.5,
+                max_position_embeddings: int = 512, pad_token_id: int = 0, **extra) -> Config:
+    """The encoder's settings; `max_position_embeddings` embeds nothing, it only bounds the
+    windows the batcher cuts. `extra`: other keys of a saved config.json, kept as they are."""
+    return Config(**{**extra, "model_type": MODEL_TYPE, "vocab_size": vocab_size, "embedding_size": embedding_size,
+                     "hidden_size": hidden_size, "num_hidden_layers": num_hidden_layers,
+                     "bigram_buckets": bigram_buckets, "dropout": dropout,
+                     "max_position_embeddings": max_position_embeddings, "pad_token_id": pad_token_id})
 
 
-class TinyModel(PreTrainedModel):
+class TinyModel(nn.Module):
     """Token + bigram embeddings -> BiLSTM; returns `last_hidden_state` (B, T, hidden_size)."""
 
-    config_class = TinyConfig
-    base_model_prefix = "tiny"
     supports_gradient_checkpointing = True
 
-    def __init__(self, config: TinyConfig):
-        super().__init__(config)
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
         e, h = config.embedding_size, config.hidden_size
         self.embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
         self.bigrams = nn.Embedding(config.bigram_buckets, e) if config.bigram_buckets else None
         self.dropout = nn.Dropout(config.dropout)
         self.lstm = nn.LSTM(e, h // 2, num_layers=config.num_hidden_layers, bidirectional=True, batch_first=True,
                             dropout=config.dropout if config.num_hidden_layers > 1 else 0.0)
-        self.gradient_checkpointing = False  # set by the library's checkpointing switch
-        self.post_init()
+        self.gradient_checkpointing = False
+        nn.init.normal_(self.embeddings.weight, std=1.0)
+        if self.bigrams is not None:  # bigrams start silent and grow where they help (faster, higher dev F1)
+            nn.init.zeros_(self.bigrams.weight)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if module is self.bigrams:  # bigrams start silent and grow where they help (faster, higher dev F1)
-            nn.init.zeros_(module.weight)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=1.0)
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embeddings
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute the recurrence in backward instead of keeping its activations."""
+        self._ckpt_kwargs = {"use_reentrant": False, **(gradient_checkpointing_kwargs or {})}
+        self.gradient_checkpointing = True
 
     def _bigram_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         left = nn.functional.pad(ids, (1, 0))[:, :-1]  # (B, T): the token before each token
@@ -68,7 +69,7 @@ class TinyModel(PreTrainedModel):
         return (ids * _MIX + left) % n, (right * _MIX + ids + 1) % n
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                **kwargs) -> BaseModelOutput:
+                **_) -> SimpleNamespace:
         x = self.embeddings(input_ids)  # (B, T, E)
         if self.bigrams is not None:
             a, b = self._bigram_ids(input_ids)
@@ -78,10 +79,10 @@ class TinyModel(PreTrainedModel):
             attention_mask = torch.ones_like(input_ids)
         lengths = attention_mask.sum(1).cpu()  # host sync: packing needs the lengths on the host
         if self.gradient_checkpointing and self.training:
-            y = self._gradient_checkpointing_func(self._recur, x, lengths)
+            y = checkpoint(self._recur, x, lengths, **self._ckpt_kwargs)
         else:
             y = self._recur(x, lengths)
-        return BaseModelOutput(last_hidden_state=self.dropout(y))  # (B, T, H)
+        return SimpleNamespace(last_hidden_state=self.dropout(y))  # (B, T, H)
 
     def _recur(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The BiLSTM over the real tokens of each row; padding stays zero. (B, T, E) -> (B, T, H)"""
@@ -94,6 +95,22 @@ class TinyModel(PreTrainedModel):
             y, _ = self.lstm(packed)
         return nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])[0]
 
+    def save_pretrained(self, path: str, **_) -> None:
+        """config.json and model.safetensors (what `load_tiny` reads)."""
+        write_encoder(path, self)
 
-AutoConfig.register(TinyConfig.model_type, TinyConfig)
-AutoModel.register(TinyConfig, TinyModel)
+
+def is_tiny_dir(path: str) -> bool:
+    """Whether an encoder directory holds a `tiny` encoder."""
+    return (json_object(os.path.join(path, "config.json")) or {}).get("model_type") == MODEL_TYPE
+
+
+def load_tiny(path: str) -> TinyModel:
+    """The `tiny` encoder of a directory, in fp32 (the precision policy decides the compute)."""
+    from safetensors.torch import load_file
+
+    cfg = json_object(os.path.join(path, "config.json")) or {}
+    model = TinyModel(tiny_config(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    state = load_file(os.path.join(path, WEIGHTS))
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.eval()

@@ -44,12 +44,17 @@ class FastTokenizer:
         self.backend_tokenizer, self.model_max_length, self._source = backend, model_max_length, source
         ids = {k: backend.token_to_id(v) for k, v in special.items()}
         self.cls_token_id, self.sep_token_id, self.pad_token_id = ids["cls_token"], ids["sep_token"], ids["pad_token"]
+        self.unk_token_id = ids.get("unk_token")  # None where the vocabulary has no unknown token
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def __call__(self, texts: list[str], *, add_special_tokens: bool = True, return_offsets_mapping: bool = False,
-                 **_) -> Batch:
+    def __call__(self, texts: list[str] | str, *, add_special_tokens: bool = True,
+                 return_offsets_mapping: bool = False, **_) -> Batch | dict:
+        """A batch of texts, or one text as transformers gives it (lists of that text alone)."""
+        if isinstance(texts, str):
+            one = self([texts], add_special_tokens=add_special_tokens, return_offsets_mapping=return_offsets_mapping)
+            return {k: v[0] for k, v in one.items()}
         return Batch(self.backend_tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens),
                      return_offsets_mapping)
 
@@ -86,6 +91,8 @@ def load(path: str) -> FastTokenizer | None:
         return None
     if any(backend.token_to_id(t) is None for t in special.values()):
         return None
+    if _content(cfg.get("unk_token")):
+        special["unk_token"] = _content(cfg.get("unk_token"))
     limit = cfg.get("model_max_length")
     return FastTokenizer(backend, special=special, source=path,
                          model_max_length=limit if isinstance(limit, int) and limit > 0 else NO_LIMIT)

@@ -1,0 +1,58 @@
+"""The `tiny` encoder is plain PyTorch: its directories load without transformers, old ones too."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.models.encoder import build_tiny, load_encoder
+from spanflow.models.tiny import TinyModel
+from spanflow.ner import NerModel, train_ner
+from spanflow.training.options import TrainOptions
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    data = synthetic_ner(30, seed=3, max_clauses=1)
+    out = tmp_path_factory.mktemp("tiny")
+    opts = TrainOptions(epochs=6, lr=2e-2, max_tokens=512, max_length=64, patience=0, log_every=0, seed=0)
+    model = train_ner(data, data, model="tiny", out_dir=str(out), options=opts, log_fn=lambda s: None)
+    return model, out / "model", [e.text for e in data]
+
+
+def test_tiny_encoder_saves_and_loads_its_weights(tmp_path):
+    enc, tok = build_tiny([e.text for e in synthetic_ner(20, seed=1)], seed=0)
+    enc.save_pretrained(str(tmp_path))
+    tok.save_pretrained(str(tmp_path))
+    again, _ = load_encoder(str(tmp_path))
+    assert isinstance(again, TinyModel) and again.config.to_dict() == enc.config.to_dict()
+    ids = torch.tensor([[2, 40, 41, 42, 3]])
+    with torch.no_grad():
+        assert torch.equal(enc.eval()(ids).last_hidden_state, again(ids).last_hidden_state)
+
+
+def test_a_directory_written_with_transformers_keys_still_loads(tiny_model):
+    model, d, texts = tiny_model
+    cfg_path = d / "encoder" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    # what the encoder's config held when it was a transformers PreTrainedModel
+    cfg.update({"architectures": ["TinyModel"], "transformers_version": "5.0.0", "dtype": "float32"})
+    cfg_path.write_text(json.dumps(cfg))
+    again = NerModel.load(str(d))
+    assert again.predict(texts[:8]) == model.predict(texts[:8])
+    assert again.module.encoder.config.architectures == ["TinyModel"]  # kept, not dropped
+
+
+def test_predict_on_a_tiny_model_does_not_import_transformers(tiny_model, tmp_path):
+    _, d, texts = tiny_model
+    (tmp_path / "in.txt").write_text("\n".join(texts[:5]) + "\n", encoding="utf-8")
+    code = ("import sys; from spanflow.cli.main import main; rc = main(sys.argv[1:]); "
+            "print('LOADED', 'transformers' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, "predict", "--model", str(d), "--input",
+                          str(tmp_path / "in.txt"), "--output", str(tmp_path / "p.jsonl")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "LOADED False" in out.stdout, out.stdout
+    assert len((tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()) == 5
