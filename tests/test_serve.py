@@ -316,10 +316,10 @@ def test_serve_max_tokens_auto_without_a_profile_serves_every_model_with_a_budge
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))  # no cached profiles
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
-    import spanflow.inference.backend as backend
+    import spanflow.cli.serve as serve_cli
 
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
-    monkeypatch.setattr(backend, "use_backend", lambda model, name: asked.append(name) or "eager")
+    monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: asked.append(name) or "eager")
     assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
                  "--max-tokens", "auto"]) == 0
     assert asked == ["compile", "compile"]

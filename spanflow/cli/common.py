@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 from spanflow.training.precision import PRECISIONS
+
+# no abbreviated flags: `train re --head crf` would otherwise be read as --head-lr
+Parser = functools.partial(argparse.ArgumentParser, allow_abbrev=False)
 
 
 INFER_BUDGET = "None: 2048 on CPU, 32768 on GPU"

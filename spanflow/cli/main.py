@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import signal
 import sys
 import threading
 
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
+from spanflow.cli.common import Parser
 from spanflow.errors import SpanflowError
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
@@ -16,11 +16,8 @@ COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": e
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spanflow", description="Train, evaluate and run span models at full speed.",
-                                allow_abbrev=False)
-    # no abbreviated flags: `train re --head crf` would otherwise be read as --head-lr
-    sub = p.add_subparsers(dest="command", required=True,
-                           parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
+    p = Parser(prog="spanflow", description="Train, evaluate and run span models at full speed.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, mod in COMMANDS.items():
         mod.add_parser(sub)
     return p

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from spanflow.cli.options import add_options, options_from
-from spanflow.inference.backend import BACKENDS
+from spanflow.inference.backend import BACKENDS, choose_backend, use_backend
 from spanflow.serving.options import ServeOptions
 
 
@@ -43,8 +43,6 @@ def run(a: argparse.Namespace) -> int:
     # auto: a reduced precision where it agrees with fp32 (checked once per model: cached)
     services = [load_service(m, precision=infer_precision(a.precision, m.rpartition("=")[2], a.device),
                              device=a.device) for m in a.model]
-    from spanflow.inference.backend import choose_backend, use_backend
-
     measured = read_profile(a.profile, mode="infer") if a.profile else {}
     profile_task = measured.get("task")
     for s in services:  # --backend auto: the backend the profile measured faster, for its task's models

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import functools
 
-from spanflow.cli.common import add_runtime_args
+from spanflow.cli.common import Parser, add_runtime_args
 from spanflow.cli.options import add_options, options_from
 from spanflow.training.options import TrainOptions
 
@@ -13,8 +12,7 @@ def add_parser(sub) -> None:
     from spanflow.tasks.registry import tasks
 
     p = sub.add_parser("train", help="train a model", description="Train a model; the best is saved to OUT/model.")
-    by_task = p.add_subparsers(dest="task", required=True, metavar="TASK",
-                               parser_class=functools.partial(argparse.ArgumentParser, allow_abbrev=False))
+    by_task = p.add_subparsers(dest="task", required=True, metavar="TASK", parser_class=Parser)
     for task in tasks():
         if task.trains:
             tp = by_task.add_parser(task.name, help=task.summary,

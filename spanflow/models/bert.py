@@ -16,14 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spanflow.models.directory import WEIGHTS, json_object, write_encoder
-
-
-class Config(SimpleNamespace):
-    """config.json as attributes, the way encoder code reads a transformers config."""
-
-    def to_dict(self) -> dict:
-        return dict(vars(self))
+from spanflow.models.directory import WEIGHTS, Config, json_object, write_encoder
 
 
 def supports(cfg: dict) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -41,6 +42,14 @@ def json_object(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
+
+
+class Config(SimpleNamespace):
+    """config.json as attributes, the way encoder code reads a transformers config (for
+    spanflow's plain-PyTorch encoders)."""
+
+    def to_dict(self) -> dict:
+        return dict(vars(self))
 
 
 def write_encoder(path: str, module: nn.Module) -> None:

@@ -41,13 +41,10 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
         from spanflow.models.bert import load_native
         from spanflow.models.tiny import is_tiny_dir, load_tiny
 
-        if is_tiny_dir(path):  # plain PyTorch for training and inference alike
-            return load_tiny(path), (native_tokenizer.load(path) if native else None) or load_tokenizer(path)
-        encoder = load_native(path) if native else None
-        if encoder is not None:
-            return encoder, native_tokenizer.load(path) or load_tokenizer(path)
-        tokenizer = load_tokenizer(path)
-        return _load_weights(path), tokenizer
+        # tiny is plain PyTorch for training and inference alike
+        encoder = load_tiny(path) if is_tiny_dir(path) else load_native(path) if native else None
+        tokenizer = (native_tokenizer.load(path) if native else None) or load_tokenizer(path)
+        return _load_weights(path) if encoder is None else encoder, tokenizer
     except ModelDirError:
         raise
     except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
