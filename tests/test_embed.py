@@ -243,3 +243,12 @@ def test_embed_cli(st_dir, tmp_path, capsys):
     assert "none.txt: file not found" in capsys.readouterr().err
     assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "o.csv")]) == 2
     assert main(["embed", "--model", str(tmp_path / "nomodel"), "--input", src, "--output", str(out)]) == 2
+
+
+def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch):
+    """embed only infers: `spanflow tune --task embed` with the required flags tunes inference."""
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
+    src = write_lines(tmp_path / "in.txt", TEXTS)
+    assert main(["tune", "--task", "embed", "--model", st_dir, "--data", src, "--budgets", "256",
+                 "--budget-seconds", "1", "--repeats", "1", "--no-backends", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "profile.json").read_text())["mode"] == "infer"

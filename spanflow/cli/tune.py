@@ -1,4 +1,4 @@
-"""`spanflow tune --task TASK --model DIR --data F --mode train|infer`"""
+"""`spanflow tune --task TASK --model DIR --data F [--mode train|infer]`"""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--task", choices=names(), required=True)
     p.add_argument("--model", required=True, help="encoder directory (train) or trained model directory (infer)")
     p.add_argument("--data", required=True, help="a sample of your real data (labelled for quality in infer mode)")
-    p.add_argument("--mode", choices=["train", "infer"], default="train")
+    p.add_argument("--mode", choices=["train", "infer"], default=None,
+                   help="[train; infer for a task that only infers, such as embed]")
     p.add_argument("--max-memory", type=float, default=None, help="GB; points above are not chosen")
     p.add_argument("--latency-slo", type=float, default=None, help="ms at p95; points above are not chosen")
     p.add_argument("--max-lengths", type=_ints, default=None, help="e.g. 128,256,512 (default: the model's)")

@@ -13,16 +13,17 @@ from spanflow.tuning.sweep import geometric, is_oom, pick_best, sweep
 MODES = ("train", "infer")
 
 
-def tune(*, task: str, model: str, data: str, mode: str = "train", max_lengths: list[int] | None = None,
+def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengths: list[int] | None = None,
          budgets: list[int] | None = None, max_memory_gb: float | None = None, latency_slo_ms: float | None = None,
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", device: str = "auto",
          out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True, repeats: int = 2,
          backends: bool = True, log_fn: Callable[[str], None] = print) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
-    In infer mode with `backends`, also the encoder compiled against eager at the best point
+    `mode` None: train, or infer for a task that does not train. In infer mode with `backends`, also the encoder compiled against eager at the best point
     (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`."""
     from spanflow.tasks.registry import get
 
+    mode = mode or ("train" if get(task).trains else "infer")
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
     if mode == "infer":  # measure the precision inference will run in
