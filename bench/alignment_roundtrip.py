@@ -13,9 +13,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import default_minilm, write_results  # noqa: E402
 from spanflow.batching.align import IGNORE, encode_texts  # noqa: E402
-from spanflow.tasks.bio import bio_labels, decode_spans  # noqa: E402
+from spanflow.tasks.ner.bio import bio_labels, decode_spans  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
-from spanflow.tasks.ner import bio_label_list  # noqa: E402
+from spanflow.tasks.ner.features import bio_label_list  # noqa: E402
 
 
 def main() -> None:

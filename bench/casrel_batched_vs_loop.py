@@ -19,8 +19,8 @@ import torch  # noqa: E402
 from common import median, write_results  # noqa: E402
 from spanflow.batching.align import encode_texts  # noqa: E402
 from spanflow.data.io import read_re  # noqa: E402
-from spanflow.models.casrel import next_true  # noqa: E402
-from spanflow.re import ReModel  # noqa: E402
+from spanflow.tasks.re.casrel import next_true  # noqa: E402
+from spanflow.tasks.re import ReModel  # noqa: E402
 
 
 def loop_predict(model: ReModel, texts: list[str]) -> list[list]:
@@ -63,10 +63,12 @@ def main() -> None:
     ap.add_argument("--precision", default="auto", help="as `spanflow predict` takes it [auto]")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
-    from spanflow.inference.auto_precision import infer_precision
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.registry import task_of_dir
 
     texts = [e.text for e in read_re(a.data)]
-    precision = infer_precision(a.precision, a.model, "cpu", texts)
+    precision = resolve_runtime(task_of_dir(a.model), a.model, Asked(device="cpu", precision=a.precision),
+                                texts=texts).precision
     model = ReModel.load(a.model, device="cpu", precision=precision)
     model.predict(texts[:32])
     loop_predict(model, texts[:8])

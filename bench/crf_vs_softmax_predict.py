@@ -19,7 +19,7 @@ from common import median, write_results  # noqa: E402
 def _constrained_f1(model, data) -> float:
     import torch
 
-    from spanflow.models.crf import CRF, bio_transition_mask, compact
+    from spanflow.tasks.ner.crf import CRF, bio_transition_mask, compact
 
     crf = CRF(len(model.id2label), bio_transition_mask(model.id2label)).to(model.policy.device)
 
@@ -34,7 +34,7 @@ def _constrained_f1(model, data) -> float:
 
 def main() -> None:
     from spanflow.data.io import read_ner
-    from spanflow.ner import NerModel
+    from spanflow.tasks.ner import NerModel
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--softmax", required=True)

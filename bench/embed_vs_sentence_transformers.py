@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 from common import default_minilm, timed, write_results  # noqa: E402
 from spanflow.batching.batcher import padding_efficiency  # noqa: E402
-from spanflow.embedder import Embedder  # noqa: E402
+from spanflow.tasks.embed import Embedder  # noqa: E402
 from spanflow.training.precision import cpu_has_bf16  # noqa: E402
 
 
@@ -63,13 +63,14 @@ def main() -> None:
         if prec == "bf16" and not cpu_has_bf16():
             print("skipping bf16: this CPU has no native bf16")
             continue
-        emb = Embedder.load(a.model, precision=prec, device="cpu")
+        emb = Embedder.load(a.model, precision="fp32" if prec == "int8" else prec,  # int8: a quantization
+                            quantize="int8" if prec == "int8" else None, device="cpu")
         emb.encode(texts[:64])
         t, got = timed(lambda: emb.encode(texts), a.repeats)
         from spanflow.batching.batcher import token_budget_batches
-        from spanflow.training.precision import default_infer_tokens
+        from spanflow.runtime.budget import infer_tokens
 
-        eff = padding_efficiency(token_budget_batches(lengths, default_infer_tokens(emb.policy.device),
+        eff = padding_efficiency(token_budget_batches(lengths, infer_tokens(emb.policy.device),
                                                       shuffle=False), lengths)
         cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
         out.append({"run": f"spanflow_{prec}", "seconds": t, "texts_per_s": len(texts) / t,

@@ -31,7 +31,7 @@ def one(model_dir: str, batch: int, length: int, ckpt: bool, device: str, precis
     import torch
 
     from spanflow.models.encoder import enable_checkpointing, load_encoder
-    from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
+    from spanflow.tasks.ner.heads import EncoderWithHead, TokenClassificationHead
     from spanflow.training.precision import resolve_policy
 
     policy = resolve_policy(precision, device)

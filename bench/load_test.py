@@ -86,7 +86,7 @@ async def level(port: int, texts: list[str], concurrency: int, n_requests: int, 
 def offline_reference(model: str, texts: list[str], precision: str) -> dict:
     """The same model in this process, no HTTP: texts/s one text per call and in token-budget
     batches (medians of 3). Their ratio bounds what batching can gain on this machine."""
-    from spanflow.embedder import Embedder
+    from spanflow.tasks.embed import Embedder
 
     emb = Embedder.load(model, precision=precision)
     ids, _ = emb.tokenize(texts[:2000])  # tokenized ahead, as the server does before queueing
@@ -95,7 +95,7 @@ def offline_reference(model: str, texts: list[str], precision: str) -> dict:
     for _ in range(3):
         t = time.perf_counter()
         for i in range(200):
-            emb._forward(emb.model, ids, [i], True)  # what --no-batching runs per request
+            emb._forward(emb.module, ids, [i], True)  # what --no-batching runs per request
         one.append(200 / (time.perf_counter() - t))
         t = time.perf_counter()
         emb._embed_ids(ids, 4096)  # the server's default budget

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_results  # noqa: E402
 from spanflow.data.examples import NerExample, join_examples  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
-from spanflow.ner import NerModel  # noqa: E402
+from spanflow.tasks.ner import NerModel  # noqa: E402
 
 
 SEPARATORS = {"space": " ", "newline": "\n"}
@@ -50,7 +50,7 @@ def main() -> None:
     a = ap.parse_args()
     model = NerModel.load(a.model)
     data = read_ner(a.data)
-    trained, full, own_lines = model.window, model.max_length, model.lines
+    trained, full, own_lines = model.max_length, model.limit, model.lines
     configs = (("encoder_window", full, False), ("trained_window", trained, False),
                ("default", trained, own_lines))
     rows = []
@@ -58,7 +58,7 @@ def main() -> None:
         docs = join(data, k, SEPARATORS[a.sep])
         row = {"sentences_per_doc": k, "docs": len(docs)}
         for name, window, lines in configs:
-            model.set_window(window)
+            model.set_max_length(window)
             model.lines = lines
             t = time.perf_counter()
             m = model.evaluate(docs)

@@ -17,7 +17,7 @@ from common import timed, write_results  # noqa: E402
 from spanflow.batching.align import encode_texts  # noqa: E402
 from spanflow.batching.batcher import padding_efficiency, token_budget_batches  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
-from spanflow.ner import NerModel  # noqa: E402
+from spanflow.tasks.ner import NerModel  # noqa: E402
 
 
 def to_hf(model: NerModel, model_dir: str, path: str) -> None:
@@ -68,9 +68,10 @@ def main() -> None:
     sf16.predict(texts[:64])
     t_sf16, sf16_out = timed(lambda: sf16.predict(texts, max_tokens=a.max_tokens), a.repeats)
     # what `spanflow predict` runs with no flags: --precision auto's choice, the default token budget
-    from spanflow.inference.auto_precision import infer_precision
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.registry import task_of_dir
 
-    auto = infer_precision("auto", a.model, "cpu", texts)
+    auto = resolve_runtime(task_of_dir(a.model), a.model, Asked(device="cpu"), texts=texts).precision
     sfd = NerModel.load(a.model, device="cpu", precision=auto)
     sfd.predict(texts[:64])
     t_sfd, _ = timed(lambda: sfd.predict(texts), a.repeats)

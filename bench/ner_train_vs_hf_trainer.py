@@ -43,7 +43,7 @@ def word_tags(example, words):
 
 def hf_features(tok, train) -> tuple[list[str], list[dict]]:
     """(BIO labels, Trainer features): CoNLL words tokenized as words, labels on first subwords."""
-    from spanflow.tasks.ner import bio_label_list
+    from spanflow.tasks.ner.features import bio_label_list
 
     labels = bio_label_list(sorted({lab for e in train for *_, lab in e.spans}))
     l2i = {lab: i for i, lab in enumerate(labels)}
@@ -117,7 +117,7 @@ def tags_to_spans(tags, words):
 
 
 def spanflow_run(model_dir, train, dev, *, epochs, lr, seed, precision, max_tokens, out):
-    from spanflow.ner import train_ner
+    from spanflow.tasks.ner import train_ner
 
     opts = TrainOptions(epochs=epochs, lr=lr, seed=seed, precision=precision, max_tokens=max_tokens,
                         patience=0, log_every=0)

@@ -57,7 +57,7 @@ def run_one(name: str, seed: int, a) -> dict:
     import torch
 
     from spanflow.data.io import read_ner
-    from spanflow.ner import train_ner
+    from spanflow.tasks.ner import train_ner
     from spanflow.training.options import TrainOptions
 
     overrides, head, variant = CONFIGS[name]

@@ -73,11 +73,11 @@ def spanflow_curve(task: str, model: str, train, dev, *, epochs: int | None, see
     shutil.rmtree(out, ignore_errors=True)
     lines: list[str] = []
     if task == "re":
-        from spanflow.re import train_re
+        from spanflow.tasks.re import train_re
 
         train_re(train, dev, model=model, out_dir=out, options=opts, relations=relations, log_fn=lines.append)
     else:
-        from spanflow.ner import train_ner
+        from spanflow.tasks.ner import train_ner
 
         train_ner(train, dev, model=model, out_dir=out, options=opts, log_fn=lines.append)
     reps = [json.loads(x) for x in open(os.path.join(out, "train_report.jsonl"))]

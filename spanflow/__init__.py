@@ -1,24 +1,22 @@
 """spanflow: train, tune, run and serve span models at full accelerator utilization."""
-from spanflow.data.examples import NerExample
-from spanflow.data.io import read_ner, write_ner
+from spanflow.data.examples import NerExample, ReExample
+from spanflow.data.io import read_ner, read_re, write_ner
 from spanflow.data.records import read_texts
 from spanflow.errors import ConfigError, DataError, ModelDirError, SpanflowError
 from spanflow.training.options import TrainOptions
 
 __version__ = "0.1.0"
 
-__all__ = ["NerExample", "read_ner", "read_texts", "write_ner", "TrainOptions", "SpanflowError", "DataError",
-           "ModelDirError", "ConfigError", "NerModel", "train_ner", "Embedder"]
+__all__ = ["NerExample", "ReExample", "read_ner", "read_re", "read_texts", "write_ner", "TrainOptions", "SpanflowError",
+           "DataError", "ModelDirError", "ConfigError", "NerModel", "train_ner", "ReModel", "train_re", "Embedder"]
+_MODELS = {"NerModel": "spanflow.tasks.ner", "train_ner": "spanflow.tasks.ner", "ReModel": "spanflow.tasks.re",
+           "train_re": "spanflow.tasks.re", "Embedder": "spanflow.tasks.embed"}
 
 
 def __getattr__(name: str):
-    # the model API imports transformers; load it only when asked for
-    if name in ("NerModel", "train_ner"):
-        from spanflow import ner
+    # the model API imports torch; load it only when asked for
+    if name in _MODELS:
+        import importlib
 
-        return getattr(ner, name)
-    if name == "Embedder":
-        from spanflow.embedder import Embedder
-
-        return Embedder
+        return getattr(importlib.import_module(_MODELS[name]), name)
     raise AttributeError(name)

@@ -1,10 +1,10 @@
 import random
 
 from spanflow.batching.align import IGNORE, Encoded, encode_texts, make_windows, merge_windows, windows_for
-from spanflow.tasks.bio import bio_labels, decode_spans
+from spanflow.tasks.ner.bio import bio_labels, decode_spans
 from spanflow.data.io import read_ner
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.tasks.ner import bio_label_list
+from spanflow.tasks.ner.features import bio_label_list
 
 
 def roundtrip(tokenizer, examples):

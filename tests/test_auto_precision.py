@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from spanflow.inference import auto_precision as ap
-from spanflow.training.precision import Policy, cpu_has_bf16
+from spanflow.runtime import policy
+from spanflow.runtime.loads import Loads
+from spanflow.runtime.policy import cpu_has_bf16
+from spanflow.runtime.precision import auto_precision
 
 
 class FakeTask:
@@ -27,32 +29,46 @@ class FakeTask:
 
 @pytest.fixture
 def bf16_device(monkeypatch, tmp_path):
-    import torch
-
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(ap, "resolve_policy", lambda *a, **k: Policy(torch.device("cpu"), torch.bfloat16, False))
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)  # the candidate on CPU is then bf16
+
+
+def check(path, task, texts, said):
+    return auto_precision(task, str(path), device="cpu", texts=texts, log=said.append)
 
 
 def test_a_precision_that_agrees_is_kept_and_the_verdict_cached(bf16_device, tmp_path):
     said = []
     task = FakeTask(0.95)
-    assert ap.auto_precision(str(tmp_path), task=task, device="cpu", texts=["a", "b"], log=said.append) == "bf16"
-    assert task.loads == ["fp32", "bf16"] and "bf16 (agreement 0.9500 to fp32 on 2 input texts" in said[0]
+    precision, why = check(tmp_path, task, ["a", "b"], said)
+    assert precision == "bf16" and task.loads == ["fp32", "bf16"]
+    assert why == "auto: agreement 0.9500 to fp32 on 2 input texts, gate 0.9"
     again = FakeTask(0.0)  # a cached verdict is not measured again
-    assert ap.auto_precision(str(tmp_path), task=again, device="cpu", texts=["a"], log=said.append) == "bf16"
-    assert again.loads == [] and "checked before" in said[1]
+    precision, why = check(tmp_path, again, ["a"], said)
+    assert precision == "bf16" and again.loads == [] and "checked before" in why and not said
+    [cached] = (tmp_path / "cache" / "verdicts").glob("*.json")
+    assert json.loads(cached.read_text()) == {"precision": "bf16", "measure": "agreement", "score": 0.95, "gate": 0.9,
+                                              "n": 2, "passed": True, "source": "input"}
 
 
 def test_a_precision_below_the_gate_falls_back_to_fp32_with_a_reason(bf16_device, tmp_path):
     said = []
-    assert ap.auto_precision(str(tmp_path), task=FakeTask(0.5), device="cpu", texts=["a"], log=said.append) == "fp32"
-    assert "below the gate 0.9" in said[0]
+    precision, why = check(tmp_path, FakeTask(0.5), ["a"], said)
+    assert precision == "fp32" and "bf16 reached agreement 0.5000" in why and "below the gate 0.9" in why
     sample = FakeTask(1.0)  # nothing to check on (serve): built-in sentences, and real input checks again later
-    assert ap.auto_precision(str(tmp_path / "other"), task=sample, device="cpu", texts=[], log=said.append) == "bf16"
-    assert "built-in sample texts" in said[1] and sample.loads == ["fp32", "bf16"]
+    precision, why = check(tmp_path / "other", sample, [], said)
+    assert precision == "bf16" and "built-in sample texts" in why and sample.loads == ["fp32", "bf16"]
     real = FakeTask(0.5)
-    assert ap.auto_precision(str(tmp_path / "other"), task=real, device="cpu", texts=["a"], log=said.append) == "fp32"
-    assert real.loads == ["fp32", "bf16"] and "on 1 input texts" in said[2]
+    precision, why = check(tmp_path / "other", real, ["a"], said)
+    assert precision == "fp32" and real.loads == ["fp32", "bf16"] and "on 1 input texts" in why
+
+
+def test_the_checked_models_are_the_ones_the_command_then_runs(bf16_device, tmp_path):
+    task = FakeTask(0.95)
+    loads = Loads(task, str(tmp_path))
+    assert auto_precision(task, str(tmp_path), device="cpu", texts=["a"], loads=loads)[0] == "bf16"
+    assert loads.get("cpu", "bf16") is task and task.loads == ["fp32", "bf16"]  # taken, not loaded again
+    assert loads.loaded == 2
 
 
 @pytest.mark.skipif(not cpu_has_bf16(), reason="needs a CPU with native bf16")
@@ -73,17 +89,35 @@ def test_predict_auto_checks_bf16_on_its_input(tmp_path, monkeypatch, capsys):
     args = ["predict", "--model", str(tmp_path / "run" / "model"), "--input", str(tmp_path / "in.txt"), "--output",
             str(tmp_path / "o.jsonl")]
     assert main(args) == 0
-    err = capsys.readouterr().err
-    assert "precision auto: " in err and "entity F1" in err
+    [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("runtime: ")]
+    assert "(auto: " in line and "entity F1" in line and "on 40 input texts" in line
     verdicts = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")]
     assert len(verdicts) == 1 and verdicts[0]["measure"] == "entity F1" and verdicts[0]["n"] == 40
 
 
 def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp_path):
     said = []
-    assert ap.auto_precision(str(tmp_path), task=FakeTask(0.95), device="cpu", texts=["a"], log=said.append) == "bf16"
+    assert check(tmp_path, FakeTask(0.95), ["a"], said)[0] == "bf16"
     [cached] = list((tmp_path / "cache").rglob("*.json"))
     cached.write_text('{"precision": "bf1')  # truncated
     again = FakeTask(0.5)
-    assert ap.auto_precision(str(tmp_path), task=again, device="cpu", texts=["a"], log=said.append) == "fp32"
-    assert "is unreadable" in said[1] and again.loads == ["fp32", "bf16"]
+    assert check(tmp_path, again, ["a"], said)[0] == "fp32"
+    assert "is unreadable" in said[0] and str(cached) in said[0] and again.loads == ["fp32", "bf16"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda v: v.pop("score"), "field 'score' is missing"),
+    (lambda v: v.update(n=-3), "field 'n': Input should be greater than or equal to 0, got -3"),
+    (lambda v: v.update(source="elsewhere"), "field 'source'"),
+])
+def test_an_incomplete_cached_verdict_names_its_field_and_is_checked_again(bf16_device, tmp_path, change, problem):
+    said = []
+    assert check(tmp_path, FakeTask(0.95), ["a"], said)[0] == "bf16"
+    [cached] = list((tmp_path / "cache").rglob("*.json"))
+    verdict = json.loads(cached.read_text())
+    change(verdict)
+    cached.write_text(json.dumps(verdict))
+    again = FakeTask(0.5)
+    assert check(tmp_path, again, ["a"], said)[0] == "fp32"
+    assert len(said) == 1 and f"{cached} is incomplete ({problem}" in said[0] and "checking again" in said[0]
+    assert again.loads == ["fp32", "bf16"]

@@ -6,28 +6,29 @@ from helpers import tiny_bert
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError
 from spanflow.inference import backend
-from spanflow.ner import NerModel
+from spanflow.runtime.backend import choose_backend
+from spanflow.tasks.ner import NerModel
 
 TEXTS = [e.text for e in synthetic_ner(40, seed=5)]
 
 
 def tiny_ner() -> NerModel:
     enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=2, seed=1)
-    model = NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], max_length=64, head_type="softmax")
+    model = NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=64, head_type="softmax")
     with torch.no_grad():  # a head that tags something, so the comparison is not between empty lists
         model.module.head.proj.bias[1] += 2.0
     return model
 
 
 def test_auto_compiles_only_for_a_batching_server():
-    assert backend.choose_backend("auto", batching=True) == "compile"
-    assert backend.choose_backend("auto", batching=False) == "eager"
-    assert backend.choose_backend("eager", batching=True) == "eager"
+    assert choose_backend("auto", batching=True) == "compile"
+    assert choose_backend("auto", batching=False) == "eager"
+    assert choose_backend("eager", batching=True) == "eager"
     # a profile from `spanflow tune --mode infer` that measured eager faster is followed
-    assert backend.choose_backend("auto", batching=True, measured="eager") == "eager"
-    assert backend.choose_backend("auto", batching=False, measured="compile") == "eager"
+    assert choose_backend("auto", batching=True, measured="eager") == "eager"
+    assert choose_backend("auto", batching=False, measured="compile") == "eager"
     with pytest.raises(ConfigError):
-        backend.choose_backend("onnx", batching=True)
+        choose_backend("onnx", batching=True)
 
 
 def test_compiled_model_tags_what_the_eager_model_tags():
@@ -37,7 +38,7 @@ def test_compiled_model_tags_what_the_eager_model_tags():
     lines = []
     assert backend.use_backend(model, "compile", lines.append) == "compile"
     assert "compiled" in lines[0]
-    assert model.network.encoder is not model.network.encoder._orig_mod  # the compiled wrapper runs
+    assert model.module.encoder is not model.module.encoder._orig_mod  # the compiled wrapper runs
     assert model.predict(TEXTS) == want
     units, _, ctx = model.units(TEXTS[:7])
     assert model.assemble(TEXTS[:7], units, model.run_batch(units), ctx) == want[:7]
@@ -45,7 +46,7 @@ def test_compiled_model_tags_what_the_eager_model_tags():
 
 def test_a_failed_compile_runs_eager_and_says_why(monkeypatch):
     model = tiny_ner()
-    eager = model.network.encoder
+    eager = model.module.encoder
 
     class Broken(torch.nn.Module):  # what a compile that fails at its first call looks like
         def forward(self, *a, **k):
@@ -57,5 +58,5 @@ def test_a_failed_compile_runs_eager_and_says_why(monkeypatch):
     monkeypatch.setattr(torch, "compile", broken)
     lines = []
     assert backend.use_backend(model, "compile", lines.append) == "eager"
-    assert model.network.encoder is eager and "no C++ compiler found" in lines[0]
+    assert model.module.encoder is eager and "no C++ compiler found" in lines[0]
     assert len(model.predict(TEXTS[:3])) == 3

@@ -75,10 +75,10 @@ def test_predict_on_a_bert_model_does_not_import_transformers(bert_dir, tmp_path
     import subprocess
     import sys
 
-    from spanflow.ner import NerModel
+    from spanflow.tasks.ner import NerModel
 
     _, ref, tok = bert_dir
-    model = NerModel(encoder=ref, tokenizer=tok, labels=["LOC", "PER"], max_length=64, head_type="softmax")
+    model = NerModel(encoder=ref, tokenizer=tok, labels=["LOC", "PER"], limit=64, head_type="softmax")
     model.save(str(tmp_path / "model"))
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     code = ("import sys; from spanflow.cli.main import main; rc = main(sys.argv[1:]); "

@@ -3,7 +3,7 @@ in the test, training, prediction and evaluation in character offsets."""
 import random
 
 from spanflow.data.io import read_ner
-from spanflow.ner import NerModel, train_ner
+from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.training.options import TrainOptions
 
 NAMES = ["张伟", "王芳", "李娜", "刘洋", "陈静", "杨磊"]

@@ -8,8 +8,8 @@ from torch import nn
 
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError
-from spanflow.ner import NerModel, train_ner
-from spanflow.training import precision
+from spanflow.tasks.ner import NerModel, train_ner
+from spanflow.runtime import policy as precision
 from spanflow.training.defaults import (REFERENCE_TOKENS, UPDATES_PER_EPOCH, TaskDefaults, device_budget,
                                         fill_defaults, update_tokens)
 from spanflow.training.loop import TaskHooks, train_loop
@@ -95,11 +95,11 @@ def test_inference_window_is_the_trained_length(tmp_path):
     opts = TrainOptions(epochs=12, lr=2e-2, max_tokens=512, warmup_ratio=0.05, patience=0, log_every=0)
     model = train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
     longest = max(len(model.tokenizer(e.text)["input_ids"]) for e in data)
-    assert model.window == math.ceil(longest / 8) * 8 < model.max_length
+    assert model.max_length == math.ceil(longest / 8) * 8 < model.limit
     again = NerModel.load(str(tmp_path / "model"))
-    assert again.window == model.window
+    assert again.max_length == model.max_length
     long = " ".join(e.text for e in data[:12])  # far longer than any training window
-    assert len(model.tokenizer(long)["input_ids"]) > 3 * model.window
+    assert len(model.tokenizer(long)["input_ids"]) > 3 * model.max_length
     spans = again.predict([long])[0]
     assert max(e for _, e, _ in spans) > len(long) - len(data[11].text)  # the last sentence is still tagged
     # trained on single lines, it reads each line of a document on its own
@@ -114,11 +114,11 @@ def test_inference_window_is_the_trained_length(tmp_path):
         want += [(s + base, e + base, lab) for s, e, lab in spans]
         base += len(line) + 1
     assert again.predict([doc])[0] == want
-    again.set_window(16, 4)
-    assert (again.window, again.stride) == (16, 4)
+    again.set_max_length(16, 4)
+    assert (again.max_length, again.stride) == (16, 4)
     for bad in ((2, None), (10 ** 6, None), (16, 14)):
         with pytest.raises(ConfigError):
-            again.set_window(*bad)
+            again.set_max_length(*bad)
 
 
 def test_a_model_trained_on_multi_line_texts_reads_lines_together(tmp_path):
@@ -136,7 +136,7 @@ def test_a_model_trained_on_multi_line_texts_reads_lines_together(tmp_path):
 
 def test_flops_per_token_skip_lookup_tables():
     from spanflow.models.encoder import build_tiny
-    from spanflow.models.heads import EncoderWithHead, TokenClassificationHead
+    from spanflow.tasks.ner.heads import EncoderWithHead, TokenClassificationHead
     from spanflow.monitor.report import train_flops_per_token
 
     enc, _ = build_tiny([e.text for e in synthetic_ner(20, seed=1)], hidden=32, embedding=16, bigram_buckets=1009)
@@ -147,7 +147,7 @@ def test_flops_per_token_skip_lookup_tables():
 
 def test_pack_examples_joins_neighbours_within_the_longest_text():
     from spanflow.data.examples import NerExample, join_examples
-    from spanflow.tasks.ner import pack_examples
+    from spanflow.tasks.ner.features import pack_examples
 
     a = NerExample("Ada met Bob", [(0, 3, "PER"), (8, 11, "PER")], words=[(0, 3), (4, 7), (8, 11)])
     b = NerExample("in Oslo", [(3, 7, "LOC")], words=[(0, 2), (3, 7)])

@@ -1,4 +1,5 @@
 """DDP on CPU with gloo: 2 real processes against single-process training on the same batches."""
+import json
 import os
 import socket
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from spanflow.batching.align import IGNORE
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.training.distributed import Dist, exit_now, init_from_env, shutdown
+from spanflow.training.distributed import (all_sum, broadcast, exit_now, gather, init_from_env, shard_gather,
+                                           shutdown)
 from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import resolve_policy
@@ -20,12 +21,12 @@ N_TEXTS = 37
 def setup_task(head="softmax"):
     """A tiny NER model without dropout (so runs compare exactly) and its windows."""
     from spanflow.models.encoder import build_tiny
-    from spanflow.ner import NerModel
-    from spanflow.tasks.ner import make_collate, ner_loss, prepare_windows, window_targets
+    from spanflow.tasks.ner import NerModel
+    from spanflow.tasks.ner.features import make_collate, ner_loss, prepare_windows, window_targets
 
     data = synthetic_ner(N_TEXTS, seed=11, max_clauses=2)
     enc, tok = build_tiny([e.text for e in data], hidden=32, embedding=32, bigram_buckets=1009, seed=0)
-    nm = NerModel(encoder=enc, tokenizer=tok, labels=sorted({s[2] for e in data for s in e.spans}), max_length=64,
+    nm = NerModel(encoder=enc, tokenizer=tok, labels=sorted({s[2] for e in data for s in e.spans}), limit=64,
                   policy=resolve_policy("fp32", "cpu"), head_type=head)
     torch.manual_seed(0)
     nm.module.head.proj.reset_parameters()
@@ -38,17 +39,22 @@ def setup_task(head="softmax"):
     return nm, windows, hooks
 
 
-def _worker(rank, world, port, out, extra):
+def _join(rank, world, port):
+    """Join a gloo group as torchrun would describe it in the environment."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
     torch.set_num_threads(1)
-    d = init_from_env()
+    return init_from_env()
+
+
+def _worker(rank, world, port, out, extra):
+    d = _join(rank, world, port)
     extra = dict(extra)
     head = extra.pop("head", "softmax")
     nm, windows, hooks = setup_task(head)
     opts = TrainOptions(**{**OPTS, **extra})
     if opts.resume:  # the model weights come from the checkpoint, as train_ner does
-        from spanflow.ner import NerModel
+        from spanflow.tasks.ner import NerModel
 
         nm.module.load_state_dict(NerModel.load(os.path.join(out, "checkpoint", "model"), device="cpu")
                                   .module.state_dict())
@@ -74,7 +80,7 @@ def run_ddp(out, **extra):
 
 def _weights(nm, windows, opts):
     from spanflow.batching.sampling import rarity_weights
-    from spanflow.tasks.ner import window_kinds
+    from spanflow.tasks.ner.features import window_kinds
 
     return rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
 
@@ -93,6 +99,14 @@ def assert_same(a, b):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+def reported_tokens(out) -> list[tuple[int, int]]:
+    """(real, padded) tokens of each period in a run's train_report.jsonl."""
+    with open(os.path.join(out, "train_report.jsonl")) as f:
+        reps = [json.loads(x) for x in f]
+    return [(round(r["real_tokens_per_s"] * r["wall_s"]), round(r["padded_tokens_per_s"] * r["wall_s"]))
+            for r in reps]
+
+
 @pytest.mark.slow
 def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
     _, windows, _ = setup_task()
@@ -106,6 +120,11 @@ def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
     assert_same(ddp, single_process(tmp_path / "single"))
     init = setup_task()[0].module.state_dict()
     assert any(not torch.allclose(init[k], ddp[k]) for k in init)  # it trained
+    # the report counts both ranks' tokens: every window once an epoch, as one process would
+    want = [(sum(len(windows[i]) for step in plan for mb in step for i in mb),
+             sum(max(len(windows[i]) for i in mb) * len(mb) for step in plan for mb in step if mb)) for plan in plans]
+    assert reported_tokens(tmp_path / "ddp") == reported_tokens(tmp_path / "single") == want
+    assert want[0][0] == sum(len(w) for w in windows)
 
 
 @pytest.mark.slow
@@ -126,15 +145,42 @@ def test_ddp_resume_matches_uninterrupted(tmp_path):
     assert_same(full, resumed)
 
 
-def test_single_process_dist_is_inert():
-    d = Dist()
-    assert not d.enabled and d.is_main and IGNORE == -100
+def test_without_torchrun_the_collectives_stay_in_the_process(monkeypatch):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    d = init_from_env()
+    calls = []
+    assert shard_gather([3, 1, 2], lambda xs: calls.append(list(xs)) or [x * 2 for x in xs], d) == [6, 2, 4]
+    assert calls == [[3, 1, 2]]  # one call over every item: nothing was sharded away
+    assert gather("x", d) == ["x"] and broadcast("y", d) == "y" and all_sum([1.0, 2.0], d) == [1.0, 2.0]
+    assert d.is_main and not torch.distributed.is_initialized()
+
+
+def _collective_worker(rank, world, port, out):
+    d = _join(rank, world, port)
+    got = {"shard_gather": shard_gather(list(range(11)), lambda xs: [[x * x, d.rank] for x in xs], d),
+           "gather": gather({"rank": d.rank}, d), "all_sum": all_sum([1.0 + d.rank, 10.0 * d.rank], d),
+           "broadcast": broadcast(f"from rank {d.rank}", d), "place": [d.rank, d.world, d.is_main]}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(got, f)
+    shutdown()
+    exit_now(0)
+
+
+@pytest.mark.slow
+def test_collectives_assemble_the_ranks_results_on_every_rank(tmp_path):
+    mp.spawn(_collective_worker, args=(2, free_port(), str(tmp_path / "got")), nprocs=2, join=True)
+    for rank in range(2):
+        got = json.loads((tmp_path / f"got.{rank}").read_text())
+        # each item computed once, by rank (index % 2), and back in input order
+        assert got["shard_gather"] == [[x * x, x % 2] for x in range(11)]
+        assert got["gather"] == [{"rank": 0}, {"rank": 1}] and got["all_sum"] == [3.0, 10.0]
+        assert got["broadcast"] == "from rank 0" and got["place"] == [rank, 2, rank == 0]
 
 
 @pytest.mark.slow
 def test_cli_devices_relaunches_under_torchrun(tmp_path):
     """`spanflow train --devices 2` re-launches itself through torch.distributed.run (gloo on CPU)."""
-    import json
     import subprocess
     import sys
 
@@ -158,23 +204,26 @@ def test_cli_devices_relaunches_under_torchrun(tmp_path):
 
 
 def test_max_steps_writes_a_partial_report(tmp_path):
-    import json
-
     nm, windows, hooks = setup_task()
-    train_loop(nm.module, windows, hooks, opts=TrainOptions(**{**OPTS, "max_steps": 2}), policy=nm.policy,
-               out_dir=str(tmp_path), log=lambda s: None)
+    opts = TrainOptions(**{**OPTS, "max_steps": 2})
+    summary = train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path),
+                         log=lambda s: None)
+    assert not summary["completed"] and summary["global_step"] == 2
     reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
-    assert len(reps) == 1 and reps[0]["partial"] and reps[0]["step"] == 2 and reps[0]["real_tokens_per_s"] > 0
+    assert len(reps) == 1 and reps[0]["partial"] and reps[0]["step"] == 2
+    steps = _epoch_plan([len(w) for w in windows], opts, 0)[:2]  # the tokens of the two steps it ran
+    assert reported_tokens(tmp_path) == [(sum(len(windows[i]) for step in steps for mb in step for i in mb),
+                                          sum(max(len(windows[i]) for i in mb) * len(mb) for step in steps
+                                              for mb in step))]
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["global_step"] == 2 and state["epoch"] == 0  # --resume continues from there
 
 
 def _embed_worker(rank, world, port, model_dir, src, out, die_after):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
-    torch.set_num_threads(1)
-    from spanflow.embedder import Embedder
-    from spanflow.inference.embed_job import EmbedSpec, embed_file
+    from spanflow.tasks.embed import Embedder
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
 
-    d = init_from_env()
+    d = _join(rank, world, port)
     emb = Embedder.load(model_dir, device="cpu")
     if rank == 1 and die_after is not None:  # this rank is killed after `die_after` windows
         real, calls = emb._embed_ids, [0]
@@ -185,7 +234,7 @@ def _embed_worker(rank, world, port, model_dir, src, out, die_after):
                 os._exit(1)
             return real(*a, **kw)
         emb._embed_ids = dying
-    embed_file(emb, EmbedSpec(input=src, output=out, window=4), resume=die_after is None, progress=False,
+    embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=4), resume=die_after is None, progress=False,
                log=lambda m: None, dist=d)
     shutdown()
     exit_now(0)  # as spanflow's CLI leaves a rank: no interpreter teardown for gloo to trip on
@@ -194,11 +243,9 @@ def _embed_worker(rank, world, port, model_dir, src, out, die_after):
 @pytest.mark.slow
 @pytest.mark.parametrize("ext", ["npy", "jsonl"])
 def test_sharded_embed_matches_one_process_and_resumes_a_killed_rank(tmp_path, ext):
-    import json
-
     import numpy as np
 
-    from spanflow.embedder import Embedder
+    from spanflow.tasks.embed import Embedder
     from spanflow.models.encoder import build_tiny
 
     texts = [e.text for e in synthetic_ner(30, seed=4)]
@@ -226,15 +273,10 @@ def test_sharded_embed_matches_one_process_and_resumes_a_killed_rank(tmp_path, e
 
 
 def _eval_worker(rank, world, port, model_dir, data_path, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu")
-    torch.set_num_threads(1)
-    import json
-
     from spanflow.data.io import read_ner
-    from spanflow.ner import NerModel
+    from spanflow.tasks.ner import NerModel
 
-    d = init_from_env()
+    d = _join(rank, world, port)
     m = NerModel.load(model_dir, device="cpu").evaluate(read_ner(data_path), dist=d)
     with open(f"{out}.{rank}", "w") as f:
         json.dump(m, f)
@@ -244,11 +286,9 @@ def _eval_worker(rank, world, port, model_dir, data_path, out):
 
 @pytest.mark.slow
 def test_sharded_evaluation_equals_single_process(tmp_path):
-    import json
-
     from spanflow.data.formats.jsonl import write_jsonl_record
     from spanflow.data.io import read_ner
-    from spanflow.ner import NerModel, train_ner
+    from spanflow.tasks.ner import NerModel, train_ner
 
     data = synthetic_ner(41, seed=5)
     p = tmp_path / "d.jsonl"

@@ -7,11 +7,11 @@ import torch
 
 from spanflow.cli.main import main
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.embedder import Embedder
+from spanflow.tasks.embed import Embedder
 from spanflow.errors import ConfigError, ModelDirError
-from spanflow.inference.embed_job import EmbedSpec, embed_file
+from spanflow.tasks.embed.job import EmbedSpec, embed_file
 from helpers import tiny_bert
-from spanflow.models.pooling import Pooling
+from spanflow.tasks.embed.pooling import Pooling
 
 TEXTS = [e.text for e in synthetic_ner(40, seed=8, max_clauses=3)]
 
@@ -60,9 +60,9 @@ def test_pooling_modes_ignore_padding():
 
 def test_st_dir_config_is_read(st_dir, hf_dir):
     st = Embedder.load(st_dir)
-    assert st.max_length == 24 and st.model.pooling.mode == "cls" and st.model.pooling.normalize
+    assert st.max_length == 24 and st.module.pooling.mode == "cls" and st.module.pooling.normalize
     hf = Embedder.load(hf_dir)
-    assert hf.model.pooling.mode == "mean" and not hf.model.pooling.normalize and hf.max_length == 512
+    assert hf.module.pooling.mode == "mean" and not hf.module.pooling.normalize and hf.max_length == 512
 
 
 def test_unsupported_module_is_a_clear_error(tmp_path):
@@ -112,7 +112,7 @@ def test_reduced_precision_checked_against_fp32(st_dir, monkeypatch):
     emb = Embedder.load(st_dir, precision="bf16", device="cpu")
     cal = emb.check_precision(TEXTS)
     assert cal["precision"] == "bf16" and 0.9 < cal["mean_cosine"] <= 1.0 + 1e-6 and cal["min_cosine"] <= cal["mean_cosine"]
-    monkeypatch.setitem(__import__("spanflow.embedder").embedder.MIN_MEAN_COSINE, "bf16", 1.01)
+    monkeypatch.setitem(__import__("spanflow.tasks.embed.model").tasks.embed.model.MIN_MEAN_COSINE, "bf16", 1.01)
     with pytest.raises(ConfigError, match="below 1.01"):
         emb.check_precision(TEXTS)
     assert emb.check_precision(TEXTS, force=True)["mean_cosine"] < 1.01
@@ -121,21 +121,78 @@ def test_reduced_precision_checked_against_fp32(st_dir, monkeypatch):
 
 def test_bf16_weights_cast_once_give_the_autocast_result(st_dir):
     emb = Embedder.load(st_dir, precision="bf16", device="cpu")
-    linears = [m for m in emb.model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in emb.module.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
     assert all(p.dtype == torch.float32 for p in emb._fp32.parameters())  # the calibration reference
     ids, _ = emb.tokenize(TEXTS)
     batch = list(range(len(ids)))
-    fast = emb._forward(emb.model, ids, batch, True)
+    fast = emb._forward(emb.module, ids, batch, True)
     autocast_fp32 = emb._forward(emb._fp32, ids, batch, True)  # autocast casting fp32 weights per call
     assert torch.equal(fast, autocast_fp32)
 
 
-def test_int8_is_cpu_quantized(st_dir):
-    emb = Embedder.load(st_dir, precision="int8", device="cpu")
-    assert any("quantized" in type(m).__module__ for m in emb.model.modules())
+def test_int8_is_a_cpu_quantization_not_a_precision(st_dir):
+    emb = Embedder.load(st_dir, quantize="int8", device="cpu")
+    assert any("quantized" in type(m).__module__ for m in emb.module.modules())
+    assert emb.policy.name == "fp32" and emb.precision_name == "int8"
     cal = emb.calibrate(TEXTS)
-    assert cal["precision"] == "int8" and -1 <= cal["min_cosine"] <= cal["mean_cosine"] <= 1 + 1e-6
+    assert cal["precision"] == "int8" and cal["threshold"] == 0.99 and cal["mean_cosine"] > 0.99  # a sound model
+    with pytest.raises(ConfigError, match="not a precision: use --quantize int8"):
+        Embedder.load(st_dir, precision="int8")
+    with pytest.raises(ConfigError, match="computes in fp32"):
+        Embedder.load(st_dir, precision="bf16", quantize="int8")
+
+
+def test_a_twin_in_another_precision_matches_a_fresh_load(st_dir):
+    base = Embedder.load(st_dir, precision="fp32", device="cpu")
+    for precision, quantize in (("bf16", None), ("fp32", "int8")):
+        twin = base.with_precision(precision, quantize)
+        fresh = Embedder.load(st_dir, precision=precision, quantize=quantize, device="cpu")
+        assert twin.precision_name == fresh.precision_name and twin.max_length == fresh.max_length
+        np.testing.assert_allclose(twin.encode(TEXTS), fresh.encode(TEXTS), atol=1e-6)
+        assert twin._fp32.encoder is base.module.encoder  # the fp32 weights are shared, not read again
+    np.testing.assert_allclose(base.encode(TEXTS), Embedder.load(st_dir, precision="fp32").encode(TEXTS), atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def int8_hurts_dir(tmp_path_factory):
+    """A model int8 cannot hold: Linear layers that dominate the residual stream, each with one
+    weight far above the rest, so that per-tensor int8 rounds every other weight to zero."""
+    d = tmp_path_factory.mktemp("int8_hurts")
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=2, seed=0)
+    with torch.no_grad():
+        for m in enc.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.mul_(10)
+                m.weight[0, 0] = 100.0
+    enc.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def test_the_int8_gate_refuses_a_model_that_misses_it_unless_forced(int8_hurts_dir, st_dir, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", TEXTS)
+    out = tmp_path / "o.npy"
+    args = ["embed", "--model", int8_hurts_dir, "--input", src, "--output", str(out), "--quantize", "int8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "int8 embeddings reach a mean cosine of 0." in err and "below 0.99" in err and "--force" in err
+    assert "Traceback" not in err and not out.exists()
+    assert main(args + ["--force"]) == 0
+    captured = capsys.readouterr()
+    assert np.load(out).shape[0] == len(TEXTS) and "quantize int8" in captured.out
+    assert f"on {len(TEXTS)} input texts, gate 0.99, accepted by --force" in captured.err
+    # the same quantization of a sound model passes the gate without --force
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", str(out), "--quantize", "int8"]) == 0
+    assert "accepted by --force" not in capsys.readouterr().err
+
+
+def test_precision_int8_names_quantize(st_dir, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", TEXTS[:3])
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "o.npy"),
+                 "--precision", "int8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--quantize int8" in err[0] and "not a precision" in err[0]
 
 
 def write_lines(path, lines):
@@ -149,7 +206,7 @@ def test_embed_file_npy_ids_and_error_rows(st_dir, tmp_path):
     lines.insert(4, "{not json")
     src = write_lines(tmp_path / "in.jsonl", lines)
     out = str(tmp_path / "out.npy")
-    s = embed_file(emb, EmbedSpec(input=src, output=out, window=4), progress=False, log=lambda m: None)
+    s = embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=4), progress=False, log=lambda m: None)
     arr = np.load(out)
     assert arr.shape == (10, emb.dim) and s["texts"] == 10 and s["errors"] == 1
     np.testing.assert_allclose(np.delete(arr, 4, axis=0), emb.encode(TEXTS[:9]), atol=1e-5)
@@ -177,7 +234,7 @@ def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
 def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
     src = write_lines(tmp_path / "in.txt", TEXTS[:23])
     out = str(tmp_path / "out.npy")
-    spec = EmbedSpec(input=src, output=out, window=5, dtype="float16", model=st_dir)
+    spec = EmbedSpec(input=src, output=out, chunk_size=5, dtype="float16", model=st_dir)
     emb = Embedder.load(st_dir)
     calls = {"n": 0}
     real = emb._embed_ids
@@ -208,7 +265,7 @@ def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):
     lines = TEXTS[:23]
     src = write_lines(tmp_path / "in.txt", lines)
     out = str(tmp_path / "out.npy")
-    spec = EmbedSpec(input=src, output=out, window=5, model=st_dir)
+    spec = EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir)
     emb = Embedder.load(st_dir)
     real, calls = emb._embed_ids, {"n": 0}
 
@@ -223,13 +280,13 @@ def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):
         embed_file(emb, spec, progress=False, log=lambda m: None)
     for changed in (lines[::-1], lines[:7]):  # the same lines reversed (same size), and fewer lines
         write_lines(tmp_path / "in.txt", changed)
-        assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume",
+        assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                      "--precision", "fp32"]) == 2
         err = capsys.readouterr().err
         assert "in.txt changed since the interrupted job began" in err and "Traceback" not in err
         assert not (tmp_path / "out.npy").exists()
     write_lines(tmp_path / "in.txt", lines)  # the original again: the resume goes on
-    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--window", "5", "--resume",
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                  "--precision", "fp32"]) == 0
     np.testing.assert_allclose(np.load(out), emb.encode(lines), atol=1e-5)
 

@@ -10,7 +10,7 @@ from spanflow.cli.main import main
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ModelDirError
-from spanflow.interop.hf import bio_tags
+from spanflow.tasks.ner.hf import bio_tags
 
 DATA = synthetic_ner(60, seed=21, max_clauses=2)
 TEXTS = [e.text for e in synthetic_ner(25, seed=22, max_clauses=2)]

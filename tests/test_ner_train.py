@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.models.heads import TokenClassificationHead
-from spanflow.ner import NerModel, train_ner
+from spanflow.tasks.ner.heads import TokenClassificationHead
+from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.training.options import TrainOptions
 
 REPORT_KEYS = {"epoch", "step", "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency", "data_wait_frac",

@@ -10,7 +10,7 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from spanflow.embedder import Embedder  # noqa: E402
+from spanflow.tasks.embed import Embedder  # noqa: E402
 from spanflow.models.encoder import build_tiny  # noqa: E402
 from spanflow.serving.app import create_app  # noqa: E402
 from spanflow.serving.guard import deadline_protocol  # noqa: E402

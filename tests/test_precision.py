@@ -27,3 +27,15 @@ def test_bad_choices_are_config_errors():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA"):
             resolve_policy("auto", "cuda")
+
+
+def test_int8_is_no_precision_and_the_error_names_quantize():
+    with pytest.raises(ConfigError, match="int8 is a quantization, not a precision: use --quantize int8"):
+        resolve_policy("int8", "cpu")
+
+
+def test_training_runs_the_runtime_policy():
+    from spanflow.runtime import policy
+    from spanflow.training import precision
+
+    assert precision.resolve_policy is policy.resolve_policy and precision.Policy is policy.Policy

@@ -9,10 +9,10 @@ from spanflow.data.formats.casrel import locate
 from spanflow.data.io import read_re
 from spanflow.data.synthetic import synthetic_re
 from spanflow.errors import DataError
-from spanflow.models.casrel import CasRelHead, CasRelModel, extract, next_true
+from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract, next_true
 from spanflow.models.encoder import build_tiny
-from spanflow.re import ReModel, train_re
-from spanflow.tasks.re_metrics import re_metrics
+from spanflow.tasks.re import ReModel, train_re
+from spanflow.tasks.re.metrics import re_metrics
 from spanflow.training.options import TrainOptions
 
 
@@ -158,7 +158,7 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
 
 def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
     from spanflow.errors import ConfigError
-    from spanflow.tasks.re import feature_relations, make_casrel_loss
+    from spanflow.tasks.re.features import feature_relations, make_casrel_loss
 
     data = synthetic_re(40, seed=1, max_clauses=1)
     opts = TrainOptions(epochs=40, lr=2e-3, max_tokens=160, max_length=64, patience=0, log_every=0,
@@ -166,7 +166,7 @@ def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
     model = train_re(data, data, model="tiny", out_dir=str(tmp_path), options=opts, all_subjects=True,
                      log_fn=lambda s: None)
     assert model.evaluate(data)["f1"] >= 0.9
-    from spanflow.tasks.re import prepare_features
+    from spanflow.tasks.re.features import prepare_features
 
     feats = prepare_features(data[:4], model.tokenizer, model.rel2id, max_length=64)
     assert all(rels for rels in feature_relations(feats))
@@ -174,7 +174,7 @@ def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
         train_re(data, None, model="tiny", out_dir=str(tmp_path / "b"),
                  options=TrainOptions(epochs=1, class_weights="auto", log_every=0), log_fn=lambda s: None)
     # smoothed targets: the loss of a batch is higher than with 0/1 targets for a confident model
-    from spanflow.tasks.re import make_collate
+    from spanflow.tasks.re.features import make_collate
 
     batch = make_collate(model.tokenizer.pad_token_id, len(model.relations), all_subjects=True)(feats)
     batch = {k: v for k, v in batch.items() if hasattr(v, "shape")}

@@ -10,10 +10,10 @@ from spanflow.batching.align import IGNORE, Window
 from spanflow.batching.sampling import epoch_indices, rarity_weights
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError
-from spanflow.models.crf import CRF, bio_transition_mask, compact
-from spanflow.models.heads import CrfTaggingHead, EncoderWithHead, TokenClassificationHead
-from spanflow.ner import NerModel, train_ner
-from spanflow.tasks.ner import bio_label_list, class_weight_tensor, make_ner_loss, window_kinds
+from spanflow.tasks.ner.crf import CRF, bio_transition_mask, compact
+from spanflow.tasks.ner.heads import CrfTaggingHead, EncoderWithHead, TokenClassificationHead
+from spanflow.tasks.ner import NerModel, train_ner
+from spanflow.tasks.ner.features import bio_label_list, class_weight_tensor, make_ner_loss, window_kinds
 from spanflow.training.loop import _epoch_plan
 from spanflow.training.optim import build_optimizer, encoder_depth, param_lr
 from spanflow.training.options import TrainOptions

@@ -1,7 +1,8 @@
 import asyncio
 import json
+import math
+import re
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from spanflow.data.synthetic import synthetic_ner, synthetic_re  # noqa: E402
-from spanflow.embedder import Embedder  # noqa: E402
+from spanflow.tasks.embed import Embedder  # noqa: E402
+from spanflow.tasks.ner import NerModel  # noqa: E402
 from spanflow.models.encoder import build_tiny  # noqa: E402
 from spanflow.serving.app import ServeOptions, create_app  # noqa: E402
 from spanflow.serving.batcher import DynamicBatcher, Overloaded  # noqa: E402
@@ -19,19 +21,21 @@ from spanflow.serving.services import load_service  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
 TEXTS = [e.text for e in synthetic_ner(30, seed=1)]
+NER_DATA = synthetic_ner(40, seed=2)  # what the NER model is trained on: it finds these entities
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    from spanflow.ner import train_ner
-    from spanflow.re import train_re
+    from spanflow.tasks.ner import train_ner
+    from spanflow.tasks.re import train_re
 
     d = tmp_path_factory.mktemp("serve")
     enc, tok = build_tiny(TEXTS, hidden=32, embedding=32, bigram_buckets=1009)
     enc.save_pretrained(d / "emb")
     tok.save_pretrained(d / "emb")
     opts = TrainOptions(epochs=2, max_tokens=512, max_length=32, log_every=0)
-    train_ner(synthetic_ner(40, seed=2), None, out_dir=str(d / "ner"), options=opts, log_fn=lambda s: None)
+    ner_opts = TrainOptions(epochs=3, lr=2e-2, max_tokens=512, max_length=32, log_every=0, patience=0)
+    train_ner(NER_DATA, None, out_dir=str(d / "ner"), options=ner_opts, log_fn=lambda s: None)
     train_re(synthetic_re(40, seed=2), None, out_dir=str(d / "re"), options=opts, log_fn=lambda s: None)
     return {"emb": str(d / "emb"), "ner": str(d / "ner" / "model"), "re": str(d / "re" / "model")}
 
@@ -50,12 +54,13 @@ def test_routes_and_shapes(model_dirs):
         want = Embedder.load(model_dirs["emb"], device="cpu").encode(TEXTS[:5])
         np.testing.assert_allclose(np.array([d["embedding"] for d in r["data"]]), want, atol=1e-5)
         assert r["usage"]["prompt_tokens"] > 0
-        long = " ".join(TEXTS[:6])  # over the NER model's 32-token windows
-        r = c.post("/v1/ner", json={"texts": [TEXTS[0], long]}).json()
-        assert len(r["results"]) == 2
-        for text, res in zip([TEXTS[0], long], r["results"]):
-            for e in res["entities"]:
-                assert text[e["start"]:e["end"]] == e["text"]
+        texts = [e.text for e in NER_DATA[:4]]
+        texts.append(" ".join(texts + TEXTS[:4]))  # over the NER model's 32-token windows
+        r = c.post("/v1/ner", json={"texts": texts}).json()
+        got = [[(e["start"], e["end"], e["label"]) for e in res["entities"]] for res in r["results"]]
+        want = NerModel.load(model_dirs["ner"], device="cpu").predict(texts)
+        assert got == [[tuple(s) for s in spans] for spans in want]  # the server decodes as predict does
+        assert any(set(g) & set(e.spans) for g, e in zip(got, NER_DATA))  # and finds trained entities
         r = c.post("/v1/relations", json={"texts": ["Hooli is based in Oslo ."]}).json()
         assert isinstance(r["results"][0]["relations"], list)
         m = c.get("/metrics").text
@@ -94,6 +99,29 @@ def run(coro):
     return asyncio.run(coro)
 
 
+class Gate:
+    """Holds a run_batch stub in the model thread until the test releases it: the test knows
+    a batch is running, and what waits behind it, without timing anything."""
+
+    def __init__(self):
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def hold(self) -> None:  # in the model thread
+        self.entered.set()
+        assert self.released.wait(timeout=60), "the test never released the model"
+
+    async def running(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 60), "no batch reached the model"
+
+    def run(self, coro):
+        """run(coro), releasing the model however it ends: a failing test must not hold the one
+        model thread of the process for the tests after it."""
+        try:
+            return run(coro)
+        finally:
+            self.released.set()
+
+
 def test_batcher_batches_across_requests_and_keeps_order():
     seen = []
 
@@ -111,7 +139,7 @@ def test_batcher_batches_across_requests_and_keeps_order():
 
     out = run(main())
     assert out == [[i * 10, (i + 100) * 10] for i in range(8)]
-    assert sum(seen) == 16 and len(seen) < 8  # units of different requests shared batches
+    assert seen == [16]  # the 8 requests queued together fill one 64-token batch
 
 
 def test_batcher_runs_a_mixed_batch_as_similar_length_parts_in_order():
@@ -137,29 +165,48 @@ def test_batcher_runs_a_mixed_batch_as_similar_length_parts_in_order():
     assert sorted(parts) == [[4, 4, 4], [40, 40, 40]]
 
 
-def test_batcher_per_request_mode_and_overload_and_timeout():
+def test_batcher_per_request_mode_never_mixes_requests():
+    sizes = []
+
     async def main():
-        sizes = []
         b = DynamicBatcher(lambda u: sizes.append(len(u)) or u, max_tokens=64, max_wait_ms=1, per_request=True)
         b.start()
-        await asyncio.gather(*[b.submit([1, 2], [4, 4]) for _ in range(5)])
+        out = await asyncio.gather(*[b.submit([k, k], [4, 4]) for k in range(5)])
         await b.close()
-        assert sizes == [2] * 5  # never mixes requests
+        return out
 
-        slow = DynamicBatcher(lambda u: __import__("time").sleep(0.3) or u, max_tokens=8, max_wait_ms=1,
-                              max_queue_tokens=16)
-        slow.start()
-        first = asyncio.ensure_future(slow.submit([1, 2, 3, 4], [4, 4, 4, 4]))
-        await asyncio.sleep(0.05)
+    assert run(main()) == [[k, k] for k in range(5)]
+    assert sizes == [2] * 5  # five requests that would share one batch ran one by one
+
+
+def test_batcher_refuses_what_the_queue_cannot_hold_and_drops_timed_out_work():
+    gate, ran = Gate(), []
+
+    def run_batch(units):
+        ran.extend(units)
+        if units == [1, 2]:
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_tokens=16)
+        b.start()
+        first = asyncio.ensure_future(b.submit([1, 2, 3, 4], [4, 4, 4, 4]))  # two batches of two
+        await gate.running()  # [1, 2] runs; [3, 4] waits: 8 tokens queued
+        assert b.queued_tokens == 8
         with pytest.raises(Overloaded) as e:
-            await slow.submit([5] * 5, [4] * 5)
+            await asyncio.wait_for(b.submit([5] * 3, [4] * 3), 10)  # 8 + 12 tokens: over 16
         assert e.value.retry_after_s >= 1
         with pytest.raises(asyncio.TimeoutError):
-            await slow.submit([6], [4], timeout_s=0.01)
-        assert await first == [1, 2, 3, 4]
-        await slow.close()
+            await b.submit([6], [4], timeout_s=0.01)  # admitted (8 + 4 tokens), but the model is held
+        gate.released.set()
+        assert await first == [1, 2, 3, 4]  # admitted work is still served
+        assert await b.submit([7], [4]) == [7]
+        await b.close()
+        return b.queued_tokens
 
-    run(main())
+    assert gate.run(main()) == 0
+    assert ran == [1, 2, 3, 4, 7]  # the refused and the timed-out units never ran
 
 
 def test_batcher_answers_each_part_as_it_finishes_on_one_model_thread():
@@ -168,7 +215,7 @@ def test_batcher_answers_each_part_as_it_finishes_on_one_model_thread():
     def run_batch(units):
         threads.append(threading.current_thread())
         if units == ["s"]:  # the second part: the first part's request must be answered by now
-            seen_answer.append(answered.wait(timeout=2))
+            seen_answer.append(answered.wait(timeout=30))
         return units
 
     async def main():
@@ -187,62 +234,73 @@ def test_batcher_answers_each_part_as_it_finishes_on_one_model_thread():
 
 
 def test_batcher_refuses_work_it_could_not_start_in_time_and_recovers():
-    def run_batch(units):  # 8 tokens per 0.1 s
-        time.sleep(0.1)
+    now, gate = [0.0], Gate()
+
+    def run_batch(units):  # 8 tokens per 0.1 s of the batcher's clock
+        now[0] += 0.1
+        if units == [2, 3]:  # the second batch of the request below holds the model
+            gate.hold()
         return units
 
     async def main():
-        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1)
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1, clock=lambda: now[0])
         b.start()
         await b.warm_up([0], [4])
         assert b.tokens_per_s is None  # the warm-up does not count as the service rate
         first = asyncio.ensure_future(b.submit(list(range(8)), [4] * 8))  # 4 batches of 2
-        await asyncio.sleep(0.15)  # one batch done (about 80 tokens/s), the next running, 16 tokens queued
+        await gate.running()  # [0, 1] ran at 80 tokens/s, [2, 3] runs, 16 tokens wait
+        assert b.tokens_per_s == pytest.approx(80) and b.queued_tokens == 16
         with pytest.raises(Overloaded) as e:
-            await b.submit([99], [4])  # about 0.2 s of queued work before it: over 0.1 s
+            await asyncio.wait_for(b.submit([99], [4]), 10)  # 0.2 s of queued work before it: over 0.1 s
         assert e.value.retry_after_s >= 1
+        gate.released.set()
         assert await first == list(range(8))  # admitted work is still served
         assert await b.submit([7], [4]) == [7]  # the queue drained: admitted again
         await b.close()
 
-    run(main())
+    gate.run(main())
 
 
 def test_a_huge_request_does_not_stall_a_small_one():
-    order = []
+    order, gate = [], Gate()
 
     def run_batch(units):
         order.append(tuple(units))
-        __import__("time").sleep(0.01)
+        if len(order) == 1:  # the huge request's first batch holds the model while the small one queues
+            gate.hold()
         return units
 
     async def main():
         b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_tokens=10**6)
         b.start()
         big = asyncio.ensure_future(b.submit(list(range(100)), [8] * 100))
-        await asyncio.sleep(0.02)
-        small = await b.submit(["s"], [8])
+        await gate.running()
+        small = asyncio.ensure_future(b.submit(["s"], [8]))
+        await asyncio.sleep(0)  # one pass of the event loop: the small request queues
+        assert b.queued_tokens == 99 * 8 + 8
+        gate.released.set()
+        assert await small == ["s"]
         done_big = big.done()
-        await big
+        assert await big == list(range(100))
         await b.close()
-        return small, done_big
+        return done_big
 
-    small, done_big = run(main())
-    assert small == ["s"] and not done_big  # served while the big one was still running
+    assert not gate.run(main())  # the small request was answered while the huge one still ran
+    assert order.index(("s",)) <= 2 and len(order) == 101  # round robin: served within two batches
 
 
 def test_served_crf_model_decodes_like_predict(tmp_path):
-    from spanflow.ner import NerModel, train_ner
+    from spanflow.tasks.ner import train_ner
 
     data = synthetic_ner(40, seed=2, max_clauses=1)
     opts = TrainOptions(epochs=10, lr=2e-2, max_tokens=512, max_length=64, log_every=0, patience=0)
     train_ner(data, None, out_dir=str(tmp_path), options=opts, head="crf", log_fn=lambda s: None)
     model = NerModel.load(str(tmp_path / "model"), device="cpu")
-    assert model.window < model.max_length
+    assert model.max_length < model.limit
     texts = [e.text for e in data[:6]] + [" ".join(e.text for e in data[:6])]  # the last spans several windows
     from spanflow.serving.services import Service  # the server cuts windows as predict does: at the trained length
     _, lengths, _ = Service("crf", "ner", model).units(texts)
-    assert max(lengths) == model.window and len(lengths) > len(texts)
+    assert max(lengths) == model.max_length and len(lengths) > len(texts)
     assert any(s > 0 for spans in model.predict(texts[:6]) for s, _, _ in spans)
     # forbid every transition into a B- tag: Viterbi now finds entities only at a window's
     # first word, while the per-token argmax of the same emissions would still find the rest
@@ -279,57 +337,83 @@ def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs
     import httpx
 
     svc = load_service(f"emb={model_dirs['emb']}", device="cpu")
-    fast = svc.run_batch
+    fast, gate, serving = svc.run_batch, Gate(), threading.Event()
 
-    def slow(units):  # holds the model so that a queue forms
-        time.sleep(0.3)
+    def held(units):  # after the warm-up, the first batch holds the model so that a queue forms
+        if serving.is_set() and not gate.entered.is_set():
+            gate.hold()
         return fast(units)
 
-    svc.run_batch = slow
+    svc.run_batch = held
     body = {"input": ["Grace flew to Oslo"] * 3}
-    need = sum(svc.units(body["input"])[1])
-    app = create_app([svc], ServeOptions(max_queue_tokens=need, max_wait_ms=1))
+    lengths = svc.units(body["input"])[1]
+    # one text a batch, and a queue that holds one request
+    app = create_app([svc], ServeOptions(max_tokens=lengths[0], max_queue_tokens=sum(lengths), max_wait_ms=1))
 
     async def main():
         async with app.router.lifespan_context(app):
+            serving.set()
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
                 first = asyncio.create_task(c.post("/v1/embeddings", json=body))
-                await asyncio.sleep(0.1)  # taken by the worker: running
-                second = asyncio.create_task(c.post("/v1/embeddings", json=body))
-                await asyncio.sleep(0.05)  # queued: the queue now holds its limit
-                third = await c.post("/v1/embeddings", json=body)
-                return third, await first, await second
+                await gate.running()  # its first text runs, two wait
+                second = await asyncio.wait_for(c.post("/v1/embeddings", json=body), 30)  # over the bound
+                gate.released.set()
+                return second, await first, await c.post("/v1/embeddings", json=body)
 
-    third, first, second = run(main())
-    assert third.status_code == 429 and int(third.headers["retry-after"]) >= 1
-    assert "queue full" in third.json()["error"]["message"]
-    assert first.status_code == 200 and second.status_code == 200  # admitted work is still served
-    assert len(second.json()["data"]) == 3
+    second, first, third = gate.run(main())
+    assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+    assert "queue full" in second.json()["error"]["message"]
+    assert first.status_code == 200 and len(first.json()["data"]) == 3  # admitted work is still served
+    assert third.status_code == 200  # the queue drained: admitted again
 
 
-def test_serve_max_tokens_auto_without_a_profile_serves_every_model_with_a_budget(model_dirs, monkeypatch, capsys,
-                                                                                 tmp_path):
+def _batches(metrics: str, model: str) -> int:
+    """Batches the server ran for `model`, from its Prometheus text."""
+    m = re.search(rf'^spanflow_batch_size_count{{model="{model}"}} (\S+)$', metrics, re.MULTILINE)
+    return int(float(m.group(1)))
+
+
+def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeypatch, capsys, tmp_path):
     import uvicorn
 
+    import spanflow.cli.serve as serve_cli
     from spanflow.cli.main import main
+    from spanflow.runtime.budget import default_budget
 
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))  # no cached profiles
-    seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
-    import spanflow.cli.serve as serve_cli
-
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append((app, kw)))
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
     monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: asked.append(name) or "eager")
-    assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
-                 "--max-tokens", "auto"]) == 0
+    text = min(TEXTS, key=len)
+    lengths = load_service(f"ner={model_dirs['ner']}", device="cpu").units([text])[1]
+    assert len(lengths) == 1  # one window
+    n, budget, default = 30, 3 * lengths[0] + 1, default_budget("serve", "cpu")  # the profile's: 3 texts a batch
+    assert n * lengths[0] <= default
+
+    def serve(*flags):
+        """Start `spanflow serve`; batches run for n copies of the text by each model, and what it printed."""
+        capsys.readouterr()
+        assert main(["serve", "--device", "cpu", "--model", f"ner={model_dirs['ner']}",
+                     "--model", f"emb={model_dirs['emb']}", *flags]) == 0
+        out = capsys.readouterr().out
+        app, kw = started.pop()
+        assert kw["http"].__name__ == "DeadlineProtocol"
+        with TestClient(app) as c:
+            assert c.post("/v1/ner", json={"texts": [text] * n}).status_code == 200
+            assert c.post("/v1/embeddings", json={"input": [text] * n}).status_code == 200
+            metrics = c.get("/metrics").text
+        return {m: _batches(metrics, m) - 1 for m in ("ner", "emb")}, out  # less the warm-up
+
+    batches, out = serve("--max-tokens", "auto")
+    assert batches == {"ner": 1, "emb": 1}  # the default budget holds all n
+    assert f"max_tokens {budget}" not in out and f"max_tokens {default}" in out
     assert asked == ["compile", "compile"]
     profile = tmp_path / "profile.json"  # measured by tune for the NER model: eager was faster there
-    profile.write_text(json.dumps({"task": "ner", "mode": "infer", "best": {"max_tokens": 512, "max_length": 64},
+    profile.write_text(json.dumps({"task": "ner", "mode": "infer", "best": {"max_tokens": budget, "max_length": 32},
                                    "backend": {"eager": 900.0, "compile": 800.0, "compile_s": 9.0, "best": "eager"}}))
     asked.clear()
-    assert main(["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}",
-                 "--profile", str(profile)]) == 0
-    assert asked == ["eager", "compile"]
-    out = capsys.readouterr().out
-    assert "ner (ner, max_tokens 4096)" in out and "emb (embed, max_tokens 4096)" in out
-    assert "app" in seen and seen["http"].__name__ == "DeadlineProtocol"
+    batches, out = serve("--profile", str(profile))
+    assert batches == {"ner": math.ceil(n / 3), "emb": 1}  # the NER model's budget is the profile's, 3 texts a batch
+    assert f"max_tokens {budget}" in out
+    assert asked == ["eager", "compile"]  # the profile's backend, for its task's model only

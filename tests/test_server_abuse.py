@@ -32,7 +32,7 @@ class Errors(logging.Handler):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from spanflow.ner import train_ner
+    from spanflow.tasks.ner import train_ner
 
     d = tmp_path_factory.mktemp("abuse")
     train_ner(synthetic_ner(30, seed=2), None, out_dir=str(d / "ner"), log_fn=lambda s: None,

@@ -9,7 +9,7 @@ import torch
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.models.encoder import build_tiny, load_encoder
 from spanflow.models.tiny import TinyModel
-from spanflow.ner import NerModel, train_ner
+from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.training.options import TrainOptions
 
 

@@ -1,5 +1,4 @@
 import json
-import os
 
 import pytest
 import torch
@@ -7,7 +6,8 @@ import torch
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError
-from spanflow.tuning import auto
+from spanflow.runtime.resolve import Asked, resolve_runtime
+from spanflow.tasks.registry import get
 from spanflow.tuning.doctor import diagnose, doctor, environment
 from spanflow.tuning.sweep import Point, pick_best, sweep
 from spanflow.tuning.tune import tune
@@ -63,17 +63,16 @@ def test_tune_writes_profile(ner_file, tmp_path):
     assert saved["best"]["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in saved["points"])
 
 
-def test_tune_infer_reports_quality_per_length(ner_file, tmp_path):
+def test_tune_infer_compares_backends_and_plots(ner_file, tmp_path):
     from spanflow.data.io import read_ner
-    from spanflow.ner import train_ner
+    from spanflow.tasks.ner import train_ner
     from spanflow.training.options import TrainOptions
 
     train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
               options=TrainOptions(epochs=2, max_tokens=1024, max_length=64, log_every=0))
     prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=ner_file, mode="infer", budgets=[512],
                 max_lengths=[16, 64], budget_seconds=2, sample=32, out=str(tmp_path), log_fn=lambda s: None)
-    q = {p["max_length"]: p["quality"] for p in prof["points"]}
-    assert set(q) == {16, 64} and all(0 <= v <= 1 for v in q.values())
+    assert {p["max_length"] for p in prof["points"]} == {16, 64}
     # the encoder compiled against eager at the best point: what serve --backend auto follows
     b = json.loads((tmp_path / "profile.json").read_text())["backend"]
     assert b["eager"] > 0 and b["best"] in ("eager", "compile")
@@ -83,32 +82,105 @@ def test_tune_infer_reports_quality_per_length(ner_file, tmp_path):
     assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+FILLER = "the a of and to in on at for with from by as was is it that this".split()
+NAMES = "Zorg Mirel Tavik Quon Brell Sarn".split()
+
+
+def far_cue(n: int, seed: int) -> list:
+    """Texts whose one entity is typed only by a cue word 17 to 21 tokens before it (PER after
+    'alpha', LOC after 'beta'): a window of 16 tokens around the entity cannot see the cue."""
+    import random
+
+    from spanflow.data.examples import NerExample
+
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        cue = rng.choice(["alpha", "beta"])
+        text = " ".join([cue] + [rng.choice(FILLER) for _ in range(rng.randint(16, 20))]) + " "
+        name, start = rng.choice(NAMES), len(text)
+        text += name + " " + " ".join(rng.choice(FILLER) for _ in range(2))
+        out.append(NerExample(text, [(start, start + len(name), "PER" if cue == "alpha" else "LOC")]))
+    return out
+
+
+def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys):
+    from spanflow.cli.main import main
+    from spanflow.models.encoder import build_tiny
+    from spanflow.tasks.ner import NerModel, train_ner
+    from spanflow.training.options import TrainOptions
+
+    train, held_out = far_cue(300, seed=1), far_cue(60, seed=2)
+    enc, tok = build_tiny([e.text for e in train], hidden=64, embedding=32, bigram_buckets=1009)
+    enc.config.dropout = 0.0  # read when training starts from this directory
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    train_ner(train, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=80, lr=3e-2, max_tokens=1024, max_length=64, stride=8, log_every=0))
+    model_dir, data = str(tmp_path / "run" / "model"), tmp_path / "held_out.jsonl"
+    with open(data, "w") as f:
+        for e in held_out:
+            write_jsonl_record(f, e.text, e.spans)
+    assert main(["tune", "--task", "ner", "--mode", "infer", "--model", model_dir, "--data", str(data),
+                 "--max-lengths", "16,64", "--budgets", "512", "--budget-seconds", "1", "--repeats", "1",
+                 "--precision", "fp32", "--device", "cpu", "--no-backends", "--out", str(tmp_path)]) == 0
+    assert "runtime: device cpu (as asked), precision fp32 (as asked)" in capsys.readouterr().out
+    quality = {p["max_length"]: p["quality"] for p in json.loads((tmp_path / "profile.json").read_text())["points"]}
+    for L in (16, 64):
+        model = NerModel.load(model_dir, device="cpu", precision="fp32")
+        model.set_max_length(L)
+        assert quality[L] == pytest.approx(model.evaluate(held_out)["f1"], abs=1e-12)
+    assert quality[64] > quality[16] + 0.2  # the model learnt the cue; 16-token windows lose it
+
+
 def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
-    assert auto.resolve_max_tokens("1234", profile=None, task="ner", mode="train", model="tiny", data=ner_file) == 1234
-    with pytest.raises(ConfigError):
-        auto.resolve_max_tokens("lots", profile=None, task="ner", mode="train", model="tiny", data=ner_file)
+    ner, log = get("ner"), []
+
+    def resolve(max_tokens=None, profile=None, job="train", **kw):
+        return resolve_runtime(ner, "tiny", Asked(device="cpu", precision="fp32", max_tokens=max_tokens,
+                                                  profile=profile),
+                               job=job, data=ner_file, log=log.append, **kw).max_tokens
+
+    assert resolve("1234") == 1234
+    with pytest.raises(ConfigError, match="must be a number or 'auto', got 'lots'"):
+        resolve("lots")
+    assert resolve() is None and "sized from the data" in log[-1]  # training sizes its budget from the data
+    assert resolve(job="infer") == 2048 and resolve(job="serve") == 4096  # the budget table's, on CPU
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"task": "ner", "mode": "train", "best": {"max_tokens": 777}, "points": []}))
-    assert auto.resolve_max_tokens(None, profile=str(prof), task="ner", mode="train", model="tiny",
-                                   data=ner_file, log_fn=lambda s: None) == 777
-    with pytest.raises(ConfigError, match="measured for mode"):
-        auto.resolve_max_tokens(None, profile=str(prof), task="ner", mode="infer", model="tiny", data=ner_file)
+    assert resolve(profile=str(prof)) == 777 and f"max_tokens 777 (from {prof})" in log[-1]
+    with pytest.raises(ConfigError, match="measured for mode 'train', not 'infer'"):
+        resolve(profile=str(prof), job="infer")
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
     calls = []
-    import spanflow.tuning.tune as tune_mod
 
-    def fake_tune(**kw):
+    def fake_measure(**kw):
         calls.append(kw)
-        os.makedirs(kw["out"], exist_ok=True)
-        p = {"task": "ner", "mode": "train", "best": {"max_tokens": 2048}, "points": []}
-        (open(os.path.join(kw["out"], "profile.json"), "w")).write(json.dumps(p))
-        return p
+        return {"task": "ner", "mode": "train", "best": {"max_tokens": 2048}, "points": []}
 
-    monkeypatch.setattr(tune_mod, "tune", fake_tune)
-    args = dict(profile=None, task="ner", mode="train", model="tiny", data=ner_file, log_fn=lambda s: None)
-    assert auto.resolve_max_tokens("auto", **args) == 2048
-    assert auto.resolve_max_tokens("auto", **args) == 2048
-    assert len(calls) == 1  # the second call read the cached profile
+    assert resolve("auto", measure=fake_measure) == 2048
+    assert resolve("auto", measure=fake_measure) == 2048
+    assert len(calls) == 1  # the second run read the cached profile
+    assert calls[0]["precision"] == "fp32" and calls[0]["mode"] == "train"  # what was resolved, never "auto"
+    assert "auto: cached" in log[-1]
+
+
+def test_train_max_tokens_auto_is_resolved_after_parsing_and_cached(ner_file, tmp_path, monkeypatch, capsys):
+    """Parsing `train --max-tokens auto` measures nothing; the run resolves it once, then trains with it."""
+    import spanflow.tuning.auto as auto
+    from spanflow.cli.main import build_parser, main
+    from spanflow.tasks.ner.task import NerTask
+
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
+    calls, trained = [], []
+    monkeypatch.setattr(auto, "quick_profile", lambda **kw: calls.append(kw) or {
+        "task": "ner", "mode": "train", "best": {"max_tokens": 640}, "points": []})
+    monkeypatch.setattr(NerTask, "train_from_args", lambda self, a, options: trained.append(options) or "trained")
+    argv = ["train", "ner", "--train", ner_file, "--out", str(tmp_path / "run"), "--max-tokens", "auto"]
+    assert build_parser().parse_args(argv).max_tokens == "auto" and not calls
+    assert main(argv) == 0 and main(argv) == 0
+    assert len(calls) == 1 and [o.max_tokens for o in trained] == [640, 640]
+    out = capsys.readouterr().out
+    assert "max_tokens 640 (auto: measured now" in out and "max_tokens 640 (auto: cached" in out
 
 
 def test_doctor_names_starvation(ner_file):

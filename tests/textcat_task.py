@@ -4,24 +4,15 @@ drives it through the CLI and the server; nothing else in the package knows it e
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import torch
 from torch import nn
 
-from spanflow.batching.batcher import token_budget_batches
-from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
-from spanflow.data.formats.common import parse_json, read_lines
-from spanflow.errors import DataError
-from spanflow.models.directory import check_names, config_int, fill_head, load_model_dir, save_model_dir
-from spanflow.models.encoder import start_encoder
-from spanflow.tasks.registry import Workload, records_response, register
-from spanflow.training.defaults import TaskDefaults, fill_defaults, for_encoder
-from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.outdir import claim_out_dir
-from spanflow.training.precision import resolve_policy
-from spanflow.training.setup import start_run
+from spanflow.tasks.api import (SERVE_PAD_MULTIPLE, DataError, Plan, TaskDefaults, Workload, check_names, config_int,
+                                fill_head, fit, for_encoder, infer_tokens, load_model_dir, pad_rows, parse_json,
+                                quality_at_length, read_lines, records_response, register, resolve_policy,
+                                save_model_dir, start_encoder, token_budget_batches)
 
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=5),
             "tiny": TaskDefaults(lr=3e-3, head_lr=None, epochs=10, patience=0)}
@@ -73,6 +64,7 @@ class TextcatModel:
 
     def __init__(self, encoder, tokenizer, labels, max_length, head=None, policy=None):
         self.tokenizer, self.labels, self.max_length = tokenizer, list(labels), max_length
+        self.limit = max_length
         self.module = Classifier(encoder, head or nn.Linear(encoder.config.hidden_size, len(self.labels)))
         self.policy = policy or resolve_policy()
         self.module.to(self.policy.device).eval()
@@ -87,7 +79,7 @@ class TextcatModel:
 
     def save(self, path):
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
-                       config={"task": "textcat", "labels": self.labels, "max_length": self.max_length})
+                       config={"task": "textcat", "labels": self.labels, "max_length": self.limit})
 
     def encode(self, texts, labels=None):
         ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
@@ -113,7 +105,7 @@ class TextcatModel:
     def predict(self, texts, *, max_tokens=None):
         items = self.encode(texts)
         out = [None] * len(items)
-        for b in token_budget_batches([len(i) for i in items], max(max_tokens or 2048, self.max_length),
+        for b in token_budget_batches([len(i) for i in items], max(max_tokens or infer_tokens(self.policy.device), self.max_length),
                                       shuffle=False):
             for i, lab in zip(b, self.run_batch([items[i] for i in b])):
                 out[i] = lab
@@ -129,7 +121,7 @@ class TextcatModel:
     def output_record(text, label):
         return {"text": text, "label": label}
 
-    def evaluate(self, examples, *, max_tokens=None, **_):
+    def evaluate(self, examples, *, max_tokens=None, **_):  # one process: no sharding over ranks
         pred = self.predict([t for t, _ in examples], max_tokens=max_tokens)
         acc = float(np.mean([p == g for p, (_, g) in zip(pred, examples)])) if examples else 0.0
         return {"f1": acc, "accuracy": acc, "n": len(examples)}
@@ -138,27 +130,21 @@ class TextcatModel:
     def format_metrics(m):
         return f"accuracy {m['accuracy']:.4f} on {m['n']} texts"
 
-    def set_window(self, max_length=None, stride=None):
+    def set_max_length(self, max_length=None, stride=None):
         if max_length:
-            self.max_length = min(max_length, self.max_length)
+            self.max_length = min(max_length, self.limit)
 
 
 def train_textcat(train, dev, *, model, out_dir, options=None, log_fn=print):
-    with claim_out_dir(out_dir):
-        run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
+    def setup(run):
         encoder, tokenizer, max_length = start_encoder(run.source, [t for t, _ in train],
                                                        max_length=run.opts.max_length, seed=run.opts.seed)
         tm = TextcatModel(encoder, tokenizer, sorted({lab for _, lab in train}), max_length, policy=run.policy)
-        items = tm.encode([t for t, _ in train], [lab for _, lab in train])
-        opts = fill_defaults(run.opts, for_encoder(DEFAULTS, encoder), lengths=[len(i) for i in items],
-                             device=run.policy.device, log=run.log)
-        hooks = TaskHooks(collate=lambda b: collate(b, tokenizer.pad_token_id), loss_fn=loss_fn,
-                          evaluate=(lambda m: tm.evaluate(dev)) if dev else None, save_model=tm.save,
-                          targets=lambda i: 1)
-        train_loop(tm.module, items, hooks, opts=opts, policy=run.policy, out_dir=out_dir, log=run.log,
-                   dist=run.dist)
-        best = os.path.join(out_dir, "model")
-        return TextcatModel.load(best, device=str(run.policy.device)) if os.path.isdir(best) else tm
+        return Plan(model=tm, items=tm.encode([t for t, _ in train], [lab for _, lab in train]),
+                    collate=lambda b: collate(b, tokenizer.pad_token_id), loss_fn=loss_fn,
+                    defaults=for_encoder(DEFAULTS, encoder), targets=lambda i: 1)
+
+    return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=TextcatModel.load, log_fn=log_fn)
 
 
 class TextcatTask:
@@ -179,8 +165,6 @@ class TextcatTask:
         return read_textcat(path)
 
     def workload(self, model, data, *, mode, policy, sample, **_):
-        from spanflow.tuning.measures import f1_at_length
-
         examples = read_textcat(data)[:sample]
         tm = TextcatModel.load(model, device=str(policy.device), precision=policy.name)
 
@@ -193,7 +177,7 @@ class TextcatTask:
                 tm.max_length = keep
 
         return Workload(tm.module, items, lambda b: collate(b, tm.tokenizer.pad_token_id), loss_fn, tm.max_length,
-                        f1_at_length(tm, examples))
+                        quality_at_length(tm, examples))
 
     response = staticmethod(records_response)
 

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) -> dict:
     """Run the whole NER pipeline on generated data; return dev metrics and timing."""
-    from spanflow.ner import train_ner
+    from spanflow.tasks.ner import train_ner
 
     t0 = time.perf_counter()
     train = synthetic_ner(train_size, seed=seed)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from spanflow.training.precision import PRECISIONS
+from spanflow.runtime.budget import describe_budget
+from spanflow.runtime.policy import PRECISIONS
 
 
 def add_parser(sub) -> None:
@@ -13,7 +14,8 @@ def add_parser(sub) -> None:
     p.add_argument("--task", default="ner", help="the task whose training is probed [%(default)s]")
     p.add_argument("--batch-size", type=int, default=None,
                    help="probe fixed batches of N random texts (your current setup), else token-budget batches")
-    p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"padded tokens per probed token-budget batch [training's: {describe_budget('train')}]")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--precision", choices=PRECISIONS, default="auto")
     p.add_argument("--device", default="auto")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from spanflow.embedder import EMBED_PRECISIONS
+from spanflow.cli.common import add_precision_arg, add_quantize_args
+from spanflow.runtime.budget import describe_budget
 
 
 def add_parser(sub) -> None:
@@ -19,13 +20,12 @@ def add_parser(sub) -> None:
     p.add_argument("--column", type=int, default=None, help="CSV/TSV column with the text, from 0 [0]")
     p.add_argument("--skip-header", action="store_true", help="skip the first line/row")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help=".npy dtype [%(default)s]")
-    p.add_argument("--window", type=int, default=8192, help="texts read, sorted and written at a time")
+    p.add_argument("--chunk-size", type=int, default=8192, help="texts read, sorted and written at a time")
     p.add_argument("--max-tokens", default=None,
-                   help="padded tokens per batch, or 'auto' (measured once, cached) [2048 on CPU, 32768 on GPU]")
+                   help=f"padded tokens per batch, or 'auto' (measured once, cached) [{describe_budget('infer')}]")
     p.add_argument("--profile", default=None, help="a profile.json from 'spanflow tune --task embed --mode infer'")
-    p.add_argument("--precision", choices=EMBED_PRECISIONS, default="auto",
-                   help="auto, fp32, bf16, fp16 (CUDA) or int8 (CPU dynamic quantization) [%(default)s]")
-    p.add_argument("--force", action="store_true", help="accept a reduced precision that fails the cosine check")
+    add_precision_arg(p)
+    add_quantize_args(p, gate="a sample of the input", forced="a reduced precision or an int8 quantization")
     p.add_argument("--device", default="auto")
     p.add_argument("--resume", action="store_true", help="continue a killed run of the same job")
 
@@ -34,34 +34,34 @@ def run(a: argparse.Namespace) -> int:
     import os
 
     from spanflow.data.records import sample_texts
-    from spanflow.embedder import Embedder
     from spanflow.errors import DataError
-    from spanflow.inference.auto_precision import SAMPLE, infer_precision
     from spanflow.inference.heap import settle
-    from spanflow.inference.embed_job import EmbedSpec, embed_file
-
+    from spanflow.runtime.loads import Loads
+    from spanflow.runtime.precision import SAMPLE
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+    from spanflow.tasks.registry import get
     from spanflow.training.distributed import init_from_env
-    from spanflow.tuning.auto import resolve_max_tokens
+    from spanflow.tuning.auto import quick_profile
 
-    dist = init_from_env()  # under torchrun each rank embeds its share of the windows
+    dist = init_from_env()  # under torchrun each rank embeds its share of the chunks
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    asked = a.precision
-    a.precision = infer_precision(a.precision, a.model, a.device,
-                                  sample_texts(a.input, SAMPLE, field=a.field, column=a.column,
-                                               skip_header=a.skip_header))
-
-    max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task="embed", mode="infer", model=a.model,
-                                    data=a.input, precision=a.precision, device=a.device, field=a.field,
-                                    column=a.column)
-    emb = Embedder.load(a.model, precision=a.precision, device=a.device)
+    task = get("embed")
+    loads = Loads(task, a.model)
+    texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)
+    rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=texts, data=a.input, field=a.field,
+                         column=a.column, loads=loads, measure=quick_profile)
+    emb = loads.take(rt)
     settle()
-    print(f"device {emb.policy.device}, precision {emb.precision_name}, max length {emb.max_length}, "
-          f"dim {emb.dim}")
+    print(f"device {emb.policy.device}, precision {emb.policy.name}"
+          + (f", quantize {emb.quantize}" if emb.quantize else "") + f", max length {emb.max_length}, dim {emb.dim}")
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
-                     window=a.window, dtype=a.dtype, model=a.model)
-    s = embed_file(emb, spec, max_tokens=max_tokens, resume=a.resume, force=a.force, dist=dist,
-                   calibrate=asked != "auto")  # auto's choice was checked on this input just now
+                     chunk_size=a.chunk_size, dtype=a.dtype, model=a.model)
+    # auto's choice and a quantization were checked against fp32 on this input just now
+    checked = a.precision == "auto" or rt.quantize is not None
+    s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, dist=dist,
+                   calibrate=not checked)
     if not dist.is_main:
         return 0
     print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "

@@ -18,23 +18,22 @@ def add_parser(sub) -> None:
     add_window_args(p)
 
 
-def _max_tokens(a: argparse.Namespace, model) -> int | None:
-    from spanflow.tuning.auto import resolve_max_tokens
-
-    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=model.task, mode="infer", model=a.model,
-                              data=a.data, precision=a.precision, device=a.device)
-
-
 def run(a: argparse.Namespace) -> int:
-    from spanflow.tasks.registry import load_model, task_of_dir
-
-    from spanflow.inference.auto_precision import infer_precision
     from spanflow.inference.heap import settle
+    from spanflow.runtime.loads import Loads
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.registry import task_of_dir
+    from spanflow.tuning.auto import quick_profile
 
-    examples = task_of_dir(a.model).read_labelled(a.data, fmt=a.format, scheme=a.scheme)
-    a.precision = infer_precision(a.precision, a.model, a.device, [getattr(e, "text", None) for e in examples])
-    model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
+    task = task_of_dir(a.model)
+    examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme)
+    loads = Loads(task, a.model)
+    rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=[getattr(e, "text", None) for e in examples],
+                         data=a.data, loads=loads, measure=quick_profile)
+    model = loads.take(rt)
+    if a.max_length is not None or a.stride is not None:
+        model.set_max_length(a.max_length, a.stride)
     settle()
-    m = model.evaluate(examples, max_tokens=_max_tokens(a, model))
+    m = model.evaluate(examples, max_tokens=rt.max_tokens)
     print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0

@@ -22,30 +22,28 @@ def add_parser(sub) -> None:
     add_window_args(p)
 
 
-def _max_tokens(a: argparse.Namespace) -> int | None:
-    from spanflow.tasks.registry import task_of_dir
-    from spanflow.tuning.auto import resolve_max_tokens
-
-    return resolve_max_tokens(a.max_tokens, profile=a.profile, task=task_of_dir(a.model).name, mode="infer",
-                              model=a.model, data=a.input, precision=a.precision, device=a.device, field=a.field,
-                              column=a.column)
-
-
 def run(a: argparse.Namespace) -> int:
     from spanflow.data.records import sample_texts
-    from spanflow.inference.auto_precision import SAMPLE, infer_precision
     from spanflow.inference.heap import settle
     from spanflow.inference.predict_job import predict_file
-    from spanflow.tasks.registry import load_model
+    from spanflow.runtime.loads import Loads
+    from spanflow.runtime.precision import SAMPLE
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.registry import task_of_dir
+    from spanflow.tuning.auto import quick_profile
 
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
-    a.precision = infer_precision(a.precision, a.model, a.device,
-                                  sample_texts(a.input, SAMPLE, field=a.field, column=a.column,
-                                               skip_header=a.skip_header))
-    model = load_model(a.model, device=a.device, precision=a.precision, max_length=a.max_length, stride=a.stride)
+    task = task_of_dir(a.model)
+    loads = Loads(task, a.model)
+    texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)
+    rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=texts, data=a.input, field=a.field, column=a.column,
+                         loads=loads, measure=quick_profile)
+    model = loads.take(rt)
+    if a.max_length is not None or a.stride is not None:
+        model.set_max_length(a.max_length, a.stride)
     settle()
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
-                         max_tokens=_max_tokens(a))
+                         max_tokens=rt.max_tokens)
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
     return 0

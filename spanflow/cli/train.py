@@ -33,18 +33,12 @@ def _add_common(p) -> None:
     add_runtime_args(p, max_tokens=None, unset="None: sized from the data, about 100 updates per epoch")
 
 
-def options_from_args(a: argparse.Namespace) -> TrainOptions:
-    from spanflow.tuning.auto import resolve_max_tokens
-
-    max_tokens = resolve_max_tokens(a.max_tokens, profile=a.profile, task=a.task, mode="train", model=a.model,
-                                    data=a.train, precision=a.precision, device=a.device)
-    return options_from(TrainOptions, a, max_tokens=max_tokens)
-
-
 def run(a: argparse.Namespace) -> int:
     import os
 
+    from spanflow.runtime.resolve import Asked, resolve_runtime
     from spanflow.tasks.registry import get
+    from spanflow.tuning.auto import quick_profile
 
     if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from spanflow.training.distributed import relaunch
@@ -52,5 +46,10 @@ def run(a: argparse.Namespace) -> int:
         argv = list(a.argv)
         i = argv.index("--devices")
         return relaunch(argv[:i] + argv[i + 2:], a.devices)
-    print(get(a.task).train_from_args(a, options_from_args(a)))
+    task = get(a.task)
+    # the device and precision are decided again by the training set-up, per rank, by the same policy;
+    # the line goes with the training log (stdout), so that stderr holds only what went wrong
+    rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
+                         log=print)
+    print(task.train_from_args(a, options_from(TrainOptions, a, max_tokens=rt.max_tokens)))
     return 0

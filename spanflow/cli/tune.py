@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from spanflow.embedder import EMBED_PRECISIONS
+from spanflow.cli.common import add_precision_arg, add_quantize_args
 
 
 def _ints(s: str) -> list[int]:
@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
                         "[%(default)s]")
     p.add_argument("--field", default="text")
     p.add_argument("--column", type=int, default=None)
-    p.add_argument("--precision", choices=EMBED_PRECISIONS, default="auto")
+    add_precision_arg(p)
+    add_quantize_args(p, gate="built-in sentences")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", default=".", help="directory for profile.json and profile.png [%(default)s]")
     p.add_argument("--no-backends", action="store_true",
@@ -42,7 +43,8 @@ def run(a: argparse.Namespace) -> int:
 
     prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths, budgets=a.budgets,
                 max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo, budget_seconds=a.budget_seconds,
-                sample=a.sample, precision=a.precision, device=a.device, out=a.out, field=a.field, column=a.column,
+                sample=a.sample, precision=a.precision, quantize=a.quantize, force=a.force, device=a.device, out=a.out,
+                field=a.field, column=a.column,
                 repeats=a.repeats, backends=not a.no_backends)
     best = prof["best"]
     print(f"best: max_tokens {best['max_tokens']}, max_length {best['max_length']} "

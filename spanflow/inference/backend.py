@@ -1,37 +1,16 @@
-"""How the encoder runs: eager PyTorch, or compiled with torch.compile for a long-lived server.
-
-Compiling takes tens of seconds on a CPU and then runs token-budget batches faster; a
-one-off job never earns the compile time back, a server does (docs/defaults.md has the
-figures). `auto` therefore compiles for a batching server and stays eager elsewhere.
-"""
+"""How the encoder runs: eager PyTorch, or compiled with torch.compile for a long-lived server
+(which of the two a command runs is spanflow/runtime/backend.py's choice)."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-BACKENDS = ("auto", "eager", "compile")
-
 # texts of 1 to 60 words: warm-up batches whose shapes span what requests bring
 WARM_TEXTS = ["word " * k for k in range(1, 61, 4)]
 
 
-def choose_backend(asked: str, *, batching: bool, measured: str | None = None) -> str:
-    """The backend to run: as asked; for `auto` the one `spanflow tune --mode infer` measured
-    faster (`measured`, from its profile) in a batching server, else compile where batches
-    are large and the process lives long enough (a batching server), eager otherwise."""
-    if asked not in BACKENDS:
-        from spanflow.errors import ConfigError
-
-        raise ConfigError(f"unknown backend {asked!r}; expected one of {', '.join(BACKENDS)}")
-    if asked != "auto":
-        return asked
-    if not batching:
-        return "eager"
-    return measured if measured in ("eager", "compile") else "compile"
-
-
 def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
-    """Run `model`'s encoder (a task model with a `network` holding `.encoder`) on `backend`.
+    """Run `model`'s encoder (a task model whose `module` holds `.encoder`) on `backend`.
 
     Compiling happens here, on warm-up batches through the model's own serving path
     (`units`, `run_batch`), not on the first request. When it fails (no C++ compiler, an
@@ -40,7 +19,7 @@ def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
     """
     if backend != "compile":
         return "eager"
-    net = getattr(model, "network", None)
+    net = getattr(model, "module", None)
     if net is None or not hasattr(net, "encoder"):
         log("backend compile: this model has no encoder to compile; running eager")
         return "eager"

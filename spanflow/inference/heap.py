@@ -7,8 +7,8 @@ import gc
 def settle() -> None:
     """Freeze every object alive now (torch, the model, its tokenizer) into the permanent
     generation. Jobs and servers create many small objects per batch (token ids, offsets,
-    records), which set off full collections; each of those otherwise walks the hundred
-    thousand and more objects that importing torch leaves, which doubles the cost of turning
-    tokenizer output into spans. Call it once, after loading, before the work."""
+    records), which set off full collections; each of those otherwise walks every object
+    that importing torch leaves, a large share of the cost of turning tokenizer output into
+    spans. Call it once, after loading, before the work."""
     gc.collect()
     gc.freeze()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spanflow.models.directory import WEIGHTS, Config, json_object, write_encoder
+from spanflow.models.files import WEIGHTS, Config, json_object, write_encoder
 
 
 def supports(cfg: dict) -> bool:

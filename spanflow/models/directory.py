@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
+from typing import Annotated
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from spanflow.atomic import atomic_dir
 from spanflow.errors import ModelDirError
+from spanflow.schemas import Names, PositiveInt, expect, explain
 
 FORMAT_VERSION = 1
 CONFIG = "spanflow.json"
-WEIGHTS = "model.safetensors"  # an encoder directory's weights, as transformers names them
+TaskName = expect(Annotated[str, Field(strict=True, min_length=1)], "a task name")
+_NAMES, _POSITIVE = TypeAdapter(Names), TypeAdapter(PositiveInt)
 
 
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:
@@ -33,37 +36,28 @@ def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module,
             json.dump(cfg, f, indent=2, ensure_ascii=False)
 
 
-def json_object(path: str) -> dict | None:
-    """A JSON file holding an object, or None when it is missing, unreadable or not an object
-    (for optional files whose absence leaves the choice to another loader)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
+class ModelConfig(BaseModel):
+    """The fields every spanflow.json has. The other keys are each task's own (NER: labels, limit,
+    max_length, stride, ...; RE: relations, max_length, threshold) and are kept as they are: a task
+    reads them with check_names/config_int, or states them in a subclass and reads it with check()."""
 
+    model_config = ConfigDict(extra="allow")
 
-class Config(SimpleNamespace):
-    """config.json as attributes, the way encoder code reads a transformers config (for
-    spanflow's plain-PyTorch encoders)."""
+    format_version: PositiveInt = FORMAT_VERSION
+    task: TaskName
 
-    def to_dict(self) -> dict:
-        return dict(vars(self))
-
-
-def write_encoder(path: str, module: nn.Module) -> None:
-    """config.json (the module's `config.to_dict()`) and model.safetensors: the save_pretrained
-    of spanflow's plain-PyTorch encoders."""
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(module.config.to_dict(), f, indent=2)
-    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
-              os.path.join(path, WEIGHTS), metadata={"format": "pt"})
+    @classmethod
+    def check(cls, cfg, cfg_path: str):
+        """`cfg`, read from the spanflow.json at `cfg_path`, as this schema; a ModelDirError naming
+        the file, the key and the value otherwise."""
+        try:
+            return cls.model_validate(cfg)
+        except ValidationError as e:
+            raise ModelDirError(f"{cfg_path}: {explain(e)}") from None
 
 
 def read_model_config(path: str, task: str | None = None) -> dict:
-    """spanflow.json of a model directory, checked for existence and task."""
+    """spanflow.json of a model directory, checked for existence, format and task."""
     if not os.path.isdir(path):
         raise ModelDirError(f"model directory not found: {path}")
     cfg_path = os.path.join(path, CONFIG)
@@ -75,16 +69,12 @@ def read_model_config(path: str, task: str | None = None) -> dict:
             cfg = json.load(f)
     except (OSError, ValueError, RecursionError) as e:
         raise ModelDirError(f"{cfg_path} is unreadable: {str(e)[:200]}") from None
-    if not isinstance(cfg, dict):
-        raise ModelDirError(f"{cfg_path} is not a JSON object")
-    version = cfg.get("format_version", FORMAT_VERSION)
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ModelDirError(f"{cfg_path}: format_version {version!r} is not a version number")
-    if version > FORMAT_VERSION:
-        raise ModelDirError(f"{path} was written by a newer spanflow (model format {version}; this one reads up "
-                            f"to {FORMAT_VERSION}): upgrade spanflow to load it")
-    if task and cfg.get("task") != task:
-        raise ModelDirError(f"{path} is a {cfg.get('task')!r} model, but this command needs a {task!r} model")
+    common = ModelConfig.check(cfg, cfg_path)
+    if common.format_version > FORMAT_VERSION:
+        raise ModelDirError(f"{path} was written by a newer spanflow (model format {common.format_version}; this "
+                            f"one reads up to {FORMAT_VERSION}): upgrade spanflow to load it")
+    if task and common.task != task:
+        raise ModelDirError(f"{path} is a {common.task!r} model, but this command needs a {task!r} model")
     return cfg
 
 
@@ -99,22 +89,24 @@ def load_head_state(path: str) -> dict:
         raise ModelDirError(f"{f} is unreadable (truncated or corrupt?): {str(e)[:200]}") from None
 
 
+def _config_value(cfg: dict, key: str, path: str, kind: TypeAdapter, default=None):
+    """cfg[key] (`default` when absent or null) checked as `kind`, or a ModelDirError naming the
+    file, the key and the value."""
+    value = default if cfg.get(key) is None else cfg[key]
+    try:
+        return kind.validate_python(value)
+    except ValidationError as e:
+        raise ModelDirError(f"{os.path.join(path, CONFIG)}: {key!r} {explain(e)}") from None
+
+
 def check_names(cfg: dict, key: str, path: str) -> list[str]:
     """cfg[key] as a non-empty list of distinct non-empty strings (labels, relations), or a ModelDirError."""
-    names = cfg.get(key)
-    if not (isinstance(names, list) and names and all(isinstance(x, str) and x for x in names)
-            and len(set(names)) == len(names)):
-        raise ModelDirError(f"{os.path.join(path, CONFIG)}: {key!r} must be a non-empty list of distinct names, "
-                            f"got {str(names)[:200]}")
-    return names
+    return _config_value(cfg, key, path, _NAMES)
 
 
 def config_int(cfg: dict, key: str, path: str, default: int | None = None) -> int:
     """cfg[key] as a positive integer (`default` when absent or null), or a ModelDirError."""
-    v = default if cfg.get(key) is None else cfg[key]
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ModelDirError(f"{os.path.join(path, CONFIG)}: {key!r} must be a positive integer, got {str(v)[:50]}")
-    return v
+    return _config_value(cfg, key, path, _POSITIVE, default)
 
 
 def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from spanflow.models.directory import WEIGHTS, Config, json_object, write_encoder
+from spanflow.models.files import WEIGHTS, Config, json_object, write_encoder
 
 MODEL_TYPE = "spanflow_tiny"
 _MIX = 1_000_003  # odd multiplier that spreads (left, right) id pairs over the buckets

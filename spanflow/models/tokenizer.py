@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from spanflow.models.directory import json_object
+from spanflow.models.files import json_object
 
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 NO_LIMIT = int(1e30)  # transformers' "no model_max_length" marker

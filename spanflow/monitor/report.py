@@ -83,6 +83,15 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+SCALARS = ("real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency", "data_wait_frac", "compute_frac",
+           "optimizer_frac", "peak_memory_bytes", "mfu", "gpu_util")  # what dashboards chart of each report
+
+
+def report_scalars(r: dict, prefix: str) -> dict:
+    """The report's chartable figures as `prefix/name` scalars (those not measured are left out)."""
+    return {f"{prefix}/{k}": float(r[k]) for k in SCALARS if r.get(k) is not None}
+
+
 def format_report(r: dict) -> str:
     """One human line per report."""
     mfu = f"{r['mfu'] * 100:.1f}%" if r.get("mfu") is not None else "n/a"

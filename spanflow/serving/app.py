@@ -14,22 +14,30 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from spanflow.errors import SpanflowError
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded
 from spanflow.serving.guard import Guard
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
-from spanflow.errors import SpanflowError
+from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body
 from spanflow.serving.services import Service
+
+log = logging.getLogger("spanflow.serve")
+
+# on a CPU, what the queue gives is cut into sub-batches of similar length once a part holds
+# this many padded tokens, as there cost follows padded tokens beyond the per-call overhead
+# (bench/results/load_test.md); on an accelerator, a quarter of the budget (the batcher's default)
+CPU_SPLIT_TOKENS = 256
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
+    """An error answer: `status`, a message, and the request field at fault (`param`, as OpenAI names it)."""
 
-log = logging.getLogger("spanflow.serve")
+    def __init__(self, status: int, message: str, headers: dict | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers, self.param = status, message, headers or {}, param
 
 
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
@@ -43,13 +51,10 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         # loop: one thread, so that a tokenizer is never entered by two threads at once
         state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
         for s in services:
-            # what the queue gives is cut into sub-batches of similar length once a part holds
-            # 256 padded tokens on a CPU, where cost follows padded tokens beyond the per-call
-            # overhead, and a quarter of the budget on an accelerator (bench/results/load_test.md)
             on_cpu = s.model.policy.device.type == "cpu"
             b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens),
                                max_wait_ms=opts.max_wait_ms,
-                               min_split_tokens=256 if on_cpu else None,
+                               min_split_tokens=CPU_SPLIT_TOKENS if on_cpu else None,
                                max_queue_tokens=opts.max_queue_tokens,
                                max_queue_wait_s=opts.max_queue_wait_ms / 1000,
                                per_request=not opts.batching,
@@ -76,8 +81,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, exc: HttpError):
-        return JSONResponse({"error": {"message": exc.message, "code": exc.status}}, status_code=exc.status,
-                            headers=exc.headers)
+        return JSONResponse({"error": {"message": exc.message, "code": exc.status, "param": exc.param}},
+                            status_code=exc.status, headers=exc.headers)
 
     @app.get("/health")
     async def health():
@@ -111,11 +116,14 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         return await asyncio.get_running_loop().run_in_executor(state["pool"], fn, *args)
 
     def route(task):
+        body_schema(task.request_field)  # built here, not on the first request
+
         async def handle(request: Request) -> Response:
             t0 = time.perf_counter()
             body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
-            service = _pick_service(services, task.name, body.get("model"))
-            texts = _texts(body, task.request_field, opts)
+            req = _check_body(body, task.request_field, opts)
+            service = _pick_service(services, task.name, req.model)
+            texts = req.texts
             try:
                 params = service.params(body)
             except SpanflowError as e:
@@ -153,8 +161,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
 def _json(payload: dict) -> Response:
     """A JSON response; numpy rows (embeddings) are written by orjson when it is installed (the
-    serve extra), where float formatting with the standard encoder was a fifth of the event
-    loop's time. Either way FastAPI's recursive encoder is skipped."""
+    serve extra), as float formatting with the standard encoder holds the event loop up on
+    large responses. Either way FastAPI's recursive encoder is skipped."""
     try:
         import orjson
     except ImportError:
@@ -215,25 +223,12 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
     return of_task[0]
 
 
-def _texts(body: dict, key: str, opts: ServeOptions) -> list[str]:
-    value = body.get(key)
-    texts = [value] if isinstance(value, str) else value
-    if isinstance(texts, list) and texts and all(isinstance(t, int) or (isinstance(t, list) and t and all(
-            isinstance(x, int) for x in t)) for t in texts):
-        raise HttpError(422, f'"{key}" holds token ids; this server tokenizes itself: send the texts')
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise HttpError(422, f'"{key}" must be a string or a list of strings')
-    if len(texts) > opts.max_texts:
-        raise HttpError(422, f"{len(texts)} texts in one request; the limit is {opts.max_texts} (--max-texts)")
-    for i, t in enumerate(texts):
-        if len(t) > opts.max_text_chars:
-            raise HttpError(422, f"text {i} has {len(t)} characters; the limit is {opts.max_text_chars} "
-                                 "(--max-text-chars)")
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise HttpError(422, f"text {i} is not valid Unicode: a lone surrogate at character {e.start}") from None
-    return texts
+def _check_body(body: dict, field: str, opts: ServeOptions) -> RequestBody:
+    """The body against its route's schema (serving/requests.py): a 422 naming the field otherwise."""
+    try:
+        return read_body(body, field, Limits(opts.max_texts, opts.max_text_chars))
+    except InvalidRequest as e:
+        raise HttpError(422, e.message, param=e.field) from None
 
 
 def api_key_from_env(explicit: str | None) -> str | None:

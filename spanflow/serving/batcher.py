@@ -21,9 +21,8 @@ def model_thread() -> ThreadPoolExecutor:
 
     Each thread that runs parallel torch CPU ops gets its own OpenMP team; once a process
     holds more OpenMP threads than cores, the OpenMP runtime stops spinning between parallel
-    regions, and every small op then pays a wake-up. Loading in the main thread and running
-    in a pool thread made MiniLM at 8 texts per batch run at 300 instead of 550 texts/s on
-    2 cores. One thread for all of it keeps one team.
+    regions, and every small op then pays a wake-up, which slows small batches on a CPU
+    (docs/serving.md has the measurement). One thread for all of it keeps one team.
     """
     global _MODEL_THREAD
     if _MODEL_THREAD is None:
@@ -48,17 +47,24 @@ class _Request:
     results: list = field(default_factory=list)
     todo: deque = field(default_factory=deque)  # indices not yet batched
     left: int = 0
-    enqueued: float = field(default_factory=time.perf_counter)
+    enqueued: float = 0.0  # the batcher's clock at submit
     cancelled: bool = False
+    timed: bool = True  # its batches count in the measured service rate
 
 
 class DynamicBatcher:
-    """`run_batch(units) -> results` runs in a worker thread; one batch at a time."""
+    """`run_batch(units) -> results` runs in a worker thread; one batch at a time.
+
+    `clock` (seconds) times queue waits and the measured service rate; a caller that
+    advances a clock of its own gets waits and rates that do not depend on the machine's load.
+    """
 
     def __init__(self, run_batch: Callable[[list], list], *, max_tokens: int, max_wait_ms: float = 5.0,
                  max_queue_tokens: int = 1 << 20, max_queue_wait_s: float | None = None, per_request: bool = False,
-                 on_batch: Callable | None = None, min_efficiency: float = 0.9, min_split_tokens: int | None = None):
+                 on_batch: Callable | None = None, min_efficiency: float = 0.9, min_split_tokens: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.run_batch, self.max_tokens, self.max_wait = run_batch, max_tokens, max_wait_ms / 1000
+        self.clock = clock
         self.min_efficiency, self.min_split_tokens = min_efficiency, min_split_tokens
         self.max_queue_tokens, self.max_queue_wait_s = max_queue_tokens, max_queue_wait_s
         self.per_request, self.on_batch = per_request, on_batch
@@ -85,8 +91,7 @@ class DynamicBatcher:
 
     async def warm_up(self, units: list, lengths: list[int]) -> None:
         """Run a request whose slow first call must not count in the service rate."""
-        await self.submit(units, lengths)
-        self.tokens_per_s = None
+        await self.submit(units, lengths, timed=False)
 
     def admit(self, need: int) -> None:
         """Refuse work the queue cannot hold, or could not start within max_queue_wait_s at
@@ -98,12 +103,14 @@ class DynamicBatcher:
         if too_long or self.queued_tokens + need > self.max_queue_tokens:
             raise Overloaded(max(1.0, wait or 1.0))
 
-    async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None) -> list:
-        """Queue a request's units; return their results in order. Raises Overloaded, TimeoutError."""
+    async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None, *,
+                     timed: bool = True) -> list:
+        """Queue a request's units; return their results in order. Raises Overloaded, TimeoutError.
+        With timed=False its batches are left out of the measured service rate."""
         need = sum(lengths)
         self.admit(need)
         req = _Request(units, lengths, asyncio.get_running_loop().create_future(), [None] * len(units),
-                       deque(range(len(units))), len(units))
+                       deque(range(len(units))), len(units), self.clock(), timed=timed)
         if not units:
             return []
         self._queue.append(req)
@@ -158,14 +165,14 @@ class DynamicBatcher:
                                      min_tokens=self.min_split_tokens)
         for part in parts:
             items = [batch[k] for k in part]
-            start = time.perf_counter()
+            start = self.clock()
             try:
                 res = self.run_batch([r.units[i] for r, i in items])
             except Exception as e:  # a failing part fails its requests, not the server
                 deliver(items, e)
                 continue
             if self.on_batch:
-                self.on_batch([lens[k] for k in part], time.perf_counter() - start,
+                self.on_batch([lens[k] for k in part], self.clock() - start,
                               [t0 - r.enqueued for r, _ in items])
             deliver(items, res)
 
@@ -196,8 +203,8 @@ class DynamicBatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            oldest = min((r.enqueued for r in self._queue if r.todo), default=time.perf_counter())
-            wait = self.max_wait - (time.perf_counter() - oldest)
+            oldest = min((r.enqueued for r in self._queue if r.todo), default=self.clock())
+            wait = self.max_wait - (self.clock() - oldest)
             # waiting pays only when other clients are active: a lone client (the last batch
             # held one request and one is waiting) would only be delayed by it
             alone = lone and len(self._queue) == 1
@@ -208,11 +215,13 @@ class DynamicBatcher:
             if not batch:
                 continue
             lone = len({id(r) for r, _ in batch}) == 1
-            t0 = time.perf_counter()
+            t0 = self.clock()
             try:
                 await loop.run_in_executor(model_thread(), self._run, batch, t0, deliver)
             except Exception as e:  # not the model's failure (that is delivered per part): fail the batch
                 self._resolve(batch, e)
                 continue
-            rate = sum(r.lengths[i] for r, i in batch) / max(time.perf_counter() - t0, 1e-6)
+            if not all(r.timed for r, _ in batch):
+                continue  # a warm-up: decided here, since its caller is answered before this point
+            rate = sum(r.lengths[i] for r, i in batch) / max(self.clock() - t0, 1e-6)
             self.tokens_per_s = rate if self.tokens_per_s is None else 0.8 * self.tokens_per_s + 0.2 * rate

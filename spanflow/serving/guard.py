@@ -59,7 +59,7 @@ class Guard:
 
 
 async def _send_json(send, status: int, message: str, headers: list | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "code": status}}).encode()
+    body = json.dumps({"error": {"message": message, "code": status, "param": None}}).encode()  # the app's shape
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *(headers or [])]})

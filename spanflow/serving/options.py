@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from spanflow.runtime.budget import default_budget
+from spanflow.runtime.policy import pick_device
 from spanflow.training.options import opt
+
+
+def _default_budget() -> int:
+    return default_budget("serve", pick_device())
 
 
 @dataclass
 class ServeOptions:
     """How the server batches and what it accepts; `spanflow serve` makes a flag of each documented field."""
 
-    max_tokens: int = 4096  # a runtime flag of its own (a number, 'auto' or --profile)
+    # a runtime flag of its own (a number, 'auto' or --profile); unset: the budget table's, for the device
+    max_tokens: int = field(default_factory=_default_budget)
     model_max_tokens: dict[str, int] = field(default_factory=dict)  # per served model, where measured
     max_wait_ms: float = opt(2.0, "longest a request waits for a batch to fill; under load batches also form "
                                   "while the model is busy")

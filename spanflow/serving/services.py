@@ -36,11 +36,17 @@ class Service:
                                   tokens, params)
 
 
-def load_service(spec: str, *, precision: str = "auto", device: str = "auto") -> Service:
-    """NAME=DIR or DIR (named after the directory): a spanflow model of any task, or an encoder
-    directory (served as embeddings)."""
+def parse_spec(spec: str) -> tuple[str, str]:
+    """(name, directory) of NAME=DIR, or of DIR (named after the directory)."""
     name, _, path = spec.rpartition("=")
     path = path or spec
-    name = name or os.path.basename(os.path.normpath(path))
+    return name or os.path.basename(os.path.normpath(path)), path
+
+
+def load_service(spec: str, *, precision: str = "auto", device: str = "auto") -> Service:
+    """NAME=DIR or DIR: a spanflow model of any task, or an encoder directory (served as
+    embeddings), loaded once as asked (`spanflow serve` resolves the runtime first, then
+    builds its Services from the models that resolution loaded)."""
+    name, path = parse_spec(spec)
     task = task_of_dir(path)
     return Service(name, task, task.load(path, device=device, precision=precision))

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from spanflow.errors import ConfigError, ModelDirError
 
-BUILTIN = {"ner": "spanflow.ner:TASK", "re": "spanflow.re:TASK", "embed": "spanflow.embedder:TASK"}
+BUILTIN = {"ner": "spanflow.tasks.ner.task:TASK", "re": "spanflow.tasks.re.task:TASK",
+           "embed": "spanflow.tasks.embed.task:TASK"}
 ENCODER_TASK = "embed"  # what a directory without spanflow.json holds
 _TASKS: dict[str, Any] = dict(BUILTIN)
 
@@ -61,8 +62,11 @@ class TaskModel(Protocol):
     def format_metrics(self, m: dict) -> str:
         """The evaluate table."""
 
-    def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
-        """Override the inference window (None: as trained)."""
+    max_length: int  # tokens per model input at inference, special tokens included
+
+    def set_max_length(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Read inputs of at most `max_length` tokens (NER: windows overlapping by `stride`);
+        None keeps the current value."""
 
 
 class Task(Protocol):
@@ -155,5 +159,37 @@ def load_model(path: str, *, device: str = "auto", precision: str = "auto", max_
     """The model in `path`, of whichever task it holds, with its inference window set."""
     model = task_of_dir(path).load(path, device=device, precision=precision)
     if max_length is not None or stride is not None:
-        model.set_window(max_length, stride)
+        model.set_max_length(max_length, stride)
     return model
+
+
+def quality_at_length(model: TaskModel, examples: list) -> Callable[[int], float]:
+    """quality(L) for tune: F1 on labelled `examples` with the model reading at most L tokens (cached)."""
+    import functools
+
+    keep = model.max_length, getattr(model, "stride", None)  # NER's overlap shrinks with a short window
+
+    @functools.lru_cache(maxsize=None)
+    def quality(L: int) -> float:
+        model.set_max_length(L)
+        try:
+            return model.evaluate(examples)["f1"]
+        finally:
+            model.set_max_length(*keep)
+
+    return quality
+
+
+def autocast_twin(model: TaskModel, precision: str, quantize: str | None = None):
+    """`model` in another precision, sharing its weights: for a task model whose fp32 weights
+    autocast casts per batch, the twin runs as a fresh load in that precision would, without
+    reading the directory again (the optional `with_precision` member of a task model)."""
+    import copy
+
+    from spanflow.runtime.policy import resolve_policy
+
+    if quantize:
+        raise ConfigError(f"--quantize {quantize} applies to embedding models, not {model.task} models")
+    twin = copy.copy(model)
+    twin.policy = resolve_policy(precision, str(model.policy.device))
+    return twin

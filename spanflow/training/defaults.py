@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spanflow.runtime.budget import default_budget
 from spanflow.training.options import TrainOptions, scaled_options
 
 UPDATES_PER_EPOCH = 100  # a small data set still gets enough optimizer updates to learn in a few epochs
@@ -39,9 +40,8 @@ def for_encoder(table: dict[str, TaskDefaults], encoder) -> TaskDefaults:
 
 
 def device_budget(device: torch.device) -> int:
-    """Largest padded tokens per micro-batch worth taking: on CPU throughput is flat from
-    1k to 4k tokens, a GPU needs far larger batches to fill."""
-    return 4096 if device.type == "cpu" else 32768
+    """Largest padded tokens per micro-batch worth taking (runtime.budget's table)."""
+    return default_budget("train", device)
 
 
 def update_tokens(lengths: list[int], device: torch.device, world: int = 1) -> int:

@@ -14,12 +14,13 @@ from torch import nn
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
 from spanflow.batching.sampling import epoch_indices
-from spanflow.monitor.report import Meter, append_jsonl, format_report, train_flops_per_token
+from spanflow.monitor.report import Meter, append_jsonl, format_report, report_scalars, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, barrier, broadcast, gather
 from spanflow.training.optim import build_optimizer, warmup_linear
 from spanflow.training.options import TrainOptions
 from spanflow.training.precision import Policy
+from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.step import forward_backward, optimizer_step
 
 
@@ -79,6 +80,7 @@ class _Run:
     n_epoch: int = 0
     bar: object = None  # a progress bar on a terminal (progress_bar), else None and plain log lines
     bar_tokens: int = 0
+    reporters: Reporters | None = None  # TensorBoard / MLflow (--report-to), rank 0 only
 
     @property
     def ckpt_dir(self) -> str:
@@ -98,6 +100,9 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     writes checkpoints, reports and models. `plan_world` (tests) plans batches for that
     many ranks while running as one process, to check DDP against single-process training.
     `weights` (one per item) turn on weighted sampling of each epoch's items.
+    `opts.report_to` also sends the run's options, its scalars (loss and lr per logged step,
+    dev metrics per evaluation, the throughput report per epoch) and the best dev F1 to
+    TensorBoard / MLflow (training/report_to.py says where, and what a resumed run does).
     """
     world = plan_world or dist.world
     lengths = [len(it) for it in items]
@@ -106,6 +111,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                total_steps=sum(len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)))
     model.train()
     r.bar = progress_bar(r)
+    final = None  # the summary the reporters close with; None when training failed
     try:
         while r.st["epoch"] < opts.epochs and not r.st["stopped"]:
             epoch = r.st["epoch"]
@@ -115,15 +121,18 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                                     else None, items, hooks.collate) for step in plan)
             if not _run_steps(r, groups, epoch):
                 log(f"stopped after max_steps={r.st['global_step']}; resume with --resume")
-                return {"best_f1": r.st["best_f1"], "global_step": r.st["global_step"], "completed": False}
+                final = _summary(r, completed=False)
+                return {k: final[k] for k in ("best_f1", "global_step", "completed")}
             rep = _close_period(r.meter, dist)  # before evaluation, so eval time is not counted as training
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
             _report(r, epoch, rep, f1)
             _learning_check(r, f1, left=opts.epochs - epoch - 1)
             r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
             _checkpoint(r)
+        final = _summary(r, completed=True)
     finally:
         r.meter.close()
+        r.reporters.close(final)
         if r.bar is not None:
             r.bar.close()
     if r.st["stopped"]:
@@ -134,7 +143,12 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     if hooks.evaluate is None and dist.is_main:
         hooks.save_model(os.path.join(out_dir, "model"))
     barrier(dist)
-    return {"best_f1": r.st["best_f1"], "global_step": r.st["global_step"], "completed": True}
+    return {k: final[k] for k in ("best_f1", "global_step", "completed")}
+
+
+def _summary(r: _Run, completed: bool) -> dict:
+    return {"best_f1": r.st["best_f1"], "best_step": r.st.get("best_step"), "global_step": r.st["global_step"],
+            "completed": completed}
 
 
 def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
@@ -145,11 +159,12 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
     os.makedirs(out_dir, exist_ok=True)
-    st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "bad_evals": 0, "stopped": False,
-          "first_loss": None}
+    st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
+          "stopped": False, "first_loss": None}
     r = _Run(model, _wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
              optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
-    if opts.resume and has_checkpoint(r.ckpt_dir):
+    resumed = opts.resume and has_checkpoint(r.ckpt_dir)
+    if resumed:
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
         log(f"resumed from {r.ckpt_dir}: epoch {r.st['epoch'] + 1}, step {r.st['global_step']}")
     else:
@@ -157,6 +172,10 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
         if os.path.exists(r.report_path) and dist.is_main:
             os.remove(r.report_path)  # a fresh run starts a fresh report
+    r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
+                                  else None, log=log) if dist.is_main else Reporters()
+    r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
+                            "processes": dist.world})
     mean_len = sum(len(it) for it in items) / max(1, len(items))
     r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
     return r
@@ -194,6 +213,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
                 r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
             else:
                 r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {r.scheduler.get_last_lr()[0]:.2e}")
+            r.reporters.log_metrics({"train/loss": loss_now, "train/lr": _lr_now(r)}, gs)
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
@@ -231,6 +251,13 @@ def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = Fa
     if r.dist.is_main:
         append_jsonl(r.report_path, rep)
         r.log(format_report(rep))
+        r.reporters.log_metrics({**report_scalars(rep, "epoch"), "train/epoch": epoch + 1}, r.st["global_step"])
+
+
+def _lr_now(r: _Run) -> float:
+    """--lr as the schedule stands now (groups below the top layer or the head differ by fixed factors)."""
+    lr, base = r.scheduler.get_last_lr()[0], r.scheduler.base_lrs[0]
+    return r.opts.lr * lr / base if r.opts.lr and base else lr
 
 
 def _learning_check(r: _Run, f1: float | None, left: int) -> None:
@@ -269,11 +296,14 @@ def _evaluate(r: _Run) -> float | None:
         return None
     st = r.st
     r.model.eval()
-    f1 = r.hooks.evaluate(r.model)["f1"]  # every rank takes part: evaluation is sharded and gathered
+    metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
+    f1 = metrics["f1"]
     r.model.train()
     if r.dist.is_main:
+        r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},
+                                st["global_step"])
         if st["best_f1"] is None or f1 > st["best_f1"]:
-            st["best_f1"], st["bad_evals"] = f1, 0
+            st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
             r.hooks.save_model(os.path.join(r.out_dir, "model"))
         else:
             st["bad_evals"] += 1

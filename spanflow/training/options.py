@@ -44,6 +44,8 @@ class TrainOptions:
     max_steps: int | None = opt(None, "stop after N optimizer steps, with a checkpoint to resume from")
     resume: bool = opt(False, "continue from OUT/checkpoint")
     log_every: int = opt(50, "print the loss every N steps (0: never)")
+    report_to: str = opt("none", "also report to: a comma list of tensorboard, mlflow (OUT/runs, "
+                                 "MLFLOW_TRACKING_URI or OUT/mlruns); 'all': every one installed")
     lr_scaling: str = opt("none", "scale --lr for the larger global batch of several processes",
                           choices=LR_SCALINGS)
     grad_compression: str = opt("none", "all-reduce DDP gradients in fp16 (CUDA, several processes)",
@@ -65,7 +67,10 @@ class TrainOptions:
     def __post_init__(self):
         """Every value checked here, once, whether it came from the CLI or the Python API."""
         from spanflow.errors import ConfigError
+        from spanflow.training.report_to import check_installed, parse_report_to
 
+        self.report_to = parse_report_to(self.report_to)
+        check_installed(self.report_to)  # here, so a missing extra stops the run before any model loads
         checks = [
             (self.lr_scaling in LR_SCALINGS, f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}"),
             (0.0 <= self.label_smoothing < 1.0, f"--label-smoothing must be in [0, 1), got {self.label_smoothing}"),

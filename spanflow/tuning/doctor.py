@@ -13,7 +13,8 @@ import torch
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import cpu_has_bf16, resolve_policy
+from spanflow.runtime.budget import default_budget
+from spanflow.runtime.policy import cpu_has_bf16, resolve_policy
 from spanflow.training.step import as_micro, forward_backward, optimizer_step
 
 
@@ -101,9 +102,10 @@ def diagnose(r: dict, healthy: dict | None = None) -> list[str]:
 
 
 def doctor(*, model: str | None = None, data: str | None = None, task: str = "ner", batch_size: int | None = None,
-           max_tokens: int = 4096, precision: str = "auto", device: str = "auto", steps: int = 8,
+           max_tokens: int | None = None, precision: str = "auto", device: str = "auto", steps: int = 8,
            log_fn: Callable[[str], None] = print) -> dict:
-    """Print the environment; with model and data, probe training and name the biggest losses."""
+    """Print the environment; with model and data, probe training and name the biggest losses.
+    `max_tokens` None: training's default budget for the device (runtime/budget.py)."""
     env = environment()
     for k, v in env.items():
         log_fn(f"{k:>15}: {v}")
@@ -113,6 +115,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
 
     policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in
     log_fn(policy.describe())
+    max_tokens = max_tokens or default_budget("train", policy.device)
     w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
     windows = w.items_at(w.limit)
     lengths = [len(w) for w in windows]

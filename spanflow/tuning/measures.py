@@ -20,21 +20,6 @@ def _train_step(module, items, collate, loss_fn, policy, optimizer, scaler):
     return step
 
 
-def f1_at_length(task_model, examples):
-    """quality(L): F1 on the labelled sample with the model's max length set to L (cached)."""
-    limit = task_model.max_length
-
-    @functools.lru_cache(maxsize=None)
-    def quality(L):
-        task_model.max_length = min(L, limit)
-        try:
-            return task_model.evaluate(examples)["f1"]
-        finally:
-            task_model.max_length = limit
-
-    return quality
-
-
 def measure_of(w: Workload, *, mode: str, policy, seed: int = 0):
     """measure(budget, max_length, seconds) over a task's workload: the training loop's steps
     (loss scaling and clipping included) or forward passes, timed by the probe."""

@@ -5,8 +5,10 @@ import os
 from collections.abc import Callable
 
 from spanflow.errors import ConfigError
-from spanflow.training.precision import resolve_policy
-from spanflow.tuning.profile import device_name, write_profile
+from spanflow.runtime.cache import device_name
+from spanflow.runtime.files import write_profile
+from spanflow.runtime.policy import resolve_policy
+from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tuning.measures import measure_of
 from spanflow.tuning.sweep import geometric, is_oom, pick_best, sweep
 
@@ -15,24 +17,27 @@ MODES = ("train", "infer")
 
 def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengths: list[int] | None = None,
          budgets: list[int] | None = None, max_memory_gb: float | None = None, latency_slo_ms: float | None = None,
-         budget_seconds: float = 120, sample: int = 512, precision: str = "auto", device: str = "auto",
-         out: str | None = None, field: str = "text", column: int | None = None, plot: bool = True, repeats: int = 2,
-         backends: bool = True, log_fn: Callable[[str], None] = print) -> dict:
+         budget_seconds: float = 120, sample: int = 512, precision: str = "auto", quantize: str | None = None,
+         force: bool = False, device: str = "auto", out: str | None = None, field: str = "text",
+         column: int | None = None, plot: bool = True, repeats: int = 2, backends: bool = True,
+         log_fn: Callable[[str], None] = print) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
-    `mode` None: train, or infer for a task that does not train. In infer mode with `backends`, also the encoder compiled against eager at the best point
+    `mode` None: train, or infer for a task that does not train. Device, precision and
+    quantization are resolved first, as the command that runs the model resolves them
+    (runtime/resolve.py): the profile is measured in what inference will run. In infer mode
+    with `backends`, also the encoder compiled against eager at the best point
     (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`."""
     from spanflow.tasks.registry import get
 
     mode = mode or ("train" if get(task).trains else "infer")
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
-    if mode == "infer":  # measure the precision inference will run in
-        from spanflow.inference.auto_precision import infer_precision
-
-        precision = infer_precision(precision, model, device)
-    policy = resolve_policy("fp32" if precision == "int8" else precision, device, cpu_bf16=mode == "train")
-    w = get(task).workload(model, data, mode=mode, policy=policy, precision=precision, sample=sample, field=field,
-                           column=column)
+    rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
+                         job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
+    policy = resolve_policy(rt.precision, rt.device)
+    extra = {"quantize": rt.quantize} if rt.quantize else {}  # only tasks that quantize take it
+    w = get(task).workload(model, data, mode=mode, policy=policy, precision=rt.precision, sample=sample, field=field,
+                           column=column, **extra)
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
     lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
@@ -52,7 +57,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
                      latency_slo_ms=latency_slo_ms)
     profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
-               "precision": precision if precision == "int8" else policy.name,
+               "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
                "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
     if mode == "infer" and best and backends:

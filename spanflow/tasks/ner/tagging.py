@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from spanflow.batching.align import encode_texts, merge_windows, windows_for
-from spanflow.tasks.bio import decode_spans
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.data.examples import Span
+from spanflow.tasks.ner.bio import decode_spans
 from spanflow.training.precision import Policy
 
 

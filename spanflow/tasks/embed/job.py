@@ -1,44 +1,40 @@
 """`spanflow embed` as a function: stream any input into .npy (memory-mapped) or JSONL,
-window by window, resumable, with bounded memory.
+chunk by chunk, resumable, with bounded memory.
 
-Progress is journaled in `<output>.progress.json` after each finished window (the
-window's rows flushed first), so a killed run resumes at the first unfinished window and
+Progress is journaled in `<output>.progress.json` after each finished chunk (the
+chunk's rows flushed first), so a killed run resumes at the first unfinished chunk and
 never recomputes finished ones. The final files appear only when the job completes.
 """
 from __future__ import annotations
 
 import glob
-import hashlib
 import itertools
 import json
 import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.format import open_memmap
 from tqdm import tqdm
 
-from spanflow.atomic import atomic_open
 from spanflow.data.formats.common import kind_of
 from spanflow.data.records import read_records, sample_texts
 from spanflow.errors import ConfigError, DataError
+from spanflow.tasks.embed.journal import (
+    ChunkDone,
+    EmbedSpec,
+    Fingerprint,
+    Job,
+    JobIdentity,
+    RankState,
+    Stats,
+    fingerprint,
+    read_journal,
+    write_journal,
+)
 from spanflow.training.distributed import Dist, barrier
-
-
-@dataclass
-class EmbedSpec:
-    """What to embed and where; the identity of a resumable job."""
-
-    input: str
-    output: str
-    field: str = "text"
-    column: int | None = None
-    skip_header: bool = False
-    window: int = 8192
-    dtype: str = "float32"  # npy output: float32 or float16
-    model: str = ""
 
 
 def _out_format(path: str) -> str:
@@ -46,21 +42,6 @@ def _out_format(path: str) -> str:
     if kind in ("npy", "jsonl"):
         return kind
     raise ConfigError(f"--output must end in .npy or .jsonl, got {path!r}")
-
-
-def _write_json_atomic(path: str, obj: dict) -> None:
-    with atomic_open(path, "journal", sync=True) as f:
-        json.dump(obj, f)
-
-
-def fingerprint(path: str) -> dict:
-    """Size, mtime and SHA-256 of a file: what a resumed job checks it is reading the same input."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
 
 
 def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
@@ -78,15 +59,11 @@ def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
     return n
 
 
-def _zero_stats() -> dict:
-    return {"real_tokens": 0, "padded_tokens": 0, "seconds": 0.0, "truncated": 0, "empty": 0, "errors": 0}
-
-
 @dataclass
 class _Paths:
     out: str
     partial: str  # the .npy being filled, or the merged JSONL being written
-    journal: str  # the job: spec, record count, windows
+    journal: str  # the job: spec, record count, chunks
     errors: str
     ids: str
 
@@ -105,43 +82,45 @@ def _paths(out: str) -> _Paths:
     return _Paths(out, out + ".partial", out + ".progress.json", stem + ".errors.jsonl", stem + ".ids.txt")
 
 
-def _open_job(spec: EmbedSpec, fmt: str, ident: dict, P: _Paths, dim: int, resume: bool, log) -> dict:
+def _resumed_job(P: _Paths, ident: JobIdentity, source: Fingerprint) -> Job:
+    """The journal of the interrupted job, checked to be this job's, on the same input."""
+    job = read_journal(P.journal, Job)
+    was, now = job.spec.model_dump(), ident.model_dump()
+    if was != now:
+        key = next(k for k in now if was[k] != now[k])
+        raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
+                          f"{now[key]!r} now); remove it or drop --resume")
+    if (job.input.size, job.input.sha256) != (source.size, source.sha256):
+        change = (f"{job.input.size} -> {source.size} bytes" if job.input.size != source.size
+                  else "same size, other content")
+        raise ConfigError(f"{ident.input} changed since the interrupted job began ({change}): its finished "
+                          "rows would not match the file; drop --resume to start over")
+    return job
+
+
+def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: _Paths, dim: int, resume: bool, log) -> Job:
     """Rank 0: reuse the journal of an interrupted job, or count the input and lay out the output."""
     source = fingerprint(spec.input)
     if resume and os.path.exists(P.journal) and os.path.exists(P.partial):
-        with open(P.journal, encoding="utf-8") as f:
-            job = json.load(f)
-        if job.get("spec") != ident:
-            raise ConfigError(f"{P.journal} belongs to a job with other settings; remove it or drop --resume")
-        was = job.get("input") or {}
-        if (was.get("size"), was.get("sha256")) != (source["size"], source["sha256"]):
-            change = (f"{was.get('size')} -> {source['size']} bytes" if was.get("size") != source["size"]
-                      else "same size, other content")
-            raise ConfigError(f"{spec.input} changed since the interrupted job began ({change}): its finished "
-                              "rows would not match the file; drop --resume to start over")
-        return job
+        return _resumed_job(P, ident, source)
     for stale in glob.glob(glob.escape(P.out) + ".progress.rank*.json") + glob.glob(glob.escape(P.out) + ".part*") \
             + glob.glob(glob.escape(P.out) + ".errors.part*"):
         os.remove(stale)
     n = _count_and_ids(spec, P.ids + ".partial" if fmt == "npy" else None)
-    job = {"spec": ident, "input": source, "n": n, "windows": -(-n // spec.window)}
+    job = Job(spec=ident, input=source, n=n, chunks=-(-n // spec.chunk_size))
     if fmt == "npy":
         open_memmap(P.partial, mode="w+", dtype=spec.dtype, shape=(n, dim)).flush()
     else:
         open(P.partial, "w").close()
-    _write_json_atomic(P.journal, job)
+    write_journal(P.journal, job)
     return job
 
 
-def _rank_state(P: _Paths, rank: int, resume: bool) -> dict:
-    """This rank's finished windows and byte ranges; a half-written window is cut off."""
+def _rank_state(P: _Paths, rank: int, resume: bool) -> RankState:
+    """This rank's finished chunks and byte ranges; a half-written chunk is cut off."""
     path = P.rank_journal(rank)
-    st = None
-    if resume and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            st = json.load(f)
-    st = st or {"done": {}, "end": 0, "err_end": 0, "stats": _zero_stats()}
-    for f, end in ((P.rank_part(rank), st["end"]), (P.rank_errors(rank), st["err_end"])):
+    st = read_journal(path, RankState) if resume and os.path.exists(path) else RankState()
+    for f, end in ((P.rank_part(rank), st.end), (P.rank_errors(rank), st.err_end)):
         with open(f, "a+b") as fh:
             fh.truncate(end)
     return st
@@ -154,13 +133,15 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     A reduced precision is compared with fp32 on the input first (refused below its gate
     unless `force`); `calibrate=False` skips that where `--precision auto` just checked it.
 
-    Under torchrun each rank embeds the windows w with w % world == rank; rank 0 lays out
+    Under torchrun each rank embeds the chunks w with w % world == rank; rank 0 lays out
     the output first and assembles it, in input order, once every rank is done. A killed
-    rank's unfinished windows are redone on --resume.
+    rank's unfinished chunks are redone on --resume.
     """
     fmt = _out_format(spec.output)
     if spec.dtype not in ("float32", "float16"):
         raise ConfigError(f"--dtype must be float32 or float16, got {spec.dtype!r}")
+    if spec.chunk_size < 1:
+        raise ConfigError(f"--chunk-size must be a positive integer, got {spec.chunk_size}")
     if not os.path.exists(spec.input):
         raise DataError("file not found", path=spec.input)
     log = log if dist.is_main else (lambda m: None)
@@ -173,30 +154,29 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
             f"{calibration['mean_cosine']:.6f}, min {calibration['min_cosine']:.6f}")
     os.makedirs(os.path.dirname(os.path.abspath(spec.output)) or ".", exist_ok=True)
     P = _paths(spec.output)
-    ident = {**asdict(spec), "format": fmt, "dim": embedder.dim, "world": dist.world,
-             "precision": embedder.precision_name}  # a resumed job must not mix precisions
+    ident = JobIdentity(**spec.model_dump(), format=fmt, dim=embedder.dim, world=dist.world,
+                        precision=embedder.precision_name)
     if dist.is_main:
         _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
     barrier(dist)
-    with open(P.journal, encoding="utf-8") as f:
-        job = json.load(f)
+    job = read_journal(P.journal, Job)
     rst = _rank_state(P, dist.rank, resume)
-    if rst["done"]:
-        log(f"resuming: {len(rst['done'])} windows of this rank already done")
+    if rst.done:
+        log(f"resuming: {len(rst.done)} chunks of this rank already done")
     _run_windows(embedder, spec, fmt, job, rst, P, dist, max_tokens, progress and dist.is_main)
     barrier(dist)
-    stats = _finish(P, fmt, job, dist) if dist.is_main else rst["stats"]
+    stats = _finish(P, fmt, job, dist) if dist.is_main else rst.stats
     barrier(dist)
-    secs = max(stats["seconds"], 1e-9)
-    return {"texts": job["n"], "errors": stats["errors"], "truncated": stats["truncated"], "empty": stats["empty"],
-            "real_tokens": stats["real_tokens"],
-            "padding_efficiency": stats["real_tokens"] / max(1, stats["padded_tokens"]),
-            "texts_per_s": job["n"] / secs, "real_tokens_per_s": stats["real_tokens"] / secs, "seconds": secs,
+    secs = max(stats.seconds, 1e-9)
+    return {"texts": job.n, "errors": stats.errors, "truncated": stats.truncated, "empty": stats.empty,
+            "real_tokens": stats.real_tokens,
+            "padding_efficiency": stats.real_tokens / max(1, stats.padded_tokens),
+            "texts_per_s": job.n / secs, "real_tokens_per_s": stats.real_tokens / secs, "seconds": secs,
             "precision": embedder.precision_name, "calibration": calibration, "output": spec.output,
-            "ids": P.ids if fmt == "npy" else None, "errors_file": P.errors if stats["errors"] else None}
+            "ids": P.ids if fmt == "npy" else None, "errors_file": P.errors if stats.errors else None}
 
 
-def _copy_ranges(dst, sources: list[str], ranges: list[tuple[int, list[int]]]) -> None:
+def _copy_ranges(dst, sources: list[str], ranges: list[tuple[int, tuple[int, int]]]) -> None:
     handles = [open(s, "rb") for s in sources]
     try:
         for r, (a, b) in ranges:
@@ -207,101 +187,99 @@ def _copy_ranges(dst, sources: list[str], ranges: list[tuple[int, list[int]]]) -
             h.close()
 
 
-def _finish(P: _Paths, fmt: str, job: dict, dist: Dist) -> dict:
-    """Rank 0: assemble parts in window order, sum the ranks' stats, move files into place.
+def _finish(P: _Paths, fmt: str, job: Job, dist: Dist) -> Stats:
+    """Rank 0: assemble parts in chunk order, sum the ranks' stats, move files into place.
     `seconds` is the slowest rank's time: the job's wall time."""
-    states = []
-    for r in range(dist.world):
-        with open(P.rank_journal(r), encoding="utf-8") as f:
-            states.append(json.load(f))
-    order = [(w % dist.world, str(w)) for w in range(job["windows"])]
+    states = [read_journal(P.rank_journal(r), RankState) for r in range(dist.world)]
+    order = [(w % dist.world, w) for w in range(job.chunks)]
     with open(P.errors, "wb") as f:
         _copy_ranges(f, [P.rank_errors(r) for r in range(dist.world)],
-                     [(r, states[r]["done"][w]["errors"]) for r, w in order])
+                     [(r, states[r].done[w].errors) for r, w in order])
     if fmt == "jsonl":
         with open(P.partial, "wb") as f:
             _copy_ranges(f, [P.rank_part(r) for r in range(dist.world)],
-                         [(r, states[r]["done"][w]["bytes"]) for r, w in order])
+                         [(r, states[r].done[w].bytes) for r, w in order])
     else:
         os.replace(P.ids + ".partial", P.ids)
     os.replace(P.partial, P.out)
-    stats = _zero_stats()
+    stats = Stats()
     for st in states:
-        for k, v in st["stats"].items():
-            stats[k] = max(stats[k], v) if k == "seconds" else stats[k] + v
+        for k, v in st.stats:
+            setattr(stats, k, max(getattr(stats, k), v) if k == "seconds" else getattr(stats, k) + v)
     for r in range(dist.world):
         for f in (P.rank_journal(r), P.rank_part(r), P.rank_errors(r)):
             if os.path.exists(f):
                 os.remove(f)
     os.remove(P.journal)
-    if not stats["errors"]:
+    if not stats.errors:
         os.remove(P.errors)
     return stats
 
 
-def _run_windows(embedder, spec, fmt, job, rst, P: _Paths, dist: Dist, max_tokens, progress) -> None:
-    """Embed this rank's unfinished windows; journal each one after its output is on disk."""
-    W, st = spec.window, rst["stats"]
-    mine = [w for w in range(job["windows"]) if w % dist.world == dist.rank and str(w) not in rst["done"]]
-    bar = tqdm(total=sum(min(W, job["n"] - w * W) for w in mine), unit="text", disable=not progress,
+def _run_windows(embedder, spec: EmbedSpec, fmt: str, job: Job, rst: RankState, P: _Paths, dist: Dist, max_tokens,
+                 progress) -> None:
+    """Embed this rank's unfinished chunks; journal each one after its output is on disk."""
+    W, st = spec.chunk_size, rst.stats
+    mine = [w for w in range(job.chunks) if w % dist.world == dist.rank and w not in rst.done]
+    bar = tqdm(total=sum(min(W, job.n - w * W) for w in mine), unit="text", disable=not progress,
                dynamic_ncols=True, mininterval=0.5)
     tokens = [0]
 
     def on_batch(k, real, padded):
-        st["real_tokens"] += real
-        st["padded_tokens"] += padded
+        st.real_tokens += real
+        st.padded_tokens += padded
         tokens[0] += real
         bar.update(k)
         bar.set_postfix(tok_s=f"{tokens[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
 
-    pending: deque = deque()  # (window id, records) read by the tokenizing thread, awaiting embeddings
+    pending: deque = deque()  # (chunk id, records) read by the tokenizing thread, awaiting embeddings
 
     def texts():
         recs = read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header)
         pos = 0
-        for w in mine:  # other ranks' windows and finished ones are skipped, not tokenized
-            window = list(itertools.islice(recs, (w - pos) * W, (w - pos + 1) * W))
+        for w in mine:  # other ranks' chunks and finished ones are skipped, not tokenized
+            chunk = list(itertools.islice(recs, (w - pos) * W, (w - pos + 1) * W))
             pos = w + 1
-            pending.append((w, window))
-            yield from (t if isinstance(t, str) else "" for _, t in window)
+            pending.append((w, chunk))
+            yield from (t if isinstance(t, str) else "" for _, t in chunk)
 
     embedder.truncated = 0
     t0 = time.perf_counter()
-    for emb in embedder.encode_stream(texts(), window=W, max_tokens=max_tokens, on_batch=on_batch):
-        w, window = pending.popleft()
-        st["empty"] += sum(1 for _, t in window if isinstance(t, str) and not t.strip())
-        st["truncated"] += embedder.truncated
+    for emb in embedder.encode_stream(texts(), chunk_size=W, max_tokens=max_tokens, on_batch=on_batch):
+        w, chunk = pending.popleft()
+        st.empty += sum(1 for _, t in chunk if isinstance(t, str) and not t.strip())
+        st.truncated += embedder.truncated
         embedder.truncated = 0
-        rec = {"bytes": [rst["end"], rst["end"]]}
+        rows = (rst.end, rst.end)
         if fmt == "npy":
-            for k, (_, t) in enumerate(window):
+            for k, (_, t) in enumerate(chunk):
                 if isinstance(t, DataError):
                     emb[k] = np.nan  # an unreadable record: a NaN row, explained in the errors file
-            # map the file for this window only: pages of a map held open for the whole run
+            # map the file for this chunk only: pages of a map held open for the whole run
             # would count in the process's memory and grow with the input
             mm = open_memmap(P.partial, mode="r+")
-            mm[w * W:w * W + len(window)] = emb.astype(spec.dtype)
+            mm[w * W:w * W + len(chunk)] = emb.astype(spec.dtype)
             mm.flush()
             del mm
         else:
-            rec["bytes"] = _append(P.rank_part(dist.rank), rst["end"], [
+            rows = _append(P.rank_part(dist.rank), rst.end, [
                 {"id": rid, "line": t.line, "error": t.reason} if isinstance(t, DataError)
                 else {"id": rid, "embedding": [round(float(x), 7) for x in emb[k]]}
-                for k, (rid, t) in enumerate(window)])
-            rst["end"] = rec["bytes"][1]
-        errs = [{"id": rid, "line": t.line, "error": t.reason} for rid, t in window if isinstance(t, DataError)]
-        rec["errors"] = _append(P.rank_errors(dist.rank), rst["err_end"], errs)
-        rst["err_end"] = rec["errors"][1]
-        st["errors"] += len(errs)
+                for k, (rid, t) in enumerate(chunk)])
+            rst.end = rows[1]
+        errs = [{"id": rid, "line": t.line, "error": t.reason} for rid, t in chunk if isinstance(t, DataError)]
+        errors = _append(P.rank_errors(dist.rank), rst.err_end, errs)
+        rst.err_end = errors[1]
+        st.errors += len(errs)
         now = time.perf_counter()
-        st["seconds"] += now - t0
+        st.seconds += now - t0
         t0 = now
-        rst["done"][str(w)] = rec
-        _write_json_atomic(P.rank_journal(dist.rank), rst)
+        rst.done[w] = ChunkDone(bytes=rows, errors=errors)
+        write_journal(P.rank_journal(dist.rank), rst)
     bar.close()
 
 
-def _append(path: str, at: int, records: list[dict]) -> list[int]:
+def _append(path: str, at: int, records: list[dict]) -> tuple[int, int]:
     """Write JSON lines at byte `at` (dropping anything after it); return the byte range."""
     with open(path, "r+b") as f:
         f.seek(at)
@@ -310,4 +288,4 @@ def _append(path: str, at: int, records: list[dict]) -> list[int]:
             f.write((json.dumps(r) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
-        return [at, f.tell()]
+        return at, f.tell()

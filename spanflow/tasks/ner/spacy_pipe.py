@@ -23,12 +23,15 @@ class SpanflowNer:
 
     def __init__(self, nlp: Language, name: str, model: str, max_tokens: int | None = None, device: str = "auto",
                  precision: str = "auto"):
-        from spanflow.inference.auto_precision import infer_precision
-        from spanflow.tasks.registry import load_model
+        from spanflow.runtime.loads import Loads
+        from spanflow.runtime.resolve import Asked, resolve_runtime
+        from spanflow.tasks.registry import task_of_dir
 
         self.name = name
-        # auto: the precision an earlier predict or evaluate checked for this model (cached), else fp32
-        self.model = load_model(model, device=device, precision=infer_precision(precision, model, device))
+        # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
+        loads = Loads(task_of_dir(model), model)
+        self.model = loads.take(resolve_runtime(loads.task, model, Asked(device=device, precision=precision),
+                                                loads=loads))
         if self.model.task != "ner":
             from spanflow.errors import ConfigError
 

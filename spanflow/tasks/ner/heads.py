@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from spanflow.errors import ConfigError
-from spanflow.models.crf import CRF, bio_transition_mask, compact
+from spanflow.tasks.ner.crf import CRF, bio_transition_mask, compact
 
 HEAD_TYPES = ("softmax", "crf")
 

@@ -64,7 +64,11 @@ def load_token_classifier(path: str):
     """(encoder, tokenizer, classifier nn.Linear, BIO tag per label id) from a HF directory."""
     from transformers import AutoModelForTokenClassification
 
-    from spanflow.models.encoder import load_tokenizer, quiet_transformers, require_safetensors
+    from spanflow.models.encoder import (
+        load_tokenizer,
+        quiet_transformers,
+        require_safetensors,
+    )
 
     quiet_transformers()
     cfg = token_classification_config(path)

@@ -6,9 +6,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from spanflow.batching.align import IGNORE, encode_texts, windows_for
-from spanflow.tasks.bio import bio_labels
 from spanflow.batching.collate import collate
 from spanflow.data.examples import NerExample, join_examples
+from spanflow.tasks.ner.bio import bio_labels
 
 
 def bio_label_list(entity_labels: list[str]) -> list[str]:

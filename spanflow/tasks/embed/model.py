@@ -1,7 +1,6 @@
-"""The embedding Python API: Embedder.load(dir) and encode(texts) -> np.ndarray."""
+"""Embedder: an encoder with pooling; load(dir), encode(texts) -> np.ndarray, the server's units."""
 from __future__ import annotations
 
-import base64
 import copy
 import logging
 import warnings
@@ -12,18 +11,19 @@ import torch
 from torch import nn
 
 from spanflow.batching.batcher import token_budget_batches
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
-from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.models.encoder import encoder_max_length, load_encoder
-from spanflow.models.pooling import Pooling
-from spanflow.models.st_dir import read_embedding_config
-from spanflow.training.precision import default_infer_tokens, resolve_policy
+from spanflow.runtime.budget import infer_tokens
+from spanflow.runtime.policy import INT8_IS_QUANTIZATION, resolve_policy
+from spanflow.tasks.embed.pooling import Pooling
+from spanflow.tasks.embed.st_dir import read_embedding_config
 
 log = logging.getLogger("spanflow")
 
-EMBED_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
-# the least mean cosine to fp32 a reduced precision must reach on the calibration sample
+QUANTIZATIONS = ("int8",)  # CPU dynamic quantization of the Linear layers
+# the least mean cosine to fp32 a reduced precision or a quantization must reach on the calibration sample
 MIN_MEAN_COSINE = {"bf16": 0.999, "fp16": 0.999, "int8": 0.99}
 
 
@@ -45,40 +45,43 @@ class Embedder:
     """
 
     def __init__(self, *, encoder: nn.Module, tokenizer, pooling: Pooling, max_length: int,
-                 precision: str = "auto", device: str = "auto"):
-        if precision not in EMBED_PRECISIONS:
-            raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(EMBED_PRECISIONS)}")
-        self.tokenizer, self.max_length, self.precision = tokenizer, max_length, precision
-        self.policy = resolve_policy("fp32" if precision == "int8" else precision, device)
-        if precision == "int8" and self.policy.device.type != "cpu":
-            raise ConfigError("int8 dynamic quantization runs on CPU only; use --device cpu")
-        self.model = _Pooled(encoder, pooling).eval().to(self.policy.device)
-        self._fp32 = None  # the fp32 module, kept as calibration reference when self.model differs
+                 precision: str = "auto", quantize: str | None = None, device: str = "auto"):
         if precision == "int8":
-            self._fp32 = self.model
-            self.model = _quantize_int8(self.model)
+            raise ConfigError(INT8_IS_QUANTIZATION)
+        if quantize not in (None, *QUANTIZATIONS):
+            raise ConfigError(f"unknown quantization {quantize!r}; expected {', '.join(QUANTIZATIONS)}")
+        if quantize and precision not in ("auto", "fp32"):
+            raise ConfigError(f"{quantize} quantization computes in fp32 between its {quantize} matmuls; use "
+                              "precision fp32 (or auto) with it")
+        self.tokenizer, self.max_length, self.quantize = tokenizer, max_length, quantize
+        self.limit = encoder_max_length(encoder, tokenizer)  # the longest input the encoder takes
+        self.policy = resolve_policy("fp32" if quantize else precision, device)
+        if quantize and self.policy.device.type != "cpu":
+            raise ConfigError(f"{quantize} dynamic quantization runs on CPU only; use --device cpu")
+        self.module = _Pooled(encoder, pooling).eval().to(self.policy.device)
+        self._fp32 = None  # the fp32 module, kept as calibration reference when self.module differs
+        if quantize:
+            self._fp32 = self.module
+            self.module = _quantize_int8(self.module)
         elif self.policy.amp_dtype is not None:
-            self._fp32 = self.model
-            self.model = _precast_linear(self.model, self.policy.amp_dtype)
+            self._fp32 = self.module
+            self.module = _precast_linear(self.module, self.policy.amp_dtype)
         self._backend = self._fast_backend()
         self.truncated = 0  # texts cut at max_length so far
         self.oom_budget: int | None = None  # token budget lowered after an out-of-memory error
 
     @property
-    def network(self) -> nn.Module:
-        """The module whose `.encoder` reads the texts (inference.backend compiles it)."""
-        return self.model
-
-    @property
     def dim(self) -> int:
-        return self.model.encoder.config.hidden_size
+        return self.module.encoder.config.hidden_size
 
     @property
     def precision_name(self) -> str:
-        return "int8" if self.precision == "int8" else self.policy.name
+        """What the embeddings are computed in: the precision, or the quantization ("int8")."""
+        return self.quantize or self.policy.name
 
     @classmethod
-    def load(cls, path: str, *, precision: str = "auto", device: str = "auto") -> "Embedder":
+    def load(cls, path: str, *, precision: str = "auto", quantize: str | None = None,
+             device: str = "auto") -> "Embedder":
         """A sentence-transformers directory (modules.json, pooling, Normalize, max_seq_length)
         or a plain Hugging Face encoder directory (mean pooling)."""
         cfg = read_embedding_config(path)
@@ -86,16 +89,27 @@ class Embedder:
         limit = encoder_max_length(encoder, tokenizer)
         max_length = min(cfg["max_seq_length"] or limit, limit)
         return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
-                   normalize=cfg["normalize"]), max_length=max_length, precision=precision, device=device)
+                   normalize=cfg["normalize"]), max_length=max_length, precision=precision, quantize=quantize,
+                   device=device)
+
+    def with_precision(self, precision: str, quantize: str | None = None) -> "Embedder":
+        """This model in another precision or quantization, made from its fp32 weights in
+        memory (no second read of the directory); the fp32 weights are shared, not copied."""
+        fp32 = self._fp32 or self.module
+        return Embedder(encoder=fp32.encoder, tokenizer=self.tokenizer, pooling=fp32.pooling,
+                        max_length=self.max_length, precision=precision, quantize=quantize,
+                        device=str(self.policy.device))
 
     task = "embed"
 
-    def set_window(self, max_length: int | None = None, stride: int | None = None) -> None:
-        """Truncate at `max_length` tokens (texts are embedded whole: no windows, no stride)."""
+    def set_max_length(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Truncate future inputs at `max_length` tokens (at most the encoder's limit; texts are
+        embedded whole: no windows, no stride)."""
         if stride is not None:
             raise ConfigError("--stride applies to NER; an embedding model reads each text up to --max-length")
         if max_length is not None:
-            self.set_max_length(min(max_length, encoder_max_length(self.model.encoder, self.tokenizer)))
+            self.max_length = min(max_length, self.limit)
+            self._backend = self._fast_backend()
 
     def units(self, texts: list[str]):
         """(token ids, lengths, None): the server's units."""
@@ -103,7 +117,7 @@ class Embedder:
         return ids, [len(x) for x in ids], None
 
     def run_batch(self, units: list) -> list:
-        emb = self._forward(self.model, units, list(range(len(units))), True, SERVE_PAD_MULTIPLE)
+        emb = self._forward(self.module, units, list(range(len(units))), True, SERVE_PAD_MULTIPLE)
         return list(emb.cpu().numpy())  # float32 rows
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
@@ -121,11 +135,6 @@ class Embedder:
 
     def evaluate(self, examples, **_) -> dict:
         raise ConfigError("an embedding model has no labelled evaluation here; use it through predict or serve")
-
-    def set_max_length(self, n: int) -> None:
-        """Truncate future inputs at `n` tokens (the encoder's limit still applies)."""
-        self.max_length = n
-        self._backend = self._fast_backend()
 
     def _fast_backend(self):
         from tokenizers import Tokenizer
@@ -166,7 +175,7 @@ class Embedder:
         while k < len(batches):
             batch = batches[k]
             try:
-                emb = self._forward(model or self.model, ids, batch, autocast)
+                emb = self._forward(model or self.module, ids, batch, autocast)
             except torch.cuda.OutOfMemoryError:
                 if len(batch) == 1:
                     raise
@@ -187,16 +196,16 @@ class Embedder:
             k += 1
         return out
 
-    def encode_stream(self, texts: Iterable[str], *, window: int = 8192, max_tokens: int | None = None,
+    def encode_stream(self, texts: Iterable[str], *, chunk_size: int = 8192, max_tokens: int | None = None,
                       on_batch: Callable | None = None) -> Iterator[np.ndarray]:
-        """One (n, dim) float32 array per `window` texts, in input order; the next window is
+        """One (n, dim) float32 array per `chunk_size` texts, in input order; the next chunk is
         tokenized in a background thread while this one computes."""
-        max_tokens = max_tokens or default_infer_tokens(self.policy.device)
+        max_tokens = max_tokens or infer_tokens(self.policy.device)
 
         def prep(chunk):
             return self.tokenize(chunk)
 
-        for ids, n_cut in prefetch(prep(c) for c in chunked(texts, window)):
+        for ids, n_cut in prefetch(prep(c) for c in chunked(texts, chunk_size)):
             self.truncated += n_cut
             yield self._embed_ids(ids, max_tokens, on_batch=on_batch)
 
@@ -205,12 +214,13 @@ class Embedder:
         parts = list(self.encode_stream(texts, max_tokens=max_tokens))
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
 
-    def calibrate(self, texts: list[str], *, max_tokens: int = 4096) -> dict | None:
+    def calibrate(self, texts: list[str], *, max_tokens: int | None = None) -> dict | None:
         """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32."""
         if self.precision_name == "fp32" or not texts:
             return None
+        max_tokens = max_tokens or infer_tokens(self.policy.device)
         ids, _ = self.tokenize(texts)
-        ref_model = self._fp32 or self.model
+        ref_model = self._fp32 or self.module
         ref = self._embed_ids(ids, max_tokens, model=ref_model, autocast=False)
         got = self._embed_ids(ids, max_tokens)
         cos = cosines(ref, got)
@@ -247,8 +257,8 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
 def _precast_linear(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A copy whose Linear weights are stored in the autocast dtype. Autocast would cast the
     same fp32 weights to the same values on every forward; done once, the outputs are
-    bit-identical and small batches run faster (MiniLM bf16 on CPU: +14% texts/s at 16
-    texts per batch, +5% at 256). LayerNorm and embeddings stay fp32, as autocast keeps them."""
+    bit-identical and small batches, where those casts weigh most, run faster. LayerNorm and
+    embeddings stay fp32, as autocast keeps them."""
     out = copy.deepcopy(model)
     for m in out.modules():
         if isinstance(m, nn.Linear):
@@ -262,93 +272,3 @@ class _null:
 
     def __exit__(self, *exc):
         return False
-
-
-class EmbedTask:
-    """Sentence embeddings from an encoder directory: the `embed` entry of the task registry.
-    A directory without spanflow.json is loaded as this task."""
-
-    name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", False
-    agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
-
-    @staticmethod
-    def agreement(ref: list, got: list) -> float:
-        return float(cosines(np.stack(ref), np.stack(got)).mean()) if ref else 1.0
-
-    def add_train_args(self, p) -> None:
-        pass
-
-    def train_from_args(self, a, options) -> str:
-        raise ConfigError("embedding models are not trained by spanflow; serve or run an encoder directory")
-
-    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> Embedder:
-        return Embedder.load(path, precision=precision, device=device)
-
-    def read_labelled(self, path: str, **_) -> list:
-        raise ConfigError("an embedding model has no labelled evaluation here")
-
-    def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
-                 field: str = "text", column: int | None = None, **_):
-        """Inference only; quality(L) is the mean cosine to the embeddings at the model's full length."""
-        import functools
-
-        from spanflow.data.records import sample_texts
-        from spanflow.tasks.registry import Workload
-
-        if mode != "infer":
-            raise ConfigError("embed is tuned for inference only (--mode infer)")
-        texts = sample_texts(data, sample, field=field, column=column)
-        if not texts:
-            raise ConfigError(f"{data}: no usable records to tune on")
-        emb = Embedder.load(model, precision=precision, device=str(policy.device))
-        limit = emb.max_length
-
-        def at_length(L):
-            emb.set_max_length(min(L, limit))
-            return emb
-
-        @functools.lru_cache(maxsize=None)
-        def ref():
-            return at_length(limit).encode(texts)
-
-        def quality(L):
-            r = ref()
-            return float(cosines(r, at_length(L).encode(texts)).mean())
-
-        def collate(rows):
-            x, m = pad_rows(rows, emb.tokenizer.pad_token_id or 0)
-            return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(m)}
-
-        return Workload(emb.model, lambda L: at_length(L).tokenize(texts)[0], collate, None, limit,
-                        functools.lru_cache(maxsize=None)(quality))
-
-    def request_params(self, model: Embedder, body: dict) -> dict:
-        """OpenAI's embeddings options: `encoding_format` float|base64, `dimensions` (truncate, then
-        renormalise), `user` (accepted, unused)."""
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise ConfigError(f'"encoding_format" must be "float" or "base64", got {str(fmt)[:40]!r}')
-        dims = body.get("dimensions")
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= model.dim):
-            raise ConfigError(f'"dimensions" must be an integer from 1 to {model.dim} (the model\'s width), '
-                              f"got {str(dims)[:40]}")
-        return {"encoding_format": fmt, "dimensions": dims}
-
-    def response(self, model: Embedder, name: str, texts: list[str], results: list, tokens: int,
-                 params: dict) -> dict:
-        """OpenAI's embeddings response shape: float rows stay numpy until the JSON encoder;
-        base64 is the little-endian float32 bytes of each row, as OpenAI's clients decode it."""
-        rows = np.stack(results) if results else np.zeros((0, model.dim), dtype=np.float32)
-        if params.get("dimensions"):
-            rows = rows[:, :params["dimensions"]]
-            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-        if params.get("encoding_format") == "base64":
-            out = [base64.b64encode(r.astype("<f4").tobytes()).decode("ascii") for r in rows]
-        else:
-            out = list(rows.astype(np.float32))
-        return {"object": "list", "model": name,
-                "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(out)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-
-TASK = EmbedTask()

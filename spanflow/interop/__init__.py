@@ -1,1 +1,0 @@
-"""Models and clients from elsewhere: Hugging Face token classification, spaCy pipelines."""

@@ -1,0 +1,120 @@
+"""The files runtime choices are read from: profile.json (written by `spanflow tune`, and
+cached by `--max-tokens auto`) and the cached precision verdicts of `--precision auto`.
+Each has a pydantic model; a file that does not fit is an error naming the file, the field
+and the value found there."""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError
+
+from spanflow.atomic import atomic_open
+from spanflow.errors import ConfigError, quote
+
+
+class Point(BaseModel):
+    """One measured (budget, max length) of a profile; the sweep's Point, as stored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_tokens: PositiveInt
+    max_length: PositiveInt | None = None
+    real_tokens_per_s: float | None = None
+    quality: float | None = None
+    oom: bool = False
+
+
+class BackendChoice(BaseModel):
+    """Eager against compiled at the best point (`spanflow tune --mode infer`)."""
+
+    eager: float | None = None
+    compile: float | None = None
+    compile_s: float | None = None
+    best: Literal["eager", "compile"]
+
+
+class Profile(BaseModel):
+    """profile.json: what was measured, for which model, task and mode, and the best point."""
+
+    model_config = ConfigDict(extra="allow")
+
+    device: str | None = None
+    model: str | None = None
+    task: str | None = None
+    mode: Literal["train", "infer"] | None = None
+    precision: str | None = None
+    quantize: Literal["int8"] | None = None
+    best: Point | None = None
+    points: list[Point] = []
+    backend: BackendChoice | None = None
+
+
+class Verdict(BaseModel):
+    """The cached result of one `--precision auto` check."""
+
+    precision: Literal["bf16", "fp16"]  # the reduced precision that was checked against fp32
+    measure: str  # the task's agreement measure: "entity F1", "mean cosine", ...
+    score: float
+    gate: float
+    n: NonNegativeInt  # texts checked on
+    passed: bool
+    source: Literal["input", "sample"]  # the command's input, or built-in sentences (serve)
+
+
+def problem(e: ValidationError) -> str:
+    """'field F is missing' or 'field F: what is wrong, got V', for the first problem pydantic
+    found (and how many more there are)."""
+    errors = e.errors()
+    first = errors[0]
+    field = ".".join(str(x) for x in first["loc"]) or "(the whole file)"
+    if first["type"] == "missing":
+        msg = f"field {field!r} is missing"
+    else:
+        msg = f"field {field!r}: {first['msg']}, got {quote(first.get('input'), 80)}"
+    return msg + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+
+
+def load_json(path: str, what: str):
+    """The parsed JSON of `path`; ConfigError when absent or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {path} is unreadable: {e}") from None
+
+
+def read_profile(path: str, *, task: str | None = None, mode: str | None = None) -> Profile:
+    """A profile with a usable best point; a task/mode mismatch is an error."""
+    try:
+        prof = Profile.model_validate(load_json(path, "profile"))
+    except ValidationError as e:
+        raise ConfigError(f"profile {path}: {problem(e)}") from None
+    if prof.best is None:
+        raise ConfigError(f"profile {path} has no best point (every point ran out of memory or broke a limit)")
+    for k, v in (("task", task), ("mode", mode)):
+        if v and getattr(prof, k) and getattr(prof, k) != v:
+            raise ConfigError(f"profile {path} was measured for {k} {getattr(prof, k)!r}, not {v!r}")
+    return prof
+
+
+def write_profile(path: str, profile: dict) -> None:
+    """profile.json as tune measured it (written aside, then renamed into place)."""
+    with atomic_open(path) as f:
+        json.dump(profile, f, indent=2)
+
+
+def read_verdict(path: str) -> Verdict:
+    """A cached verdict; ConfigError saying what is wrong with it (the check then runs again)."""
+    data = load_json(path, "cached verdict")
+    try:
+        return Verdict.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"cached verdict {path} is incomplete ({problem(e)})") from None
+
+
+def write_verdict(path: str, verdict: Verdict) -> None:
+    with atomic_open(path) as f:
+        f.write(verdict.model_dump_json(indent=2))

@@ -1,0 +1,103 @@
+"""One precision and device policy: auto picks CUDA > MPS > CPU and the fastest safe dtype.
+
+int8 is no precision here: it is a quantization of an fp32 model (runtime/resolve.py,
+`--quantize int8`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from spanflow.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+INT8_IS_QUANTIZATION = ("int8 is a quantization, not a precision: use --quantize int8 (embed and serve, CPU; "
+                        "Python: quantize=\"int8\")")
+log = logging.getLogger("spanflow")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_bf16() -> bool:
+    """True when the CPU has native bf16 instructions (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Where and in what precision to compute. Weights stay fp32; autocast does the rest."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None  # None = plain fp32
+    use_scaler: bool  # fp16 on CUDA needs loss scaling
+
+    @property
+    def name(self) -> str:
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp_dtype]
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def describe(self) -> str:
+        what = self.name + (" autocast, fp32 master weights" if self.amp_dtype else "")
+        if self.use_scaler:
+            what += ", GradScaler"
+        dev = str(self.device)
+        if self.device.type == "cuda":
+            dev += f" ({torch.cuda.get_device_name(self.device)})"
+            if torch.backends.cuda.matmul.allow_tf32:
+                what += ", TF32 matmuls"
+        return f"device {dev}, precision {what}"
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device != "auto":
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda asked, but no CUDA device is available")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: bool = False) -> Policy:
+    """bf16 where the accelerator has it, fp16 + GradScaler otherwise on CUDA; TF32 matmuls
+    on Ampere and newer. On CPU `auto` is fp32, or bf16 when `cpu_bf16` and the CPU runs
+    bf16 natively (training: dev F1 equal to fp32's within seed noise, docs/defaults.md)."""
+    if precision == "int8":
+        raise ConfigError(INT8_IS_QUANTIZATION)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    dev = pick_device(device)
+    if dev.type == "cuda":
+        if torch.cuda.get_device_capability(dev) >= (8, 0):
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if precision == "auto":
+            precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        if precision == "bf16" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("bf16 asked, but this GPU has no bf16 support; use --precision fp16")
+    elif dev.type == "mps":
+        precision = "fp32" if precision == "auto" else precision
+    else:
+        if precision == "auto":
+            precision = "bf16" if cpu_bf16 and cpu_has_bf16() else "fp32"
+        if precision == "fp16":
+            raise ConfigError("fp16 is for CUDA devices; on CPU use --precision bf16 or fp32")
+        if precision == "bf16" and not cpu_has_bf16():
+            log.warning("this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32")
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return Policy(dev, dtype, use_scaler=(dtype is torch.float16 and dev.type == "cuda"))

@@ -1,0 +1,82 @@
+"""The body of a task route, as a pydantic schema: the texts, in the field the task names
+(`Task.request_field`), the model, and the server's limits on both. Other fields are the task's
+own options (its `request_params` reads them) and are kept."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, create_model
+from pydantic_core.core_schema import ValidationInfo
+
+from spanflow.schemas import expect, expected, explain, first_field, invalid
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold (--max-texts, --max-text-chars)."""
+
+    max_texts: int
+    max_text_chars: int
+
+
+class InvalidRequest(Exception):
+    """A body that does not fit its route's schema; `field` names the field at fault."""
+
+    def __init__(self, message: str, field: str | None):
+        super().__init__(message)
+        self.message, self.field = message, field
+
+
+def _token_ids(texts) -> bool:
+    return isinstance(texts, list) and bool(texts) and all(
+        isinstance(t, int) or (isinstance(t, list) and t and all(isinstance(x, int) for x in t)) for t in texts)
+
+
+def _texts(value, info: ValidationInfo) -> list[str]:
+    """One text or a list of texts, within the limits in the validation context."""
+    texts = [value] if isinstance(value, str) else value
+    if _token_ids(texts):  # what OpenAI's embeddings API also accepts
+        raise invalid("holds token ids; this server tokenizes itself: send the texts")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise expected("a string or a list of strings")
+    limits: Limits = info.context
+    if len(texts) > limits.max_texts:
+        raise invalid(f"{len(texts)} texts in one request; the limit is {limits.max_texts} (--max-texts)")
+    for i, t in enumerate(texts):
+        if len(t) > limits.max_text_chars:
+            raise invalid(f"text {i} has {len(t)} characters; the limit is {limits.max_text_chars} "
+                          "(--max-text-chars)")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON's \ud800 escapes decode to lone surrogates
+            raise invalid(f"text {i} is not valid Unicode: a lone surrogate at character {e.start}") from None
+    return texts
+
+
+Texts = Annotated[list[str], PlainValidator(_texts)]
+ModelName = expect(Annotated[str, Field(strict=True)], "a model name (a string)")
+
+
+class RequestBody(BaseModel):
+    """What every task route reads; `texts` comes from the task's own field name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: ModelName | None = None  # which served model; any name where one model of the task is loaded
+    texts: Texts
+
+
+@functools.cache
+def body_schema(field: str) -> type[RequestBody]:
+    """The schema of the body of a route whose texts are in `field`."""
+    return create_model(f"RequestBody_{field}", __base__=RequestBody, texts=(Texts, Field(alias=field)))
+
+
+def read_body(body: dict, field: str, limits: Limits) -> RequestBody:
+    """`body` (a parsed JSON object) checked against its route's schema; an InvalidRequest otherwise."""
+    try:
+        return body_schema(field).model_validate(body, context=limits)
+    except ValidationError as e:
+        raise InvalidRequest(explain(e), first_field(e)) from None

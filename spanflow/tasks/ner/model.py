@@ -1,0 +1,178 @@
+"""NerModel: an encoder with a tagging head; load, predict, evaluate, save."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from spanflow.batching.align import (
+    check_window,
+    encode_texts,
+    merge_windows,
+    windows_for,
+)
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE
+from spanflow.data.examples import NerExample, Span
+from spanflow.errors import ModelDirError
+from spanflow.models.directory import (
+    check_names,
+    config_int,
+    fill_head,
+    load_model_dir,
+    save_model_dir,
+)
+from spanflow.models.encoder import encoder_max_length
+from spanflow.runtime.budget import infer_tokens
+from spanflow.tasks.metrics import format_table, span_prf
+from spanflow.tasks.ner.bio import decode_spans
+from spanflow.tasks.ner.features import bio_label_list
+from spanflow.tasks.ner.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
+from spanflow.tasks.ner.hf import (
+    bio_rows,
+    load_token_classifier,
+    select_rows,
+    token_classification_config,
+)
+from spanflow.tasks.ner.tagging import tag_texts, tag_windows, word_starts
+from spanflow.tasks.registry import autocast_twin
+from spanflow.training.distributed import Dist, shard_gather
+from spanflow.training.precision import Policy, resolve_policy
+
+
+class NerModel:
+    """An encoder with a token-tagging head (softmax or CRF), its tokenizer and label set."""
+
+    task = "ner"
+
+    def __init__(self, *, encoder, tokenizer, labels: list[str], limit: int, stride: int = 32,
+                 head=None, head_type: str = "softmax", policy: Policy | None = None, max_length: int | None = None,
+                 id2label: list[str] | None = None, lines: bool = True):
+        self.tokenizer = tokenizer
+        self.labels = sorted(labels)
+        # the BIO tag of each output of the head: spanflow's own order, or an imported classifier's
+        self.id2label = list(id2label) if id2label else bio_label_list(self.labels)
+        # limit: the longest window training may cut (the encoder's limit or --max-length);
+        # max_length: the window inference reads, as long as the longest training window rather
+        # than the limit, so long documents are read in pieces of the length the model learned from
+        self.limit, self.stride, self.head_type = limit, stride, head_type
+        self.max_length = min(max_length or limit, limit)
+        # a model trained on single-line texts reads each line of an input on its own
+        self.lines = lines
+        head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
+        self.module = EncoderWithHead(encoder, head)
+        self.policy = policy or resolve_policy()
+        self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
+
+    @classmethod
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "NerModel":
+        """Load a spanflow NER model directory, or a Hugging Face token-classification directory
+        (no network, no pickle); `native`: see models.encoder.load_encoder."""
+        if token_classification_config(path) is not None:
+            return cls.from_hf(path, device=device, precision=precision)
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", native=native)
+        labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
+        if head_type not in HEAD_TYPES:
+            raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "
+                                f"{', '.join(HEAD_TYPES)}")
+        id2label = cfg.get("id2label") or bio_label_list(labels)
+        head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=id2label)
+        # directories written before the limit had its own key: "max_length" was the limit, "window" the length read
+        old = "window" in cfg
+        limit = config_int(cfg, "max_length" if old else "limit", path)
+        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit,
+                   stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
+                   head_type=head_type, policy=resolve_policy(precision, device),
+                   max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
+                   lines=cfg.get("lines", True) is not False)
+
+    @classmethod
+    def from_hf(cls, path: str, *, device: str = "auto", precision: str = "auto", bio: bool = False) -> "NerModel":
+        """A Hugging Face AutoModelForTokenClassification directory as a softmax NER model: its own
+        label ids (any BIO-like scheme) for inference, or, with `bio`, its classifier carried over
+        onto spanflow's BIO label rows (to continue training)."""
+        encoder, tokenizer, classifier, tags = load_token_classifier(path)
+        labels = sorted({t[2:] for t in tags if t != "O"})
+        id2label = bio_label_list(labels) if bio else tags
+        head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=id2label)
+        if bio:
+            classifier = select_rows(classifier, bio_rows(tags, id2label))
+        head.proj.load_state_dict(classifier.state_dict())
+        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=encoder_max_length(encoder, tokenizer),
+                   head=head,
+                   head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label)
+
+    def save(self, path: str) -> None:
+        """Write a self-contained model directory."""
+        save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
+                       config={"task": "ner", "labels": self.labels, "limit": self.limit,
+                               "max_length": self.max_length, "stride": self.stride, "lines": self.lines,
+                               "tag_scheme": "bio", "head": self.head_type,
+                               **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
+
+    def with_precision(self, precision: str, quantize: str | None = None) -> "NerModel":
+        """This model in another precision, sharing its weights (see tasks.registry.autocast_twin)."""
+        return autocast_twin(self, precision, quantize)
+
+    def set_max_length(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Read windows of `max_length` tokens (special tokens included, at most the limit), overlapping
+        by `stride`; None keeps the current value (a kept overlap is cut to half a shorter window)."""
+        max_length = max_length or self.max_length
+        if stride is None:
+            stride = min(self.stride, max_length // 2)
+        self.max_length, self.stride = check_window(max_length, stride, self.limit)
+
+    def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
+                       on_batch: Callable | None = None, words: Iterable | None = None) -> Iterator[list[Span]]:
+        """Spans for each text, in order, with bounded memory for inputs of any size; `words`:
+        each text's own tokens as char offsets (or None), which spans then start and end on."""
+        max_tokens = max_tokens or infer_tokens(self.policy.device)
+        return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
+                         stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
+                         on_batch=on_batch, words=words, lines=self.lines)
+
+    def predict(self, texts: list[str], *, max_tokens: int | None = None,
+                words: list | None = None) -> list[list[Span]]:
+        """Character-offset (start, end, label) spans for each text (`words`: see predict_stream)."""
+        return list(self.predict_stream(texts, max_tokens=max_tokens, words=words))
+
+    @staticmethod
+    def read_labelled(path: str, *, fmt: str | None = None, scheme: str | None = None) -> list[NerExample]:
+        """Labelled NER data (CoNLL, JSONL or DocBin) for evaluate."""
+        from spanflow.data.io import read_ner
+
+        return read_ner(path, fmt=fmt, scheme=scheme)
+
+    @staticmethod
+    def format_metrics(m: dict) -> str:
+        """The evaluate table: P/R/F1 per label and overall."""
+        return format_table(m)
+
+    @staticmethod
+    def output_record(text: str, spans: list[Span]) -> dict:
+        """The record of one text, from predict, the server and the API alike."""
+        return {"text": text, "entities": [{"start": s, "end": e, "label": lab, "text": text[s:e]}
+                                           for s, e, lab in spans]}
+
+    def units(self, texts: list[str]):
+        """(windows with their word starts, window lengths, encodings): the server's units."""
+        encs = encode_texts(self.tokenizer, texts)
+        wins = windows_for(encs, max_length=self.max_length, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
+                           sep_id=self.tokenizer.sep_token_id, lines=self.lines)
+        return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs
+
+    def run_batch(self, units: list) -> list:
+        """Label ids of each window (a CRF head decodes over its word starts)."""
+        return tag_windows(self.module, [w for w, _ in units], [f for _, f in units], self.tokenizer.pad_token_id,
+                           self.policy, SERVE_PAD_MULTIPLE, self.limit)
+
+    def assemble(self, texts: list[str], units: list, results: list, encs) -> list[list[Span]]:
+        """Each text's spans from its windows' labels."""
+        per_text: list[list] = [[] for _ in texts]
+        for (w, _), pred in zip(units, results):
+            per_text[w.example].append((w.start, w.end, pred))
+        return [decode_spans(enc, merge_windows(len(enc.ids), per_text[i]), self.id2label) if enc.ids else []
+                for i, enc in enumerate(encs)]
+
+    def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
+        """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
+        pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
+                                                              words=[e.words for e in ex]), dist)
+        return span_prf([e.spans for e in examples], pred)

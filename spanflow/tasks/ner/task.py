@@ -1,0 +1,83 @@
+"""The `ner` entry of the task registry: what the CLI, the server and tune ask of NER."""
+from __future__ import annotations
+
+from spanflow.tasks.metrics import agreement_f1
+from spanflow.tasks.ner.features import make_collate, ner_loss, prepare_windows
+from spanflow.tasks.ner.heads import HEAD_TYPES
+from spanflow.tasks.ner.hf import token_classification_config
+from spanflow.tasks.ner.model import NerModel
+from spanflow.tasks.ner.train import start_model, train_ner
+from spanflow.tasks.registry import Workload, quality_at_length, records_response
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import Policy
+
+
+class NerTask:
+    """Named entities as character-offset spans: the `ner` entry of the task registry."""
+
+    name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
+    exports = ("hf",)
+    # --precision auto keeps a reduced precision whose entities agree with fp32's to this F1
+    agreement_name, precision_gate = "entity F1", 0.98
+
+    @staticmethod
+    def agreement(ref: list, got: list) -> float:
+        return agreement_f1(ref, got)
+
+    def claims(self, path: str) -> bool:
+        """A Hugging Face token-classification directory runs as an NER model."""
+        return token_classification_config(path) is not None
+
+    def export(self, model: NerModel, to: str, out: str, *, lossy: bool = False, log_fn=print) -> str:
+        from spanflow.tasks.ner.hf import (
+            export_hf,  # imports transformers: only when exporting
+        )
+
+        return export_hf(model, out, lossy=lossy, log_fn=log_fn)
+
+    def add_train_args(self, p) -> None:
+        p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
+        p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
+        p.add_argument("--strict", action="store_true",
+                       help="reject inside tags with no opening tag instead of repairing")
+        p.add_argument("--head", choices=list(HEAD_TYPES), default=None,
+                       help="a BIO-constrained CRF with Viterbi decoding (default for a new model), or a per-token "
+                            "softmax; a spanflow model keeps its head unless this is given")
+
+    def train_from_args(self, a, options: TrainOptions) -> str:
+        from spanflow.data.io import read_ner
+
+        train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
+        dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
+        model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
+        return f"model saved to {a.out}/model (labels: {', '.join(model.labels)})"
+
+    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
+        return NerModel.load(path, device=device, precision=precision)
+
+    def read_labelled(self, path: str, *, fmt: str | None = None, scheme: str | None = None, **_) -> list:
+        return NerModel.read_labelled(path, fmt=fmt, scheme=scheme)
+
+    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+        from spanflow.data.io import read_ner
+
+        examples = read_ner(data)[:sample]
+        labels = sorted({lab for e in examples for *_, lab in e.spans})
+        if mode == "train":
+            nm = start_model(model, examples, labels, TrainOptions(max_tokens=10**9, seed=seed), policy)
+        else:
+            nm = NerModel.load(model, device=str(policy.device), precision=policy.name)
+        l2i = {lab: i for i, lab in enumerate(nm.id2label)}
+        limit = nm.limit
+
+        def windows(L):
+            return prepare_windows(examples, nm.tokenizer, l2i, max_length=min(L, limit), stride=nm.stride,
+                                   lines=nm.lines)
+
+        return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
+                        quality_at_length(nm, examples) if mode == "infer" else None)
+
+    response = staticmethod(records_response)
+
+
+TASK = NerTask()

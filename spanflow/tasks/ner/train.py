@@ -1,0 +1,101 @@
+"""train_ner: NER's part of training (start model, windows with BIO targets, loss); fit() does the rest."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spanflow.batching.collate import round_up
+from spanflow.batching.sampling import rarity_weights
+from spanflow.data.examples import NerExample
+from spanflow.errors import ConfigError
+from spanflow.models.encoder import start_encoder
+from spanflow.tasks.ner.features import (
+    bio_label_list,
+    class_weight_tensor,
+    make_collate,
+    make_ner_loss,
+    pack_examples,
+    prepare_windows,
+    single_line,
+    window_kinds,
+    window_targets,
+)
+from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
+from spanflow.tasks.ner.model import NerModel
+from spanflow.training.defaults import TaskDefaults, for_encoder
+from spanflow.training.fit import Plan, fit
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import Policy
+from spanflow.training.setup import Run, is_model_dir, warn_unseen
+
+# measured for time to dev F1 (docs/defaults.md): wnut17 with all-MiniLM-L6-v2, resume_ner with tiny
+DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=10),
+            "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
+DEFAULT_HEAD = "crf"
+
+
+def start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
+                policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
+    """The model to train: a spanflow NER model to continue (its head unless another is
+    asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
+    if is_model_dir(model) or token_classification_config(model) is not None:
+        start = (NerModel.load(model, device=str(policy.device), native=False) if is_model_dir(model)
+                 else NerModel.from_hf(model, device=str(policy.device), bio=True))
+        if start.labels != sorted(labels):
+            raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
+        if head_type is not None and start.head_type != head_type:
+            raise ConfigError(f"{model} has a {start.head_type} head; --head {head_type} was asked for")
+        head, bio = start.module.head, bio_label_list(start.labels)
+        if start.id2label != bio:  # an imported classifier's label order: its rows onto spanflow's BIO labels
+            head.proj = select_rows(head.proj, bio_rows(start.id2label, bio))
+        return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels, limit=start.limit,
+                        stride=start.stride, head=head, head_type=start.head_type, policy=policy)
+    encoder, tokenizer, limit = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
+                                              seed=opts.seed)
+    if opts.max_tokens is not None and opts.max_tokens < limit:
+        raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {limit}: "
+                          "one full window must fit in a batch")
+    return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit, stride=opts.stride,
+                    head_type=head_type or fresh_head, policy=policy)
+
+
+def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
+              options: TrainOptions | None = None, head: str | None = None,
+              log_fn: Callable[[str], None] = print) -> NerModel:
+    """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned.
+
+    `head` is "crf" (BIO-constrained CRF, Viterbi decoding) or "softmax" (per-token
+    cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
+    Options left unset take the task's DEFAULTS for the starting point, sized to the data.
+    """
+    labels = sorted({lab for e in train for _, _, lab in e.spans})
+    if not labels:
+        raise ConfigError("the training data has no entities")
+
+    def setup(run: Run) -> Plan:
+        opts, log = run.opts, run.log
+        if dev:
+            warn_unseen(labels, {lab for e in dev for _, _, lab in e.spans}, "labels", log)
+        # label smoothing and class weights are softmax recipes: asking for one picks that head for a new model
+        softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
+        nm = start_model(run.source, train, labels, opts, run.policy, head,
+                         fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
+        if nm.head_type == "crf" and softmax_recipe:
+            raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
+        label2id = {lab: i for i, lab in enumerate(nm.id2label)}
+        defaults = for_encoder(DEFAULTS, nm.module.encoder)
+        texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, span=opts.pack_span,
+                              seed=opts.seed)
+        nm.lines = single_line(texts)
+        windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
+                                  lines=nm.lines)
+        nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
+        nm.stride = min(nm.stride, nm.max_length // 2)  # short texts: the overlap fits the window read
+        joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
+        log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}")
+        weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
+        loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
+                                class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))
+        return Plan(model=nm, items=windows, collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=loss_fn,
+                    defaults=defaults, targets=window_targets, weights=weights)
+
+    return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=NerModel.load, log_fn=log_fn)

@@ -1,0 +1,157 @@
+"""ReModel: an encoder with a CasRel head; load, predict, evaluate, save."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from spanflow.batching.align import Encoded, check_window, encode_texts
+from spanflow.batching.batcher import token_budget_batches
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE
+from spanflow.batching.prefetch import chunked
+from spanflow.data.examples import ReExample, Triple
+from spanflow.errors import ConfigError
+from spanflow.models.directory import (
+    check_names,
+    config_int,
+    fill_head,
+    load_model_dir,
+    save_model_dir,
+)
+from spanflow.runtime.budget import infer_tokens
+from spanflow.tasks.metrics import format_table
+from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
+from spanflow.tasks.re.features import input_features, make_collate
+from spanflow.tasks.re.metrics import re_metrics
+from spanflow.tasks.registry import autocast_twin
+from spanflow.training.distributed import Dist, shard_gather
+from spanflow.training.precision import Policy, resolve_policy
+
+
+class ReModel:
+    """An encoder with a CasRel head, its tokenizer and relation set."""
+
+    task = "re"
+
+    def __init__(self, *, encoder, tokenizer, relations: list[str], max_length: int, threshold: float = 0.5,
+                 head: CasRelHead | None = None, policy: Policy | None = None):
+        self.tokenizer, self.relations = tokenizer, list(relations)
+        self.rel2id = {r: i for i, r in enumerate(self.relations)}
+        # limit: the length trained at; max_length: what inference reads (at most the limit)
+        self.limit, self.max_length, self.threshold = max_length, max_length, threshold
+        head = head or CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(self.relations))
+        self.module = CasRelModel(encoder, head)
+        self.policy = policy or resolve_policy()
+        self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
+
+    @classmethod
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "ReModel":
+        """Load a spanflow RE model directory; `native`: see models.encoder.load_encoder."""
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re", native=native)
+        relations = check_names(cfg, "relations", path)
+        head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
+        return cls(encoder=encoder, tokenizer=tokenizer, relations=relations,
+                   max_length=config_int(cfg, "max_length", path), threshold=cfg.get("threshold", 0.5),
+                   head=fill_head(head, head_state, path), policy=resolve_policy(precision, device))
+
+    def save(self, path: str) -> None:
+        save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
+                       config={"task": "re", "relations": self.relations, "max_length": self.limit,
+                               "threshold": self.threshold})
+
+    def with_precision(self, precision: str, quantize: str | None = None) -> "ReModel":
+        """This model in another precision, sharing its weights (see tasks.registry.autocast_twin)."""
+        return autocast_twin(self, precision, quantize)
+
+    def set_max_length(self, max_length: int | None = None, stride: int | None = None) -> None:
+        """Read texts up to `max_length` tokens (at most the trained length); RE does not slide windows."""
+        if stride is not None:
+            raise ConfigError("--stride applies to NER; relation extraction reads each text whole, "
+                              "up to --max-length tokens")
+        if max_length is not None:
+            self.max_length, _ = check_window(max_length, 0, self.limit)
+
+    def predict(self, texts: list[str], *, max_tokens: int | None = None,
+                threshold: float | None = None, on_batch: Callable | None = None) -> list[list[Triple]]:
+        """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order;
+        `on_batch(0, real_tokens, padded_tokens)` after each batch."""
+        return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
+                                    threshold=threshold, on_batch=on_batch)
+
+    def predict_encoded(self, encs: list[Encoded], *, max_tokens: int | None = None,
+                        threshold: float | None = None, pad_multiple: int = 1,
+                        on_batch: Callable | None = None) -> list[list[Triple]]:
+        """predict() for texts already tokenized with encode_texts (the server tokenizes once;
+        it also rounds padded lengths up to `pad_multiple`)."""
+        thr = self.threshold if threshold is None else threshold
+        feats = input_features(encs, self.tokenizer, self.max_length)
+        collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations), pad_multiple=pad_multiple,
+                               limit=self.max_length)
+        out: list[list[Triple]] = [[] for _ in feats]
+        budget = max(max_tokens or infer_tokens(self.policy.device), self.max_length)
+        self.module.eval()
+        dev = self.policy.device
+        for batch in token_budget_batches([len(f) for f in feats], budget, shuffle=False):
+            t = collate([feats[i] for i in batch])
+            if on_batch:
+                on_batch(0, sum(len(feats[i]) for i in batch), t["input_ids"].numel())
+            with torch.inference_mode(), self.policy.autocast():
+                res = extract(self.module, t["input_ids"].to(dev), t["content_mask"].to(dev),
+                              t["attention_mask"].to(dev), thr)
+            for row, s, e, r, os_, oe in zip(*[x.tolist() for x in res]):  # host sync: one per batch
+                enc = encs[batch[row]]
+                subj = (enc.starts[s - 1], enc.ends[e - 1])
+                obj = (enc.starts[os_ - 1], enc.ends[oe - 1])
+                trip = (subj, self.relations[r], obj)
+                if trip not in out[batch[row]]:
+                    out[batch[row]].append(trip)
+        return out
+
+    def predict_stream(self, texts, *, max_tokens: int | None = None, on_batch: Callable | None = None,
+                       chunk_size: int = 4096):
+        """Triples for each text, in order, a chunk of texts at a time (bounded memory)."""
+        for chunk in chunked(texts, chunk_size):
+            yield from self.predict(chunk, max_tokens=max_tokens, on_batch=on_batch)
+            if on_batch:
+                on_batch(len(chunk), 0, 0)
+
+    @staticmethod
+    def read_labelled(path: str, **_) -> list[ReExample]:
+        """Labelled relation data (CasRel JSON or JSONL) for evaluate; NER format options do not apply."""
+        from spanflow.data.io import read_re
+
+        return read_re(path)
+
+    @staticmethod
+    def output_record(text: str, triples: list[Triple]) -> dict:
+        """The line predict writes: head/type/tail objects with the head and tail text."""
+        return {"text": text, "relations": [
+            {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
+            for h, r, t in triples]}
+
+    def units(self, texts: list[str]):
+        """(encodings, token lengths, None): the server's units, tokenized once."""
+        encs = encode_texts(self.tokenizer, texts)
+        return encs, [min(len(e.ids) + 2, self.max_length) for e in encs], None
+
+    def run_batch(self, units: list) -> list:
+        return self.predict_encoded(units, max_tokens=10**9, pad_multiple=SERVE_PAD_MULTIPLE)
+
+    def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
+        return results
+
+    @staticmethod
+    def format_metrics(m: dict) -> str:
+        """The evaluate table per relation, then the partial-match line."""
+        p = m["partial"]
+        return (format_table({**m, "per_label": m["per_relation"]}).replace("label  ", "relation")
+                + f"\npartial (last-word) match: precision {p['precision']:.4f} recall {p['recall']:.4f} f1 {p['f1']:.4f}")
+
+    def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
+        """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
+        pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
+        gold = [e.string_triples() for e in examples]
+        got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
+        return re_metrics(gold, got)
+
+

@@ -1,0 +1,65 @@
+"""The `re` entry of the task registry: what the CLI, the server and tune ask of relation extraction."""
+from __future__ import annotations
+
+from spanflow.tasks.metrics import agreement_f1
+from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
+from spanflow.tasks.re.model import ReModel
+from spanflow.tasks.re.train import start_model, train_re
+from spanflow.tasks.registry import Workload, quality_at_length, records_response
+from spanflow.training.options import TrainOptions
+from spanflow.training.precision import Policy
+
+
+class ReTask:
+    """Relation triples between character spans (CasRel): the `re` entry of the task registry."""
+
+    name, summary, route, request_field, trains = "re", "relation triples (CasRel)", "/v1/relations", "texts", True
+    # --precision auto keeps a reduced precision whose triples agree with fp32's to this F1
+    agreement_name, precision_gate = "triple F1", 0.98
+
+    @staticmethod
+    def agreement(ref: list, got: list) -> float:
+        return agreement_f1(ref, got)
+
+    def add_train_args(self, p) -> None:
+        p.add_argument("--subjects", choices=["all", "sample"], default="all",
+                       help="train the object stage on every gold subject of a text (default), or on one sampled "
+                            "per text and step (the CasRel paper's recipe)")
+
+    def train_from_args(self, a, options: TrainOptions) -> str:
+        from spanflow.data.formats.casrel import read_relations_vocab
+        from spanflow.data.io import read_re
+
+        train = read_re(a.train)
+        dev = read_re(a.dev) if a.dev else None
+        model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
+                         relations=read_relations_vocab(a.train), all_subjects=a.subjects == "all")
+        return f"model saved to {a.out}/model ({len(model.relations)} relations)"
+
+    def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
+        return ReModel.load(path, device=device, precision=precision)
+
+    def read_labelled(self, path: str, **_) -> list:
+        return ReModel.read_labelled(path)
+
+    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+        from spanflow.data.io import read_re
+
+        examples = read_re(data)[:sample]
+        if mode == "train":
+            rels = sorted({r for e in examples for _, r, _ in e.triples})
+            rm = start_model(model, examples, rels, TrainOptions(seed=seed), policy)
+        else:
+            rm = ReModel.load(model, device=str(policy.device), precision=policy.name)
+        limit = rm.limit
+
+        def features(L):
+            return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit))
+
+        return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
+                        casrel_loss, limit, quality_at_length(rm, examples) if mode == "infer" else None)
+
+    response = staticmethod(records_response)
+
+
+TASK = ReTask()

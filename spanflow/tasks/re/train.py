@@ -1,0 +1,69 @@
+"""train_re: CasRel's part of training (start model, features, cascade loss); fit() does the rest."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spanflow.batching.sampling import rarity_weights
+from spanflow.data.examples import ReExample
+from spanflow.errors import ConfigError
+from spanflow.models.encoder import start_encoder
+from spanflow.tasks.re.features import (
+    feature_relations,
+    make_casrel_loss,
+    make_collate,
+    prepare_features,
+)
+from spanflow.tasks.re.model import ReModel
+from spanflow.training.defaults import TaskDefaults, for_encoder
+from spanflow.training.fit import Plan, fit
+from spanflow.training.options import TrainOptions
+from spanflow.training.setup import Run, is_model_dir, warn_unseen
+
+# measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
+DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
+            "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
+
+
+def start_model(source: str, train: list[ReExample], relations: list[str], opts: TrainOptions, policy) -> ReModel:
+    """The model to train: a spanflow RE model to continue, or a fresh CasRel head on an encoder or `tiny`."""
+    if is_model_dir(source):
+        start = ReModel.load(source, device=str(policy.device), native=False)
+        if start.relations != relations:
+            raise ConfigError(f"{source} was trained on other relations than the data has")
+        return ReModel(encoder=start.module.encoder, tokenizer=start.tokenizer, relations=relations,
+                       max_length=start.limit, head=start.module.head, policy=policy)
+    encoder, tokenizer, max_length = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
+                                                   seed=opts.seed)
+    return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, max_length=max_length, policy=policy)
+
+
+def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str = "tiny", out_dir: str,
+             options: TrainOptions | None = None, relations: list[str] | None = None, all_subjects: bool = True,
+             log_fn: Callable[[str], None] = print) -> ReModel:
+    """Train a CasRel model; the best by dev exact F1 is saved to `<out_dir>/model` and returned.
+
+    The object stage trains on every gold subject of a text; `all_subjects=False` samples one
+    per text and step, as the CasRel paper does (slower to learn, docs/defaults.md)."""
+    relations = relations or sorted({r for e in train for _, r, _ in e.triples})
+    if not relations:
+        raise ConfigError("the training data has no located triples")
+    if options is not None and options.class_weights is not None:
+        raise ConfigError("--class-weights applies to NER; relation extraction takes --oversample instead")
+
+    def setup(run: Run) -> Plan:
+        opts, log = run.opts, run.log
+        if dev:
+            warn_unseen(relations, {r for e in dev for _, r, _ in e.triples}
+                        | {r for e in dev for _, r, _ in e.unlocated}, "relations", log)
+        rm = start_model(run.source, train, relations, opts, run.policy)
+        feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
+        log(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
+            + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
+        weights = rarity_weights(feature_relations(feats), opts.oversample) if opts.oversample else None
+        return Plan(model=rm, items=feats, defaults=for_encoder(DEFAULTS, rm.module.encoder),
+                    collate=make_collate(rm.tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
+                                         all_subjects=all_subjects),
+                    loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing), targets=lambda f: len(f) - 2,
+                    weights=weights)
+
+    return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=ReModel.load, log_fn=log_fn)

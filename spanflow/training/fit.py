@@ -1,0 +1,58 @@
+"""One fit() trains every task: out-dir claim, torchrun, precision, defaults, loop, best model.
+
+A task gives fit() one function, `setup(run) -> Plan`: from the started run (options, device
+policy, the model to start from) it builds its model and its training items. Everything
+else, before and after, is here once.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from spanflow.training.defaults import TaskDefaults, fill_defaults
+from spanflow.training.loop import TaskHooks, train_loop
+from spanflow.training.options import TrainOptions
+from spanflow.training.outdir import claim_out_dir
+from spanflow.training.setup import Run, best_model, prepare_encoder, start_run
+
+
+@dataclass
+class Plan:
+    """What a task trains: its model, the items (len() = tokens) and how they become a loss.
+
+    `model` is the task's model object: `.module` (the nn.Module with an `.encoder`), `.save(dir)`
+    and `.evaluate(examples, dist=...)` returning at least {"f1": ...}."""
+
+    model: Any
+    items: list
+    collate: Callable[[list], dict]
+    loss_fn: Callable[[nn.Module, dict], Any]
+    defaults: TaskDefaults  # the task's defaults for this starting point (training/defaults.for_encoder)
+    targets: Callable[[Any], int] | None = None  # loss targets of one item (global step normalisation)
+    weights: list[float] | None = None  # per-item sampling weights (batching.sampling), None: uniform
+
+
+def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
+        options: TrainOptions | None, load: Callable[..., Any], log_fn: Callable[[str], None] = print):
+    """Train what `setup` plans into `out_dir`; return the best model (by dev F1), reloaded with
+    `load(path, device=..., precision=...)`, or the last one when the run stopped early.
+
+    `model` is where training starts: a model directory of the task, an encoder directory or
+    `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one."""
+    with claim_out_dir(out_dir):
+        run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
+        plan = setup(run)
+        prepare_encoder(plan.model.module.encoder, run.opts, run.log)
+        opts = fill_defaults(run.opts, plan.defaults, lengths=[len(it) for it in plan.items],
+                             device=run.policy.device, world=run.dist.world, log=run.log)
+        evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist)) if dev else None
+        hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
+                          save_model=plan.model.save, targets=plan.targets)
+        summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
+                             log=run.log, dist=run.dist, weights=plan.weights)
+        policy = run.policy
+        return best_model(summary, out_dir, lambda d: load(d, device=str(policy.device), precision=policy.name),
+                          plan.model)
