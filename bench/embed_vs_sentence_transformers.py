@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from common import default_minilm, timed, write_results  # noqa: E402
 from spanflow.batching.batcher import padding_efficiency  # noqa: E402
 from spanflow.tasks.embed import Embedder  # noqa: E402
-from spanflow.training.precision import cpu_has_bf16  # noqa: E402
+from spanflow.runtime.policy import cpu_has_bf16  # noqa: E402
 
 
 def spearman(a, b) -> float:

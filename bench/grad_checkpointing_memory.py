@@ -32,7 +32,7 @@ def one(model_dir: str, batch: int, length: int, ckpt: bool, device: str, precis
 
     from spanflow.models.encoder import enable_checkpointing, load_encoder
     from spanflow.tasks.ner.heads import EncoderWithHead, TokenClassificationHead
-    from spanflow.training.precision import resolve_policy
+    from spanflow.runtime.policy import resolve_policy
 
     policy = resolve_policy(precision, device)
     encoder, _ = load_encoder(model_dir)

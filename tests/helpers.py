@@ -1,5 +1,8 @@
-"""Builders shared by tests that need a small transformer (sentence encoders, layer-wise rules)."""
+"""Builders and stand-ins shared by tests: a small transformer, a gate that holds a batch in the model thread."""
 from __future__ import annotations
+
+import asyncio
+import threading
 
 import torch
 
@@ -17,3 +20,26 @@ def tiny_bert(texts: list[str], *, hidden: int = 32, layers: int = 2, heads: int
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return BertModel(cfg, add_pooling_layer=False), tok
+
+
+class Gate:
+    """Holds a run_batch stub in the model thread until the test releases it: the test knows
+    a batch is running, and what waits behind it, without timing anything."""
+
+    def __init__(self):
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def hold(self) -> None:  # in the model thread
+        self.entered.set()
+        assert self.released.wait(timeout=60), "the test never released the model"
+
+    async def running(self) -> None:
+        assert await asyncio.to_thread(self.entered.wait, 60), "no batch reached the model"
+
+    def run(self, coro):
+        """run(coro), releasing the model however it ends: a failing test must not hold the one
+        model thread of the process for the tests after it."""
+        try:
+            return asyncio.run(coro)
+        finally:
+            self.released.set()

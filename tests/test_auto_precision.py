@@ -106,9 +106,9 @@ def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp
 
 
 @pytest.mark.parametrize("change, problem", [
-    (lambda v: v.pop("score"), "field 'score' is missing"),
-    (lambda v: v.update(n=-3), "field 'n': Input should be greater than or equal to 0, got -3"),
-    (lambda v: v.update(source="elsewhere"), "field 'source'"),
+    (lambda v: v.pop("score"), "'score' is missing"),
+    (lambda v: v.update(n=-3), "'n' must be a non-negative integer, got -3"),
+    (lambda v: v.update(source="elsewhere"), "'source'"),
 ])
 def test_an_incomplete_cached_verdict_names_its_field_and_is_checked_again(bf16_device, tmp_path, change, problem):
     said = []

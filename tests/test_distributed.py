@@ -12,7 +12,7 @@ from spanflow.training.distributed import (all_sum, broadcast, exit_now, gather,
                                            shutdown)
 from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import resolve_policy
+from spanflow.runtime.policy import resolve_policy
 
 OPTS = dict(epochs=2, lr=3e-3, max_tokens=200, seed=3, patience=0, log_every=0, warmup_ratio=0.1)
 N_TEXTS = 37

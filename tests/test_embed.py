@@ -231,7 +231,7 @@ def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
                                emb.encode(["first, with comma", "second"]), atol=1e-5)
 
 
-def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
+def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     src = write_lines(tmp_path / "in.txt", TEXTS[:23])
     out = str(tmp_path / "out.npy")
     spec = EmbedSpec(input=src, output=out, chunk_size=5, dtype="float16", model=st_dir)
@@ -242,7 +242,7 @@ def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
     def dies_on_third(ids, *a, **kw):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise KeyboardInterrupt  # a kill after two finished windows
+            raise KeyboardInterrupt  # a kill after two finished chunks
         return real(ids, *a, **kw)
 
     emb._embed_ids = dies_on_third
@@ -255,7 +255,7 @@ def test_embed_file_resume_skips_finished_windows(st_dir, tmp_path):
     real2 = emb2._embed_ids
     emb2._embed_ids = lambda ids, *a, **kw: seen.append(len(ids)) or real2(ids, *a, **kw)
     embed_file(emb2, spec, resume=True, progress=False, log=lambda m: None)
-    assert seen == [5, 5, 3]  # windows 3..5 only
+    assert seen == [5, 5, 3]  # chunks 3..5 only
     arr = np.load(out)
     assert arr.dtype == np.float16 and arr.shape[0] == 23
     np.testing.assert_allclose(arr.astype(np.float32), emb.encode(TEXTS[:23]), atol=2e-3)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from spanflow.errors import ConfigError
-from spanflow.training.precision import resolve_policy
+from spanflow.runtime.policy import resolve_policy
 
 
 def test_cpu_defaults_to_fp32():
@@ -32,10 +32,3 @@ def test_bad_choices_are_config_errors():
 def test_int8_is_no_precision_and_the_error_names_quantize():
     with pytest.raises(ConfigError, match="int8 is a quantization, not a precision: use --quantize int8"):
         resolve_policy("int8", "cpu")
-
-
-def test_training_runs_the_runtime_policy():
-    from spanflow.runtime import policy
-    from spanflow.training import precision
-
-    assert precision.resolve_policy is policy.resolve_policy and precision.Policy is policy.Policy

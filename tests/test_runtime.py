@@ -135,6 +135,12 @@ def test_quantize_is_for_embedding_models_on_cpu(model_dirs, bf16_cpu, served, l
     err = capsys.readouterr().err
     assert "device cpu (int8 quantization runs on CPU)" in err and "quantize int8 (mean cosine" in err
     assert "built-in sample texts, gate 0.99" in err and load_counts == {"embed": 1}  # gated on the one load
+    # a server of both: the embedding model is quantized, the NER model runs unquantized
+    assert main(["serve", "--model", f"emb={model_dirs['emb']}", "--model", f"ner={model_dirs['ner']}",
+                 "--quantize", "int8"]) == 0
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("runtime for ")]
+    assert ["quantize int8" in x for x in lines] == [True, False]
+    assert [getattr(m, "quantize", None) for m in served["models"][-2:]] == ["int8", None]
 
 
 def test_profile_errors_name_file_field_and_value(tmp_path):
@@ -144,7 +150,7 @@ def test_profile_errors_name_file_field_and_value(tmp_path):
         read_profile(str(p))
     assert str(p) in str(e.value) and "'best.max_tokens'" in str(e.value) and "got 'lots'" in str(e.value)
     p.write_text(json.dumps({"task": "ner", "mode": "sideways", "best": {"max_tokens": 512}}))
-    with pytest.raises(ConfigError, match="field 'mode'.*got 'sideways'"):
+    with pytest.raises(ConfigError, match="'mode'.*got 'sideways'"):
         read_profile(str(p))
     p.write_text(json.dumps({"task": "ner", "best": None, "points": []}))
     with pytest.raises(ConfigError, match="has no best point"):

@@ -86,6 +86,13 @@ def test_an_absent_or_null_integer_key_takes_the_default_or_is_named():
 
 
 @pytest.fixture(scope="module")
+def tiny_encoder_for_schemas():
+    from spanflow.models.encoder import build_tiny
+
+    return build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101, max_length=128)
+
+
+@pytest.fixture(scope="module")
 def ner_dir(tmp_path_factory):
     from spanflow.models.encoder import build_tiny
     from spanflow.tasks.ner import NerModel
@@ -121,6 +128,21 @@ def test_an_old_format_ner_directory_still_loads(ner_dir, tmp_path):
     m = NerModel.load(old, device="cpu")
     assert (m.limit, m.max_length, m.stride, m.labels) == (96, 40, 8, ["LOC", "PER"])
     assert m.predict(["Ada met Bob in Oslo ."])[0] is not None
+    # the first directories had neither: "max_length" was both the limit and the length read
+    oldest = rewrite(ner_dir, tmp_path / "oldest", limit=None, max_length=96, window=None, format_version=1)
+    assert (NerModel.load(oldest, device="cpu").limit, NerModel.load(oldest, device="cpu").max_length) == (96, 96)
+
+
+def test_a_format_1_relation_directory_still_loads(tmp_path, tiny_encoder_for_schemas):
+    from spanflow.tasks.re import ReModel
+
+    enc, tok = tiny_encoder_for_schemas
+    d = str(tmp_path / "re")
+    ReModel(encoder=enc, tokenizer=tok, relations=["born_in"], limit=64).save(d)
+    assert json.load(open(os.path.join(d, CONFIG)))["format_version"] == 2
+    assert ReModel.load(d, device="cpu").limit == 64
+    old = rewrite(d, tmp_path / "old", limit=None, max_length=64, format_version=1)
+    assert (ReModel.load(old, device="cpu").limit, ReModel.load(old, device="cpu").max_length) == (64, 64)
 
 
 def test_a_damaged_ner_directory_names_the_key(ner_dir, tmp_path):

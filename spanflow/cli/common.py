@@ -5,8 +5,7 @@ import argparse
 import functools
 
 from spanflow.runtime.budget import describe_budget
-from spanflow.runtime.policy import PRECISIONS
-from spanflow.tasks.embed.model import MIN_MEAN_COSINE
+from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
 
 # no abbreviated flags: `train re --head crf` would otherwise be read as --head-lr
 Parser = functools.partial(argparse.ArgumentParser, allow_abbrev=False)
@@ -36,7 +35,7 @@ def add_quantize_args(p: argparse.ArgumentParser, *, gate: str, forced: str = "a
     its mean cosine to fp32 on `gate` is below its gate, unless --force (which runs `forced`)."""
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="int8: CPU dynamic quantization of an embedding model's Linear layers, checked against "
-                        f"fp32 on {gate} and refused below a mean cosine of {MIN_MEAN_COSINE['int8']} [none]")
+                        f"fp32 on {gate} and refused below a mean cosine of {INT8_MIN_COSINE} [none]")
     p.add_argument("--force", action="store_true", help=f"run {forced} that fails its cosine check against fp32")
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from spanflow.cli.common import add_precision_arg
 from spanflow.runtime.budget import describe_budget
-from spanflow.runtime.policy import PRECISIONS
 
 
 def add_parser(sub) -> None:
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"padded tokens per probed token-budget batch [training's: {describe_budget('train')}]")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--precision", choices=PRECISIONS, default="auto")
+    add_precision_arg(p)
     p.add_argument("--device", default="auto")
 
 

@@ -38,14 +38,16 @@ def load_services(a: argparse.Namespace) -> tuple[list, dict[str, int]]:
     from spanflow.tasks.registry import task_of_dir
 
     profile_task = read_profile(a.profile, mode="infer").task if a.profile else None
+    specs = [(name, path, task_of_dir(path)) for name, path in map(parse_spec, a.model)]
+    # --quantize is for the models whose task quantizes; a server of only other models is told so
+    quantizes = any(a.quantize in getattr(t, "quantizations", ()) for *_, t in specs) if a.quantize else False
     services, per_model = [], {}
-    for spec in a.model:
-        name, path = parse_spec(spec)
-        task = task_of_dir(path)
+    for name, path, task in specs:
         loads = Loads(task, path)
         mine = a.profile if profile_task in (None, task.name) else None  # a profile is for one task's models
-        rt = resolve_runtime(task, path, Asked.from_args(a, profile=mine), job="serve", loads=loads,
-                             batching=not a.no_batching, name=name)
+        quantize = a.quantize if not quantizes or a.quantize in getattr(task, "quantizations", ()) else None
+        rt = resolve_runtime(task, path, Asked.from_args(a, profile=mine, quantize=quantize), job="serve",
+                             loads=loads, batching=not a.no_batching, name=name)
         s = Service(name, task, loads.take(rt))
         use_backend(s.model, rt.backend)
         services.append(s)

@@ -47,9 +47,10 @@ def run(a: argparse.Namespace) -> int:
         i = argv.index("--devices")
         return relaunch(argv[:i] + argv[i + 2:], a.devices)
     task = get(a.task)
-    # the device and precision are decided again by the training set-up, per rank, by the same policy;
-    # the line goes with the training log (stdout), so that stderr holds only what went wrong
+    # the device and precision are decided again, and said, by the training set-up on each rank by the
+    # same policy; a measured budget (auto, --profile) is said here, with the training log (stdout)
+    measured = a.max_tokens == "auto" or a.profile is not None
     rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
-                         log=print)
+                         log=print if measured else (lambda s: None))
     print(task.train_from_args(a, options_from(TrainOptions, a, max_tokens=rt.max_tokens)))
     return 0

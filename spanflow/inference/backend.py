@@ -19,8 +19,8 @@ def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
     """
     if backend != "compile":
         return "eager"
-    net = getattr(model, "module", None)
-    if net is None or not hasattr(net, "encoder"):
+    module = getattr(model, "module", None)
+    if module is None or not hasattr(module, "encoder"):
         log("backend compile: this model has no encoder to compile; running eager")
         return "eager"
 
@@ -29,44 +29,44 @@ def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
         for n in (1, 2, 5, len(units)):
             model.run_batch(units[:n])
 
-    seconds = _compile(net, warm, log)
+    seconds = _compile(module, warm, log)
     if seconds is None:
         return "eager"
     log(f"backend compile: warm-up compiled in {seconds:.1f} s")
     return "compile"
 
 
-def compare_backends(network, measure: Callable[[], dict], log: Callable[[str], None] = print) -> dict:
-    """Real tokens/s of `network`'s encoder eager and compiled, each by `measure()` (one point
+def compare_backends(module, measure: Callable[[], dict], log: Callable[[str], None] = print) -> dict:
+    """Real tokens/s of `module`'s encoder eager and compiled, each by `measure()` (one point
     of a tune sweep); the compile itself happens in a discarded first run and is timed apart.
     The encoder is eager again afterwards. Returns {"eager", "compile", "compile_s", "best"}."""
-    eager = network.encoder
+    eager = module.encoder
     eager_tps = measure()["real_tokens_per_s"]
-    compile_s = _compile(network, measure, log)
+    compile_s = _compile(module, measure, log)
     if compile_s is None:
         return {"eager": eager_tps, "compile": None, "compile_s": None, "best": "eager"}
     try:
         compiled_tps = measure()["real_tokens_per_s"]
     finally:
-        network.encoder = eager
+        module.encoder = eager
     best = "compile" if compiled_tps > eager_tps else "eager"
     log(f"backend: eager {eager_tps:.0f}, compile {compiled_tps:.0f} real tok/s at the best point "
         f"(compiled in {compile_s:.1f} s): a batching server runs {best}")
     return {"eager": eager_tps, "compile": compiled_tps, "compile_s": round(compile_s, 1), "best": best}
 
 
-def _compile(network, warm: Callable[[], object], log: Callable[[str], None]) -> float | None:
-    """Swap `network.encoder` for its torch.compile'd self and run `warm()`, which compiles it:
+def _compile(module, warm: Callable[[], object], log: Callable[[str], None]) -> float | None:
+    """Swap `module.encoder` for its torch.compile'd self and run `warm()`, which compiles it:
     the seconds that took, or None with the eager encoder back and one line saying why."""
     import torch
 
-    eager = network.encoder
+    eager = module.encoder
     t = time.perf_counter()
-    network.encoder = torch.compile(eager, dynamic=True)
+    module.encoder = torch.compile(eager, dynamic=True)
     try:
         warm()
     except Exception as e:  # noqa: BLE001 - inductor raises many types; any of them means: run eager
-        network.encoder = eager
+        module.encoder = eager
         reason = str(e).splitlines()[0][:200] if str(e) else ""
         log(f"backend compile failed ({type(e).__name__}: {reason}); running eager")
         return None

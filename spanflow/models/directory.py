@@ -17,7 +17,7 @@ from spanflow.atomic import atomic_dir
 from spanflow.errors import ModelDirError
 from spanflow.schemas import Names, PositiveInt, expect, explain
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads
 CONFIG = "spanflow.json"
 TaskName = expect(Annotated[str, Field(strict=True, min_length=1)], "a task name")
 _NAMES, _POSITIVE = TypeAdapter(Names), TypeAdapter(PositiveInt)
@@ -43,7 +43,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    format_version: PositiveInt = FORMAT_VERSION
+    format_version: PositiveInt = 1  # absent: the first format
     task: TaskName
 
     @classmethod

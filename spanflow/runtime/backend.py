@@ -1,6 +1,6 @@
 """Which backend the encoder runs on: eager PyTorch, or compiled with torch.compile.
 
-Compiling takes tens of seconds on a CPU and then runs token-budget batches faster; a
+Compiling costs a long pause at start-up and then runs token-budget batches faster; a
 one-off job never earns the compile time back, a server does (docs/defaults.md has the
 figures). `auto` therefore compiles for a batching server and stays eager elsewhere.
 How either runs is spanflow/inference/backend.py.

@@ -1,8 +1,8 @@
 """The one table of default token budgets (padded tokens per batch), by job and device kind.
 
-On CPU a small encoder runs at about the same speed from 1k to 4k tokens per batch, and
-smaller batches pad less; a GPU needs far larger batches to fill. docs/defaults.md has the
-measurements behind each value.
+On CPU a small encoder's throughput is flat over a wide range of budgets, and smaller batches
+pad less; a GPU needs far larger batches to fill. docs/defaults.md has the measurements
+behind each value.
 """
 from __future__ import annotations
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from spanflow.atomic import atomic_open
-from spanflow.errors import ConfigError, quote
+from spanflow.errors import ConfigError
+from spanflow.schemas import NonNegativeInt, PositiveInt, explain
 
 
 class Point(BaseModel):
@@ -62,19 +63,6 @@ class Verdict(BaseModel):
     source: Literal["input", "sample"]  # the command's input, or built-in sentences (serve)
 
 
-def problem(e: ValidationError) -> str:
-    """'field F is missing' or 'field F: what is wrong, got V', for the first problem pydantic
-    found (and how many more there are)."""
-    errors = e.errors()
-    first = errors[0]
-    field = ".".join(str(x) for x in first["loc"]) or "(the whole file)"
-    if first["type"] == "missing":
-        msg = f"field {field!r} is missing"
-    else:
-        msg = f"field {field!r}: {first['msg']}, got {quote(first.get('input'), 80)}"
-    return msg + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
-
-
 def load_json(path: str, what: str):
     """The parsed JSON of `path`; ConfigError when absent or unreadable."""
     try:
@@ -91,7 +79,7 @@ def read_profile(path: str, *, task: str | None = None, mode: str | None = None)
     try:
         prof = Profile.model_validate(load_json(path, "profile"))
     except ValidationError as e:
-        raise ConfigError(f"profile {path}: {problem(e)}") from None
+        raise ConfigError(f"profile {path}: {explain(e)}") from None
     if prof.best is None:
         raise ConfigError(f"profile {path} has no best point (every point ran out of memory or broke a limit)")
     for k, v in (("task", task), ("mode", mode)):
@@ -112,7 +100,7 @@ def read_verdict(path: str) -> Verdict:
     try:
         return Verdict.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"cached verdict {path} is incomplete ({problem(e)})") from None
+        raise ConfigError(f"cached verdict {path} is incomplete ({explain(e)})") from None
 
 
 def write_verdict(path: str, verdict: Verdict) -> None:

@@ -4,7 +4,7 @@
 runs it; the command then takes the one that was chosen instead of loading it again. A
 model that can make a twin of itself in another precision or quantization without reading
 its directory again (an optional `with_precision(precision, quantize)` member of a task
-model, as the Embedder has) is loaded once; any other is loaded once per precision.
+model, as every built-in task has) is loaded once; any other is loaded once per precision.
 """
 from __future__ import annotations
 

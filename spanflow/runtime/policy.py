@@ -101,3 +101,22 @@ def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: b
             log.warning("this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32")
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return Policy(dev, dtype, use_scaler=(dtype is torch.float16 and dev.type == "cuda"))
+
+
+QUANTIZATIONS = ("int8",)  # CPU dynamic quantization of the Linear layers of an fp32 model
+INT8_MIN_COSINE = 0.99  # the least mean cosine to fp32 an int8 model must reach on its calibration sample
+
+
+def check_quantize(quantize: str | None, precision: str, device: str | torch.device) -> None:
+    """A ConfigError unless `quantize` (None or one of QUANTIZATIONS) can run at `precision` on `device`."""
+    if precision == "int8":
+        raise ConfigError(INT8_IS_QUANTIZATION)
+    if quantize is None:
+        return
+    if quantize not in QUANTIZATIONS:
+        raise ConfigError(f"unknown quantization {quantize!r}; expected {', '.join(QUANTIZATIONS)}")
+    if precision not in ("auto", "fp32"):
+        raise ConfigError(f"--quantize {quantize} computes in fp32 between its {quantize} matmuls; use --precision "
+                          "auto or fp32 with it")
+    if torch.device(device).type != "cpu":
+        raise ConfigError(f"{quantize} dynamic quantization runs on CPU only; use --device cpu")

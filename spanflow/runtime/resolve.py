@@ -19,11 +19,10 @@ from spanflow.runtime.budget import default_budget
 from spanflow.runtime.cache import cache_path
 from spanflow.runtime.files import Profile, read_profile, write_profile
 from spanflow.runtime.loads import Loads
-from spanflow.runtime.policy import INT8_IS_QUANTIZATION, pick_device, resolve_policy
+from spanflow.runtime.policy import QUANTIZATIONS, check_quantize, pick_device, resolve_policy
 from spanflow.runtime.precision import auto_precision, builtin_sample, usable
 
 JOBS = ("infer", "serve", "train")  # the budget table's jobs: predict/evaluate/embed/tune, serve, train
-QUANTIZATIONS = ("int8",)
 
 
 @dataclass(frozen=True)
@@ -111,20 +110,11 @@ def _device(asked: Asked) -> tuple[str, str]:
 
 def _quantize(task, model: str, asked: Asked, device: str) -> str | None:
     """The quantization asked, checked against the task, device and precision."""
-    if asked.precision == "int8":
-        raise ConfigError(INT8_IS_QUANTIZATION)
     q = asked.quantize
-    if q is None:
-        return None
-    if q not in QUANTIZATIONS:
-        raise ConfigError(f"unknown quantization {q!r}; expected {', '.join(QUANTIZATIONS)}")
-    if q not in getattr(task, "quantizations", ()):
+    check_quantize(None, asked.precision, device)  # --precision int8: the line that names --quantize
+    if q is not None and q in QUANTIZATIONS and q not in getattr(task, "quantizations", ()):
         raise ConfigError(f"--quantize {q} is for embedding models; {model} holds a {task.name} model")
-    if torch.device(device).type != "cpu":
-        raise ConfigError(f"{q} dynamic quantization runs on CPU only; use --device cpu")
-    if asked.precision not in ("auto", "fp32"):
-        raise ConfigError(f"--quantize {q} computes in fp32 between its {q} matmuls; use --precision auto or fp32 "
-                          "with it")
+    check_quantize(q, asked.precision, device)
     return q
 
 

@@ -29,7 +29,7 @@ from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy, resolve_policy
+from spanflow.runtime.policy import Policy, resolve_policy
 from spanflow.training.setup import Run, is_model_dir
 
 __all__ = ["token_budget_batches", "SERVE_PAD_MULTIPLE", "pad_rows", "parse_json", "read_lines", "ConfigError",

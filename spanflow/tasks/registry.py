@@ -154,15 +154,6 @@ def task_of_dir(path: str) -> Task:
     return get(task)
 
 
-def load_model(path: str, *, device: str = "auto", precision: str = "auto", max_length: int | None = None,
-               stride: int | None = None) -> TaskModel:
-    """The model in `path`, of whichever task it holds, with its inference window set."""
-    model = task_of_dir(path).load(path, device=device, precision=precision)
-    if max_length is not None or stride is not None:
-        model.set_max_length(max_length, stride)
-    return model
-
-
 def quality_at_length(model: TaskModel, examples: list) -> Callable[[int], float]:
     """quality(L) for tune: F1 on labelled `examples` with the model reading at most L tokens (cached)."""
     import functools

@@ -29,7 +29,7 @@ class TaskDefaults:
     head_lr: float | None  # a freshly initialised head's own rate; None: the encoder's
     epochs: int  # the most epochs
     patience: int = 3  # evaluations without a better dev F1 before stopping; 0: run all epochs
-    pack: float = 0.0  # NER: share of training texts joined with their neighbours (see tasks.ner.pack_examples)
+    pack: float = 0.0  # NER: share of training texts joined with their neighbours (see tasks.ner.features.pack_examples)
 
 
 def for_encoder(table: dict[str, TaskDefaults], encoder) -> TaskDefaults:

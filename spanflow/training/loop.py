@@ -19,7 +19,7 @@ from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_c
 from spanflow.training.distributed import Dist, all_sum, barrier, broadcast, gather
 from spanflow.training.optim import build_optimizer, warmup_linear
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy
+from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.step import forward_backward, optimizer_step
 

@@ -11,7 +11,7 @@ import torch
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.distributed import Dist, init_from_env
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy, resolve_policy
+from spanflow.runtime.policy import Policy, resolve_policy
 
 
 @dataclass

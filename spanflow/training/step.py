@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from spanflow.monitor.report import Meter
-from spanflow.training.precision import Policy
+from spanflow.runtime.policy import Policy
 
 
 def one_step(model: nn.Module, batch: dict, loss_fn, policy: Policy, optimizer, scaler=None,

@@ -163,7 +163,7 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     rst = _rank_state(P, dist.rank, resume)
     if rst.done:
         log(f"resuming: {len(rst.done)} chunks of this rank already done")
-    _run_windows(embedder, spec, fmt, job, rst, P, dist, max_tokens, progress and dist.is_main)
+    _run_chunks(embedder, spec, fmt, job, rst, P, dist, max_tokens, progress and dist.is_main)
     barrier(dist)
     stats = _finish(P, fmt, job, dist) if dist.is_main else rst.stats
     barrier(dist)
@@ -216,7 +216,7 @@ def _finish(P: _Paths, fmt: str, job: Job, dist: Dist) -> Stats:
     return stats
 
 
-def _run_windows(embedder, spec: EmbedSpec, fmt: str, job: Job, rst: RankState, P: _Paths, dist: Dist, max_tokens,
+def _run_chunks(embedder, spec: EmbedSpec, fmt: str, job: Job, rst: RankState, P: _Paths, dist: Dist, max_tokens,
                  progress) -> None:
     """Embed this rank's unfinished chunks; journal each one after its output is on disk."""
     W, st = spec.chunk_size, rst.stats

@@ -16,15 +16,14 @@ from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.runtime.budget import infer_tokens
-from spanflow.runtime.policy import INT8_IS_QUANTIZATION, resolve_policy
+from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
 
 log = logging.getLogger("spanflow")
 
-QUANTIZATIONS = ("int8",)  # CPU dynamic quantization of the Linear layers
 # the least mean cosine to fp32 a reduced precision or a quantization must reach on the calibration sample
-MIN_MEAN_COSINE = {"bf16": 0.999, "fp16": 0.999, "int8": 0.99}
+MIN_MEAN_COSINE = {"bf16": 0.999, "fp16": 0.999, "int8": INT8_MIN_COSINE}
 
 
 class _Pooled(nn.Module):
@@ -46,18 +45,10 @@ class Embedder:
 
     def __init__(self, *, encoder: nn.Module, tokenizer, pooling: Pooling, max_length: int,
                  precision: str = "auto", quantize: str | None = None, device: str = "auto"):
-        if precision == "int8":
-            raise ConfigError(INT8_IS_QUANTIZATION)
-        if quantize not in (None, *QUANTIZATIONS):
-            raise ConfigError(f"unknown quantization {quantize!r}; expected {', '.join(QUANTIZATIONS)}")
-        if quantize and precision not in ("auto", "fp32"):
-            raise ConfigError(f"{quantize} quantization computes in fp32 between its {quantize} matmuls; use "
-                              "precision fp32 (or auto) with it")
         self.tokenizer, self.max_length, self.quantize = tokenizer, max_length, quantize
         self.limit = encoder_max_length(encoder, tokenizer)  # the longest input the encoder takes
         self.policy = resolve_policy("fp32" if quantize else precision, device)
-        if quantize and self.policy.device.type != "cpu":
-            raise ConfigError(f"{quantize} dynamic quantization runs on CPU only; use --device cpu")
+        check_quantize(quantize, precision, self.policy.device)
         self.module = _Pooled(encoder, pooling).eval().to(self.policy.device)
         self._fp32 = None  # the fp32 module, kept as calibration reference when self.module differs
         if quantize:

@@ -111,7 +111,7 @@ def select_rows(linear: nn.Linear, rows: list[int]) -> nn.Linear:
 def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     """Write `model` (a NerModel on a Hugging Face encoder) as an AutoModelForTokenClassification
     directory. A CRF head is refused unless `lossy`: its emission scores alone, decoded token by
-    token, tag far more entities than its Viterbi decoding does (docs/interop in the README)."""
+    token, tag far more entities than its Viterbi decoding does (docs/ner.md)."""
     import torch
     from transformers import AutoModelForTokenClassification
 

@@ -34,7 +34,7 @@ from spanflow.tasks.ner.hf import (
 from spanflow.tasks.ner.tagging import tag_texts, tag_windows, word_starts
 from spanflow.tasks.registry import autocast_twin
 from spanflow.training.distributed import Dist, shard_gather
-from spanflow.training.precision import Policy, resolve_policy
+from spanflow.runtime.policy import Policy, resolve_policy
 
 
 class NerModel:
@@ -74,8 +74,8 @@ class NerModel:
                                 f"{', '.join(HEAD_TYPES)}")
         id2label = cfg.get("id2label") or bio_label_list(labels)
         head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=id2label)
-        # directories written before the limit had its own key: "max_length" was the limit, "window" the length read
-        old = "window" in cfg
+        # format 1 had no "limit": its "max_length" was the limit, "window" (when present) the length read
+        old = "limit" not in cfg
         limit = config_int(cfg, "max_length" if old else "limit", path)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit,
                    stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),

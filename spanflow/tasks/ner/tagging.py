@@ -12,7 +12,7 @@ from spanflow.batching.collate import collate
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.data.examples import Span
 from spanflow.tasks.ner.bio import decode_spans
-from spanflow.training.precision import Policy
+from spanflow.runtime.policy import Policy
 
 
 def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: list[str], max_length: int,

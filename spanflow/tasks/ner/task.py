@@ -9,7 +9,7 @@ from spanflow.tasks.ner.model import NerModel
 from spanflow.tasks.ner.train import start_model, train_ner
 from spanflow.tasks.registry import Workload, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy
+from spanflow.runtime.policy import Policy
 
 
 class NerTask:

@@ -24,7 +24,7 @@ from spanflow.tasks.ner.model import NerModel
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy
+from spanflow.runtime.policy import Policy
 from spanflow.training.setup import Run, is_model_dir, warn_unseen
 
 # measured for time to dev F1 (docs/defaults.md): wnut17 with all-MiniLM-L6-v2, resume_ner with tiny

@@ -25,7 +25,7 @@ from spanflow.tasks.re.features import input_features, make_collate
 from spanflow.tasks.re.metrics import re_metrics
 from spanflow.tasks.registry import autocast_twin
 from spanflow.training.distributed import Dist, shard_gather
-from spanflow.training.precision import Policy, resolve_policy
+from spanflow.runtime.policy import Policy, resolve_policy
 
 
 class ReModel:
@@ -33,12 +33,13 @@ class ReModel:
 
     task = "re"
 
-    def __init__(self, *, encoder, tokenizer, relations: list[str], max_length: int, threshold: float = 0.5,
-                 head: CasRelHead | None = None, policy: Policy | None = None):
+    def __init__(self, *, encoder, tokenizer, relations: list[str], limit: int, max_length: int | None = None,
+                 threshold: float = 0.5, head: CasRelHead | None = None, policy: Policy | None = None):
         self.tokenizer, self.relations = tokenizer, list(relations)
         self.rel2id = {r: i for i, r in enumerate(self.relations)}
         # limit: the length trained at; max_length: what inference reads (at most the limit)
-        self.limit, self.max_length, self.threshold = max_length, max_length, threshold
+        self.limit, self.threshold = limit, threshold
+        self.max_length = min(max_length or limit, limit)
         head = head or CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(self.relations))
         self.module = CasRelModel(encoder, head)
         self.policy = policy or resolve_policy()
@@ -51,12 +52,13 @@ class ReModel:
         relations = check_names(cfg, "relations", path)
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
         return cls(encoder=encoder, tokenizer=tokenizer, relations=relations,
-                   max_length=config_int(cfg, "max_length", path), threshold=cfg.get("threshold", 0.5),
+                   limit=config_int(cfg, "limit" if "limit" in cfg else "max_length", path),  # format 1: max_length
+                   threshold=cfg.get("threshold", 0.5),
                    head=fill_head(head, head_state, path), policy=resolve_policy(precision, device))
 
     def save(self, path: str) -> None:
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
-                       config={"task": "re", "relations": self.relations, "max_length": self.limit,
+                       config={"task": "re", "relations": self.relations, "limit": self.limit,
                                "threshold": self.threshold})
 
     def with_precision(self, precision: str, quantize: str | None = None) -> "ReModel":

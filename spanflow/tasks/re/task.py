@@ -7,7 +7,7 @@ from spanflow.tasks.re.model import ReModel
 from spanflow.tasks.re.train import start_model, train_re
 from spanflow.tasks.registry import Workload, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
-from spanflow.training.precision import Policy
+from spanflow.runtime.policy import Policy
 
 
 class ReTask:

@@ -31,10 +31,10 @@ def start_model(source: str, train: list[ReExample], relations: list[str], opts:
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has")
         return ReModel(encoder=start.module.encoder, tokenizer=start.tokenizer, relations=relations,
-                       max_length=start.limit, head=start.module.head, policy=policy)
-    encoder, tokenizer, max_length = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
-                                                   seed=opts.seed)
-    return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, max_length=max_length, policy=policy)
+                       limit=start.limit, head=start.module.head, policy=policy)
+    encoder, tokenizer, limit = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
+                                              seed=opts.seed)
+    return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit, policy=policy)
 
 
 def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str = "tiny", out_dir: str,

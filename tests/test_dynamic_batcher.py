@@ -1,0 +1,180 @@
+"""The server's dynamic batcher on its own: batches across requests, admission, timeouts, fairness.
+A stub run_batch held by a Gate stands in for the model, so no test waits on a clock."""
+import asyncio
+import threading
+
+import pytest
+from helpers import Gate
+
+from spanflow.serving.batcher import DynamicBatcher, Overloaded
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_batcher_batches_across_requests_and_keeps_order():
+    seen = []
+
+    def run_batch(units):
+        seen.append(len(units))
+        return [u * 10 for u in units]
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=20)
+        b.start()
+        reqs = [b.submit([i, i + 100], [4, 4]) for i in range(8)]
+        out = await asyncio.gather(*reqs)
+        await b.close()
+        return out
+
+    out = run(main())
+    assert out == [[i * 10, (i + 100) * 10] for i in range(8)]
+    assert seen == [16]  # the 8 requests queued together fill one 64-token batch
+
+
+def test_batcher_runs_a_mixed_batch_as_similar_length_parts_in_order():
+    parts = []
+
+    def run_batch(units):
+        parts.append(sorted(len(u) for u in units))
+        return [u.upper() for u in units]
+
+    texts = ["a" * n for n in (4, 40, 4, 40, 4, 40)]  # one request: all fit one 1024-token budget
+
+    async def main(min_split_tokens):
+        b = DynamicBatcher(run_batch, max_tokens=1024, max_wait_ms=1, min_split_tokens=min_split_tokens)
+        b.start()
+        out = await b.submit(texts, [len(t) for t in texts])
+        await b.close()
+        return out
+
+    assert run(main(None)) == [t.upper() for t in texts]  # 240 padded tokens: under a quarter budget, one batch
+    assert parts == [[4, 4, 4, 40, 40, 40]]
+    parts.clear()
+    assert run(main(0)) == [t.upper() for t in texts]  # split: short and long texts apart, results in order
+    assert sorted(parts) == [[4, 4, 4], [40, 40, 40]]
+
+
+def test_batcher_per_request_mode_never_mixes_requests():
+    sizes = []
+
+    async def main():
+        b = DynamicBatcher(lambda u: sizes.append(len(u)) or u, max_tokens=64, max_wait_ms=1, per_request=True)
+        b.start()
+        out = await asyncio.gather(*[b.submit([k, k], [4, 4]) for k in range(5)])
+        await b.close()
+        return out
+
+    assert run(main()) == [[k, k] for k in range(5)]
+    assert sizes == [2] * 5  # five requests that would share one batch ran one by one
+
+
+def test_batcher_refuses_what_the_queue_cannot_hold_and_drops_timed_out_work():
+    gate, ran = Gate(), []
+
+    def run_batch(units):
+        ran.extend(units)
+        if units == [1, 2]:
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_tokens=16)
+        b.start()
+        first = asyncio.ensure_future(b.submit([1, 2, 3, 4], [4, 4, 4, 4]))  # two batches of two
+        await gate.running()  # [1, 2] runs; [3, 4] waits: 8 tokens queued
+        assert b.queued_tokens == 8
+        with pytest.raises(Overloaded) as e:
+            await asyncio.wait_for(b.submit([5] * 3, [4] * 3), 10)  # 8 + 12 tokens: over 16
+        assert e.value.retry_after_s >= 1
+        with pytest.raises(asyncio.TimeoutError):
+            await b.submit([6], [4], timeout_s=0.01)  # admitted (8 + 4 tokens), but the model is held
+        gate.released.set()
+        assert await first == [1, 2, 3, 4]  # admitted work is still served
+        assert await b.submit([7], [4]) == [7]
+        await b.close()
+        return b.queued_tokens
+
+    assert gate.run(main()) == 0
+    assert ran == [1, 2, 3, 4, 7]  # the refused and the timed-out units never ran
+
+
+def test_batcher_answers_each_part_as_it_finishes_on_one_model_thread():
+    answered, threads, seen_answer = threading.Event(), [], []
+
+    def run_batch(units):
+        threads.append(threading.current_thread())
+        if units == ["s"]:  # the second part: the first part's request must be answered by now
+            seen_answer.append(answered.wait(timeout=30))
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=1024, max_wait_ms=20, min_split_tokens=0)
+        b.start()
+        long = asyncio.ensure_future(b.submit(["l" * 40], [40]))
+        long.add_done_callback(lambda _: answered.set())
+        short = asyncio.ensure_future(b.submit(["s"], [4]))
+        out = await asyncio.gather(long, short)
+        await b.close()
+        return out
+
+    assert run(main()) == [["l" * 40], ["s"]]
+    assert seen_answer == [True]  # parts are [long], [short] (longest first); long answered before short ran
+    assert len({id(t) for t in threads}) == 1 and threads[0].name.startswith("spanflow-model")
+
+
+def test_batcher_refuses_work_it_could_not_start_in_time_and_recovers():
+    now, gate = [0.0], Gate()
+
+    def run_batch(units):  # 8 tokens per 0.1 s of the batcher's clock
+        now[0] += 0.1
+        if units == [2, 3]:  # the second batch of the request below holds the model
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1, clock=lambda: now[0])
+        b.start()
+        await b.warm_up([0], [4])
+        assert b.tokens_per_s is None  # the warm-up does not count as the service rate
+        first = asyncio.ensure_future(b.submit(list(range(8)), [4] * 8))  # 4 batches of 2
+        await gate.running()  # [0, 1] ran at 80 tokens/s, [2, 3] runs, 16 tokens wait
+        assert b.tokens_per_s == pytest.approx(80) and b.queued_tokens == 16
+        with pytest.raises(Overloaded) as e:
+            await asyncio.wait_for(b.submit([99], [4]), 10)  # 0.2 s of queued work before it: over 0.1 s
+        assert e.value.retry_after_s >= 1
+        gate.released.set()
+        assert await first == list(range(8))  # admitted work is still served
+        assert await b.submit([7], [4]) == [7]  # the queue drained: admitted again
+        await b.close()
+
+    gate.run(main())
+
+
+def test_a_huge_request_does_not_stall_a_small_one():
+    order, gate = [], Gate()
+
+    def run_batch(units):
+        order.append(tuple(units))
+        if len(order) == 1:  # the huge request's first batch holds the model while the small one queues
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_tokens=10**6)
+        b.start()
+        big = asyncio.ensure_future(b.submit(list(range(100)), [8] * 100))
+        await gate.running()
+        small = asyncio.ensure_future(b.submit(["s"], [8]))
+        await asyncio.sleep(0)  # one pass of the event loop: the small request queues
+        assert b.queued_tokens == 99 * 8 + 8
+        gate.released.set()
+        assert await small == ["s"]
+        done_big = big.done()
+        assert await big == list(range(100))
+        await b.close()
+        return done_big
+
+    assert not gate.run(main())  # the small request was answered while the huge one still ran
+    assert order.index(("s",)) <= 2 and len(order) == 101  # round robin: served within two batches
