@@ -9,7 +9,7 @@ from spanflow.errors import ConfigError
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tasks.registry import get
 from spanflow.tuning.doctor import diagnose, doctor, environment
-from spanflow.tuning.sweep import Point, pick_best, sweep
+from spanflow.tuning.sweep import QUALITY_TOLERANCE, Point, pick_best, quality_floor, sweep
 from spanflow.tuning.tune import tune
 
 
@@ -130,6 +130,18 @@ def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys):
         model.set_max_length(L)
         assert quality[L] == pytest.approx(model.evaluate(held_out)["f1"], abs=1e-12)
     assert quality[64] > quality[16] + 0.2  # the model learnt the cue; 16-token windows lose it
+    # a faster max length that loses quality is not the one picked
+    assert json.loads((tmp_path / "profile.json").read_text())["best"]["max_length"] == 64
+
+
+def test_the_best_point_keeps_the_quality_within_the_tolerance():
+    fast_worse = Point(1024, 24, real_tokens_per_s=3000.0, quality=0.60)
+    slow_best = Point(1024, 80, real_tokens_per_s=2000.0, quality=0.62)
+    near = Point(512, 64, real_tokens_per_s=2500.0, quality=0.62 - QUALITY_TOLERANCE / 2)
+    points = [fast_worse, slow_best, near]
+    assert quality_floor(points) == pytest.approx(0.62 - QUALITY_TOLERANCE)
+    assert pick_best(points, min_quality=quality_floor(points)) is near
+    assert pick_best([Point(8, 8, real_tokens_per_s=1.0)], min_quality=quality_floor([])) is not None  # training
 
 
 def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):

@@ -106,6 +106,16 @@ def _median_point(b: int, L: int, runs: list[dict]) -> Point:
                  spread=(max(speeds) - min(speeds)) / mid if mid else 0.0)
 
 
+QUALITY_TOLERANCE = 0.005  # a shorter max length may be picked for speed if it costs at most this much quality
+
+
+def quality_floor(points: list[Point]) -> float | None:
+    """The least quality the best point may have: the best measured, less QUALITY_TOLERANCE (None
+    when no point measured quality, as in training)."""
+    measured = [p.quality for p in points if p.quality is not None and not p.oom]
+    return max(measured) - QUALITY_TOLERANCE if measured else None
+
+
 def pick_best(points: list[Point], *, max_memory_bytes: int | None = None, latency_slo_ms: float | None = None,
               min_quality: float | None = None) -> Point | None:
     """Highest real tokens/s among points within the memory, latency and quality limits."""

@@ -10,7 +10,7 @@ from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tuning.measures import measure_of
-from spanflow.tuning.sweep import geometric, is_oom, pick_best, sweep
+from spanflow.tuning.sweep import geometric, is_oom, pick_best, quality_floor, sweep
 
 MODES = ("train", "infer")
 
@@ -55,7 +55,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
             log_fn(f"warm-up ran out of memory at max_tokens {min(fitting)}; the sweep will record it")
     points = sweep(lambda b, L: measure(b, L, per_point), budgets, lengths, log_fn=log_fn, repeats=repeats)
     best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
-                     latency_slo_ms=latency_slo_ms)
+                     latency_slo_ms=latency_slo_ms, min_quality=quality_floor(points))
     profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
                "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
