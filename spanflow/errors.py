@@ -31,4 +31,9 @@ class ModelDirError(SpanflowError):
 
 
 class ConfigError(SpanflowError):
-    """An option value that cannot work (e.g. bf16 asked on a device without it)."""
+    """An option value that cannot work (e.g. bf16 asked on a device without it); `field`: the
+    request or file field it is in, where there is one (the server's `param`)."""
+
+    def __init__(self, message: str = "", *, field: str | None = None):
+        super().__init__(message)
+        self.field = field

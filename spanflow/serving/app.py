@@ -127,7 +127,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             try:
                 params = service.params(body)
             except SpanflowError as e:
-                raise HttpError(422, str(e)) from None
+                raise HttpError(422, str(e), param=getattr(e, "field", None)) from None
             batcher = state["batchers"][service.name]
             try:
                 batcher.admit(0)  # shed load before the tokenizer spends time on it

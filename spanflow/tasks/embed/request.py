@@ -15,7 +15,7 @@ from pydantic import (
 from pydantic_core.core_schema import ValidationInfo
 
 from spanflow.errors import ConfigError
-from spanflow.schemas import expect, expected, explain
+from spanflow.schemas import expect, expected, explain, first_field
 
 # absent, null or empty: float, as OpenAI's API reads it
 EncodingFormat = expect(Annotated[Literal["float", "base64"], BeforeValidator(lambda v: v or "float")],
@@ -46,5 +46,5 @@ def read_options(body: dict, dim: int) -> dict:
     try:
         opts = EmbedOptions.model_validate(body, context={"dim": dim})
     except ValidationError as e:
-        raise ConfigError(explain(e)) from None
+        raise ConfigError(explain(e), field=first_field(e)) from None
     return {"encoding_format": opts.encoding_format, "dimensions": opts.dimensions}
