@@ -105,7 +105,7 @@ def format_report(r: dict) -> str:
         f"MFU {mfu}", f"GPU util {util}",
     ]
     if r.get("dev_f1") is not None:
-        parts.append(f"dev F1 {r['dev_f1']:.4f}")
+        parts.append(f"dev {r.get('dev_metric', 'F1')} {r['dev_f1']:.4f}")
     return " | ".join(parts)
 
 

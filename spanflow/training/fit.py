@@ -33,6 +33,7 @@ class Plan:
     defaults: TaskDefaults  # the task's defaults for this starting point (training/defaults.for_encoder)
     targets: Callable[[Any], int] | None = None  # loss targets of one item (global step normalisation)
     weights: list[float] | None = None  # per-item sampling weights (batching.sampling), None: uniform
+    metric: str = "F1"  # the name of evaluate's "f1" in what training prints (embeddings: Spearman)
 
 
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
@@ -50,7 +51,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
                              device=run.policy.device, world=run.dist.world, log=run.log)
         evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist)) if dev else None
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
-                          save_model=plan.model.save, targets=plan.targets)
+                          save_model=plan.model.save, targets=plan.targets, metric=plan.metric)
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              log=run.log, dist=run.dist, weights=plan.weights)
         policy = run.policy

@@ -34,6 +34,7 @@ class TaskHooks:
     evaluate: Callable[[nn.Module], dict] | None  # returns at least {"f1": ...}
     save_model: Callable[[str], None]  # writes a self-contained model directory
     targets: Callable[[object], int] | None = None  # loss targets of one item: global step normalisation
+    metric: str = "F1"  # what evaluate's "f1" is, in the lines printed (embeddings: Spearman)
 
 
 def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
@@ -136,10 +137,10 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         if r.bar is not None:
             r.bar.close()
     if r.st["stopped"]:
-        log(f"early stop after epoch {r.st['epoch']}: dev F1 did not improve for {opts.patience} evaluations "
+        log(f"early stop after epoch {r.st['epoch']}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
     if r.st["best_f1"] is not None:
-        log(f"best dev F1 {r.st['best_f1']:.4f}: that model is in {os.path.join(out_dir, 'model')}")
+        log(f"best dev {hooks.metric} {r.st['best_f1']:.4f}: that model is in {os.path.join(out_dir, 'model')}")
     if hooks.evaluate is None and dist.is_main:
         hooks.save_model(os.path.join(out_dir, "model"))
     barrier(dist)
@@ -218,7 +219,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
             f1 = _evaluate(r)
-            r.log(f"step {gs}: dev F1 {f1:.4f}" if f1 is not None else f"step {gs}")
+            r.log(f"step {gs}: dev {r.hooks.metric} {f1:.4f}" if f1 is not None else f"step {gs}")
             if st["stopped"]:
                 return True
         if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
@@ -246,6 +247,8 @@ def progress_bar(r: _Run):
 def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
     rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
            "device": str(r.policy.device), "dev_f1": f1}
+    if r.hooks.metric != "F1":
+        rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
     if partial:
         rep["partial"] = True
     if r.dist.is_main:
@@ -271,14 +274,14 @@ def _learning_check(r: _Run, f1: float | None, left: int) -> None:
     loss = float(total) / n  # host sync, only at an epoch that ended at dev F1 0
     steps = r.st["global_step"]
     if loss > 0.8 * first:
-        r.log(f"not learning: dev F1 is 0 and the loss barely moved ({first:.3g} -> {loss:.3g}) in {steps} "
+        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({first:.3g} -> {loss:.3g}) in {steps} "
               "optimizer steps; give it more updates (a smaller --max-tokens, more --epochs) or a higher "
               "--lr/--head-lr")
     elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
-        r.log(f"dev F1 is 0 so far, but the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
+        r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
               f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
     else:
-        r.log(f"dev F1 is still 0 although the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
+        r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
               "train longer (--epochs), or check that --dev holds the labels of --train")
 
 

@@ -29,7 +29,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`."""
     from spanflow.tasks.registry import get
 
-    mode = mode or ("train" if get(task).trains else "infer")
+    t = get(task)  # a task that tunes only some modes says which (tune_modes); the first is the default
+    mode = mode or getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))[0]
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),

@@ -124,8 +124,35 @@ class Embedder:
     def output_record(text: str, vector) -> dict:
         return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
 
-    def evaluate(self, examples, **_) -> dict:
-        raise ConfigError("an embedding model has no labelled evaluation here; use it through predict or serve")
+    def evaluate(self, examples: list, *, max_tokens: int | None = None, **_) -> dict:
+        """Scored pairs (tasks.embed.pairs.Pair with a score): Spearman and Pearson of the pairs'
+        cosine against the scores; pairs without scores: retrieval of each `b` among all of them.
+        "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""
+        from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
+
+        if not examples:
+            raise ConfigError("no pairs to evaluate on")
+        a = self.encode([e.a for e in examples], max_tokens=max_tokens)
+        b = self.encode([e.b for e in examples], max_tokens=max_tokens)
+        if all(e.score is not None for e in examples):
+            m = similarity_metrics(a, b, [e.score for e in examples])
+            return {"f1": m["spearman"], **m}
+        m = retrieval_metrics(a, b, list(range(len(examples))))
+        return {"f1": m["mrr@10"], **m}
+
+    @staticmethod
+    def format_metrics(m: dict) -> str:
+        """The evaluate lines: correlation for scored pairs, retrieval figures for pairs."""
+        keys = [k for k in ("spearman", "pearson", "mrr@10", "ndcg@10", "recall@1", "recall@10") if k in m]
+        return "\n".join(f"{k:<10} {m[k]:.4f}" for k in keys) + f"\non {m.get('n', 0)} pairs"
+
+    def save(self, path: str) -> None:
+        """A sentence-transformers directory with this model's encoder, pooling and max length."""
+        from spanflow.tasks.embed.st_dir import write_embedding_dir
+
+        fp32 = self._fp32 or self.module
+        write_embedding_dir(path, encoder=fp32.encoder, tokenizer=self.tokenizer, pooling=fp32.pooling.mode,
+                            normalize=fp32.pooling.normalize, max_length=self.max_length)
 
     def _fast_backend(self):
         from tokenizers import Tokenizer

@@ -49,3 +49,27 @@ def read_embedding_config(path: str) -> dict:
             raise ModelDirError(f"{path}: module type {mod.get('type')!r} is not supported "
                                 "(supported: Transformer, Pooling, Normalize)")
     return cfg
+
+
+def write_embedding_dir(path: str, *, encoder, tokenizer, pooling: str, normalize: bool, max_length: int) -> None:
+    """A sentence-transformers directory (Transformer at the top, Pooling, optional Normalize) that
+    sentence-transformers and spanflow load alike; written aside and renamed into place."""
+    from spanflow.atomic import atomic_dir
+
+    with atomic_dir(path, "model") as tmp:
+        encoder.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        if normalize:
+            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+            os.makedirs(os.path.join(tmp, "2_Normalize"))
+        os.makedirs(os.path.join(tmp, "1_Pooling"))
+        pool = {"word_embedding_dimension": encoder.config.hidden_size, "pooling_mode_mean_sqrt_len_tokens": False,
+                "pooling_mode_weightedmean_tokens": False, **{k: v == pooling for k, v in _POOL_KEYS.items()}}
+        for name, obj in (("modules.json", modules), ("sentence_bert_config.json",
+                          {"max_seq_length": max_length, "do_lower_case": False}),
+                          (os.path.join("1_Pooling", "config.json"), pool)):
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                json.dump(obj, f, indent=2)

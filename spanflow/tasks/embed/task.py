@@ -18,25 +18,38 @@ class EmbedTask:
     """Sentence embeddings from an encoder directory: the `embed` entry of the task registry.
     A directory without spanflow.json is loaded as this task."""
 
-    name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", False
+    name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
+    tune_modes = ("infer",)  # training is not tuned yet: its pairs are not a tune workload
+
     @staticmethod
     def agreement(ref: list, got: list) -> float:
         return float(cosines(np.stack(ref), np.stack(got)).mean()) if ref else 1.0
 
     def add_train_args(self, p) -> None:
-        pass
+        p.add_argument("--columns", default=None,
+                       help="the columns or JSONL keys of s1, s2 and score, e.g. 0,1,2 or sentence1,sentence2,score "
+                            "(detected when omitted)")
 
     def train_from_args(self, a, options) -> str:
-        raise ConfigError("embedding models are not trained by spanflow; serve or run an encoder directory")
+        from spanflow.tasks.embed.pairs import read_pairs
+        from spanflow.tasks.embed.train import train_embedder
+
+        train = read_pairs(a.train, columns=a.columns)
+        dev = read_pairs(a.dev, columns=a.columns) if a.dev else None
+        model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options)
+        return f"model saved to {a.out}/model (a sentence-transformers directory, {model.dim} dimensions)"
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto",
              quantize: str | None = None) -> Embedder:
         return Embedder.load(path, precision=precision, quantize=quantize, device=device)
 
     def read_labelled(self, path: str, **_) -> list:
-        raise ConfigError("an embedding model has no labelled evaluation here")
+        """Scored pairs or pairs (tasks/embed/pairs.py) for evaluate."""
+        from spanflow.tasks.embed.pairs import read_pairs
+
+        return read_pairs(path)
 
     def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
                  field: str = "text", column: int | None = None, quantize: str | None = None, **_):

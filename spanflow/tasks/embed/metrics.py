@@ -1,0 +1,88 @@
+"""Embedding quality: correlation of cosine similarity with gold scores, and retrieval ranks."""
+from __future__ import annotations
+
+import numpy as np
+
+QUERY_BLOCK = 1024  # queries scored at once: bounds the (queries x corpus) matrix held in memory
+
+
+def _pair_arrays(x, y) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, dtype=np.float64).ravel(), np.asarray(y, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"x and y differ in length: {x.size} and {y.size}")
+    if x.size < 2:
+        raise ValueError(f"a correlation needs at least 2 values, got {x.size}")
+    return x, y
+
+
+def rank_average(x) -> np.ndarray:
+    """1-based ranks of `x`, tied values sharing the average of the ranks they span."""
+    _, inverse, counts = np.unique(np.asarray(x, dtype=np.float64), return_inverse=True,
+                                        return_counts=True)
+    ends = np.cumsum(counts)  # the last rank each distinct value spans
+    return (ends - (counts - 1) / 2.0)[inverse.ravel()]
+
+
+def pearson(x, y) -> float:
+    """Pearson correlation; nan when either side is constant."""
+    x, y = _pair_arrays(x, y)
+    dx, dy = x - x.mean(), y - y.mean()
+    denom = np.sqrt((dx * dx).sum() * (dy * dy).sum())
+    return float((dx * dy).sum() / denom) if denom > 0 else float("nan")
+
+
+def spearman(x, y) -> float:
+    """Spearman rank correlation (Pearson of average ranks); nan when either side is constant."""
+    x, y = _pair_arrays(x, y)
+    return pearson(rank_average(x), rank_average(y))
+
+
+def _unit(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float64)
+    if m.ndim != 2:
+        raise ValueError(f"expected a 2-d array of embeddings, got shape {m.shape}")
+    return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+
+
+def similarity_metrics(a: np.ndarray, b: np.ndarray, scores) -> dict:
+    """Row-wise cosine of `a` and `b` against gold `scores`: {"spearman", "pearson", "n"}."""
+    a, b = _unit(a), _unit(b)
+    if a.shape != b.shape:
+        raise ValueError(f"a and b differ in shape: {a.shape} and {b.shape}")
+    cos = (a * b).sum(axis=1)
+    return {"spearman": spearman(cos, scores), "pearson": pearson(cos, scores), "n": int(cos.size)}
+
+
+def positive_ranks(queries: np.ndarray, corpus: np.ndarray, positive: list[int]) -> np.ndarray:
+    """1-based rank of each query's positive among all corpus rows by cosine; a row tied with
+    the positive counts as ahead of it when it comes first in the corpus (a stable sort)."""
+    q, c = _unit(queries), _unit(corpus)
+    pos = np.asarray(positive, dtype=np.int64)
+    if q.shape[0] != pos.size:
+        raise ValueError(f"{q.shape[0]} queries but {pos.size} positives")
+    if q.shape[1] != c.shape[1]:
+        raise ValueError(f"queries have dimension {q.shape[1]}, the corpus {c.shape[1]}")
+    if pos.size and (pos.min() < 0 or pos.max() >= c.shape[0]):
+        raise ValueError(f"a positive index is outside the corpus of {c.shape[0]} rows")
+    ranks = np.empty(pos.size, dtype=np.int64)
+    cols = np.arange(c.shape[0])
+    for s in range(0, pos.size, QUERY_BLOCK):
+        sims = q[s:s + QUERY_BLOCK] @ c.T
+        p = pos[s:s + QUERY_BLOCK]
+        target = sims[np.arange(p.size), p][:, None]
+        ahead = (sims > target) | ((sims == target) & (cols[None, :] < p[:, None]))
+        ranks[s:s + QUERY_BLOCK] = 1 + ahead.sum(axis=1)
+    return ranks
+
+
+def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list[int]) -> dict:
+    """Each query's one relevant row is corpus[positive[i]], every corpus row a candidate:
+    {"mrr@10", "ndcg@10", "recall@1", "recall@10", "n"}."""
+    ranks = positive_ranks(queries, corpus, positive)
+    if ranks.size == 0:
+        raise ValueError("no queries")
+    top10 = ranks <= 10
+    return {"mrr@10": float(np.where(top10, 1.0 / ranks, 0.0).mean()),
+            "ndcg@10": float(np.where(top10, 1.0 / np.log2(ranks + 1), 0.0).mean()),
+            "recall@1": float((ranks == 1).mean()), "recall@10": float(top10.mean()),
+            "n": int(ranks.size)}

@@ -1,0 +1,256 @@
+"""Read pair data for embedding models: pairs, scored pairs and triplets from CSV, TSV or JSONL.
+
+A file is one kind, found from its columns (or JSONL keys):
+  2 columns                     -> pairs (anchor, positive)
+  3 columns, numeric third      -> scored pairs (s1, s2, score); scores normalised to [0, 1]
+  3 columns, non-numeric third  -> triplets (anchor, positive, negative)
+A header row is skipped when it holds known names (sentence1,sentence2,score ...) or, for three
+columns, when its third field is not a number while the next row's is.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from spanflow.data.formats.common import kind_of, parse_json, read_lines
+from spanflow.errors import ConfigError, DataError, quote
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One training / evaluation example."""
+    a: str                        # anchor / sentence 1
+    b: str                        # positive / sentence 2
+    score: float | None = None    # scored pairs: similarity, normalised to [0, 1] over the file
+    negative: str | None = None   # triplets: a hard negative
+
+
+FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query"}
+SECOND_NAMES = {"sentence2", "s2", "text2", "positive"}
+SCORE_NAMES = {"score", "label", "similarity"}
+NEGATIVE_NAMES = {"negative"}
+# JSONL key pairs for the two texts, tried in this order on the first record
+JSON_TEXT_KEYS = [("sentence1", "sentence2"), ("s1", "s2"), ("text1", "text2"),
+                  ("anchor", "positive"), ("query", "positive")]
+
+
+def read_pairs(path: str, *, columns: str | None = None) -> list[Pair]:
+    """Every pair in `path` (.csv, .tsv, .txt with tabs, .jsonl/.json one object a line).
+    `columns` names the 2 or 3 columns to read, by index ("0,1,2") or by header name / JSONL
+    key ("s1,s2,score"). Any unreadable row is a DataError naming the file and line."""
+    path = os.fspath(path)
+    cols = _parse_columns(columns)
+    kind = kind_of(path)
+    if kind in ("jsonl", "json"):
+        pairs = _read_jsonl(path, cols)
+    elif kind in ("csv", "tsv", "text"):
+        pairs = _read_table(path, kind, cols)
+    else:
+        raise DataError("unsupported pairs file: expected .csv, .tsv, .txt, .jsonl or .json", path=path)
+    if not pairs:
+        raise DataError("no pairs", path=path)
+    return _normalise(pairs)
+
+
+def _parse_columns(columns: str | None) -> list[str] | None:
+    if columns is None:
+        return None
+    cols = [c.strip() for c in columns.split(",")]
+    if len(cols) not in (2, 3) or not all(cols):
+        raise ConfigError(f"columns: expected 2 or 3 comma-separated names or indices, got {quote(columns)}",
+                          field="columns")
+    return cols
+
+
+def _number(value) -> float | None:
+    """The finite float `value` stands for, else None (bools are not scores)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _normalise(pairs: list[Pair]) -> list[Pair]:
+    scores = [p.score for p in pairs if p.score is not None]
+    if not scores:
+        return pairs
+    lo, hi = min(scores), max(scores)
+    span = hi - lo
+    return [replace(p, score=(p.score - lo) / span if span else 1.0) for p in pairs]
+
+
+def _text(value, path: str, line: int, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"empty {what}" if isinstance(value, str) or value is None
+                        else f"{what} is not a string: {quote(value)}", path=path, line=line)
+    return value
+
+
+def _make(path: str, line: int, a, b, third, third_kind: str | None) -> Pair:
+    a, b = _text(a, path, line, "first text"), _text(b, path, line, "second text")
+    if third_kind == "score":
+        score = _number(third)
+        if score is None:
+            raise DataError(f"score is not a number: {quote(third)}", path=path, line=line)
+        return Pair(a, b, score=score)
+    if third_kind == "negative":
+        return Pair(a, b, negative=_text(third, path, line, "negative"))
+    return Pair(a, b)
+
+
+# --- CSV / TSV -------------------------------------------------------------------------------
+
+def _table_rows(path: str, kind: str) -> Iterator[tuple[int, list[str]]]:
+    """(first line of the record, fields) for each non-blank record."""
+    if not os.path.isfile(path):
+        raise DataError("file not found" if not os.path.exists(path) else "is a directory, expected a file",
+                        path=path)
+    if kind == "text" and not _has_tab(path):
+        raise DataError("a .txt pairs file must be tab-separated", path=path)
+    # TSV: quotes are text (STS-B has unbalanced ones); CSV: real quoting, embedded commas
+    opts = {"delimiter": ",", "quoting": csv.QUOTE_MINIMAL} if kind == "csv" else \
+        {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # decoded whole so the error names its own line
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        raise DataError(f"invalid UTF-8 at byte {e.start - line_start} of the line", path=path,
+                        line=data.count(b"\n", 0, e.start) + 1) from None
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""), **opts)
+    start = 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise DataError(f"unreadable CSV record: {e}", path=path, line=start) from None
+        if any(field.strip() for field in row):
+            yield start, row
+        start = reader.line_num + 1
+
+
+def _has_tab(path: str) -> bool:
+    for _, line in read_lines(path):
+        if line.strip():
+            return "\t" in line
+    return True  # empty: "no pairs" says more
+
+
+def _is_known_header(row: list[str]) -> bool:
+    names = [f.strip().lower() for f in row]
+    return (len(names) >= 2 and names[0] in FIRST_NAMES and names[1] in SECOND_NAMES
+            and (len(names) == 2 or names[2] in SCORE_NAMES | NEGATIVE_NAMES))
+
+
+def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
+    rows = list(_table_rows(path, kind))
+    if not rows:
+        return []
+    digits = [c.isdigit() for c in cols or []]
+    if any(digits) and not all(digits):
+        raise ConfigError("columns: use all indices or all names, not both", field="columns")
+    by_name = cols is not None and not any(digits)
+    idx = _column_indices(path, rows, cols, by_name)
+    header = by_name or _is_known_header([rows[0][1][i] for i in idx if i < len(rows[0][1])])
+    if not header and len(rows) > 1 and (cols is not None or len(idx) == 3):
+        # an unnamed header: a field of it (the third, unless columns are chosen) is no number
+        # while the next row's is
+        first, second = rows[0][1], rows[1][1]
+        header = any(_number(first[i]) is None and i < len(second) and _number(second[i]) is not None
+                     for i in (range(len(first)) if cols is not None else [2]))
+    data = rows[1:] if header else rows
+    if not data:
+        return []
+    third_kind = _table_third_kind(rows[0][1], data[0][1], idx, header)
+    width = len(rows[0][1])
+    pairs = []
+    for line, row in data:
+        if cols is None and len(row) != width:
+            raise DataError(f"record has {len(row)} columns, the file's first has {width}", path=path, line=line)
+        if len(row) <= max(idx):
+            raise DataError(f"missing column {max(idx)}: record has {len(row)} columns", path=path, line=line)
+        pairs.append(_make(path, line, row[idx[0]], row[idx[1]],
+                           row[idx[2]] if len(idx) == 3 else None, third_kind))
+    return pairs
+
+
+def _column_indices(path: str, rows, cols: list[str] | None, by_name: bool) -> list[int]:
+    line, first = rows[0]
+    if cols is None:
+        if len(first) not in (2, 3):
+            raise DataError(f"expected 2 or 3 columns, the first record has {len(first)}", path=path, line=line)
+        return list(range(len(first)))
+    if not by_name:
+        return [int(c) for c in cols]
+    names = [f.strip() for f in first]
+    missing = [c for c in cols if c not in names]
+    if missing:
+        raise DataError(f"missing column {quote(missing[0])} in the header {quote(names)}", path=path, line=line)
+    return [names.index(c) for c in cols]
+
+
+def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header: bool) -> str | None:
+    if len(idx) == 2:
+        return None
+    if header and len(first) > idx[2]:
+        name = first[idx[2]].strip().lower()
+        if name in SCORE_NAMES:
+            return "score"
+        if name in NEGATIVE_NAMES:
+            return "negative"
+    # the first data row decides; a later non-numeric score is then an error
+    return "score" if len(data0) > idx[2] and _number(data0[idx[2]]) is not None else "negative"
+
+
+# --- JSONL -----------------------------------------------------------------------------------
+
+def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
+    if cols is not None and any(c.isdigit() for c in cols):
+        raise ConfigError("columns: a JSONL file's columns are its keys, not indices", field="columns")
+    keys: list[str] | None = cols
+    third_kind: str | None = None
+    pairs = []
+    for line, text in read_lines(path):
+        if not text.strip():
+            continue
+        rec = parse_json(text, path, line)
+        if not isinstance(rec, dict):
+            raise DataError(f"expected a JSON object, got {type(rec).__name__}", path=path, line=line)
+        if not pairs:
+            keys = keys or _json_keys(rec, path, line)
+            third_kind = _json_third_kind(rec, keys)
+        missing = [k for k in keys if k not in rec]
+        if missing:
+            raise DataError(f"record has no {quote(missing[0])} key", path=path, line=line)
+        pairs.append(_make(path, line, rec[keys[0]], rec[keys[1]],
+                           rec[keys[2]] if len(keys) == 3 else None, third_kind))
+    return pairs
+
+
+def _json_keys(rec: dict, path: str, line: int) -> list[str]:
+    for a, b in JSON_TEXT_KEYS:
+        if a in rec and b in rec:
+            third = next((k for k in ("score", "label", "negative") if k in rec), None)
+            return [a, b] + ([third] if third else [])
+    raise DataError(f"expected keys sentence1/sentence2[/score], s1/s2, text1/text2, anchor/positive"
+                    f"[/negative] or query/positive[/negative]; got {quote(sorted(rec))}", path=path, line=line)
+
+
+def _json_third_kind(rec: dict, keys: list[str]) -> str | None:
+    if len(keys) == 2:
+        return None
+    if keys[2] in SCORE_NAMES:
+        return "score"
+    if keys[2] in NEGATIVE_NAMES:
+        return "negative"
+    return "score" if _number(rec.get(keys[2])) is not None else "negative"

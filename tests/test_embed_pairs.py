@@ -1,0 +1,187 @@
+"""Pair files for embedding models (pairs, scored pairs, triplets) and their metrics."""
+import json
+
+import numpy as np
+import pytest
+
+from spanflow.errors import ConfigError, DataError
+from spanflow.tasks.embed.metrics import (
+    pearson,
+    positive_ranks,
+    rank_average,
+    retrieval_metrics,
+    similarity_metrics,
+    spearman,
+)
+from spanflow.tasks.embed.pairs import Pair, read_pairs
+
+SCORED = [("a cat sits", "a cat is sitting", 5.0), ("a dog runs", "the sky is blue", 0.0),
+          ("men play", "people play", 2.5)]
+PAIRS = [("what is rust", "rust is a language"), ("capital of france", "paris is the capital")]
+TRIPLETS = [("q one", "pos one", "neg one"), ("q two", "pos two", "neg two")]
+HEADERS = {"scored": "sentence1,sentence2,score", "pairs": "anchor,positive", "triplets": "anchor,positive,negative"}
+ROWS = {"scored": SCORED, "pairs": PAIRS, "triplets": TRIPLETS}
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    return str(p)
+
+
+def table(kind, sep, header):
+    lines = [HEADERS[kind].replace(",", sep)] if header else []
+    lines += [sep.join(str(f) for f in row) for row in ROWS[kind]]
+    return "\n".join(lines) + "\n"
+
+
+def expected(kind):
+    if kind == "scored":
+        return [Pair("a cat sits", "a cat is sitting", score=1.0), Pair("a dog runs", "the sky is blue", score=0.0),
+                Pair("men play", "people play", score=0.5)]
+    if kind == "pairs":
+        return [Pair(a, b) for a, b in PAIRS]
+    return [Pair(a, b, negative=n) for a, b, n in TRIPLETS]
+
+
+@pytest.mark.parametrize("kind", ["scored", "pairs", "triplets"])
+@pytest.mark.parametrize("ext,sep", [(".csv", ","), (".tsv", "\t"), (".txt", "\t")])
+@pytest.mark.parametrize("header", [False, True])
+def test_table_kinds(tmp_path, kind, ext, sep, header):
+    path = write(tmp_path, "p" + ext, table(kind, sep, header))
+    assert read_pairs(path) == expected(kind)
+
+
+@pytest.mark.parametrize("kind", ["scored", "pairs", "triplets"])
+def test_jsonl_kinds(tmp_path, kind):
+    keys = {"scored": ("sentence1", "sentence2", "score"), "pairs": ("anchor", "positive"),
+            "triplets": ("query", "positive", "negative")}[kind]
+    text = "".join(json.dumps(dict(zip(keys, row))) + "\n" for row in ROWS[kind])
+    assert read_pairs(write(tmp_path, "p.jsonl", "\n" + text)) == expected(kind)
+
+
+def test_jsonl_alternative_keys(tmp_path):
+    text = '{"s1": "x one", "s2": "y one", "label": 1}\n{"s1": "x two", "s2": "y two", "label": 3}\n'
+    assert read_pairs(write(tmp_path, "p.json", text)) == [Pair("x one", "y one", 0.0), Pair("x two", "y two", 1.0)]
+    text = '{"text1": "a", "text2": "b"}\n'
+    assert read_pairs(write(tmp_path, "q.jsonl", text)) == [Pair("a", "b")]
+
+
+def test_unnamed_header_detected_by_numbers(tmp_path):
+    path = write(tmp_path, "p.csv", "left,right,sim\nx,y,4\nu,v,2\n")
+    assert read_pairs(path) == [Pair("x", "y", 1.0), Pair("u", "v", 0.0)]
+
+
+def test_csv_quotes_and_commas(tmp_path):
+    text = 's1,s2,score\n"Hello, world","She said ""hi"", then left",3.2\nit\'s 5" tall,a "quoted" word,1\n'
+    assert read_pairs(write(tmp_path, "p.csv", text)) == [
+        Pair("Hello, world", 'She said "hi", then left', 1.0), Pair('it\'s 5" tall', 'a "quoted" word', 0.0)]
+
+
+def test_tsv_stray_quotes_are_text(tmp_path):
+    text = '"A man is playing\tA man plays "guitar\t4.0\nThe "cat\tThe dog\t0.0\n'
+    assert read_pairs(write(tmp_path, "p.tsv", text)) == [
+        Pair('"A man is playing', 'A man plays "guitar', 1.0), Pair('The "cat', "The dog", 0.0)]
+
+
+def test_scores_normalised_and_constant(tmp_path):
+    pairs = read_pairs(write(tmp_path, "p.tsv", "a\tb\t0\nc\td\t5\ne\tf\t3.75\ng\th\t1\n"))
+    assert [p.score for p in pairs] == [0.0, 1.0, 0.75, 0.2]
+    pairs = read_pairs(write(tmp_path, "q.tsv", "a\tb\t2\nc\td\t2\n"))
+    assert [p.score for p in pairs] == [1.0, 1.0]
+
+
+def test_columns_by_index_and_name(tmp_path):
+    text = "genre,s1,s2,score\nnews,x,y,0\nnews,u,v,10\n"
+    path = write(tmp_path, "p.csv", text)
+    want = [Pair("x", "y", 0.0), Pair("u", "v", 1.0)]
+    assert read_pairs(path, columns="s1,s2,score") == want
+    assert read_pairs(path, columns="1,2,3") == want
+    assert read_pairs(path, columns="1,2") == [Pair("x", "y"), Pair("u", "v")]
+    assert read_pairs(path, columns="s2,genre") == [Pair("y", "news"), Pair("v", "news")]
+    assert read_pairs(path, columns="s1,s2,genre") == [Pair("x", "y", negative="news"), Pair("u", "v", negative="news")]
+    jl = write(tmp_path, "p.jsonl", '{"q": "x", "d": "y", "w": 2}\n{"q": "u", "d": "v", "w": 4}\n')
+    assert read_pairs(jl, columns="q,d,w") == want
+    with pytest.raises(ConfigError, match="2 or 3"):
+        read_pairs(path, columns="1")
+    with pytest.raises(ConfigError, match="not both"):
+        read_pairs(path, columns="1,s2")
+    with pytest.raises(DataError, match=r"p\.csv:1: missing column 'nope'"):
+        read_pairs(path, columns="s1,nope")
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("m.csv", "a,b,1\nc,d,2\ne,f\n", r"m\.csv:3: record has 2 columns"),
+    ("m.tsv", "a\tb\nc\td\te\n", r"m\.tsv:2: record has 3 columns"),
+    ("s.csv", "a,b,1\nc,d,high\n", r"s\.csv:2: score is not a number: 'high'"),
+    ("s.csv", "sentence1,sentence2,score\na,b,1\nc,d,\n", r"s\.csv:3: score is not a number"),
+    ("e.csv", "a,b,1\n  ,d,2\n", r"e\.csv:2: empty first text"),
+    ("e.tsv", "a\tb\tc\nd\te\t \n", r"e\.tsv:2: empty negative"),
+    ("e.jsonl", '{"anchor": "a", "positive": ""}\n', r"e\.jsonl:1: empty second text"),
+    ("z.csv", "", r"z\.csv: no pairs"),
+    ("z.csv", "anchor,positive\n\n", r"z\.csv: no pairs"),
+    ("z.jsonl", "\n\n", r"z\.jsonl: no pairs"),
+    ("j.jsonl", '{"anchor": "a", "positive": "b"}\n{"anchor": "a",\n', r"j\.jsonl:2: invalid JSON"),
+    ("k.jsonl", '{"anchor": "a", "positive": "b"}\n{"anchor": "a"}\n', r"k\.jsonl:2: record has no 'positive' key"),
+    ("k.jsonl", '{"title": "a"}\n', r"k\.jsonl:1: expected keys"),
+    ("k.jsonl", '{"s1": "a", "s2": "b", "score": 1}\n{"s1": "a", "s2": "b", "score": "x"}\n',
+     r"k\.jsonl:2: score is not a number"),
+    ("t.txt", "no tabs here\n", r"t\.txt: a \.txt pairs file must be tab-separated"),
+    ("w.csv", "a,b,c,d\n", r"w\.csv:1: expected 2 or 3 columns"),
+])
+def test_errors_name_file_and_line(tmp_path, name, text, message):
+    with pytest.raises(DataError, match=message):
+        read_pairs(write(tmp_path, name, text))
+
+
+def test_invalid_utf8_names_line(tmp_path):
+    with pytest.raises(DataError, match=r"u\.csv:2: invalid UTF-8"):
+        read_pairs(write(tmp_path, "u.csv", b"a,b\nc\xff,d\n"))
+    with pytest.raises(DataError, match=r"u\.jsonl:2: invalid UTF-8"):
+        read_pairs(write(tmp_path, "u.jsonl", b'{"s1": "a", "s2": "b"}\n{"s1": "\xff"}\n'))
+
+
+def test_rank_average_and_spearman_with_ties():
+    assert rank_average([10, 20, 20, 30]).tolist() == [1.0, 2.5, 2.5, 4.0]
+    # ranks x [1, 2.5, 2.5, 4], y [1, 2, 3, 4]: sum dx*dy 4.5, sum dx^2 4.5, sum dy^2 5 -> 4.5/sqrt(22.5)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(3 / np.sqrt(10), abs=1e-12)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_spearman_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 5, 50), rng.integers(0, 7, 50)
+    assert spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+
+
+def test_similarity_metrics():
+    a = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    b = np.array([[2.0, 0.0], [1.0, 1.0], [0.0, 3.0]])  # cosines 1, 0.707, 0
+    m = similarity_metrics(a, b, [5.0, 1 + 4 / np.sqrt(2), 1.0])
+    assert m["spearman"] == pytest.approx(1.0) and m["pearson"] == pytest.approx(1.0) and m["n"] == 3
+    assert similarity_metrics(a, b, [5.0, 1.5, 1.0])["pearson"] < 0.99
+    assert similarity_metrics(a, b, [0.1, 0.5, 0.9])["spearman"] == pytest.approx(-1.0)
+
+
+def test_retrieval_metrics_perfect_and_known_rank():
+    corpus = np.eye(4)
+    perfect = retrieval_metrics(corpus.copy(), corpus, [0, 1, 2, 3])
+    assert perfect == {"mrr@10": 1.0, "ndcg@10": 1.0, "recall@1": 1.0, "recall@10": 1.0, "n": 4}
+    # query 0 is nearest row 0, then row 1, then row 2: its positive row 2 ranks third
+    queries = np.array([[0.9, 0.4, 0.1, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    assert positive_ranks(queries, corpus, [2, 1]).tolist() == [3, 1]
+    m = retrieval_metrics(queries, corpus, [2, 1])
+    assert m["mrr@10"] == pytest.approx((1 / 3 + 1) / 2)
+    assert m["ndcg@10"] == pytest.approx((1 / np.log2(4) + 1) / 2)
+    assert m["recall@1"] == 0.5 and m["recall@10"] == 1.0 and m["n"] == 2
+
+
+def test_retrieval_beyond_ten_counts_zero():
+    corpus = np.eye(12)
+    query = np.linspace(1.0, 0.1, 12)[None, :]  # row 11 ranks twelfth
+    m = retrieval_metrics(query, corpus, [11])
+    assert m["mrr@10"] == 0.0 and m["ndcg@10"] == 0.0 and m["recall@10"] == 0.0

@@ -1,0 +1,104 @@
+"""Training embeddings on scored pairs: CoSENT learns, the saved directory round-trips, the CLI trains."""
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from spanflow.cli.main import main
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.tasks.embed import Embedder
+from spanflow.tasks.embed.pairs import Pair
+from spanflow.tasks.embed.train import PairItem, cosent_loss, make_collate, train_embedder
+from spanflow.training.options import TrainOptions
+
+OPTS = dict(epochs=40, lr=3e-3, max_tokens=4096, log_every=0, patience=0)
+
+
+def random_pairs(n: int, seed: int) -> list[Pair]:
+    """Pairs of unrelated synthetic sentences with random scores: learnable only by memorising."""
+    texts = [e.text for e in synthetic_ner(2 * n, seed=seed)]
+    rng = random.Random(seed)
+    return [Pair(texts[i], texts[n + i], round(rng.random(), 3)) for i in range(n)]
+
+
+def test_cosent_is_low_when_cosines_follow_the_scores():
+    class Fixed(torch.nn.Module):
+        def __init__(self, rows):
+            super().__init__()
+            self.rows = rows
+
+        def forward(self, input_ids, attention_mask):
+            return self.rows
+
+    a = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])  # cosines 1, 0.71, 0
+    batch = {"input_ids": None, "attention_mask": None}
+    good = cosent_loss(Fixed(torch.cat([a, b])), {**batch, "scores": torch.tensor([1.0, 0.5, 0.0])})
+    bad = cosent_loss(Fixed(torch.cat([a, b])), {**batch, "scores": torch.tensor([0.0, 0.5, 1.0])})
+    assert good < 0.1 * 3 < bad  # summed over 3 pairs; ordered cosines cost next to nothing
+    tied = cosent_loss(Fixed(torch.cat([a, b])), {**batch, "scores": torch.tensor([0.5, 0.5, 0.5])})
+    assert tied == 0  # no ordered pair, nothing to learn
+
+
+def test_pairs_batch_both_sides_and_count_their_padding():
+    items = [PairItem([1, 5, 2], [1, 6, 7, 8, 2], 0.3), PairItem([1, 9, 2], [1, 2], 1.0)]
+    assert [len(i) for i in items] == [10, 6]
+    b = make_collate(0)(items)
+    assert b["input_ids"].shape == (4, 5) and b["padded_tokens"] == 20 and b["real_tokens"] == 13
+    assert b["input_ids"][1].tolist() == [1, 9, 2, 0, 0] and b["input_ids"][2].tolist() == [1, 6, 7, 8, 2]
+    assert b["scores"].tolist() == pytest.approx([0.3, 1.0]) and b["n_targets"] == 2
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("emb")
+    train = random_pairs(24, seed=1)
+    before = train_embedder(train, None, model="tiny", out_dir=str(out / "zero"), log_fn=lambda s: None,
+                            options=TrainOptions(**{**OPTS, "epochs": 1, "lr": 1e-9}))
+    model = train_embedder(train, train, model="tiny", out_dir=str(out / "run"), log_fn=lambda s: None,
+                           options=TrainOptions(**OPTS))
+    return train, before, model, str(out / "run" / "model")
+
+
+def test_cosent_training_learns_the_scores(trained):
+    train, before, model, _ = trained
+    assert before.evaluate(train)["spearman"] < 0.5
+    assert model.evaluate(train)["spearman"] > 0.9
+
+
+def test_the_saved_directory_is_a_sentence_transformers_directory_that_loads_the_same(trained):
+    train, _, model, path = trained
+    modules = json.load(open(os.path.join(path, "modules.json")))
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
+    pool = json.load(open(os.path.join(path, "1_Pooling", "config.json")))
+    assert pool["pooling_mode_mean_tokens"] and not pool["pooling_mode_cls_token"]
+    again = Embedder.load(path, device="cpu", precision="fp32")
+    texts = [p.a for p in train[:6]]
+    model.policy = again.policy  # the trained object ran in the training precision; compare in fp32
+    np.testing.assert_allclose(again.encode(texts), model.encode(texts), atol=1e-5)
+    assert again.evaluate(train)["spearman"] == pytest.approx(model.evaluate(train)["spearman"], abs=1e-6)
+
+
+def test_spanflow_train_embed_and_evaluate_from_the_command_line(tmp_path, capsys):
+    pairs = random_pairs(12, seed=2)
+    data = tmp_path / "pairs.csv"
+    with open(data, "w", encoding="utf-8") as f:
+        for p in pairs:
+            f.write(f'"{p.a}","{p.b}",{p.score * 5:.2f}\n')  # scores 0-5, as STS-B has them
+    out = tmp_path / "run"
+    assert main(["train", "embed", "--train", str(data), "--dev", str(data), "--model", "tiny", "--out", str(out),
+                 "--epochs", "2", "--log-every", "0"]) == 0
+    said = capsys.readouterr().out
+    assert "12 scored training pairs; CoSENT loss" in said and "a sentence-transformers directory" in said
+    assert main(["evaluate", "--model", str(out / "model"), "--data", str(data), "--device", "cpu"]) == 0
+    assert "spearman" in capsys.readouterr().out
+
+
+def test_pairs_without_scores_are_refused_with_a_line_that_says_what_is_supported(tmp_path):
+    from spanflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="scored pairs"):
+        train_embedder([Pair("a b", "c d")], None, model="tiny", out_dir=str(tmp_path / "x"))
