@@ -119,6 +119,14 @@ def test_inference_window_is_the_trained_length(tmp_path):
     for bad in ((2, None), (10 ** 6, None), (16, 14)):
         with pytest.raises(ConfigError):
             again.set_max_length(*bad)
+    # a kept overlap wider than a shorter window is cut to half of it where windows are made
+    again.set_max_length(32, 24)
+    again.set_max_length(12)
+    assert (again.max_length, again.stride) == (12, 24)
+    wins = again.units([long])[0]
+    assert all(b.start - a.start == 10 - 5 for (a, _), (b, _) in zip(wins, wins[1:]))  # 10 content tokens, step 5
+    again.set_max_length(32)
+    assert (again.max_length, again.stride) == (32, 24)
 
 
 def test_a_model_trained_on_multi_line_texts_reads_lines_together(tmp_path):

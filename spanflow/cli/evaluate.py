@@ -31,8 +31,7 @@ def run(a: argparse.Namespace) -> int:
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=[getattr(e, "text", None) for e in examples],
                          data=a.data, loads=loads, measure=quick_profile)
     model = loads.take(rt)
-    if a.max_length is not None or a.stride is not None:
-        model.set_max_length(a.max_length, a.stride)
+    model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
     m = model.evaluate(examples, max_tokens=rt.max_tokens)
     print(json.dumps(m) if a.json else model.format_metrics(m))

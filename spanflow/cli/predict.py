@@ -40,8 +40,7 @@ def run(a: argparse.Namespace) -> int:
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=texts, data=a.input, field=a.field, column=a.column,
                          loads=loads, measure=quick_profile)
     model = loads.take(rt)
-    if a.max_length is not None or a.stride is not None:
-        model.set_max_length(a.max_length, a.stride)
+    model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          max_tokens=rt.max_tokens)

@@ -158,7 +158,7 @@ def quality_at_length(model: TaskModel, examples: list) -> Callable[[int], float
     """quality(L) for tune: F1 on labelled `examples` with the model reading at most L tokens (cached)."""
     import functools
 
-    keep = model.max_length, getattr(model, "stride", None)  # NER's overlap shrinks with a short window
+    keep = model.max_length
 
     @functools.lru_cache(maxsize=None)
     def quality(L: int) -> float:
@@ -166,7 +166,7 @@ def quality_at_length(model: TaskModel, examples: list) -> Callable[[int], float
         try:
             return model.evaluate(examples)["f1"]
         finally:
-            model.set_max_length(*keep)
+            model.set_max_length(keep)
 
     return quality
 

@@ -44,12 +44,17 @@ def _unit(m: np.ndarray) -> np.ndarray:
     return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
 
 
-def similarity_metrics(a: np.ndarray, b: np.ndarray, scores) -> dict:
-    """Row-wise cosine of `a` and `b` against gold `scores`: {"spearman", "pearson", "n"}."""
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of two (n, d) arrays."""
     a, b = _unit(a), _unit(b)
     if a.shape != b.shape:
         raise ValueError(f"a and b differ in shape: {a.shape} and {b.shape}")
-    cos = (a * b).sum(axis=1)
+    return (a * b).sum(axis=1)
+
+
+def similarity_metrics(a: np.ndarray, b: np.ndarray, scores) -> dict:
+    """Row-wise cosine of `a` and `b` against gold `scores`: {"spearman", "pearson", "n"}."""
+    cos = cosines(a, b)
     return {"spearman": spearman(cos, scores), "pearson": pearson(cos, scores), "n": int(cos.size)}
 
 

@@ -17,8 +17,10 @@ from spanflow.errors import ConfigError
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
+from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
+from spanflow.training.distributed import Dist, shard_gather
 
 log = logging.getLogger("spanflow")
 
@@ -43,10 +45,11 @@ class Embedder:
     special tokens (what sentence-transformers returns too); they never fail.
     """
 
-    def __init__(self, *, encoder: nn.Module, tokenizer, pooling: Pooling, max_length: int,
+    def __init__(self, *, encoder: nn.Module, tokenizer, pooling: Pooling, max_length: int | None = None,
                  precision: str = "auto", quantize: str | None = None, device: str = "auto"):
-        self.tokenizer, self.max_length, self.quantize = tokenizer, max_length, quantize
+        self.tokenizer, self.quantize = tokenizer, quantize
         self.limit = encoder_max_length(encoder, tokenizer)  # the longest input the encoder takes
+        self.max_length = min(max_length or self.limit, self.limit)  # None: the encoder's limit
         self.policy = resolve_policy("fp32" if quantize else precision, device)
         check_quantize(quantize, precision, self.policy.device)
         self.module = _Pooled(encoder, pooling).eval().to(self.policy.device)
@@ -77,11 +80,9 @@ class Embedder:
         or a plain Hugging Face encoder directory (mean pooling)."""
         cfg = read_embedding_config(path)
         encoder, tokenizer = load_encoder(cfg["encoder_dir"])
-        limit = encoder_max_length(encoder, tokenizer)
-        max_length = min(cfg["max_seq_length"] or limit, limit)
         return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
-                   normalize=cfg["normalize"]), max_length=max_length, precision=precision, quantize=quantize,
-                   device=device)
+                   normalize=cfg["normalize"]), max_length=cfg["max_seq_length"], precision=precision,
+                   quantize=quantize, device=device)
 
     def with_precision(self, precision: str, quantize: str | None = None) -> "Embedder":
         """This model in another precision or quantization, made from its fp32 weights in
@@ -124,7 +125,7 @@ class Embedder:
     def output_record(text: str, vector) -> dict:
         return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
 
-    def evaluate(self, examples: list, *, max_tokens: int | None = None, **_) -> dict:
+    def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist(), **_) -> dict:
         """Scored pairs (tasks.embed.pairs.Pair with a score): Spearman and Pearson of the pairs'
         cosine against the scores; pairs without scores: retrieval of each `b` among all of them.
         "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""
@@ -132,8 +133,13 @@ class Embedder:
 
         if not examples:
             raise ConfigError("no pairs to evaluate on")
-        a = self.encode([e.a for e in examples], max_tokens=max_tokens)
-        b = self.encode([e.b for e in examples], max_tokens=max_tokens)
+
+        def both_sides(part: list) -> list:  # one pass over both sides: one sort, one set of batches
+            rows = self.encode([e.a for e in part] + [e.b for e in part], max_tokens=max_tokens)
+            return list(zip(rows[:len(part)], rows[len(part):]))
+
+        pairs = shard_gather(examples, both_sides, dist)  # under torchrun each rank embeds its share
+        a, b = np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
         if all(e.score is not None for e in examples):
             m = similarity_metrics(a, b, [e.score for e in examples])
             return {"f1": m["spearman"], **m}
@@ -254,11 +260,6 @@ class Embedder:
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
                               "use a higher precision, or --force to accept")
         return cal
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine similarity of two (n, d) arrays."""
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
 
 
 def _quantize_int8(model: nn.Module) -> nn.Module:

@@ -112,8 +112,6 @@ def _table_rows(path: str, kind: str) -> Iterator[tuple[int, list[str]]]:
     if not os.path.isfile(path):
         raise DataError("file not found" if not os.path.exists(path) else "is a directory, expected a file",
                         path=path)
-    if kind == "text" and not _has_tab(path):
-        raise DataError("a .txt pairs file must be tab-separated", path=path)
     # TSV: quotes are text (STS-B has unbalanced ones); CSV: real quoting, embedded commas
     opts = {"delimiter": ",", "quoting": csv.QUOTE_MINIMAL} if kind == "csv" else \
         {"delimiter": "\t", "quoting": csv.QUOTE_NONE}
@@ -125,6 +123,9 @@ def _table_rows(path: str, kind: str) -> Iterator[tuple[int, list[str]]]:
         line_start = data.rfind(b"\n", 0, e.start) + 1
         raise DataError(f"invalid UTF-8 at byte {e.start - line_start} of the line", path=path,
                         line=data.count(b"\n", 0, e.start) + 1) from None
+    first = next((line for line in text.splitlines() if line.strip()), None)
+    if kind == "text" and first is not None and "\t" not in first:
+        raise DataError("a .txt pairs file must be tab-separated", path=path)
     reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""), **opts)
     start = 1
     while True:
@@ -137,13 +138,6 @@ def _table_rows(path: str, kind: str) -> Iterator[tuple[int, list[str]]]:
         if any(field.strip() for field in row):
             yield start, row
         start = reader.line_num + 1
-
-
-def _has_tab(path: str) -> bool:
-    for _, line in read_lines(path):
-        if line.strip():
-            return "\t" in line
-    return True  # empty: "no pairs" says more
 
 
 def _is_known_header(row: list[str]) -> bool:

@@ -9,7 +9,8 @@ import torch
 from spanflow.batching.collate import pad_rows
 from spanflow.errors import ConfigError
 from spanflow.runtime.policy import QUANTIZATIONS
-from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder, cosines
+from spanflow.tasks.embed.metrics import cosines
+from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder
 from spanflow.tasks.embed.request import read_options
 from spanflow.tasks.registry import Workload
 

@@ -113,11 +113,12 @@ class NerModel:
 
     def set_max_length(self, max_length: int | None = None, stride: int | None = None) -> None:
         """Read windows of `max_length` tokens (special tokens included, at most the limit), overlapping
-        by `stride`; None keeps the current value (a kept overlap is cut to half a shorter window)."""
+        by `stride`; None keeps the current value. A kept overlap need not fit a shorter window:
+        batching.align.make_windows overlaps by at most half a window."""
         max_length = max_length or self.max_length
-        if stride is None:
-            stride = min(self.stride, max_length // 2)
-        self.max_length, self.stride = check_window(max_length, stride, self.limit)
+        self.max_length, _ = check_window(max_length, 0 if stride is None else stride, self.limit)
+        if stride is not None:
+            self.stride = stride
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
                        on_batch: Callable | None = None, words: Iterable | None = None) -> Iterator[list[Span]]:

@@ -89,7 +89,6 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
                                   lines=nm.lines)
         nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
-        nm.stride = min(nm.stride, nm.max_length // 2)  # short texts: the overlap fits the window read
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}")
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
