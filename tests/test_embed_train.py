@@ -44,12 +44,15 @@ def test_cosent_is_low_when_cosines_follow_the_scores():
 
 
 def test_pairs_batch_both_sides_and_count_their_padding():
-    items = [PairItem([1, 5, 2], [1, 6, 7, 8, 2], 0.3), PairItem([1, 9, 2], [1, 2], 1.0)]
+    items = [PairItem(([1, 5, 2], [1, 6, 7, 8, 2]), 0.3), PairItem(([1, 9, 2], [1, 2]), 1.0)]
     assert [len(i) for i in items] == [10, 6]
     b = make_collate(0)(items)
     assert b["input_ids"].shape == (4, 5) and b["padded_tokens"] == 20 and b["real_tokens"] == 13
     assert b["input_ids"][1].tolist() == [1, 9, 2, 0, 0] and b["input_ids"][2].tolist() == [1, 6, 7, 8, 2]
     assert b["scores"].tolist() == pytest.approx([0.3, 1.0]) and b["n_targets"] == 2
+    triplets = make_collate(0)([PairItem(([1, 2], [3], [4, 5, 6]))])
+    assert len(PairItem(([1, 2], [3], [4, 5, 6]))) == 9 and triplets["sides"] == 3 and "scores" not in triplets
+    assert triplets["input_ids"].tolist() == [[1, 2, 0], [3, 0, 0], [4, 5, 6]]
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +100,8 @@ def test_spanflow_train_embed_and_evaluate_from_the_command_line(tmp_path, capsy
     assert "spearman" in capsys.readouterr().out
 
 
-def test_pairs_without_scores_are_refused_with_a_line_that_says_what_is_supported(tmp_path):
-    from spanflow.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="scored pairs"):
-        train_embedder([Pair("a b", "c d")], None, model="tiny", out_dir=str(tmp_path / "x"))
+def test_pairs_without_scores_train_with_the_ranking_loss(tmp_path):
+    lines = []
+    train_embedder([Pair("a b", "c d"), Pair("e f", "g h")], None, model="tiny", out_dir=str(tmp_path / "x"),
+                   options=TrainOptions(epochs=1, log_every=0), log_fn=lines.append)
+    assert any("2 training pairs; ranking loss" in x for x in lines), lines

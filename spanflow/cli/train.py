@@ -16,16 +16,18 @@ def add_parser(sub) -> None:
     for task in tasks():
         if task.trains:
             tp = by_task.add_parser(task.name, help=task.summary,
-                                    description=f"Train a {task.name} model; the best is saved to OUT/model.")
+                                    description=f"Train a model for {task.summary}; the best is saved to OUT/model.")
             _add_common(tp)
             task.add_train_args(tp.add_argument_group(f"{task.name} options"))
 
 
 def _add_common(p) -> None:
     p.add_argument("--train", required=True,
-                   help="training data: NER CoNLL, JSONL or spaCy .spacy; RE CasRel JSON or JSONL")
+                   help="training data: NER CoNLL, JSONL or spaCy .spacy; RE CasRel JSON or JSONL; embed pairs, "
+                        "scored pairs or triplets in CSV, TSV or JSONL")
     p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps)")
-    p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow NER model, or 'tiny'")
+    p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow model of this task "
+                                                  "(to train further), or 'tiny'")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--devices", type=int, default=1,
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun)")

@@ -86,6 +86,23 @@ def relaunch(argv: list[str], devices: int) -> int:
     return 0
 
 
+def gather_rows(t: torch.Tensor, d: Dist) -> list[torch.Tensor]:
+    """Every rank's (n_r, ...) tensor, in rank order, on every rank; the n_r may differ.
+    No gradient flows back through the result: callers take gradients on their own rows."""
+    if not d.enabled:
+        return [t]
+    n = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    counts = [torch.zeros_like(n) for _ in range(d.world)]
+    dist.all_gather(counts, n)
+    counts = [int(c) for c in counts]
+    top = max(counts)
+    padded = torch.zeros((top, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    padded[:t.shape[0]] = t.detach()
+    out = [torch.empty_like(padded) for _ in range(d.world)]
+    dist.all_gather(out, padded)
+    return [o[:c] for o, c in zip(out, counts)]
+
+
 def shard_gather(items: list, fn, d: Dist) -> list:
     """fn(items[rank::world]) on every rank, gathered back into input order on every rank."""
     if not d.enabled:

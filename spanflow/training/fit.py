@@ -34,6 +34,8 @@ class Plan:
     targets: Callable[[Any], int] | None = None  # loss targets of one item (global step normalisation)
     weights: list[float] | None = None  # per-item sampling weights (batching.sampling), None: uniform
     metric: str = "F1"  # the name of evaluate's "f1" in what training prints (embeddings: Spearman)
+    options: TrainOptions | None = None  # the run's options as the task sized them (None: the run's own)
+    step: Callable[..., Any] | None = None  # a step's forward and backward (None: training/step.forward_backward)
 
 
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
@@ -47,11 +49,12 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
         plan = setup(run)
         prepare_encoder(plan.model.module.encoder, run.opts, run.log)
-        opts = fill_defaults(run.opts, plan.defaults, lengths=[len(it) for it in plan.items],
+        opts = fill_defaults(plan.options or run.opts, plan.defaults, lengths=[len(it) for it in plan.items],
                              device=run.policy.device, world=run.dist.world, log=run.log)
         evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist)) if dev else None
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
-                          save_model=plan.model.save, targets=plan.targets, metric=plan.metric)
+                          save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
+                          step=plan.step)
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              log=run.log, dist=run.dist, weights=plan.weights)
         policy = run.policy

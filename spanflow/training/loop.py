@@ -35,6 +35,9 @@ class TaskHooks:
     save_model: Callable[[str], None]  # writes a self-contained model directory
     targets: Callable[[object], int] | None = None  # loss targets of one item: global step normalisation
     metric: str = "F1"  # what evaluate's "f1" is, in the lines printed (embeddings: Spearman)
+    # a step's forward and backward over its micro-batches, (model, micro, policy, scaler, meter, world)
+    # -> loss; None: forward_backward with loss_fn, each micro-batch's loss on its own
+    step: Callable[..., torch.Tensor] | None = None
 
 
 def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
@@ -189,7 +192,10 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
     for micro in prefetch(groups):
         t_data = time.perf_counter()
         meter.add_time("data_wait", t_data - wait_start)
-        loss = forward_backward(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
+        if r.hooks.step is not None:
+            loss = r.hooks.step(r.ddp, micro, r.policy, r.scaler, meter, r.dist.world)
+        else:
+            loss = forward_backward(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
         if st.get("first_loss") is None:
             st["first_loss"] = loss.item()  # host sync, once per run: the baseline of learning_check
         r.running += loss

@@ -38,7 +38,8 @@ class TrainOptions:
     device: str = "auto"  # runtime flag
     seed: int = opt(0, "seed of initialisation, shuffling and dropout")
     eval_every: int | None = opt(None, "evaluate every N optimizer steps", unset="once per epoch")
-    patience: int | None = opt(None, "evaluations without a better dev F1 before stopping (0: never stop)",
+    patience: int | None = opt(None, "evaluations without a better dev score (F1, Spearman, MRR@10) before "
+                                                                   "stopping (0: never stop)",
                                unset="per task")
     save_every: int | None = opt(None, "also checkpoint every N optimizer steps", unset="at epoch ends")
     max_steps: int | None = opt(None, "stop after N optimizer steps, with a checkpoint to resume from")

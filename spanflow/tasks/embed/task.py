@@ -22,7 +22,7 @@ class EmbedTask:
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
-    tune_modes = ("infer",)  # training is not tuned yet: its pairs are not a tune workload
+    tune_modes = ("infer", "train")  # infer first: most users of an embedding model only run it
 
     @staticmethod
     def agreement(ref: list, got: list) -> float:
@@ -32,14 +32,26 @@ class EmbedTask:
         p.add_argument("--columns", default=None,
                        help="the columns or JSONL keys of s1, s2 and score, e.g. 0,1,2 or sentence1,sentence2,score "
                             "(detected when omitted)")
+        p.add_argument("--loss", default="auto", choices=("auto", "cosent", "angle", "ranking"),
+                       help="auto: cosent for scored pairs, ranking (in-batch negatives) for pairs and triplets")
+        p.add_argument("--symmetric", action="store_true",
+                       help="ranking: each positive must also pick its anchor among the anchors")
+        p.add_argument("--matryoshka-dims", default=None,
+                       help="also train the embeddings cut to these sizes, e.g. 384,256,128,64 (for the "
+                            "server's 'dimensions')")
+        p.add_argument("--pairs-per-step", type=int, default=None,
+                       help="ranking: pairs per optimizer update, the pool of in-batch negatives (default: 256, "
+                            "fewer for a small data set); a gradient cache holds memory to one micro-batch")
 
     def train_from_args(self, a, options) -> str:
         from spanflow.tasks.embed.pairs import read_pairs
-        from spanflow.tasks.embed.train import train_embedder
+        from spanflow.tasks.embed.train import EmbedTraining, parse_dims, train_embedder
 
+        config = EmbedTraining(loss=a.loss, symmetric=a.symmetric, matryoshka_dims=parse_dims(a.matryoshka_dims),
+                               pairs_per_step=a.pairs_per_step)
         train = read_pairs(a.train, columns=a.columns)
         dev = read_pairs(a.dev, columns=a.columns) if a.dev else None
-        model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options)
+        model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options, config=config)
         return f"model saved to {a.out}/model (a sentence-transformers directory, {model.dim} dimensions)"
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto",
@@ -53,14 +65,15 @@ class EmbedTask:
         return read_pairs(path)
 
     def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
-                 field: str = "text", column: int | None = None, quantize: str | None = None, **_):
-        """Inference only; quality(L) is the mean cosine to the embeddings at the model's full length."""
+                 field: str = "text", column: int | None = None, quantize: str | None = None, seed: int = 0, **_):
+        """Inference: quality(L) is the mean cosine to the embeddings at the model's full length.
+        Training: a pairs file's items and the loss its kind trains with (training's defaults)."""
+        if mode == "train":
+            return _train_workload(model, data, policy=policy, sample=sample, seed=seed)
         import functools
 
         from spanflow.data.records import sample_texts
 
-        if mode != "infer":
-            raise ConfigError("embed is tuned for inference only (--mode infer)")
         texts = sample_texts(data, sample, field=field, column=column)
         if not texts:
             raise ConfigError(f"{data}: no usable records to tune on")
@@ -106,6 +119,32 @@ class EmbedTask:
         return {"object": "list", "model": name,
                 "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(out)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _train_workload(model: str, data: str, *, policy, sample: int, seed: int) -> Workload:
+    """Training's items at each max length and its loss on one batch (a ranking loss's negatives
+    are then the batch's: tune measures speed and memory, not the update size)."""
+    from spanflow.tasks.embed.losses import LOSSES
+    from spanflow.tasks.embed.pairs import read_pairs
+    from spanflow.tasks.embed.train import EmbedTraining, PairItem, choose_loss, items_of, make_collate, \
+        start_embedder
+    from spanflow.training.options import TrainOptions
+
+    pairs = read_pairs(data)[:sample]
+    name = choose_loss(pairs, EmbedTraining())
+    texts = [t for p in pairs for t in (p.a, p.b, p.negative) if t is not None]
+    emb = start_embedder(model, texts, TrainOptions(seed=seed), policy)
+    items = items_of(emb, pairs, scored=name != "ranking")
+    k = len(items[0].sides)
+
+    def at_length(L: int) -> list[PairItem]:
+        return [PairItem(tuple(s[:L] for s in it.sides), it.score) for it in items]
+
+    def loss_fn(module, batch: dict) -> torch.Tensor:
+        e = module(batch["input_ids"], batch["attention_mask"]).float()
+        return LOSSES[name](e, {**batch, "n_pairs": e.shape[0] // k})
+
+    return Workload(emb.module, at_length, make_collate(emb.tokenizer.pad_token_id or 0), loss_fn, emb.limit)
 
 
 TASK = EmbedTask()

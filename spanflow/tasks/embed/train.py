@@ -1,14 +1,20 @@
-"""train_embedder: embeddings' part of training (pairs -> token ids, CoSENT loss); fit() does the rest."""
+"""train_embedder: embeddings' part of training (pairs -> token ids, the loss); fit() does the rest."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from spanflow.batching.collate import pad_rows
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import start_encoder
+from spanflow.runtime.budget import default_budget
+from spanflow.tasks.embed.cached import gathered_step
+from spanflow.tasks.embed.losses import LOSSES, NAMES, SCORED_LOSSES, matryoshka
 from spanflow.tasks.embed.model import Embedder
 from spanflow.tasks.embed.pairs import Pair
 from spanflow.tasks.embed.pooling import Pooling
@@ -18,45 +24,85 @@ from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
 from spanflow.training.setup import Run
 
-# measured for time to dev Spearman (docs/defaults.md): STS-B en with all-MiniLM-L6-v2
+# measured for time to dev score (docs/defaults.md): STS-B en with all-MiniLM-L6-v2; the rates are
+# at REFERENCE_TOKENS padded tokens per update and follow the update size (training/defaults.py)
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=None, epochs=4, patience=2),
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
-COSENT_SCALE = 20.0  # the CoSENT paper's (and sentence-transformers') temperature
+RANKING_DEFAULTS = {"pretrained": TaskDefaults(lr=2e-5, head_lr=None, epochs=4, patience=2),
+                    "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
+MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in-batch negatives
+MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
+
+
+@dataclass(frozen=True)
+class EmbedTraining:
+    """What is particular to training embeddings (the rest is TrainOptions)."""
+
+    loss: str = "auto"  # auto: cosent for scored pairs, ranking for pairs and triplets
+    symmetric: bool = False  # ranking: also each positive picks its anchor
+    matryoshka_dims: tuple[int, ...] | None = None  # also train the embeddings cut to these sizes
+    pairs_per_step: int | None = None  # ranking: pairs per optimizer update (the negatives' pool)
+
+    def __post_init__(self):
+        if self.loss not in ("auto", *LOSSES):
+            raise ConfigError(f"--loss must be one of auto, {', '.join(LOSSES)}, got {self.loss!r}", field="loss")
+        if self.pairs_per_step is not None and self.pairs_per_step < 2:
+            raise ConfigError(f"--pairs-per-step must be >= 2, got {self.pairs_per_step}", field="pairs_per_step")
+        if self.matryoshka_dims is not None and (not self.matryoshka_dims or min(self.matryoshka_dims) < 1):
+            raise ConfigError(f"--matryoshka-dims must be positive sizes, got {self.matryoshka_dims}",
+                              field="matryoshka_dims")
+
+
+def parse_dims(text: str | None) -> tuple[int, ...] | None:
+    """'384,256,128' -> (384, 256, 128); a ConfigError naming the flag for anything else."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--matryoshka-dims takes comma-separated sizes such as 384,256,128, got {text!r}",
+                          field="matryoshka_dims") from None
 
 
 class PairItem:
-    """A scored pair's token ids; len() is what the batcher counts: both sides padded to the longer."""
+    """One example's token ids, a tuple of its sides (two, or three with a hard negative); len() is
+    what the batcher counts: every side padded to the longest."""
 
-    __slots__ = ("a", "b", "score")
+    __slots__ = ("sides", "score")
 
-    def __init__(self, a: list[int], b: list[int], score: float):
-        self.a, self.b, self.score = a, b, score
+    def __init__(self, sides: tuple[list[int], ...], score: float | None = None):
+        self.sides, self.score = sides, score
 
     def __len__(self) -> int:
-        return 2 * max(len(self.a), len(self.b))
+        return len(self.sides) * max(len(s) for s in self.sides)
 
 
 def make_collate(pad_id: int) -> Callable[[list], dict]:
-    """Both sides of n pairs as one (2n, T) batch, sides a then b, so one forward encodes both."""
+    """Every side of n examples as one (k n, T) batch, side by side (all first sides, then all
+    second sides, then the negatives), so one forward encodes them all."""
     def collate(items: list[PairItem]) -> dict:
-        rows = [it.a for it in items] + [it.b for it in items]
+        k = len(items[0].sides)
+        rows = [it.sides[j] for j in range(k) for it in items]
         x, m = pad_rows(rows, pad_id)
-        return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(m),
-                "scores": torch.tensor([it.score for it in items], dtype=torch.float32),
-                "n_targets": len(items), "real_tokens": sum(len(r) for r in rows), "padded_tokens": int(x.size)}
+        out = {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(m), "sides": k,
+               "n_pairs": len(items), "n_targets": len(items), "real_tokens": sum(len(r) for r in rows),
+               "padded_tokens": int(x.size)}
+        if items[0].score is not None:
+            out["scores"] = torch.tensor([it.score for it in items], dtype=torch.float32)
+        return out
     return collate
 
 
-def cosent_loss(module, batch: dict, scale: float = COSENT_SCALE) -> torch.Tensor:
-    """CoSENT (Su, 2022): log(1 + sum over pairs i, j with score_i > score_j of exp(scale * (cos_j - cos_i))),
-    times the pairs in the batch (the loop divides by the step's targets)."""
-    emb = module(batch["input_ids"], batch["attention_mask"]).float()  # (2n, H)
-    n = emb.shape[0] // 2
-    cos = F.cosine_similarity(emb[:n], emb[n:], dim=-1) * scale  # (n,)
-    y = batch["scores"]
-    diff = cos[None, :] - cos[:, None]  # diff[i, j] = cos_j - cos_i
-    diff = diff.masked_fill(~(y[:, None] > y[None, :]), float("-inf"))
-    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), 0) * n
+def cosent_loss(module, batch: dict) -> torch.Tensor:
+    """CoSENT on one batch of scored pairs (kept for callers that hold a module and a batch)."""
+    return LOSSES["cosent"](module(batch["input_ids"], batch["attention_mask"]).float(), batch)
+
+
+def _batch_loss(loss) -> Callable:
+    """A loss of embeddings as the loop's loss of (module, batch): a scored-pair loss works per batch."""
+    def loss_fn(module, batch: dict) -> torch.Tensor:
+        return loss(module(batch["input_ids"], batch["attention_mask"]).float(), batch)
+    return loss_fn
 
 
 def start_embedder(source: str, texts: list[str], opts: TrainOptions, policy) -> Embedder:
@@ -72,25 +118,94 @@ def start_embedder(source: str, texts: list[str], opts: TrainOptions, policy) ->
     return emb
 
 
+def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
+    """The loss `config` names, checked against the data; auto: CoSENT for scored pairs, else ranking."""
+    scored = all(p.score is not None for p in train)
+    name = config.loss if config.loss != "auto" else ("cosent" if scored else "ranking")
+    if name in SCORED_LOSSES and not scored:
+        raise ConfigError(f"--loss {name} takes scored pairs (s1, s2, score); these are pairs or triplets: "
+                          "use --loss ranking (the default for them)", field="loss")
+    if config.symmetric and name != "ranking":
+        raise ConfigError("--symmetric applies to the ranking loss (pairs and triplets)", field="symmetric")
+    if config.pairs_per_step is not None and name != "ranking":
+        raise ConfigError("--pairs-per-step applies to the ranking loss; scored pairs are batched by "
+                          "--max-tokens", field="pairs_per_step")
+    return name
+
+
+def default_pairs_per_step(n_pairs: int, world: int = 1) -> int:
+    """The ranking loss's update: MAX_PAIRS_PER_STEP in-batch negatives, fewer on a small data set so
+    an epoch still has MIN_STEPS_PER_EPOCH updates (a power of two, at least 16 pairs)."""
+    fit_in = max(16, 2 ** int(math.log2(max(1, n_pairs // MIN_STEPS_PER_EPOCH))))
+    return max(2, min(MAX_PAIRS_PER_STEP, fit_in))
+
+
+def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, device, world: int) -> TrainOptions:
+    """Micro-batches of the device's token budget (or --max-tokens), as many per update as hold
+    `pairs` pairs over every rank (or --grad-accum when set): the gradient cache joins them. An
+    update that fits one micro-batch gets a micro-batch of its size."""
+    budget = opts.max_tokens or default_budget("train", device)
+    mean_len = sum(len(it) for it in items) / max(1, len(items))
+    need = math.ceil(pairs * mean_len / world)  # padded tokens of this rank's share of an update
+    if opts.grad_accum != 1:
+        return dataclasses.replace(opts, max_tokens=budget)
+    if need <= budget and opts.max_tokens is None:
+        return dataclasses.replace(opts, max_tokens=max(need, max(len(it) for it in items)))
+    return dataclasses.replace(opts, max_tokens=budget, grad_accum=max(1, math.ceil(need / budget)))
+
+
 def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out_dir: str,
-                   options: TrainOptions | None = None, log_fn: Callable[[str], None] = print) -> Embedder:
-    """Fine-tune a sentence embedder on scored pairs with CoSENT; the best by dev Spearman is saved
-    to `<out_dir>/model` as a sentence-transformers directory and returned."""
-    if any(p.score is None for p in train):
-        raise ConfigError("training embeddings takes scored pairs (s1, s2, score) so far; pairs and triplets "
-                          "for a ranking loss are not supported yet")
+                   options: TrainOptions | None = None, config: EmbedTraining | None = None,
+                   log_fn: Callable[[str], None] = print) -> Embedder:
+    """Fine-tune a sentence embedder: CoSENT (or AnglE) on scored pairs, an in-batch-negatives
+    ranking loss on pairs and triplets. The best by dev score (Spearman for scored dev pairs,
+    MRR@10 for pairs) is saved to `<out_dir>/model` as a sentence-transformers directory."""
+    config = config or EmbedTraining()
+    name = choose_loss(train, config)
     if options is not None and (options.class_weights is not None or options.label_smoothing):
         raise ConfigError("--class-weights and --label-smoothing apply to NER, not to embeddings")
+    loss = LOSSES[name] if not config.symmetric else functools.partial(LOSSES[name], symmetric=True)
 
     def setup(run: Run) -> Plan:
-        emb = start_embedder(run.source, [t for p in train for t in (p.a, p.b)], run.opts, run.policy)
-        a, _ = emb.tokenize([p.a for p in train])
-        b, _ = emb.tokenize([p.b for p in train])
-        items = [PairItem(x, y, p.score) for x, y, p in zip(a, b, train)]
-        run.log(f"{len(train)} scored training pairs; CoSENT loss; {emb.module.pooling.mode} pooling, "
+        emb = start_embedder(run.source, [t for p in train for t in _texts(p)], run.opts, run.policy)
+        dims = config.matryoshka_dims
+        if dims and max(dims) > emb.dim:
+            raise ConfigError(f"--matryoshka-dims: {max(dims)} is larger than the model's {emb.dim} dimensions",
+                              field="matryoshka_dims")
+        fn = matryoshka(loss, sorted(set(dims), reverse=True)) if dims else loss
+        items = items_of(emb, train, scored=name in SCORED_LOSSES)
+        what = "scored training pairs" if name in SCORED_LOSSES else (
+            "training triplets" if train[0].negative is not None else "training pairs")
+        run.log(f"{len(train)} {what}; {NAMES[name]}{' (symmetric)' if config.symmetric else ''}"
+                f"{f', Matryoshka dims {list(dims)}' if dims else ''}; {emb.module.pooling.mode} pooling, "
                 f"max length {emb.max_length}")
-        return Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
-                    loss_fn=cosent_loss, defaults=for_encoder(DEFAULTS, emb.module.encoder), targets=lambda it: 1,
-                    metric="Spearman")
+        table = DEFAULTS if name in SCORED_LOSSES else RANKING_DEFAULTS
+        metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
+        plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
+                    loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
+                    metric=metric)
+        if name in SCORED_LOSSES and run.opts.grad_accum > 1:
+            plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist)
+        if name not in SCORED_LOSSES:
+            pairs = config.pairs_per_step or default_pairs_per_step(len(items), run.dist.world)
+            plan.options = size_ranking_update(run.opts, items, pairs, run.policy.device, run.dist.world)
+            plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist)
+            o = plan.options
+            run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
+                    f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
+                    f"{f' on each of {run.dist.world} processes' if run.dist.world > 1 else ''}); "
+                    + ("gradient cache on" if o.grad_accum > 1 else "one micro-batch, no gradient cache needed"))
+        return plan
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=Embedder.load, log_fn=log_fn)
+
+
+def _texts(p: Pair) -> tuple[str, ...]:
+    return (p.a, p.b) if p.negative is None else (p.a, p.b, p.negative)
+
+
+def items_of(emb: Embedder, train: list[Pair], scored: bool) -> list[PairItem]:
+    """Token ids of every side; a scored pair keeps its score."""
+    k = 3 if not scored and all(p.negative is not None for p in train) else 2
+    sides = [emb.tokenize([_texts(p)[j] for p in train])[0] for j in range(k)]
+    return [PairItem(tuple(s[i] for s in sides), p.score if scored else None) for i, p in enumerate(train)]

@@ -1,0 +1,90 @@
+"""Training losses for sentence embeddings, each a function of the embeddings of one batch.
+
+Every loss takes `emb` (rows: first sides, then second sides, then negatives when there are
+any; see train.make_collate) and the batch, and returns the loss summed over its targets
+(pairs for CoSENT/AnglE, anchors for ranking): the loop divides by the step's targets.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+COSENT_SCALE = 20.0  # CoSENT's (and AnglE's) temperature, from the papers
+RANKING_SCALE = 20.0  # in-batch softmax temperature over cosines (1 / 0.05)
+
+EmbeddingLoss = Callable[[torch.Tensor, dict], torch.Tensor]
+
+
+def sides(emb: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(first, second, negatives or None) of a batch of n examples."""
+    neg = emb[2 * n:3 * n] if emb.shape[0] >= 3 * n else None
+    return emb[:n], emb[n:2 * n], neg
+
+
+def _ranked_logsumexp(sim: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    """log(1 + sum over i, j with y_i > y_j of exp(scale * (sim_j - sim_i))): every pair scored
+    higher must be the more similar."""
+    s = sim * scale
+    diff = s[None, :] - s[:, None]  # diff[i, j] = s_j - s_i
+    diff = diff.masked_fill(~(y[:, None] > y[None, :]), float("-inf"))
+    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), 0)
+
+
+def cosent(emb: torch.Tensor, batch: dict, scale: float = COSENT_SCALE) -> torch.Tensor:
+    """CoSENT (Su, 2022) on the cosines of scored pairs, times the pairs in the batch."""
+    n = batch["scores"].shape[0]
+    a, b, _ = sides(emb, n)
+    return _ranked_logsumexp(F.cosine_similarity(a, b, dim=-1), batch["scores"], scale) * n
+
+
+def angle_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """AnglE's (Li and Li, 2023) similarity: each embedding read as a complex vector (first half the
+    real, second half the imaginary parts); the quotient a / b, scaled by |b| / |a| so only its angle
+    is left, summed over its real and imaginary parts, absolute value: 1 when a and b point the
+    same way, smaller as their angle difference grows."""
+    ar, ai = a.chunk(2, dim=-1)
+    br, bi = b.chunk(2, dim=-1)
+    norms = (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-12)
+    re = (ar * br + ai * bi).sum(-1) / norms
+    im = (ai * br - ar * bi).sum(-1) / norms
+    return (re + im).abs()
+
+
+def angle(emb: torch.Tensor, batch: dict, scale: float = COSENT_SCALE) -> torch.Tensor:
+    """AnglE: CoSENT's ranking of scored pairs on the cosine plus the same ranking on the angle
+    similarity, the paper's combination of its cosine and angle objectives."""
+    n = batch["scores"].shape[0]
+    a, b, _ = sides(emb, n)
+    y = batch["scores"]
+    return (_ranked_logsumexp(F.cosine_similarity(a, b, dim=-1), y, scale)
+            + _ranked_logsumexp(angle_similarity(a, b), y, scale)) * n
+
+
+def ranking(emb: torch.Tensor, batch: dict, scale: float = RANKING_SCALE, symmetric: bool = False) -> torch.Tensor:
+    """In-batch negatives (multiple negatives ranking): each anchor must pick its own positive
+    among every positive and hard negative of the batch, summed over anchors. `symmetric` also
+    makes each positive pick its anchor among the anchors, and averages the two directions."""
+    n = batch["n_pairs"]
+    a, p, neg = sides(emb, n)
+    a, p = F.normalize(a, dim=-1), F.normalize(p, dim=-1)
+    candidates = p if neg is None else torch.cat([p, F.normalize(neg, dim=-1)])
+    target = torch.arange(n, device=emb.device)
+    loss = F.cross_entropy(a @ candidates.T * scale, target, reduction="sum")
+    if symmetric:
+        loss = (loss + F.cross_entropy(p @ a.T * scale, target, reduction="sum")) / 2
+    return loss
+
+
+def matryoshka(loss: EmbeddingLoss, dims: list[int]) -> EmbeddingLoss:
+    """`loss` averaged over the embeddings cut to each of `dims` (Kusupati et al., 2022), so a
+    truncated vector (the server's `dimensions`) keeps its quality."""
+    def cut(emb: torch.Tensor, batch: dict) -> torch.Tensor:
+        return sum(loss(emb[:, :d], batch) for d in dims) / len(dims)
+    return cut
+
+
+LOSSES = {"cosent": cosent, "angle": angle, "ranking": ranking}
+SCORED_LOSSES = ("cosent", "angle")
+NAMES = {"cosent": "CoSENT loss", "angle": "AnglE loss", "ranking": "ranking loss with in-batch negatives"}  # the losses of scored pairs; ranking takes pairs and triplets

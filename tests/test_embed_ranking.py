@@ -1,0 +1,257 @@
+"""The ranking loss and its step: in-batch negatives, the gradient cache and gathered negatives
+are the same gradient as one batch in one process; ranking, AnglE and Matryoshka training learn."""
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from spanflow.cli.main import main
+from spanflow.runtime.policy import resolve_policy
+from spanflow.tasks.embed import Embedder
+from spanflow.tasks.embed.cached import gathered_step
+from spanflow.tasks.embed.losses import angle, cosent, matryoshka, ranking
+from spanflow.tasks.embed.pairs import Pair
+from spanflow.tasks.embed.train import EmbedTraining, PairItem, default_pairs_per_step, make_collate, train_embedder
+from spanflow.training.distributed import exit_now, shutdown
+from spanflow.training.options import TrainOptions
+from tests.test_distributed import _join, free_port
+
+POLICY = resolve_policy("fp32", "cpu")
+
+
+class Bag(torch.nn.Module):
+    """A small embedding model with dropout: mean of token vectors, then a projection."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16, p: float = 0.2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.drop, self.proj = torch.nn.Embedding(vocab, dim), torch.nn.Dropout(p), torch.nn.Linear(dim, dim)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.drop(self.emb(input_ids)) * attention_mask[..., None]
+        return self.proj(h.sum(1) / attention_mask.sum(1, keepdim=True))
+
+
+def items(n: int, seed: int, k: int = 2) -> list[PairItem]:
+    rng = random.Random(seed)
+    return [PairItem(tuple([rng.randrange(1, 50) for _ in range(rng.randrange(2, 7))] for _ in range(k)))
+            for _ in range(n)]
+
+
+def micro(groups: list[list[PairItem]]) -> list[dict]:
+    collate = make_collate(0)
+    return [{**collate(g), "weight": 1.0, "n_global": None} for g in groups]
+
+
+def grads(model) -> dict:
+    return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def reference(model, groups, loss=ranking) -> tuple[torch.Tensor, dict]:
+    """The loss of all groups as one batch, in one forward, divided by the anchors; its gradient."""
+    model.zero_grad()
+    one = micro([[it for g in groups for it in g]])[0]
+    emb = model(one["input_ids"], one["attention_mask"])
+    value = loss(emb, {k: one[k] for k in ("n_pairs", "scores") if k in one}) / one["n_pairs"]
+    value.backward()
+    return value.detach(), grads(model)
+
+
+def test_ranking_loss_is_low_when_each_anchor_is_nearest_its_positive():
+    a = torch.eye(4)
+    good = ranking(torch.cat([a, a]), {"n_pairs": 4})
+    bad = ranking(torch.cat([a, a.roll(1, 0)]), {"n_pairs": 4})
+    assert good < 0.01 < bad
+    # a hard negative equal to the positive makes the choice a coin toss: log 2 per anchor
+    tied = float(ranking(torch.cat([a, a, a]), {"n_pairs": 4}))
+    assert tied == pytest.approx(4 * np.log(1 + 1 + 3 * np.exp(-20)), rel=1e-3)
+    sym = float(ranking(torch.cat([a, a.roll(1, 0)]), {"n_pairs": 4}, symmetric=True))
+    assert sym == pytest.approx(float(bad), rel=1e-5)  # a permutation is as wrong in both directions
+
+
+def test_cached_step_is_the_gradient_of_the_whole_update_as_one_batch():
+    """Three micro-batches through the gradient cache, and one: the same loss and gradient."""
+    model = Bag(p=0.0)
+    groups = [g for g in (items(5, 1), items(7, 2), items(3, 3))]
+    want_loss, want = reference(model, groups)
+    model.zero_grad()
+    got_loss = gathered_step(model, micro(groups), POLICY, loss=ranking)
+    torch.testing.assert_close(got_loss, want_loss)
+    for k, g in grads(model).items():
+        torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_cached_step_replays_dropout():
+    """With dropout on, the second pass draws the first pass's masks: the gradient equals that of
+    the same forwards kept with their graphs."""
+    model, groups = Bag(p=0.5), [items(6, 4, k=3), items(4, 5, k=3)]
+    torch.manual_seed(7)
+    model.zero_grad()
+    mbs = micro(groups)
+    embs = [model(b["input_ids"], b["attention_mask"]) for b in mbs]
+    pool = torch.cat([torch.cat([e[j * b["n_pairs"]:(j + 1) * b["n_pairs"]] for e, b in zip(embs, mbs)])
+                      for j in range(3)])
+    (ranking(pool, {"n_pairs": 10}) / 10).backward()
+    want = grads(model)
+    torch.manual_seed(7)
+    model.zero_grad()
+    gathered_step(model, micro(groups), POLICY, loss=ranking)
+    for k, g in grads(model).items():
+        torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def _gather_worker(rank, world, port, out):
+    from torch.nn.parallel import DistributedDataParallel
+
+    d = _join(rank, world, port)
+    model = Bag(p=0.0)
+    ddp = DistributedDataParallel(model)
+    groups = [items(5, 1), items(7, 2), items(3, 3), items(4, 6)]
+    mine = micro(groups[rank::world])
+    loss = gathered_step(ddp, mine, POLICY, world=world, loss=ranking, dist=d)
+    torch.save({"loss": loss, "grads": grads(model)}, os.path.join(out, f"rank{rank}.pt"))
+    shutdown()
+    exit_now(0)
+
+
+def test_two_processes_gather_negatives_as_one_process_on_the_global_batch(tmp_path):
+    mp.spawn(_gather_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    model = Bag(p=0.0)
+    want_loss, want = reference(model, [items(5, 1), items(7, 2), items(3, 3), items(4, 6)])
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        # every rank's loss is the global batch's, and DDP's averaged gradient is the global gradient
+        torch.testing.assert_close(got["loss"] * 2 / 2, want_loss, rtol=1e-5, atol=1e-6)
+        for k, g in got["grads"].items():
+            torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_a_stand_in_micro_batch_adds_nothing_to_the_pool():
+    """The empty tail of an uneven step (weight 0) joins the step without rows or gradient."""
+    model = Bag(p=0.0)
+    groups = [items(5, 1), items(4, 2)]
+    want_loss, want = reference(model, groups)
+    model.zero_grad()
+    mbs = micro(groups + [items(1, 9)])
+    mbs[-1]["weight"] = 0.0
+    torch.testing.assert_close(gathered_step(model, mbs, POLICY, loss=ranking), want_loss)
+    for k, g in grads(model).items():
+        torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_angle_and_matryoshka_losses_prefer_cosines_that_follow_the_scores():
+    torch.manual_seed(0)
+    a = torch.randn(6, 8)
+    scores = torch.linspace(0, 1, 6)
+    near = torch.stack([a[i] * 1.0 + (1 - scores[i]) * torch.randn(8) * 3 for i in range(6)])
+    far = torch.stack([a[i] * 1.0 + scores[i] * torch.randn(8) * 3 for i in range(6)])
+    batch = {"scores": scores}
+    for loss in (cosent, angle, matryoshka(cosent, [8, 4])):
+        assert loss(torch.cat([a, near]), batch) < loss(torch.cat([a, far]), batch)
+    whole = matryoshka(ranking, [8, 4])(torch.cat([a, a]), {"n_pairs": 6})
+    parts = (ranking(torch.cat([a, a]), {"n_pairs": 6}) + ranking(torch.cat([a[:, :4], a[:, :4]]), {"n_pairs": 6})) / 2
+    torch.testing.assert_close(whole, parts)
+
+
+def codes(n: int, seed: int) -> list[Pair]:
+    """Anchors `aX bY` whose positive is `cX dY`: only a trained model maps one to the other."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        x, y = rng.randrange(30), rng.randrange(30)
+        out.append(Pair(f"a{x} b{y}", f"c{x} d{y}"))
+    return out
+
+
+def test_ranking_training_learns_and_round_trips(tmp_path):
+    train, dev = codes(300, 1), codes(60, 2)
+    opts = TrainOptions(epochs=10, lr=3e-3, log_every=0, patience=0, max_tokens=128)
+    lines = []
+    model = train_embedder(train, dev, model="tiny", out_dir=str(tmp_path / "r"), options=opts,
+                           config=EmbedTraining(pairs_per_step=64, symmetric=True), log_fn=lines.append)
+    assert any("gradient cache on" in x for x in lines)
+    first, best = _dev_scores(tmp_path / "r")[0], max(_dev_scores(tmp_path / "r"))
+    assert best > 0.6 and best > first + 0.2, (first, best)
+    loaded = Embedder.load(str(tmp_path / "r" / "model"), precision="fp32", device="cpu")
+    texts = [p.a for p in dev[:8]]
+    np.testing.assert_allclose(loaded.encode(texts), model.with_precision("fp32").encode(texts), atol=1e-5)
+    assert loaded.evaluate(dev)["mrr@10"] == pytest.approx(best, abs=1e-4)
+
+
+def _dev_scores(out) -> list[float]:
+    import json
+
+    return [json.loads(x)["dev_f1"] for x in open(os.path.join(out, "train_report.jsonl"))]
+
+
+def test_matryoshka_training_keeps_truncated_vectors_useful():
+    """Trained with Matryoshka on (16, 4), the first 4 dimensions rank far better than when only
+    the whole vector is trained."""
+    def train(loss) -> list[float]:
+        model = Bag(p=0.0)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        data = items(64, 1)
+        for _ in range(150):
+            opt.zero_grad()
+            gathered_step(model, micro([data[:32], data[32:]]), POLICY, loss=loss)
+            opt.step()
+        one = micro([data])[0]
+        with torch.no_grad():
+            e = model(one["input_ids"], one["attention_mask"])
+        return [float(ranking(e[:, :d], {"n_pairs": 64})) / 64 for d in (4, 16)]
+
+    plain, nested = train(ranking), train(matryoshka(ranking, [16, 4]))
+    assert nested[0] < 0.5 * plain[0], (plain, nested)
+    assert nested[1] < 1.0, nested  # the whole vector still learns
+
+
+def test_default_update_fits_the_data():
+    assert default_pairs_per_step(100_000) == 256
+    assert default_pairs_per_step(1500) == 64  # still 20 updates an epoch
+    assert default_pairs_per_step(10) == 16
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--loss", "cosent"], "--loss cosent takes scored pairs"),
+    (["--matryoshka-dims", "8,x"], "--matryoshka-dims takes comma-separated sizes"),
+    (["--matryoshka-dims", "4096"], "--matryoshka-dims: 4096 is larger than the model's"),
+    (["--symmetric", "--loss", "angle"], "--loss angle takes scored pairs"),
+])
+def test_a_loss_that_does_not_fit_the_data_is_one_error_line(tmp_path, capsys, flags, message):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{p.a}\t{p.b}\n" for p in codes(20, 0)))
+    assert main(["train", "embed", "--train", str(path), "--model", "tiny", "--out", str(tmp_path / "o"),
+                 *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_cached_cosent_over_an_update_is_cosent_over_its_pairs_as_one_batch():
+    """Scored pairs through the step: the update's pairs are ranked against each other across its
+    micro-batches, the same loss and gradient as one batch."""
+    model = Bag(p=0.0)
+    rng = random.Random(3)
+    groups = [[PairItem(it.sides, rng.random()) for it in items(n, s)] for n, s in ((5, 1), (6, 2))]
+    want_loss, want = reference(model, groups, loss=lambda e, b: cosent(e, b))
+    model.zero_grad()
+    got_loss = gathered_step(model, micro(groups), POLICY, loss=cosent)
+    torch.testing.assert_close(got_loss, want_loss)
+    for k, g in grads(model).items():
+        torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_tune_measures_training_on_a_pairs_file(tmp_path):
+    from spanflow.tasks.embed.task import TASK
+    from spanflow.training.step import as_micro, forward_backward
+
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{p.a}\t{p.b}\n" for p in codes(20, 0)))
+    w = TASK.workload("tiny", str(path), mode="train", policy=POLICY, precision="fp32", sample=16)
+    rows = w.items_at(3)
+    assert len(rows) == 16 and max(len(s) for it in rows for s in it.sides) <= 3
+    loss = forward_backward(w.module, [as_micro(w.collate(rows))], w.loss_fn, POLICY)
+    assert torch.isfinite(loss) and loss > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in w.module.parameters())
