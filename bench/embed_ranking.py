@@ -5,7 +5,7 @@
    trains with its defaults (a subprocess, timed whole-process) are scored on the dev pairs by
    retrieval (Embedder.evaluate: MRR@10, nDCG@10, recall@1, recall@10); the per-epoch dev MRR@10
    and training seconds come from the run's train_report.jsonl.
-2. Memory: two short runs (--max-steps 3 --epochs 1, no dev) at the same --max-tokens per
+2. Memory: two short runs (--max-steps 3, no dev) at the same --max-tokens per
    micro-batch, --pairs-small pairs per update (one micro-batch) and --pairs-large (several,
    joined by the gradient cache); each run's peak resident memory is its process's high-water
    mark (a fresh wrapper process per run, RUSAGE_CHILDREN). When the high-score pairs are fewer
@@ -136,7 +136,7 @@ def memory_run(a, work: str, train_tsv: str, pairs: int, max_tokens: int) -> dic
     """One short run; seconds per optimizer step are train_report's training seconds (start-up,
     model loading and saving excluded) over the steps it ran."""
     args = ["--train", train_tsv, "--model", a.model, "--pairs-per-step", str(pairs), "--max-tokens",
-            str(max_tokens), "--max-steps", "3", "--epochs", "1", "--log-every", "1", "--save-every", "1000000"]
+            str(max_tokens), "--max-steps", "3", "--epochs", "3", "--log-every", "1", "--save-every", "1000000"]
     r = train(args, os.path.join(work, f"memory{pairs}"), work)
     m = UPDATE_LINE.search(r["update_line"])
     steps = r["report"][-1]["step"]
@@ -177,7 +177,7 @@ def append_md(path: str, quality_run: dict, mem: list[dict], mem_data: str, a) -
              "| epoch | step | dev MRR@10 | train s |", "|---|---|---|---|"]
     lines += [f"| {c['epoch']} | {c['step']} | {c['dev_mrr@10']:.4f} | {c['wall_s']:.1f} |"
               for c in quality_run["curve"]]
-    note = (f"Peak RSS of the whole training process, --max-steps 3 --epochs 1, no dev; s/step: train_report's "
+    note = (f"Peak RSS of the whole training process, --max-steps 3, no dev; s/step: train_report's "
             f"training seconds over the steps run (start-up excluded). The second run gets "
             f"{a.pairs_large // a.pairs_small}x the in-batch negatives per update at the same micro-batch size.")
     head = ("| pairs/step | max tokens | micro-batches | gradient cache | peak RSS MiB | steps | s/step "

@@ -1,5 +1,6 @@
 """The ranking loss and its step: in-batch negatives, the gradient cache and gathered negatives
 are the same gradient as one batch in one process; ranking, AnglE and Matryoshka training learn."""
+import json
 import os
 import random
 
@@ -72,19 +73,22 @@ def test_ranking_loss_is_low_when_each_anchor_is_nearest_its_positive():
     assert sym == pytest.approx(float(bad), rel=1e-5)  # a permutation is as wrong in both directions
 
 
-def test_cached_step_is_the_gradient_of_the_whole_update_as_one_batch():
-    """Three micro-batches through the gradient cache, and one: the same loss and gradient."""
+@pytest.mark.parametrize("cache", [True, False])
+def test_cached_step_is_the_gradient_of_the_whole_update_as_one_batch(cache):
+    """Three micro-batches through the gradient cache (or each keeping its graph), and one: the
+    same loss and gradient."""
     model = Bag(p=0.0)
     groups = [g for g in (items(5, 1), items(7, 2), items(3, 3))]
     want_loss, want = reference(model, groups)
     model.zero_grad()
-    got_loss = gathered_step(model, micro(groups), POLICY, loss=ranking)
+    got_loss = gathered_step(model, micro(groups), POLICY, loss=ranking, cache=cache)
     torch.testing.assert_close(got_loss, want_loss)
     for k, g in grads(model).items():
         torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_cached_step_replays_dropout():
+@pytest.mark.parametrize("cache", [True, False])
+def test_cached_step_replays_dropout(cache):
     """With dropout on, the second pass draws the first pass's masks: the gradient equals that of
     the same forwards kept with their graphs."""
     model, groups = Bag(p=0.5), [items(6, 4, k=3), items(4, 5, k=3)]
@@ -98,9 +102,24 @@ def test_cached_step_replays_dropout():
     want = grads(model)
     torch.manual_seed(7)
     model.zero_grad()
-    gathered_step(model, micro(groups), POLICY, loss=ranking)
+    gathered_step(model, micro(groups), POLICY, loss=ranking, cache=cache)
     for k, g in grads(model).items():
         torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_a_scored_update_is_cut_into_micro_batches_of_different_lengths():
+    from spanflow.tasks.embed.train import MIXED_MICRO_BATCHES, needs_cache, size_scored_update
+
+    its = [PairItem(([1] * (5 + i % 20), [2] * 6), 0.5) for i in range(2000)]
+    o = size_scored_update(TrainOptions(), its, "cpu", 1)
+    from spanflow.training.defaults import update_tokens
+
+    assert o.grad_accum == MIXED_MICRO_BATCHES
+    assert o.max_tokens * o.grad_accum == update_tokens([len(it) for it in its], "cpu")  # the update NER would get
+    assert not needs_cache(o, None, "cpu", 1) and needs_cache(o, None, "cpu", 2)
+    asked = TrainOptions(max_tokens=512)
+    assert size_scored_update(asked, its, "cpu", 1) is asked  # --max-tokens given: one micro-batch, as asked
+    assert needs_cache(TrainOptions(max_tokens=512, grad_accum=4), 512, "cpu", 1)
 
 
 def _gather_worker(rank, world, port, out):
@@ -109,8 +128,11 @@ def _gather_worker(rank, world, port, out):
     d = _join(rank, world, port)
     model = Bag(p=0.0)
     ddp = DistributedDataParallel(model)
-    groups = [items(5, 1), items(7, 2), items(3, 3), items(4, 6)]
+    groups = [items(5, 1), items(7, 2), items(3, 3), items(4, 6), items(6, 8)]
     mine = micro(groups[rank::world])
+    if rank == 1:  # an uneven step: this rank's share ends in a stand-in, as the loop pads it
+        mine += micro([items(1, 9)])
+        mine[-1]["weight"] = 0.0
     loss = gathered_step(ddp, mine, POLICY, world=world, loss=ranking, dist=d)
     torch.save({"loss": loss, "grads": grads(model)}, os.path.join(out, f"rank{rank}.pt"))
     shutdown()
@@ -120,11 +142,11 @@ def _gather_worker(rank, world, port, out):
 def test_two_processes_gather_negatives_as_one_process_on_the_global_batch(tmp_path):
     mp.spawn(_gather_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     model = Bag(p=0.0)
-    want_loss, want = reference(model, [items(5, 1), items(7, 2), items(3, 3), items(4, 6)])
+    want_loss, want = reference(model, [items(5, 1), items(7, 2), items(3, 3), items(4, 6), items(6, 8)])
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         # every rank's loss is the global batch's, and DDP's averaged gradient is the global gradient
-        torch.testing.assert_close(got["loss"] * 2 / 2, want_loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["loss"], want_loss, rtol=1e-5, atol=1e-6)
         for k, g in got["grads"].items():
             torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
 
@@ -140,6 +162,32 @@ def test_a_stand_in_micro_batch_adds_nothing_to_the_pool():
     torch.testing.assert_close(gathered_step(model, mbs, POLICY, loss=ranking), want_loss)
     for k, g in grads(model).items():
         torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_angle_similarity_is_one_for_equal_vectors_and_follows_the_angle():
+    from spanflow.tasks.embed.losses import angle_similarity
+
+    a = torch.tensor([[1.0, 2.0, 0.5, -1.0]])
+    assert float(angle_similarity(a, a)) == pytest.approx(1.0)
+    assert float(angle_similarity(a, 3 * a)) == pytest.approx(1.0)  # the length does not count
+    turn = lambda t: torch.cat([a[:, :2] * np.cos(t) - a[:, 2:] * np.sin(t),  # noqa: E731
+                                a[:, :2] * np.sin(t) + a[:, 2:] * np.cos(t)], dim=-1)
+    # b = a turned by t in every complex dimension: |cos t + sin t| for the quotient's angle
+    for t in (0.3, 1.0, 2.0):
+        assert float(angle_similarity(turn(t), a)) == pytest.approx(abs(np.cos(t) + np.sin(t)), rel=1e-5)
+
+
+def test_a_loss_scaler_scales_the_gradient_it_backpropagates():
+    class Scaler:
+        def scale(self, x):
+            return x * 4
+
+    model, groups = Bag(p=0.0), [items(5, 1), items(4, 2)]
+    _, want = reference(model, groups)
+    model.zero_grad()
+    gathered_step(model, micro(groups), POLICY, Scaler(), loss=ranking)
+    for k, g in grads(model).items():
+        torch.testing.assert_close(g, 4 * want[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
 def test_angle_and_matryoshka_losses_prefer_cosines_that_follow_the_scores():
@@ -174,6 +222,7 @@ def test_ranking_training_learns_and_round_trips(tmp_path):
                            config=EmbedTraining(pairs_per_step=64, symmetric=True), log_fn=lines.append)
     assert any("gradient cache on" in x for x in lines)
     first, best = _dev_scores(tmp_path / "r")[0], max(_dev_scores(tmp_path / "r"))
+    assert {json.loads(x)["dev_metric"] for x in open(tmp_path / "r" / "train_report.jsonl")} == {"MRR@10"}
     assert best > 0.6 and best > first + 0.2, (first, best)
     loaded = Embedder.load(str(tmp_path / "r" / "model"), precision="fp32", device="cpu")
     texts = [p.a for p in dev[:8]]
@@ -182,8 +231,6 @@ def test_ranking_training_learns_and_round_trips(tmp_path):
 
 
 def _dev_scores(out) -> list[float]:
-    import json
-
     return [json.loads(x)["dev_f1"] for x in open(os.path.join(out, "train_report.jsonl"))]
 
 
@@ -208,6 +255,35 @@ def test_matryoshka_training_keeps_truncated_vectors_useful():
     assert nested[1] < 1.0, nested  # the whole vector still learns
 
 
+def test_the_update_holds_about_the_pairs_asked_for():
+    from spanflow.tasks.embed.train import size_ranking_update
+
+    its = [PairItem(([1] * 30, [2] * 30)) for _ in range(100)]  # 60 padded tokens each
+    o = size_ranking_update(TrainOptions(), its, 80, "cpu", 1)  # 4800 tokens: over the 4096 budget
+    assert o.grad_accum == 2 and o.max_tokens == 2400
+    o = size_ranking_update(TrainOptions(max_tokens=32768), its, 16, "cpu", 1)  # a cap, not a size
+    assert o.grad_accum == 1 and o.max_tokens == 960
+    o = size_ranking_update(TrainOptions(grad_accum=4), its, 64, "cpu", 2)  # 64 pairs over 2 ranks x 4
+    assert o.grad_accum == 4 and o.max_tokens == 480
+
+
+def test_ranking_training_resumes_to_the_same_weights(tmp_path):
+    train = codes(120, 3)
+    opts = dict(epochs=2, lr=3e-3, log_every=0, patience=0, max_tokens=64, seed=2)
+    config = EmbedTraining(pairs_per_step=32)
+    full = train_embedder(train, None, model="tiny", out_dir=str(tmp_path / "f"), options=TrainOptions(**opts),
+                          config=config, log_fn=lambda s: None)
+    train_embedder(train, None, model="tiny", out_dir=str(tmp_path / "p"), options=TrainOptions(**opts, max_steps=3),
+                   config=config, log_fn=lambda s: None)
+    lines = []
+    part = train_embedder(train, None, model="tiny", out_dir=str(tmp_path / "p"),
+                          options=TrainOptions(**opts, resume=True), config=config, log_fn=lines.append)
+    assert any(x.startswith("resumed from") for x in lines) and any("gradient cache on" in x for x in lines)
+    a, b = full.module.state_dict(), part.module.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
 def test_default_update_fits_the_data():
     assert default_pairs_per_step(100_000) == 256
     assert default_pairs_per_step(1500) == 64  # still 20 updates an epoch
@@ -218,11 +294,18 @@ def test_default_update_fits_the_data():
     (["--loss", "cosent"], "--loss cosent takes scored pairs"),
     (["--matryoshka-dims", "8,x"], "--matryoshka-dims takes comma-separated sizes"),
     (["--matryoshka-dims", "4096"], "--matryoshka-dims: 4096 is larger than the model's"),
-    (["--symmetric", "--loss", "angle"], "--loss angle takes scored pairs"),
+    (["--loss", "angle"], "--loss angle takes scored pairs"),
+    (["--scored", "--symmetric"], "--symmetric applies to the ranking loss"),
+    (["--scored", "--pairs-per-step", "64"], "--pairs-per-step applies to the ranking loss"),
+    (["--scored", "--loss", "angle", "--matryoshka-dims", "255"], "--loss angle reads each embedding as complex"),
 ])
 def test_a_loss_that_does_not_fit_the_data_is_one_error_line(tmp_path, capsys, flags, message):
     path = tmp_path / "pairs.tsv"
-    path.write_text("".join(f"{p.a}\t{p.b}\n" for p in codes(20, 0)))
+    if "--scored" in flags:
+        flags = [f for f in flags if f != "--scored"]
+        path.write_text("".join(f"{p.a}\t{p.b}\t{i % 5}\n" for i, p in enumerate(codes(20, 0))))
+    else:
+        path.write_text("".join(f"{p.a}\t{p.b}\n" for p in codes(20, 0)))
     assert main(["train", "embed", "--train", str(path), "--model", "tiny", "--out", str(tmp_path / "o"),
                  *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -255,3 +338,27 @@ def test_tune_measures_training_on_a_pairs_file(tmp_path):
     loss = forward_backward(w.module, [as_micro(w.collate(rows))], w.loss_fn, POLICY)
     assert torch.isfinite(loss) and loss > 0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in w.module.parameters())
+
+
+def test_angle_training_orders_pairs_as_their_scores():
+    """AnglE through the step raises the Spearman of the pairs' cosines against their scores."""
+    from spanflow.tasks.embed.metrics import spearman
+
+    rng = random.Random(5)
+    data = [PairItem(it.sides, rng.random()) for it in items(48, 7)]
+    model = Bag(p=0.0)
+
+    def rho() -> float:
+        one = micro([data])[0]
+        with torch.no_grad():
+            e = model(one["input_ids"], one["attention_mask"])
+        cos = torch.nn.functional.cosine_similarity(e[:48], e[48:]).numpy()
+        return spearman(cos, np.array([it.score for it in data]))
+
+    before = rho()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(100):
+        opt.zero_grad()
+        gathered_step(model, micro([data[:24], data[24:]]), POLICY, loss=angle)
+        opt.step()
+    assert rho() > max(0.8, before + 0.3), (before, rho())

@@ -1,7 +1,11 @@
-"""One optimizer step of an in-batch ranking loss over a whole update, with a gradient cache.
+"""One optimizer step of a loss over a whole update of several micro-batches, with a gradient cache.
 
-The loss compares every anchor with every positive and negative of the update (on every
-rank), so it cannot be split by micro-batch. Its gradient is taken in three parts
+An in-batch ranking loss compares every anchor with every positive and negative of the update
+(on every rank), and CoSENT ranks every scored pair of it against the others, so neither can be
+split by micro-batch. Without the cache (`cache=False`, one process) every micro-batch keeps
+its graph until the loss is taken: the memory of the whole update, no extra work; the update's
+micro-batches come from different length buckets, so the loss sees texts of every length while
+each micro-batch pads little. Its gradient is taken in three parts
 (Gao et al., 2021, "gradient cache"): embed each micro-batch without a graph, take the loss
 and its gradient with respect to the embeddings of the whole update, then run each
 micro-batch again with a graph and back-propagate its slice of that gradient. Memory is
@@ -29,13 +33,20 @@ from spanflow.training.distributed import Dist, gather_rows
 
 
 def _rng_state(device: torch.device):
-    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+    """The generators dropout draws from on `device`: the CPU's, and the accelerator's."""
+    if device.type == "cuda":
+        return torch.get_rng_state(), torch.cuda.get_rng_state(device)
+    if device.type == "mps":
+        return torch.get_rng_state(), torch.mps.get_rng_state()
+    return torch.get_rng_state(), None
 
 
 def _set_rng_state(state, device: torch.device) -> None:
     torch.set_rng_state(state[0])
-    if state[1] is not None:
+    if device.type == "cuda":
         torch.cuda.set_rng_state(state[1], device)
+    elif device.type == "mps":
+        torch.mps.set_rng_state(state[1])
 
 
 def _embed(model: nn.Module, batch: dict, policy: Policy) -> torch.Tensor:
@@ -50,14 +61,14 @@ def _pool(parts: list[torch.Tensor], counts: list[int], k: int) -> torch.Tensor:
 
 
 def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=None, meter: Meter | None = None,
-                  world: int = 1, *, loss: EmbeddingLoss, dist: Dist = Dist()) -> torch.Tensor:
+                  world: int = 1, *, loss: EmbeddingLoss, dist: Dist = Dist(), cache: bool = True) -> torch.Tensor:
     """Forward and backward of `loss` over every micro-batch of the step on every rank as one
     batch; returns the loss (normalised by the global number of anchors), detached."""
     device = policy.device
     batches = [{key: v.to(device, non_blocking=True) for key, v in b.items() if torch.is_tensor(v)} for b in micro]
     counts = [b["n_pairs"] if b["weight"] else 0 for b in micro]  # a stand-in batch (weight 0) adds no rows
     k = micro[0]["sides"]
-    keep_graph = len(micro) == 1
+    keep_graph = len(micro) == 1 or (not cache and not hasattr(model, "no_sync"))  # DDP: always the cache
     states, outs = [], []
     for b, mb in zip(batches, micro):
         if mb["weight"] and meter is not None:
@@ -77,14 +88,14 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
         fields["scores"] = torch.cat(gather_rows(torch.cat([b["scores"][:n] for b, n in zip(batches, counts)]), dist))
     value = loss(pool, fields) * (world / max(1, sum(sizes)))
     grads = torch.autograd.grad(scaler.scale(value) if scaler is not None else value, leaves, allow_unused=True)
+    if keep_graph:  # one backward through every micro-batch's graph
+        torch.autograd.backward(outs, [g if g is not None else torch.zeros_like(e) for e, g in zip(outs, grads)])
+        return value.detach() / world
     for i, b in enumerate(batches):
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
-            if keep_graph:
-                e = outs[i]
-            else:
-                _set_rng_state(states[i], device)
-                e = _embed(model, b, policy)
+            _set_rng_state(states[i], device)
+            e = _embed(model, b, policy)
             # a stand-in batch (no rows in the pool) joins the all-reduce with a zero gradient
             torch.autograd.backward(e, grads[i] if grads[i] is not None else torch.zeros_like(e))
     _set_rng_state(after, device)

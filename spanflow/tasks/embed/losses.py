@@ -41,9 +41,9 @@ def cosent(emb: torch.Tensor, batch: dict, scale: float = COSENT_SCALE) -> torch
 
 def angle_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """AnglE's (Li and Li, 2023) similarity: each embedding read as a complex vector (first half the
-    real, second half the imaginary parts); the quotient a / b, scaled by |b| / |a| so only its angle
-    is left, summed over its real and imaginary parts, absolute value: 1 when a and b point the
-    same way, smaller as their angle difference grows."""
+    real, second half the imaginary parts); the real and imaginary parts of sum(a * conj(b))
+    summed and divided by |a| |b|, absolute value. 1 for a == b; it is not symmetric and can
+    exceed 1 (up to sqrt 2), as in the paper's own formulation: only its order matters here."""
     ar, ai = a.chunk(2, dim=-1)
     br, bi = b.chunk(2, dim=-1)
     norms = (a.norm(dim=-1) * b.norm(dim=-1)).clamp_min(1e-12)
@@ -54,7 +54,8 @@ def angle_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def angle(emb: torch.Tensor, batch: dict, scale: float = COSENT_SCALE) -> torch.Tensor:
     """AnglE: CoSENT's ranking of scored pairs on the cosine plus the same ranking on the angle
-    similarity, the paper's combination of its cosine and angle objectives."""
+    similarity (the paper's cosine and angle objectives, weighted equally; its in-batch term is
+    the ranking loss's job here)."""
     n = batch["scores"].shape[0]
     a, b, _ = sides(emb, n)
     y = batch["scores"]

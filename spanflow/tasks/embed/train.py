@@ -19,17 +19,18 @@ from spanflow.tasks.embed.model import Embedder
 from spanflow.tasks.embed.pairs import Pair
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
-from spanflow.training.defaults import TaskDefaults, for_encoder
+from spanflow.training.defaults import TaskDefaults, for_encoder, update_tokens
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
 from spanflow.training.setup import Run
 
-# measured for time to dev score (docs/defaults.md): STS-B en with all-MiniLM-L6-v2; the rates are
-# at REFERENCE_TOKENS padded tokens per update and follow the update size (training/defaults.py)
+# the rates are at REFERENCE_TOKENS padded tokens per update and follow the update size
+# (training/defaults.py); docs/defaults.md has the runs behind them
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=None, epochs=4, patience=2),
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
 RANKING_DEFAULTS = {"pretrained": TaskDefaults(lr=2e-5, head_lr=None, epochs=4, patience=2),
                     "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
+MIXED_MICRO_BATCHES = 4  # a scored-pair update: this many length buckets ranked together
 MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in-batch negatives
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
 
@@ -133,7 +134,7 @@ def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
     return name
 
 
-def default_pairs_per_step(n_pairs: int, world: int = 1) -> int:
+def default_pairs_per_step(n_pairs: int) -> int:
     """The ranking loss's update: MAX_PAIRS_PER_STEP in-batch negatives, fewer on a small data set so
     an epoch still has MIN_STEPS_PER_EPOCH updates (a power of two, at least 16 pairs)."""
     fit_in = max(16, 2 ** int(math.log2(max(1, n_pairs // MIN_STEPS_PER_EPOCH))))
@@ -141,17 +142,35 @@ def default_pairs_per_step(n_pairs: int, world: int = 1) -> int:
 
 
 def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, device, world: int) -> TrainOptions:
-    """Micro-batches of the device's token budget (or --max-tokens), as many per update as hold
-    `pairs` pairs over every rank (or --grad-accum when set): the gradient cache joins them. An
-    update that fits one micro-batch gets a micro-batch of its size."""
+    """An update of about `pairs` pairs over every rank, in as few micro-batches of at most the
+    device's token budget (or --max-tokens) as hold them, or in --grad-accum of them when set:
+    the gradient cache joins them."""
     budget = opts.max_tokens or default_budget("train", device)
     mean_len = sum(len(it) for it in items) / max(1, len(items))
     need = math.ceil(pairs * mean_len / world)  # padded tokens of this rank's share of an update
-    if opts.grad_accum != 1:
-        return dataclasses.replace(opts, max_tokens=budget)
-    if need <= budget and opts.max_tokens is None:
-        return dataclasses.replace(opts, max_tokens=max(need, max(len(it) for it in items)))
-    return dataclasses.replace(opts, max_tokens=budget, grad_accum=max(1, math.ceil(need / budget)))
+    accum = opts.grad_accum if opts.grad_accum != 1 else max(1, math.ceil(need / budget))
+    micro = min(budget, max(max(len(it) for it in items), math.ceil(need / accum)))
+    return dataclasses.replace(opts, max_tokens=micro, grad_accum=accum)
+
+
+def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world: int) -> TrainOptions:
+    """With --max-tokens and --grad-accum unset: the update training's defaults size from the data,
+    cut into MIXED_MICRO_BATCHES micro-batches. The batcher sorts pairs by length within a bucket
+    so a micro-batch pads little but holds pairs of one length (in STS-B, mostly of one genre);
+    CoSENT ranked within it never learns to order short pairs against long ones. Ranked over
+    micro-batches of different buckets, it does."""
+    if opts.max_tokens is not None or opts.grad_accum != 1:
+        return opts
+    update = update_tokens([len(it) for it in items], device, world)
+    micro = max(max(len(it) for it in items), update // MIXED_MICRO_BATCHES)
+    return dataclasses.replace(opts, max_tokens=micro, grad_accum=max(1, update // micro))
+
+
+def needs_cache(opts: TrainOptions, asked: int | None, device, world: int) -> bool:
+    """A gradient cache when the update's micro-batches hold more tokens than --max-tokens (`asked`)
+    or, unset, the device's budget, or run on several processes; otherwise each micro-batch keeps
+    its graph until the loss is taken."""
+    return world > 1 or opts.max_tokens * opts.grad_accum > (asked or default_budget("train", device))
 
 
 def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out_dir: str,
@@ -172,6 +191,10 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         if dims and max(dims) > emb.dim:
             raise ConfigError(f"--matryoshka-dims: {max(dims)} is larger than the model's {emb.dim} dimensions",
                               field="matryoshka_dims")
+        if name == "angle" and any(d % 2 for d in (emb.dim, *(dims or ()))):
+            raise ConfigError("--loss angle reads each embedding as complex numbers: it needs even sizes "
+                              f"(the model's {emb.dim}{f', --matryoshka-dims {list(dims)}' if dims else ''})",
+                              field="loss")
         fn = matryoshka(loss, sorted(set(dims), reverse=True)) if dims else loss
         items = items_of(emb, train, scored=name in SCORED_LOSSES)
         what = "scored training pairs" if name in SCORED_LOSSES else (
@@ -184,17 +207,24 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
                     metric=metric)
-        if name in SCORED_LOSSES and run.opts.grad_accum > 1:
-            plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist)
-        if name not in SCORED_LOSSES:
-            pairs = config.pairs_per_step or default_pairs_per_step(len(items), run.dist.world)
-            plan.options = size_ranking_update(run.opts, items, pairs, run.policy.device, run.dist.world)
-            plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist)
-            o = plan.options
+        world, device = run.dist.world, run.policy.device
+        if name in SCORED_LOSSES:
+            plan.options = o = size_scored_update(run.opts, items, device, world)
+            if o.grad_accum > 1 or world > 1:
+                plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist,
+                                              cache=needs_cache(o, run.opts.max_tokens, device, world))
+            if o is not run.opts:
+                run.log(f"{NAMES[name]} over each update: {o.grad_accum} micro-batches of {o.max_tokens} tokens "
+                        "from different length buckets, ranked together")
+        else:
+            pairs = config.pairs_per_step or default_pairs_per_step(len(items))
+            plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
+            cache = needs_cache(o, run.opts.max_tokens, device, world)
+            plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist, cache=cache)
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
-                    f"{f' on each of {run.dist.world} processes' if run.dist.world > 1 else ''}); "
-                    + ("gradient cache on" if o.grad_accum > 1 else "one micro-batch, no gradient cache needed"))
+                    f"{f' on each of {world} processes' if world > 1 else ''}); "
+                    + ("gradient cache on" if cache and o.grad_accum > 1 else "no gradient cache needed"))
         return plan
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=Embedder.load, log_fn=log_fn)
