@@ -5,10 +5,11 @@
    trains with its defaults (a subprocess, timed whole-process) are scored on the dev pairs by
    retrieval (Embedder.evaluate: MRR@10, nDCG@10, recall@1, recall@10); the per-epoch dev MRR@10
    and training seconds come from the run's train_report.jsonl.
-2. Memory: two short runs (--max-steps 3, no dev) at the same --max-tokens per
-   micro-batch, --pairs-small pairs per update (one micro-batch) and --pairs-large (several,
-   joined by the gradient cache); each run's peak resident memory is its process's high-water
-   mark (a fresh wrapper process per run, RUSAGE_CHILDREN). When the high-score pairs are fewer
+2. Memory: one-epoch runs (no dev) at the same --max-tokens per micro-batch, --pairs-small
+   pairs per update (one micro-batch) and --pairs-large (several, joined by the gradient
+   cache), with glibc's default allocator and with one that returns freed large blocks; each
+   run's peak resident memory is its process's high-water mark (a fresh wrapper process per
+   run, RUSAGE_CHILDREN). When the high-score pairs are fewer
    than --pairs-large, these runs train on every STS-B train pair whatever its score.
 
     python bench/embed_ranking.py --train ../shared/data/stsb/stsb-en-train.csv \
@@ -91,13 +92,16 @@ def default_max_tokens(model_dir: str, pairs_path: str, pairs: int) -> int:
     return 2 ** math.ceil(math.log2(pairs * mean_len))
 
 
-def train(args: list[str], out: str, work: str) -> dict:
+MMAP_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # glibc: big blocks to the OS
+
+
+def train(args: list[str], out: str, work: str, env_extra: dict | None = None) -> dict:
     """`python -m spanflow train embed ARGS --out OUT` in a fresh wrapper: stdout, whole-process
     seconds, peak RSS (MiB), the ranking-update line and OUT/train_report.jsonl."""
     shutil.rmtree(out, ignore_errors=True)
     stats = os.path.join(work, "rusage.json")
     cmd = [sys.executable, "-m", "spanflow", "train", "embed", *args, "--out", out]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
     p = subprocess.run([sys.executable, "-c", WRAPPER, stats, *cmd], check=False, capture_output=True, text=True,
                        env=env)
     if p.returncode:
@@ -132,16 +136,17 @@ def quality(a, work: str, train_tsv: str, dev_tsv: str) -> tuple[list[dict], dic
                   "peak_rss_mib": r["peak_rss_mib"], "curve": curve}
 
 
-def memory_run(a, work: str, train_tsv: str, pairs: int, max_tokens: int) -> dict:
-    """One short run; seconds per optimizer step are train_report's training seconds (start-up,
-    model loading and saving excluded) over the steps it ran."""
+def memory_run(a, work: str, train_tsv: str, pairs: int, max_tokens: int, allocator: str = "default") -> dict:
+    """One epoch, so that both runs meet the longest micro-batches (attention memory grows with
+    the length); seconds per optimizer step are train_report's training seconds (start-up, model
+    loading and saving excluded) over the steps it ran."""
     args = ["--train", train_tsv, "--model", a.model, "--pairs-per-step", str(pairs), "--max-tokens",
-            str(max_tokens), "--max-steps", "3", "--epochs", "3", "--log-every", "1", "--save-every", "1000000"]
-    r = train(args, os.path.join(work, f"memory{pairs}"), work)
+            str(max_tokens), "--epochs", "1", "--log-every", "0"]
+    r = train(args, os.path.join(work, f"memory{pairs}"), work, MMAP_ALLOCATOR if allocator == "mmap" else None)
     m = UPDATE_LINE.search(r["update_line"])
     steps = r["report"][-1]["step"]
     train_s = sum(e["wall_s"] for e in r["report"])
-    return {"pairs_per_step": pairs, "max_tokens": max_tokens, "micro_batches": int(m.group(2)) if m else None,
+    return {"allocator": allocator, "pairs_per_step": pairs, "max_tokens": max_tokens, "micro_batches": int(m.group(2)) if m else None,
             "gradient_cache": "gradient cache on" in r["update_line"], "peak_rss_mib": r["peak_rss_mib"],
             "steps": steps, "s_per_step": round(train_s / steps, 3), "whole_process_s": r["wall_s"],
             "update_line": r["update_line"], "cmd": r["cmd"]}
@@ -160,36 +165,41 @@ def memory(a, work: str, train_tsv: str, max_tokens: int | None) -> list[dict]:
     if small["gradient_cache"]:
         sys.exit(f"--pairs-per-step {a.pairs_small} needs more than one micro-batch of {small['max_tokens']} "
                  "tokens: give a larger --max-tokens")
-    large = memory_run(a, work, train_tsv, a.pairs_large, x)
-    print(large["update_line"], flush=True)
-    if not large["gradient_cache"]:
-        sys.exit(f"--pairs-per-step {a.pairs_large} fits one micro-batch of {x} tokens: give a smaller --max-tokens")
-    large["peak_vs_small"] = round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)
-    large["s_per_step_vs_small"] = round(large["s_per_step"] / small["s_per_step"], 3)
-    return [small, large]
+    rows = []
+    for allocator in ("default", "mmap"):  # mmap: glibc returns freed big blocks, so the peak is what is live
+        small = small if allocator == "default" else memory_run(a, work, train_tsv, a.pairs_small, x, allocator)
+        large = memory_run(a, work, train_tsv, a.pairs_large, x, allocator)
+        print(large["update_line"], flush=True)
+        if not large["gradient_cache"]:
+            sys.exit(f"--pairs-per-step {a.pairs_large} fits one micro-batch of {x} tokens: give a smaller --max-tokens")
+        large["peak_vs_small"] = round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)
+        large["s_per_step_vs_small"] = round(large["s_per_step"] / small["s_per_step"], 3)
+        rows += [small, large]
+    return rows
 
 
 def append_md(path: str, quality_run: dict, mem: list[dict], mem_data: str, a) -> None:
     """The per-epoch curve, the runs' update lines and the memory table below the quality table."""
-    cmd, small, large = " ".join(quality_run["cmd"]), mem[0], mem[1]
+    cmd = " ".join(quality_run["cmd"])
     lines = ["", f"Training: `{cmd}`, {quality_run['whole_process_s']:.0f} s whole process.",
              f"Its log: `{quality_run['update_line']}`", "",
              "| epoch | step | dev MRR@10 | train s |", "|---|---|---|---|"]
     lines += [f"| {c['epoch']} | {c['step']} | {c['dev_mrr@10']:.4f} | {c['wall_s']:.1f} |"
               for c in quality_run["curve"]]
-    note = (f"Peak RSS of the whole training process, --max-steps 3, no dev; s/step: train_report's "
-            f"training seconds over the steps run (start-up excluded). The second run gets "
-            f"{a.pairs_large // a.pairs_small}x the in-batch negatives per update at the same micro-batch size.")
-    head = ("| pairs/step | max tokens | micro-batches | gradient cache | peak RSS MiB | steps | s/step "
+    note = (f"Peak RSS of the whole training process over one epoch, no dev; s/step: train_report's "
+            f"training seconds over the steps run (start-up excluded). The larger update gets "
+            f"{a.pairs_large // a.pairs_small}x the in-batch negatives at the same micro-batch size. Allocator "
+            "mmap: the same runs with MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0, so glibc hands "
+            "freed large blocks back and the peak is the memory in use rather than what the heap kept.")
+    head = ("| allocator | pairs/step | max tokens | micro-batches | gradient cache | peak RSS MiB | steps | s/step "
             "| whole process s |")
-    lines += ["", f"## Gradient cache: memory ({mem_data})", "", note, "", head, "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['pairs_per_step']} | {r['max_tokens']} | {r['micro_batches']} | {r['gradient_cache']} "
-              f"| {r['peak_rss_mib']:.0f} | {r['steps']} | {r['s_per_step']:.2f} | {r['whole_process_s']:.0f} |"
-              for r in mem]
-    ratios = (f"Peak ratio (large / small): {large['peak_vs_small']:.3f}; "
-              f"s/step ratio: {large['s_per_step_vs_small']:.2f}")
-    lines += ["", ratios,
-              f"- `{small['update_line']}`", f"- `{large['update_line']}`"]
+    lines += ["", f"## Gradient cache: memory ({mem_data})", "", note, "", head, "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['allocator']} | {r['pairs_per_step']} | {r['max_tokens']} | {r['micro_batches']} "
+              f"| {r['gradient_cache']} | {r['peak_rss_mib']:.0f} | {r['steps']} | {r['s_per_step']:.2f} "
+              f"| {r['whole_process_s']:.0f} |" for r in mem]
+    lines += [""] + [f"Peak ratio (large / small), allocator {r['allocator']}: {r['peak_vs_small']:.3f}; "
+                     f"s/step ratio: {r['s_per_step_vs_small']:.2f}" for r in mem if "peak_vs_small" in r]
+    lines += [f"- `{mem[0]['update_line']}`", f"- `{mem[1]['update_line']}`"]
     text = anonymise("\n".join(lines))  # as write_results does: no local paths in the results
     with open(path, "a", encoding="utf-8") as f:
         f.write(text + "\n")

@@ -6,6 +6,7 @@ the modes a plain open()/mkdir would (the user's umask), not tempfile's private 
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -13,6 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO
+
+from spanflow.errors import ConfigError, WriteError
 
 
 def _umask() -> int:
@@ -132,3 +135,101 @@ def clean_stale(parent: str, kind: str) -> list[str]:
                 continue
         removed.append(path)
     return removed
+
+
+def try_lock(fd: int) -> bool:
+    """An exclusive advisory lock on `fd` without waiting; True where the platform has none."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform: run unguarded
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+class OutputBusy(ConfigError):
+    """Another live job holds the output (`pid` names it)."""
+
+    def __init__(self, path: str, pid: str):
+        super().__init__(f"{path} is being written by another job (pid {pid}); wait for it, or choose another output",
+                         field="output")
+        self.path, self.pid = path, pid
+
+
+@contextmanager
+def claim_output(path: str) -> Iterator[None]:
+    """Hold the output `path` for this job: a second job on the same path stops at once with
+    OutputBusy naming the first one's pid. The lock is a hidden file next to the output
+    (`.NAME.lock`, removed at the end); the lock itself is the kernel's, so a killed job
+    never leaves its output held. Nested claims of one path in one process are one claim (the
+    CLI claims before loading a model, the job again when it starts)."""
+    parent, name = os.path.split(os.path.abspath(path))
+    lock = os.path.join(parent, f".{name}.lock")
+    if lock in _HELD:
+        yield
+        return
+    fd = _locked(lock, path)
+    _HELD.add(lock)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            yield
+        finally:
+            try:
+                os.unlink(lock)
+            except OSError:
+                pass
+    finally:
+        _HELD.discard(lock)
+        os.close(fd)
+
+
+_HELD: set[str] = set()  # the lock files this process holds
+
+
+def _locked(lock: str, path: str) -> int:
+    """An fd holding the lock on the file now at `lock`. A job that ends removes its lock file, so
+    a lock taken on a file that was removed meanwhile holds nothing: try again on the new one."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        if not try_lock(fd):
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputBusy(path, pid)
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+@contextmanager
+def writing(what: str, path: str) -> Iterator[None]:
+    """Turn the OSErrors of a write that the user must fix (a full disk, a read-only file system,
+    no permission) into a WriteError naming `what` was being written to `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in WRITE_ERRNOS:
+            raise WriteError(what, getattr(e, "filename", None) or path, e) from None
+        raise
+
+
+def hold_output(held, path: str, what: str) -> None:
+    """claim_output(path) until the ExitStack `held` closes; a lock file the file system refuses
+    (read-only, full) is a WriteError naming the output and `what` it is, not the hidden lock file."""
+    try:
+        held.enter_context(claim_output(path))
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        raise WriteError(what, path, e) from None

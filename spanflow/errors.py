@@ -37,3 +37,13 @@ class ConfigError(SpanflowError):
     def __init__(self, message: str = "", *, field: str | None = None):
         super().__init__(message)
         self.field = field
+
+
+class WriteError(SpanflowError):
+    """An output could not be written: no space (ENOSPC, EDQUOT), a read-only file system (EROFS),
+    no permission (EACCES, EPERM). Names the path and what was being written; whatever was being
+    written is left aside, never half-written at its final path."""
+
+    def __init__(self, what: str, path: str, err: OSError):
+        self.what, self.path, self.errno = what, path, err.errno
+        super().__init__(f"cannot write {what} to {path}: {err.strerror or err}")

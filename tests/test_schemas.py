@@ -221,13 +221,14 @@ class Stub:
 
 def start_a_job(tmp_path, chunk_size=4):
     """The files an interrupted job leaves, written by this job's own code path."""
-    from spanflow.tasks.embed.job import _open_job, _paths
+    from spanflow.tasks.embed.job import _open_job
+    from spanflow.tasks.embed.journal import job_paths
 
     src = tmp_path / "in.txt"
     src.write_text("a\nb\nc\n")
     spec = EmbedSpec(input=str(src), output=str(tmp_path / "out.npy"), chunk_size=chunk_size)
     ident = JobIdentity(**spec.model_dump(), format="npy", dim=8, world=1, precision="fp32")
-    _open_job(spec, "npy", ident, _paths(spec.output), 8, False, lambda m: None)
+    _open_job(spec, "npy", ident, job_paths(spec.output), 8, False)
     return spec
 
 

@@ -1,8 +1,20 @@
-"""`spanflow` entry point: dispatch to subcommands; user errors become one line and exit 2."""
+"""`spanflow` entry point: dispatch to subcommands.
+
+Exit codes: 0 done; 2 a user error, told in one `error: ...` line: any SpanflowError (bad input,
+options or model directory, an output that cannot be written), and also a full disk, a quota, a
+read-only file system or a missing permission that reaches here unwrapped (an OSError, or a Rust
+library's error reporting one). Those exit 2 like the WriteError of the writes that name what they
+were writing, because they are the same fault: the same full disk gives the same exit whichever write
+met it, and it is the user's to fix (free space, another --out), not a bug to report. 1: stdout was
+closed by its reader (`spanflow evaluate --json | head -c 10`), quietly, as Python's documentation
+of SIGPIPE recommends. 130: Ctrl-C; 143: SIGTERM. Any other error is a bug and keeps its traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import os
 import signal
 import sys
 import threading
@@ -31,6 +43,31 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def write_error_line(e: BaseException) -> str | None:
+    """The `error:` line of an unwrapped write fault (full disk, quota, read-only, no permission),
+    or None when `e` is not one."""
+    from spanflow.atomic import WRITE_ERRNOS
+    from spanflow.models.files import as_os_error
+
+    err = as_os_error(e)
+    if err is None or err.errno not in WRITE_ERRNOS:
+        return None
+    # EACCES/EPERM also come from opening an input to read: "access", not "write"
+    verb = "access" if err.errno in (errno.EACCES, errno.EPERM) else "write"
+    where = f" ({err.filename})" if err.filename else ""
+    return f"error: cannot {verb}: {err.strerror or os.strerror(err.errno)}{where}"
+
+
+def _stdout_gone() -> int:
+    """stdout's reader left (`| head`): point stdout at /dev/null, so that the interpreter's last
+    flush does not fail again with "Exception ignored ... BrokenPipeError", and exit 1."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file descriptor (replaced by a caller)
+        pass
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
     if threading.current_thread() is threading.main_thread():
@@ -40,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
     try:
         rc = COMMANDS[args.command].run(args) or 0
+        sys.stdout.flush()  # here, so that a reader gone before the last line is a BrokenPipeError caught below
         if args.command in ("train", "embed"):
             from spanflow.training.distributed import exit_now, shutdown
 
@@ -49,12 +87,20 @@ def main(argv: list[str] | None = None) -> int:
     except SpanflowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_gone()
     except Terminated:
         print("terminated", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        line = write_error_line(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -23,18 +23,29 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from spanflow.atomic import hold_output
+    from spanflow.inference.predict_job import WHAT, check_output
+    from spanflow.tasks.registry import task_of_dir
+
+    if not os.path.exists(a.input):
+        raise DataError("file not found", path=a.input)
+    check_output(a.output)
+    with ExitStack() as held:
+        hold_output(held, a.output, WHAT)  # a second job on this output stops here, before any model loads
+        return _run(a, task_of_dir(a.model))
+
+
+def _run(a: argparse.Namespace, task) -> int:
     from spanflow.data.records import sample_texts
     from spanflow.inference.heap import settle
     from spanflow.inference.predict_job import predict_file
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.precision import SAMPLE
     from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.tasks.registry import task_of_dir
     from spanflow.tuning.auto import quick_profile
 
-    if not os.path.exists(a.input):
-        raise DataError("file not found", path=a.input)
-    task = task_of_dir(a.model)
     loads = Loads(task, a.model)
     texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=texts, data=a.input, field=a.field, column=a.column,

@@ -9,9 +9,10 @@ import csv
 import io
 import itertools
 import os
+import re
 from collections.abc import Iterator
 
-from spanflow.data.formats.common import kind_of, parse_json, read_lines
+from spanflow.data.formats.common import kind_of, parse_json, read_lines_or_errors
 from spanflow.errors import DataError
 
 
@@ -21,23 +22,56 @@ def input_kind(path: str) -> str:
     return kind if kind in ("jsonl", "csv", "tsv") else "text"
 
 
+# errors="surrogateescape" turns each invalid byte into one of these lone surrogates, which
+# valid UTF-8 can never produce: the file reads on, and the rows that held one are known
+_ESCAPED = re.compile("[\udc80-\udcff]")
+# a JSON string can still spell a lone surrogate (an escape such as \ud800): no character, so no tokenizer
+# takes it and no UTF-8 output can hold it
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _invalid_utf8(row: list[str]) -> str | None:
+    """Where the first invalid UTF-8 byte of a row is, or None when the row is clean."""
+    for i, cell in enumerate(row):
+        m = _ESCAPED.search(cell)
+        if m:
+            at = len(cell[:m.start()].encode("utf-8", "surrogateescape"))
+            return f"invalid UTF-8 at byte {at} of column {i}"
+    return None
+
+
+def _json_record(line: str, path: str, lineno: int, field: str) -> tuple[str, str | DataError]:
+    """(id, the `field` string) of one JSONL line, or (line number, why there is none); a
+    blank line is the empty text."""
+    try:
+        rec = parse_json(line, path, lineno) if line.strip() else {field: ""}
+    except DataError as e:
+        return str(lineno), e
+    if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
+        return str(lineno), DataError(f'expected an object with a string "{field}" field', path=path, line=lineno)
+    m = _SURROGATE.search(rec[field])
+    if m:
+        return str(lineno), DataError(f'"{field}" holds a lone surrogate {m.group()!a} at character '
+                                      f"{m.start()}, not a character", path=path, line=lineno)
+    return str(rec.get("id", lineno)), rec[field]
+
+
 def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataError]]:
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
     with open(path, "rb") as raw:
-        f = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        f = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
         reader = csv.reader(f, delimiter=delimiter)
         while True:
             try:
                 row = next(reader)
             except StopIteration:
                 return
-            except UnicodeDecodeError as e:
-                raise DataError(f"invalid UTF-8 near byte {e.start}", path=path, line=reader.line_num + 1) from None
             except csv.Error as e:
                 yield reader.line_num, DataError(f"unreadable CSV record: {e}", path=path, line=reader.line_num)
                 continue
-            yield reader.line_num, row
+            bad = _invalid_utf8(row)
+            yield reader.line_num, DataError(bad, path=path, line=reader.line_num) if bad else row
 
 
 def read_records(path: str, *, field: str = "text", column: int | None = None,
@@ -57,22 +91,13 @@ def read_records(path: str, *, field: str = "text", column: int | None = None,
             else:
                 yield str(lineno), row[col]
         return
-    for lineno, line in read_lines(path):
+    for lineno, line in read_lines_or_errors(path):
         if skip_header and lineno == 1:
             continue
-        if kind == "text":
+        if kind == "text" or isinstance(line, DataError):
             yield str(lineno), line
             continue
-        try:
-            rec = parse_json(line, path, lineno) if line.strip() else {field: ""}
-        except DataError as e:
-            yield str(lineno), e
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
-            yield str(lineno), DataError(f'expected an object with a string "{field}" field', path=path,
-                                         line=lineno)
-            continue
-        yield str(rec.get("id", lineno)), rec[field]
+        yield _json_record(line, path, lineno, field)
 
 
 def read_texts(path: str, *, field: str = "text", column: int | None = None, skip_header: bool = False,

@@ -1,20 +1,24 @@
 """Self-contained model directories: spanflow.json + encoder/ (HF layout) + head.safetensors.
 
 Loading needs no network and no pickle. Writes go to a temporary sibling directory that
-is renamed into place, so a crash never leaves a half-written model.
+is renamed into place (write_aside), so a crash or a full disk never leaves a half-written
+model: the one there before stays, whole.
 """
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
-from spanflow.atomic import atomic_dir
+from spanflow.atomic import WRITE_ERRNOS, atomic_dir
 from spanflow.errors import ModelDirError
+from spanflow.models.files import as_os_error, write_safetensors
 from spanflow.schemas import Names, PositiveInt, expect, explain
 
 FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads
@@ -23,14 +27,34 @@ TaskName = expect(Annotated[str, Field(strict=True, min_length=1)], "a task name
 _NAMES, _POSITIVE = TypeAdapter(Names), TypeAdapter(PositiveInt)
 
 
+@contextmanager
+def write_aside(path: str, kind: str = "model") -> Iterator[str]:
+    """A temporary directory to fill, put in place of `path` when the block ends (atomic_dir).
+
+    A full disk, a quota, a read-only file system or a missing permission met while filling it
+    comes out as an OSError naming `path`, not the temporary file it happened in (removed as the
+    error leaves); a Rust library's error for one (safetensors' SafetensorError, tokenizers'
+    Exception, which transformers' save_pretrained passes on) as the OSError its message
+    reports. atomic.writing() and the CLI then tell it in one line."""
+    try:
+        with atomic_dir(path, kind) as tmp:
+            yield tmp
+    except Exception as e:
+        err = as_os_error(e)
+        if err is None or err.errno not in WRITE_ERRNOS:
+            raise
+        raise OSError(err.errno, err.strerror, path) from e
+
+
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:
-    """Write encoder (safetensors), tokenizer files, head weights and config into `path`."""
-    with atomic_dir(path, "model") as tmp:
+    """Write encoder (safetensors), tokenizer files, head weights and config into `path`, aside
+    first (write_aside)."""
+    with write_aside(path) as tmp:
         enc_dir = os.path.join(tmp, "encoder")
         encoder.save_pretrained(enc_dir, safe_serialization=True)
         tokenizer.save_pretrained(enc_dir)
         state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-        save_file(state, os.path.join(tmp, "head.safetensors"))
+        write_safetensors(os.path.join(tmp, "head.safetensors"), state)
         cfg = {"format_version": FORMAT_VERSION, **config}
         with open(os.path.join(tmp, CONFIG), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, ensure_ascii=False)

@@ -1,15 +1,19 @@
 """An encoder directory's files as spanflow's plain-PyTorch encoders read and write them:
-config.json as attributes, model.safetensors (transformers' names), optional JSON files."""
+config.json as attributes, model.safetensors (transformers' names), optional JSON files; and
+how a write that meets a full disk is told as the OSError it is."""
 from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
-from safetensors.torch import save_file
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
 
 WEIGHTS = "model.safetensors"  # an encoder directory's weights, as transformers names them
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error shows an errno
 
 
 def json_object(path: str) -> dict | None:
@@ -31,11 +35,41 @@ class Config(SimpleNamespace):
         return dict(vars(self))
 
 
+def as_os_error(e: BaseException, path: str | None = None) -> OSError | None:
+    """`e` as the OSError it stands for: itself, or the error of a library written in Rust whose
+    message ends in Rust's "(os error N)" (safetensors raises SafetensorError, tokenizers a plain
+    Exception, even for a full disk), as OSError(N) naming `path`; None for any other error."""
+    if isinstance(e, OSError):
+        return e
+    m = _RUST_OS_ERROR.search(str(e))
+    if m is None:
+        return None
+    n = int(m.group(1))
+    return OSError(n, os.strerror(n), path)
+
+
+def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
+    """`tensors` as a safetensors file at `path`.
+
+    Serialised to bytes by safetensors and written here, with Python's own file write, so that a
+    full disk (or a quota, or a read-only file system) raises the OSError it is, errno and all;
+    safetensors' save_file raises a SafetensorError that carries the errno only in its message.
+    The cost is the serialised copy held while it is written: the size of the weights (a few MB
+    for `tiny`, 440 MB for a BERT-base in fp32), freed at once, beside a training run that holds
+    the weights, their gradients and two optimizer moments already."""
+    from safetensors.torch import save
+
+    data = save(tensors, metadata)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
 def write_encoder(path: str, module: nn.Module) -> None:
     """config.json (the module's `config.to_dict()`) and model.safetensors: the save_pretrained
     of spanflow's plain-PyTorch encoders."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(module.config.to_dict(), f, indent=2)
-    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
-              os.path.join(path, WEIGHTS), metadata={"format": "pt"})
+    write_safetensors(os.path.join(path, WEIGHTS),
+                      {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
+                      metadata={"format": "pt"})

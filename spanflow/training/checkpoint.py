@@ -1,4 +1,6 @@
-"""Checkpoints: a full model directory plus optimizer/scheduler/RNG state, written atomically."""
+"""Checkpoints: a full model directory plus optimizer/scheduler/RNG state, written aside and
+renamed into place: a kill or a full disk leaves the last good checkpoint as it was, and a
+full disk says so in one WriteError."""
 from __future__ import annotations
 
 import json
@@ -6,8 +8,9 @@ import os
 
 import torch
 
-from spanflow.atomic import atomic_dir, recover_dir
+from spanflow.atomic import recover_dir, writing
 from spanflow.errors import ModelDirError
+from spanflow.models.directory import write_aside
 
 STATE = "state.json"
 TRAINER = "trainer.pt"
@@ -15,8 +18,9 @@ TRAINER = "trainer.pt"
 
 def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, state: dict,
                     rng_states: list | None = None) -> None:
-    """Write model (via `save_model(path)`), optimizer, scheduler, scaler, RNG and loop state."""
-    with atomic_dir(ckpt_dir, "ckpt") as tmp:
+    """Write model (via `save_model(path)`), optimizer, scheduler, scaler, RNG and loop state; a
+    WriteError naming `ckpt_dir` when the disk is full (or read-only, or not ours)."""
+    with writing("the checkpoint", ckpt_dir), write_aside(ckpt_dir, "ckpt") as tmp:
         save_model(os.path.join(tmp, "model"))
         trainer = {
             "optimizer": optimizer.state_dict(),
@@ -27,9 +31,23 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
         }
         if torch.cuda.is_available():
             trainer["cuda_rng"] = torch.cuda.get_rng_state_all()
-        torch.save(trainer, os.path.join(tmp, TRAINER))
+        _torch_save(trainer, os.path.join(tmp, TRAINER))
         with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
             json.dump(state, f, indent=2)
+
+
+def _torch_save(obj, path: str) -> None:
+    """torch.save, with a full disk raised as the OSError it is. Given a path, torch's zip writer
+    reports it as its own RuntimeError ("unexpected pos ..."), the errno lost; given a file opened
+    here, the file's write raises the OSError, which torch either lets through or keeps as the
+    context of that RuntimeError, raised when the writer closes."""
+    with open(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
 
 
 def has_checkpoint(ckpt_dir: str) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from spanflow.atomic import recover_dir, writing
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
 from spanflow.batching.sampling import epoch_indices
@@ -145,7 +146,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     if r.st["best_f1"] is not None:
         log(f"best dev {hooks.metric} {r.st['best_f1']:.4f}: that model is in {os.path.join(out_dir, 'model')}")
     if hooks.evaluate is None and dist.is_main:
-        hooks.save_model(os.path.join(out_dir, "model"))
+        with writing("the model", os.path.join(out_dir, "model")):
+            hooks.save_model(os.path.join(out_dir, "model"))
     barrier(dist)
     return {k: final[k] for k in ("best_f1", "global_step", "completed")}
 
@@ -167,6 +169,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
           "stopped": False, "first_loss": None}
     r = _Run(model, _wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
              optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
+    if dist.is_main:
+        recover_dir(os.path.join(out_dir, "model"))  # the best model of a run killed between its two renames
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
     if resumed:
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
@@ -313,7 +317,9 @@ def _evaluate(r: _Run) -> float | None:
                                 st["global_step"])
         if st["best_f1"] is None or f1 > st["best_f1"]:
             st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
-            r.hooks.save_model(os.path.join(r.out_dir, "model"))
+            best = os.path.join(r.out_dir, "model")
+            with writing("the best model", best):  # a full disk: one line, and the last best model stays
+                r.hooks.save_model(best)
         else:
             st["bad_evals"] += 1
             if r.opts.patience and st["bad_evals"] >= r.opts.patience:

@@ -7,22 +7,11 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from spanflow.atomic import try_lock
 from spanflow.errors import ConfigError
 
 LOCK = ".lock"
 KEEP = ("checkpoint", "model")  # what makes a failed run's directory worth keeping (it resumes)
-
-
-def _lock(fd: int) -> bool:
-    try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform: run unguarded
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    return True
 
 
 @contextmanager
@@ -41,7 +30,7 @@ def claim_out_dir(out_dir: str) -> Iterator[None]:
         raise ConfigError(f"cannot write to --out {out_dir}: {e.strerror or e}") from None
     ok = False
     try:
-        if not _lock(fd):
+        if not try_lock(fd):
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             raise ConfigError(f"another run (pid {owner}) is training into {out_dir}; wait for it to finish, or "
                               "choose another --out")

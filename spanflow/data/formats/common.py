@@ -1,4 +1,5 @@
-"""Helpers shared by the readers: strict UTF-8 line reading with line numbers."""
+"""Helpers shared by the readers: UTF-8 line reading with line numbers (strict for labelled
+data, record by record for bulk input)."""
 from __future__ import annotations
 
 import json
@@ -8,22 +9,42 @@ from collections.abc import Iterator
 from spanflow.errors import DataError
 
 
-def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (line_number, line_without_newline); invalid UTF-8 or a missing file is a DataError."""
-    path = os.fspath(path)
+def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
     if os.path.isdir(path):
         raise DataError("is a directory, expected a file", path=path)
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"invalid UTF-8 at byte {e.start} of the line", path=path, line=lineno) from None
-            if lineno == 1 and line.startswith("\ufeff"):
-                line = line[1:]  # a UTF-8 byte-order mark is not part of the data
-            yield lineno, line.rstrip("\r\n")
+        yield from enumerate(f, start=1)
+
+
+def _decode(raw: bytes, lineno: int, path: str) -> str | DataError:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return DataError(f"invalid UTF-8 at byte {e.start} of the line", path=path, line=lineno)
+    if lineno == 1 and line.startswith("\ufeff"):
+        line = line[1:]  # a UTF-8 byte-order mark is not part of the data
+    return line.rstrip("\r\n")
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """Yield (line_number, line_without_newline); invalid UTF-8 or a missing file is a DataError."""
+    path = os.fspath(path)
+    for lineno, raw in _numbered_raw(path):
+        line = _decode(raw, lineno, path)
+        if isinstance(line, DataError):
+            raise line
+        yield lineno, line
+
+
+def read_lines_or_errors(path: str | os.PathLike) -> Iterator[tuple[int, str | DataError]]:
+    """read_lines for bulk input: a line of invalid UTF-8 yields its DataError in place of the
+    text and reading goes on (one stray byte costs one record, not the file). A missing file
+    still raises."""
+    path = os.fspath(path)
+    for lineno, raw in _numbered_raw(path):
+        yield lineno, _decode(raw, lineno, path)
 
 
 # the one table of file extensions: every reader and writer asks kind_of()

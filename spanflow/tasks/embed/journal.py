@@ -1,15 +1,26 @@
-"""The files of a resumable `spanflow embed` job, as pydantic schemas: the spec that identifies
-the job, `<output>.progress.json` (the job: spec, input fingerprint, record and chunk counts) and
-`<output>.progress.rank<r>.json` (a rank's finished chunks, where its parts end, its stats)."""
+"""The files of a resumable `spanflow embed` job: their names (JobPaths), the journal as pydantic
+schemas (the spec that identifies the job, `<output>.progress.json`: the job's spec, input
+fingerprint, record and chunk counts, and `<output>.progress.rank<r>.json`: a rank's finished
+chunks, where its parts end, its stats), and the layout of the .npy being filled.
+
+The names are fixed per output, not per process: `--resume` finds a killed run's files by name.
+That is safe because the job holds spanflow.atomic.claim_output(output) the whole time (see
+job.py): only the lock's holder touches them.
+"""
 from __future__ import annotations
 
+import errno
+import glob
 import hashlib
 import os
+from dataclasses import dataclass
 from typing import Annotated, Literal, TypeVar
 
+import numpy as np
+from numpy.lib import format as npy_format
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from spanflow.atomic import atomic_open
+from spanflow.atomic import atomic_open, writing
 from spanflow.errors import ConfigError
 from spanflow.schemas import NonNegativeInt, PositiveInt, expected, explain, first_field
 
@@ -112,8 +123,9 @@ def read_journal(path: str, schema: type[M]) -> M:
 
 
 def write_journal(path: str, journal: BaseModel) -> None:
-    """Replace the journal at `path` in one step (synced: a crash leaves the old one or the new)."""
-    with atomic_open(path, "journal", sync=True) as f:
+    """Replace the journal at `path` in one step (synced: a crash, or a full disk, leaves the old
+    one or the new); a full or read-only disk is a WriteError."""
+    with writing("the resume journal", path), atomic_open(path, "journal", sync=True) as f:
         f.write(journal.model_dump_json())
 
 
@@ -125,3 +137,81 @@ def fingerprint(path: str) -> Fingerprint:
             h.update(chunk)
     st = os.stat(path)
     return Fingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=h.hexdigest())
+
+
+@dataclass
+class JobPaths:
+    """The files of the job writing `out`."""
+
+    out: str
+    partial: str  # the .npy being filled, or the merged JSONL being written
+    journal: str  # the job: spec, record count, chunks
+    errors: str
+    ids: str
+
+    @property
+    def ids_partial(self) -> str:
+        return self.out + ".ids.partial"
+
+    @property
+    def errors_partial(self) -> str:
+        return self.out + ".errors.partial"
+
+    def rank_journal(self, r: int) -> str:
+        return f"{self.out}.progress.rank{r}.json"
+
+    def rank_part(self, r: int) -> str:
+        return f"{self.out}.part{r}"
+
+    def rank_errors(self, r: int) -> str:
+        return f"{self.out}.errors.part{r}"
+
+    def leftovers(self) -> list[str]:
+        """What a killed or failed run of this output may have left (a fresh run starts without them)."""
+        q = glob.escape(self.out)
+        return (glob.glob(q + ".progress.rank*.json") + glob.glob(q + ".part[0-9]*") + glob.glob(q + ".errors.part*")
+                + [p for p in (self.partial, self.ids_partial, self.errors_partial) if os.path.exists(p)])
+
+
+def job_paths(out: str) -> JobPaths:
+    """The files of the job writing `out`."""
+    stem = os.path.splitext(out)[0]
+    return JobPaths(out, out + ".partial", out + ".progress.json", stem + ".errors.jsonl", stem + ".ids.txt")
+
+
+def reserve(fd: int, size: int) -> None:
+    """Give the file `size` bytes of disk now, so that a disk too small is ENOSPC here. Where the
+    file system cannot (no fallocate), a sparse size is enough: rows are written with pwrite,
+    whose ENOSPC comes later but still as an error, never as a signal."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, size)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    os.ftruncate(fd, size)
+
+
+def lay_out_npy(path: str, n: int, dim: int, dtype: str) -> None:
+    """An (n, dim) .npy at `path`: its header, and its rows' space reserved (filled in by pwrite)."""
+    header = {"descr": npy_format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n, dim)}
+    with open(path, "wb") as f:
+        npy_format.write_array_header_1_0(f, header)
+        f.flush()
+        reserve(f.fileno(), f.tell() + n * dim * np.dtype(dtype).itemsize)
+
+
+def npy_offset(path: str, shape: tuple[int, int], dtype: str) -> int:
+    """Where the rows of the .npy at `path` begin, checked to be the job's shape and dtype."""
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+    try:
+        with open(path, "rb") as f:
+            got = readers[npy_format.read_magic(f)](f)
+            offset = f.tell()
+    except (ValueError, KeyError):
+        got = None
+    if got is None or got[0] != shape or got[1] or got[2] != np.dtype(dtype):
+        raise ConfigError(f"{path} is damaged or was not written by this job; remove it or drop --resume")
+    return offset

@@ -53,10 +53,11 @@ def read_embedding_config(path: str) -> dict:
 
 def write_embedding_dir(path: str, *, encoder, tokenizer, pooling: str, normalize: bool, max_length: int) -> None:
     """A sentence-transformers directory (Transformer at the top, Pooling, optional Normalize) that
-    sentence-transformers and spanflow load alike; written aside and renamed into place."""
-    from spanflow.atomic import atomic_dir
+    sentence-transformers and spanflow load alike; written aside and renamed into place, a full
+    disk told as an OSError naming `path` (models.directory.write_aside)."""
+    from spanflow.models.directory import write_aside
 
-    with atomic_dir(path, "model") as tmp:
+    with write_aside(path) as tmp:
         encoder.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

@@ -30,7 +30,7 @@ DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=None, epochs=4, patience
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
 RANKING_DEFAULTS = {"pretrained": TaskDefaults(lr=2e-5, head_lr=None, epochs=4, patience=2),
                     "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
-MIXED_MICRO_BATCHES = 4  # a scored-pair update: this many length buckets ranked together
+MIXED_MICRO_BATCHES = 2  # a scored-pair update: this many length buckets ranked together
 MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in-batch negatives
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
 

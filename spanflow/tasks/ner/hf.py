@@ -7,6 +7,8 @@ for (S-/U- as B-, E-/L- as I-), which decodes every scheme exactly. To continue 
 the classifier is carried over onto spanflow's BIO label rows.
 
 Out: `export_hf` writes a directory that `transformers.pipeline("token-classification")` loads.
+A model that labels whitespace-separated words (tasks.ner.words) says so in config.json as
+`spanflow_words`, which spanflow reads back and the pipeline ignores.
 """
 from __future__ import annotations
 
@@ -133,6 +135,13 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     cfg = hf_config(encoder.config)
     cfg.id2label = dict(enumerate(model.id2label))
     cfg.label2id = {t: i for i, t in enumerate(model.id2label)}
+    if model.words == "whitespace":
+        # kept for spanflow, which reads the directory back with the same words; the pipeline ignores it
+        cfg.spanflow_words = model.words
+        log_fn("note: this model labels whitespace-separated words; transformers' pipeline starts a word at every "
+               "word of its tokenizer (after each punctuation mark inside a URL too), so its entities can start or "
+               "end inside a whitespace token; spanflow reads this directory back with the model's words "
+               "(docs/ner.md)")
     full = AutoModelForTokenClassification.from_config(cfg)
     missing, _ = getattr(full, full.base_model_prefix).load_state_dict(encoder.state_dict(), strict=False)
     if missing:

@@ -31,7 +31,8 @@ from spanflow.tasks.ner.hf import (
     select_rows,
     token_classification_config,
 )
-from spanflow.tasks.ner.tagging import tag_texts, tag_windows, word_starts
+from spanflow.tasks.ner.tagging import tag_texts, tag_windows, text_words, word_starts
+from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter
 from spanflow.tasks.registry import autocast_twin
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
@@ -44,7 +45,7 @@ class NerModel:
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], limit: int, stride: int = 32,
                  head=None, head_type: str = "softmax", policy: Policy | None = None, max_length: int | None = None,
-                 id2label: list[str] | None = None, lines: bool = True):
+                 id2label: list[str] | None = None, lines: bool = True, words: str = TOKENIZER):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
         # the BIO tag of each output of the head: spanflow's own order, or an imported classifier's
@@ -56,6 +57,9 @@ class NerModel:
         self.max_length = min(max_length or limit, limit)
         # a model trained on single-line texts reads each line of an input on its own
         self.lines = lines
+        # how plain text is cut into the words labels sit on (tasks.ner.words): the training data's own
+        # kind of tokens when they came as whitespace-separated tokens, else the tokenizer's words
+        self.words = words
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
@@ -81,7 +85,7 @@ class NerModel:
                    stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
-                   lines=cfg.get("lines", True) is not False)
+                   lines=cfg.get("lines", True) is not False, words=config_words(cfg, path))
 
     @classmethod
     def from_hf(cls, path: str, *, device: str = "auto", precision: str = "auto", bio: bool = False) -> "NerModel":
@@ -89,6 +93,7 @@ class NerModel:
         label ids (any BIO-like scheme) for inference, or, with `bio`, its classifier carried over
         onto spanflow's BIO label rows (to continue training)."""
         encoder, tokenizer, classifier, tags = load_token_classifier(path)
+        words = config_words({"words": token_classification_config(path).get("spanflow_words")}, path)
         labels = sorted({t[2:] for t in tags if t != "O"})
         id2label = bio_label_list(labels) if bio else tags
         head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=id2label)
@@ -97,13 +102,14 @@ class NerModel:
         head.proj.load_state_dict(classifier.state_dict())
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=encoder_max_length(encoder, tokenizer),
                    head=head,
-                   head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label)
+                   head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label, words=words)
 
     def save(self, path: str) -> None:
         """Write a self-contained model directory."""
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "limit": self.limit,
                                "max_length": self.max_length, "stride": self.stride, "lines": self.lines,
+                               "words": self.words,
                                "tag_scheme": "bio", "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
@@ -123,11 +129,12 @@ class NerModel:
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
                        on_batch: Callable | None = None, words: Iterable | None = None) -> Iterator[list[Span]]:
         """Spans for each text, in order, with bounded memory for inputs of any size; `words`:
-        each text's own tokens as char offsets (or None), which spans then start and end on."""
+        each text's own tokens as char offsets (or None), which spans then start and end on. A text
+        without them is cut into the model's words (`self.words`: whitespace tokens or the tokenizer's)."""
         max_tokens = max_tokens or infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
-                         on_batch=on_batch, words=words, lines=self.lines)
+                         on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words))
 
     def predict(self, texts: list[str], *, max_tokens: int | None = None,
                 words: list | None = None) -> list[list[Span]]:
@@ -152,9 +159,11 @@ class NerModel:
         return {"text": text, "entities": [{"start": s, "end": e, "label": lab, "text": text[s:e]}
                                            for s, e, lab in spans]}
 
-    def units(self, texts: list[str]):
-        """(windows with their word starts, window lengths, encodings): the server's units."""
-        encs = encode_texts(self.tokenizer, texts)
+    def units(self, texts: list[str], words: list | None = None):
+        """(windows with their word starts, window lengths, encodings): the server's units
+        (`words`: see predict_stream)."""
+        pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
+        encs = encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words)))
         wins = windows_for(encs, max_length=self.max_length, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
                            sep_id=self.tokenizer.sep_token_id, lines=self.lines)
         return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs

@@ -3,11 +3,14 @@
     nlp.add_pipe("spanflow_ner", config={"model": "runs/ner/model"})
 
 Registered through spaCy's `spacy_factories` entry point, so installing spanflow is enough.
-Each batch of docs spaCy passes goes through spanflow's token-budget batching. Entities are
-character spans; one that starts or ends inside a spaCy token is expanded to the tokens
-around it, and one that would overlap an earlier entity after that is left out: both are
-counted (`expanded`, `overlapping`) and said in one warning per batch, never dropped in
-silence.
+Each batch of docs spaCy passes goes through spanflow's token-budget batching, on the same
+words `predict` uses (tasks.ner.words). Entities are character spans. A model that labels
+whitespace-separated words gives spans that start and end at whitespace, which every spaCy
+tokenizer that splits at whitespace also cuts at: they align exactly and equal `predict`'s.
+One that starts or ends inside a spaCy token (a model on the tokenizer's words, or a spaCy
+token that holds a space) is expanded to the tokens around it, and one that would overlap an
+earlier entity after that is left out: both are counted (`expanded`, `overlapping`) and said
+in one warning per batch, never dropped in silence.
 """
 from __future__ import annotations
 

@@ -18,11 +18,14 @@ from spanflow.runtime.policy import Policy
 def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: list[str], max_length: int,
               stride: int, max_tokens: int, policy: Policy, chunk_size: int = 8192,
               on_batch: Callable[[int, int, int], None] | None = None,
-              words: Iterable | None = None, lines: bool = False) -> Iterator[list[Span]]:
+              words: Iterable | None = None, lines: bool = False,
+              split: Callable[[str], list] | None = None) -> Iterator[list[Span]]:
     """Yield each text's spans, in input order, streaming `chunk_size` texts at a time.
 
     `words` (parallel to `texts`; an item may be None) gives a text's own tokens as char
     offsets: spans then start and end on those tokens (see batching.align.encode_texts).
+    `split` cuts a text with no given words into the model's words (tasks.ner.words.splitter);
+    None: the tokenizer's words.
     `lines`: no window crosses a line break (see batching.align.windows_for).
 
     Within a chunk windows are sorted by length and cut into token-budget batches; the
@@ -33,7 +36,7 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
 
     def prepare(pairs: list[tuple[str, object]]):
         chunk = [t for t, _ in pairs]
-        encs = encode_texts(tokenizer, chunk, [w for _, w in pairs])
+        encs = encode_texts(tokenizer, chunk, text_words(pairs, split))
         wins = windows_for(encs, max_length=max_length, stride=stride, cls_id=cls_id, sep_id=sep_id, lines=lines)
         batches = token_budget_batches([len(w) for w in wins], max_tokens, shuffle=False)
         return chunk, encs, wins, batches
@@ -57,6 +60,11 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
             yield decode_spans(enc, merged, id2label)
         if on_batch:
             on_batch(len(chunk), 0, 0)
+
+
+def text_words(pairs, split: Callable[[str], list] | None) -> list:
+    """Each (text, words) pair's words: the given ones, else `split(text)` (None without a split)."""
+    return [w if w is not None or split is None else split(t) for t, w in pairs]
 
 
 def word_starts(encs, window) -> list[bool]:

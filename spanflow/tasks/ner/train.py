@@ -21,6 +21,7 @@ from spanflow.tasks.ner.features import (
 )
 from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
 from spanflow.tasks.ner.model import NerModel
+from spanflow.tasks.ner.words import words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
@@ -86,11 +87,13 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, span=opts.pack_span,
                               seed=opts.seed)
         nm.lines = single_line(texts)
+        nm.words = words_of(train)  # plain text is cut as the training data's tokens were, when it can be
         windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
                                   lines=nm.lines)
         nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
-        log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}")
+        log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "
+            f"words: {nm.words}")
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))

@@ -1,0 +1,170 @@
+"""Unreadable records in bulk input are records: each yields one error record in its place and
+the job goes on. Labelled data (train, evaluate) stays strict: one `error:` line and exit 2."""
+import json
+
+import numpy as np
+import pytest
+from helpers import tiny_bert
+
+from spanflow.cli.main import main
+from spanflow.data.formats.common import read_lines
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.io import read_ner, read_re
+from spanflow.data.records import read_records, read_texts
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import DataError
+
+GOOD = [e.text for e in synthetic_ner(6, seed=11, max_clauses=1)]
+BAD_LINE = b"caf\xc3 au lait \xff"  # a lead byte with no continuation, then a stray byte
+
+
+def write(tmp_path, name, data: bytes) -> str:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return str(p)
+
+
+def shape(path, **kw):
+    """(id, text) per record, an error as ("ERR", its line, its message)."""
+    return [(rid, t) if isinstance(t, str) else (rid, ("ERR", t.line, str(t)))
+            for rid, t in read_records(path, **kw)]
+
+
+def err(path, line, message):
+    return ("ERR", line, f"{path}:{line}: {message}")
+
+
+@pytest.mark.parametrize("data,want", [
+    # invalid UTF-8 in the middle of a line
+    (b"one\ntw\xc3o\nthree\n", [("1", "one"), ("2", (2, "invalid UTF-8 at byte 2 of the line")), ("3", "three")]),
+    # a multi-byte character cut off at the end of the file, no newline after it
+    (b"one\ntwo \xe2\x82", [("1", "one"), ("2", (2, "invalid UTF-8 at byte 4 of the line"))]),
+    # a lone continuation byte as the first line
+    (b"\x80\nok\n", [("1", (1, "invalid UTF-8 at byte 0 of the line")), ("2", "ok")]),
+    # CRLF line ends: good lines lose their \r, line numbers hold
+    (b"one\r\ntw\xffo\r\n\r\nthree\r\n",
+     [("1", "one"), ("2", (2, "invalid UTF-8 at byte 2 of the line")), ("3", ""), ("4", "three")]),
+])
+def test_text_lines_with_invalid_utf8(tmp_path, data, want):
+    p = write(tmp_path, "in.txt", data)
+    assert shape(p) == [(rid, w if isinstance(w, str) else err(p, *w)) for rid, w in want]
+
+
+def test_jsonl_bad_records_in_order(tmp_path):
+    lines = [b'{"text": "first"}', b"[1, 2]", b'{"txt": "x"}', b'{"text": 5}', b'{"text": "a", ',
+             b'{"text": "caf\xc3"}', b'{"text": "a\\ud800b"}', b"", b'{"id": "k9", "text": "last"}']
+    p = write(tmp_path, "in.jsonl", b"\n".join(lines) + b"\n")
+    field = 'expected an object with a string "text" field'
+    got = shape(p)
+    assert got[:4] == [("1", "first"), ("2", err(p, 2, field)), ("3", err(p, 3, field)), ("4", err(p, 4, field))]
+    assert got[4][0] == "5" and got[4][1][:2] == ("ERR", 5) and "invalid JSON" in got[4][1][2]
+    assert got[5:] == [("6", err(p, 6, "invalid UTF-8 at byte 13 of the line")),
+                       ("7", err(p, 7, "\"text\" holds a lone surrogate '\\ud800' at character 1, not a character")),
+                       ("8", ""), ("k9", "last")]
+    # the API default still raises the first bad record; errors="record" yields it in place
+    with pytest.raises(DataError, match=r"in\.jsonl:2: expected an object"):
+        list(read_texts(p))
+    items = list(read_texts(p, errors="record"))
+    assert len(items) == 9 and [i for i, t in enumerate(items) if isinstance(t, DataError)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_csv_bad_rows_in_order(tmp_path):
+    data = (b'id,text\n1,alpha\n2\n3,b\xe9ta\n4,"two\nlines"\n5,ok\xff\n6,omega\n')
+    p = write(tmp_path, "in.csv", data)
+    assert shape(p, column=1, skip_header=True) == [
+        ("2", "alpha"),
+        ("3", err(p, 3, "record has 1 columns, --column 1 asked")),
+        ("4", err(p, 4, "invalid UTF-8 at byte 1 of column 1")),
+        ("6", "two\nlines"),  # a quoted newline: one record, numbered by its last line
+        ("7", err(p, 7, "invalid UTF-8 at byte 2 of column 1")),
+        ("8", "omega"),
+    ]
+    t = write(tmp_path, "in.tsv", b"a\tb\nc\xff\td\ne\tf\n")
+    assert shape(t, column=1) == [("1", "b"), ("2", err(t, 2, "invalid UTF-8 at byte 1 of column 0")), ("3", "f")]
+
+
+def test_labelled_data_stays_strict(tmp_path):
+    """Training and evaluation read through read_lines, which still refuses the whole file."""
+    bad_jsonl = b'{"text": "Ann", "entities": []}\n{"text": "caf\xc3", "entities": []}\n'
+    for name, data, reader in [("n.jsonl", bad_jsonl, read_ner), ("n.conll", b"a O\nb\xff O\n", read_ner),
+                               ("r.jsonl", b'{"text": "x", "relations": []}\n{"text": "\xff"}\n', read_re)]:
+        p = write(tmp_path, name, data)
+        with pytest.raises(DataError, match="invalid UTF-8 at byte") as e:
+            reader(p)
+        assert e.value.line == 2 and str(e.value).startswith(f"{p}:2: ")
+    with pytest.raises(DataError, match=r"n\.conll:2: invalid UTF-8 at byte 1 of the line"):
+        list(read_lines(tmp_path / "n.conll"))
+
+
+@pytest.fixture(scope="module")
+def ner_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad_records")
+    train = d / "train.jsonl"
+    with open(train, "w", encoding="utf-8") as f:
+        for e in synthetic_ner(30, seed=5, max_clauses=1):
+            write_jsonl_record(f, e.text, e.spans)
+    assert main(["train", "ner", "--train", str(train), "--out", str(d / "run"), "--epochs", "1",
+                 "--max-tokens", "512", "--log-every", "0"]) == 0
+    return str(d / "run" / "model")
+
+
+def mixed_and_clean(tmp_path, bad_at: int = 2):
+    good = [t.encode("utf-8") for t in GOOD]
+    mixed = write(tmp_path, "mixed.txt", b"\n".join(good[:bad_at] + [BAD_LINE] + good[bad_at:]) + b"\n")
+    clean = write(tmp_path, "clean.txt", b"\n".join(good) + b"\n")
+    return mixed, clean, bad_at + 1  # the bad record's line number
+
+
+def jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(x) for x in f]
+
+
+def test_predict_writes_one_error_record_and_goes_on(ner_model, tmp_path, capsys):
+    mixed, clean, line = mixed_and_clean(tmp_path)
+    for src in (mixed, clean):
+        assert main(["predict", "--model", ner_model, "--input", src, "--output", src + ".out.jsonl",
+                     "--precision", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {len(GOOD) + 1} records to {mixed}.out.jsonl (1 error records)" in out
+    got, want = jsonl(mixed + ".out.jsonl"), jsonl(clean + ".out.jsonl")
+    assert got[line - 1] == {"line": line, "error": "invalid UTF-8 at byte 3 of the line"}
+    assert got[:line - 1] + got[line:] == want and len(want) == len(GOOD)
+
+
+def test_train_and_evaluate_refuse_invalid_utf8(ner_model, tmp_path, capsys):
+    bad = write(tmp_path, "bad.jsonl", b'{"text": "Ann", "entities": []}\n{"text": "caf\xc3", "entities": []}\n')
+    for argv in (["train", "ner", "--train", bad, "--out", str(tmp_path / "o"), "--epochs", "1"],
+                 ["evaluate", "--model", ner_model, "--data", bad]):
+        assert main(argv) == 2
+        assert f"error: {bad}:2: invalid UTF-8 at byte 13 of the line" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def embed_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad_records_embed")
+    enc, tok = tiny_bert(GOOD, hidden=32, layers=2, heads=2, seed=0)
+    enc.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def test_embed_writes_one_error_record_and_goes_on(embed_model, tmp_path, capsys):
+    mixed, clean, line = mixed_and_clean(tmp_path, bad_at=4)
+    for src in (mixed, clean):
+        assert main(["embed", "--model", embed_model, "--input", src, "--output", src + ".out.jsonl",
+                     "--precision", "fp32"]) == 0
+    assert "1 errors" in capsys.readouterr().out
+    got, want = jsonl(mixed + ".out.jsonl"), jsonl(clean + ".out.jsonl")
+    error = {"id": str(line), "line": line, "error": "invalid UTF-8 at byte 3 of the line"}
+    assert got[line - 1] == error and jsonl(mixed + ".out.errors.jsonl") == [error]
+    rest = got[:line - 1] + got[line:]
+    assert len(rest) == len(want) == len(GOOD)
+    np.testing.assert_allclose([r["embedding"] for r in rest], [r["embedding"] for r in want], atol=1e-5)
+    # .npy: the bad record is a NaN row in its place, every other row as without it
+    assert main(["embed", "--model", embed_model, "--input", mixed, "--output", str(tmp_path / "m.npy"),
+                 "--precision", "fp32"]) == 0
+    m = np.load(tmp_path / "m.npy")
+    assert np.isnan(m[line - 1]).all() and not np.isnan(np.delete(m, line - 1, axis=0)).any()
+    np.testing.assert_allclose(np.delete(m, line - 1, axis=0), [r["embedding"] for r in want], atol=1e-5)
+    assert jsonl(tmp_path / "m.errors.jsonl") == [error]

@@ -1,0 +1,270 @@
+"""A full disk, a read-only one and two jobs on one output, through the real CLI, for the bulk
+writers (`spanflow embed` to .npy and JSONL, `spanflow predict`): one `error:` line naming the
+output and exit 2, never a traceback or a signal, nothing at the final path; `--resume` once
+space is freed gives the vectors of a fresh run."""
+import errno
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from helpers import tiny_bert
+
+from spanflow.cli.main import main
+from spanflow.data.synthetic import synthetic_ner
+
+TEXTS = [e.text for e in synthetic_ner(40, seed=8, max_clauses=2)]
+N = 1000  # 1000 x 16 float32 = 64 KB of .npy, about 200 KB of JSONL: more than the small disk
+RUN = ["--chunk-size", "50", "--precision", "fp32", "--max-tokens", "2048", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("enc")
+    enc, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    enc.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("in") / "in.txt"
+    path.write_text("".join(f"{i} {TEXTS[i % len(TEXTS)]}\n" for i in range(N)), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fresh(model, src, tmp_path_factory):
+    """The vectors of a fresh, undisturbed run."""
+    out = str(tmp_path_factory.mktemp("fresh") / "out.npy")
+    assert main(["embed", "--model", model, "--input", src, "--output", out, *RUN]) == 0
+    return np.load(out)
+
+
+def embed(model, src, out, *extra):
+    return main(["embed", "--model", model, "--input", src, "--output", str(out), *RUN, *extra])
+
+
+def predict(model, src, out):
+    return main(["predict", "--model", model, "--input", src, "--output", str(out), "--max-tokens", "2048",
+                 "--precision", "fp32", "--device", "cpu"])
+
+
+def one_error(rc, capsys, *expect):
+    """The job failed with exit 2 and one `error:` line holding every one of `expect`."""
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, err
+    for e in expect:
+        assert e in lines[0], err
+    return lines[0]
+
+
+def jsonl_vectors(path):
+    return np.array([json.loads(x)["embedding"] for x in open(path, encoding="utf-8")])
+
+
+class Disk:
+    """A small tmpfs at `path`, for the length of a test (skipped where mounting is not allowed)."""
+
+    def __init__(self, path, size):
+        self.path = path
+        path.mkdir()
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          check=False, capture_output=True).returncode != 0:
+            pytest.skip("mounting a tmpfs is not allowed here")
+
+    def remount(self, opts):
+        subprocess.run(["mount", "-o", f"remount,{opts}", str(self.path)], check=True, capture_output=True)
+
+    def umount(self):
+        subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
+
+
+@contextmanager
+def small_disk(path, size="128k"):
+    disk = Disk(path, size)
+    try:
+        yield disk
+    finally:
+        disk.umount()
+
+
+def test_a_full_disk_under_npy_is_one_line_and_resume_completes(model, src, fresh, tmp_path, capsys):
+    with small_disk(tmp_path / "disk") as disk:
+        filler = disk.path / "filler"
+        filler.write_bytes(b"x" * 96 * 1024)  # 32 KB left: not room for the 64 KB .npy
+        out = disk.path / "out.npy"
+        one_error(embed(model, src, out), capsys, f"cannot write the embeddings to {out}", "No space left on device")
+        assert not out.exists() and not (disk.path / "out.npy.partial").exists()  # the space is given back
+        filler.unlink()
+        assert embed(model, src, out, "--resume") == 0
+        np.testing.assert_allclose(np.load(out), fresh, atol=1e-6)
+        assert (disk.path / "out.ids.txt").read_text().split("\n")[:-1] == [str(i) for i in range(1, N + 1)]
+
+
+def test_a_disk_filling_up_under_jsonl_resumes_at_the_first_unfinished_chunk(model, src, fresh, tmp_path, capsys):
+    with small_disk(tmp_path / "disk") as disk:
+        out = disk.path / "out.jsonl"
+        one_error(embed(model, src, out), capsys, str(out), "No space left on device")
+        assert not out.exists()
+        disk.remount("size=4m")
+        assert embed(model, src, out, "--resume") == 0
+        assert "resuming: " in capsys.readouterr().out  # the chunks finished before the disk filled are kept
+        np.testing.assert_allclose(jsonl_vectors(out), fresh, atol=1e-6)
+        assert sorted(os.listdir(disk.path)) == ["out.jsonl"]
+
+
+def test_a_full_disk_under_predict_leaves_nothing(model, src, fresh, tmp_path, capsys):
+    with small_disk(tmp_path / "disk") as disk:
+        out = disk.path / "p.jsonl"
+        one_error(predict(model, src, out), capsys, f"cannot write the predictions to {out}",
+                  "No space left on device")
+        assert os.listdir(disk.path) == []  # no final file, no temporary, no lock
+        disk.remount("size=4m")
+        assert predict(model, src, out) == 0
+        np.testing.assert_allclose(jsonl_vectors(out), fresh, atol=1e-5)
+
+
+def test_a_read_only_output_directory_is_one_line(model, src, tmp_path, capsys):
+    with small_disk(tmp_path / "ro") as disk:
+        disk.remount("ro")
+        for ext in ("npy", "jsonl"):
+            out = disk.path / f"out.{ext}"
+            one_error(embed(model, src, out), capsys, f"cannot write the embeddings to {out}", "Read-only file system")
+        out = disk.path / "p.jsonl"
+        one_error(predict(model, src, out), capsys, f"cannot write the predictions to {out}", "Read-only file system")
+
+
+def no_space(*a, **kw):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def fails_on_call(real, n):
+    """`real`, but its n-th call raises ENOSPC."""
+    calls = [0]
+
+    def wrapped(*a, **kw):
+        calls[0] += 1
+        if calls[0] == n:
+            no_space()
+        return real(*a, **kw)
+    return wrapped
+
+
+def test_no_room_to_reserve_the_npy_is_one_line(model, src, fresh, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out.npy"
+    with monkeypatch.context() as m:
+        m.setattr(os, "posix_fallocate", no_space, raising=False)
+        one_error(embed(model, src, out), capsys, f"cannot write the embeddings to {out}", "No space left on device")
+    assert sorted(os.listdir(tmp_path)) == []
+    assert embed(model, src, out, "--resume") == 0
+    np.testing.assert_allclose(np.load(out), fresh, atol=1e-6)
+
+
+@pytest.mark.parametrize("ext,where", [("npy", "rows"), ("jsonl", "rows"), ("npy", "journal")])
+def test_a_write_failing_mid_job_keeps_the_journal_consistent(model, src, fresh, tmp_path, capsys, monkeypatch, ext,
+                                                              where):
+    from spanflow.tasks.embed import job, journal
+
+    out = tmp_path / f"out.{ext}"
+    with monkeypatch.context() as m:
+        if where == "journal":  # the third chunk's journal entry
+            m.setattr(journal, "atomic_open", fails_on_call(journal.atomic_open, 4))
+            expect = f"cannot write the resume journal to {out}.progress.rank0.json"
+        elif ext == "npy":
+            m.setattr(job._ChunkWriter, "_pwrite_rows", fails_on_call(job._ChunkWriter._pwrite_rows, 3))
+            expect = f"cannot write the embeddings to {out}"
+        else:  # _append writes a chunk's rows, then its error records
+            m.setattr(job, "_append", fails_on_call(job._append, 5))
+            expect = f"cannot write the embeddings to {out}"
+        one_error(embed(model, src, out), capsys, expect, "No space left on device")
+    assert not out.exists()
+    assert embed(model, src, out, "--resume") == 0
+    assert "resuming: 2 chunks of this rank already done" in capsys.readouterr().out
+    got = np.load(out) if ext == "npy" else jsonl_vectors(out)
+    np.testing.assert_allclose(got, fresh, atol=1e-6)
+
+
+def test_predict_full_mid_file_leaves_nothing(model, src, tmp_path, capsys, monkeypatch):
+    from spanflow.inference import predict_job
+
+    real = predict_job.atomic_open
+
+    @contextmanager
+    def fills_up(path, *a, **kw):
+        with real(path, *a, **kw) as f:
+            f.write = fails_on_call(f.write, 100)
+            yield f
+
+    monkeypatch.setattr(predict_job, "atomic_open", fills_up)
+    out = tmp_path / "p.jsonl"
+    one_error(predict(model, src, out), capsys, f"cannot write the predictions to {out}", "No space left on device")
+    assert os.listdir(tmp_path) == []
+
+
+def test_injected_read_only_directory_is_one_line(model, src, tmp_path, capsys, monkeypatch):
+    real = os.open
+    ro = str(tmp_path / "ro")
+    os.mkdir(ro)
+
+    def refuses(path, flags, *a, **kw):
+        if str(path).startswith(ro) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", refuses)
+    out = os.path.join(ro, "out.npy")
+    one_error(embed(model, src, out), capsys, f"cannot write the embeddings to {out}", "Read-only file system")
+    out = os.path.join(ro, "p.jsonl")
+    one_error(predict(model, src, out), capsys, f"cannot write the predictions to {out}", "Read-only file system")
+    assert os.listdir(ro) == []
+
+
+@contextmanager
+def held_elsewhere(out):
+    """`out` claimed by a real other process (a claim is per process: nested claims in one
+    process are one), until the block ends; yields that process's pid."""
+    code = ("import os, sys; from spanflow.atomic import claim_output\n"
+            f"with claim_output({str(out)!r}):\n    print(os.getpid(), flush=True); sys.stdin.readline()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = holder.stdout.readline().strip()
+        assert pid == str(holder.pid)
+        yield pid
+    finally:
+        holder.communicate("\n", timeout=30)
+
+
+def test_a_second_embed_on_the_same_output_stops_at_once(model, src, tmp_path, capsys, monkeypatch):
+    from spanflow.tasks.embed import Embedder
+
+    out = tmp_path / "out.npy"
+    monkeypatch.setattr(Embedder, "encode_stream", lambda *a, **kw: pytest.fail("the second job embedded"))
+    with held_elsewhere(out) as pid:
+        one_error(embed(model, src, out), capsys, str(out), f"pid {pid}")
+        assert os.listdir(tmp_path) == [".out.npy.lock"]  # the first job's lock, and nothing of the second
+
+
+def test_a_second_predict_on_the_same_output_stops_at_once(model, src, tmp_path, capsys):
+    out = tmp_path / "p.jsonl"
+    with held_elsewhere(out) as pid:
+        one_error(predict(model, src, out), capsys, str(out), f"pid {pid}")
+        assert not out.exists()
+
+
+def test_an_output_that_is_a_directory_is_one_line_before_any_work(model, src, tmp_path, capsys, monkeypatch):
+    from spanflow.tasks.embed import Embedder
+
+    monkeypatch.setattr(Embedder, "encode_stream", lambda *a, **kw: pytest.fail("the job ran before the check"))
+    (tmp_path / "d.npy").mkdir()
+    one_error(embed(model, src, tmp_path / "d.npy"), capsys, f"--output {tmp_path / 'd.npy'} is a directory")
+    one_error(predict(model, src, tmp_path), capsys, f"--output {tmp_path} is a directory")

@@ -1,0 +1,283 @@
+"""Training under write faults: a full disk at a model or checkpoint save (a real tmpfs, and an injected
+one that runs everywhere), a kill in the middle of a save, and stdout closed by its reader. Each ends in
+one line, leaves the last good model and checkpoint whole and loadable, and --resume then ends with the
+weights of an uninterrupted run."""
+import errno
+import json
+import os
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from spanflow.cli import evaluate as evaluate_cli
+from spanflow.cli.main import main
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.tasks.ner import NerModel
+from spanflow.training.checkpoint import has_checkpoint
+
+# dev F1 improves at every epoch end with these: epoch 2 saves a new best model, over epoch 1's
+ARGS = ["--model", "tiny", "--epochs", "3", "--lr", "1e-2", "--max-tokens", "256", "--max-length", "64",
+        "--seed", "1", "--precision", "fp32", "--device", "cpu"]
+TEMPORARIES = (".model-", ".ckpt-")  # what atomic_dir writes aside
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    data = synthetic_ner(60, seed=6, max_clauses=2)
+    for name, part in (("train", data), ("dev", data[:10])):
+        with open(d / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for e in part:
+                write_jsonl_record(f, e.text, e.spans)
+    return d
+
+
+def train(files, out, *extra) -> int:
+    return main(["train", "ner", "--train", str(files / "train.jsonl"), "--dev", str(files / "dev.jsonl"), *ARGS,
+                 "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(files, tmp_path_factory):
+    """An uninterrupted run: what every resumed one must end with."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert train(files, out) == 0
+    return out
+
+
+def params(path) -> dict:
+    return {k: v.clone() for k, v in NerModel.load(str(path)).module.state_dict().items()}
+
+
+def assert_same_weights(a, b) -> None:
+    pa, pb = params(a), params(b)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def first_epoch_step(reference) -> int:
+    return json.loads((reference / "train_report.jsonl").read_text().splitlines()[0])["step"]
+
+
+def assert_last_good_kept(out, reference, *, model_of_epoch: int = 1) -> None:
+    """OUT/checkpoint is epoch 1's and OUT/model that of `model_of_epoch`, both whole and loadable,
+    nothing half-written beside them."""
+    assert not any(os.path.exists(out / f"{name}.old") for name in ("model", "checkpoint"))
+    assert has_checkpoint(str(out / "checkpoint"))
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert (state["epoch"], state["global_step"]) == (1, first_epoch_step(reference))
+    trainer = torch.load(out / "checkpoint" / "trainer.pt", map_location="cpu", weights_only=True)
+    assert trainer["optimizer"]["state"]
+    if model_of_epoch == 1:  # the best model and the checkpoint of epoch 1: untouched by the failed save
+        assert_same_weights(out / "model", out / "checkpoint" / "model")
+    else:
+        NerModel.load(str(out / "model"))
+
+
+def assert_resumes_to_reference(files, out, reference) -> None:
+    assert train(files, out, "--resume") == 0
+    assert_same_weights(reference / "model", out / "model")
+    assert_same_weights(reference / "checkpoint" / "model", out / "checkpoint" / "model")
+    assert not [n for n in os.listdir(out) if n.startswith(TEMPORARIES) or n.endswith(".old")]
+
+
+def assert_one_full_disk_line(err: str, out) -> None:
+    """One `error:` line, no traceback: the save that met the full disk and its final path."""
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    saves = f"the best model to {re.escape(str(out / 'model'))}|the checkpoint to {re.escape(str(out / 'checkpoint'))}"
+    assert re.fullmatch(f"error: cannot write ({saves}): No space left on device", lines[0]), lines[0]
+
+
+def disk_bytes(path) -> int:
+    """What the files under `path` take on a tmpfs: each rounded up to whole pages."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return sum(-(-os.path.getsize(os.path.join(d, f)) // page) * page for d, _, names in os.walk(path)
+               for f in names)
+
+
+@contextmanager
+def small_disk(path, size: int):
+    """A tmpfs of `size` bytes at `path`; the test skips where mounting is not allowed."""
+    os.makedirs(path)
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                           text=True, check=False)
+    except FileNotFoundError:
+        pytest.skip("no mount command here")
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield
+    finally:
+        # lazily where a failed test's traceback still holds a file open on it: detached all the same
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_full_disk_at_the_best_model_keeps_the_last_good_one_then_resume(files, reference, tmp_path, capsys):
+    model, ckpt = disk_bytes(reference / "model"), disk_bytes(reference / "checkpoint")
+    free = model + ckpt + model // 2  # epoch 1's best model and checkpoint fit; epoch 2's best model does not
+    filler = 2 * (model + ckpt) + 2**16  # once removed, room for the resumed run's saves written aside
+    disk = tmp_path / "disk"
+    with small_disk(disk, free + filler):
+        with open(disk / "filler", "wb") as f:
+            f.write(b"\0" * filler)
+        out = disk / "run"
+        capsys.readouterr()
+        assert train(files, out) == 2
+        err = capsys.readouterr().err
+        assert_one_full_disk_line(err, out)
+        assert "the best model" in err
+        assert not [n for n in os.listdir(out) if n.startswith(TEMPORARIES)]  # the failed save's copy is gone
+        assert_last_good_kept(out, reference)
+        os.remove(disk / "filler")  # space freed
+        assert_resumes_to_reference(files, out, reference)
+
+
+def test_full_disk_at_the_trainer_state_keeps_the_last_checkpoint(tmp_path):
+    """trainer.pt (torch.save) meeting a full disk: a WriteError naming the checkpoint, the last one kept."""
+    from spanflow.errors import WriteError
+    from spanflow.training.checkpoint import load_checkpoint, save_checkpoint
+
+    def trainer(n: int):
+        p = torch.nn.Parameter(torch.zeros(n))
+        opt = torch.optim.Adam([p])
+        p.grad = torch.ones(n)
+        opt.step()  # Adam's two moments: 8 bytes a parameter in trainer.pt
+        return {"optimizer": opt, "scheduler": torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0), "scaler": None}
+
+    disk = tmp_path / "disk"
+    with small_disk(disk, 2**20), torch.random.fork_rng():
+        ckpt = disk / "checkpoint"
+        save_checkpoint(str(ckpt), save_model=os.makedirs, state={"global_step": 1}, **trainer(1000))
+        with pytest.raises(WriteError, match=f"^cannot write the checkpoint to {re.escape(str(ckpt))}: No space left"):
+            save_checkpoint(str(ckpt), save_model=os.makedirs, state={"global_step": 2}, **trainer(10**6))
+        assert not [n for n in os.listdir(disk) if n.startswith(TEMPORARIES)]
+        assert load_checkpoint(str(ckpt), **trainer(1000)) == {"global_step": 1}
+
+
+def test_injected_full_disk_at_a_checkpoint_then_resume(files, reference, tmp_path, capsys, monkeypatch):
+    """A full disk at epoch 2's checkpoint, met by an encoder's save_pretrained that raises safetensors'
+    own error type (as transformers' does) with half a file written: runs where no tmpfs mounts."""
+    from safetensors import SafetensorError
+
+    from spanflow.models.tiny import TinyModel
+
+    real, checkpoints = TinyModel.save_pretrained, []
+
+    def save_pretrained(self, path, **kw):
+        checkpoints.extend([path] if f"{os.sep}.ckpt-" in path else [])
+        if len(checkpoints) < 2:  # all but the checkpoint of epoch 2
+            return real(self, path, **kw)
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "model.safetensors"), "wb") as f:
+            f.write(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(TinyModel, "save_pretrained", save_pretrained)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train(files, out) == 2
+    err = capsys.readouterr().err
+    assert_one_full_disk_line(err, out)
+    assert "the checkpoint" in err
+    assert not [n for n in os.listdir(out) if n.startswith(TEMPORARIES)]
+    assert_last_good_kept(out, reference, model_of_epoch=2)
+    monkeypatch.undo()
+    assert_resumes_to_reference(files, out, reference)
+
+
+# imported at start-up by the child process it is put on PYTHONPATH for: the Nth save that replaces the
+# best model dies as a kill -9 would, its new copy written aside, before the rename ("before") or between
+# replace_dir's two renames, the old copy moved aside ("between")
+KILL_HOOK = """
+import os
+
+import spanflow.atomic as atomic
+
+_replace_dir, _replaced = atomic.replace_dir, []
+
+
+def replace_dir(tmp, final):
+    if os.path.basename(final) == "model" and os.path.exists(final):
+        _replaced.append(final)
+        if len(_replaced) == int(os.environ["SPANFLOW_TEST_KILL_AT"]):
+            if os.environ["SPANFLOW_TEST_KILL"] == "between":
+                os.replace(final, final.rstrip("/") + ".old")
+            os._exit(137)
+    _replace_dir(tmp, final)
+
+
+atomic.replace_dir = replace_dir
+"""
+
+
+# "before": at epoch 2's best model; "between": at epoch 3's, the run's last, so that the resumed run
+# saves no later one that would clear what the kill left: it must put the old copy back itself
+@pytest.mark.parametrize("when, at", [("before", 1), ("between", 2)])
+def test_kill_during_a_model_save_keeps_the_last_good_one_then_resume(files, reference, tmp_path, when, at):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_HOOK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+           "SPANFLOW_TEST_KILL": when, "SPANFLOW_TEST_KILL_AT": str(at)}
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "spanflow", "train", "ner", "--train", str(files / "train.jsonl"),
+                        "--dev", str(files / "dev.jsonl"), *ARGS, "--out", str(out)], env=env, capture_output=True,
+                       text=True, timeout=300, check=False)
+    assert r.returncode == 137, r.stderr[-2000:]
+    if when == "between":
+        # the old best model is whole beside its final path, and nothing at that path
+        assert not os.path.exists(out / "model"), os.listdir(out)
+        NerModel.load(str(out / "model.old"))
+    else:
+        assert_last_good_kept(out, reference)
+        assert [n for n in os.listdir(out) if n.startswith(TEMPORARIES)]  # the dead run's copy, left aside
+    assert_resumes_to_reference(files, out, reference)
+
+
+def test_evaluate_json_into_a_closed_pipe_exits_quietly(files, reference):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before spanflow prints a byte (`| head -c 10`, without the race)
+    try:
+        r = subprocess.run([sys.executable, "-m", "spanflow", "evaluate", "--model", str(reference / "model"),
+                            "--data", str(files / "dev.jsonl"), "--json", "--device", "cpu"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+    finally:
+        os.close(write)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr and "Exception ignored" not in r.stderr
+
+
+@pytest.mark.parametrize("exc, line", [
+    (OSError(errno.ENOSPC, "No space left on device", "/out/x"),
+     "error: cannot write: No space left on device (/out/x)"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/x"), "error: cannot write: Read-only file system (/ro/x)"),
+    (PermissionError(errno.EACCES, "Permission denied", "/root/x"),
+     "error: cannot access: Permission denied (/root/x)"),
+    (Exception("Error while serializing: I/O error: Disk quota exceeded (os error 122)"),
+     "error: cannot write: Disk quota exceeded"),
+])
+def test_an_unwrapped_write_fault_is_one_line(monkeypatch, capsys, exc, line):
+    def run(a):
+        raise exc
+
+    monkeypatch.setattr(evaluate_cli, "run", run)
+    assert main(["evaluate", "--model", "m", "--data", "d"]) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
+def test_other_errors_keep_their_traceback(monkeypatch):
+    def run(a):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/nowhere")
+
+    monkeypatch.setattr(evaluate_cli, "run", run)
+    with pytest.raises(FileNotFoundError):
+        main(["evaluate", "--model", "m", "--data", "d"])

@@ -1,0 +1,179 @@
+"""Plain text is cut into the training data's kind of words: a model trained on whitespace-separated
+tokens (CoNLL) keeps a URL whole in predict, serve, the Python API, the spaCy component and its
+Hugging Face export; models trained on JSONL spans, and model directories saved before the
+`words` key, keep the tokenizer's words."""
+import json
+import random
+import shutil
+
+import pytest
+from helpers import tiny_bert
+
+from spanflow.cli.main import main
+from spanflow.data.examples import NerExample
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.io import read_ner
+from spanflow.errors import ModelDirError
+from spanflow.tasks.ner import NerModel, train_ner
+from spanflow.tasks.ner.tagging import tag_texts
+from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, whitespace_words, words_of
+from spanflow.training.options import TrainOptions
+
+NAMES = ["dani alves", "lionel messi", "ana lopez", "marco rossi", "sara berg", "tom hanks"]
+PLACES = ["oslo", "madrid", "lisbon", "berlin"]
+
+
+def url(name: str, place: str) -> str:
+    """One token of punctuation and underscores that holds entity words, as a tweet's link does."""
+    return "http://x.y/" + "_".join(name.split() + ["in", place])
+
+
+def tagged(rng: random.Random) -> list[tuple[str, str]]:
+    """A sentence as (token, BIO tag) pairs; the URL token is O."""
+    name, place = rng.choice(NAMES), rng.choice(PLACES)
+    person = [(w, ("I-" if i else "B-") + "person") for i, w in enumerate(name.split())]
+    where = [(place, "B-location")]
+    o = [(w, "O") for w in ("watch", "in")]
+    kind = rng.randrange(3)
+    if kind == 0:
+        return person + [("played", "O"), ("in", "O")] + where + [("today", "O")]
+    if kind == 1:
+        return o[:1] + person + o[1:] + where + [(url(name, place), "O")]
+    return [(url(name, place), "O"), ("is", "O"), ("news", "O"), ("from", "O")] + where
+
+
+def write_conll(path, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines("".join(f"{tok}\t{tag}\n" for tok, tag in tagged(rng)) + "\n" for _ in range(n))
+
+
+# texts never trained on: other name/place pairs inside the links, and punctuation glued to words
+TEXTS = [f"watch {n} in {p} {url(n, p)}" for n, p in (("marco rossi", "berlin"), ("sara berg", "oslo"))] + \
+        [f"{url(n, p)} is news from {p}" for n, p in (("tom hanks", "lisbon"), ("dani alves", "madrid"))] + \
+        ["ana lopez played in madrid today", "lionel messi, in oslo! today"]
+
+
+def cut_inside(text: str, spans) -> list:
+    """The spans that start or end inside a whitespace token of `text`."""
+    words = whitespace_words(text)
+    starts, ends = {a for a, _ in words}, {b for _, b in words}
+    return [s for s in spans if s[0] not in starts or s[1] not in ends]
+
+
+def opts(**kw) -> TrainOptions:
+    base = {"epochs": 10, "lr": 3e-3, "head_lr": 3e-3, "max_tokens": 512, "max_length": 64, "warmup_ratio": 0.05,
+            "patience": 0, "log_every": 0, "seed": 0}
+    return TrainOptions(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def conll_model(tmp_path_factory):
+    """A CRF model on a Hugging Face BERT encoder (so it can be exported), trained on CoNLL tokens."""
+    d = tmp_path_factory.mktemp("words")
+    write_conll(d / "train.conll", 120, seed=1)
+    train = read_ner(str(d / "train.conll"))
+    enc, tok = tiny_bert([e.text for e in train] + TEXTS, hidden=32, layers=2, heads=2)
+    enc.save_pretrained(d / "enc")
+    tok.save_pretrained(d / "enc")
+    train_ner(train, None, model=str(d / "enc"), out_dir=str(d / "run"), options=opts(), log_fn=lambda s: None)
+    return d, NerModel.load(str(d / "run" / "model"), precision="fp32")
+
+
+def test_a_conll_model_keeps_whitespace_tokens_whole_in_predict(conll_model, tmp_path):
+    d, model = conll_model
+    assert json.loads((d / "run" / "model" / "spanflow.json").read_text())["words"] == WHITESPACE
+    assert model.words == WHITESPACE
+    got = model.predict(TEXTS)
+    assert sum(map(len, got)) >= 6  # the model finds entities, so where they end means something
+    assert [cut_inside(t, s) for t, s in zip(TEXTS, got)] == [[]] * len(TEXTS)
+    # the same spans as the evaluate path, which passes the CoNLL tokens as words
+    assert got == model.predict(TEXTS, words=[whitespace_words(t) for t in TEXTS])
+    # the case bites: on the tokenizer's words the same model tags names inside the links
+    model.words = TOKENIZER
+    try:
+        assert any(cut_inside(t, s) for t, s in zip(TEXTS, model.predict(TEXTS)))
+    finally:
+        model.words = WHITESPACE
+    # the server's units and `spanflow predict` give the same spans
+    units, _, encs = model.units(TEXTS)
+    assert model.assemble(TEXTS, units, model.run_batch(units), encs) == got
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "out.jsonl"), "--precision", "fp32"]) == 0
+    lines = [json.loads(x)["entities"] for x in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [[(x["start"], x["end"], x["label"]) for x in ents] for ents in lines] == got
+
+
+def test_a_model_dir_without_the_key_predicts_on_tokenizer_words(conll_model, tmp_path):
+    d, model = conll_model
+    old = tmp_path / "old"
+    shutil.copytree(d / "run" / "model", old)
+    cfg = json.loads((old / "spanflow.json").read_text())
+    del cfg["words"]
+    (old / "spanflow.json").write_text(json.dumps(cfg))
+    loaded = NerModel.load(str(old), precision="fp32")
+    assert loaded.words == TOKENIZER
+    before = list(tag_texts(loaded.module, loaded.tokenizer, TEXTS, id2label=loaded.id2label,
+                            max_length=loaded.max_length, stride=loaded.stride, max_tokens=4096,
+                            policy=loaded.policy, lines=loaded.lines))  # what predict ran before the key
+    assert loaded.predict(TEXTS) == before
+    assert before != model.predict(TEXTS)
+    cfg["words"] = "sentencepiece"
+    (old / "spanflow.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelDirError, match="unknown words 'sentencepiece'"):
+        NerModel.load(str(old))
+
+
+def test_the_spacy_component_sets_the_spans_predict_finds(conll_model):
+    spacy = pytest.importorskip("spacy")
+    d, model = conll_model
+    nlp = spacy.blank("en")  # splits "messi," and "oslo!" finer than whitespace, keeps the links whole
+    comp = nlp.add_pipe("spanflow_ner", config={"model": str(d / "run" / "model"), "precision": "fp32"})
+    docs = list(nlp.pipe(TEXTS, batch_size=4))
+    want = model.predict(TEXTS)
+    assert [[(e.start_char, e.end_char, e.label_) for e in doc.ents] for doc in docs] == want
+    assert comp.expanded == 0 and comp.overlapping == 0
+
+
+def test_the_hf_export_keeps_the_words_for_spanflow(conll_model, tmp_path, capsys):
+    d, _ = conll_model
+    assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", "--lossy", str(tmp_path / "hf")]) == 0
+    assert "labels whitespace-separated words" in capsys.readouterr().out
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["spanflow_words"] == WHITESPACE
+    back = NerModel.load(str(tmp_path / "hf"), precision="fp32")  # the emissions, decoded token by token
+    assert back.words == WHITESPACE
+    got = back.predict(TEXTS)
+    assert sum(map(len, got)) >= 6
+    assert [cut_inside(t, s) for t, s in zip(TEXTS, got)] == [[]] * len(TEXTS)
+
+
+def test_a_jsonl_model_keeps_the_tokenizer_words(tmp_path):
+    rng = random.Random(2)
+    data = tmp_path / "train.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for _ in range(80):
+            name, place = rng.choice(NAMES), rng.choice(PLACES)
+            text = f"{name} loves #{place}"  # the entity is the place, without its '#'
+            write_jsonl_record(f, text, [(0, len(name), "person"), (len(text) - len(place), len(text), "location")])
+    train = read_ner(str(data))
+    model = train_ner(train, None, model="tiny", out_dir=str(tmp_path / "run"),
+                      options=opts(epochs=12, lr=2e-2, head_lr=None), log_fn=lambda s: None)
+    assert model.words == TOKENIZER
+    assert json.loads((tmp_path / "run" / "model" / "spanflow.json").read_text())["words"] == TOKENIZER
+    text = "sara berg loves #lisbon"
+    assert (17, 23, "location") in NerModel.load(str(tmp_path / "run" / "model")).predict([text])[0]
+
+
+def test_which_training_tokens_are_whitespace_words():
+    def ex(text, words):
+        return NerExample(text, [], words=words)
+
+    assert words_of([ex("a b", [(0, 1), (2, 3)])]) == WHITESPACE
+    assert words_of([ex("a b", None)]) == TOKENIZER  # plain text or JSONL spans
+    assert words_of([ex("ab, c", [(0, 2), (2, 3), (4, 5)])]) == TOKENIZER  # spaCy's tokens: punctuation apart
+    assert words_of([ex("北京", [(0, 1), (1, 2)])]) == TOKENIZER  # characters (BMES)
+    # CoNLL joins neighbouring CJK tokens without a space: one such text among many keeps whitespace words
+    many = [ex("a b", [(0, 1), (2, 3)])] * 200 + [ex("x 北京大学", [(0, 1), (2, 4), (4, 6)])]
+    assert words_of(many) == WHITESPACE
+    assert whitespace_words(" a\u00a0b\tc  ") == [(1, 2), (3, 4), (5, 6)]
