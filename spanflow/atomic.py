@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO
@@ -145,8 +146,10 @@ def try_lock(fd: int) -> bool:
         return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
+    except OSError as e:
+        # held by another: EWOULDBLOCK (EAGAIN), EACCES on some systems; anything else (ENOLCK on
+        # NFS without a lock daemon, ENOSYS on Lustre without flock) means no locks here: unguarded
+        return e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
     return True
 
 
@@ -168,11 +171,12 @@ def claim_output(path: str) -> Iterator[None]:
     CLI claims before loading a model, the job again when it starts)."""
     parent, name = os.path.split(os.path.abspath(path))
     lock = os.path.join(parent, f".{name}.lock")
-    if lock in _HELD:
+    key = (threading.get_ident(), lock)  # nested in one thread; another thread is another job
+    if key in _HELD:
         yield
         return
     fd = _locked(lock, path)
-    _HELD.add(lock)
+    _HELD.add(key)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -184,11 +188,11 @@ def claim_output(path: str) -> Iterator[None]:
             except OSError:
                 pass
     finally:
-        _HELD.discard(lock)
+        _HELD.discard(key)
         os.close(fd)
 
 
-_HELD: set[str] = set()  # the lock files this process holds
+_HELD: set[tuple[int, str]] = set()  # (thread, lock file) of the claims this process holds
 
 
 def _locked(lock: str, path: str) -> int:
@@ -209,7 +213,7 @@ def _locked(lock: str, path: str) -> int:
         os.close(fd)
 
 
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 @contextmanager

@@ -268,3 +268,38 @@ def test_an_output_that_is_a_directory_is_one_line_before_any_work(model, src, t
     (tmp_path / "d.npy").mkdir()
     one_error(embed(model, src, tmp_path / "d.npy"), capsys, f"--output {tmp_path / 'd.npy'} is a directory")
     one_error(predict(model, src, tmp_path), capsys, f"--output {tmp_path} is a directory")
+
+
+@pytest.mark.parametrize("err,busy", [(errno.EWOULDBLOCK, True), (errno.EACCES, True), (errno.ENOLCK, False),
+                                      (errno.ENOSYS, False)])
+def test_a_file_system_without_locks_runs_unguarded_rather_than_busy(monkeypatch, err, busy):
+    import fcntl
+
+    from spanflow.atomic import try_lock
+
+    def refuse(fd, op):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    assert try_lock(0) is (not busy)
+
+
+def test_another_thread_on_the_same_output_is_another_job(tmp_path):
+    import threading
+
+    from spanflow.atomic import OutputBusy, claim_output
+
+    out, seen = str(tmp_path / "o.npy"), []
+
+    def second():
+        try:
+            with claim_output(out):
+                seen.append("claimed")
+        except OutputBusy as e:
+            seen.append(e.pid)
+
+    with claim_output(out), claim_output(out):  # nested in one thread: one claim
+        t = threading.Thread(target=second)
+        t.start()
+        t.join()
+    assert seen == [str(os.getpid())]

@@ -177,3 +177,39 @@ def test_which_training_tokens_are_whitespace_words():
     many = [ex("a b", [(0, 1), (2, 3)])] * 200 + [ex("x 北京大学", [(0, 1), (2, 4), (4, 6)])]
     assert words_of(many) == WHITESPACE
     assert whitespace_words(" a\u00a0b\tc  ") == [(1, 2), (3, 4), (5, 6)]
+
+
+def test_punctuation_the_training_tokens_split_off_is_cut_off_plain_text_words():
+    from spanflow.tasks.ner.words import edge_rules
+
+    def ex(tokens):
+        text, words, at = "", [], 0
+        for t in tokens:
+            words.append((at, at + len(t)))
+            text += t + " "
+            at += len(t) + 1
+        return NerExample(text.rstrip(), [], words=words)
+
+    # punctuation mostly its own token (Paris .), but @ kept at the start of a word (@user)
+    data = [ex(["in", "Paris", ".", "@anna", "said", ",", "(", "ok", ")"])] * 3 + [ex(["U.S.", "@", "x"])]
+    edges = edge_rules(data)
+    assert "." in edges["end"] and "," in edges["end"] and "(" in edges["start"] and ")" in edges["end"]
+    assert "@" not in edges["start"]  # attached 3 times, alone once: kept
+    text = "Paris, (Reuters) @anna http://x.y/a_b ..."
+    words = [text[a:b] for a, b in whitespace_words(text, edges)]
+    assert words == ["Paris", ",", "(", "Reuters", ")", "@anna", "http://x.y/a_b", "..."]
+    assert whitespace_words(text, {"start": "", "end": ""}) == whitespace_words(text)
+
+
+def test_the_cut_punctuation_is_saved_with_the_model(conll_model, tmp_path):
+    from spanflow.tasks.ner import NerModel
+
+    d, _ = conll_model
+    m = NerModel.load(str(d / "run" / "model"), device="cpu", precision="fp32")  # a copy: the fixture stays as trained
+    m.word_edges = {"start": "(", "end": ",.)"}
+    m.save(str(tmp_path / "m"))
+    again = NerModel.load(str(tmp_path / "m"), device="cpu", precision="fp32")
+    assert again.word_edges == m.word_edges
+    texts = ["ana lopez, in madrid."]
+    assert again.predict(texts) == m.predict(texts) and again.predict(texts)[0], again.predict(texts)
+    assert all(text[e - 1] not in ",." for text, spans in zip(texts, again.predict(texts)) for _, e, _ in spans)

@@ -86,7 +86,8 @@ def _check_spec(spec: EmbedSpec) -> str:
 def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
     """One streaming pass: count records (and write their ids, one per line)."""
     n = 0
-    f = open(ids_tmp, "w", encoding="utf-8") if ids_tmp else None
+    # an id may hold what UTF-8 cannot (a lone surrogate from JSON): escaped, never a crash
+    f = open(ids_tmp, "w", encoding="utf-8", errors="backslashreplace") if ids_tmp else None
     try:
         for rid, _ in read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header):
             n += 1
@@ -240,7 +241,11 @@ def _finish(P: JobPaths, fmt: str, job: Job, dist: Dist) -> Stats:
     elif os.path.exists(P.errors):
         os.remove(P.errors)  # an older run's: not this output's errors
     if fmt == "npy":
-        os.replace(P.ids_partial, P.ids)
+        older = os.path.splitext(P.out)[0] + ".ids.txt.partial"  # the name a job before this version used
+        if not os.path.exists(P.ids_partial) and os.path.exists(older):
+            os.replace(older, P.ids_partial)
+        if os.path.exists(P.ids_partial):  # absent: a kill after its rename, before the output's
+            os.replace(P.ids_partial, P.ids)
     os.replace(P.partial, P.out)
     for r in range(dist.world):
         for f in (P.rank_journal(r), P.rank_part(r), P.rank_errors(r)):

@@ -45,7 +45,8 @@ class NerModel:
 
     def __init__(self, *, encoder, tokenizer, labels: list[str], limit: int, stride: int = 32,
                  head=None, head_type: str = "softmax", policy: Policy | None = None, max_length: int | None = None,
-                 id2label: list[str] | None = None, lines: bool = True, words: str = TOKENIZER):
+                 id2label: list[str] | None = None, lines: bool = True, words: str = TOKENIZER,
+                 word_edges: dict | None = None):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
         # the BIO tag of each output of the head: spanflow's own order, or an imported classifier's
@@ -60,6 +61,7 @@ class NerModel:
         # how plain text is cut into the words labels sit on (tasks.ner.words): the training data's own
         # kind of tokens when they came as whitespace-separated tokens, else the tokenizer's words
         self.words = words
+        self.word_edges = word_edges  # whitespace words: the punctuation cut off their ends (words.edge_rules)
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
@@ -85,7 +87,8 @@ class NerModel:
                    stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
-                   lines=cfg.get("lines", True) is not False, words=config_words(cfg, path))
+                   lines=cfg.get("lines", True) is not False, words=config_words(cfg, path),
+                   word_edges=cfg.get("word_edges"))
 
     @classmethod
     def from_hf(cls, path: str, *, device: str = "auto", precision: str = "auto", bio: bool = False) -> "NerModel":
@@ -109,7 +112,7 @@ class NerModel:
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "ner", "labels": self.labels, "limit": self.limit,
                                "max_length": self.max_length, "stride": self.stride, "lines": self.lines,
-                               "words": self.words,
+                               "words": self.words, **({"word_edges": self.word_edges} if self.word_edges else {}),
                                "tag_scheme": "bio", "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
@@ -134,7 +137,7 @@ class NerModel:
         max_tokens = max_tokens or infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
-                         on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words))
+                         on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words, self.word_edges))
 
     def predict(self, texts: list[str], *, max_tokens: int | None = None,
                 words: list | None = None) -> list[list[Span]]:
@@ -163,7 +166,7 @@ class NerModel:
         """(windows with their word starts, window lengths, encodings): the server's units
         (`words`: see predict_stream)."""
         pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
-        encs = encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words)))
+        encs = encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)))
         wins = windows_for(encs, max_length=self.max_length, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
                            sep_id=self.tokenizer.sep_token_id, lines=self.lines)
         return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs

@@ -21,7 +21,7 @@ from spanflow.tasks.ner.features import (
 )
 from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
 from spanflow.tasks.ner.model import NerModel
-from spanflow.tasks.ner.words import words_of
+from spanflow.tasks.ner.words import WHITESPACE, edge_rules, words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
@@ -88,12 +88,15 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
                               seed=opts.seed)
         nm.lines = single_line(texts)
         nm.words = words_of(train)  # plain text is cut as the training data's tokens were, when it can be
+        nm.word_edges = edge_rules(train) if nm.words == WHITESPACE else None
         windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
                                   lines=nm.lines)
         nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "
-            f"words: {nm.words}")
+            f"words: {nm.words}"
+            + (f" (punctuation cut off a word's start: {nm.word_edges['start'] or 'none'}, end: "
+               f"{nm.word_edges['end'] or 'none'})" if nm.word_edges else ""))
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))

@@ -6,6 +6,12 @@ input token; when those tokens are the whitespace-separated pieces of each text 
 joined by single spaces), plain text split at whitespace gives the model the same words, and
 a URL the tokenizer would cut at its punctuation stays one word. Other models label the
 tokenizer's own words (a pre-tokenizer splits punctuation off, as text with no tokens needs).
+
+Token data often splits punctuation off words (`Paris .`, CoNLL-2003) but keeps some attached
+(`@user`, `#tag`, URLs, WNUT-17): the model learned which. `edge_rules` reads it off the training
+tokens, per character and word edge: a punctuation mark that stands alone as a token more often
+than it sits at that edge of a word is cut off there in plain text (`Paris.` -> `Paris` `.`);
+one the data keeps attached stays (`@user`).
 """
 from __future__ import annotations
 
@@ -25,9 +31,53 @@ MATCH_SHARE = 0.99
 _NON_SPACE = re.compile(r"\S+")  # \S is what str.isspace() is not, as str.split() splits
 
 
-def whitespace_words(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each whitespace-separated token of `text`."""
-    return [m.span() for m in _NON_SPACE.finditer(text)]
+def whitespace_words(text: str, edges: dict | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each whitespace-separated token of `text`; with `edges` ({"start": chars,
+    "end": chars}, see edge_rules) those punctuation marks are cut off a token's ends, one word
+    each (a token of punctuation only stays whole)."""
+    spans = [m.span() for m in _NON_SPACE.finditer(text)]
+    if not edges or not (edges.get("start") or edges.get("end")):
+        return spans
+    out = []
+    for s, e in spans:
+        if not any(c.isalnum() for c in text[s:e]):
+            out.append((s, e))
+            continue
+        head, tail = [], []
+        while text[s] in edges.get("start", "") and not text[s].isalnum():
+            head.append((s, s + 1))
+            s += 1
+        while text[e - 1] in edges.get("end", "") and not text[e - 1].isalnum():
+            e -= 1
+            tail.append((e, e + 1))
+        out += head + [(s, e)] + tail[::-1]
+    return out
+
+
+def _is_mark(c: str) -> bool:
+    return not c.isalnum() and not c.isspace()
+
+
+def edge_rules(examples: list[NerExample]) -> dict:
+    """The punctuation marks to cut off each end of a whitespace word: those the training tokens
+    have standing alone more often than at that end of a word."""
+    alone: dict[str, int] = {}
+    at = {"start": {}, "end": {}}
+    for e in examples:
+        for a, b in e.words or ():
+            t = e.text[a:b]
+            if not any(c.isalnum() for c in t):
+                for c in set(t):
+                    alone[c] = alone.get(c, 0) + 1
+                continue
+            i, j = 0, len(t)
+            while i < j and _is_mark(t[i]):
+                at["start"][t[i]] = at["start"].get(t[i], 0) + 1
+                i += 1
+            while j > i and _is_mark(t[j - 1]):
+                at["end"][t[j - 1]] = at["end"].get(t[j - 1], 0) + 1
+                j -= 1
+    return {edge: "".join(sorted(c for c, n in alone.items() if n > at[edge].get(c, 0))) for edge in at}
 
 
 def words_of(examples: list[NerExample]) -> str:
@@ -45,9 +95,11 @@ def words_of(examples: list[NerExample]) -> str:
     return WHITESPACE if total and same >= MATCH_SHARE * total else TOKENIZER
 
 
-def splitter(kind: str) -> Callable[[str], list[tuple[int, int]]] | None:
+def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple[int, int]]] | None:
     """The function that cuts plain text into a model's words; None: the tokenizer's words."""
-    return whitespace_words if kind == WHITESPACE else None
+    if kind != WHITESPACE:
+        return None
+    return (lambda text: whitespace_words(text, edges)) if edges else whitespace_words
 
 
 def config_words(cfg: dict, path: str) -> str:
