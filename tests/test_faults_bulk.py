@@ -248,7 +248,10 @@ def test_a_second_embed_on_the_same_output_stops_at_once(model, src, tmp_path, c
     from spanflow.tasks.embed import Embedder
 
     out = tmp_path / "out.npy"
+    from spanflow.runtime.loads import Loads
+
     monkeypatch.setattr(Embedder, "encode_stream", lambda *a, **kw: pytest.fail("the second job embedded"))
+    monkeypatch.setattr(Loads, "take", lambda *a, **kw: pytest.fail("the second job loaded its model"))
     with held_elsewhere(out) as pid:
         one_error(embed(model, src, out), capsys, str(out), f"pid {pid}")
         assert os.listdir(tmp_path) == [".out.npy.lock"]  # the first job's lock, and nothing of the second

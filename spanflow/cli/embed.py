@@ -32,21 +32,34 @@ def add_parser(sub) -> None:
 
 def run(a: argparse.Namespace) -> int:
     import os
+    from contextlib import ExitStack
 
-    from spanflow.data.records import sample_texts
+    from spanflow.atomic import hold_output
     from spanflow.errors import DataError
+    from spanflow.inference.predict_job import check_output
+    from spanflow.tasks.embed.job import WHAT
+    from spanflow.training.distributed import init_from_env
+
+    dist = init_from_env()  # under torchrun each rank embeds its share of the chunks
+    if not os.path.exists(a.input):
+        raise DataError("file not found", path=a.input)
+    with ExitStack() as held:
+        if dist.is_main:  # a second job on this output stops here, before any model loads (the job nests)
+            check_output(a.output, WHAT)
+            hold_output(held, a.output, WHAT)
+        return _run(a, dist)
+
+
+def _run(a: argparse.Namespace, dist) -> int:
+    from spanflow.data.records import sample_texts
     from spanflow.inference.heap import settle
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.precision import SAMPLE
     from spanflow.runtime.resolve import Asked, resolve_runtime
     from spanflow.tasks.embed.job import EmbedSpec, embed_file
     from spanflow.tasks.registry import get
-    from spanflow.training.distributed import init_from_env
     from spanflow.tuning.auto import quick_profile
 
-    dist = init_from_env()  # under torchrun each rank embeds its share of the chunks
-    if not os.path.exists(a.input):
-        raise DataError("file not found", path=a.input)
     task = get("embed")
     loads = Loads(task, a.model)
     texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)

@@ -22,12 +22,12 @@ from spanflow.errors import ConfigError, DataError
 WHAT = "the predictions"
 
 
-def check_output(dst: str) -> None:
+def check_output(dst: str, what: str = WHAT) -> None:
     """Refuse an output path that cannot become a file (a directory, or a file where its directory
-    should be) with one clear error, before any work."""
+    should be) with one clear error, before any work; `what` the output is, for a write error."""
     if os.path.isdir(dst):
         raise ConfigError(f"--output {dst} is a directory; give a file name", field="output")
-    with writing(WHAT, dst):
+    with writing(what, dst):
         try:
             os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
         except (FileExistsError, NotADirectoryError):
