@@ -144,7 +144,8 @@ def _train_workload(model: str, data: str, *, policy, sample: int, seed: int) ->
         e = module(batch["input_ids"], batch["attention_mask"]).float()
         return LOSSES[name](e, {**batch, "n_pairs": e.shape[0] // k})
 
-    return Workload(emb.module, at_length, make_collate(emb.tokenizer.pad_token_id or 0), loss_fn, emb.limit)
+    # the longest training input: the directory's max_seq_length when it has one, else the encoder's limit
+    return Workload(emb.module, at_length, make_collate(emb.tokenizer.pad_token_id or 0), loss_fn, emb.max_length)
 
 
 TASK = EmbedTask()
