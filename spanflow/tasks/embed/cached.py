@@ -49,6 +49,28 @@ def _set_rng_state(state, device: torch.device) -> None:
         torch.mps.set_rng_state(state[1])
 
 
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library, another system)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def _release_freed() -> None:
+    """Give the heap's freed blocks back to the system after each micro-batch: the micro-batches
+    of one update differ in shape, and glibc's heap otherwise keeps the blocks of each, so the
+    process's resident memory would grow past that of one micro-batch."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def _embed(model: nn.Module, batch: dict, policy: Policy) -> torch.Tensor:
     with policy.autocast():
         return model(batch["input_ids"], batch["attention_mask"]).float()
@@ -98,5 +120,7 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
             e = _embed(model, b, policy)
             # a stand-in batch (no rows in the pool) joins the all-reduce with a zero gradient
             torch.autograd.backward(e, grads[i] if grads[i] is not None else torch.zeros_like(e))
+        if device.type == "cpu":
+            _release_freed()
     _set_rng_state(after, device)
     return value.detach() / world
