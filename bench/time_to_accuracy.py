@@ -39,6 +39,13 @@ METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}
 DEFAULT_RUNS = {"ner": "hf_b32,hf_b8,spanflow", "re": "hf_b32,hf_b8,spanflow", "embed": "st,spanflow"}
 
 
+def quiet_args() -> dict:
+    """Trainer arguments for a timed run: no saving, evaluation or logging of its own, CPU when
+    there is no GPU."""
+    return dict(save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none",
+                use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+
+
 def epoch_eval(score) -> tuple[list[dict], object]:
     """(the curve, a TrainerCallback appending score(model) at each epoch end): training seconds
     with every evaluation taken off the clock."""
@@ -76,8 +83,7 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) 
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     out = tempfile.mkdtemp(prefix="hf-tta-")
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs,
-                             seed=seed, save_strategy="no", eval_strategy="no", logging_strategy="no",
-                             report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+                             seed=seed, **quiet_args())
     try:
         Trainer(model=model, args=args, train_dataset=train_f, data_collator=DataCollatorForTokenClassification(tok),
                 callbacks=[callback]).train()
@@ -114,8 +120,7 @@ def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int =
     # warmup_steps below 1 is a ratio of the total steps: warmup_ratio 0.1 (that name is deprecated)
     args = SentenceTransformerTrainingArguments(
         output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs, learning_rate=2e-5,
-        warmup_steps=0.1, seed=seed, save_strategy="no", eval_strategy="no", logging_strategy="no",
-        report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+        warmup_steps=0.1, seed=seed, **quiet_args())
     try:
         SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=CoSENTLoss(model),
                                    callbacks=[callback]).train()

@@ -183,10 +183,8 @@ def claim_output(path: str) -> Iterator[None]:
         try:
             yield
         finally:
-            try:
+            if os.path.exists(lock):  # a user may have removed it by hand; the lock is the fd's
                 os.unlink(lock)
-            except OSError:
-                pass
     finally:
         _HELD.discard(key)
         os.close(fd)

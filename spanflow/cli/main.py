@@ -63,8 +63,8 @@ def _stdout_gone() -> int:
     flush does not fail again with "Exception ignored ... BrokenPipeError", and exit 1."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is no file descriptor (replaced by a caller)
-        pass
+    except (OSError, ValueError):  # stdout is no file descriptor (replaced by a caller): swap the object
+        sys.stdout = open(os.devnull, "w")
     return 1
 
 

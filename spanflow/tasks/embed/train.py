@@ -94,16 +94,14 @@ def make_collate(pad_id: int) -> Callable[[list], dict]:
     return collate
 
 
-def cosent_loss(module, batch: dict) -> torch.Tensor:
-    """CoSENT on one batch of scored pairs (kept for callers that hold a module and a batch)."""
-    return LOSSES["cosent"](module(batch["input_ids"], batch["attention_mask"]).float(), batch)
-
-
 def _batch_loss(loss) -> Callable:
     """A loss of embeddings as the loop's loss of (module, batch): a scored-pair loss works per batch."""
     def loss_fn(module, batch: dict) -> torch.Tensor:
         return loss(module(batch["input_ids"], batch["attention_mask"]).float(), batch)
     return loss_fn
+
+
+cosent_loss = _batch_loss(LOSSES["cosent"])  # CoSENT on one batch of scored pairs
 
 
 def start_embedder(source: str, texts: list[str], opts: TrainOptions, policy) -> Embedder:
