@@ -217,13 +217,31 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 @contextmanager
 def writing(what: str, path: str) -> Iterator[None]:
     """Turn the OSErrors of a write that the user must fix (a full disk, a read-only file system,
-    no permission) into a WriteError naming `what` was being written to `path`."""
+    no permission) into a WriteError naming `what` was being written to `path`; also a Rust
+    library's error for one (as_os_error)."""
     try:
         yield
-    except OSError as e:
-        if e.errno in WRITE_ERRNOS:
-            raise WriteError(what, getattr(e, "filename", None) or path, e) from None
+    except Exception as e:
+        err = as_os_error(e)
+        if err is not None and err.errno in WRITE_ERRNOS:
+            raise WriteError(what, getattr(err, "filename", None) or path, err) from None
         raise
+
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error shows an errno
+
+
+def as_os_error(e: BaseException, path: str | None = None) -> OSError | None:
+    """`e` as the OSError it stands for: itself, or the error of a library written in Rust whose
+    message ends in Rust's "(os error N)" (safetensors raises SafetensorError, tokenizers a plain
+    Exception, even for a full disk), as OSError(N) naming `path`; None for any other error."""
+    if isinstance(e, OSError):
+        return e
+    m = _RUST_OS_ERROR.search(str(e))
+    if m is None:
+        return None
+    n = int(m.group(1))
+    return OSError(n, os.strerror(n), path)
 
 
 def hold_output(held, path: str, what: str) -> None:

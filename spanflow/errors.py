@@ -47,3 +47,10 @@ class WriteError(SpanflowError):
     def __init__(self, what: str, path: str, err: OSError):
         self.what, self.path, self.errno = what, path, err.errno
         super().__init__(f"cannot write {what} to {path}: {err.strerror or err}")
+
+
+class PeerFailed(SpanflowError):
+    """Another process of the job (rank 0 under torchrun) stopped with an error it has already
+    reported; this one stops too, without a second message."""
+
+    quiet = True

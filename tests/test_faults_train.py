@@ -281,3 +281,19 @@ def test_other_errors_keep_their_traceback(monkeypatch):
     monkeypatch.setattr(evaluate_cli, "run", run)
     with pytest.raises(FileNotFoundError):
         main(["evaluate", "--model", "m", "--data", "d"])
+
+
+def test_a_full_disk_at_the_training_report_is_one_line(files, tmp_path, capsys, monkeypatch):
+    from spanflow.training import loop
+
+    def full(path, record):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(loop, "append_jsonl", full)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train(files, out, "--epochs", "1") == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (f"error: cannot write the training report to {out / 'train_report.jsonl'}: "
+                                            "No space left on device")
+    assert "Traceback" not in err

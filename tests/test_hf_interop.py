@@ -1,6 +1,7 @@
 """Hugging Face token-classification directories in (predict, evaluate, serve, train) and out
 (`spanflow export --to hf`), checked against transformers' own pipeline."""
 import json
+import os
 
 import pytest
 import torch
@@ -129,3 +130,23 @@ def test_schemes_read_as_bio_and_unusable_directories_are_one_line(tmp_path, cap
                str(tmp_path / "o.jsonl")])
     err = capsys.readouterr().err
     assert rc == 2 and "id2label" in err and "Traceback" not in err
+
+
+def test_a_full_disk_at_export_is_one_line_and_leaves_nothing(trained, tmp_path, capsys):
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)], capture_output=True, text=True,
+                       check=False)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        capsys.readouterr()
+        assert main(["export", "--model", str(trained / "run" / "model"), "--to", "hf", str(disk / "hf")]) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == f"error: cannot write the exported model to {disk / 'hf'}: No space left on device"
+        assert "Traceback" not in err
+        assert os.listdir(disk) == []  # nothing half-written, no temporary left
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

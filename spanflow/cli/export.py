@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    from spanflow.atomic import writing
     from spanflow.errors import ConfigError
     from spanflow.tasks.registry import task_of_dir
 
@@ -23,5 +24,6 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError(f"a {task.name} model exports to {', '.join(getattr(task, 'exports', ())) or 'nothing'}, "
                           f"not {a.to!r}")
     model = task.load(a.model, device="cpu", precision="fp32")
-    print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy)} ({a.to})")
+    with writing("the exported model", a.out):
+        print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy)} ({a.to})")
     return 0

@@ -47,7 +47,7 @@ def write_error_line(e: BaseException) -> str | None:
     """The `error:` line of an unwrapped write fault (full disk, quota, read-only, no permission),
     or None when `e` is not one."""
     from spanflow.atomic import WRITE_ERRNOS
-    from spanflow.models.files import as_os_error
+    from spanflow.atomic import as_os_error
 
     err = as_os_error(e)
     if err is None or err.errno not in WRITE_ERRNOS:
@@ -68,6 +68,18 @@ def _stdout_gone() -> int:
     return 1
 
 
+def _leave_group(rc: int) -> int:
+    """Under torchrun, a rank that stops with an error ends its process at once: leaving the group
+    would wait for peers that may never get there, and the interpreter's teardown with gloo's
+    threads still running can abort the process (training/distributed.exit_now)."""
+    dist = sys.modules.get("torch.distributed")  # not imported: no group (and no torch import for an error line)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        from spanflow.training.distributed import exit_now
+
+        exit_now(rc)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
     if threading.current_thread() is threading.main_thread():
@@ -85,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                 exit_now(rc)
         return rc
     except SpanflowError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        if not getattr(e, "quiet", False):
+            print(f"error: {e}", file=sys.stderr)
+        return _leave_group(2)
     except BrokenPipeError:
         return _stdout_gone()
     except Terminated:

@@ -18,7 +18,8 @@ from torch import nn
 
 from spanflow.atomic import WRITE_ERRNOS, atomic_dir
 from spanflow.errors import ModelDirError
-from spanflow.models.files import as_os_error, write_safetensors
+from spanflow.atomic import as_os_error
+from spanflow.models.files import write_safetensors
 from spanflow.schemas import Names, PositiveInt, expect, explain
 
 FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads

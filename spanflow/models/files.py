@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 WEIGHTS = "model.safetensors"  # an encoder directory's weights, as transformers names them
-_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error shows an errno
 
 
 def json_object(path: str) -> dict | None:
@@ -33,19 +31,6 @@ class Config(SimpleNamespace):
 
     def to_dict(self) -> dict:
         return dict(vars(self))
-
-
-def as_os_error(e: BaseException, path: str | None = None) -> OSError | None:
-    """`e` as the OSError it stands for: itself, or the error of a library written in Rust whose
-    message ends in Rust's "(os error N)" (safetensors raises SafetensorError, tokenizers a plain
-    Exception, even for a full disk), as OSError(N) naming `path`; None for any other error."""
-    if isinstance(e, OSError):
-        return e
-    m = _RUST_OS_ERROR.search(str(e))
-    if m is None:
-        return None
-    n = int(m.group(1))
-    return OSError(n, os.strerror(n), path)
 
 
 def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:

@@ -3,12 +3,19 @@ the loop needs. One process per device; NCCL on CUDA, gloo on CPU."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from spanflow.errors import PeerFailed
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -76,13 +83,44 @@ def broadcast(obj, d: Dist):
     return box[0]
 
 
+def on_main(fn: Callable[[], T], d: Dist) -> T | None:
+    """fn() on rank 0 alone (a save, a report line), its outcome told to every rank: when it
+    raises, rank 0 raises its error and the others PeerFailed, so that no rank is left waiting at
+    the next collective for a peer that has left. None on the other ranks."""
+    if not d.enabled:
+        return fn()
+    out, err = None, None
+    if d.is_main:
+        try:
+            out = fn()
+        except Exception as e:  # told to the others below, then raised again here
+            err = e
+    failed = broadcast(None if err is None else str(err), d)
+    if err is not None:
+        raise err
+    if failed is not None:
+        raise PeerFailed(f"rank 0 stopped: {failed}")
+    return out
+
+
 def relaunch(argv: list[str], devices: int) -> int:
-    """Run `spanflow <argv>` under torch.distributed.run with `devices` processes on this node."""
+    """Run `spanflow <argv>` under torch.distributed.run with `devices` processes on this node;
+    the exit code of the first rank that failed (its own error line said why), 0 when all finished."""
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = ["--nproc-per-node", str(devices), "-m", "spanflow", *argv]
     print(f"launching: torchrun {' '.join(args)}", file=sys.stderr)
-    run.main(args)
+    # the failed rank printed why; the launcher's own log of it would be a second, noisier line
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        run.run(run.parse_args(args))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        if failure.exitcode < 0:  # killed by a signal: nothing of its own was printed
+            print(f"error: rank {rank} was killed by signal {-failure.exitcode}", file=sys.stderr)
+            return 1
+        return failure.exitcode or 1
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from spanflow.training.defaults import TaskDefaults, fill_defaults
+from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions
 from spanflow.training.outdir import claim_out_dir
@@ -45,7 +46,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
 
     `model` is where training starts: a model directory of the task, an encoder directory or
     `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one."""
-    with claim_out_dir(out_dir):
+    with claim_out_dir(out_dir, init_from_env()):  # the group first, so every rank learns of a refused claim
         run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
         plan = setup(run)
         prepare_encoder(plan.model.module.encoder, run.opts, run.log)

@@ -17,7 +17,7 @@ from spanflow.batching.prefetch import prefetch
 from spanflow.batching.sampling import epoch_indices
 from spanflow.monitor.report import Meter, append_jsonl, format_report, report_scalars, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from spanflow.training.distributed import Dist, all_sum, barrier, broadcast, gather
+from spanflow.training.distributed import Dist, all_sum, broadcast, gather, on_main
 from spanflow.training.optim import build_optimizer, warmup_linear
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
@@ -145,10 +145,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             "(--patience)")
     if r.st["best_f1"] is not None:
         log(f"best dev {hooks.metric} {r.st['best_f1']:.4f}: that model is in {os.path.join(out_dir, 'model')}")
-    if hooks.evaluate is None and dist.is_main:
-        with writing("the model", os.path.join(out_dir, "model")):
-            hooks.save_model(os.path.join(out_dir, "model"))
-    barrier(dist)
+    if hooks.evaluate is None:
+        on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
     return {k: final[k] for k in ("best_f1", "global_step", "completed")}
 
 
@@ -169,8 +167,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
           "stopped": False, "first_loss": None}
     r = _Run(model, _wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
              optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
-    if dist.is_main:
-        recover_dir(os.path.join(out_dir, "model"))  # the best model of a run killed between its two renames
+    on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
     if resumed:
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
@@ -178,8 +175,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     else:
         if opts.resume:
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
-        if os.path.exists(r.report_path) and dist.is_main:
-            os.remove(r.report_path)  # a fresh run starts a fresh report
+        on_main(lambda: _remove(r.report_path), dist)  # a fresh run starts a fresh report
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log) if dist.is_main else Reporters()
     r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
@@ -261,10 +257,14 @@ def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = Fa
         rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
     if partial:
         rep["partial"] = True
-    if r.dist.is_main:
+    on_main(lambda: _write_report(r, rep, epoch), r.dist)
+
+
+def _write_report(r: _Run, rep: dict, epoch: int) -> None:
+    with writing("the training report", r.report_path):
         append_jsonl(r.report_path, rep)
-        r.log(format_report(rep))
-        r.reporters.log_metrics({**report_scalars(rep, "epoch"), "train/epoch": epoch + 1}, r.st["global_step"])
+    r.log(format_report(rep))
+    r.reporters.log_metrics({**report_scalars(rep, "epoch"), "train/epoch": epoch + 1}, r.st["global_step"])
 
 
 def _lr_now(r: _Run) -> float:
@@ -297,10 +297,8 @@ def _learning_check(r: _Run, f1: float | None, left: int) -> None:
 
 def _checkpoint(r: _Run) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
-    if r.dist.is_main:
-        save_checkpoint(r.ckpt_dir, save_model=r.hooks.save_model, optimizer=r.optimizer, scheduler=r.scheduler,
-                        scaler=r.scaler, state=r.st, rng_states=rngs)
-    barrier(r.dist)
+    on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=r.hooks.save_model, optimizer=r.optimizer,
+                                    scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
 
 
 def _evaluate(r: _Run) -> float | None:
@@ -312,21 +310,34 @@ def _evaluate(r: _Run) -> float | None:
     metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
     f1 = metrics["f1"]
     r.model.train()
-    if r.dist.is_main:
-        r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},
-                                st["global_step"])
-        if st["best_f1"] is None or f1 > st["best_f1"]:
-            st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
-            best = os.path.join(r.out_dir, "model")
-            with writing("the best model", best):  # a full disk: one line, and the last best model stays
-                r.hooks.save_model(best)
-        else:
-            st["bad_evals"] += 1
-            if r.opts.patience and st["bad_evals"] >= r.opts.patience:
-                st["stopped"] = True
+    on_main(lambda: _keep_best(r, metrics), r.dist)
     f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
         (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)
     return f1
+
+
+def _keep_best(r: _Run, metrics: dict) -> None:
+    """Rank 0: log the dev metrics; save a new best model, or count an evaluation without gain."""
+    st, f1 = r.st, metrics["f1"]
+    r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},
+                            st["global_step"])
+    if st["best_f1"] is None or f1 > st["best_f1"]:
+        st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
+        _save(r.hooks, "the best model", os.path.join(r.out_dir, "model"))  # a full disk: the last best stays
+    else:
+        st["bad_evals"] += 1
+        if r.opts.patience and st["bad_evals"] >= r.opts.patience:
+            st["stopped"] = True
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)
+
+
+def _save(hooks: TaskHooks, what: str, path: str) -> None:
+    with writing(what, path):
+        hooks.save_model(path)
 
 
 def _close_period(meter: Meter, dist: Dist) -> dict:
