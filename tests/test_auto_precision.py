@@ -7,7 +7,7 @@ import pytest
 from spanflow.runtime import policy
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import cpu_has_bf16
-from spanflow.runtime.precision import auto_precision
+from spanflow.runtime.precision import MIN_SAMPLE, auto_precision
 
 
 class FakeTask:
@@ -40,15 +40,18 @@ def check(path, task, texts, said):
 def test_a_precision_that_agrees_is_kept_and_the_verdict_cached(bf16_device, tmp_path):
     said = []
     task = FakeTask(0.95)
-    precision, why = check(tmp_path, task, ["a", "b"], said)
+    texts = [f"text {i}" for i in range(MIN_SAMPLE)]
+    precision, why = check(tmp_path, task, texts, said)
     assert precision == "bf16" and task.loads == ["fp32", "bf16"]
-    assert why == "auto: agreement 0.9500 to fp32 on 2 input texts, gate 0.9"
+    assert why == f"auto: agreement 0.9500 to fp32 on {MIN_SAMPLE} input texts, gate 0.9"
     again = FakeTask(0.0)  # a cached verdict is not measured again
-    precision, why = check(tmp_path, again, ["a"], said)
-    assert precision == "bf16" and again.loads == [] and "checked before" in why and not said
+    precision, why = check(tmp_path, again, texts[:3], said)
+    assert precision == "bf16" and again.loads == [] and not said
+    assert why == f"auto: agreement 0.9500 to fp32 checked before on {MIN_SAMPLE} input texts, gate 0.9"
     [cached] = (tmp_path / "cache" / "verdicts").glob("*.json")
     assert json.loads(cached.read_text()) == {"precision": "bf16", "measure": "agreement", "score": 0.95, "gate": 0.9,
-                                              "n": 2, "passed": True, "source": "input"}
+                                              "n": MIN_SAMPLE, "passed": True, "source": "input",
+                                              "inputs": MIN_SAMPLE, "compared": MIN_SAMPLE}
 
 
 def test_a_precision_below_the_gate_falls_back_to_fp32_with_a_reason(bf16_device, tmp_path):
@@ -60,7 +63,8 @@ def test_a_precision_below_the_gate_falls_back_to_fp32_with_a_reason(bf16_device
     assert precision == "bf16" and "built-in sample texts" in why and sample.loads == ["fp32", "bf16"]
     real = FakeTask(0.5)
     precision, why = check(tmp_path / "other", real, ["a"], said)
-    assert precision == "fp32" and real.loads == ["fp32", "bf16"] and "on 1 input texts" in why
+    assert precision == "fp32" and real.loads == ["fp32", "bf16"]
+    assert f"on 1 input texts and {MIN_SAMPLE - 1} built-in sentences (the input has fewer than {MIN_SAMPLE})" in why
 
 
 def test_the_checked_models_are_the_ones_the_command_then_runs(bf16_device, tmp_path):
@@ -90,9 +94,10 @@ def test_predict_auto_checks_bf16_on_its_input(tmp_path, monkeypatch, capsys):
             str(tmp_path / "o.jsonl")]
     assert main(args) == 0
     [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("runtime: ")]
-    assert "(auto: " in line and "entity F1" in line and "on 40 input texts" in line
+    assert "(auto: " in line and "entity F1" in line and "on 40 input texts and 24 built-in sentences" in line
     verdicts = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")]
-    assert len(verdicts) == 1 and verdicts[0]["measure"] == "entity F1" and verdicts[0]["n"] == 40
+    assert len(verdicts) == 1 and verdicts[0]["measure"] == "entity F1"
+    assert (verdicts[0]["n"], verdicts[0]["inputs"]) == (MIN_SAMPLE, 40)
 
 
 def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp_path):

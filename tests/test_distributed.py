@@ -219,59 +219,6 @@ def test_max_steps_writes_a_partial_report(tmp_path):
     assert state["global_step"] == 2 and state["epoch"] == 0  # --resume continues from there
 
 
-def _embed_worker(rank, world, port, model_dir, src, out, die_after):
-    from spanflow.tasks.embed import Embedder
-    from spanflow.tasks.embed.job import EmbedSpec, embed_file
-
-    d = _join(rank, world, port)
-    emb = Embedder.load(model_dir, device="cpu")
-    if rank == 1 and die_after is not None:  # this rank is killed after `die_after` windows
-        real, calls = emb._embed_ids, [0]
-
-        def dying(*a, **kw):
-            calls[0] += 1
-            if calls[0] > die_after:
-                os._exit(1)
-            return real(*a, **kw)
-        emb._embed_ids = dying
-    embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=4), resume=die_after is None, progress=False,
-               log=lambda m: None, dist=d)
-    shutdown()
-    exit_now(0)  # as spanflow's CLI leaves a rank: no interpreter teardown for gloo to trip on
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("ext", ["npy", "jsonl"])
-def test_sharded_embed_matches_one_process_and_resumes_a_killed_rank(tmp_path, ext):
-    import numpy as np
-
-    from spanflow.tasks.embed import Embedder
-    from spanflow.models.encoder import build_tiny
-
-    texts = [e.text for e in synthetic_ner(30, seed=4)]
-    enc, tok = build_tiny(texts, hidden=32, embedding=32, bigram_buckets=1009)
-    model_dir = str(tmp_path / "m")
-    enc.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    src = tmp_path / "in.txt"
-    src.write_text("\n".join(texts) + "\n")
-    out = str(tmp_path / f"out.{ext}")
-    with pytest.raises(Exception):  # rank 1 dies after one of its windows
-        mp.spawn(_embed_worker, args=(2, free_port(), model_dir, str(src), out, 1), nprocs=2, join=True)
-    assert not os.path.exists(out)
-    mp.spawn(_embed_worker, args=(2, free_port(), model_dir, str(src), out, None), nprocs=2, join=True)
-    want = Embedder.load(model_dir, device="cpu").encode(texts)
-    if ext == "npy":
-        got = np.load(out)
-        assert (tmp_path / "out.ids.txt").read_text().split() == [str(i) for i in range(1, 31)]
-    else:
-        recs = [json.loads(x) for x in open(out)]
-        assert [r["id"] for r in recs] == [str(i) for i in range(1, 31)]
-        got = np.array([r["embedding"] for r in recs])
-    np.testing.assert_allclose(got, want, atol=1e-5)
-    assert not [f for f in os.listdir(tmp_path) if ".part" in f or "progress" in f]
-
-
 def _eval_worker(rank, world, port, model_dir, data_path, out):
     from spanflow.data.io import read_ner
     from spanflow.tasks.ner import NerModel

@@ -91,7 +91,7 @@ def test_truncation_is_counted(st_dir):
 
 
 def test_oom_splits_and_lowers_budget(st_dir, monkeypatch, caplog):
-    emb = Embedder.load(st_dir)
+    emb = Embedder.load(st_dir, precision="fp32")
     want = emb.encode(TEXTS, max_tokens=4096)
     real = emb._forward
 
@@ -181,7 +181,8 @@ def test_the_int8_gate_refuses_a_model_that_misses_it_unless_forced(int8_hurts_d
     assert main(args + ["--force"]) == 0
     captured = capsys.readouterr()
     assert np.load(out).shape[0] == len(TEXTS) and "quantize int8" in captured.out
-    assert f"on {len(TEXTS)} input texts, gate 0.99, accepted by --force" in captured.err
+    assert (f"on {len(TEXTS)} input texts and {64 - len(TEXTS)} built-in sentences (the input has fewer than 64), "
+            "gate 0.99, accepted by --force") in captured.err
     # the same quantization of a sound model passes the gate without --force
     assert main(["embed", "--model", st_dir, "--input", src, "--output", str(out), "--quantize", "int8"]) == 0
     assert "accepted by --force" not in capsys.readouterr().err
@@ -235,7 +236,7 @@ def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     src = write_lines(tmp_path / "in.txt", TEXTS[:23])
     out = str(tmp_path / "out.npy")
     spec = EmbedSpec(input=src, output=out, chunk_size=5, dtype="float16", model=st_dir)
-    emb = Embedder.load(st_dir)
+    emb = Embedder.load(st_dir, precision="fp32")
     calls = {"n": 0}
     real = emb._embed_ids
 
@@ -248,9 +249,9 @@ def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     emb._embed_ids = dies_on_third
     with pytest.raises(KeyboardInterrupt):
         embed_file(emb, spec, progress=False, log=lambda m: None)
-    journal = json.loads((tmp_path / "out.npy.progress.rank0.json").read_text())
+    journal = json.loads((tmp_path / "out.npy.progress.chunks.json").read_text())
     assert sorted(journal["done"]) == ["0", "1"] and not (tmp_path / "out.npy").exists()
-    emb2 = Embedder.load(st_dir)
+    emb2 = Embedder.load(st_dir, precision="fp32")
     seen = []
     real2 = emb2._embed_ids
     emb2._embed_ids = lambda ids, *a, **kw: seen.append(len(ids)) or real2(ids, *a, **kw)
@@ -266,7 +267,7 @@ def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):
     src = write_lines(tmp_path / "in.txt", lines)
     out = str(tmp_path / "out.npy")
     spec = EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir)
-    emb = Embedder.load(st_dir)
+    emb = Embedder.load(st_dir, precision="fp32")
     real, calls = emb._embed_ids, {"n": 0}
 
     def dies_on_third(ids, *a, **kw):

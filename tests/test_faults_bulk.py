@@ -5,6 +5,7 @@ space is freed gives the vectors of a fresh run."""
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -178,8 +179,8 @@ def test_a_write_failing_mid_job_keeps_the_journal_consistent(model, src, fresh,
     out = tmp_path / f"out.{ext}"
     with monkeypatch.context() as m:
         if where == "journal":  # the third chunk's journal entry
-            m.setattr(journal, "atomic_open", fails_on_call(journal.atomic_open, 4))
-            expect = f"cannot write the resume journal to {out}.progress.rank0.json"
+            m.setattr(journal, "_write_synced", fails_on_call(journal._write_synced, 4))
+            expect = f"cannot write the resume journal to {out}.progress.chunks.json"
         elif ext == "npy":
             m.setattr(job._ChunkWriter, "_pwrite_rows", fails_on_call(job._ChunkWriter._pwrite_rows, 3))
             expect = f"cannot write the embeddings to {out}"
@@ -189,7 +190,7 @@ def test_a_write_failing_mid_job_keeps_the_journal_consistent(model, src, fresh,
         one_error(embed(model, src, out), capsys, expect, "No space left on device")
     assert not out.exists()
     assert embed(model, src, out, "--resume") == 0
-    assert "resuming: 2 chunks of this rank already done" in capsys.readouterr().out
+    assert "resuming: 2 chunks already done" in capsys.readouterr().out
     got = np.load(out) if ext == "npy" else jsonl_vectors(out)
     np.testing.assert_allclose(got, fresh, atol=1e-6)
 
@@ -306,3 +307,138 @@ def test_another_thread_on_the_same_output_is_another_job(tmp_path):
         t.start()
         t.join()
     assert seen == [str(os.getpid())]
+
+
+# a kill while a finished job moves its files into place
+
+
+@pytest.fixture(scope="module")
+def emb(model):
+    from spanflow.tasks.embed import Embedder
+
+    return Embedder.load(model, precision="fp32", device="cpu")
+
+
+def small_input(tmp_path):
+    """Eight texts and one unreadable line (an error record), for chunks of 3."""
+    src = tmp_path / "in.txt"
+    src.write_bytes("\n".join(TEXTS[:5]).encode() + b"\n\xff bad\n" + "\n".join(TEXTS[5:8]).encode() + b"\n")
+    return str(src)
+
+
+def finished_files(out):
+    """What a job leaves for `out` (the output, its ids and errors files), by name, with their bytes;
+    a Parquet file as its rows."""
+    import pyarrow.parquet as pq
+
+    stem = os.path.splitext(out)[0]
+    got = {}
+    for path in (out, stem + ".ids.txt", stem + ".errors.jsonl"):
+        if os.path.exists(path):
+            got[os.path.basename(path)] = (pq.read_table(path).to_pylist() if path.endswith(".parquet")
+                                           else open(path, "rb").read())
+    return got
+
+
+@contextmanager
+def killed_at_step(k):
+    """The k-th rename, removal or copy from the start of the job's _finish raises KeyboardInterrupt
+    before it happens, as a kill there would stop it; yields the count of steps seen."""
+    from spanflow.tasks.embed import job
+
+    seen, armed = [0], [False]
+
+    def step(real):
+        def run(*a, **kw):
+            if armed[0]:
+                seen[0] += 1
+                if seen[0] == k:
+                    raise KeyboardInterrupt
+            return real(*a, **kw)
+        return run
+
+    def finish(*a, **kw):
+        armed[0] = True
+        try:
+            return real_finish(*a, **kw)
+        finally:
+            armed[0] = False
+
+    real_finish = job._finish
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(job, "_finish", finish)
+        for mod, name in ((os, "replace"), (os, "remove"), (shutil, "copyfile")):
+            m.setattr(mod, name, step(getattr(mod, name)))
+        yield seen
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "npy", "parquet"])
+def test_a_kill_at_any_step_of_the_final_moves_then_resume_gives_the_fresh_files(emb, tmp_path, ext):
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    src, quiet = small_input(tmp_path), dict(calibrate=False, progress=False, log=lambda m: None)
+    spec = EmbedSpec(input=src, output=str(tmp_path / "fresh" / f"out.{ext}"), chunk_size=3)
+    os.mkdir(tmp_path / "fresh")
+    embed_file(emb, spec, **quiet)
+    want = finished_files(spec.output)
+    assert len(want) == 2 + (ext == "npy")  # the output, its errors (and its ids)
+    for k in range(1, 50):
+        d = tmp_path / f"k{k}"
+        os.mkdir(d)
+        run = spec.model_copy(update={"output": str(d / f"out.{ext}")})
+        with killed_at_step(k) as seen:
+            try:
+                embed_file(emb, run, **quiet)
+                killed = False
+            except KeyboardInterrupt:
+                killed = True
+        if not killed:
+            break  # the k-th step is past the last one: every step has been killed at
+        assert seen[0] == k
+        embed_file(emb, run, resume=True, **quiet)
+        assert finished_files(run.output) == want, f"killed at step {k}"
+        assert sorted(os.listdir(d)) == sorted(want), f"killed at step {k}"
+    assert k > 5  # the steps: the output's and the errors' moves, the journal, the parts
+
+
+def test_resume_refuses_a_part_shorter_than_its_journal_says(emb, tmp_path):
+    from spanflow.errors import ConfigError
+    from spanflow.tasks.embed import Embedder
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / "out.jsonl"), chunk_size=3)
+    quiet = dict(calibrate=False, progress=False, log=lambda m: None)
+    calls, real = [0], Embedder._embed_ids
+
+    def dies(self, ids, *a, **kw):
+        calls[0] += 1
+        if calls[0] > 2:
+            raise KeyboardInterrupt
+        return real(self, ids, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Embedder, "_embed_ids", dies)
+        with pytest.raises(KeyboardInterrupt):
+            embed_file(emb, spec, **quiet)
+    part = tmp_path / "out.jsonl.part"
+    size = part.stat().st_size
+    part.write_bytes(part.read_bytes()[:10])
+    with pytest.raises(ConfigError) as e:
+        embed_file(emb, spec, resume=True, **quiet)
+    assert str(e.value) == (f"{part} holds 10 bytes, fewer than the {size} that {spec.output}.progress.chunks.json "
+                            "records as finished: it was cut or removed; drop --resume to start over")
+    assert part.stat().st_size == 10 and not os.path.exists(spec.output)
+
+
+def test_a_fresh_run_removes_what_killed_runs_left(emb, tmp_path):
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    out = str(tmp_path / "out.jsonl")
+    left = [".partial", ".errors.partial", ".errors.part", ".errors.part1", ".part", ".part0", ".progress.rank0.json",
+            ".progress.chunks.json", ".progress.json.partial", ".chunk3.parquet", ".chunk3.parquet.partial"]
+    for name in left:
+        with open(out + name, "w") as f:
+            f.write("left")
+    embed_file(emb, EmbedSpec(input=small_input(tmp_path), output=out, chunk_size=3), calibrate=False,
+               progress=False, log=lambda m: None)
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.errors.jsonl", "out.jsonl"]

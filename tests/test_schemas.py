@@ -11,7 +11,7 @@ from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError, ModelDirError
 from spanflow.models.directory import CONFIG, ModelConfig, check_names, config_int, read_model_config
 from spanflow.serving.requests import InvalidRequest, Limits, body_schema, read_body
-from spanflow.tasks.embed.journal import (ChunkDone, EmbedSpec, Fingerprint, Job, JobIdentity, RankState,
+from spanflow.tasks.embed.journal import (ChunkDone, EmbedSpec, Fingerprint, Job, JobIdentity, Progress,
                                           fingerprint, read_journal, write_journal)
 from spanflow.tasks.embed.request import read_options
 
@@ -162,18 +162,18 @@ def test_a_damaged_ner_directory_names_the_key(ner_dir, tmp_path):
 
 def identity(**kw):
     spec = EmbedSpec(input="in.txt", output="out.npy", chunk_size=4)
-    return JobIdentity(**{**spec.model_dump(), "format": "npy", "dim": 8, "world": 1, "precision": "fp32", **kw})
+    return JobIdentity(**{**spec.model_dump(), "format": "npy", "dim": 8, "precision": "fp32", **kw})
 
 
 def test_journals_round_trip(tmp_path):
     job = Job(spec=identity(), input=Fingerprint(size=3, mtime_ns=1, sha256="ab"), n=9, chunks=3)
     write_journal(str(tmp_path / "j.json"), job)
     assert read_journal(str(tmp_path / "j.json"), Job) == job
-    st = RankState()
+    st = Progress()
     st.done[2] = ChunkDone(bytes=(0, 10), errors=(0, 0))
     st.end, st.stats.real_tokens = 10, 7
     write_journal(str(tmp_path / "r.json"), st)
-    back = read_journal(str(tmp_path / "r.json"), RankState)
+    back = read_journal(str(tmp_path / "r.json"), Progress)
     assert back == st and json.loads((tmp_path / "r.json").read_text())["done"]["2"]["bytes"] == [0, 10]
 
 
@@ -187,12 +187,12 @@ GOOD_JOB = {"spec": identity().model_dump(), "input": {"size": 3, "mtime_ns": 1,
     (Job, {**GOOD_JOB, "chunks": "3"}, "'chunks' must be a non-negative integer, got '3'"),
     (Job, {k: v for k, v in GOOD_JOB.items() if k != "input"}, "'input' is missing"),
     (Job, {**GOOD_JOB, "input": {"size": 3, "mtime_ns": 1}}, "'input.sha256' is missing"),
-    (RankState, {"done": {"x": {"bytes": [0, 1], "errors": [0, 0]}}}, "'done.x (a key)'"),
-    (RankState, {"done": {"1": {"bytes": [9, 1], "errors": [0, 0]}}}, "'done.1.bytes' must be a byte range"),
-    (RankState, {"done": {"1": {"bytes": [0, 1]}}}, "'done.1.errors' is missing"),
-    (RankState, {"end": 1.5}, "'end' must be a non-negative integer, got 1.5"),
-    (RankState, {"stats": {"seconds": -1}}, "'stats.seconds' must be greater than or equal to 0, got -1"),
-    (RankState, {"partial": 1}, "'partial' is not a known field"),
+    (Progress, {"done": {"x": {"bytes": [0, 1], "errors": [0, 0]}}}, "'done.x (a key)'"),
+    (Progress, {"done": {"1": {"bytes": [9, 1], "errors": [0, 0]}}}, "'done.1.bytes' must be a byte range"),
+    (Progress, {"done": {"1": {"bytes": [0, 1]}}}, "'done.1.errors' is missing"),
+    (Progress, {"end": 1.5}, "'end' must be a non-negative integer, got 1.5"),
+    (Progress, {"stats": {"seconds": -1}}, "'stats.seconds' must be greater than or equal to 0, got -1"),
+    (Progress, {"partial": 1}, "'partial' is not a known field"),
 ])
 def test_a_damaged_journal_names_the_file_and_the_field(tmp_path, schema, content, expect):
     f = tmp_path / "out.npy.progress.json"
@@ -227,7 +227,7 @@ def start_a_job(tmp_path, chunk_size=4):
     src = tmp_path / "in.txt"
     src.write_text("a\nb\nc\n")
     spec = EmbedSpec(input=str(src), output=str(tmp_path / "out.npy"), chunk_size=chunk_size)
-    ident = JobIdentity(**spec.model_dump(), format="npy", dim=8, world=1, precision="fp32")
+    ident = JobIdentity(**spec.model_dump(), format="npy", dim=8, precision="fp32")
     _open_job(spec, "npy", ident, job_paths(spec.output), 8, False)
     return spec
 
@@ -253,8 +253,8 @@ def test_embed_resume_refuses_a_corrupt_journal(tmp_path):
         embed_file(Stub(), spec, resume=True, calibrate=False, progress=False, log=lambda m: None)
     (tmp_path / "b").mkdir()
     spec = start_a_job(tmp_path / "b")
-    (tmp_path / "b" / "out.npy.progress.rank0.json").write_text('{"done": {"0": {"bytes": [0]}}}')
-    with pytest.raises(ConfigError, match=r"rank0.json is damaged .*'done.0.bytes\[1\]' is missing"):
+    (tmp_path / "b" / "out.npy.progress.chunks.json").write_text('{"done": {"0": {"bytes": [0]}}}')
+    with pytest.raises(ConfigError, match=r"chunks.json is damaged .*'done.0.bytes\[1\]' is missing"):
         embed_file(Stub(), spec, resume=True, calibrate=False, progress=False, log=lambda m: None)
 
 

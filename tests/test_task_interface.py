@@ -53,7 +53,7 @@ def test_train_evaluate_and_predict_through_the_cli(trained, capsys):
 def test_tune_measures_the_task(trained, tmp_path):
     _, _, dev, model = trained
     assert main(["tune", "--task", "textcat", "--mode", "infer", "--model", model, "--data", dev, "--budgets",
-                 "256,512", "--max-lengths", "64", "--budget-seconds", "2", "--out", str(tmp_path)]) == 0
+                 "256,512", "--max-lengths", "64", "--budget-seconds", "20", "--out", str(tmp_path)]) == 0
     prof = json.loads((tmp_path / "profile.json").read_text())
     assert prof["task"] == "textcat" and {p["max_tokens"] for p in prof["points"]} == {256, 512}
     assert all(p["quality"] >= 0.9 for p in prof["points"])

@@ -50,7 +50,7 @@ def ner_file(tmp_path_factory):
 
 
 def test_tune_writes_profile(ner_file, tmp_path):
-    prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256, 512, 1024], budget_seconds=3,
+    prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256, 512, 1024], budget_seconds=30,
                 max_lengths=[64],
                 sample=64, out=str(tmp_path), log_fn=lambda s: None)
     saved = json.loads((tmp_path / "profile.json").read_text())
@@ -63,15 +63,17 @@ def test_tune_writes_profile(ner_file, tmp_path):
     assert saved["best"]["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in saved["points"])
 
 
-def test_tune_infer_compares_backends_and_plots(ner_file, tmp_path):
+def test_tune_infer_compares_backends_and_plots(ner_file, tmp_path, monkeypatch):
     from spanflow.data.io import read_ner
+    from spanflow.tuning import timing
     from spanflow.tasks.ner import train_ner
     from spanflow.training.options import TrainOptions
 
     train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
               options=TrainOptions(epochs=2, max_tokens=1024, max_length=64, log_every=0))
+    monkeypatch.setattr(timing, "COMPILE_SECONDS", 0.0)  # a tiny encoder compiles in seconds; the budget stays short
     prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=ner_file, mode="infer", budgets=[512],
-                max_lengths=[16, 64], budget_seconds=2, sample=32, out=str(tmp_path), log_fn=lambda s: None)
+                max_lengths=[16, 64], budget_seconds=20, sample=32, out=str(tmp_path), log_fn=lambda s: None)
     assert {p["max_length"] for p in prof["points"]} == {16, 64}
     # the encoder compiled against eager at the best point: what serve --backend auto follows
     b = json.loads((tmp_path / "profile.json").read_text())["backend"]

@@ -156,7 +156,7 @@ class TextcatTask:
     def train_from_args(self, a, options):
         dev = read_textcat(a.dev) if a.dev else None
         model = train_textcat(read_textcat(a.train), dev, model=a.model, out_dir=a.out, options=options)
-        return f"model saved to {a.out}/model (labels: {', '.join(model.labels)})"
+        return f"labels: {', '.join(model.labels)}"
 
     def load(self, path, *, device="auto", precision="auto"):
         return TextcatModel.load(path, device=device, precision=precision)

@@ -1,33 +1,73 @@
-"""Argument groups shared by several subcommands."""
+"""The flags several commands share, defined once: the same name, meaning, choices and help
+wherever they appear (tests/test_cli_help.py checks it)."""
 from __future__ import annotations
 
 import argparse
 import functools
 
-from spanflow.runtime.budget import describe_budget
+from spanflow.data.io import NER_FORMATS
+from spanflow.data.schemes import SCHEMES
+from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget
 from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
+from spanflow.training.defaults import UPDATES_PER_EPOCH
 
 # no abbreviated flags: `train re --head crf` would otherwise be read as --head-lr
 Parser = functools.partial(argparse.ArgumentParser, allow_abbrev=False)
 
+_CPU = {job: b["cpu"] for job, b in DEFAULT_BUDGETS.items()}
+# the default budget of each job, and why serve's differs from a job's on CPU
+BUDGET_DEFAULTS = {
+    "infer": f"{describe_budget('infer')}; serve takes {_CPU['serve']} on CPU",
+    "serve": f"{describe_budget('serve')}: more than a job's {_CPU['infer']} on CPU because a server batch "
+             "gathers the requests of many clients and is then cut into parts of similar length, where a job "
+             "sorts its own input by length",
+    "train": f"sized from the data: about {UPDATES_PER_EPOCH} updates per epoch, at most {describe_budget('train')}",
+}
+MAX_TOKENS_HELP = "padded tokens per batch (longest x count), or 'auto'"
+AUTO_HELP = {  # serve has no data of its own to measure on
+    "serve": "the profile an earlier run cached for this model and device, else the default",
+    "infer": "measured once per model and device on the input, then cached",
+    "train": "measured once per model and device on the training data, then cached",
+}
+FORMAT_HELP = "NER data format [detected: .jsonl or .json JSONL, .spacy DocBin, else by the first line]"
+SCHEME_HELP = "tag scheme of CoNLL input, any case [detected from the tags]"
+STRICT_HELP = "reject inside tags with no opening tag instead of repairing them"
 
-INFER_BUDGET = f"None: {describe_budget('infer')}"
-PRECISION_HELP = f"{', '.join(PRECISIONS)} (int8 is --quantize) [%(default)s]"
+
+class Precisions(tuple):
+    """--precision's choices, as listed in the help and in argparse's error. `int8` also gets past
+    argparse, so that the runtime answers it with its own line, which names --quantize."""
+
+    def __contains__(self, value) -> bool:
+        return value == "int8" or tuple.__contains__(self, value)
 
 
-def add_runtime_args(p: argparse.ArgumentParser, *, max_tokens: int | None, unset: str = INFER_BUDGET) -> None:
-    p.add_argument("--max-tokens", default=None if max_tokens is None else str(max_tokens),
-                   help="padded tokens per batch (longest x count), or 'auto' (measured once per model and "
-                        f"device, then cached) [%(default)s; {unset}]")
-    p.add_argument("--profile", default=None, help="a profile.json from 'spanflow tune': use its best token budget")
+def add_runtime_args(p: argparse.ArgumentParser, *, job: str = "infer") -> None:
+    """--max-tokens, --profile, --precision and --device; `job` ("infer", "serve", "train") names the default budget."""
+    add_budget_args(p, job=job)
     add_precision_arg(p)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps [%(default)s]")
+    add_device_arg(p)
+
+
+def add_budget_args(p: argparse.ArgumentParser, *, job: str) -> None:
+    """--max-tokens and --profile, with `job`'s default budget in the help."""
+    p.add_argument("--max-tokens", default=None, help=f"{MAX_TOKENS_HELP} ({AUTO_HELP[job]}) [{BUDGET_DEFAULTS[job]}]")
+    p.add_argument("--profile", default=None,
+                   help="a profile.json from 'spanflow tune' (--mode train for training, infer otherwise): run "
+                        "its best token budget, and for serve its backend [none; an explicit --max-tokens wins]")
 
 
 def add_precision_arg(p: argparse.ArgumentParser) -> None:
-    """--precision, checked when the runtime is resolved: `--precision int8` is answered with a
-    line that names --quantize, not with argparse's list of choices."""
-    p.add_argument("--precision", default="auto", metavar="{" + ",".join(PRECISIONS) + "}", help=PRECISION_HELP)
+    """--precision, one of PRECISIONS; `--precision int8` is answered by the runtime with a line that names
+    --quantize, not with argparse's list of choices."""
+    p.add_argument("--precision", default="auto", choices=Precisions(PRECISIONS),
+                   help="auto: a reduced precision where the hardware runs it and the model's results agree with "
+                        "fp32 (docs/precision.md), else fp32; int8 is --quantize [%(default)s]")
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps [%(default)s]")
 
 
 def add_quantize_args(p: argparse.ArgumentParser, *, gate: str, forced: str = "an int8 quantization") -> None:
@@ -39,9 +79,65 @@ def add_quantize_args(p: argparse.ArgumentParser, *, gate: str, forced: str = "a
     p.add_argument("--force", action="store_true", help=f"run {forced} that fails its cosine check against fp32")
 
 
+def add_task_arg(p: argparse.ArgumentParser, names: list[str], **kw) -> None:
+    """--task, one of the registered tasks; `kw`: required or default."""
+    shown = " [%(default)s]" if kw.get("default") else ""
+    p.add_argument("--task", choices=names, help=f"the task of --model and --data{shown}", **kw)
+
+
+def add_format_arg(p: argparse.ArgumentParser, flag: str = "--format", dest: str = "format") -> None:
+    """The format of labelled NER data (`train ner` defines the same)."""
+    p.add_argument(flag, dest=dest, choices=NER_FORMATS, default=None, help=FORMAT_HELP)
+
+
+def add_scheme_arg(p: argparse.ArgumentParser, *, strict: bool = False) -> None:
+    """--scheme (any case) and, with `strict`, --strict (`train ner` defines the same)."""
+    p.add_argument("--scheme", type=str.lower, choices=SCHEMES, default=None, help=SCHEME_HELP)
+    if strict:
+        p.add_argument("--strict", action="store_true", help=STRICT_HELP)
+
+
 def add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=None,
-                   help="tokens per window, special tokens included (default: the longest window the model "
-                        "was trained on, which keeps long documents as accurate as short texts)")
-    p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows "
-                                                             "(default: as trained)")
+                   help="tokens per window, special tokens included [the longest window the model was trained "
+                        "on, which keeps long documents as accurate as short texts]")
+    p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows [as trained]")
+
+
+def add_text_args(p: argparse.ArgumentParser) -> None:
+    """--field and --column: where the texts are in the input."""
+    p.add_argument("--field", default="text", help="JSONL field, or Parquet/Arrow column, with the text [%(default)s]")
+    p.add_argument("--column", type=column_arg, default=None,
+                   help="the column with the text: a name (a Parquet/Arrow column, a JSONL field, or a CSV/TSV "
+                        "header name, which skips the header row) or a 0-based CSV/TSV index [CSV/TSV: 0; else "
+                        "--field]")
+
+
+def column_arg(value: str) -> int | str:
+    """--column: digits are a 0-based CSV/TSV index (a table's column of that name: tables.py),
+    anything else a column name."""
+    return int(value) if value.isdigit() else value
+
+
+def names_arg(value: str) -> list[str]:
+    """--keep-columns A,B: the names, in order."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected column names separated by commas, got {value!r}")
+    twice = [n for k, n in enumerate(names) if n in names[:k]]
+    if twice:
+        raise argparse.ArgumentTypeError(f"{twice[0]!r} is named twice")
+    return names
+
+
+def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
+    """--field, --column, --skip-header, --id-column and --keep-columns: where the texts, their
+    ids and the columns carried along are in the input; `kept_into`: the outputs that hold kept columns."""
+    add_text_args(p)
+    p.add_argument("--skip-header", action="store_true", help="skip the first line/row")
+    p.add_argument("--id-column", default=None,
+                   help="the column (JSONL field) whose values are the output's ids [Parquet/Arrow: the row number "
+                        "from 0; JSONL: its \"id\" field, else the line number; CSV/TSV: the line number]")
+    p.add_argument("--keep-columns", type=names_arg, default=[], metavar="A,B",
+                   help=f"input columns (JSONL fields, CSV/TSV header names) carried into the output ({kept_into}) "
+                        "[none]")

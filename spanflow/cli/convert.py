@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import argparse
 
+from spanflow.cli.common import add_format_arg, add_scheme_arg
+from spanflow.data.io import NER_FORMATS
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("convert", help="convert NER data between CoNLL, JSONL and spaCy DocBin",
                        description="Convert NER data. Formats follow the extensions (.jsonl, .spacy, else "
                                    "CoNLL) unless --from/--to say otherwise. CoNLL is written as token<TAB>BIO.")
-    p.add_argument("input")
-    p.add_argument("output")
-    p.add_argument("--from", dest="src", choices=["conll", "jsonl", "docbin"], help="input format (detected)")
-    p.add_argument("--to", dest="dst", choices=["conll", "jsonl", "docbin"], help="output format (by extension)")
-    p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
-    p.add_argument("--strict", action="store_true", help="reject inside tags with no opening tag instead of repairing")
+    p.add_argument("input", help="labelled NER data to read")
+    p.add_argument("output", help="the file to write")
+    add_format_arg(p, "--from", dest="src")
+    p.add_argument("--to", dest="dst", choices=NER_FORMATS, default=None,
+                   help="output format [by extension: .jsonl or .json JSONL, .spacy DocBin, else CoNLL]")
+    add_scheme_arg(p, strict=True)
 
 
 def run(a: argparse.Namespace) -> int:

@@ -6,17 +6,26 @@ import json
 import os
 import time
 
-from spanflow.data.synthetic import synthetic_ner
+from spanflow.data.synthetic import synthetic_ner, write_demo_data
 from spanflow.tasks.metrics import format_table
 from spanflow.training.options import TrainOptions
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="train a tiny NER model on synthetic data, end to end")
+    p = sub.add_parser("demo", help="train a tiny NER model on synthetic data, end to end",
+                       description="Generate synthetic NER data, train a 'tiny' model on it with the default "
+                                   "flags, evaluate it, tag two sentences and print the report: the whole "
+                                   "pipeline on a CPU, with no data or model to download.")
     p.add_argument("--out", default="demo_out", help="output directory [%(default)s]")
-    p.add_argument("--train-size", type=int, default=1500)
-    p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-size", type=int, default=1500,
+                   help="synthetic training texts; the dev set is a fifth of it, at least 100 [%(default)s]")
+    p.add_argument("--epochs", type=int, default=6,
+                   help="most epochs; early stopping on dev usually ends sooner [%(default)s]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and of training [%(default)s]")
+    p.add_argument("--write-data", metavar="DIR", default=None,
+                   help="only write the synthetic data the documentation's examples read (NER CoNLL, CasRel JSON, "
+                        "scored pairs, pairs, triplets, texts.txt; --train-size records each) into DIR, and train "
+                        "nothing [off: run the demo]")
 
 
 def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) -> dict:
@@ -42,6 +51,16 @@ def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) ->
     return {"f1": metrics["f1"], "seconds": elapsed}
 
 
+def write_data(out_dir: str, *, train_size: int = 1500, seed: int = 0) -> list[str]:
+    """Write the demo data (data/synthetic.write_demo_data) and say what was written; return the file names."""
+    names = write_demo_data(out_dir, train_size=train_size, seed=seed)
+    print(f"wrote {len(names)} files to {out_dir} ({train_size} training records each): {' '.join(names)}")
+    return names
+
+
 def run(a: argparse.Namespace) -> int:
+    if a.write_data is not None:
+        write_data(a.write_data, train_size=a.train_size, seed=a.seed)
+        return 0
     demo(a.out, train_size=a.train_size, epochs=a.epochs, seed=a.seed)
     return 0

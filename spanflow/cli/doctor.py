@@ -3,22 +3,29 @@ from __future__ import annotations
 
 import argparse
 
-from spanflow.cli.common import add_precision_arg
+from spanflow.cli.common import add_device_arg, add_precision_arg, add_task_arg
 from spanflow.runtime.budget import describe_budget
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("doctor", help="report the machine; with --model and --data, find why training underfeeds it")
-    p.add_argument("--model", help="encoder directory or 'tiny'")
-    p.add_argument("--data", help="training data of --task")
-    p.add_argument("--task", default="ner", help="the task whose training is probed [%(default)s]")
+    from spanflow.tasks.registry import names
+
+    p = sub.add_parser("doctor", help="report the machine; with --model and --data, find why training underfeeds it",
+                       description="Print the machine: versions, devices and the precisions they run. With "
+                                   "--model and --data, run a few training updates and say where the time goes "
+                                   "(padding, small batches, preparing data, the optimizer) and what to change.")
+    p.add_argument("--model", help="encoder directory or 'tiny' [none: the machine report only]")
+    p.add_argument("--data", help="training data of --task [none: the machine report only]")
+    add_task_arg(p, names(), default="ner")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="probe fixed batches of N random texts (your current setup), else token-budget batches")
+                   help="probe fixed batches of N random texts (your current setup), and compare them with "
+                        "token-budget batches [token-budget batches only]")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help=f"padded tokens per probed token-budget batch [training's: {describe_budget('train')}]")
-    p.add_argument("--steps", type=int, default=8)
+                   help="padded tokens per batch (longest x count) of the probed token-budget batches "
+                        f"[{describe_budget('train')}: the most training takes]")
+    p.add_argument("--steps", type=int, default=8, help="training updates probed [%(default)s]")
     add_precision_arg(p)
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
 
 
 def run(a: argparse.Namespace) -> int:

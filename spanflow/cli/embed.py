@@ -1,33 +1,34 @@
-"""`spanflow embed --model DIR --input F --output OUT.npy|OUT.jsonl`"""
+"""`spanflow embed --model DIR --input F --output OUT.npy|OUT.jsonl|OUT.parquet`"""
 from __future__ import annotations
 
 import argparse
 import json
 
-from spanflow.cli.common import add_precision_arg, add_quantize_args
-from spanflow.runtime.budget import describe_budget
+from spanflow.cli.common import add_budget_args, add_device_arg, add_input_args, add_precision_arg, add_quantize_args
+from spanflow.ray.cli import add_ray_args, run_ray
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("embed", help="embed texts in bulk (.npy or JSONL output), streaming and resumable",
+    p = sub.add_parser("embed", help="embed texts in bulk (.npy, JSONL or Parquet output), streaming and resumable",
                        description="Embed every record of the input. Empty or whitespace-only texts get the "
                                    "embedding of an input with only special tokens; unreadable records become "
-                                   "NaN rows (.npy) or error records (JSONL) and are listed in OUT.errors.jsonl.")
+                                   "NaN rows (.npy), error records (JSONL) or rows with a null embedding and "
+                                   "their error (Parquet), and are listed in OUT.errors.jsonl.")
     p.add_argument("--model", required=True, help="a sentence-transformers or Hugging Face encoder directory")
-    p.add_argument("--input", required=True, help="text lines, JSONL (--field) or CSV/TSV (--column)")
-    p.add_argument("--output", required=True, help="OUT.npy (plus OUT.ids.txt) or OUT.jsonl")
-    p.add_argument("--field", default="text", help="JSONL field with the text [%(default)s]")
-    p.add_argument("--column", type=int, default=None, help="CSV/TSV column with the text, from 0 [0]")
-    p.add_argument("--skip-header", action="store_true", help="skip the first line/row")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help=".npy dtype [%(default)s]")
-    p.add_argument("--chunk-size", type=int, default=8192, help="texts read, sorted and written at a time")
-    p.add_argument("--max-tokens", default=None,
-                   help=f"padded tokens per batch, or 'auto' (measured once, cached) [{describe_budget('infer')}]")
-    p.add_argument("--profile", default=None, help="a profile.json from 'spanflow tune --task embed --mode infer'")
+    p.add_argument("--input", required=True, help="text lines, JSONL (--field), CSV/TSV (--column) or Parquet/Arrow "
+                                                  "(--column NAME)")
+    p.add_argument("--output", required=True, help="OUT.npy (plus OUT.ids.txt), OUT.jsonl or OUT.parquet")
+    add_input_args(p, kept_into=".parquet or .jsonl; a .npy holds only vectors")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help=".npy and Parquet vector type [%(default)s]")
+    p.add_argument("--chunk-size", type=int, default=8192,
+                   help="texts read, sorted and written at a time (a Parquet row group) [%(default)s]")
+    add_budget_args(p, job="infer")
     add_precision_arg(p)
     add_quantize_args(p, gate="a sample of the input", forced="a reduced precision or an int8 quantization")
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
     p.add_argument("--resume", action="store_true", help="continue a killed run of the same job")
+    add_ray_args(p)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -35,31 +36,40 @@ def run(a: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
-    from spanflow.errors import DataError
+    from spanflow.data.formats.sniff import refuse_labelled_input
+    from spanflow.errors import ConfigError, DataError
     from spanflow.inference.predict_job import check_output
     from spanflow.tasks.embed.job import WHAT
-    from spanflow.training.distributed import init_from_env
+    from spanflow.tasks.registry import check_model_for, get
 
-    dist = init_from_env()  # under torchrun each rank embeds its share of the chunks
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("spanflow embed runs as one process, not sharded over torchrun ranks; to spread a job "
+                          "over devices or machines use --ray (docs/ray.md)")
+    check_model_for(a.model, "embed")  # a model of another task is named, before any model loads
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
+    refuse_labelled_input(a.input)  # CoNLL or CasRel data is named, not read line by line as texts
+    if a.ray is not None:  # its output is a directory of Parquet files, checked there
+        return run_ray(a, get("embed"))
+    check_output(a.output, WHAT)
     with ExitStack() as held:
-        if dist.is_main:  # a second job on this output stops here, before any model loads (the job nests)
-            check_output(a.output, WHAT)
-            hold_output(held, a.output, WHAT)
-        return _run(a, dist)
+        hold_output(held, a.output, WHAT)  # a second job on this output stops here, before any model loads
+        return _run(a)
 
 
-def _run(a: argparse.Namespace, dist) -> int:
+def _run(a: argparse.Namespace) -> int:
     from spanflow.data.records import sample_texts
     from spanflow.inference.heap import settle
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.precision import SAMPLE
     from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+    from spanflow.tasks.embed.job import EmbedSpec, check_spec, embed_file
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
 
+    spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
+                     id_column=a.id_column, keep=a.keep_columns, chunk_size=a.chunk_size, dtype=a.dtype, model=a.model)
+    check_spec(spec)  # formats, columns and kept columns: one error before a model loads
     task = get("embed")
     loads = Loads(task, a.model)
     texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)
@@ -69,14 +79,9 @@ def _run(a: argparse.Namespace, dist) -> int:
     settle()
     print(f"device {emb.policy.device}, precision {emb.policy.name}"
           + (f", quantize {emb.quantize}" if emb.quantize else "") + f", max length {emb.max_length}, dim {emb.dim}")
-    spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
-                     chunk_size=a.chunk_size, dtype=a.dtype, model=a.model)
     # auto's choice and a quantization were checked against fp32 on this input just now
     checked = a.precision == "auto" or rt.quantize is not None
-    s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, dist=dist,
-                   calibrate=not checked)
-    if not dist.is_main:
-        return 0
+    s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
     print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")

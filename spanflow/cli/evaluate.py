@@ -4,17 +4,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from spanflow.cli.common import add_runtime_args, add_window_args
+from spanflow.cli.common import add_format_arg, add_runtime_args, add_scheme_arg, add_window_args
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("evaluate", help="score a model on labelled data")
-    p.add_argument("--model", required=True, help="a spanflow model directory")
-    p.add_argument("--data", required=True, help="labelled data (CoNLL columns or JSONL)")
-    p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="NER data format (detected when omitted)")
-    p.add_argument("--scheme")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_runtime_args(p, max_tokens=None)
+    p = sub.add_parser("evaluate", help="score a model on labelled data",
+                       description="Score a trained model on labelled data of its task: entity P/R/F1 per label "
+                                   "(NER), triple P/R/F1 per relation (RE), Spearman or MRR@10 (embeddings). "
+                                   "Prints a table, or one JSON object with --json.")
+    p.add_argument("--model", required=True, help="a spanflow model directory, or an encoder directory (embeddings)")
+    p.add_argument("--data", required=True, help="labelled data: NER CoNLL, JSONL or .spacy; RE CasRel JSON or "
+                                                 "JSONL; scored pairs or pairs in CSV, TSV or JSONL (embeddings)")
+    add_format_arg(p)
+    add_scheme_arg(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    add_runtime_args(p)
     add_window_args(p)
 
 

@@ -5,10 +5,15 @@ import argparse
 
 
 def add_parser(sub) -> None:
+    from spanflow.tasks.registry import tasks
+
+    formats = sorted({f for t in tasks() for f in getattr(t, "exports", ())})
     p = sub.add_parser("export", help="write a trained model in another tool's format (hf: a Hugging Face "
-                                      "AutoModelForTokenClassification directory)")
+                                      "AutoModelForTokenClassification directory)",
+                       description="Write a trained model in another tool's format. hf: an NER model as a Hugging "
+                                   "Face AutoModelForTokenClassification directory, with its tokenizer and labels.")
     p.add_argument("--model", required=True, help="a spanflow model directory")
-    p.add_argument("--to", required=True, help="the format to write: hf")
+    p.add_argument("--to", required=True, choices=formats, help="the format to write (each task says which it writes)")
     p.add_argument("--lossy", action="store_true",
                    help="export even what the format cannot hold whole (a CRF head: its emission scores only)")
     p.add_argument("out", help="output directory")
@@ -16,14 +21,36 @@ def add_parser(sub) -> None:
 
 def run(a: argparse.Namespace) -> int:
     from spanflow.atomic import writing
-    from spanflow.errors import ConfigError
     from spanflow.tasks.registry import task_of_dir
 
     task = task_of_dir(a.model)
-    if a.to not in getattr(task, "exports", ()):
-        raise ConfigError(f"a {task.name} model exports to {', '.join(getattr(task, 'exports', ())) or 'nothing'}, "
-                          f"not {a.to!r}")
+    _check(task, a)  # before the model loads
     model = task.load(a.model, device="cpu", precision="fp32")
     with writing("the exported model", a.out):
         print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy)} ({a.to})")
     return 0
+
+
+def _check(task, a: argparse.Namespace) -> None:
+    """The format against what the task exports, and the output directory against what it would replace."""
+    import os
+
+    from spanflow.errors import ConfigError
+    from spanflow.models.encoder import holds_model
+
+    exports = getattr(task, "exports", ())
+    if not exports:
+        instead = getattr(task, "export_instead", "")
+        raise ConfigError(f"{task.name} models have no export format ({a.model} is one)"
+                          + (f": {instead}" if instead else ""))
+    if a.to not in exports:
+        raise ConfigError(f"a {task.name} model exports to {', '.join(exports)}, not {a.to!r}")
+    out, src = os.path.realpath(a.out), os.path.realpath(a.model)
+    if out == src or src.startswith(out + os.sep) or out.startswith(src + os.sep):
+        raise ConfigError(f"{a.out}: the export would replace the model it is made from ({a.model}); give another "
+                          "directory")
+    if os.path.isfile(a.out):
+        raise ConfigError(f"{a.out} is a file; the export is a directory")
+    if os.path.isdir(a.out) and os.listdir(a.out) and not holds_model(a.out):
+        raise ConfigError(f"{a.out} holds other files, which the export would replace; give a new directory (or "
+                          "an earlier export's)")

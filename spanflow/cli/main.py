@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 
+from spanflow import __version__
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.cli.common import Parser
 from spanflow.errors import SpanflowError
@@ -28,7 +29,9 @@ COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": e
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="spanflow", description="Train, evaluate and run span models at full speed.")
+    p = Parser(prog="spanflow", description="Train, tune, run and serve NER, relation-extraction and "
+                                            "sentence-embedding models at full speed.")
+    p.add_argument("--version", action="version", version=f"spanflow {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, mod in COMMANDS.items():
         mod.add_parser(sub)

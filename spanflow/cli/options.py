@@ -16,12 +16,13 @@ def _scalar(annotation) -> type:
     return str
 
 
-def add_options(p, cls, *, skip: tuple[str, ...] = ()) -> None:
-    """Add a flag for every documented field of dataclass `cls` not in `skip`."""
+def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None) -> None:
+    """Add a flag for every documented field of dataclass `cls` not in `skip`; with `task`, not for
+    the fields whose "tasks" metadata leaves that task out."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        if f.name in skip or "help" not in meta:
+        if f.name in skip or "help" not in meta or (task and task not in meta.get("tasks", (task,))):
             continue
         target = p
         if meta.get("group"):

@@ -3,30 +3,33 @@ from __future__ import annotations
 
 import argparse
 
-from spanflow.cli.common import add_precision_arg, add_quantize_args
+from spanflow.cli.common import add_budget_args, add_device_arg, add_precision_arg, add_quantize_args
 from spanflow.cli.options import add_options, options_from
 from spanflow.inference.backend import use_backend
 from spanflow.runtime.backend import BACKENDS
-from spanflow.runtime.budget import describe_budget
 from spanflow.serving.options import ServeOptions
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve models over HTTP with token-budget dynamic batching (extra: serve)")
-    p.add_argument("--model", action="append", required=True, help="DIR or NAME=DIR; repeat for several models")
+    p = sub.add_parser("serve", help="serve models over HTTP with token-budget dynamic batching (extra: serve)",
+                       description="Serve one or more models over HTTP (pip install 'spanflow[serve]'). Requests "
+                                   "from all clients are batched by token budget; overload is answered with 429 "
+                                   "and Retry-After, never a hang. docs/serving.md lists the routes.")
+    p.add_argument("--model", action="append", required=True,
+                   help="DIR or NAME=DIR (a spanflow model, or an encoder directory for embeddings); repeat for "
+                        "several models [NAME: the directory's name]")
     p.add_argument("--host", default="127.0.0.1", help="bind address [%(default)s: loopback only]")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or env SPANFLOW_API_KEY)")
-    p.add_argument("--max-tokens", default=None,
-                   help=f"padded tokens per batch, or 'auto' [{describe_budget('serve')}]")
-    p.add_argument("--profile", default=None, help="profile.json from 'spanflow tune --mode infer'")
+    p.add_argument("--port", type=int, default=8080, help="TCP port to listen on [%(default)s]")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' [env SPANFLOW_API_KEY; unset: no key asked]")
+    add_budget_args(p, job="serve")
     add_options(p, ServeOptions)
     p.add_argument("--no-batching", action="store_true", help="one request per batch (for comparison)")
     add_precision_arg(p)
     add_quantize_args(p, gate="built-in sentences")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="eager PyTorch, or torch.compile after a warm-up at start [auto: compile when batching]")
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
 
 
 def load_services(a: argparse.Namespace) -> tuple[list, dict[str, int]]:
@@ -66,7 +69,9 @@ def run(a: argparse.Namespace) -> int:
 
         raise ConfigError(f"serving needs the 'serve' extra (pip install 'spanflow[serve]'): {e}") from None
     from spanflow.runtime.budget import default_budget
+    from spanflow.serving.address import check_address
 
+    check_address(a.host, a.port)  # a port in use is told now, not after every model has loaded
     services, per_model = load_services(a)
     fallback = default_budget("serve", services[0].model.policy.device)  # every model has its own budget
     opts = options_from(ServeOptions, a, max_tokens=fallback, model_max_tokens=per_model,

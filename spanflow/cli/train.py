@@ -11,28 +11,34 @@ from spanflow.training.options import TrainOptions
 def add_parser(sub) -> None:
     from spanflow.tasks.registry import tasks
 
-    p = sub.add_parser("train", help="train a model", description="Train a model; the best is saved to OUT/model.")
-    by_task = p.add_subparsers(dest="task", required=True, metavar="TASK", parser_class=Parser)
-    for task in tasks():
-        if task.trains:
-            tp = by_task.add_parser(task.name, help=task.summary,
-                                    description=f"Train a model for {task.summary}; the best is saved to OUT/model.")
-            _add_common(tp)
-            task.add_train_args(tp.add_argument_group(f"{task.name} options"))
+    trained = [t for t in tasks() if t.trains]
+    p = sub.add_parser("train", help="train a model",
+                       description="Train a model for one task; the best is saved to OUT/model. "
+                                   "'spanflow train TASK --help' lists the task's flags.")
+    by_task = p.add_subparsers(dest="task", required=True, metavar="TASK", parser_class=Parser,
+                               help=", ".join(t.name for t in trained))
+    for task in trained:
+        tp = by_task.add_parser(task.name, help=task.summary,
+                                description=f"Train a model for {task.summary}; the best is saved to OUT/model.")
+        _add_common(tp, task.name)
+        task.add_train_args(tp.add_argument_group(f"{task.name} options"))
 
 
-def _add_common(p) -> None:
+def _add_common(p, task: str) -> None:
     p.add_argument("--train", required=True,
                    help="training data: NER CoNLL, JSONL or spaCy .spacy; RE CasRel JSON or JSONL; embed pairs, "
                         "scored pairs or triplets in CSV, TSV or JSONL")
-    p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps)")
-    p.add_argument("--model", default="tiny", help="a local encoder directory, a spanflow model of this task "
-                                                  "(to train further), or 'tiny'")
+    p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps) "
+                                 "[none: no evaluation; the final model is saved]")
+    p.add_argument("--model", default="tiny", help=f"a local encoder directory, a spanflow {task} model "
+                                                  "(to train further), or 'tiny' (a small encoder built "
+                                                  "from the training texts) [%(default)s]")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--devices", type=int, default=1,
-                   help="processes on this node: re-launches itself through torch.distributed.run (torchrun)")
-    add_options(p, TrainOptions)
-    add_runtime_args(p, max_tokens=None, unset="None: sized from the data, about 100 updates per epoch")
+                   help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
+                        "[%(default)s]")
+    add_options(p, TrainOptions, task=task)
+    add_runtime_args(p, job="train")
 
 
 def run(a: argparse.Namespace) -> int:

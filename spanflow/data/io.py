@@ -1,5 +1,5 @@
-"""Labelled data: format detection (formats/common.EXTENSIONS, then content), read_ner, write_ner
-and read_re. Texts to predict or embed are read by data/records.py."""
+"""Labelled data: format detection (content first, formats/sniff.py, then formats/common.EXTENSIONS),
+read_ner, write_ner and read_re. Texts to predict or embed are read by data/records.py."""
 from __future__ import annotations
 
 import os
@@ -9,13 +9,41 @@ from spanflow.data.examples import NerExample
 from spanflow.data.formats.common import kind_of, read_lines
 from spanflow.data.formats.conll import read_conll
 from spanflow.data.formats.jsonl import read_jsonl
+from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.errors import DataError
 
 NER_FORMATS = ("conll", "jsonl", "docbin")
+# what each reader takes, by the name sniff gives, and the format it is read as
+NER_SNIFFED = {"conll": "conll", "ner-jsonl": "jsonl", "texts-jsonl": "jsonl", "docbin": "docbin"}
+RE_SNIFFED = {"casrel": "casrel", "re-jsonl": "jsonl", "texts-jsonl": "jsonl"}
+NER_TAKES = ('NER data is CoNLL columns (a token and its tag per line), JSONL spans ({"text", "entities"}) '
+             "or a spaCy .spacy file")
+RE_TAKES = 'relation data is CasRel JSON ([{"text", "triple_list"}, ...]) or JSONL relations ({"text", "relations"})'
+
+
+def _format_of(path: str, fmt: str | None, sniffed: dict[str, str], takes: str, fallback) -> str:
+    """The format to read `path` as: `fmt` when given, else what its content shows (sniff), else
+    `fallback(path)`. A DataError when the content is surely another task's data, or another of
+    this reader's formats than the `fmt` asked."""
+    found = sniff(path)
+    refuse_other(path, found, set(sniffed), takes)
+    seen = sniffed.get(found.name) if found else None
+    if fmt is None:
+        return seen or fallback(path)
+    if seen not in (None, fmt) and fmt in sniffed.values():
+        raise DataError(f"format {fmt!r} was asked (--format), but this is {found.what}: leave --format out, or "
+                        f"ask for {seen!r}", path=path)
+    return fmt
 
 
 def detect_format(path: str) -> str:
-    """By extension first (.jsonl/.json -> jsonl, .spacy -> docbin), else by the first non-blank line."""
+    """By content (formats/sniff.py), else by extension (.jsonl/.json -> jsonl, .spacy -> docbin),
+    else by the first non-blank line."""
+    found = sniff(path)
+    return NER_SNIFFED.get(found.name if found else "") or _by_name(path)
+
+
+def _by_name(path: str) -> str:
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
         return "jsonl"
@@ -31,7 +59,7 @@ def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | N
              strict: bool = False) -> list[NerExample]:
     """Read labelled NER data from CoNLL columns, JSONL or a spaCy DocBin (detected unless `fmt` is given)."""
     path = os.fspath(path)
-    fmt = fmt or detect_format(path)
+    fmt = _format_of(path, fmt, NER_SNIFFED, NER_TAKES, _by_name)
     if fmt == "conll":
         return read_conll(path, scheme=scheme, strict=strict)
     if fmt == "jsonl":
@@ -69,14 +97,14 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
 
 
 def read_re(path: str | os.PathLike, *, fmt: str | None = None):
-    """Read relation data: CasRel JSON (.json) or JSONL with character offsets (.jsonl)."""
+    """Read relation data: CasRel JSON or JSONL with character offsets, told apart by content,
+    else by extension (.json: CasRel)."""
     from spanflow.data.formats.casrel import read_casrel_json, read_re_jsonl
 
     path = os.fspath(path)
-    if fmt is None:
-        if not os.path.exists(path):
-            raise DataError("file not found", path=path)
-        fmt = "casrel" if kind_of(path) == "json" else "jsonl"
+    if not os.path.exists(path):
+        raise DataError("file not found", path=path)
+    fmt = _format_of(path, fmt, RE_SNIFFED, RE_TAKES, lambda p: "casrel" if kind_of(p) == "json" else "jsonl")
     if fmt == "casrel":
         return read_casrel_json(path)
     if fmt == "jsonl":

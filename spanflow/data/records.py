@@ -1,4 +1,5 @@
-"""Stream (id, text) records from text lines, JSONL (a field) or CSV/TSV (a column).
+"""Stream (id, text) records from text lines, JSONL (a field), CSV/TSV (a column) or
+Parquet/Arrow tables (a column; read in spanflow.data.tables).
 
 A record that cannot be read yields a DataError in place of its text, so bulk jobs can
 write an error record and go on: every input record gives one output record.
@@ -8,12 +9,14 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from spanflow.data.formats.common import kind_of, parse_json, read_lines_or_errors
-from spanflow.errors import DataError
+from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
+from spanflow.errors import ConfigError, DataError
 
 
 def input_kind(path: str) -> str:
@@ -40,20 +43,42 @@ def _invalid_utf8(row: list[str]) -> str | None:
     return None
 
 
-def _json_record(line: str, path: str, lineno: int, field: str) -> tuple[str, str | DataError]:
-    """(id, the `field` string) of one JSONL line, or (line number, why there is none); a
-    blank line is the empty text."""
+def _kept_value(value) -> str | None:
+    """A kept JSONL value as the string an output column holds: strings as they are, others as JSON."""
+    return value if value is None or isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _json_record(line: str, path: str, lineno: int, field: str, id_column: str | None = None,
+                 keep: Sequence[str] = ()) -> TableRecord:
+    """(id, the `field` string, kept fields) of one JSONL line, or (id, why there is none, kept
+    fields); a blank line is the empty text. The id is the `id_column` field, which a record
+    must then have (else it is an error record), or else its "id" field, else the line
+    number; ids are strings (others as JSON), as are kept values; a kept field the record
+    lacks is None. With `id_column`, a record whose id cannot be read has the id None, never
+    a line number that could pass for an id."""
+    unknown = None if id_column is not None else str(lineno)
     try:
         rec = parse_json(line, path, lineno) if line.strip() else {field: ""}
     except DataError as e:
-        return str(lineno), e
-    if not isinstance(rec, dict) or not isinstance(rec.get(field), str):
-        return str(lineno), DataError(f'expected an object with a string "{field}" field', path=path, line=lineno)
+        return TableRecord(unknown, e, (None,) * len(keep))
+    if not isinstance(rec, dict):
+        return TableRecord(unknown, DataError(f'expected an object with a string "{field}" field', path=path,
+                                              line=lineno), (None,) * len(keep))
+    rid = rec.get(id_column or "id")
+    rid = unknown if rid is None else _kept_value(rid)
+    kept = tuple(_kept_value(rec.get(k)) for k in keep)
+    if not isinstance(rec.get(field), str):
+        return TableRecord(rid, DataError(f'expected an object with a string "{field}" field', path=path,
+                                          line=lineno), kept)
+    if rid is None:
+        what = "is null" if id_column in rec else "is missing"
+        return TableRecord(None, DataError(f'its id field "{id_column}" (--id-column) {what}', path=path,
+                                           line=lineno), kept)
     m = _SURROGATE.search(rec[field])
     if m:
-        return str(lineno), DataError(f'"{field}" holds a lone surrogate {m.group()!a} at character '
-                                      f"{m.start()}, not a character", path=path, line=lineno)
-    return str(rec.get("id", lineno)), rec[field]
+        return TableRecord(rid, DataError(f'"{field}" holds a lone surrogate {m.group()!a} at character '
+                                          f"{m.start()}, not a character", path=path, line=lineno), kept)
+    return TableRecord(rid, rec[field], kept)
 
 
 def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataError]]:
@@ -74,33 +99,112 @@ def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | Data
             yield reader.line_num, DataError(bad, path=path, line=reader.line_num) if bad else row
 
 
-def read_records(path: str, *, field: str = "text", column: int | None = None,
-                 skip_header: bool = False) -> Iterator[tuple[str, str | DataError]]:
-    """Yield (id, text-or-DataError). ids: a JSONL "id" field when present, else the line number."""
+Column = int | str  # a 0-based CSV/TSV index, or a column name (a table's, a CSV/TSV header's)
+
+
+def read_rows(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
+              id_column: str | None = None, keep: Sequence[str] = ()) -> Iterator[TableRecord]:
+    """Yield (id, text-or-DataError, kept values) for every record of `path`.
+
+    Parquet/Arrow (tables.is_table): the `column` (else `field`) column, by name; ids from
+    `id_column`, else the row number from 0. CSV/TSV: the `column` index or header name (a
+    name, or any `id_column`/`keep`, means the first row is the header and is skipped); ids
+    from `id_column`, else the line number. JSONL: the `field` field (a `column` name is that
+    field too); ids from the `id_column` field, else an "id" field, else the line number;
+    kept values are strings, others as JSON. Text lines have no columns.
+
+    Raised here, before the first record is read, each as one ConfigError: a column the file
+    does not have (tables; CSV/TSV headers), a table's text column that is not strings, a kept
+    column named twice, a column asked of text lines or a CSV index asked of JSONL. What
+    differs from record to record is that record's DataError (the job writes an error record
+    and goes on): a missing or null text, and with `id_column` a record without an id (a JSONL
+    record without the field, a CSV row without the column); a kept field or cell that a
+    record lacks is None.
+    """
+    check_unique(keep)
+    if is_table(path):
+        return read_table_records(path, column=field if column is None else column, id_column=id_column,
+                                  keep=keep)
     kind = input_kind(path)
     if kind in ("csv", "tsv"):
-        col = 0 if column is None else column
-        for k, (lineno, row) in enumerate(_csv_rows(path, "\t" if kind == "tsv" else ",")):
-            if skip_header and k == 0:
-                continue
-            if isinstance(row, DataError):
-                yield str(lineno), row
-            elif col >= len(row):
-                yield str(lineno), DataError(f"record has {len(row)} columns, --column {col} asked", path=path,
-                                             line=lineno)
-            else:
-                yield str(lineno), row[col]
-        return
+        return _csv_records(path, "\t" if kind == "tsv" else ",", column, skip_header, id_column, keep)
+    if kind == "text" and (column is not None or id_column is not None or keep):
+        flag = "--column" if column is not None else "--id-column" if id_column is not None else "--keep-columns"
+        raise ConfigError(f"{flag}: {path} is plain text lines, with no columns; use JSONL, CSV/TSV or Parquet")
+    if isinstance(column, int):
+        raise ConfigError(f"--column {column}: {path} is JSONL, whose records have fields, not numbered columns; "
+                          "name the text's field (--field NAME)")
+    return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep)
+
+
+def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column: str | None,
+                  keep: Sequence[str]) -> Iterator[TableRecord]:
     for lineno, line in read_lines_or_errors(path):
         if skip_header and lineno == 1:
             continue
         if kind == "text" or isinstance(line, DataError):
-            yield str(lineno), line
+            yield TableRecord(str(lineno), line, (None,) * len(keep))
             continue
-        yield _json_record(line, path, lineno, field)
+        yield _json_record(line, path, lineno, field, id_column, keep)
 
 
-def read_texts(path: str, *, field: str = "text", column: int | None = None, skip_header: bool = False,
+def _header(path: str, delimiter: str) -> list[str]:
+    for lineno, row in _csv_rows(path, delimiter):
+        if isinstance(row, DataError):
+            raise ConfigError(f"{path}: its header row is unreadable ({row.reason})")
+        return row
+    raise ConfigError(f"{path} is empty: no header row to find columns by name in")
+
+
+def _index(header: list[str] | None, column: Column, flag: str, path: str) -> int:
+    if isinstance(column, int):
+        return column
+    if column not in header:
+        raise ConfigError(f"{flag} {column}: {path} has no such column in its header; it has {', '.join(header)}")
+    return header.index(column)
+
+
+def _csv_records(path: str, delimiter: str, column: Column | None, skip_header: bool, id_column: str | None,
+                 keep: Sequence[str]) -> Iterator[TableRecord]:
+    named = isinstance(column, str) or id_column is not None or bool(keep)
+    header = _header(path, delimiter) if named else None
+    col = _index(header, 0 if column is None else column, "--column", path)
+    ident = None if id_column is None else _index(header, id_column, "--id-column", path)
+    kept = [_index(header, k, "--keep-columns", path) for k in keep]
+    return _csv_cells(path, delimiter, col, (id_column, ident), kept, skip_header or named)
+
+
+def _csv_cells(path: str, delimiter: str, col: int, ident: tuple[str | None, int | None], kept: list[int],
+               skip_header: bool) -> Iterator[TableRecord]:
+    """The records of the rows; `ident`: the id column's (name, index), or (None, None)."""
+    name, at = ident
+    for k, (lineno, row) in enumerate(_csv_rows(path, delimiter)):
+        if skip_header and k == 0:
+            continue
+        if isinstance(row, DataError):
+            yield TableRecord(str(lineno) if at is None else None, row, (None,) * len(kept))
+            continue
+        values = tuple(row[i] if i < len(row) else None for i in kept)
+        if at is not None and at >= len(row):  # its id unknown: None, never a line number that could pass for one
+            yield TableRecord(None, DataError(f"record has {len(row)} columns, its id (--id-column {name}) "
+                                                     f"is column {at}", path=path, line=lineno), values)
+            continue
+        rid = row[at] if at is not None else str(lineno)
+        if col >= len(row):
+            yield TableRecord(rid, DataError(f"record has {len(row)} columns, --column {col} asked", path=path,
+                                             line=lineno), values)
+        else:
+            yield TableRecord(rid, row[col], values)
+
+
+def read_records(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
+                 id_column: str | None = None) -> Iterator[tuple[str, str | DataError]]:
+    """Yield (id, text-or-DataError) of read_rows, the id as a string."""
+    for rid, text, _ in read_rows(path, field=field, column=column, skip_header=skip_header, id_column=id_column):
+        yield str(rid), text
+
+
+def read_texts(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
                errors: str = "raise") -> Iterator[str | DataError]:
     """The texts of read_records, one item per record in input order (an empty line yields "").
     A record that cannot be read raises, or with `errors="record"` yields its DataError in its
@@ -111,8 +215,15 @@ def read_texts(path: str, *, field: str = "text", column: int | None = None, ski
         yield item
 
 
-def sample_texts(path: str, n: int, *, field: str = "text", column: int | None = None,
+def sample_texts(path: str, n: int, *, field: str = "text", column: Column | None = None,
                  skip_header: bool = False) -> list[str]:
     """Up to `n` non-empty texts from the first 2n records (precision checks, tuning samples)."""
     recs = itertools.islice(read_records(path, field=field, column=column, skip_header=skip_header), 2 * n)
     return [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
+
+
+def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column | None = None) -> list[str] | None:
+    """sample_texts of `path` when it can hold only texts to run, no labels (a Parquet/Arrow
+    table, as `predict --max-tokens auto` measures on); None for any other file, which a task
+    reads as its labelled data."""
+    return sample_texts(path, n, field=field, column=column) if is_table(path) else None

@@ -2,9 +2,14 @@
 entity types, lengths from a few words to a few dozen. Deterministic for a seed."""
 from __future__ import annotations
 
+import csv
+import json
+import os
 import random
 
+from spanflow.atomic import atomic_open, writing
 from spanflow.data.examples import NerExample
+from spanflow.errors import ConfigError
 
 _VOCAB = {
     "PER": ["Ada Lovelace", "Alan Turing", "Grace Hopper", "Linus Torvalds", "Marie Curie", "Ken Thompson",
@@ -105,3 +110,141 @@ def synthetic_re(n: int, *, seed: int = 0, max_clauses: int = 2):
             triples += [(spans[a], rel, spans[b]) for a, rel, b in rels]
         out.append(ReExample(text, triples))
     return out
+
+
+# one fact (a person, a company, a place) told four ways: sentences of one fact are paraphrases
+_FACT_TEMPLATES = [
+    "{PER} works for {ORG} in {LOC} .",
+    "{ORG} employs {PER} at its office in {LOC} .",
+    "In {LOC} , {PER} is on the staff of {ORG} .",
+    "{PER} , who lives in {LOC} , has a job at {ORG} .",
+]
+_FACT_SLOTS = ("PER", "ORG", "LOC")
+
+
+def _fact(rng: random.Random) -> dict[str, str]:
+    return {slot: rng.choice(_VOCAB[slot]) for slot in _FACT_SLOTS}
+
+
+def _changed(rng: random.Random, fact: dict[str, str], keep: int) -> dict[str, str]:
+    """`fact` with all but `keep` of its slots given another value."""
+    other = dict(fact)
+    for slot in rng.sample(_FACT_SLOTS, len(_FACT_SLOTS) - keep):
+        other[slot] = rng.choice([v for v in _VOCAB[slot] if v != fact[slot]])
+    return other
+
+
+def _two_ways(rng: random.Random, a: dict[str, str], b: dict[str, str]) -> tuple[str, str]:
+    t1, t2 = rng.sample(_FACT_TEMPLATES, 2)
+    return t1.format(**a), t2.format(**b)
+
+
+def synthetic_pairs(n: int, *, seed: int = 0) -> list[tuple[str, str, float]]:
+    """`n` scored pairs (s1, s2, score 0..5): two sentences worded differently, scored by how
+    many of person, company and place they share (5: the same fact)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        fact, keep = _fact(rng), rng.randint(0, len(_FACT_SLOTS))
+        s1, s2 = _two_ways(rng, fact, _changed(rng, fact, keep))
+        out.append((s1, s2, round(5 * keep / len(_FACT_SLOTS), 2)))
+    return out
+
+
+def synthetic_triplets(n: int, *, seed: int = 0) -> list[tuple[str, str, str]]:
+    """`n` triplets (anchor, positive, negative): a fact, the same fact worded another way, and
+    that wording with one of person, company or place changed."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        fact = _fact(rng)
+        t1, t2 = rng.sample(_FACT_TEMPLATES, 2)
+        out.append((t1.format(**fact), t2.format(**fact), t2.format(**_changed(rng, fact, 2))))
+    return out
+
+
+def _casrel_record(ex) -> dict | None:
+    """The CasRel JSON record of a ReExample, or None when a subject or object string occurs in
+    its text so that reading the record back would locate another occurrence."""
+    from spanflow.data.formats.casrel import locate
+
+    triples = []
+    for (s, o), rel in ((t[::2], t[1]) for t in ex.triples):
+        subj, obj = ex.text[s[0]:s[1]], ex.text[o[0]:o[1]]
+        if locate(ex.text, subj, obj) != (s, o):
+            return None
+        triples.append([subj, rel, obj])
+    return {"text": ex.text, "triple_list": triples}
+
+
+def synthetic_casrel(n: int, *, seed: int = 0) -> list[dict]:
+    """`n` CasRel JSON records ({"text", "triple_list"}) that read back to the examples they came from."""
+    records = [r for r in map(_casrel_record, synthetic_re(2 * n, seed=seed)) if r is not None]
+    return records[:n]
+
+
+def _write_rows(path: str, rows, delimiter: str, header: tuple[str, ...]) -> None:
+    with atomic_open(path) as f:
+        w = csv.writer(f, delimiter=delimiter, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def _write_json(path: str, records: list[dict], *, lines: bool) -> None:
+    with atomic_open(path) as f:
+        rows = [json.dumps(r, ensure_ascii=False) for r in records]
+        # a JSON list is written one record a line too, so that it reads like the JSONL files
+        f.write("\n".join(rows) + "\n" if lines else "[\n" + ",\n".join(rows) + "\n]\n")
+
+
+def write_demo_data(out_dir: str, *, train_size: int = 1500, seed: int = 0) -> list[str]:
+    """Write the demo's synthetic data as the files the documentation's examples read; return
+    their names. Train files hold `train_size` records and dev files a fifth of that (at least
+    100), the sizes `spanflow demo` trains on; texts.txt holds 20 unlabelled texts to run on."""
+    if train_size < 1:
+        raise ConfigError(f"--train-size must be >= 1, got {train_size}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"--write-data {out_dir} is a file; give a directory")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot write to --write-data {out_dir}: {e.strerror or e}") from None
+    dev_size = max(100, train_size // 5)
+    names = []
+    with writing("the demo data", out_dir):
+        for write in (_ner_files, _re_files, _pair_files):
+            names += write(out_dir, train_size, dev_size, seed)
+    return names
+
+
+def _ner_files(out_dir: str, train_size: int, dev_size: int, seed: int) -> list[str]:
+    from spanflow.data.io import write_ner
+
+    write_ner(synthetic_ner(train_size, seed=seed), os.path.join(out_dir, "train.conll"))
+    write_ner(synthetic_ner(dev_size, seed=seed + 1), os.path.join(out_dir, "dev.conll"))
+    _write_lines(os.path.join(out_dir, "texts.txt"), [e.text for e in synthetic_ner(20, seed=seed + 2)])
+    return ["train.conll", "dev.conll", "texts.txt"]
+
+
+def _re_files(out_dir: str, train_size: int, dev_size: int, seed: int) -> list[str]:
+    _write_json(os.path.join(out_dir, "train_triples.json"), synthetic_casrel(train_size, seed=seed), lines=False)
+    _write_json(os.path.join(out_dir, "dev_triples.json"), synthetic_casrel(dev_size, seed=seed + 1), lines=False)
+    return ["train_triples.json", "dev_triples.json"]
+
+
+def _pair_files(out_dir: str, train_size: int, dev_size: int, seed: int) -> list[str]:
+    """Scored pairs (CSV), pairs (JSONL) and triplets (TSV), each with a header row or named keys."""
+    scored = ("s1", "s2", "score")
+    _write_rows(os.path.join(out_dir, "pairs.csv"), synthetic_pairs(train_size, seed=seed), ",", scored)
+    _write_rows(os.path.join(out_dir, "dev_pairs.csv"), synthetic_pairs(dev_size, seed=seed + 1), ",", scored)
+    triplets = synthetic_triplets(train_size + dev_size, seed=seed + 3)
+    qa = [{"anchor": a, "positive": b} for a, b, _ in triplets]
+    _write_json(os.path.join(out_dir, "qa_train.jsonl"), qa[:train_size], lines=True)
+    _write_json(os.path.join(out_dir, "qa_dev.jsonl"), qa[train_size:], lines=True)
+    _write_rows(os.path.join(out_dir, "triplets.tsv"), triplets[:train_size], "\t", ("anchor", "positive", "negative"))
+    return ["pairs.csv", "dev_pairs.csv", "qa_train.jsonl", "qa_dev.jsonl", "triplets.tsv"]
+
+
+def _write_lines(path: str, texts: list[str]) -> None:
+    with atomic_open(path) as f:
+        f.writelines(t + "\n" for t in texts)

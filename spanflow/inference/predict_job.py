@@ -1,5 +1,8 @@
 """`spanflow predict` as a function: any task's model over a file of texts, streamed in input
-order into JSONL (written aside, then renamed into place).
+order into JSONL or Parquet (written aside, then renamed into place).
+
+Parquet output (spanflow.data.tables has its columns) is written a row group at a time as
+predictions arrive, so memory stays bounded; its file appears at the output when complete.
 
 One writer per output: the job holds spanflow.atomic.claim_output(dst) from before it reads
 the input until the file is in place, so a second job on the same output stops at once,
@@ -7,19 +10,46 @@ naming the first one's pid, instead of the two racing to rename their files onto
 """
 from __future__ import annotations
 
-import json
 import os
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
+from typing import Any
 
 from tqdm import tqdm
 
 from spanflow.atomic import atomic_open, hold_output, writing
 from spanflow.data.formats.common import read_lines_or_errors
-from spanflow.data.records import read_texts
+from spanflow.data.jsonvalues import json_line
+from spanflow.data.records import Column, read_rows
+from spanflow.data.tables import (
+    IPC,
+    carried_schema,
+    check_keep,
+    error_fields,
+    is_table,
+    output_schema,
+    output_table,
+    parquet_output,
+    table_rows,
+)
 from spanflow.errors import ConfigError, DataError
 
 WHAT = "the predictions"
+ROWS = 8192  # rows per Parquet row group
+OUTPUTS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+JSONL_KEYS = ("id", "line", "row", "error")  # a JSONL record's own keys, beside its task's
+
+
+def output_format(dst: str) -> str:
+    """jsonl or parquet, as the output's extension says (OUTPUTS); any other is a ConfigError
+    naming those predict writes."""
+    ext = os.path.splitext(dst)[1].lower()
+    if ext not in OUTPUTS:
+        hint = "; Arrow output is written as Parquet" if ext in IPC else ""
+        raise ConfigError(f"--output {dst}: predict writes JSONL (.jsonl, .ndjson, .json) or Parquet (.parquet, "
+                          f".pq){hint}", field="output")
+    return OUTPUTS[ext]
 
 
 def check_output(dst: str, what: str = WHAT) -> None:
@@ -34,40 +64,73 @@ def check_output(dst: str, what: str = WHAT) -> None:
             raise ConfigError(f"--output {dst}: a file stands where its directory should be", field="output") from None
 
 
-def predict_file(model, src: str, dst: str, *, field: str = "text", column: int | None = None,
-                 skip_header: bool = False, max_tokens: int | None = None, progress: bool = True) -> dict:
+def check_job(src: str, dst: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
+              id_column: str | None = None, keep: Sequence[str] = ()) -> tuple[str, Any]:
+    """What a job can be refused for before its model loads, each fault one error: the output's
+    name, the input's columns (read_rows), kept columns named twice or like the output's own
+    id, error, line and row. Returns (format, the carried types of a Parquet output, else None)."""
+    check_output(dst)
+    fmt = output_format(dst)
+    read_rows(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
+    if fmt == "jsonl":
+        check_keep(keep, JSONL_KEYS, "key")
+        return fmt, None
+    return fmt, carried_schema(src, id_column=id_column, keep=keep)
+
+
+def _check_model(model, dst: str, fmt: str, keep: Sequence[str], types) -> None:
+    """What the model decides, before any work: the keys or columns of its results, which no
+    kept column may take, and for Parquet its arrow_results."""
+    if fmt == "jsonl":
+        check_keep(keep, (*JSONL_KEYS, *model.output_record("", [])), "key")
+        return
+    if not callable(getattr(model, "arrow_results", None)):
+        raise ConfigError(f"--output {dst}: {getattr(model, 'task', 'this')} models have no Parquet form of their "
+                          "results (arrow_results); write JSONL", field="output")
+    output_schema(model, types)
+
+
+def predict_file(model, src: str, dst: str, *, field: str = "text", column: Column | None = None,
+                 skip_header: bool = False, id_column: str | None = None, keep: Sequence[str] = (),
+                 max_tokens: int | None = None, progress: bool = True, rows_per_group: int = ROWS) -> dict:
     """Tag every record of `src` into `dst` (written to a temp file, then renamed).
 
-    One output line per input line, in order; a bad input record becomes an
-    {"line", "error"} record instead of stopping the job. A second job on `dst` is OutputBusy;
-    a full or read-only disk is a WriteError, with nothing left at `dst`.
+    One output record per input record, in order; a bad input record becomes an error record
+    ({"line" or, for a table, "row", and "error"} in JSONL, a null result and its `error` in
+    Parquet) instead of stopping the job. `id_column` and `keep` carry input columns into each
+    record (in JSONL: "id" only with `id_column`, the value Parquet's id column holds; values
+    JSON has no form for as data.tables.json_value gives them). check_job's faults, and the
+    model's own (_check_model), are raised before any record is read. A second job on `dst` is
+    OutputBusy; a full or read-only disk is a WriteError, with nothing left at `dst`.
     """
-    check_output(dst)
+    fmt, types = check_job(src, dst, field=field, column=column, skip_header=skip_header, id_column=id_column,
+                           keep=keep)
+    _check_model(model, dst, fmt, keep, types)
+    rows = read_rows(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
     with ExitStack() as held:
         hold_output(held, dst, WHAT)
-        total = sum(1 for _ in read_lines_or_errors(src))  # a bad line is a record too
+        # a bad line is a record too
+        total = table_rows(src) if is_table(src) else sum(1 for _ in read_lines_or_errors(src))
         # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
         bar = tqdm(total=total, unit="text", disable=None if progress else True, dynamic_ncols=True, mininterval=0.5)
         try:
-            return _write(model, src, dst, bar, field=field, column=column, skip_header=skip_header,
-                          max_tokens=max_tokens)
+            preds = _predictions(model, rows, bar, max_tokens)
+            if fmt == "parquet":
+                return _write_parquet(model, preds, dst, keep, types, rows_per_group)
+            return _write_jsonl(model, preds, dst, keep, with_id=id_column is not None)
         finally:
             bar.close()
 
 
-def _write(model, src: str, dst: str, bar, *, field: str, column: int | None, skip_header: bool,
-           max_tokens: int | None) -> dict:
-    pending: deque = deque()  # (text, error) in input order; thread-safe append/popleft
+def _predictions(model, rows: Iterable, bar, max_tokens: int | None) -> Iterator[tuple]:
+    """(record, result) in input order; an unreadable record is predicted as "" (its result unused)."""
+    pending: deque = deque()  # records in input order; thread-safe append/popleft
     real = [0]
 
     def texts():
-        for item in read_texts(src, field=field, column=column, skip_header=skip_header, errors="record"):
-            if isinstance(item, DataError):
-                pending.append(("", item))
-                yield ""
-            else:
-                pending.append((item, None))
-                yield item
+        for r in rows:
+            pending.append(r)
+            yield r.text if isinstance(r.text, str) else ""
 
     def on_batch(n_texts: int, real_tokens: int, padded: int) -> None:
         real[0] += real_tokens
@@ -75,17 +138,47 @@ def _write(model, src: str, dst: str, bar, *, field: str, column: int | None, sk
             bar.update(n_texts)
             bar.set_postfix(tok_s=f"{real[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
 
+    for result in model.predict_stream(texts(), max_tokens=max_tokens, on_batch=on_batch):
+        yield pending.popleft(), result
+
+
+def _write_jsonl(model, preds: Iterable[tuple], dst: str, keep: Sequence[str], *, with_id: bool) -> dict:
     n = n_err = 0
     # the input was opened and read through once already (the count): an OSError in here is the
     # output's. atomic_open also removes what a run killed by SIGKILL left.
     with writing(WHAT, dst), atomic_open(dst, "predict", ".jsonl") as f:
-        for spans in model.predict_stream(texts(), max_tokens=max_tokens, on_batch=on_batch):
-            text, err = pending.popleft()
+        for r, result in preds:
+            err = r.text if isinstance(r.text, DataError) else None
+            rec = ({"id": r.id} if with_id else {}) | dict(zip(keep, r.kept))
             if err is not None:
-                rec = {"line": err.line, "error": err.reason}
+                rec |= error_fields(err)
                 n_err += 1
             else:
-                rec = model.output_record(text, spans)
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                rec |= model.output_record(r.text, result)
+            f.write(json_line(rec) + "\n")
             n += 1
+    return {"records": n, "errors": n_err}
+
+
+def _table(model, batch: list[tuple], keep: Sequence[str], types):
+    recs = [r for r, _ in batch]
+    kept = {k: [r.kept[i] for r in recs] for i, k in enumerate(keep)}
+    return output_table(model, [r.id for r in recs], [r.text if isinstance(r.text, str) else "" for r in recs],
+                        [res for _, res in batch], [r.text if isinstance(r.text, DataError) else None for r in recs],
+                        kept, types=types)
+
+
+def _write_parquet(model, preds: Iterable[tuple], dst: str, keep: Sequence[str], types, rows_per_group: int) -> dict:
+    n = n_err = 0
+    batch: list[tuple] = []
+    with parquet_output(dst, what=WHAT, kind="predict") as out:
+        for item in preds:
+            batch.append(item)
+            n += 1
+            n_err += isinstance(item[0].text, DataError)
+            if len(batch) == rows_per_group:
+                out.write(_table(model, batch, keep, types))
+                batch = []
+        if batch or out.rows == 0:  # an empty input still gets a file with the schema
+            out.write(_table(model, batch, keep, types))
     return {"records": n, "errors": n_err}

@@ -19,7 +19,7 @@ from torch import nn
 from spanflow.atomic import WRITE_ERRNOS, atomic_dir
 from spanflow.errors import ModelDirError
 from spanflow.atomic import as_os_error
-from spanflow.models.files import write_safetensors
+from spanflow.models.files import apply_umask, write_safetensors
 from spanflow.schemas import Names, PositiveInt, expect, explain
 
 FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads
@@ -36,10 +36,12 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
     comes out as an OSError naming `path`, not the temporary file it happened in (removed as the
     error leaves); a Rust library's error for one (safetensors' SafetensorError, tokenizers'
     Exception, which transformers' save_pretrained passes on) as the OSError its message
-    reports. atomic.writing() and the CLI then tell it in one line."""
+    reports. atomic.writing() and the CLI then tell it in one line. Every file and directory in
+    it gets the modes of the umask, whichever library wrote it (files.apply_umask)."""
     try:
         with atomic_dir(path, kind) as tmp:
             yield tmp
+            apply_umask(tmp)
     except Exception as e:
         err = as_os_error(e)
         if err is None or err.errno not in WRITE_ERRNOS:

@@ -31,10 +31,9 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
     the rest of its training support).
     """
     if not os.path.isdir(path):
-        raise ModelDirError(f"model directory not found: {path}")
+        raise ModelDirError(missing_dir(path))
     if not os.path.exists(os.path.join(path, "config.json")):
-        raise ModelDirError(f"{path} has no config.json: not a Hugging Face encoder directory "
-                            "(use a local encoder directory, a spanflow model directory, or 'tiny')")
+        raise ModelDirError(not_an_encoder(path))
     require_safetensors(path)
     try:
         from spanflow.models import tokenizer as native_tokenizer
@@ -50,6 +49,67 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
     except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
         raise ModelDirError(f"{path}: the encoder weights are unreadable (truncated or corrupt?): "
                             f"{type(e).__name__}: {str(e)[:200]}") from None
+
+
+def holds_model(path: str) -> bool:
+    """A spanflow model (spanflow.json) or an encoder (config.json, or a sentence-transformers modules.json)."""
+    return any(os.path.isfile(os.path.join(path, f)) for f in ("spanflow.json", "config.json", "modules.json"))
+
+
+def _unsaved(out: str) -> str | None:
+    """Why a training --out folder has no OUT/model yet, and where its last checkpoint's model is."""
+    last = os.path.join(out, "checkpoint", "model")
+    if not (os.path.isdir(last) and holds_model(last)):
+        return None
+    return (f"the run in {out} has not saved a model yet, as it stopped early or is still running; its last "
+            f"checkpoint's model is {last}, and 'spanflow train ... --out {out} --resume' finishes the run")
+
+
+def _run_hint(out: str) -> str | None:
+    """What to load from `out` when it is a training --out folder, or None when it is not one."""
+    best = os.path.join(out, "model")
+    if os.path.isdir(best) and holds_model(best):
+        return f"{out} is a training output folder, not a model directory: did you mean {best}?"
+    unsaved = _unsaved(out)
+    return f"{out} is a training output folder, not a model directory; {unsaved}" if unsaved else None
+
+
+def missing_dir(path: str) -> str:
+    """The message for a model directory that is not there (OUT/model of a run that has not saved one says so)."""
+    path_ = os.path.normpath(path)
+    unsaved = _unsaved(os.path.dirname(path_) or ".") if os.path.basename(path_) == "model" else None
+    return f"model directory not found: {path}" + (f"; {unsaved}" if unsaved else "")
+
+
+def not_a_model(path: str) -> str:
+    """The message for an existing `path` that holds neither a spanflow model nor an encoder."""
+    if os.path.isfile(path):
+        folder = os.path.dirname(path) or "."
+        return f"{path} is a file; a model is a directory" + (f": did you mean {folder}?" if holds_model(folder)
+                                                               else "")
+    return _run_hint(path) or (f"{path} is not a model directory: it has no spanflow.json (a spanflow model) and no "
+                               "config.json (a Hugging Face or sentence-transformers encoder)")
+
+
+def not_an_encoder(path: str) -> str:
+    """The message for a directory without config.json, where an encoder directory was needed."""
+    if os.path.isfile(os.path.join(path, "spanflow.json")):
+        return (f"{path} is a spanflow {_task_in(path)} model, not an encoder directory; its encoder is "
+                f"{os.path.join(path, 'encoder')}")
+    return _run_hint(path) or (f"{path} has no config.json: not a Hugging Face encoder directory (use a local "
+                               "encoder directory, a spanflow model directory, or 'tiny')")
+
+
+def _task_in(path: str) -> str:
+    """The task spanflow.json names, for a message (the loaders check the file itself)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "spanflow.json"), encoding="utf-8") as f:
+            task = json.load(f).get("task")
+    except (OSError, ValueError, AttributeError):
+        return "(unreadable spanflow.json)"
+    return task if isinstance(task, str) else "(no task named)"
 
 
 def _load_weights(path: str) -> nn.Module:

@@ -49,6 +49,25 @@ def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) ->
         f.write(data)
 
 
+def umask() -> int:
+    """The process's umask (read by setting it and setting it back: there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(root: str) -> None:
+    """Give every file under `root` mode 0666 and every directory 0777, less the umask: what a plain
+    open() or mkdir() makes. Libraries that write through a private temporary file (safetensors'
+    save_file, which transformers' save_pretrained calls) leave their files 0600."""
+    mask = umask()
+    for parent, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(parent, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o666 & ~mask)
+
+
 def write_encoder(path: str, module: nn.Module) -> None:
     """config.json (the module's `config.to_dict()`) and model.safetensors: the save_pretrained
     of spanflow's plain-PyTorch encoders."""

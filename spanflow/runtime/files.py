@@ -61,6 +61,8 @@ class Verdict(BaseModel):
     n: NonNegativeInt  # texts checked on
     passed: bool
     source: Literal["input", "sample"]  # the command's input, or built-in sentences (serve)
+    inputs: NonNegativeInt | None = None  # of the n, texts of the input (None, older files: all n)
+    compared: NonNegativeInt | None = None  # results fp32 found to compare with (0: nothing, no pass)
 
 
 def load_json(path: str, what: str):

@@ -4,17 +4,25 @@ Where the device runs a reduced precision natively (bf16 on CPUs with AVX512-BF1
 GPUs that have it, fp16 on older GPUs), the model runs once in fp32 and once in that
 precision on a sample of the input, and the task's agreement measure (embeddings: mean
 cosine; NER: entity F1; relations: triple F1, fp32's results taken as gold) must reach the
-task's gate. Otherwise fp32. The verdict is cached per model, device and precision beside
-the tune profiles, so the check runs once. Without input to check on (serve), a few
-built-in sentences stand in, and the next run on real input checks again.
+task's gate. Otherwise fp32.
+
+The sample is sized so that the verdict means something: up to SAMPLE texts of the input, and
+at least MIN_SAMPLE (an input with fewer is topped up with built-in sentences, and the line
+says so). Where fp32 finds nothing at all on the sample (no entity, no triple), there is
+nothing to agree on: no pass, fp32. The verdict is cached per model, device and precision
+beside the tune profiles; a later run takes it unless its input is more than GROWTH times the
+input texts the verdict was checked on. Without input to check on (serve, the Python API's
+load), built-in sentences stand in, and the next run on real input checks again.
 
 The models the check runs come from a `Loads`, so the command then runs the chosen one
 without loading it again.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 from spanflow.errors import ConfigError
 from spanflow.runtime.cache import cache_path
@@ -22,19 +30,36 @@ from spanflow.runtime.files import Verdict, read_verdict, write_verdict
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import pick_device, resolve_policy
 
-SAMPLE = 256  # texts of the input the check runs on
+SAMPLE = 256  # texts of the input the check runs on, at most
+MIN_SAMPLE = 64  # texts it runs on, at least: fewer input texts are topped up with built-in sentences
+GROWTH = 4  # a verdict stands for an input of up to this many times the input texts it was checked on
+logger = logging.getLogger("spanflow")
 
 
 def builtin_sample() -> list[str]:
-    """The sentences a check runs on when the command has no input (serve)."""
+    """The sentences a check runs on when the command has no input (serve), or too little."""
     from spanflow.data.synthetic import synthetic_ner
 
-    return [e.text for e in synthetic_ner(64, seed=7, max_clauses=3)]
+    return [e.text for e in synthetic_ner(MIN_SAMPLE, seed=7, max_clauses=3)]
 
 
 def usable(texts: list | None) -> list[str]:
     """Up to SAMPLE non-empty texts (records that failed to parse come as None)."""
     return [t for t in (texts or []) if isinstance(t, str) and t.strip()][:SAMPLE]
+
+
+def check_sample(texts: list[str]) -> list[str]:
+    """`texts` (usable ones), topped up with built-in sentences to MIN_SAMPLE."""
+    return texts + builtin_sample()[:max(0, MIN_SAMPLE - len(texts))]
+
+
+def sample_words(n: int, inputs: int) -> str:
+    """How a check's sample of `n` texts, `inputs` of them from the input, is told."""
+    if not inputs:
+        return f"{n} built-in sample texts"
+    if inputs < n:
+        return f"{inputs} input texts and {n - inputs} built-in sentences (the input has fewer than {MIN_SAMPLE})"
+    return f"{n} input texts"
 
 
 def auto_precision(task, path: str, *, device: str, texts: list | None = None, loads: Loads | None = None,
@@ -51,19 +76,34 @@ def auto_precision(task, path: str, *, device: str, texts: list | None = None, l
                         precision=candidate)
     texts = usable(texts)
     verdict = _cached(cached, log)
-    if verdict and (verdict.source == "input" or not texts):  # a check on real input stands
-        return _said(verdict, "checked before")
-    source = "input"
-    if not texts:  # serve has no input: built-in sentences, until a run on real input checks again
-        texts, source = builtin_sample(), "sample"
+    if verdict and _stands(verdict, len(texts)):
+        return _said(verdict, "checked before on ")
+    sample = check_sample(texts) if texts else builtin_sample()
     loads = loads or Loads(task, path)
-    ref = list(loads.get(device, "fp32").predict_stream(texts))
-    got = list(loads.get(device, candidate).predict_stream(texts))
-    score = float(task.agreement(ref, got))
-    verdict = Verdict(precision=candidate, measure=task.agreement_name, score=score, gate=gate, n=len(texts),
-                      passed=score >= gate, source=source)
+    ref = list(loads.get(device, "fp32").predict_stream(sample))
+    got = list(loads.get(device, candidate).predict_stream(sample))
+    compared = found(ref)
+    score = float(task.agreement(ref, got)) if compared else 0.0
+    verdict = Verdict(precision=candidate, measure=task.agreement_name, score=score, gate=gate, n=len(sample),
+                      passed=bool(compared) and score >= gate, source="input" if texts else "sample",
+                      inputs=len(texts), compared=compared)
     write_verdict(cached, verdict)
-    return _said(verdict, f"on {len(texts)} {'input' if source == 'input' else 'built-in sample'} texts")
+    return _said(verdict, "on ")
+
+
+def found(results: list) -> int:
+    """What fp32's results hold to compare: the items of list results (spans, triples), one for
+    any other result (an embedding)."""
+    return sum(len(r) if isinstance(r, (list, tuple)) else 1 for r in results)
+
+
+def _stands(v: Verdict, n_texts: int) -> bool:
+    """Whether a cached verdict answers for an input of `n_texts` usable texts: any verdict where
+    there is no input; a check on input for an input up to GROWTH times its input texts."""
+    if not n_texts:
+        return True
+    inputs = v.n if v.inputs is None else v.inputs
+    return v.source == "input" and n_texts <= GROWTH * inputs
 
 
 def _cached(path: str, log: Callable[[str], None]) -> Verdict | None:
@@ -78,7 +118,22 @@ def _cached(path: str, log: Callable[[str], None]) -> Verdict | None:
 
 
 def _said(v: Verdict, where: str) -> tuple[str, str]:
+    where += sample_words(v.n, v.n if v.inputs is None and v.source == "input" else v.inputs or 0)
+    if v.compared == 0:
+        return "fp32", (f"auto: the {v.precision} check had nothing to compare: the model found nothing in fp32 "
+                        f"{where}; fp32 kept")
     if v.passed:
         return v.precision, f"auto: {v.measure} {v.score:.4f} to fp32 {where}, gate {v.gate}"
     return "fp32", (f"auto: {v.precision} reached {v.measure} {v.score:.4f} to fp32 {where}, below the gate "
                     f"{v.gate}")
+
+
+def load_auto(task, path: str, *, device: str = "auto") -> Any:
+    """The model of `path` in what `--precision auto` picks for it: an earlier run's cached verdict,
+    or the check on built-in sentences (as `spanflow serve` and the spaCy component make it). The
+    Python API's `load(path)` (precision="auto") comes here; its choice is logged on the "spanflow"
+    logger and is the model's `policy.name`."""
+    loads = Loads(task, path)
+    precision, why = auto_precision(task, path, device=device, loads=loads, log=logger.warning)
+    logger.info("%s: precision %s (%s)", path, precision, why)
+    return loads.get(device, precision)

@@ -20,7 +20,7 @@ from spanflow.runtime.cache import cache_path
 from spanflow.runtime.files import Profile, read_profile, write_profile
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import QUANTIZATIONS, check_quantize, pick_device, resolve_policy
-from spanflow.runtime.precision import auto_precision, builtin_sample, usable
+from spanflow.runtime.precision import auto_precision, builtin_sample, check_sample, sample_words, usable
 
 JOBS = ("infer", "serve", "train")  # the budget table's jobs: predict/evaluate/embed/tune, serve, train
 
@@ -145,11 +145,10 @@ def _backend(asked: Asked, prof: Profile | None, batching: bool) -> tuple[str, s
 def _gate(model, texts: list | None, force: bool) -> str:
     """The quantized model's quality check against fp32 (refused below its gate unless `force`)."""
     sample = usable(texts)
-    where = "input" if sample else "built-in sample"
-    cal = model.check_precision(sample or builtin_sample(), force=force)
+    cal = model.check_precision(check_sample(sample) if sample else builtin_sample(), force=force)
     below = cal["mean_cosine"] < cal["threshold"]
-    return (f"mean cosine {cal['mean_cosine']:.4f} to fp32 on {cal['n']} {where} texts, gate {cal['threshold']}"
-            + (", accepted by --force" if below else ""))
+    return (f"mean cosine {cal['mean_cosine']:.4f} to fp32 on {sample_words(cal['n'], len(sample))}, gate "
+            f"{cal['threshold']}" + (", accepted by --force" if below else ""))
 
 
 def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data: str | None, field: str,

@@ -11,7 +11,9 @@ from contextlib import asynccontextmanager
 
 import torch
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from spanflow.errors import SpanflowError
@@ -81,8 +83,18 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, exc: HttpError):
-        return JSONResponse({"error": {"message": exc.message, "code": exc.status, "param": exc.param}},
-                            status_code=exc.status, headers=exc.headers)
+        return _error(exc.status, exc.message, exc.headers, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing_error(request: Request, exc: StarletteHTTPException):
+        # unknown paths (404) and wrong methods (405) in the shape of every other error
+        return _error(exc.status_code, _routing_message(request, exc, app), dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return _error(422, f"{where or 'request'}: {first.get('msg', 'invalid')}", param=where)
 
     @app.get("/health")
     async def health():
@@ -157,6 +169,24 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     app.add_middleware(Guard, api_key=opts.api_key, routes=routes,
                        count=lambda route, status: metrics.requests.labels(route, str(status)).inc())
     return app
+
+
+def _error(status: int, message: str, headers: dict | None = None, param: str | None = None) -> JSONResponse:
+    """Every error answer: `{"error": {"message", "code", "param"}}`, `param` the request field at fault."""
+    return JSONResponse({"error": {"message": message, "code": status, "param": param}}, status_code=status,
+                        headers=headers)
+
+
+def _routing_message(request: Request, exc, app: FastAPI) -> str:
+    path = request.url.path[:200]
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow") or ""
+        return f"{request.method} is not allowed on {path}" + (f"; it takes {allowed}" if allowed else "")
+    if exc.status_code == 404:
+        routes = sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", None) or ()
+                         if m != "HEAD" and not r.path.startswith("/docs/")}, key=lambda x: x.split()[::-1])
+        return f"no route {request.method} {path}; the routes are {', '.join(routes)}"
+    return str(exc.detail)[:200]
 
 
 def _json(payload: dict) -> Response:

@@ -74,8 +74,30 @@ def body_schema(field: str) -> type[RequestBody]:
     return create_model(f"RequestBody_{field}", __base__=RequestBody, texts=(Texts, Field(alias=field)))
 
 
+# the fields other APIs send texts in, and whose they are: a body that has one of these instead of
+# the route's own field is told which it sent, not only what is missing (they are not taken in its
+# place: the response is this route's shape, which a client of the other API would not read)
+TEXT_FIELDS = {"input": "OpenAI's embeddings field", "inputs": "Text Embeddings Inference's field",
+               "texts": "spanflow's field", "text": None, "sentences": None, "documents": None}
+ROUTE_FIELDS = {"input": "as OpenAI's embeddings API does"}
+
+
+def _missing(body: dict, field: str) -> InvalidRequest:
+    """The error for a body without the route's text field, naming what it sent instead."""
+    takes = f"this endpoint takes the texts in '{field}'" + (f", {ROUTE_FIELDS[field]}" if field in ROUTE_FIELDS
+                                                             else "") + ": a string or a list of strings"
+    sent = next((k for k in body if k in TEXT_FIELDS and k != field), None)
+    if sent is not None:
+        whose = f" ({TEXT_FIELDS[sent]})" if TEXT_FIELDS[sent] else ""
+        return InvalidRequest(f"'{field}' is missing; got '{sent}'{whose}: {takes}", field)
+    keys = ", ".join(repr(str(k)[:40]) for k in list(body)[:5]) + (", ..." if len(body) > 5 else "")
+    return InvalidRequest(f"'{field}' is missing: {takes}" + (f"; the body has {keys}" if body else ""), field)
+
+
 def read_body(body: dict, field: str, limits: Limits) -> RequestBody:
     """`body` (a parsed JSON object) checked against its route's schema; an InvalidRequest otherwise."""
+    if field not in body:
+        raise _missing(body, field)
     try:
         return body_schema(field).model_validate(body, context=limits)
     except ValidationError as e:

@@ -49,10 +49,12 @@ def _hashable(x):
     return tuple(_hashable(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def format_table(m: dict) -> str:
-    """A per-label table for the terminal."""
-    rows = [f"{'label':<20} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}"]
-    for lab, r in m["per_label"].items():
-        rows.append(f"{lab:<20} {r['precision']:>9.4f} {r['recall']:>9.4f} {r['f1']:>9.4f} {r['support']:>8}")
-    rows.append(f"{'overall':<20} {m['precision']:>9.4f} {m['recall']:>9.4f} {m['f1']:>9.4f} {m['support']:>8}")
-    return "\n".join(rows)
+def format_table(m: dict, name: str = "label") -> str:
+    """A per-label table for the terminal, `name` heading the first column; every column as wide
+    as its widest cell, so that long label names keep the columns aligned."""
+    cells = [[name, "precision", "recall", "f1", "support"]]
+    for lab, r in [*m["per_label"].items(), ("overall", m)]:
+        cells.append([str(lab), f"{r['precision']:.4f}", f"{r['recall']:.4f}", f"{r['f1']:.4f}", str(r["support"])])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return "\n".join(" ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])])
+                     for row in cells)

@@ -56,6 +56,11 @@ class TaskModel(Protocol):
     def output_record(self, text: str, result: Any) -> dict:
         """The JSON record of one text: the line predict writes, the item the server returns."""
 
+    def arrow_results(self, texts: list[str], results: list, **opts) -> Any:
+        """The results as the task's columns of a Parquet output (a pyarrow.Table, one row per
+        text, null where a result is None; data/tables.py has the columns). A model without it
+        writes JSONL only: a Parquet output is a ConfigError before any work."""
+
     def evaluate(self, examples: list, *, max_tokens: int | None = None) -> dict:
         """Metrics on labelled examples, with at least "f1"."""
 
@@ -99,6 +104,7 @@ class Task(Protocol):
     # optional members: claims(path) -> bool, for directories without spanflow.json that the task
     # loads (checked before they are taken for encoders); request_params(model, body) -> dict for
     # the server; export(model, to, out, log_fn) and `exports`, the formats `spanflow export` writes
+    # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`)
 
     def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int,
                  params: dict) -> dict:
@@ -138,11 +144,13 @@ def tasks() -> list[Task]:
 
 
 def task_of_dir(path: str) -> Task:
-    """The task a model directory holds: spanflow.json's "task", or ENCODER_TASK for a plain encoder."""
+    """The task a model directory holds: spanflow.json's "task", or ENCODER_TASK for a plain encoder.
+    A path that holds neither (a training --out folder, a file) is a ModelDirError saying what it is."""
     from spanflow.models.directory import CONFIG, read_model_config
+    from spanflow.models.encoder import holds_model, missing_dir, not_a_model
 
-    if not os.path.isdir(path):
-        raise ModelDirError(f"model directory not found: {path}")
+    if not os.path.isdir(path) or not holds_model(path):
+        raise ModelDirError(not_a_model(path) if os.path.exists(path) else missing_dir(path))
     if not os.path.exists(os.path.join(path, CONFIG)):
         for task in tasks():  # a directory from elsewhere that a task knows (a HF token classifier)
             if getattr(task, "claims", None) and task.claims(path):
@@ -152,6 +160,26 @@ def task_of_dir(path: str) -> Task:
     if task not in _TASKS:
         raise ModelDirError(f"{path} is a {task!r} model; this spanflow knows {', '.join(map(repr, names()))}")
     return get(task)
+
+
+def check_model_for(path: str, task: str, *, start: bool = False) -> Task:
+    """What `path` holds, checked to suit `task` before any model loads: a model of `task`, or
+    (`start`: training starts there) an encoder directory or 'tiny'. An embedding model is an
+    encoder directory. A spanflow model of another task is a ModelDirError naming its encoder."""
+    if start and path == "tiny":
+        return get(task)
+    held = task_of_dir(path)
+    own = os.path.exists(os.path.join(path, "spanflow.json"))
+    if held.name == task or (not own and (start or task == ENCODER_TASK)):
+        return held
+    if not own:  # an encoder (or a classifier from elsewhere) where a trained model is needed
+        raise ModelDirError(f"{path} is an encoder directory, not a spanflow {task!r} model: train one with "
+                            f"'spanflow train {task} --model {path}'")
+    wanted = (f"training {task!r} starts from an encoder directory, 'tiny', or a {task!r} model to train further"
+              if start else f"this needs a {task!r} model" if task != ENCODER_TASK
+              else "embeddings come from an encoder or sentence-transformers directory")
+    raise ModelDirError(f"{path} is a {held.name!r} model (its spanflow.json says so); {wanted}; its encoder is "
+                        f"{os.path.join(path, 'encoder')}")
 
 
 def quality_at_length(model: TaskModel, examples: list) -> Callable[[int], float]:

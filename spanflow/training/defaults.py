@@ -57,14 +57,21 @@ def update_tokens(lengths: list[int], device: torch.device, world: int = 1) -> i
     return int(max(max(lengths, default=1), MIN_UPDATE_TOKENS, min(want, device_budget(device))))
 
 
+TINY = ("model tiny (a small encoder and vocabulary built from scratch on --train, no pretrained weights; "
+        "--model DIR starts from a pretrained encoder)")
+NO_DEV = "no --dev: no early stopping, the model of the last epoch is kept"
+
+
 def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[int], device: torch.device,
-                  world: int = 1, log: Callable[[str], None] = print) -> TrainOptions:
+                  world: int = 1, log: Callable[[str], None] = print, tiny: bool = False,
+                  dev: bool = True) -> TrainOptions:
     """Options with every unset value taken from `defaults` and the data, each choice logged.
 
     The learning rates follow the update size by the square-root rule (Adam-style
-    optimizers keep their per-update noise level that way), from REFERENCE_TOKENS.
+    optimizers keep their per-update noise level that way), from REFERENCE_TOKENS. The line
+    also names a `tiny` start, and says what a run without `dev` data keeps.
     """
-    auto = []
+    auto = [TINY] if tiny else []
     max_tokens = opts.max_tokens
     if max_tokens is None:
         max_tokens = update_tokens(lengths, device, world)
@@ -81,7 +88,9 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     patience = opts.patience if opts.patience is not None else defaults.patience
     if opts.epochs is None:
         auto.append(f"epochs {epochs}")
-    if opts.patience is None:
+    if not dev:
+        auto.append(NO_DEV)
+    elif opts.patience is None:
         auto.append(f"early stop after {patience} evaluations without gain" if patience else "no early stop")
     if auto:
         log("defaults: " + ", ".join(auto))

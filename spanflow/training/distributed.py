@@ -49,11 +49,6 @@ def init_from_env() -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local)
 
 
-def barrier(d: Dist) -> None:
-    if d.enabled:
-        dist.barrier()
-
-
 def all_sum(values: list[float], d: Dist) -> list[float]:
     """Element-wise sum over ranks (host floats; called at epoch ends, not per step)."""
     if not d.enabled:

@@ -16,6 +16,7 @@ from spanflow.training.defaults import TaskDefaults, fill_defaults
 from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions
+from spanflow.training.outcome import outcome_line
 from spanflow.training.outdir import claim_out_dir
 from spanflow.training.setup import Run, best_model, prepare_encoder, start_run
 
@@ -42,7 +43,8 @@ class Plan:
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
         options: TrainOptions | None, load: Callable[..., Any], log_fn: Callable[[str], None] = print):
     """Train what `setup` plans into `out_dir`; return the best model (by dev F1), reloaded with
-    `load(path, device=..., precision=...)`, or the last one when the run stopped early.
+    `load(path, device=..., precision=...)`, or the last one when the run stopped early; the run
+    ends with one line saying where its model is (training/outcome.py).
 
     `model` is where training starts: a model directory of the task, an encoder directory or
     `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one."""
@@ -51,7 +53,8 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         plan = setup(run)
         prepare_encoder(plan.model.module.encoder, run.opts, run.log)
         opts = fill_defaults(plan.options or run.opts, plan.defaults, lengths=[len(it) for it in plan.items],
-                             device=run.policy.device, world=run.dist.world, log=run.log)
+                             device=run.policy.device, world=run.dist.world, log=run.log,
+                             tiny=model == "tiny" and run.source == model, dev=bool(dev))
         evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist)) if dev else None
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
@@ -59,5 +62,18 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              log=run.log, dist=run.dist, weights=plan.weights)
         policy = run.policy
-        return best_model(summary, out_dir, lambda d: load(d, device=str(policy.device), precision=policy.name),
+        best = best_model(summary, out_dir, lambda d: load(d, device=str(policy.device), precision=policy.name),
                           plan.model)
+        encoders = _encoders(plan.model, best)
+        rescored = best.evaluate(dev, dist=run.dist)["f1"] if dev and encoders else None
+        run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
+                             encoders=encoders))
+        return best
+
+
+def _encoders(trained, saved) -> tuple[str, str] | None:
+    """The class names of the encoder training ran and of the saved model's, where they differ
+    (transformers' BertModel trains, spanflow's NativeBert runs the saved model): the two round apart
+    in a reduced precision, so the saved model is scored again as `spanflow evaluate` scores it."""
+    ran, runs = type(trained.module.encoder), type(saved.module.encoder)
+    return (ran.__name__, runs.__name__) if saved is not trained and runs is not ran else None

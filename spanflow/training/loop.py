@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,8 +82,7 @@ class _Run:
     total_steps: int
     running: torch.Tensor  # loss summed on device: read only at log points
     n_running: int = 0
-    epoch_loss: torch.Tensor | float = 0.0  # summed on device like `running`; read only when dev F1 is 0
-    n_epoch: int = 0
+    recent: deque | None = None  # the last loss_window() steps' losses, on device: read only when dev F1 is 0
     bar: object = None  # a progress bar on a terminal (progress_bar), else None and plain log lines
     bar_tokens: int = 0
     reporters: Reporters | None = None  # TensorBoard / MLflow (--report-to), rank 0 only
@@ -112,8 +112,10 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     world = plan_world or dist.world
     lengths = [len(it) for it in items]
     targets = [hooks.targets(it) for it in items] if hooks.targets else None
+    per_epoch = [len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
-               total_steps=sum(len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)))
+               total_steps=sum(per_epoch))
+    r.recent = deque(maxlen=loss_window(opts.log_every, per_epoch[0] if per_epoch else 1))
     model.train()
     r.bar = progress_bar(r)
     final = None  # the summary the reporters close with; None when training failed
@@ -125,9 +127,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
                                     else None, items, hooks.collate) for step in plan)
             if not _run_steps(r, groups, epoch):
-                log(f"stopped after max_steps={r.st['global_step']}; resume with --resume")
                 final = _summary(r, completed=False)
-                return {k: final[k] for k in ("best_f1", "global_step", "completed")}
+                return final
             rep = _close_period(r.meter, dist)  # before evaluation, so eval time is not counted as training
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
             _report(r, epoch, rep, f1)
@@ -143,16 +144,16 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     if r.st["stopped"]:
         log(f"early stop after epoch {r.st['epoch']}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
-    if r.st["best_f1"] is not None:
-        log(f"best dev {hooks.metric} {r.st['best_f1']:.4f}: that model is in {os.path.join(out_dir, 'model')}")
     if hooks.evaluate is None:
         on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
-    return {k: final[k] for k in ("best_f1", "global_step", "completed")}
+    return final
 
 
 def _summary(r: _Run, completed: bool) -> dict:
+    """What the run left: its best dev score and step, its last step and epoch, and whether it ran to
+    the end (False: stopped by max_steps, with only the checkpoint's model from this run)."""
     return {"best_f1": r.st["best_f1"], "best_step": r.st.get("best_step"), "global_step": r.st["global_step"],
-            "completed": completed}
+            "epoch": r.st["epoch"] + (0 if completed else 1), "completed": completed}
 
 
 def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
@@ -196,12 +197,11 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
             loss = r.hooks.step(r.ddp, micro, r.policy, r.scaler, meter, r.dist.world)
         else:
             loss = forward_backward(r.ddp, micro, r.hooks.loss_fn, r.policy, r.scaler, meter, r.dist.world)
-        if st.get("first_loss") is None:
-            st["first_loss"] = loss.item()  # host sync, once per run: the baseline of learning_check
         r.running += loss
-        r.epoch_loss = r.epoch_loss + loss
         r.n_running += 1
-        r.n_epoch += 1
+        r.recent.append(loss.detach())
+        if st.get("first_loss") is None and len(r.recent) == r.recent.maxlen:
+            st["first_loss"] = _mean(r.recent)  # host sync, once per run: the baseline of learning_check
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
         optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm)
@@ -273,25 +273,37 @@ def _lr_now(r: _Run) -> float:
     return r.opts.lr * lr / base if r.opts.lr and base else lr
 
 
+LOSS_WINDOW = 50  # steps a loss is averaged over when --log-every is 0
+
+
+def loss_window(log_every: int, first_epoch_steps: int) -> int:
+    """Steps the learning check averages the loss over: the step lines' --log-every (LOSS_WINDOW
+    when 0), at most half the first epoch, so that its first and its last window differ."""
+    return max(1, min(log_every or LOSS_WINDOW, first_epoch_steps // 2))
+
+
+def _mean(losses) -> float:
+    return float(torch.stack(list(losses)).mean())  # host sync
+
+
 def _learning_check(r: _Run, f1: float | None, left: int) -> None:
     """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try
-    (`left`: epochs still to run)."""
-    total, n = r.epoch_loss, max(1, r.n_epoch)
-    r.epoch_loss, r.n_epoch = 0.0, 0
-    first = r.st.get("first_loss")
-    if f1 is None or f1 > 0 or not first or not r.dist.is_main:
+    (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
+    the same number of steps: the first steps of the run, and the last ones before this check."""
+    first, w = r.st.get("first_loss"), r.recent.maxlen
+    if f1 is None or f1 > 0 or not first or not r.dist.is_main or len(r.recent) < w:
         return
-    loss = float(total) / n  # host sync, only at an epoch that ended at dev F1 0
+    loss = _mean(r.recent)  # host sync, only at an epoch that ended at dev F1 0
     steps = r.st["global_step"]
+    moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
     if loss > 0.8 * first:
-        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({first:.3g} -> {loss:.3g}) in {steps} "
-              "optimizer steps; give it more updates (a smaller --max-tokens, more --epochs) or a higher "
-              "--lr/--head-lr")
+        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
+              "give it more updates (a smaller --max-tokens, more --epochs) or a higher --lr/--head-lr")
     elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
-        r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
+        r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({moved}) in {steps} optimizer steps: "
               f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
     else:
-        r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({first:.3g} -> {loss:.3g}) in {steps} optimizer steps: "
+        r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({moved}) in {steps} optimizer steps: "
               "train longer (--epochs), or check that --dev holds the labels of --train")
 
 

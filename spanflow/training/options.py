@@ -16,6 +16,8 @@ def opt(default, help: str | None = None, **meta):
 RECIPES = {"group": "recipes", "group_help": "options for rare types and small data (docs/recipes.md has their "
                                              "measured effect)"}
 LR_SCALINGS = ("none", "sqrt", "linear")
+# the `spanflow train TASK` commands that get a field's flag, where not every one does
+NER, SPANS = ("ner",), ("ner", "re")
 
 
 @dataclass
@@ -33,7 +35,7 @@ class TrainOptions:
     grad_accum: int = opt(1, "micro-batches per optimizer step")
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
     max_length: int | None = opt(None, "most tokens per training window", unset="the encoder's limit")
-    stride: int = opt(32, "tokens shared by neighbouring windows of a long text")
+    stride: int = opt(32, "tokens shared by neighbouring windows of a long text", tasks=NER)
     precision: str = "auto"  # runtime flag
     device: str = "auto"  # runtime flag
     seed: int = opt(0, "seed of initialisation, shuffling and dropout")
@@ -51,17 +53,17 @@ class TrainOptions:
                           choices=LR_SCALINGS)
     grad_compression: str = opt("none", "all-reduce DDP gradients in fp16 (CUDA, several processes)",
                                 choices=("none", "fp16"))
-    label_smoothing: float = opt(0.0, "spread this much target probability over all labels", **RECIPES)
+    label_smoothing: float = opt(0.0, "spread this much target probability over all labels", tasks=SPANS, **RECIPES)
     class_weights: str | dict | None = opt(None, "NER loss weights: 'auto' (inverse sqrt label frequency) or "
-                                                 "'person=2,product=3'", **RECIPES)
+                                                 "'person=2,product=3'", tasks=NER, **RECIPES)
     llrd: float = opt(1.0, "layer-wise lr decay: each encoder layer takes LLRD x the lr of the one above (1: off)",
                       **RECIPES)
     pack: float | None = opt(None, "NER: share of training texts joined with the texts after them into "
-                                   "multi-sentence sequences", unset="per task", **RECIPES)
+                                   "multi-sentence sequences", unset="per task", tasks=NER, **RECIPES)
     pack_span: float = opt(1.0, "NER: the longest joined training text, in multiples of the longest single text "
-                                "(longer packs: docs/defaults.md, long documents)", **RECIPES)
+                                "(longer packs: docs/defaults.md, long documents)", tasks=NER, **RECIPES)
     oversample: float = opt(0.0, "entity-aware sampling: draw examples of rare types (f_max/f)^X times as often "
-                                 "(0: off)", **RECIPES)
+                                 "(0: off)", tasks=SPANS, **RECIPES)
     grad_checkpointing: bool = opt(False, "recompute layer activations in backward: far less memory on long "
                                           "inputs, about a third slower", **RECIPES)
 

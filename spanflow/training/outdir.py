@@ -29,23 +29,54 @@ def _claim(out_dir: str) -> Iterator[None]:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConfigError(f"--out {out_dir} is a file; give a directory")
     created = not os.path.exists(out_dir)
+    lock = os.path.join(out_dir, LOCK)
     try:
         os.makedirs(out_dir, exist_ok=True)
-        fd = os.open(os.path.join(out_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _lock(lock, out_dir)
     except OSError as e:
         raise ConfigError(f"cannot write to --out {out_dir}: {e.strerror or e}") from None
     ok = False
     try:
-        if not try_lock(fd):
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise ConfigError(f"another run (pid {owner}) is training into {out_dir}; wait for it to finish, or "
-                              "choose another --out")
-        with writing("the run's lock file", os.path.join(out_dir, LOCK)):  # the pid a second run names
+        with writing("the run's lock file", lock):  # the pid a second run names
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
         ok = True
     finally:
-        os.close(fd)  # releases the lock
+        _release(fd, lock)
         if not ok and created and not any(os.path.exists(os.path.join(out_dir, k)) for k in KEEP):
             shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _lock(lock: str, out_dir: str) -> int:
+    """An fd holding the lock on the file now at `lock`. A run removes its lock file as it ends, so
+    a lock taken on a file removed meanwhile holds nothing: try again on the new one."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        if not try_lock(fd):
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"another run (pid {owner}) is training into {out_dir}; wait for it to finish, or "
+                              "choose another --out")
+        if _same_file(lock, fd):
+            return fd
+        os.close(fd)
+
+
+def _release(fd: int, lock: str) -> None:
+    """Remove the lock file while still holding it, then let go: a run that opened the file before
+    it went and locks it after finds it removed and locks a new one (_lock), so no two runs ever
+    hold the directory at once, and a finished run leaves nothing in OUT but what it wrote."""
+    try:
+        with writing("the run's lock file", lock):
+            if _same_file(lock, fd):  # not a file a user put there after removing ours by hand
+                os.unlink(lock)
+    finally:
+        os.close(fd)
+
+
+def _same_file(path: str, fd: int) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False

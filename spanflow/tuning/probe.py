@@ -66,11 +66,13 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
     """Run `step(batch)` over batches (cycling), warm-up first; return the measured figures.
 
     `step` does one unit of work (a training step, or one inference batch) for a list of
-    item indices.
+    item indices. `max_seconds` counts the warm-up too (tune's time budget holds every second of
+    a run), and at least two steps are measured whatever it is.
     """
     batches = [b for b in batches if b]
     if not batches:
         raise ValueError("no batches to probe")
+    t_start = time.perf_counter()
     for k in range(warmup):
         step(batches[k % len(batches)])
     _sync(device)
@@ -80,7 +82,6 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
     gpu = GpuUtilSampler(device, interval_s=0.05)
     rss = _RssPeak() if device.type == "cpu" else None
     lat, real, padded = [], 0, 0
-    t_start = time.perf_counter()
     k = 0
     try:
         while k < max_steps and (k < 2 or time.perf_counter() - t_start < max_seconds):

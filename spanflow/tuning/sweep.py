@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import logging
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -53,19 +54,33 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
+STEPS_AT_LEAST = 4  # the steps of the shortest run of a point: the probe's warm-up and its least measured steps
+
+
 def sweep(measure: Callable[[int, int], dict], budgets: list[int], max_lengths: list[int],
-          log_fn: Callable[[str], None] = print, repeats: int = 2) -> list[Point]:
+          log_fn: Callable[[str], None] = print, repeats: int = 2, deadline: float | None = None,
+          per_run: float = 0.0) -> list[Point]:
     """Measure every (budget, max length) `repeats` times, the grid in alternating order (forward,
     backward, ...): a point measured late in one pass is measured early in the next, so with an
     even number of repeats a steady drift (caches warming, the machine's load) favours no point.
     Each point reports medians and the spread of its runs. An out-of-memory point is
-    recorded, memory freed, and the larger budgets at that length are skipped."""
+    recorded, memory freed, and the larger budgets at that length are skipped.
+
+    With a `deadline` (time.monotonic()), a run whose steps would end past it is left out, said in
+    one line: a run takes `per_run` seconds or its STEPS_AT_LEAST steps, whichever is longer, a
+    step as long as measured before at that point or, scaled by the budget, at a smaller one. The
+    smallest budget of each length is measured once whatever the time, so there is a profile."""
     grid = [(b, L) for L in max_lengths for b in sorted(budgets) if b >= L]  # one full sequence must fit
     runs: dict[tuple[int, int], list[dict]] = {g: [] for g in grid}
     oom: set[tuple[int, int]] = set()
+    late: set[tuple[int, int]] = set()  # not measured in the first pass for want of time
     for r in range(max(1, repeats)):
         for b, L in (grid if r % 2 == 0 else grid[::-1]):
-            if any(L == L2 and b >= b2 for b2, L2 in oom):
+            if any(L == L2 and b >= b2 for b2, L2 in oom | late):
+                continue
+            if deadline is not None and not _fits(b, L, runs, deadline, per_run):
+                if r == 0:
+                    late.add((b, L))
                 continue
             try:
                 runs[(b, L)].append(measure(b, L))
@@ -75,6 +90,35 @@ def sweep(measure: Callable[[int, int], dict], budgets: list[int], max_lengths: 
                 _free()
                 oom.add((b, L))
                 log_fn(f"max_tokens {b}, max_length {L}: out of memory; skipping larger budgets")
+    if deadline is not None:
+        _say_left_out(grid, runs, oom, max(1, repeats), log_fn)
+    return _points(grid, runs, oom, log_fn)
+
+
+def _fits(b: int, L: int, runs: dict, deadline: float, per_run: float) -> bool:
+    """Whether a run of (b, L) ends before `deadline`; always for the first run at a length."""
+    done = [(b2, r) for (b2, L2), rs in runs.items() if L2 == L and b2 <= b for r in rs]
+    if not done:
+        return True
+    b2, last = max(done, key=lambda x: x[0])  # this point's own earlier run, else the largest smaller budget
+    step_s = (last.get("latency_p50_ms") or 0.0) / 1e3 * b / b2
+    return time.monotonic() + max(per_run, STEPS_AT_LEAST * step_s) <= deadline
+
+
+def _say_left_out(grid: list, runs: dict, oom: set, repeats: int, log_fn: Callable[[str], None]) -> None:
+    """One line naming the points the time budget left unmeasured, and how many ran fewer repeats."""
+    lengths = {L for _, L in grid}
+    never = [f"{b}" if len(lengths) == 1 else f"{b} at max_length {L}" for b, L in grid
+             if not runs[(b, L)] and not any(L == L2 and b >= b2 for b2, L2 in oom)]
+    fewer = sum(0 < len(runs[g]) < repeats for g in grid)
+    if not never and not fewer:
+        return
+    said = [f"max_tokens {', '.join(never)} not measured"] if never else []
+    said += [f"{fewer} point{'s' if fewer > 1 else ''} measured fewer than {repeats} times"] if fewer else []
+    log_fn(f"out of --budget-seconds: {'; '.join(said)} (a larger --budget-seconds measures them)")
+
+
+def _points(grid: list, runs: dict, oom: set, log_fn: Callable[[str], None]) -> list[Point]:
     points = []
     for b, L in grid:
         if (b, L) in oom or not runs[(b, L)]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 from spanflow.errors import ConfigError
@@ -11,6 +12,7 @@ from spanflow.runtime.policy import resolve_policy
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tuning.measures import measure_of
 from spanflow.tuning.sweep import geometric, is_oom, pick_best, quality_floor, sweep
+from spanflow.tuning.timing import TimeBudget, compile_fits, plan_time
 
 MODES = ("train", "infer")
 
@@ -20,19 +22,24 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", quantize: str | None = None,
          force: bool = False, device: str = "auto", out: str | None = None, field: str = "text",
          column: int | None = None, plot: bool = True, repeats: int = 2, backends: bool = True,
-         log_fn: Callable[[str], None] = print) -> dict:
+         log_fn: Callable[[str], None] = print, started: float | None = None) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
     `mode` None: train, or infer for a task that does not train. Device, precision and
     quantization are resolved first, as the command that runs the model resolves them
     (runtime/resolve.py): the profile is measured in what inference will run. In infer mode
     with `backends`, also the encoder compiled against eager at the best point
-    (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`."""
-    from spanflow.tasks.registry import get
+    (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`.
+    `budget_seconds` holds all of it from `started` (time.time(); None: now), as tuning/timing.py
+    says: the sweep's runs get what the set-up leaves."""
+    from spanflow.tasks.registry import check_model_for, get
+
+    clock = TimeBudget(budget_seconds, time.time() if started is None else started)
 
     t = get(task)  # a task that tunes only some modes says which (tune_modes); the first is the default
     mode = mode or getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))[0]
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+    check_model_for(model, task, start=mode == "train")  # before any model loads
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
     policy = resolve_policy(rt.precision, rt.device)
@@ -42,30 +49,24 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
     lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
-    # the time budget spread over every run of every point
-    per_point = max(0.5, budget_seconds / max(1, len(budgets) * len(lengths) * max(1, repeats)))
 
     log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, {policy.describe()}")
-    fitting = [b for b in budgets if b >= lengths[0]]
-    if fitting:  # one discarded point first: the first kernels of a process are slow to start
-        try:
-            measure(min(fitting), lengths[0], 0.5)
-        except Exception as e:  # noqa: BLE001 - out of memory is for the sweep to record; the rest re-raises
-            if not is_oom(e):
-                raise
-            log_fn(f"warm-up ran out of memory at max_tokens {min(fitting)}; the sweep will record it")
-    points = sweep(lambda b, L: measure(b, L, per_point), budgets, lengths, log_fn=log_fn, repeats=repeats)
+    _warm_up(measure, w, budgets, lengths, mode, log_fn)
+    runs = sum(b >= L for L in lengths for b in budgets) * max(1, repeats)
+    plan = plan_time(clock, runs, compare=mode == "infer" and backends, log=log_fn)
+    points = sweep(lambda b, L: measure(b, L, plan.per_run), budgets, lengths, log_fn=log_fn, repeats=repeats,
+                   deadline=plan.deadline, per_run=plan.per_run)
     best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
                      latency_slo_ms=latency_slo_ms, min_quality=quality_floor(points))
     profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
                "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
                "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
-    if mode == "infer" and best and backends:
+    if best and plan.compare and compile_fits(clock, log_fn):
         from spanflow.inference.backend import compare_backends
 
-        profile["backend"] = compare_backends(w.module, lambda: measure(best.max_tokens, best.max_length, per_point),
-                                              log_fn)
+        profile["backend"] = compare_backends(w.module, lambda: measure(best.max_tokens, best.max_length,
+                                                                        plan.per_run), log_fn)
     out_dir = out or "."
     write_profile(os.path.join(out_dir, "profile.json"), profile)
     log_fn(format_table(profile))
@@ -74,7 +75,25 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
 
         png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
         log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
+    log_fn(f"tune took {clock.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
+
+
+def _warm_up(measure, w, budgets: list[int], lengths: list[int], mode: str, log_fn: Callable[[str], None]) -> None:
+    """One discarded run first (the first kernels of a process are slow to start), and inferring,
+    the quality at each length (once per length, whatever the budget): both before the sweep's
+    time is shared out, so that its runs are all alike."""
+    fitting = [b for b in budgets if b >= lengths[0]]
+    if fitting:
+        try:
+            measure(min(fitting), lengths[0], 0.5)
+        except Exception as e:  # noqa: BLE001 - out of memory is for the sweep to record; the rest re-raises
+            if not is_oom(e):
+                raise
+            log_fn(f"warm-up ran out of memory at max_tokens {min(fitting)}; the sweep will record it")
+    if mode == "infer" and w.quality:
+        for L in lengths:
+            w.quality(L)
 
 
 def format_table(profile: dict) -> str:

@@ -68,8 +68,6 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     IOB1 repair); with `strict=True` it is an error instead.
     """
     path = os.fspath(path)
-    if scheme is not None and scheme.lower() not in SCHEMES:
-        raise DataError(f"unknown tag scheme {scheme!r}; expected one of {', '.join(SCHEMES)}", path=path)
     sentences = list(_sentences(path))
     if not sentences:
         raise DataError("file is empty: no sentences found", path=path)
@@ -78,19 +76,20 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
             if split_tag(tag)[0] == "?":
                 raise DataError(f"unknown tag {quote(tag)}; expected O or a B-/I-/E-/S-/M- prefixed label",
                                 path=path, line=lineno)
-    scheme = scheme.lower() if scheme else detect_scheme([t for s in sentences for _, _, t in s])
+    detected = detect_scheme([t for s in sentences for _, _, t in s])
+    scheme = _asked_scheme(scheme, detected, path) if scheme else detected
     allowed = _ALLOWED[scheme] + "O"
     examples, repaired = [], []
     for sent in sentences:
         for lineno, _, tag in sent:
             if split_tag(tag)[0] not in allowed:
-                raise DataError(f"tag {quote(tag)} is not valid in the {scheme.upper()} scheme", path=path, line=lineno)
+                raise DataError(f"tag {quote(tag)} is not valid in the {scheme.upper()} scheme"
+                                + _suggest(scheme, detected), path=path, line=lineno)
         tokens = [tok for _, tok, _ in sent]
         spans, repairs = decode_tags([tag for _, _, tag in sent], scheme)
         if repairs:
             if strict:
-                r = repairs[0]
-                raise DataError(r.message, path=path, line=sent[r.index][0])
+                raise _refused(sent[repairs[0].index], path)
             repaired += [sent[r.index][0] for r in repairs]
         text, offsets = join_tokens(tokens)
         char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
@@ -100,6 +99,28 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
         log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",
                     path, len(repaired), shown)
     return examples
+
+
+def _asked_scheme(scheme: str, detected: str, path: str) -> str:
+    name = scheme.lower()
+    if name not in SCHEMES:
+        raise DataError(f"unknown tag scheme {scheme!r}; expected one of {', '.join(SCHEMES)} (this file's tags "
+                        f"are {detected.upper()}, which is found when the scheme is left out)", path=path)
+    return name
+
+
+def _suggest(asked: str, detected: str) -> str:
+    if detected == asked:
+        return ""
+    return f" (asked); this file's tags are {detected.upper()}: use --scheme {detected}, or leave --scheme out"
+
+
+def _refused(entry: tuple[int, str, str], path: str) -> DataError:
+    """Strict reading's error for an inside tag that opens no entity."""
+    lineno, _, tag = entry
+    return DataError(f"tag {quote(tag)} follows no B-{split_tag(tag)[1]} tag: strict reading (--strict) refuses an "
+                     "inside tag that opens no entity (without --strict it is read as the entity's start, and "
+                     "reported)", path=path, line=lineno)
 
 
 def conll_token_bounds(text: str, spans) -> list[tuple[int, int]]:

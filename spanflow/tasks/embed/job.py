@@ -1,29 +1,41 @@
-"""`spanflow embed` as a function: stream any input into .npy or JSONL, chunk by chunk,
-resumable, with bounded memory.
+"""`spanflow embed` as a function: stream any input into .npy, JSONL or Parquet, chunk by
+chunk, resumable, with bounded memory.
 
-Progress is journaled in `<output>.progress.json` after each finished chunk (the
-chunk's rows synced first), so a killed run resumes at the first unfinished chunk and
-never recomputes finished ones. The final files appear only when the job completes.
+Progress is journaled in `<output>.progress.json` (the job) and
+`<output>.progress.chunks.json` (the finished chunks) after each finished chunk, the chunk's
+rows synced first, so a killed run resumes at the first unfinished chunk and never
+recomputes finished ones. The final files appear only when the job completes.
 
-Rows reach the .npy with pwrite at their offsets, never through a writable memory map: a
-store into a mapped page the file system cannot back (a full disk, a full quota, and on
-copy-on-write or network file systems even a page reserved before) is SIGBUS, which kills
-the process without a word. A write call fails with ENOSPC instead, which becomes one
-`error:` line. The .npy's full size is still reserved up front (posix_fallocate) so that a
-disk too small fails before any embedding, not hours in.
+Where a chunk's rows go while the job runs:
 
-One writer per output: rank 0 holds spanflow.atomic.claim_output(output) for the whole job,
-before any work, and the other ranks touch no file before rank 0 has it (they wait at the
-first barrier). That lock is what makes the fixed names beside the output
-(`<output>.partial`, `.progress*.json`, `.part<r>`) safe: only its holder touches them, and a
-later `--resume` finds a killed run's files by name, with nothing to look up.
+- .npy: pwrite at their offsets into `<output>.partial`, never through a writable memory
+  map: a store into a mapped page the file system cannot back (a full disk, a full quota,
+  and on copy-on-write or network file systems even a page reserved before) is SIGBUS,
+  which kills the process without a word. A write call fails with ENOSPC instead, which
+  becomes one `error:` line. The .npy's full size is still reserved up front
+  (posix_fallocate) so that a disk too small fails before any embedding, not hours in.
+- JSONL: appended to `<output>.part`, renamed onto the output at the end.
+- Parquet: a Parquet file of its own, `<output>.chunk<w>.parquet` (chunks.py). At the end
+  the chunks are copied, in order, into one file beside the output, which is then renamed
+  onto it: the disk holds the output twice over for that while.
+
+Removing the journal is the commit point: the job removes it once every final file is in
+place, and only then the parts. A kill before that leaves what `--resume` finishes from; a
+kill after it leaves parts without a journal, which the next run removes. A part shorter than
+its journal says (cut or removed by hand) makes `--resume` a ConfigError, never a file
+padded with zeros.
+
+One writer per output: the job holds spanflow.atomic.claim_output(output) for the whole job,
+before any work. That lock is what makes the fixed names beside the output safe: only its
+holder touches them, and a later `--resume` finds a killed run's files by name, with
+nothing to look up.
 """
 from __future__ import annotations
 
 import errno
 import itertools
-import json
 import os
+import shutil
 import time
 from collections import deque
 from contextlib import ExitStack
@@ -33,8 +45,12 @@ from tqdm import tqdm
 
 from spanflow.atomic import hold_output, writing
 from spanflow.data.formats.common import kind_of
-from spanflow.data.records import read_records, sample_texts
+from spanflow.data.jsonvalues import json_line
+from spanflow.data.records import read_rows, sample_texts
+from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
+                                  output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError
+from spanflow.tasks.embed.chunks import assemble, write_chunk
 from spanflow.tasks.embed.journal import (
     ChunkDone,
     EmbedSpec,
@@ -42,7 +58,7 @@ from spanflow.tasks.embed.journal import (
     Job,
     JobIdentity,
     JobPaths,
-    RankState,
+    Progress,
     Stats,
     fingerprint,
     job_paths,
@@ -51,19 +67,39 @@ from spanflow.tasks.embed.journal import (
     read_journal,
     write_journal,
 )
-from spanflow.training.distributed import Dist, barrier
 
 WHAT = "the embeddings"
+RESULT = "embedding"  # the output's column, or JSONL key, of the vectors
+JSONL_KEYS = ("id", "line", "row", "error", RESULT)  # a JSONL record's own keys: no kept column may take them
 
 
 def _out_format(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext in PARQUET:
+        return "parquet"
     kind = kind_of(path)
     if kind in ("npy", "jsonl"):
         return kind
-    raise ConfigError(f"--output must end in .npy or .jsonl, got {path!r}")
+    hint = "; Arrow output is written as Parquet: use .parquet" if ext in IPC else ""
+    raise ConfigError(f"--output must end in .npy, .jsonl or .parquet, got {path!r}{hint}")
 
 
-def _check_spec(spec: EmbedSpec) -> str:
+def _check_columns(spec: EmbedSpec, fmt: str) -> None:
+    """Refuse kept columns the output cannot hold, and columns the input does not have (or of
+    the wrong type): each one error, before a model loads."""
+    if spec.keep and fmt == "npy":
+        raise ConfigError("--keep-columns: a .npy holds only the vectors; use --output NAME.parquet (or .jsonl) "
+                          "to carry input columns along")
+    if fmt == "jsonl":
+        check_keep(spec.keep, JSONL_KEYS, "key")
+    else:
+        check_keep(spec.keep, ("error", RESULT))
+    _rows(spec)  # opens and checks, reads no record
+    if fmt == "parquet":
+        carried_schema(spec.input, id_column=spec.id_column, keep=spec.keep)
+
+
+def check_spec(spec: EmbedSpec) -> str:
     """The output format; a ConfigError or DataError for a spec that cannot work, before any work."""
     fmt = _out_format(spec.output)
     if spec.dtype not in ("float32", "float16"):
@@ -72,6 +108,9 @@ def _check_spec(spec: EmbedSpec) -> str:
         raise ConfigError(f"--chunk-size must be a positive integer, got {spec.chunk_size}")
     if not os.path.exists(spec.input):
         raise DataError("file not found", path=spec.input)
+    if fmt == "parquet":
+        pyarrow()
+    _check_columns(spec, fmt)
     if os.path.isdir(spec.output):
         raise ConfigError(f"--output {spec.output} is a directory; give a file name ending in .{fmt}", field="output")
     with writing(WHAT, spec.output):
@@ -83,19 +122,26 @@ def _check_spec(spec: EmbedSpec) -> str:
     return fmt
 
 
+def _rows(spec: EmbedSpec):
+    return read_rows(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header,
+                     id_column=spec.id_column, keep=spec.keep)
+
+
 def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
-    """One streaming pass: count records (and write their ids, one per line)."""
+    """Count the records (and write their ids, one per line, to `ids_tmp`): a table's count is
+    in its metadata and its ids need only its id column; other inputs take one streaming pass."""
+    table = is_table(spec.input)
+    if table and ids_tmp is None:
+        return table_rows(spec.input)
+    ids = table_ids(spec.input, spec.id_column) if table else (r.id for r in _rows(spec))
+    if ids_tmp is None:
+        return sum(1 for _ in ids)
     n = 0
     # an id may hold what UTF-8 cannot (a lone surrogate from JSON): escaped, never a crash
-    f = open(ids_tmp, "w", encoding="utf-8", errors="backslashreplace") if ids_tmp else None
-    try:
-        for rid, _ in read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header):
+    with open(ids_tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+        for rid in ids:
+            f.write(("" if rid is None else str(rid)).replace("\n", " ") + "\n")
             n += 1
-            if f:
-                f.write(rid.replace("\n", " ") + "\n")
-    finally:
-        if f:
-            f.close()
     return n
 
 
@@ -116,56 +162,56 @@ def _resumed_job(P: JobPaths, ident: JobIdentity, source: Fingerprint) -> Job:
 
 
 def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool) -> Job:
-    """Rank 0: reuse the journal of an interrupted job, or count the input and lay out the output."""
+    """Reuse the journal of an interrupted job, or count the input and lay out the output."""
     source = fingerprint(spec.input)
-    if resume and os.path.exists(P.journal) and os.path.exists(P.partial):
-        return _resumed_job(P, ident, source)
-    for stale in P.leftovers():
-        os.remove(stale)
+    if resume and os.path.exists(P.journal) and (fmt != "npy" or os.path.exists(P.partial)):
+        job = _resumed_job(P, ident, source)
+        with writing(WHAT, P.out):
+            P.adopt_legacy()
+        return job
+    P.remove_leftovers()
     try:
         with writing(WHAT, P.out):
             n = _count_and_ids(spec, P.ids_partial if fmt == "npy" else None)
             job = Job(spec=ident, input=source, n=n, chunks=-(-n // spec.chunk_size))
             if fmt == "npy":
                 lay_out_npy(P.partial, n, dim, spec.dtype)
-            else:
-                open(P.partial, "w").close()
         write_journal(P.journal, job)
     except BaseException:  # nothing to resume yet: give the space back
-        for f in P.leftovers():
-            os.remove(f)
+        P.remove_leftovers()
         raise
     return job
 
 
-def _rank_state(P: JobPaths, rank: int, resume: bool) -> RankState:
-    """This rank's finished chunks and byte ranges; a half-written chunk is cut off."""
-    path = P.rank_journal(rank)
-    st = read_journal(path, RankState) if resume and os.path.exists(path) else RankState()
+def _progress(P: JobPaths, resume: bool) -> Progress:
+    """The finished chunks and where the parts end; a half-written chunk is cut off. A part
+    shorter than the journal says is a ConfigError: extending it would fill it with zeros."""
+    prog = read_journal(P.progress, Progress) if resume and os.path.exists(P.progress) else Progress()
     with writing(WHAT, P.out):
-        for f, end in ((P.rank_part(rank), st.end), (P.rank_errors(rank), st.err_end)):
+        for f, end in ((P.part, prog.end), (P.errors_part, prog.err_end)):
+            size = os.path.getsize(f) if os.path.exists(f) else 0
+            if size < end:
+                raise ConfigError(f"{f} holds {size} bytes, fewer than the {end} that {P.progress} records as "
+                                  "finished: it was cut or removed; drop --resume to start over")
             with open(f, "a+b") as fh:
                 fh.truncate(end)
-    return st
+    return prog
 
 
 def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resume: bool = False, force: bool = False,
-               calibrate: bool = True, progress: bool = True, log=print, dist: Dist = Dist()) -> dict:
+               calibrate: bool = True, progress: bool = True, log=print) -> dict:
     """Embed every record of spec.input into spec.output; returns the run summary.
 
     A reduced precision is compared with fp32 on the input first (refused below its gate
     unless `force`); `calibrate=False` skips that where `--precision auto` just checked it.
-
-    Under torchrun each rank embeds the chunks w with w % world == rank; rank 0 lays out
-    the output first and assembles it, in input order, once every rank is done. A killed
-    rank's unfinished chunks are redone on --resume. A second job on the same output stops
-    at once (OutputBusy, naming the first one's pid); a full or read-only disk is a WriteError.
+    With `resume`, a killed run's finished chunks are kept and the rest embedded. A second
+    job on the same output stops at once (OutputBusy, naming the first one's pid); a full or
+    read-only disk is a WriteError.
     """
-    fmt = _check_spec(spec)
-    log = log if dist.is_main else (lambda m: None)
+    fmt = check_spec(spec)
     with ExitStack() as held:
-        if dist.is_main:  # for every rank: the others touch no file before rank 0's _open_job
-            hold_output(held, spec.output, WHAT)
+        hold_output(held, spec.output, WHAT)
+        types = carried_schema(spec.input, id_column=spec.id_column, keep=spec.keep) if fmt == "parquet" else None
         calibration = None
         if calibrate:
             calibration = embedder.check_precision(sample_texts(spec.input, 256, field=spec.field, column=spec.column,
@@ -174,7 +220,7 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
             log(f"{calibration['precision']} vs fp32 on {calibration['n']} input texts: mean cosine "
                 f"{calibration['mean_cosine']:.6f}, min {calibration['min_cosine']:.6f}")
         P = job_paths(spec.output)
-        job, stats = _embed(embedder, spec, fmt, P, resume, dist, max_tokens, progress, log)
+        job, stats = _embed(embedder, spec, fmt, P, resume, types, max_tokens, progress, log)
     secs = max(stats.seconds, 1e-9)
     return {"texts": job.n, "errors": stats.errors, "truncated": stats.truncated, "empty": stats.empty,
             "real_tokens": stats.real_tokens,
@@ -184,60 +230,29 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
             "ids": P.ids if fmt == "npy" else None, "errors_file": P.errors if stats.errors else None}
 
 
-def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, dist: Dist, max_tokens, progress,
+def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types, max_tokens, progress,
            log) -> tuple[Job, Stats]:
-    """Lay out or resume the job, embed this rank's chunks, assemble (rank 0); (job, stats)."""
-    ident = JobIdentity(**spec.model_dump(), format=fmt, dim=embedder.dim, world=dist.world,
-                        precision=embedder.precision_name)
-    if dist.is_main:
-        _open_job(spec, fmt, ident, P, embedder.dim, resume)
-    barrier(dist)
-    job = read_journal(P.journal, Job)
-    rst = _rank_state(P, dist.rank, resume)
-    if rst.done:
-        log(f"resuming: {len(rst.done)} chunks of this rank already done")
-    _run_chunks(embedder, spec, fmt, job, rst, P, dist, max_tokens, progress and dist.is_main)
-    barrier(dist)
-    if dist.is_main:
-        with writing(WHAT, P.out):
-            stats = _finish(P, fmt, job, dist)
-    else:
-        stats = rst.stats
-    barrier(dist)
-    return job, stats
+    """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, stats)."""
+    ident = JobIdentity(**spec.model_dump(), format=fmt, dim=embedder.dim, precision=embedder.precision_name)
+    job = _open_job(spec, fmt, ident, P, embedder.dim, resume)
+    prog = _progress(P, resume)
+    if prog.done:
+        log(f"resuming: {len(prog.done)} chunks already done")
+    out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
+    _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
+    with writing(WHAT, P.out):
+        _finish(P, fmt, job, prog, out)
+    return job, prog.stats
 
 
-def _copy_ranges(dst, sources: list[str], ranges: list[tuple[int, tuple[int, int]]]) -> None:
-    handles = [open(s, "rb") for s in sources]
-    try:
-        for r, (a, b) in ranges:
-            handles[r].seek(a)
-            dst.write(handles[r].read(b - a))
-    finally:
-        for h in handles:
-            h.close()
-
-
-def _finish(P: JobPaths, fmt: str, job: Job, dist: Dist) -> Stats:
-    """Rank 0: assemble parts in chunk order, sum the ranks' stats, move files into place.
-    `seconds` is the slowest rank's time: the job's wall time. Everything is assembled aside
-    first, so a full disk here leaves the journal and parts for --resume and no final file."""
-    states = [read_journal(P.rank_journal(r), RankState) for r in range(dist.world)]
-    order = [(w % dist.world, w) for w in range(job.chunks)]
-    stats = Stats()
-    for st in states:
-        for k, v in st.stats:
-            setattr(stats, k, max(getattr(stats, k), v) if k == "seconds" else getattr(stats, k) + v)
-    if stats.errors:
-        with open(P.errors_partial, "wb") as f:
-            _copy_ranges(f, [P.rank_errors(r) for r in range(dist.world)],
-                         [(r, states[r].done[w].errors) for r, w in order])
-    if fmt == "jsonl":
-        with open(P.partial, "wb") as f:
-            _copy_ranges(f, [P.rank_part(r) for r in range(dist.world)],
-                         [(r, states[r].done[w].bytes) for r, w in order])
-    if stats.errors:
-        os.replace(P.errors_partial, P.errors)
+def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, out: "_ChunkWriter") -> None:
+    """Move the finished files into place, then remove the journal (the commit point), then the
+    parts. The parts are copied, not renamed, so a kill before the commit leaves what --resume
+    finishes from; a full disk here leaves the journal and the parts, and no final file."""
+    if fmt == "parquet":
+        assemble(P, job.chunks, out.table([], np.zeros((0, out.dim), np.float32)), what=WHAT)
+    if prog.stats.errors:
+        _copy_into_place(P.errors_part, P.errors_partial, P.errors)
     elif os.path.exists(P.errors):
         os.remove(P.errors)  # an older run's: not this output's errors
     if fmt == "npy":
@@ -246,26 +261,32 @@ def _finish(P: JobPaths, fmt: str, job: Job, dist: Dist) -> Stats:
             os.replace(older, P.ids_partial)
         if os.path.exists(P.ids_partial):  # absent: a kill after its rename, before the output's
             os.replace(P.ids_partial, P.ids)
-    os.replace(P.partial, P.out)
-    for r in range(dist.world):
-        for f in (P.rank_journal(r), P.rank_part(r), P.rank_errors(r)):
-            if os.path.exists(f):
-                os.remove(f)
+        os.replace(P.partial, P.out)
+    elif fmt == "jsonl":
+        _copy_into_place(P.part, P.partial, P.out)
     os.remove(P.journal)
-    return stats
+    P.remove_leftovers()
+
+
+def _copy_into_place(src: str, aside: str, dst: str) -> None:
+    """`src` copied to `dst` whole or not at all (to `aside`, then renamed)."""
+    shutil.copyfile(src, aside)
+    os.replace(aside, dst)
 
 
 class _ChunkWriter:
-    """Puts a rank's finished chunks on disk, synced, then journals them: .npy rows with pwrite
-    at their offsets in the partial (see the module's docstring for why not a memory map),
-    JSONL records appended to the rank's part, error records to its errors part."""
+    """Puts finished chunks on disk, synced, then journals them: .npy rows with pwrite at their
+    offsets in the partial (see the module's docstring for why not a memory map), JSONL
+    records appended to the part, a Parquet chunk as a file of its own; error records go to
+    the errors part."""
 
-    def __init__(self, P: JobPaths, fmt: str, spec: EmbedSpec, job: Job, rank: int, rst: RankState, dim: int):
-        self.P, self.fmt, self.spec, self.rank, self.rst = P, fmt, spec, rank, rst
+    def __init__(self, P: JobPaths, fmt: str, spec: EmbedSpec, job: Job, prog: Progress, embedder, types):
+        self.P, self.fmt, self.spec, self.prog, self.types = P, fmt, spec, prog, types
+        self.embedder, self.dim = embedder, embedder.dim
         self.fd = None
         if fmt == "npy":
-            self.offset = npy_offset(P.partial, (job.n, dim), spec.dtype)
-            self.row_bytes = dim * np.dtype(spec.dtype).itemsize
+            self.offset = npy_offset(P.partial, (job.n, self.dim), spec.dtype)
+            self.row_bytes = self.dim * np.dtype(spec.dtype).itemsize
             with writing(WHAT, P.out):
                 self.fd = os.open(P.partial, os.O_WRONLY)
 
@@ -274,28 +295,41 @@ class _ChunkWriter:
             os.close(self.fd)
             self.fd = None
 
+    def table(self, chunk: list, emb: np.ndarray):
+        """The Parquet rows of `chunk` (see spanflow.data.tables for the columns)."""
+        kept = {k: [r.kept[i] for r in chunk] for i, k in enumerate(self.spec.keep)}
+        return output_table(self.embedder, [r.id for r in chunk], [r.text if isinstance(r.text, str) else ""
+                                                                   for r in chunk], emb,
+                            [r.text if isinstance(r.text, DataError) else None for r in chunk], kept,
+                            types=self.types, dtype=self.spec.dtype)
+
     def store(self, w: int, chunk: list, emb: np.ndarray) -> None:
         """Write chunk `w` (its records and their (len(chunk), dim) embeddings), then journal it."""
-        rst, P = self.rst, self.P
-        errs = [{"id": rid, "line": t.line, "error": t.reason} for rid, t in chunk if isinstance(t, DataError)]
+        prog, P = self.prog, self.P
+        errs = [{"id": r.id} | error_fields(r.text) for r in chunk if isinstance(r.text, DataError)]
         with writing(WHAT, P.out):
-            rows = (rst.end, rst.end)
+            rows = (prog.end, prog.end)
             if self.fmt == "npy":
                 self._pwrite_rows(w, chunk, emb)
+            elif self.fmt == "parquet":
+                write_chunk(P, w, self.table(chunk, emb), what=WHAT)
             else:
-                rows = _append(P.rank_part(self.rank), rst.end, [
-                    {"id": rid, "line": t.line, "error": t.reason} if isinstance(t, DataError)
-                    else {"id": rid, "embedding": [round(float(x), 7) for x in emb[k]]}
-                    for k, (rid, t) in enumerate(chunk)])
-                rst.end = rows[1]
-            errors = _append(P.rank_errors(self.rank), rst.err_end, errs)
-        rst.err_end = errors[1]
-        rst.done[w] = ChunkDone(bytes=rows, errors=errors)
-        write_journal(P.rank_journal(self.rank), rst)
+                rows = _append(P.part, prog.end, [self._record(r, emb[k]) for k, r in enumerate(chunk)])
+                prog.end = rows[1]
+            errors = _append(P.errors_part, prog.err_end, errs)
+        prog.err_end = errors[1]
+        prog.done[w] = ChunkDone(bytes=rows, errors=errors)
+        write_journal(P.progress, prog)
+
+    def _record(self, r, vector) -> dict:
+        rec = {"id": r.id} | dict(zip(self.spec.keep, r.kept))
+        if isinstance(r.text, DataError):
+            return rec | error_fields(r.text)
+        return rec | {RESULT: [round(float(x), 7) for x in vector]}
 
     def _pwrite_rows(self, w: int, chunk: list, emb: np.ndarray) -> None:
-        for k, (_, t) in enumerate(chunk):
-            if isinstance(t, DataError):
+        for k, r in enumerate(chunk):
+            if isinstance(r.text, DataError):
                 emb[k] = np.nan  # an unreadable record: a NaN row, explained in the errors file
         data = memoryview(np.ascontiguousarray(emb.astype(self.spec.dtype))).cast("B")
         at = self.offset + w * self.spec.chunk_size * self.row_bytes
@@ -307,12 +341,13 @@ class _ChunkWriter:
         os.fsync(self.fd)  # the rows are on disk before the journal says the chunk is done
 
 
-def _run_chunks(embedder, spec: EmbedSpec, fmt: str, job: Job, rst: RankState, P: JobPaths, dist: Dist, max_tokens,
-                 progress) -> None:
-    """Embed this rank's unfinished chunks; journal each one after its output is on disk."""
-    W, st = spec.chunk_size, rst.stats
-    mine = [w for w in range(job.chunks) if w % dist.world == dist.rank and w not in rst.done]
-    bar = tqdm(total=sum(min(W, job.n - w * W) for w in mine), unit="text", disable=not progress,
+def _run_chunks(embedder, spec: EmbedSpec, job: Job, prog: Progress, out: _ChunkWriter, max_tokens,
+                progress) -> None:
+    """Embed the unfinished chunks, in order; journal each one after its output is on disk."""
+    W, st = spec.chunk_size, prog.stats
+    todo = [w for w in range(job.chunks) if w not in prog.done]
+    # None: tqdm draws only on a terminal; a piped log gets the summary line, not bar frames
+    bar = tqdm(total=sum(min(W, job.n - w * W) for w in todo), unit="text", disable=None if progress else True,
                dynamic_ncols=True, mininterval=0.5)
     tokens = [0]
 
@@ -326,24 +361,22 @@ def _run_chunks(embedder, spec: EmbedSpec, fmt: str, job: Job, rst: RankState, P
     pending: deque = deque()  # (chunk id, records) read by the tokenizing thread, awaiting embeddings
 
     def texts():
-        recs = read_records(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header)
-        pos = 0
-        for w in mine:  # other ranks' chunks and finished ones are skipped, not tokenized
+        recs, pos = _rows(spec), 0
+        for w in todo:  # finished chunks are read past, not tokenized
             chunk = list(itertools.islice(recs, (w - pos) * W, (w - pos + 1) * W))
             pos = w + 1
             pending.append((w, chunk))
-            yield from (t if isinstance(t, str) else "" for _, t in chunk)
+            yield from (r.text if isinstance(r.text, str) else "" for r in chunk)
 
     embedder.truncated = 0
-    out = _ChunkWriter(P, fmt, spec, job, dist.rank, rst, embedder.dim)
     t0 = time.perf_counter()
     try:
         for emb in embedder.encode_stream(texts(), chunk_size=W, max_tokens=max_tokens, on_batch=on_batch):
             w, chunk = pending.popleft()
-            st.empty += sum(1 for _, t in chunk if isinstance(t, str) and not t.strip())
+            st.empty += sum(1 for r in chunk if isinstance(r.text, str) and not r.text.strip())
             st.truncated += embedder.truncated
             embedder.truncated = 0
-            st.errors += sum(1 for _, t in chunk if isinstance(t, DataError))
+            st.errors += sum(1 for r in chunk if isinstance(r.text, DataError))
             now = time.perf_counter()
             st.seconds += now - t0
             t0 = now
@@ -359,7 +392,7 @@ def _append(path: str, at: int, records: list[dict]) -> tuple[int, int]:
         f.seek(at)
         f.truncate()
         for r in records:
-            f.write((json.dumps(r) + "\n").encode("utf-8"))
+            f.write((json_line(r, ensure_ascii=True) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
         return at, f.tell()

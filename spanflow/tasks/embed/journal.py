@@ -1,7 +1,7 @@
 """The files of a resumable `spanflow embed` job: their names (JobPaths), the journal as pydantic
 schemas (the spec that identifies the job, `<output>.progress.json`: the job's spec, input
-fingerprint, record and chunk counts, and `<output>.progress.rank<r>.json`: a rank's finished
-chunks, where its parts end, its stats), and the layout of the .npy being filled.
+fingerprint, record and chunk counts, and `<output>.progress.chunks.json`: the finished
+chunks, where the parts end, the stats so far), and the layout of the .npy being filled.
 
 The names are fixed per output, not per process: `--resume` finds a killed run's files by name.
 That is safe because the job holds spanflow.atomic.claim_output(output) the whole time (see
@@ -9,6 +9,7 @@ job.py): only the lock's holder touches them.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import hashlib
@@ -20,7 +21,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from spanflow.atomic import atomic_open, writing
+from spanflow.atomic import writing
 from spanflow.errors import ConfigError
 from spanflow.schemas import NonNegativeInt, PositiveInt, expected, explain, first_field
 
@@ -33,8 +34,10 @@ class EmbedSpec(BaseModel):
     input: str
     output: str
     field: str = "text"
-    column: int | None = None
+    column: int | str | None = None  # a CSV/TSV index, or a column name (tables, CSV/TSV headers)
     skip_header: bool = False
+    id_column: str | None = None
+    keep: list[str] = Field(default_factory=list)  # input columns carried into the output
     chunk_size: int = 8192  # texts read, sorted and written at a time
     dtype: str = "float32"  # npy output: float32 or float16
     model: str = ""
@@ -43,9 +46,11 @@ class EmbedSpec(BaseModel):
 class JobIdentity(EmbedSpec):
     """What a resumed job must share with the interrupted one: the spec, and what its rows depend on."""
 
-    format: Literal["npy", "jsonl"]
+    format: Literal["npy", "jsonl", "parquet"]
     dim: PositiveInt
-    world: PositiveInt
+    # jobs of earlier versions could be sharded over ranks: they journaled their world size, and
+    # one of a single process (1) still resumes; a sharded one is a job with other settings
+    world: Literal[1] = 1
     precision: str  # a resumed job must not mix precisions
 
 
@@ -58,7 +63,7 @@ class Fingerprint(BaseModel):
 
 
 class Job(BaseModel):
-    """`<output>.progress.json`: the job, written by rank 0 before any chunk is embedded."""
+    """`<output>.progress.json`: the job, written before any chunk is embedded."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -78,14 +83,14 @@ ByteRange = Annotated[tuple[NonNegativeInt, NonNegativeInt], AfterValidator(_ord
 
 
 class ChunkDone(BaseModel):
-    """A finished chunk: its rows (JSONL output) and its error records, as byte ranges of the rank's parts."""
+    """A finished chunk: its rows (JSONL output) and its error records, as byte ranges of the parts."""
 
     bytes: ByteRange
     errors: ByteRange
 
 
 class Stats(BaseModel):
-    """What a rank (or, summed, the job) has done so far; `seconds` is its embedding time."""
+    """What the job has done so far; `seconds` is its embedding time."""
 
     real_tokens: NonNegativeInt = 0
     padded_tokens: NonNegativeInt = 0
@@ -95,13 +100,13 @@ class Stats(BaseModel):
     errors: NonNegativeInt = 0
 
 
-class RankState(BaseModel):
-    """`<output>.progress.rank<r>.json`: a rank's finished chunks, where its parts end, its stats."""
+class Progress(BaseModel):
+    """`<output>.progress.chunks.json`: the finished chunks, where the parts end, the stats."""
 
     model_config = ConfigDict(extra="forbid")
 
     done: dict[Annotated[int, Field(ge=0)], ChunkDone] = Field(default_factory=dict)
-    end: NonNegativeInt = 0  # bytes of the rank's part (JSONL output) that belong to finished chunks
+    end: NonNegativeInt = 0  # bytes of the part (JSONL output) that belong to finished chunks
     err_end: NonNegativeInt = 0  # the same for its errors part
     stats: Stats = Field(default_factory=Stats)
 
@@ -125,8 +130,24 @@ def read_journal(path: str, schema: type[M]) -> M:
 def write_journal(path: str, journal: BaseModel) -> None:
     """Replace the journal at `path` in one step (synced: a crash, or a full disk, leaves the old
     one or the new); a full or read-only disk is a WriteError."""
-    with writing("the resume journal", path), atomic_open(path, "journal", sync=True) as f:
-        f.write(journal.model_dump_json())
+    with writing("the resume journal", path):
+        _write_synced(path, journal.model_dump_json())
+
+
+def _write_synced(path: str, text: str) -> None:
+    """`text` synced at `path + ".partial"`, then renamed onto `path`. A fixed name, not a
+    per-process temporary: the job holds its output's lock (job.py), and a per-process name
+    would need a scan of the directory for stale ones at every chunk."""
+    tmp = path + ".partial"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def fingerprint(path: str) -> Fingerprint:
@@ -144,7 +165,7 @@ class JobPaths:
     """The files of the job writing `out`."""
 
     out: str
-    partial: str  # the .npy being filled, or the merged JSONL being written
+    partial: str  # the .npy being filled, or the JSONL being copied into place
     journal: str  # the job: spec, record count, chunks
     errors: str
     ids: str
@@ -157,20 +178,55 @@ class JobPaths:
     def errors_partial(self) -> str:
         return self.out + ".errors.partial"
 
-    def rank_journal(self, r: int) -> str:
-        return f"{self.out}.progress.rank{r}.json"
+    @property
+    def progress(self) -> str:
+        return self.out + ".progress.chunks.json"
 
-    def rank_part(self, r: int) -> str:
-        return f"{self.out}.part{r}"
+    @property
+    def part(self) -> str:
+        """The finished chunks' JSONL records, in order."""
+        return self.out + ".part"
 
-    def rank_errors(self, r: int) -> str:
-        return f"{self.out}.errors.part{r}"
+    @property
+    def errors_part(self) -> str:
+        """The finished chunks' error records, in order."""
+        return self.out + ".errors.part"
+
+    def chunk_part(self, w: int) -> str:
+        """Chunk `w` of a Parquet output, a Parquet file of its own until the job assembles them."""
+        return f"{self.out}.chunk{w}.parquet"
+
+    def chunk_partial(self, w: int) -> str:
+        """Chunk `w` being written, renamed onto chunk_part(w) when whole (chunks.write_chunk)."""
+        return self.chunk_part(w) + ".partial"
+
+    def legacy(self) -> list[tuple[str, str]]:
+        """(name then, name now) of the files a single-process job of an earlier version journaled."""
+        return [(f"{self.out}.progress.rank0.json", self.progress), (f"{self.out}.part0", self.part),
+                (f"{self.out}.errors.part0", self.errors_part)]
+
+    def adopt_legacy(self) -> None:
+        """Give an earlier version's files of this job today's names, so that --resume goes on with them."""
+        for then, now in self.legacy():
+            if os.path.exists(then) and not os.path.exists(now):
+                os.replace(then, now)
 
     def leftovers(self) -> list[str]:
-        """What a killed or failed run of this output may have left (a fresh run starts without them)."""
+        """What a killed or failed run of this output may have left (a fresh run starts without
+        them), each path once: the names of earlier versions' ranks end in a rank number."""
         q = glob.escape(self.out)
-        return (glob.glob(q + ".progress.rank*.json") + glob.glob(q + ".part[0-9]*") + glob.glob(q + ".errors.part*")
-                + [p for p in (self.partial, self.ids_partial, self.errors_partial) if os.path.exists(p)])
+        older = [p for pattern in (".progress.rank*.json", ".part[0-9]*", ".errors.part[0-9]*")
+                 for p in glob.glob(q + pattern)]
+        ours = [p for p in (self.partial, self.ids_partial, self.progress, self.part, self.errors_part,
+                            self.errors_partial, self.journal + ".partial", self.progress + ".partial")
+                if os.path.exists(p)]
+        return list(dict.fromkeys(older + glob.glob(q + ".chunk[0-9]*") + ours))
+
+    def remove_leftovers(self) -> None:
+        """Remove leftovers(); one already gone is not an error."""
+        for p in self.leftovers():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
 
 
 def job_paths(out: str) -> JobPaths:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -17,9 +18,11 @@ from spanflow.errors import ConfigError
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
+from spanflow.runtime.precision import load_auto
 from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
+from spanflow.tasks.registry import get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 
 log = logging.getLogger("spanflow")
@@ -77,7 +80,10 @@ class Embedder:
     def load(cls, path: str, *, precision: str = "auto", quantize: str | None = None,
              device: str = "auto") -> "Embedder":
         """A sentence-transformers directory (modules.json, pooling, Normalize, max_seq_length)
-        or a plain Hugging Face encoder directory (mean pooling)."""
+        or a plain Hugging Face encoder directory (mean pooling). precision "auto" (without a
+        quantization) picks what `--precision auto` picks (runtime.precision.load_auto)."""
+        if precision == "auto" and quantize is None:
+            return load_auto(get_task(cls.task), path, device=device)
         cfg = read_embedding_config(path)
         encoder, tokenizer = load_encoder(cfg["encoder_dir"])
         return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
@@ -124,6 +130,24 @@ class Embedder:
     @staticmethod
     def output_record(text: str, vector) -> dict:
         return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
+
+    def arrow_results(self, texts: list[str], results, *, dtype: str = "float32", **_):
+        """The `embedding` column of a Parquet/Arrow output: fixed_size_list<float32>[dim]
+        (float16 for dtype="float16"), the values of `results` cast as the .npy output casts
+        them; null where the result is None."""
+        import pyarrow as pa
+
+        if dtype not in ("float32", "float16"):
+            raise ConfigError(f"--dtype must be float32 or float16, got {dtype!r}")
+        ok = [r is not None for r in results]
+        rows = np.zeros((len(ok), self.dim), dtype=dtype)  # (n, dim)
+        for k, r in enumerate(results):
+            if r is not None:
+                rows[k] = np.asarray(r).astype(dtype)
+        valid = None if all(ok) else pa.array(ok).buffers()[1]  # a bitmap: 1 where the row has a vector
+        vectors = pa.Array.from_buffers(pa.list_(pa.from_numpy_dtype(rows.dtype), self.dim), len(ok), [valid],
+                                        children=[pa.array(rows.reshape(-1))])
+        return pa.table({"embedding": vectors})
 
     def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist(), **_) -> dict:
         """Scored pairs (tasks.embed.pairs.Pair with a score): Spearman and Pearson of the pairs'
@@ -172,6 +196,26 @@ class Embedder:
         """Token ids with special tokens, truncated at max_length; and how many were cut."""
         encs = self._backend.encode_batch(texts)
         return [e.ids for e in encs], sum(1 for e in encs if e.overflowing)
+
+    def pretokenizer(self) -> "TokenIds":
+        """This model's tokenization without its weights (picklable): a bulk job's CPU stage
+        runs it apart from the model, and predict_tokens takes what it makes."""
+        return TokenIds(self._backend)
+
+    def predict_tokens(self, columns: dict, *, max_tokens: int | None = None,
+                       on_batch: Callable | None = None) -> np.ndarray:
+        """(n, dim) embeddings of the rows of `columns` (Arrow columns as pretokenizer made them),
+        in order: what predict_stream gives for the texts they came from, in one chunk. The
+        texts cut at max_length are added to `truncated`."""
+        import pyarrow.compute as pc
+
+        ids = columns["input_ids"]
+        ids = ids.combine_chunks() if hasattr(ids, "combine_chunks") else ids
+        at, values = ids.offsets.to_numpy(), ids.values.to_numpy()  # a slice's offsets index its whole values
+        rows = [values[at[k]:at[k + 1]] for k in range(len(ids))]  # views, no copy
+        if "truncated" in columns:
+            self.truncated += pc.sum(columns["truncated"]).as_py() or 0
+        return self._embed_ids(rows, max_tokens or infer_tokens(self.policy.device), on_batch=on_batch)
 
     def _forward(self, model: nn.Module, ids: list[list[int]], batch: list[int], autocast: bool,
                  pad_multiple: int = 1) -> torch.Tensor:
@@ -291,3 +335,22 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+class TokenIds:
+    """texts -> {"input_ids": list<int32> token ids with special tokens, cut at the model's max
+    length; "truncated": bool, whether a text was cut}, as Arrow arrays."""
+
+    def __init__(self, backend):
+        self.backend = backend  # a tokenizers.Tokenizer with the model's truncation; pickles as its JSON
+
+    def __call__(self, texts: list[str]) -> dict:
+        import pyarrow as pa
+
+        encs = self.backend.encode_batch(texts)
+        ids = [e.ids for e in encs]
+        at = np.zeros(len(ids) + 1, dtype=np.int32)
+        np.cumsum(np.fromiter(map(len, ids), dtype=np.int32, count=len(ids)), out=at[1:])
+        values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(at[-1]))
+        return {"input_ids": pa.ListArray.from_arrays(pa.array(at), pa.array(values)),
+                "truncated": pa.array([bool(e.overflowing) for e in encs], pa.bool_())}

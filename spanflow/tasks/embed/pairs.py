@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from spanflow.data.formats.common import kind_of, parse_json, read_lines
+from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.errors import ConfigError, DataError, quote
 
 
@@ -36,6 +37,9 @@ NEGATIVE_NAMES = {"negative"}
 # JSONL key pairs for the two texts, tried in this order on the first record
 JSON_TEXT_KEYS = [("sentence1", "sentence2"), ("s1", "s2"), ("text1", "text2"),
                   ("anchor", "positive"), ("query", "positive")]
+# what formats/sniff.py may find a pairs file to be (a wider table: with `columns`)
+SNIFFED = {"pairs", "scored-pairs", "triplets", "pairs-jsonl", "table"}
+TAKES = "embedding data is pairs, scored pairs or triplets in CSV, TSV or JSONL"
 
 
 def read_pairs(path: str, *, columns: str | None = None) -> list[Pair]:
@@ -44,6 +48,7 @@ def read_pairs(path: str, *, columns: str | None = None) -> list[Pair]:
     key ("s1,s2,score"). Any unreadable row is a DataError naming the file and line."""
     path = os.fspath(path)
     cols = _parse_columns(columns)
+    refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
         pairs = _read_jsonl(path, cols)

@@ -12,7 +12,7 @@ from spanflow.runtime.policy import QUANTIZATIONS
 from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder
 from spanflow.tasks.embed.request import read_options
-from spanflow.tasks.registry import Workload
+from spanflow.tasks.registry import Workload, check_model_for
 
 
 class EmbedTask:
@@ -22,6 +22,8 @@ class EmbedTask:
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
+    export_instead = ("it is a Hugging Face encoder (or sentence-transformers) directory already, which those "
+                      "libraries load as it is")
     tune_modes = ("infer", "train")  # infer first: most users of an embedding model only run it
 
     @staticmethod
@@ -31,28 +33,30 @@ class EmbedTask:
     def add_train_args(self, p) -> None:
         p.add_argument("--columns", default=None,
                        help="the columns or JSONL keys of s1, s2 and score, e.g. 0,1,2 or sentence1,sentence2,score "
-                            "(detected when omitted)")
+                            "[detected]")
         p.add_argument("--loss", default="auto", choices=("auto", "cosent", "angle", "ranking"),
-                       help="auto: cosent for scored pairs, ranking (in-batch negatives) for pairs and triplets")
+                       help="auto: cosent for scored pairs, ranking (in-batch negatives) for pairs and triplets "
+                            "[%(default)s]")
         p.add_argument("--symmetric", action="store_true",
                        help="ranking: each positive must also pick its anchor among the anchors")
         p.add_argument("--matryoshka-dims", default=None,
                        help="also train the embeddings cut to these sizes, e.g. 384,256,128,64 (for the "
-                            "server's 'dimensions')")
+                            "server's 'dimensions') [none]")
         p.add_argument("--pairs-per-step", type=int, default=None,
-                       help="ranking: pairs per optimizer update, the pool of in-batch negatives (default: 256, "
-                            "fewer for a small data set); a gradient cache holds memory to one micro-batch")
+                       help="ranking: pairs per optimizer update, the pool of in-batch negatives; a gradient cache "
+                            "holds memory to one micro-batch [256, fewer for a small data set]")
 
     def train_from_args(self, a, options) -> str:
         from spanflow.tasks.embed.pairs import read_pairs
         from spanflow.tasks.embed.train import EmbedTraining, parse_dims, train_embedder
 
+        check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         config = EmbedTraining(loss=a.loss, symmetric=a.symmetric, matryoshka_dims=parse_dims(a.matryoshka_dims),
                                pairs_per_step=a.pairs_per_step)
         train = read_pairs(a.train, columns=a.columns)
         dev = read_pairs(a.dev, columns=a.columns) if a.dev else None
         model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options, config=config)
-        return f"model saved to {a.out}/model (a sentence-transformers directory, {model.dim} dimensions)"
+        return f"embeddings of {model.dim} dimensions (a sentence-transformers directory)"  # fit() said where
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto",
              quantize: str | None = None) -> Embedder:
@@ -68,6 +72,7 @@ class EmbedTask:
                  field: str = "text", column: int | None = None, quantize: str | None = None, seed: int = 0, **_):
         """Inference: quality(L) is the mean cosine to the embeddings at the model's full length.
         Training: a pairs file's items and the loss its kind trains with (training's defaults)."""
+        check_model_for(model, self.name, start=mode == "train")
         if mode == "train":
             return _train_workload(model, data, policy=policy, sample=sample, seed=seed)
         import functools

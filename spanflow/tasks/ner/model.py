@@ -21,6 +21,7 @@ from spanflow.models.directory import (
 )
 from spanflow.models.encoder import encoder_max_length
 from spanflow.runtime.budget import infer_tokens
+from spanflow.runtime.precision import load_auto
 from spanflow.tasks.metrics import format_table, span_prf
 from spanflow.tasks.ner.bio import decode_spans
 from spanflow.tasks.ner.features import bio_label_list
@@ -33,7 +34,7 @@ from spanflow.tasks.ner.hf import (
 )
 from spanflow.tasks.ner.tagging import tag_texts, tag_windows, text_words, word_starts
 from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter
-from spanflow.tasks.registry import autocast_twin
+from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
 
@@ -70,7 +71,10 @@ class NerModel:
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "NerModel":
         """Load a spanflow NER model directory, or a Hugging Face token-classification directory
-        (no network, no pickle); `native`: see models.encoder.load_encoder."""
+        (no network, no pickle); `native`: see models.encoder.load_encoder. precision "auto" picks
+        what `--precision auto` picks (runtime.precision.load_auto); "fp32" skips the check."""
+        if precision == "auto" and native:
+            return load_auto(get_task(cls.task), path, device=device)
         if token_classification_config(path) is not None:
             return cls.from_hf(path, device=device, precision=precision)
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", native=native)
@@ -161,6 +165,17 @@ class NerModel:
         """The record of one text, from predict, the server and the API alike."""
         return {"text": text, "entities": [{"start": s, "end": e, "label": lab, "text": text[s:e]}
                                            for s, e, lab in spans]}
+
+    @staticmethod
+    def arrow_results(texts: list[str], results: list, **_):
+        """The `entities` column of a Parquet/Arrow output: list<struct<start: int32, end: int32,
+        label: string, text: string>>, one row per text, null where the result is None."""
+        import pyarrow as pa
+
+        entity = pa.struct([("start", pa.int32()), ("end", pa.int32()), ("label", pa.string()), ("text", pa.string())])
+        rows = [None if spans is None else [{"start": s, "end": e, "label": lab, "text": text[s:e]}
+                                            for s, e, lab in spans] for text, spans in zip(texts, results)]
+        return pa.table({"entities": pa.array(rows, type=pa.list_(entity))})
 
     def units(self, texts: list[str], words: list | None = None):
         """(windows with their word starts, window lengths, encodings): the server's units

@@ -1,13 +1,15 @@
 """The `ner` entry of the task registry: what the CLI, the server and tune ask of NER."""
 from __future__ import annotations
 
+from spanflow.data.io import NER_FORMATS
+from spanflow.data.schemes import SCHEMES
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.ner.features import make_collate, ner_loss, prepare_windows
 from spanflow.tasks.ner.heads import HEAD_TYPES
 from spanflow.tasks.ner.hf import token_classification_config
 from spanflow.tasks.ner.model import NerModel
 from spanflow.tasks.ner.train import start_model, train_ner
-from spanflow.tasks.registry import Workload, quality_at_length, records_response
+from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
 
@@ -36,21 +38,24 @@ class NerTask:
         return export_hf(model, out, lossy=lossy, log_fn=log_fn)
 
     def add_train_args(self, p) -> None:
-        p.add_argument("--format", choices=["conll", "jsonl", "docbin"], help="input format (detected when omitted)")
-        p.add_argument("--scheme", help="tag scheme of CoNLL input: bio, iob1, bioes, bmes (detected when omitted)")
+        p.add_argument("--format", choices=NER_FORMATS, default=None,
+                       help="NER data format [detected: .jsonl or .json JSONL, .spacy DocBin, else by the first line]")
+        p.add_argument("--scheme", type=str.lower, choices=SCHEMES, default=None,
+                       help="tag scheme of CoNLL input, any case [detected from the tags]")
         p.add_argument("--strict", action="store_true",
-                       help="reject inside tags with no opening tag instead of repairing")
+                       help="reject inside tags with no opening tag instead of repairing them")
         p.add_argument("--head", choices=list(HEAD_TYPES), default=None,
-                       help="a BIO-constrained CRF with Viterbi decoding (default for a new model), or a per-token "
-                            "softmax; a spanflow model keeps its head unless this is given")
+                       help="crf: a BIO-constrained CRF with Viterbi decoding; softmax: a per-token softmax "
+                            "[crf for a new model; a spanflow model keeps its head]")
 
     def train_from_args(self, a, options: TrainOptions) -> str:
         from spanflow.data.io import read_ner
 
+        check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
         dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
-        return f"model saved to {a.out}/model (labels: {', '.join(model.labels)})"
+        return f"labels: {', '.join(model.labels)}"  # fit() said where the model is
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
         return NerModel.load(path, device=device, precision=precision)
@@ -58,10 +63,15 @@ class NerTask:
     def read_labelled(self, path: str, *, fmt: str | None = None, scheme: str | None = None, **_) -> list:
         return NerModel.read_labelled(path, fmt=fmt, scheme=scheme)
 
-    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0,
+                 field: str = "text", column: int | str | None = None, **_):
+        from spanflow.data.examples import NerExample
         from spanflow.data.io import read_ner
+        from spanflow.data.records import unlabelled_sample
 
-        examples = read_ner(data)[:sample]
+        check_model_for(model, self.name, start=mode == "train")
+        texts = unlabelled_sample(data, sample, field=field, column=column)  # a table: texts, no labels
+        examples = read_ner(data)[:sample] if texts is None else [NerExample(t) for t in texts]
         labels = sorted({lab for e in examples for *_, lab in e.spans})
         if mode == "train":
             nm = start_model(model, examples, labels, TrainOptions(max_tokens=10**9, seed=seed), policy)
@@ -75,7 +85,7 @@ class NerTask:
                                    lines=nm.lines)
 
         return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
-                        quality_at_length(nm, examples) if mode == "infer" else None)
+                        quality_at_length(nm, examples) if mode == "infer" and texts is None else None)
 
     response = staticmethod(records_response)
 

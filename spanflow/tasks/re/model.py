@@ -19,11 +19,12 @@ from spanflow.models.directory import (
     save_model_dir,
 )
 from spanflow.runtime.budget import infer_tokens
+from spanflow.runtime.precision import load_auto
 from spanflow.tasks.metrics import format_table
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
 from spanflow.tasks.re.features import input_features, make_collate
 from spanflow.tasks.re.metrics import re_metrics
-from spanflow.tasks.registry import autocast_twin
+from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
 
@@ -47,7 +48,10 @@ class ReModel:
 
     @classmethod
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "ReModel":
-        """Load a spanflow RE model directory; `native`: see models.encoder.load_encoder."""
+        """Load a spanflow RE model directory; `native`: see models.encoder.load_encoder. precision
+        "auto" picks what `--precision auto` picks (runtime.precision.load_auto); "fp32" skips the check."""
+        if precision == "auto" and native:
+            return load_auto(get_task(cls.task), path, device=device)
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "re", native=native)
         relations = check_names(cfg, "relations", path)
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
@@ -131,6 +135,22 @@ class ReModel:
             {"head": list(h), "type": r, "tail": list(t), "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]}
             for h, r, t in triples]}
 
+    @staticmethod
+    def arrow_results(texts: list[str], results: list, **_):
+        """The `relations` column of a Parquet/Arrow output, flat for queries: list<struct<head_start,
+        head_end: int32, type: string, tail_start, tail_end: int32, head_text, tail_text: string>>,
+        one row per text, null where the result is None."""
+        import pyarrow as pa
+
+        i32, s = pa.int32(), pa.string()
+        relation = pa.struct([("head_start", i32), ("head_end", i32), ("type", s), ("tail_start", i32),
+                              ("tail_end", i32), ("head_text", s), ("tail_text", s)])
+        rows = [None if triples is None else [
+            {"head_start": h[0], "head_end": h[1], "type": r, "tail_start": t[0], "tail_end": t[1],
+             "head_text": text[h[0]:h[1]], "tail_text": text[t[0]:t[1]]} for h, r, t in triples]
+            for text, triples in zip(texts, results)]
+        return pa.table({"relations": pa.array(rows, type=pa.list_(relation))})
+
     def units(self, texts: list[str]):
         """(encodings, token lengths, None): the server's units, tokenized once."""
         encs = encode_texts(self.tokenizer, texts)
@@ -146,7 +166,7 @@ class ReModel:
     def format_metrics(m: dict) -> str:
         """The evaluate table per relation, then the partial-match line."""
         p = m["partial"]
-        return (format_table({**m, "per_label": m["per_relation"]}).replace("label  ", "relation")
+        return (format_table({**m, "per_label": m["per_relation"]}, name="relation")
                 + f"\npartial (last-word) match: precision {p['precision']:.4f} recall {p['recall']:.4f} f1 {p['f1']:.4f}")
 
     def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:

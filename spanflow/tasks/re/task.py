@@ -5,7 +5,7 @@ from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re.model import ReModel
 from spanflow.tasks.re.train import start_model, train_re
-from spanflow.tasks.registry import Workload, quality_at_length, records_response
+from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
 
@@ -14,6 +14,8 @@ class ReTask:
     """Relation triples between character spans (CasRel): the `re` entry of the task registry."""
 
     name, summary, route, request_field, trains = "re", "relation triples (CasRel)", "/v1/relations", "texts", True
+    export_instead = ("other tools have no CasRel head to load it into; run it with 'spanflow predict' or "
+                      "'spanflow serve', or from Python (spanflow.tasks.re.ReModel.load)")
     # --precision auto keeps a reduced precision whose triples agree with fp32's to this F1
     agreement_name, precision_gate = "triple F1", 0.98
 
@@ -23,18 +25,19 @@ class ReTask:
 
     def add_train_args(self, p) -> None:
         p.add_argument("--subjects", choices=["all", "sample"], default="all",
-                       help="train the object stage on every gold subject of a text (default), or on one sampled "
-                            "per text and step (the CasRel paper's recipe)")
+                       help="all: train the object stage on every gold subject of a text; sample: on one sampled "
+                            "per text and step (the CasRel paper's recipe) [%(default)s]")
 
     def train_from_args(self, a, options: TrainOptions) -> str:
         from spanflow.data.formats.casrel import read_relations_vocab
         from spanflow.data.io import read_re
 
+        check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         train = read_re(a.train)
         dev = read_re(a.dev) if a.dev else None
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=read_relations_vocab(a.train), all_subjects=a.subjects == "all")
-        return f"model saved to {a.out}/model ({len(model.relations)} relations)"
+        return f"{len(model.relations)} relations"  # fit() said where the model is
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
         return ReModel.load(path, device=device, precision=precision)
@@ -42,10 +45,15 @@ class ReTask:
     def read_labelled(self, path: str, **_) -> list:
         return ReModel.read_labelled(path)
 
-    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0, **_):
+    def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0,
+                 field: str = "text", column: int | str | None = None, **_):
+        from spanflow.data.examples import ReExample
         from spanflow.data.io import read_re
+        from spanflow.data.records import unlabelled_sample
 
-        examples = read_re(data)[:sample]
+        check_model_for(model, self.name, start=mode == "train")
+        texts = unlabelled_sample(data, sample, field=field, column=column)  # a table: texts, no labels
+        examples = read_re(data)[:sample] if texts is None else [ReExample(t) for t in texts]
         if mode == "train":
             rels = sorted({r for e in examples for _, r, _ in e.triples})
             rm = start_model(model, examples, rels, TrainOptions(seed=seed), policy)
@@ -57,7 +65,8 @@ class ReTask:
             return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit))
 
         return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
-                        casrel_loss, limit, quality_at_length(rm, examples) if mode == "infer" else None)
+                        casrel_loss, limit,
+                        quality_at_length(rm, examples) if mode == "infer" and texts is None else None)
 
     response = staticmethod(records_response)
 

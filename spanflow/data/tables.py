@@ -1,0 +1,401 @@
+"""Arrow tables in and out of the bulk jobs: the one place Parquet and Arrow IPC files are
+read and made (pyarrow is optional and imported only here, when a table is touched).
+
+Input (read_table_records): a Parquet file (.parquet, .pq) is streamed by row group, a few
+thousand rows at a time, and an Arrow IPC file or stream (.arrow, .feather, .ipc) by record
+batch, so memory stays bounded for any file size. Only the text column, the id column and
+the kept columns are read. Columns are named, never numbered: `--column 2021` is the column
+called "2021". A row's id is the id column's value, else its row number, counted from 0.
+Before any row is read, each of these is one ConfigError: a column the file lacks (listing
+those it has), a text column that does not hold strings, a kept column named twice. A null
+text is a RowError for that row (the job writes an error row and goes on); a part of the
+file that cannot be decoded (a damaged page) is a DataError naming the file and its rows,
+which stops the job.
+
+Output (output_table): one row per input record, in input order, with the columns
+
+    id          the --id-column's values in its own Arrow type; else int64 row numbers
+                (table input) or the string ids of text/JSONL/CSV input (a JSONL "id"
+                field, else the line number, from 1)
+    <kept>      each --keep-columns column, in its own Arrow type (table input) or as
+                strings (CSV cells; JSONL values, non-strings as JSON)
+    <result>    the task's column, built by its model's arrow_results:
+                  NER    entities: list<struct<start: int32, end: int32, label: string,
+                                               text: string>>
+                  RE     relations: list<struct<head_start: int32, head_end: int32,
+                                                type: string, tail_start: int32,
+                                                tail_end: int32, head_text: string,
+                                                tail_text: string>>
+                  embed  embedding: fixed_size_list<float32>[dim] (float16 with --dtype
+                                    float16), what LanceDB and DuckDB ingest as vectors
+                offsets are characters of the text, end exclusive
+    error       string: null when the row is fine; else why the record could not be read,
+                and the result is null
+
+A JSONL output holds the same ids and kept values, as JSON can hold them (data.jsonvalues),
+and says where an unreadable record is with "row" (table input) or "line" (error_fields).
+
+Single-process jobs and the Ray actors both build their tables here, so their files are
+the same. parquet_output writes row groups to a temporary file beside the output and
+renames it into place when complete.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from spanflow.atomic import atomic_path, writing
+from spanflow.errors import ConfigError, DataError, quote
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+PARQUET = (".parquet", ".pq")
+IPC = (".arrow", ".feather", ".ipc")
+BATCH_ROWS = 4096  # rows decoded at a time: bounds memory whatever a file's row groups hold
+
+
+class TableRecord(NamedTuple):
+    """One input row: its id, its text (or why there is none), the kept columns' values."""
+
+    id: Any
+    text: str | DataError
+    kept: tuple
+
+
+class RowError(DataError):
+    """A table row that cannot be read; `row` counts from 0 (a table has rows, not lines)."""
+
+    def __init__(self, message: str, *, path: str, row: int):
+        super().__init__(f"row {row}: {message}", path=path)
+        self.row = row
+
+
+def error_fields(err: DataError) -> dict:
+    """Where an unreadable record is and why, as a JSONL error record says it: {"row", "error"}
+    for a table's row, {"line", "error"} otherwise."""
+    where = {"row": err.row} if isinstance(err, RowError) else {"line": err.line}
+    return where | {"error": err.reason}
+
+
+def pyarrow():
+    """The pyarrow module; a ConfigError naming the extra to install when it is missing."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet  # noqa: F401  (pa.parquet below)
+    except ImportError:
+        raise ConfigError("Parquet and Arrow files need pyarrow: pip install 'spanflow[parquet]'") from None
+    return pa
+
+
+def is_table(path: str) -> bool:
+    """True for a Parquet (.parquet, .pq) or Arrow IPC (.arrow, .feather, .ipc) path."""
+    return os.path.splitext(os.fspath(path))[1].lower() in PARQUET + IPC
+
+
+def _is_parquet(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in PARQUET
+
+
+def _one_line(e: BaseException) -> str:
+    """`e` as one printable line: a damaged file's bytes can reach pyarrow's messages."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
+
+
+@contextmanager
+def _decoding(path: str, where: str) -> Iterator[None]:
+    """What pyarrow cannot decode (a damaged page or message; its OSErrors carry no errno) as one
+    DataError naming the file and `where`; a real I/O error (errno set) and running out of
+    memory stay what they are."""
+    pa = pyarrow()
+    try:
+        yield
+    except MemoryError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        raise DataError(f"{where} cannot be read: {_one_line(e)}", path=path) from None
+
+
+@contextmanager
+def _ipc(path: str) -> Iterator[Any]:
+    """An Arrow IPC file reader (random access) or, failing that, a stream reader, on a memory
+    map that is closed when the block ends."""
+    pa = pyarrow()
+    with pa.memory_map(path) as source:
+        try:
+            reader = pa.ipc.open_file(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            try:
+                reader = pa.ipc.open_stream(source)
+            except pa.ArrowInvalid as e:
+                raise DataError(f"not an Arrow IPC file or stream ({_one_line(e)})", path=path) from None
+        yield reader
+
+
+def table_schema(path: str) -> pa.Schema:
+    """The schema of the table at `path`, read from its footer or first message only."""
+    pa = pyarrow()
+    if not os.path.exists(path):
+        raise DataError("file not found", path=path)
+    if not _is_parquet(path):
+        with _ipc(path) as reader:
+            return reader.schema
+    try:
+        with pa.parquet.ParquetFile(path) as f:
+            return f.schema_arrow
+    except pa.ArrowInvalid as e:
+        raise DataError(f"not a Parquet file ({_one_line(e)})", path=path) from None
+
+
+def table_rows(path: str) -> int:
+    """The rows of the table at `path`, from its metadata where it has them (Parquet, IPC files)."""
+    pa = pyarrow()
+    with _decoding(path, "its row count"):
+        if _is_parquet(path):
+            with pa.parquet.ParquetFile(path) as f:
+                return f.metadata.num_rows
+        with _ipc(path) as reader:
+            if hasattr(reader, "num_record_batches"):
+                return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            return sum(b.num_rows for b in reader)
+
+
+def _name(schema, column: str | int, flag: str, path: str) -> str:
+    """The column called `column`, checked to be in the file. An int (`--column 2021`, which the
+    flag reads as a CSV index) is its name as digits: a table's columns are named, not numbered."""
+    name = column if isinstance(column, str) else str(column)
+    if name not in schema.names:
+        raise ConfigError(f"{flag} {name}: {path} has no such column; it has {', '.join(schema.names)}")
+    return name
+
+
+def _is_text(t) -> bool:
+    pa = pyarrow()
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    is_view = getattr(pa.types, "is_string_view", None)  # pyarrow 16 and later
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or bool(is_view and is_view(t))
+
+
+def _text_name(schema, column: str | int, path: str) -> str:
+    """The text column: in the file, and of strings (nulls are error rows, other types one error)."""
+    name = _name(schema, column, "--column", path)
+    t = schema.field(name).type
+    if not _is_text(t):
+        raise ConfigError(f"--column {name}: the column {name!r} of {path} holds {t}, not strings")
+    return name
+
+
+_ID_TAKEN = "--keep-columns id: 'id' is the output's id column (use --id-column id)"
+
+
+def check_unique(keep: Sequence[str]) -> None:
+    """A column named twice in --keep-columns is a ConfigError."""
+    for k, name in enumerate(keep):
+        if name in keep[:k]:
+            raise ConfigError(f"--keep-columns {name}: named twice")
+
+
+def check_keep(keep: Sequence[str], taken: Iterable[str] = (), what: str = "column") -> None:
+    """Refuse kept columns the output cannot hold: one named twice, `id` (the output's own id)
+    or one of `taken`, the other names the output gives its own columns (`what`: column, or
+    key for JSONL records)."""
+    check_unique(keep)
+    taken = set(taken)
+    for name in keep:
+        if name == "id":
+            raise ConfigError(_ID_TAKEN)
+        if name in taken:
+            raise ConfigError(f"--keep-columns {name}: the output has a {what} of its own named {name!r}")
+
+
+def read_table_records(path: str, *, column: str | int, id_column: str | None = None,
+                       keep: Sequence[str] = ()) -> Iterator[TableRecord]:
+    """TableRecords of the table at `path`, in order, streamed. The columns are checked here,
+    before the first row is read (see the module's docstring): each fault is one ConfigError."""
+    check_unique(keep)
+    schema = table_schema(path)
+    text = _text_name(schema, column, path)
+    ident = _name(schema, id_column, "--id-column", path) if id_column is not None else None
+    kept = [_name(schema, k, "--keep-columns", path) for k in keep]
+    return _records(path, text, ident, kept)
+
+
+def _records(path: str, text: str, ident: str | None, kept: list[str]) -> Iterator[TableRecord]:
+    cols = list(dict.fromkeys([text] + ([ident] if ident else []) + kept))
+    row = 0
+    for b in _batches(path, cols):
+        values = {c: b.column(c).to_pylist() for c in cols}
+        for k in range(b.num_rows):
+            yield TableRecord(values[ident][k] if ident else row, _text(values[text][k], row, text, path),
+                              tuple(values[c][k] for c in kept))
+            row += 1
+
+
+def table_ids(path: str, id_column: str | None = None) -> Iterator:
+    """The ids read_table_records gives the rows, reading only the id column (and without one,
+    only the metadata: the ids are the row numbers)."""
+    if id_column is None:
+        yield from range(table_rows(path))
+        return
+    name = _name(table_schema(path), id_column, "--id-column", path)
+    for b in _batches(path, [name]):
+        yield from b.column(name).to_pylist()
+
+
+def _batches(path: str, columns: list[str]) -> Iterator:
+    """The file's record batches, only `columns`, a bounded number of rows at a time; a part
+    that cannot be decoded is a DataError naming its rows."""
+    yield from (_parquet_batches if _is_parquet(path) else _ipc_batches)(path, columns)
+
+
+def _parquet_batches(path: str, columns: list[str]) -> Iterator:
+    pa = pyarrow()
+    # pre_buffer off and a read buffer: a column chunk is streamed, not read whole
+    with pa.parquet.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False) as f:
+        first = 0
+        for g in range(f.metadata.num_row_groups):
+            n = f.metadata.row_group(g).num_rows
+            with _decoding(path, f"rows {first}-{first + n - 1} (row group {g})"):
+                yield from f.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False)
+            first += n
+
+
+def _ipc_batches(path: str, columns: list[str]) -> Iterator:
+    with _ipc(path) as reader:
+        count = getattr(reader, "num_record_batches", None)
+        batches = iter(reader) if count is None else (reader.get_batch(i) for i in range(count))
+        first = 0
+        for i in itertools.count():
+            with _decoding(path, f"record batch {i} (rows from {first})"):
+                b = next(batches, None)
+            if b is None:
+                return
+            b = b.select(columns)
+            for at in range(0, b.num_rows, BATCH_ROWS):
+                yield b.slice(at, BATCH_ROWS)
+            first += b.num_rows
+
+
+def _text(value, row: int, column: str, path: str) -> str | DataError:
+    if isinstance(value, str):
+        return value
+    what = "null" if value is None else f"a {type(value).__name__} value {quote(value, 80)}"
+    return RowError(f"column {column!r} holds {what}, expected a string", path=path, row=row)
+
+
+def carried_schema(path: str, *, id_column: str | None = None, keep: Sequence[str] = ()) -> pa.Schema:
+    """The types of the output's `id` and kept columns for input `path` (see the module's
+    docstring); a kept column named twice, or named `id` or `error`, is a ConfigError."""
+    pa = pyarrow()
+    check_keep(keep, ("error",))
+    if not is_table(path):
+        return pa.schema([("id", pa.string())] + [(k, pa.string()) for k in keep])
+    schema = table_schema(path)
+    ident = pa.int64() if id_column is None else schema.field(_name(schema, id_column, "--id-column", path)).type
+    return pa.schema([("id", ident)] + [(k, schema.field(_name(schema, k, "--keep-columns", path)).type)
+                                        for k in keep])
+
+
+def _array(values, type_):
+    pa = pyarrow()
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values if type_ is None or values.type == type_ else values.cast(type_)
+    return pa.array(values, type=type_)
+
+
+def output_table(model, ids, texts: Sequence[str], results, errors: Sequence, kept: Mapping | None = None,
+                 *, types: pa.Schema | None = None, **opts) -> pa.Table:
+    """The output rows of one chunk (see the module's docstring for the columns).
+
+    `ids`, `texts`, `results` and `errors` run in parallel, one item per record; an error (a
+    DataError or its message) makes that row's result null whatever `results` holds there.
+    `kept` maps each kept column's name to its values; `types` (carried_schema) fixes the
+    types of `id` and the kept columns, so that every chunk of a job has one schema. `opts`
+    go to the model's arrow_results (e.g. dtype="float16" for embeddings).
+    """
+    pa = pyarrow()
+    kept = kept or {}
+    errs = [None if e is None else e if isinstance(e, str) else str(e) for e in errors]
+    res = [None if e is not None else r for r, e in zip(results, errs)]
+    typ = (lambda name: types.field(name).type if types is not None and name in types.names else None)
+    result = model.arrow_results(list(texts), res, **opts)
+    check_keep(list(kept), ("error", *result.column_names))
+    cols = {"id": _array(ids, typ("id"))}
+    cols.update({name: _array(values, typ(name)) for name, values in kept.items()})
+    cols.update({name: result.column(name) for name in result.column_names})
+    cols["error"] = pa.array(errs, pa.string())
+    return pa.table(cols)
+
+
+def output_schema(model, types: pa.Schema, **opts) -> pa.Schema:
+    """The schema output_table gives every chunk of a job; raises its ConfigError for a kept
+    column whose name the output already uses, so a job can check before any work."""
+    empty = {name: [] for name in types.names if name != "id"}
+    return output_table(model, [], [], [], [], empty, types=types, **opts).schema
+
+
+class ParquetOutput:
+    """Row groups appended to an open Parquet file, one per write (see parquet_file)."""
+
+    def __init__(self, f, what: str, path: str):
+        self.f, self.what, self.path = f, what, path
+        self.writer = None
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        """Append `table` as the next row group(s); its schema must be the first one's."""
+        pa = pyarrow()
+        with writing(self.what, self.path):
+            if self.writer is None:
+                self.writer = pa.parquet.ParquetWriter(self.f, table.schema)
+            self.writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        """Write the footer and sync the file."""
+        with writing(self.what, self.path):
+            if self.writer is not None:
+                self.writer.close()
+            self.f.flush()
+            os.fsync(self.f.fileno())
+
+    def abandon(self) -> None:
+        """Close the writer of a file that is to be discarded, while the file is still open: a
+        writer left open writes its footer when it is collected, into a file closed by then."""
+        if self.writer is not None:
+            self.writer.close()
+
+
+@contextmanager
+def parquet_file(path: str, *, what: str, shown: str | None = None) -> Iterator[ParquetOutput]:
+    """A ParquetOutput on the file at `path`, complete and synced when the block ends without
+    error. The caller must write at least one table (possibly empty), or the file has no
+    schema; a full or read-only disk is a WriteError naming `what` and `shown` (default `path`)."""
+    with open(path, "wb") as f:
+        out = ParquetOutput(f, what, shown or path)
+        try:
+            yield out
+        except BaseException:
+            out.abandon()
+            raise
+        out.close()
+
+
+@contextmanager
+def parquet_output(path: str, *, what: str, kind: str = "parquet",
+                   shown: str | None = None) -> Iterator[ParquetOutput]:
+    """parquet_file on a temporary file beside `path` (`.KIND-PID-XXXX.parquet`), renamed onto
+    `path` when the block ends without error and removed otherwise: nothing is at `path` until
+    the file is complete."""
+    pyarrow()
+    shown = shown or path
+    with writing(what, shown), atomic_path(path, kind, ".parquet") as tmp:
+        with parquet_file(tmp, what=what, shown=shown) as out:
+            yield out

@@ -1,0 +1,302 @@
+"""A bulk job on Ray Data: any task's model over an input, into a directory of Parquet files.
+
+    read (tasks)  ->  tokenize (CPU tasks, where the model allows)  ->  chunks (exact row
+    ranges)  ->  model (one actor per GPU, or CPU actors)  ->  write_parquet (tasks)
+
+The stages stream: blocks flow on while later ones are read. The output is checked before
+any work (spanflow.ray.output). The input is cut into chunks of `batch_rows` rows counted
+from its first row, the single-process job's chunks (Ray Data's strict streaming
+repartition, in input order), and each chunk is one model call, sorted and cut into
+token-budget batches as the single-process job cuts it: the files hold what the
+single-process `--output x.parquet` holds, value for value (data.tables.output_table makes
+both), in input order (Ray Data's preserve_order). A task that fails is run again, and a
+model actor that dies is restarted with its chunks run again (Ray Data's defaults); a
+chunk's file is written once the chunk is done, so rows are neither lost nor written twice.
+An error raised in a worker reaches the caller as the error it is (a SpanflowError or an
+OSError), naming the worker, not as Ray's wrapped traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+from spanflow.atomic import hold_output
+from spanflow.errors import ConfigError, DataError, SpanflowError
+from spanflow.ray import source as S
+from spanflow.ray.output import WHAT, check_target, part_names, staged, write_empty, write_manifest, written
+from spanflow.ray.resources import TASK_CPUS, Actors, plan_actors
+from spanflow.ray.stages import ModelStage, StageSpec, Tally, measured_budget, tokenize
+from spanflow.runtime.resolve import Asked
+
+# rows per model call, a single-process chunk: NER's tag_texts and RE's predict_stream cut
+# their input into chunks of 8192 and 4096 texts, so chunks of 8192 rows are theirs exactly
+DEFAULT_BATCH_ROWS = 8192
+RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the job is built on
+
+
+@dataclass(frozen=True)
+class RayJob:
+    """What a Ray job runs: `model` over `source` into the directory `output`."""
+
+    model: str  # a model directory at the same path on every node
+    source: S.Source
+    output: str
+    task: str | None = None  # the registry name; None: the model directory's task
+    asked: Asked = field(default_factory=Asked)
+    address: str = "local"  # "local": ray.init() (RAY_ADDRESS, a cluster on this machine, else a new one)
+    actors: int | None = None  # None: follow the cluster (spanflow.ray.resources)
+    cpus_per_actor: float | None = None
+    gpus_per_actor: float | None = None
+    batch_rows: int = DEFAULT_BATCH_ROWS  # the single-process job's chunk size (embed: --chunk-size)
+    max_length: int | None = None
+    stride: int | None = None
+    opts: dict = field(default_factory=dict)  # for the task's arrow_results (dtype=...)
+
+
+def ray_module():
+    """The ray module; a ConfigError naming the extra to install when it is missing or too old."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise ConfigError("--ray needs Ray Data: pip install 'spanflow[ray]'") from None
+    have = tuple(int(p) for p in ray.__version__.split(".")[:2] if p.isdigit())
+    if have < RAY_NEEDED:
+        raise ConfigError(f"--ray needs Ray {'.'.join(map(str, RAY_NEEDED))} or later, this is Ray {ray.__version__}: "
+                          "pip install -U 'spanflow[ray]'")
+    return ray
+
+
+@contextmanager
+def connected(address: str) -> Iterator[object]:
+    """Ray, joined (or started) for the job and left at its end; a Ray already up is used as it is."""
+    ray = ray_module()
+    if ray.is_initialized():
+        yield ray
+        return
+    try:
+        ray.init(address=None if address == "local" else address, include_dashboard=False)
+    except (ConnectionError, ValueError) as e:  # no cluster there; an address Ray cannot parse
+        raise ConfigError(f"--ray {address}: cannot join the Ray cluster ({e})") from None
+    except RuntimeError as e:
+        if "Version mismatch" not in str(e):  # a cluster of another Ray or Python version: the user's to fix
+            raise
+        raise ConfigError(f"--ray {address}: {e}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
+    """Run `job`; the summary (rows, errors, seconds, rows and real tokens per second, padding
+    efficiency, truncated, output, files, actors). `stage`: the actor class that runs the model
+    (ModelStage, or one that wraps it); `measure`: what `--max-tokens auto` measures with
+    (tuning.auto.quick_profile)."""
+    began = time.perf_counter()
+    src = job.source
+    if job.batch_rows < 1:
+        raise ConfigError(f"--chunk-size must be a positive integer, got {job.batch_rows}")
+    if not S.is_remote(src.path) and not os.path.exists(src.path):
+        raise DataError("file not found", path=src.path)
+    target = check_target(job.output)
+    with ExitStack() as held:
+        if target.local:
+            hold_output(held, target.path, WHAT)  # a second job on this output stops here
+        plan = _plan(job)  # the input's columns and the output's schema: checked before Ray starts
+        with connected(job.address) as ray, _job_context(ray):
+            try:
+                return _run(ray, job, plan, target, stage, measure, log, began)
+            except ray.exceptions.RayError as e:
+                raise worker_error(e) from None
+
+
+def worker_error(e: BaseException) -> BaseException:
+    """The SpanflowError or OSError a Ray error was caused by (its message naming the worker
+    that raised it), found through Ray's wrappers; `e` itself where there is none."""
+    import ray
+
+    where, seen, todo = None, set(), [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, ray.exceptions.RayTaskError) and where is None:
+            where = _worker_of(x)
+        if isinstance(x, (SpanflowError, OSError)) and not isinstance(x, ray.exceptions.RayError):
+            if isinstance(x, SpanflowError) and x.args:
+                # its own line only: Ray Data adds lines on its retries to the error's message
+                line = str(x.args[0]).split("\n", 1)[0]
+                x.args = (f"{line} (in the Ray worker {where})" if where else line,)
+            return x
+        todo += [getattr(x, "cause", None), x.__cause__, x.__context__]
+    return e
+
+
+_WORKER = re.compile(r"ray::(\S+) \(pid=(\d+), ip=([^,)]+)")  # how a RayTaskError's message names its worker
+
+
+def _worker_of(e: BaseException) -> str | None:
+    """"NAME, pid N on IP" of the worker a RayTaskError came from (Ray's copy of one that is
+    also its cause's type keeps only the message that says so)."""
+    m = _WORKER.search(re.sub(r"\x1b\[[0-9;]*m", "", str(e)))  # without its terminal colours
+    return f"{m.group(1)}, pid {m.group(2)} on {m.group(3)}" if m else None
+
+
+@dataclass
+class _Plan:
+    """What the driver settles before the cluster does any work."""
+
+    task: object
+    probe: object  # the model, loaded here on CPU: the output's schema, and the tokenizer
+    pieces: list[S.Piece] | None  # the Parquet row groups the cluster reads; None: the driver's node reads
+    types: object  # pyarrow.Schema of the output's id and kept columns
+    schema: object  # pyarrow.Schema of the output
+    total: int | None  # rows in all (Parquet: from the footers; else counted as they are read)
+
+
+def _plan(job: RayJob) -> _Plan:
+    from spanflow.data.tables import output_schema
+    from spanflow.tasks.registry import get, task_of_dir
+
+    task = get(job.task) if job.task else task_of_dir(job.model)
+    src = job.source
+    if S.is_parquet_input(src.path):  # every footer read: a column a file lacks is an error now
+        pieces, types, total = S.plan_parquet(src.for_workers())
+    else:
+        S.check_records(src)
+        pieces, types, total = None, S.driver_types(src), None
+    probe = task.load(job.model, device="cpu", precision="fp32")
+    probe.set_max_length(job.max_length, job.stride)
+    schema = output_schema(probe, types, **job.opts)  # a kept column named like a result column: refused now
+    return _Plan(task, probe, pieces, types, schema, total)
+
+
+def _run(ray, job: RayJob, plan: _Plan, target, stage, measure, log, began: float) -> dict:
+    from spanflow.runtime.precision import SAMPLE
+
+    actors = plan_actors([n["Resources"] for n in ray.nodes() if n["Alive"]], count=job.actors,
+                         cpus=job.cpus_per_actor, gpus=job.gpus_per_actor, device=job.asked.device)
+    if not actors.gpus and job.asked.device == "auto":
+        log("ray: no GPU in the Ray cluster now: the model runs in CPU actors (--device cuda with "
+            "--ray-gpus-per-actor 1 --ray-actors N waits for GPU nodes instead)")
+    src = job.source.for_workers()
+    sample = S.sample_texts(src, plan.pieces, SAMPLE)
+    asked = _settle_budget(ray, job, plan, actors, sample, measure, log)
+    tally = ray.remote(num_cpus=0)(Tally).remote()
+    spec = StageSpec(task=plan.task.name, model=os.path.abspath(job.model), asked=asked, types=plan.types,
+                     threads=actors.threads, sample=sample, max_length=job.max_length, stride=job.stride,
+                     opts=dict(job.opts), tally=tally)
+    pre = plan.probe.pretokenizer() if callable(getattr(plan.probe, "pretokenizer", None)) else None
+    log(f"ray: {'%d rows' % plan.total if plan.total is not None else 'input read on this node'}, chunks of "
+        f"{job.batch_rows}, {actors.describe()}, tokenizing {'in CPU tasks' if pre else 'in the model actors'}")
+    t0 = time.perf_counter()
+    with staged(target) as where:
+        ds = _read(ray, plan, src, job.batch_rows)
+        if ds is not None:
+            ds = _model_stages(ray, ds, pre, stage, spec, actors, job.batch_rows)
+            ds.write_parquet(where, filename_provider=part_names(), ray_remote_args={"num_cpus": TASK_CPUS})
+        got, figures = written(where), ray.get(tally.total.remote())
+        ray.kill(tally)
+        total = plan.total if plan.total is not None else figures["rows"]
+        if got["rows"] != total:
+            raise ConfigError(f"{total} rows read but {got['rows']} written under {job.output}: is it on a file "
+                              "system that every node of the cluster shares (or an object store URI)?")
+        if not got["files"]:  # an empty input: one file with the schema, as the single-process job writes
+            write_empty(where, plan.schema)
+            got = written(where)
+        summary = _summary(got, figures, time.perf_counter() - t0, t0 - began, asked, actors, job)
+        write_manifest(where, {**{k: v for k, v in summary.items() if k != "output"}, "task": plan.task.name,
+                               "model": job.model, "input": job.source.path})
+    return summary
+
+
+def _summary(got: dict, figures: dict, secs: float, startup: float, asked: Asked, actors: Actors,
+             job: RayJob) -> dict:
+    """What the job did: rows from the files; tokens and truncation from the actors' tally.
+    `seconds` is the pipeline's (actors starting and loading the model included);
+    `startup_seconds` what came before it (Ray started or joined, the plan, the budget)."""
+    real, padded = figures["real_tokens"], figures["padded_tokens"]
+    secs = max(secs, 1e-9)
+    return {**got, "seconds": secs, "startup_seconds": startup, "rows_per_s": got["rows"] / secs,
+            "real_tokens": real, "padded_tokens": padded, "real_tokens_per_s": real / secs,
+            "padding_efficiency": real / padded if padded else None, "truncated": figures["truncated"],
+            "max_tokens": asked.max_tokens, "output": job.output, "actors": actors.describe()}
+
+
+def _actor_asked(asked: Asked, task) -> Asked:
+    """The runtime flags as each actor resolves them: its GPU is its cuda:0, and a --profile
+    (a file on this machine) is read here, its token budget passed on unless --max-tokens gives
+    a number, which wins, as everywhere."""
+    if asked.profile:
+        from spanflow.runtime.files import read_profile
+
+        best = read_profile(asked.profile, task=task.name, mode="infer").best.max_tokens
+        keep = asked.max_tokens not in (None, "auto")
+        asked = dataclasses.replace(asked, max_tokens=asked.max_tokens if keep else best, profile=None)
+    return dataclasses.replace(asked, device="cuda" if asked.device.startswith("cuda") else asked.device)
+
+
+def _settle_budget(ray, job: RayJob, plan: _Plan, actors: Actors, sample: list, measure, log) -> Asked:
+    """The runtime every actor is asked for; `--max-tokens auto` measured once, by a task with a
+    model actor's resources (on the node and device an actor would have), for all of them."""
+    asked = _actor_asked(job.asked, plan.task)
+    if asked.max_tokens != "auto":
+        return asked
+    if not sample:
+        log("ray: max_tokens auto: no input text to measure on; the default for the actors' device")
+        return dataclasses.replace(asked, max_tokens=None)
+    probe = ray.remote(num_cpus=actors.cpus, num_gpus=actors.gpus, max_calls=1)(measured_budget)
+    n = ray.get(probe.remote(plan.task.name, os.path.abspath(job.model), asked, sample, measure))
+    log(f"ray: max_tokens {n}, settled once for every actor")
+    return dataclasses.replace(asked, max_tokens=n)
+
+
+def _read(ray, plan: _Plan, src: S.Source, rows: int):
+    """The read stage: tasks over the Parquet row groups, or one task on this node for an input
+    only it can open; None for a Parquet input with no rows."""
+    if plan.pieces is not None:
+        if not plan.total:
+            return None
+        tasks = S.pack(plan.pieces, rows)
+        items = [{"task": k} for k in range(len(tasks))]
+        return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            S.read_task, batch_size=1, batch_format="pyarrow", fn_kwargs={"tasks": tasks, "src": src})
+    # no CPU reserved: it must run on this node whatever the actors hold there, and the
+    # tokenizing after it, of other resources, is not fused into it but spread over the cluster
+    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+    return ray.data.from_items([{"task": 0}]).map_batches(
+        S.read_records, batch_size=1, batch_format="pyarrow", fn_kwargs={"src": src, "rows": rows, "types": plan.types},
+        num_cpus=0, label_selector=here)
+
+
+def _model_stages(ray, ds, pre, stage, spec: StageSpec, actors: Actors, rows: int):
+    """The tokenizing stage (where `pre` is given), the chunks, and the model actors, after `ds`."""
+    if pre is not None:
+        ds = ds.map_batches(tokenize, batch_format="pyarrow", fn_kwargs={"pre": pre}, num_cpus=TASK_CPUS)
+    # blocks of exactly `rows` rows from the first (the last one shorter): each one chunk of
+    # the single-process job, and one model call (batch_size) below
+    ds = ds.repartition(target_num_rows_per_block=rows, strict=True)
+    pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors.count, initial_size=actors.initial)
+    return ds.map_batches(stage, fn_constructor_kwargs={"spec": spec}, batch_size=rows, batch_format="pyarrow",
+                          compute=pool, num_cpus=actors.cpus, num_gpus=actors.gpus or None)
+
+
+@contextmanager
+def _job_context(ray) -> Iterator[None]:
+    """Datasets made in the block keep input order, and a worker's error is raised as itself,
+    not wrapped in Ray Data's UserCodeException (whose message has only its traceback); a
+    dataset copies the context it is made in."""
+    ctx = ray.data.DataContext.get_current()
+    was = ctx.execution_options.preserve_order, ctx.raise_original_map_exception
+    ctx.execution_options.preserve_order, ctx.raise_original_map_exception = True, True
+    try:
+        yield
+    finally:
+        ctx.execution_options.preserve_order, ctx.raise_original_map_exception = was

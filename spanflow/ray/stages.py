@@ -1,0 +1,148 @@
+"""The Ray Data stages that run a task's model: tokenization (CPU tasks) and the model (actors),
+and the job's tally of what the actors did.
+
+A task model that can take its inputs tokenized offers `pretokenizer()` (a picklable callable,
+texts -> named Arrow columns of token data, made without the weights) and
+`predict_tokens(columns, max_tokens=, on_batch=)`, whose results stand without the texts (its
+arrow_results is given empty strings); the tokenizing stage then runs on CPU tasks of its own,
+apart from the model actors, and the texts go no further. Any other model tokenizes inside its
+actor, through its predict_stream. Either way each model call takes one chunk of rows, sorts
+it by length and cuts token-budget batches, as the single-process job does with that chunk,
+and the results come back in the chunk's order.
+
+An unreadable record runs through the model as the empty text, as in the single-process jobs
+(so batches are the same), and output_table writes it as an error row.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spanflow.ray.source import ERROR, ID, KEEP, ROW, TEXT, TOKENS
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from spanflow.runtime.resolve import Asked
+
+
+def tokenize(batch, *, pre):
+    """The tokenizing stage: `batch` with the columns `pre` makes (TOKENS + name) in place of its texts."""
+    for name, values in pre(batch[TEXT].fill_null("").to_pylist()).items():
+        batch = batch.append_column(TOKENS + name, values)
+    return batch.drop_columns([TEXT])
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What every model actor needs: the model, the runtime asked, the output's id/kept types."""
+
+    task: str  # the registry name of the model's task
+    model: str  # a model directory every node can read
+    asked: Asked  # resolved on each actor's own device; its token budget already a number or None
+    types: pa.Schema  # the output's id and kept columns
+    threads: int = 1  # torch threads of the actor
+    sample: list[str] = field(default_factory=list)  # input texts --precision auto checks on
+    max_length: int | None = None
+    stride: int | None = None
+    opts: dict[str, Any] = field(default_factory=dict)  # for the task's arrow_results (dtype=...)
+    tally: Any = None  # the job's Tally actor (a Ray actor handle), told each chunk's figures
+
+
+class ModelStage:
+    """One actor: loads the model once, then turns each chunk into output rows (output_table)."""
+
+    def __init__(self, spec: StageSpec):
+        from spanflow.errors import SpanflowError
+
+        self.spec, self.failed = spec, None
+        try:
+            self._load(spec)
+        except (SpanflowError, OSError) as e:
+            # raised from a Ray actor's constructor, an error reaches the driver as text only
+            # (ActorDiedError); raised from its first call, as itself (job.worker_error)
+            self.failed = e
+
+    def _load(self, spec: StageSpec) -> None:
+        import torch
+
+        from spanflow.runtime.loads import Loads
+        from spanflow.runtime.resolve import resolve_runtime
+        from spanflow.tasks.registry import get
+
+        torch.set_num_threads(max(1, spec.threads))
+        task = get(spec.task)
+        loads = Loads(task, spec.model)
+        rt = resolve_runtime(task, spec.model, spec.asked, texts=spec.sample, loads=loads,
+                             name=f"actor pid {os.getpid()}")
+        self.model = loads.take(rt)
+        self.model.set_max_length(spec.max_length, spec.stride)
+        self.max_tokens = rt.max_tokens
+
+    def __call__(self, batch):
+        from spanflow.data.tables import output_table
+
+        if self.failed is not None:
+            raise self.failed
+
+        figures = {"rows": batch.num_rows, "errors": batch.num_rows - batch[ERROR].null_count,
+                   "real_tokens": 0, "padded_tokens": 0, "truncated": 0}
+
+        def on_batch(_texts: int, real: int, padded: int) -> None:
+            figures["real_tokens"] += real
+            figures["padded_tokens"] += padded
+
+        cut = getattr(self.model, "truncated", 0)
+        tokens = {c[len(TOKENS):]: batch[c] for c in batch.column_names if c.startswith(TOKENS)}
+        if tokens:
+            texts = [""] * batch.num_rows
+            results = self.model.predict_tokens(tokens, max_tokens=self.max_tokens, on_batch=on_batch)
+        else:
+            texts = batch[TEXT].fill_null("").to_pylist()
+            results = list(self.model.predict_stream(texts, max_tokens=self.max_tokens, on_batch=on_batch))
+        figures["truncated"] = getattr(self.model, "truncated", 0) - cut
+        kept = {c[len(KEEP):]: batch[c] for c in batch.column_names if c.startswith(KEEP)}
+        out = output_table(self.model, batch[ID], texts, results, batch[ERROR].to_pylist(), kept,
+                           types=self.spec.types, **self.spec.opts)
+        if self.spec.tally is not None and batch.num_rows:
+            import ray
+
+            # waited for: the figures are in before the chunk's rows go on, so the tally is whole
+            # when the job ends; keyed by the chunk's first row, so a chunk run again counts once
+            ray.get(self.spec.tally.add.remote(batch[ROW][0].as_py(), figures))
+        return out
+
+
+class Tally:
+    """A Ray actor (no resources) holding each chunk's figures: rows, error rows, real and
+    padded tokens, texts cut at the max length."""
+
+    def __init__(self):
+        self.chunks: dict[int, dict] = {}
+
+    def add(self, first_row: int, figures: dict) -> None:
+        self.chunks[first_row] = figures
+
+    def total(self) -> dict:
+        keys = ("rows", "errors", "real_tokens", "padded_tokens", "truncated")
+        return {k: sum(c[k] for c in self.chunks.values()) for k in keys} | {"chunks": len(self.chunks)}
+
+
+def measured_budget(task: str, model: str, asked: Asked, sample: list[str], measure=None) -> int | None:
+    """`--max-tokens auto` settled once for a job: the runtime resolved as an actor resolves it
+    (run where a model actor would run, with its resources), measuring on the driver's sample
+    of the input; the token budget every actor is then given."""
+    from spanflow.runtime.resolve import resolve_runtime
+    from spanflow.tasks.registry import get
+    from spanflow.tuning.auto import quick_profile
+
+    with tempfile.TemporaryDirectory(prefix="spanflow-ray-budget-") as tmp:
+        data = os.path.join(tmp, "sample.jsonl")
+        with open(data, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in sample)
+        rt = resolve_runtime(get(task), model, asked, texts=sample, data=data, field="text",
+                             measure=measure or quick_profile, name="the job's token budget")
+    return rt.max_tokens

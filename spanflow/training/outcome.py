@@ -1,0 +1,37 @@
+"""The one line a training run ends with: where its model is (or, stopped by max_steps, that only
+the checkpoint holds this run's weights and how to go on), and the dev score that model has."""
+from __future__ import annotations
+
+import os
+
+
+def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, rescored: float | None = None,
+                 encoders: tuple[str, str] | None = None) -> str:
+    """What `summary` (the training loop's) left in `out_dir`. `rescored`: the dev score of the saved
+    model as `spanflow evaluate` runs it, where its encoder loads as another class than training ran
+    (`encoders`: the two class names)."""
+    model = os.path.join(out_dir, "model")
+    best, step, last = summary["best_f1"], summary.get("best_step"), summary["global_step"]
+    if not summary["completed"]:
+        return _stopped(summary, out_dir, metric)
+    if best is None:
+        return f"no --dev to pick a best model by: the model of the last epoch (step {last}) is in {model}"
+    score = f"best dev {metric} {best:.4f} ({precision}, step {step} of {last})"
+    if rescored is not None and encoders and f"{rescored:.4f}" != f"{best:.4f}":
+        score = (f"best dev {metric} {rescored:.4f} ({precision}, step {step} of {last}, as spanflow evaluate scores "
+                 f"the saved model; training's own evaluation read {best:.4f}: it ran the encoder as {encoders[0]}, "
+                 f"the saved model runs it as {encoders[1]}, and the two round differently)")
+    return f"{score}: the model is in {model}"
+
+
+def _stopped(summary: dict, out_dir: str, metric: str) -> str:
+    model, ckpt = os.path.join(out_dir, "model"), os.path.join(out_dir, "checkpoint", "model")
+    best = summary["best_f1"]
+    if best is not None and os.path.isdir(model):
+        kept = f"the best so far (dev {metric} {best:.4f}, step {summary.get('best_step')}) is in {model}"
+    elif os.path.isdir(model):
+        kept = f"{model} is an earlier run's"
+    else:
+        kept = f"no {model} yet"
+    return (f"stopped by --max-steps after step {summary['global_step']} (epoch {summary['epoch']}): {kept}; "
+            f"this run's last weights are in {ckpt}; the same command with --resume trains on to the end")

@@ -1,0 +1,62 @@
+"""`spanflow tune --budget-seconds N` holds the whole command: what the set-up took is said up front,
+the sweep's runs share what is left, and runs that would end past it are left out, said in one line."""
+import time
+
+from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.tuning import timing
+from spanflow.tuning.sweep import sweep
+
+
+def step_ms_of_budget(b: int, L: int) -> dict:
+    """Figures of a run whose steps take b/10 ms: 16384 tokens, 1.6 s a step."""
+    return {"real_tokens_per_s": float(b), "padded_tokens_per_s": float(b), "padding_efficiency": 1.0,
+            "latency_p50_ms": b / 10, "latency_p95_ms": b / 10, "peak_memory_bytes": b, "gpu_util": None,
+            "quality": None}
+
+
+def test_runs_that_would_end_past_the_deadline_are_left_out_and_said():
+    said = []
+    budgets = [256, 512, 1024, 2048, 4096, 8192]
+    points = sweep(step_ms_of_budget, budgets, [128], log_fn=said.append, repeats=2,
+                   deadline=time.monotonic() + 1.0, per_run=0.0)
+    # four steps of 2048 tokens (0.8 s) fit in the second left, four of 4096 (1.6 s) do not
+    assert [p.max_tokens for p in points] == [256, 512, 1024, 2048]
+    assert said[0] == ("out of --budget-seconds: max_tokens 4096, 8192 not measured (a larger --budget-seconds "
+                       "measures them)")
+
+
+def test_a_deadline_already_past_still_measures_each_length_once():
+    said = []
+    points = sweep(step_ms_of_budget, [256, 512], [64, 128], log_fn=said.append, repeats=2,
+                   deadline=time.monotonic() - 1.0, per_run=0.5)
+    assert [(p.max_tokens, p.max_length, len(p.real_tokens_per_s_runs)) for p in points] == [(256, 64, 1),
+                                                                                              (256, 128, 1)]
+    assert "max_tokens 512 at max_length 64, 512 at max_length 128 not measured" in said[0]
+    assert "2 points measured fewer than 2 times" in said[0]
+
+
+def test_the_set_up_is_said_up_front_and_a_compile_that_cannot_fit_is_left_out():
+    said = []
+    plan = timing.plan_time(timing.TimeBudget(15, time.time() - 5.0), 12, compare=True, log=said.append)
+    assert not plan.compare and said[0].startswith("backend comparison left out: compiling the encoder takes about 30 s")
+    assert said[0].endswith("(--budget-seconds 70 compares it)")
+    assert said[1].startswith("time: 5.0 s of --budget-seconds 15 went to starting, loading the model and preparing "
+                              "the sample (not cut by the budget); 12 runs of about 0.7 s each share the 8 s left")
+    assert plan.deadline - time.monotonic() <= 8.5
+    roomy = timing.plan_time(timing.TimeBudget(120, time.time() - 5.0), 12, compare=True, log=said.append)
+    assert roomy.compare and said[-1].endswith(", then about 30 s to compile the encoder")
+
+
+def test_tune_ends_within_its_budget(tmp_path):
+    from spanflow.tuning.tune import tune
+
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as f:
+        for e in synthetic_ner(64, seed=3):
+            write_jsonl_record(f, e.text, e.spans)
+    said, started = [], time.time()
+    prof = tune(task="ner", model="tiny", data=str(data), mode="train", budget_seconds=8, sample=64, plot=False,
+                device="cpu", precision="fp32", out=str(tmp_path), log_fn=said.append)
+    assert time.time() - started <= 8 + 1.0 and prof["best"] is not None
+    assert any(x.startswith("time: ") for x in said) and said[-1].startswith("tune took ")

@@ -1,0 +1,466 @@
+"""spanflow.ray: the bulk jobs on Ray Data give the single-process jobs' rows, bit for bit and
+in order, whatever the input's row groups, files or format; survive workers killed mid-job;
+and report a worker's error as the error it is. One local Ray (4 logical CPUs) serves the module."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pa = pytest.importorskip("pyarrow")
+import pyarrow.csv  # noqa: F401  (pa.csv)
+import pyarrow.parquet as pq
+from helpers import tiny_bert
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError
+from spanflow.ray import source as S
+from spanflow.ray.job import DEFAULT_BATCH_ROWS, RayJob, _actor_asked, run_job
+from spanflow.ray.output import FORMAT, MANIFEST, _host, check_target, clean_stale, staged
+from spanflow.ray.resources import plan_actors
+from spanflow.ray.source import ROW, Source
+from spanflow.ray.stages import ModelStage
+from spanflow.runtime.resolve import Asked
+
+TEXTS = [e.text for e in synthetic_ner(60, seed=4, max_clauses=3)]
+NULL_ROW = 7  # the input row whose text is null
+GROUP = 7  # rows per Parquet row group: they do not line up with the chunks
+CHUNK = 20  # rows per chunk of the single-process job, and per model call of the Ray job
+ASKED = Asked(device="cpu", precision="fp32", max_tokens="256")
+QUIET = {"log": lambda line: None}
+WAIT = 120  # seconds a test helper waits for an event before failing the test
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: room for held tasks
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def enc_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("enc")
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=2, seed=0)
+    enc.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ner_dir(tmp_path_factory):
+    from spanflow.tasks.ner import NerModel
+
+    path = tmp_path_factory.mktemp("ner")
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=2, seed=1)
+    NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=64).save(str(path))
+    return str(path)
+
+
+def _texts():
+    return [None if k == NULL_ROW else t for k, t in enumerate(TEXTS)]
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """TEXTS as Parquet in row groups of GROUP, the text of NULL_ROW null, and a kept column."""
+    path = tmp_path_factory.mktemp("in") / "texts.parquet"
+    pq.write_table(pa.table({"text": _texts(), "n": list(range(len(TEXTS)))}), path, row_group_size=GROUP)
+    return str(path)
+
+
+def embed_single(enc_dir, src: str, out: str, **kw):
+    """The single-process `spanflow embed --output x.parquet` file of `src`, in chunks of CHUNK."""
+    from spanflow.tasks.embed import Embedder
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    emb = Embedder.load(enc_dir, precision="fp32", device="cpu")
+    embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=CHUNK, **kw), max_tokens=256, calibrate=False,
+               progress=False)
+    return pq.read_table(out)
+
+
+@pytest.fixture(scope="module")
+def reference(enc_dir, table, tmp_path_factory):
+    return embed_single(enc_dir, table, str(tmp_path_factory.mktemp("ref") / "v.parquet"), column="text", keep=["n"])
+
+
+def embed_job(enc_dir, src, out, *, source=None, **kw) -> RayJob:
+    return RayJob(model=enc_dir, source=source or Source(path=str(src), column="text", keep=("n",)),
+                  output=str(out), asked=kw.pop("asked", ASKED), batch_rows=CHUNK, **kw)
+
+
+@ray.remote(num_cpus=0)
+class Gate:
+    """Opened by the model stage after its first chunk; the read tasks after the first wait for it."""
+
+    def __init__(self):
+        self.opened = asyncio.Event()
+
+    async def open(self) -> None:
+        self.opened.set()
+
+    async def wait(self) -> None:
+        await asyncio.wait_for(self.opened.wait(), WAIT)
+
+
+def _read_after_the_first_chunk(read=S.read_task):
+    def gated(batch, **kw):
+        if batch["task"][0].as_py() != 0:
+            ray.get(ray.get_actor("spanflow-test-gate").wait.remote())
+        yield from read(batch, **kw)
+
+    return gated
+
+
+class OpensTheGate(ModelStage):
+    def __call__(self, batch):
+        out = super().__call__(batch)
+        ray.get(ray.get_actor("spanflow-test-gate").open.remote())
+        return out
+
+
+def test_rows_equal_the_single_process_files_bit_for_bit_across_row_groups(enc_dir, table, reference, tmp_path,
+                                                                           monkeypatch):
+    # the input streams in: the model sees the first read task's rows (21, three row groups)
+    # before any other, and they must still make a chunk of 20 and the start of the next
+    monkeypatch.setattr(S, "read_task", _read_after_the_first_chunk())
+    gate = Gate.options(name="spanflow-test-gate").remote()
+    try:
+        s = run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1, cpus_per_actor=0.5), stage=OpensTheGate,
+                    **QUIET)
+    finally:
+        ray.kill(gate)
+    got = pq.read_table(tmp_path / "out")
+    assert got.schema == reference.schema  # id int64, n, embedding fixed_size_list<float>[32], error
+    assert got.equals(reference)  # every value, the error row's message and input order included
+    assert (s["rows"], s["errors"]) == (len(TEXTS), 1) and len(s["files"]) == -(-len(TEXTS) // CHUNK)
+    assert [f.startswith("part-") for f in s["files"]] == [True] * 3 and s["files"] == sorted(s["files"])
+    assert s["real_tokens"] > 0 and 0 < s["padding_efficiency"] <= 1 and s["truncated"] == 0
+    err = got.column("error").to_pylist()[NULL_ROW]
+    assert got.column("embedding")[NULL_ROW].as_py() is None and f"row {NULL_ROW}" in err and "null" in err
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert manifest["format"] == FORMAT and manifest["rows"] == len(TEXTS) and manifest["files"] == s["files"]
+    assert manifest["real_tokens"] == s["real_tokens"] and os.listdir(tmp_path) == ["out"]
+
+
+def test_a_directory_of_files_is_one_input_numbered_across_them(enc_dir, reference, tmp_path):
+    texts, cuts = _texts(), [0, 5, 30, len(TEXTS)]  # NULL_ROW is row 2 of the second file
+    (tmp_path / "in").mkdir()
+    for k, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        part = pa.table({"text": texts[a:b], "n": list(range(a, b))})
+        pq.write_table(part, tmp_path / "in" / f"{'abc'[k]}.parquet", row_group_size=GROUP)
+    (tmp_path / "in" / "_notes.parquet").write_bytes(b"skipped: its name starts with _")
+    run_job(embed_job(enc_dir, tmp_path / "in", tmp_path / "out"), **QUIET)
+    got = pq.read_table(tmp_path / "out")
+    assert got.drop_columns(["error"]).equals(reference.drop_columns(["error"]))  # ids 0..59 over the files
+    errors = got.column("error").to_pylist()
+    assert errors[NULL_ROW].startswith(f"{tmp_path / 'in' / 'b.parquet'}: row 2: ")
+    assert [k for k, e in enumerate(errors) if e] == [NULL_ROW]
+
+
+def _jsonl(path):
+    with open(path, "w", encoding="utf-8") as f:
+        for k, t in enumerate(TEXTS):
+            f.write("{not json\n" if k == 3 else json.dumps({"doc": f"d{k}", "text": t if k != NULL_ROW else None,
+                                                               "n": k}) + "\n")
+    return str(path)
+
+
+def test_jsonl_read_on_the_drivers_node_into_a_uri(enc_dir, tmp_path):
+    src = _jsonl(tmp_path / "in.jsonl")
+    want = embed_single(enc_dir, src, str(tmp_path / "v.parquet"), id_column="doc", keep=["n"])
+    source = Source(path=src, id_column="doc", keep=("n",))
+    s = run_job(embed_job(enc_dir, src, f"file://{tmp_path / 'out'}", source=source), **QUIET)
+    got = pq.read_table(tmp_path / "out")
+    assert got.equals(want) and s["errors"] == 2  # ids "d0".., the bad line and the null text as error rows
+    assert (tmp_path / "out" / MANIFEST).exists()
+
+
+def test_predict_csv_under_ray_is_the_single_process_file(ner_dir, tmp_path, capsys):
+    from spanflow.cli.main import main
+    from spanflow.inference.predict_job import predict_file
+    from spanflow.tasks.ner import NerModel
+
+    src = tmp_path / "in.csv"
+    pa.csv.write_csv(pa.table({"text": TEXTS, "n": list(range(len(TEXTS)))}), src)
+    model = NerModel.load(ner_dir, device="cpu", precision="fp32")
+    predict_file(model, str(src), str(tmp_path / "p.parquet"), column="text", keep=["n"], max_tokens=256,
+                 progress=False)
+    out = tmp_path / "out"
+    assert main(["predict", "--model", ner_dir, "--input", str(src), "--column", "text", "--keep-columns", "n",
+                 "--output", str(out), "--ray", "--device", "cpu", "--precision", "fp32", "--max-tokens", "256"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"wrote {len(TEXTS)} rows (0 error rows) to {out} in ") and "real tokens/s" in line
+    got = pq.read_table(out)
+    assert got.equals(pq.read_table(tmp_path / "p.parquet"))
+    assert sum(len(e or []) for e in got.column("entities").to_pylist()) > 0  # spans to compare
+
+
+def test_an_empty_input_gives_one_empty_file_with_the_schema(enc_dir, tmp_path):
+    pq.write_table(pa.table({"text": pa.array([], pa.string()), "n": pa.array([], pa.int64())}), tmp_path / "e.parquet")
+    (tmp_path / "e.jsonl").write_text("")
+    for name, keep in (("e.parquet", ("n",)), ("e.jsonl", ())):
+        src = str(tmp_path / name)
+        want = embed_single(enc_dir, src, str(tmp_path / f"{name}.single.parquet"), column="text" if keep else None,
+                            keep=list(keep))
+        s = run_job(embed_job(enc_dir, src, tmp_path / f"{name}.out",
+                              source=Source(path=src, column="text" if keep else None, keep=keep)), **QUIET)
+        got = pq.read_table(tmp_path / f"{name}.out")
+        assert got.num_rows == 0 and got.schema == want.schema and s["rows"] == 0 and len(s["files"]) == 1
+
+
+class FailsInItsChunk(ModelStage):
+    def __call__(self, batch):
+        raise ConfigError("this chunk cannot be run")
+
+
+class FailsToLoad(ModelStage):
+    def _load(self, spec):
+        raise ConfigError("this chunk cannot be run")  # as a precision the actor's device lacks would
+
+
+@pytest.mark.parametrize("stage", [FailsInItsChunk, FailsToLoad])
+def test_a_workers_error_reaches_the_caller_as_itself(enc_dir, table, tmp_path, stage):
+    worker = rf"MapWorker\(MapBatches\({stage.__name__}\)\)\S*, pid \d+ on \S+"
+    with pytest.raises(ConfigError, match=rf"^this chunk cannot be run \(in the Ray worker {worker}\)$"):
+        run_job(embed_job(enc_dir, table, tmp_path / "out"), stage=stage, **QUIET)
+    assert os.listdir(tmp_path) == []  # nothing at the output, no staging left
+
+
+def _budget_measured(calls):
+    def measure(**kw):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return {"best": {"max_tokens": 256}}
+
+    return measure
+
+
+def test_max_tokens_auto_is_measured_once_for_every_actor(enc_dir, table, reference, tmp_path):
+    calls = tmp_path / "calls"
+    asked = Asked(device="cpu", precision="fp32", max_tokens="auto")
+    s = run_job(embed_job(enc_dir, table, tmp_path / "out", asked=asked, actors=2, cpus_per_actor=0.5),
+                measure=_budget_measured(str(calls)), **QUIET)
+    assert len(calls.read_text().split()) == 1 and s["max_tokens"] == 256 and s["actors"].startswith("2 actors")
+    assert pq.read_table(tmp_path / "out").equals(reference)
+
+
+def test_an_explicit_max_tokens_wins_over_a_profile(tmp_path):
+    from spanflow.tasks.registry import get
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"task": "embed", "mode": "infer", "best": {"max_tokens": 999}}))
+    asked = _actor_asked(Asked(device="cuda:1", max_tokens="300", profile=str(prof)), get("embed"))
+    assert (asked.max_tokens, asked.profile, asked.device) == ("300", None, "cuda")
+    assert _actor_asked(Asked(profile=str(prof)), get("embed")).max_tokens == 999
+    assert _actor_asked(Asked(max_tokens="auto", profile=str(prof)), get("embed")).max_tokens == 999
+
+
+@ray.remote(num_cpus=0)
+class Signal:
+    """What the killing test's stage reports: the actors built, who ran which chunk, and the
+    pid of the actor holding its second chunk until the test kills it."""
+
+    def __init__(self):
+        self.held, self.gone = asyncio.Event(), asyncio.Event()
+        self.pid, self.killed, self.built, self.ran = None, False, [], {}
+
+    async def built_in(self, pid: int) -> None:
+        self.built.append(pid)
+
+    async def holding(self, pid: int, row: int) -> None:
+        self.pid, self.row = pid, row
+        self.held.set()
+        await asyncio.wait_for(self.gone.wait(), WAIT)  # a chunk held for ever fails the test instead
+
+    async def wait_held(self) -> int:
+        await asyncio.wait_for(self.held.wait(), WAIT)
+        self.killed = True  # before the kill: the restarted actor must not hold again
+        return self.pid
+
+    async def dead(self) -> None:
+        self.gone.set()
+
+    async def was_killed(self) -> bool:
+        return self.killed
+
+    async def ran_chunk(self, row: int, pid: int) -> None:
+        self.ran[row] = pid
+
+    async def report(self) -> tuple:
+        return self.built, self.ran, self.row
+
+
+class KilledInSecondChunk:
+    """ModelStage, whose first actor is killed (SIGKILL, by the test) in its second chunk."""
+
+    def __init__(self, spec):
+        self.inner, self.calls = ModelStage(spec), 0
+        self.signal = ray.get_actor("spanflow-test-signal")
+        ray.get(self.signal.built_in.remote(os.getpid()))
+
+    def __call__(self, batch):
+        self.calls += 1
+        row = batch[ROW][0].as_py()
+        if self.calls == 2 and not ray.get(self.signal.was_killed.remote()):
+            ray.get(self.signal.holding.remote(os.getpid(), row))
+        out = self.inner(batch)
+        ray.get(self.signal.ran_chunk.remote(row, os.getpid()))
+        return out
+
+
+def _read_killed_after_its_first_block(marker: str):
+    """S.read_task, whose first task kills its own process after yielding its first block."""
+    read = S.read_task
+
+    def killing(batch, **kw):
+        for k, b in enumerate(read(batch, **kw)):
+            yield b
+            if k == 0 and _first(marker):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return killing
+
+
+def _first(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _earlier_output(out):
+    out.mkdir()
+    (out / "part-old.parquet").write_bytes(b"")
+    (out / MANIFEST).write_text(json.dumps({"format": FORMAT, "rows": 1, "errors": 0, "files": ["part-old.parquet"],
+                                            "task": "embed", "model": "m", "input": "i"}))
+
+
+def test_killed_workers_lose_and_repeat_no_row(enc_dir, table, reference, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    _earlier_output(out)  # replaced whole
+    (tmp_path / "out.old").mkdir()  # someone's: left alone
+    monkeypatch.setattr(S, "read_task", _read_killed_after_its_first_block(str(tmp_path / "read-killed")))
+    sig = Signal.options(name="spanflow-test-signal").remote()
+    killed = []
+
+    def kill():
+        pid = ray.get(sig.wait_held.remote(), timeout=WAIT)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        ray.get(sig.dead.remote())
+
+    t = threading.Thread(target=kill, daemon=True)
+    t.start()
+    try:
+        s = run_job(embed_job(enc_dir, table, out), stage=KilledInSecondChunk, **QUIET)
+        t.join(timeout=WAIT)
+        built, ran, row = ray.get(sig.report.remote())
+    finally:
+        ray.kill(sig)
+    assert killed and (tmp_path / "read-killed").exists(), "no actor, or no read task, was killed"
+    assert len(built) >= 2 and ran[row] != killed[0] and ran[row] in built[1:]  # a restarted actor ran it
+    ids = pq.read_table(out).column("id").to_pylist()
+    assert s["rows"] == len(TEXTS) and ids == list(range(len(TEXTS)))
+    assert pq.read_table(out).equals(reference)
+    assert not (out / "part-old.parquet").exists() and (tmp_path / "out.old").is_dir()
+
+
+def test_the_output_and_the_columns_are_checked_before_any_work(enc_dir, table, tmp_path):
+    job = RayJob(model=enc_dir, source=Source(path=table, column="body"), output=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match="--column body: .* has no such column; it has text, n"):
+        run_job(job, **QUIET)
+    job = RayJob(model=enc_dir, source=Source(path=table, column="n"), output=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match="--column n: the column 'n' of .* holds int64, not strings"):
+        run_job(job, **QUIET)
+    assert not (tmp_path / "out").exists() and os.listdir(tmp_path) == []
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match="no spanflow Ray job wrote"):
+        check_target(str(tmp_path / "theirs"))
+    (tmp_path / "theirs" / MANIFEST).write_text("{}")  # a manifest of no format of ours
+    with pytest.raises(ConfigError, match="no spanflow Ray job wrote"):
+        check_target(str(tmp_path / "theirs"))
+    _earlier_output(tmp_path / "ours")
+    assert check_target(str(tmp_path / "ours")).local
+    (tmp_path / "ours" / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"and other files too \(notes.txt\)"):
+        check_target(str(tmp_path / "ours"))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_target(str(tmp_path / "f"))
+    assert check_target(str(tmp_path / "new")).local
+
+
+def test_only_this_outputs_leftovers_of_dead_jobs_here_are_cleaned(tmp_path):
+    p = subprocess.Popen(["true"])
+    p.wait()
+    dead, host = p.pid, _host()
+    for name in (f".out.ray-{host}-{dead}-abc", f".out.ray-{host}-{os.getppid()}-abc",  # dead; alive
+                 f".out.ray-otherhost-{dead}-abc", f".other.ray-{host}-{dead}-abc"):  # elsewhere; another output
+        (tmp_path / name).mkdir()
+    (tmp_path / f".out.ray-{host}-{dead}-old").mkdir()  # an earlier output moved aside, never replaced
+    (tmp_path / f".out.ray-{host}-{dead}-old" / "x").write_text("kept")
+    clean_stale(str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path)) == sorted([f".out.ray-{host}-{os.getppid()}-abc", f".out.ray-otherhost-{dead}-abc",
+                                                  f".other.ray-{host}-{dead}-abc", "out"])
+    assert (tmp_path / "out" / "x").read_text() == "kept"
+    with pytest.raises(RuntimeError), staged(check_target(str(tmp_path / "new"))) as where:
+        assert os.path.basename(where).startswith(f".new.ray-{host}-{os.getpid()}-")
+        raise RuntimeError("a job that fails leaves nothing")
+    assert not (tmp_path / "new").exists() and not os.path.exists(where)
+
+
+def test_actors_follow_the_cluster():
+    gpu_nodes = [{"CPU": 16, "GPU": 4}, {"CPU": 16, "GPU": 4}]
+    a = plan_actors(gpu_nodes)
+    assert (a.count, a.cpus, a.gpus) == (8, 1.0, 1.0)
+    assert plan_actors(gpu_nodes, gpus=0.5).count == 16
+    assert plan_actors(gpu_nodes, device="cpu").gpus == 0
+    assert plan_actors(gpu_nodes, device="cuda:1").gpus == 1.0
+    a = plan_actors([{"CPU": 4, "GPU": 4}])  # CPUs == GPUs: one CPU left for the tasks
+    assert (a.count, a.cpus) == (4, 0.75)
+    a = plan_actors([{"CPU": 1, "GPU": 1}])
+    assert (a.count, a.cpus, a.gpus) == (1, 0.0, 1.0)
+    a = plan_actors([{"CPU": 2}])
+    assert (a.count, a.cpus, a.gpus) == (1, 1.0, 0.0)  # one CPU left for reading and tokenizing
+    with pytest.raises(ConfigError, match="more than 1 CPU.*--num-cpus 2"):
+        plan_actors([{"CPU": 1}])  # a 1-CPU node: the actor would take the only CPU and the job wait for ever
+    a = plan_actors([{"CPU": 16}, {"CPU": 16}])
+    assert (a.count, a.cpus) == (6, 4.0)
+    a = plan_actors([{"CPU": 2}, {"CPU": 16}])  # a small head node: actors sized from the workers
+    assert (a.count, a.cpus, a.initial) == (3, 4.0, 3)
+    a = plan_actors([{"CPU": 16}], count=8, cpus=2)
+    assert (a.count, a.initial) == (8, 7)  # starts with what fits, may grow to 8
+    with pytest.raises(ConfigError, match="no node of the Ray cluster has that many CPUs"):
+        plan_actors([{"CPU": 4}], cpus=4)
+    with pytest.raises(ConfigError, match="no GPUs"):
+        plan_actors([{"CPU": 4}], device="cuda")
+    assert plan_actors([{"CPU": 4}], gpus=1, count=2).initial == 1  # waits for an autoscaler's GPU nodes
+
+
+def test_chunks_are_the_single_process_jobs_chunks():
+    from spanflow.tasks.embed.journal import EmbedSpec
+    from spanflow.tasks.ner.tagging import tag_texts
+    from spanflow.tasks.re.model import ReModel
+
+    ner = inspect.signature(tag_texts).parameters["chunk_size"].default
+    rel = inspect.signature(ReModel.predict_stream).parameters["chunk_size"].default
+    assert DEFAULT_BATCH_ROWS % ner == 0 and DEFAULT_BATCH_ROWS % rel == 0 and DEFAULT_BATCH_ROWS <= max(ner, rel)
+    assert EmbedSpec.model_fields["chunk_size"].default == DEFAULT_BATCH_ROWS  # embed's --chunk-size passes through

@@ -1,0 +1,118 @@
+"""The server's errors as a client meets them: a field of another API named, unknown paths and
+methods in the same `{"error": ...}` shape, and a port in use told before any model loads."""
+import socket
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from spanflow.cli.main import main  # noqa: E402
+from spanflow.errors import ConfigError  # noqa: E402
+from spanflow.models.encoder import build_tiny  # noqa: E402
+from spanflow.serving.address import check_address  # noqa: E402
+from spanflow.serving.app import ServeOptions, create_app  # noqa: E402
+from spanflow.serving.requests import InvalidRequest, Limits, read_body  # noqa: E402
+from spanflow.serving.services import Service  # noqa: E402
+from spanflow.tasks.embed import Embedder  # noqa: E402
+from spanflow.tasks.embed.pooling import Pooling  # noqa: E402
+from spanflow.tasks.ner import NerModel  # noqa: E402
+from spanflow.tasks.registry import get  # noqa: E402
+
+TEXTS = ["Ann lives in Rome .", "Bob works for Hooli in Oslo ."]
+
+
+@pytest.fixture(scope="module")
+def client():
+    enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+    ner = NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=32, policy=None)
+    emb_enc, emb_tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+    emb = Embedder(encoder=emb_enc, tokenizer=emb_tok, pooling=Pooling(), device="cpu")
+    services = [Service("ner", get("ner"), ner), Service("emb", get("embed"), emb)]
+    app = create_app(services, ServeOptions())
+
+    @app.get("/probe")
+    async def probe(n: int):  # a route with a typed parameter: FastAPI's own validation
+        return {"n": n}
+
+    with TestClient(app) as c:
+        yield c
+
+
+def error_of(r, status: int) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and body["error"]["code"] == status, body
+    return body["error"]
+
+
+@pytest.mark.parametrize("body, field, sent", [
+    ({"inputs": ["a"]}, "input", "'inputs' (Text Embeddings Inference's field)"),
+    ({"text": "a"}, "texts", "'text'"),
+    ({"input": ["a"]}, "texts", "'input' (OpenAI's embeddings field)"),
+])
+def test_a_missing_text_field_names_the_field_that_was_sent(body, field, sent):
+    with pytest.raises(InvalidRequest) as e:
+        read_body(body, field, Limits(10, 100))
+    assert e.value.message.startswith(f"'{field}' is missing; got {sent}: this endpoint takes the texts in "
+                                      f"'{field}'"), e.value.message
+    assert e.value.field == field
+
+
+def test_a_body_without_any_text_field_lists_what_it_has():
+    with pytest.raises(InvalidRequest) as e:
+        read_body({"model": "m", "query": "x"}, "texts", Limits(10, 100))
+    assert e.value.message.endswith("; the body has 'model', 'query'"), e.value.message
+
+
+def test_the_routes_name_the_field_sent(client):
+    err = error_of(client.post("/v1/embeddings", json={"inputs": ["a text"]}), 422)
+    assert "got 'inputs'" in err["message"] and err["param"] == "input"
+    err = error_of(client.post("/v1/ner", json={"text": "Ann lives in Rome ."}), 422)
+    assert "'texts' is missing; got 'text'" in err["message"] and err["param"] == "texts"
+
+
+def test_unknown_paths_and_wrong_methods_answer_in_the_error_shape(client):
+    err = error_of(client.post("/v1/embed", json={"inputs": ["a"]}), 404)
+    assert err["message"].startswith("no route POST /v1/embed; the routes are ") and "POST /v1/embeddings, " in \
+        err["message"] and "POST /v1/ner" in err["message"]
+    r = client.get("/v1/embeddings")
+    err = error_of(r, 405)
+    assert err["message"] == "GET is not allowed on /v1/embeddings; it takes POST"
+    assert r.headers["allow"] == "POST"
+    assert error_of(client.post("/health"), 405)["param"] is None
+
+
+def test_fastapi_validation_errors_answer_in_the_error_shape(client):
+    err = error_of(client.get("/probe", params={"n": "many"}), 422)
+    assert err["param"] == "n" and err["message"].startswith("n: ")
+
+
+def test_a_port_in_use_is_a_config_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--port {port}: 127.0.0.1:{port} is already in use"):
+            check_address("127.0.0.1", port)
+    check_address("127.0.0.1", port)  # free again
+
+
+def test_serve_checks_the_port_before_loading_any_model(tmp_path, monkeypatch, capsys):
+    from spanflow.cli import serve
+
+    def no_load(a):
+        raise AssertionError("a model was loaded before the port was checked")
+
+    monkeypatch.setattr(serve, "load_services", no_load)
+    enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+    enc.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "--model", str(tmp_path), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [(f"error: --port {port}: 127.0.0.1:{port} is already in use (another server?); stop it or pick "
+                    "another --port")]

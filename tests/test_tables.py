@@ -1,0 +1,640 @@
+"""Parquet and Arrow in the bulk jobs: tables as input (a named column, ids, kept columns, bad
+rows as error rows, streamed), Parquet as the output of predict and embed (the same rows as
+JSONL, the same vectors as .npy, resumable, atomic, one writer, a full disk as one line)."""
+import datetime
+import errno
+import itertools
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+from helpers import tiny_bert
+
+from spanflow.atomic import OutputBusy, claim_output
+from spanflow.cli.common import column_arg
+from spanflow.cli.main import main
+from spanflow.data import tables
+from spanflow.data.records import read_records, read_rows, sample_texts
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError, DataError, WriteError
+from spanflow.inference.predict_job import predict_file
+from spanflow.runtime.policy import resolve_policy
+from spanflow.tasks.embed import Embedder, job
+from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+TEXTS = [e.text for e in synthetic_ner(14, seed=3, max_clauses=2)]
+QUIET = dict(progress=False, log=lambda m: None)
+
+
+def write_table(path, table, **kw):
+    """`table` at `path` as its extension says: Parquet, an Arrow IPC file, or an IPC stream (.ipc)."""
+    path = str(path)
+    if path.endswith(".parquet"):
+        pq.write_table(table, path, **kw)
+    elif path.endswith(".ipc"):
+        with pa.ipc.new_stream(path, table.schema) as w:
+            w.write_table(table, max_chunksize=3)
+    else:
+        feather.write_feather(table, path, chunksize=3)
+    return path
+
+
+def docs_table(n=11, null_at=3):
+    texts = [TEXTS[i % len(TEXTS)] for i in range(n)]
+    texts[null_at] = None
+    return pa.table({"uid": [f"u{i}" for i in range(n)], "body": texts, "score": [i / 4 for i in range(n)]})
+
+
+@pytest.fixture(scope="module")
+def enc_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("enc")
+    enc, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    enc.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def embedder(enc_dir):
+    return Embedder.load(enc_dir, precision="fp32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder():
+    from spanflow.models.encoder import build_tiny
+
+    return build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101, max_length=128)
+
+
+@pytest.fixture(scope="module")
+def ner_model(tiny_encoder):
+    from spanflow.tasks.ner import NerModel
+
+    enc, tok = tiny_encoder
+    return NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=64, policy=resolve_policy("fp32", "cpu"))
+
+
+@pytest.fixture(scope="module")
+def re_model(tiny_encoder):
+    from spanflow.tasks.re import ReModel
+
+    enc, tok = tiny_encoder
+    # a low threshold: an untrained head then finds relations, and the comparison has some to compare
+    return ReModel(encoder=enc, tokenizer=tok, relations=["born_in", "works_for"], limit=64, threshold=0.3,
+                   policy=resolve_policy("fp32", "cpu"))
+
+
+# reading tables
+
+
+@pytest.mark.parametrize("name", ["in.parquet", "in.arrow", "in.ipc"])
+def test_a_table_gives_its_rows_ids_and_kept_columns_with_a_null_as_an_error(tmp_path, name):
+    src = write_table(tmp_path / name, docs_table(7, null_at=2), row_group_size=3)
+    recs = list(read_rows(src, column="body", id_column="uid", keep=["score"]))
+    assert [r.id for r in recs] == [f"u{i}" for i in range(7)]
+    assert [r.kept for r in recs] == [(i / 4,) for i in range(7)]
+    assert [r.text for r in recs if isinstance(r.text, str)] == [TEXTS[i] for i in (0, 1, 3, 4, 5, 6)]
+    err = recs[2].text
+    assert isinstance(err, DataError) and str(err) == f"{src}: row 2: column 'body' holds null, expected a string"
+    # without an id column the ids are the row numbers, from 0; --field names the column too
+    assert [rid for rid, _ in read_records(src, field="body")] == [str(i) for i in range(7)]
+    assert sample_texts(src, 3, column="body") == TEXTS[:2] + [TEXTS[3]]
+
+
+def test_a_text_column_that_is_not_strings_is_one_error_before_any_row_is_read(tmp_path, monkeypatch):
+    t = pa.table({"n": [5, None], "b": pa.array([b"\x00", None]), "d": pa.array(["x", None]).dictionary_encode(),
+                  "l": pa.array(["y", None], pa.large_string())})
+    src = write_table(tmp_path / "n.parquet", t)
+    for column, typ in (("n", "int64"), ("b", "binary")):
+        with monkeypatch.context() as m:
+            m.setattr(tables, "_batches", lambda *a: pytest.fail("rows were read"))
+            with pytest.raises(ConfigError) as e:
+                read_rows(src, column=column)
+        assert str(e.value) == f"--column {column}: the column {column!r} of {src} holds {typ}, not strings"
+    for column, text in (("d", "x"), ("l", "y")):  # dictionary-encoded and large strings are strings
+        got = list(read_rows(src, column=column))
+        assert got[0].text == text
+        assert str(got[1].text) == f"{src}: row 1: column {column!r} holds null, expected a string"
+
+
+def test_a_table_column_is_named_even_by_digits_and_never_numbered(tmp_path):
+    src = write_table(tmp_path / "in.parquet", pa.table({"a": ["no"], "2021": ["yes"]}))
+    assert [r.text for r in read_rows(src, column=column_arg("2021"))] == ["yes"]  # `--column 2021`
+    with pytest.raises(ConfigError, match=r"^--column 0: .*in\.parquet has no such column; it has a, 2021$"):
+        read_rows(src, column=column_arg("0"))
+
+
+def damaged(path, group):
+    """A Parquet file of 40 texts in row groups of 10, the page header of row group `group` overwritten."""
+    pq.write_table(pa.table({"text": [f"text number {i}" for i in range(40)]}), path, row_group_size=10,
+                   compression="none")
+    col = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    data = bytearray(path.read_bytes())
+    at = col.dictionary_page_offset or col.data_page_offset
+    data[at:at + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+def test_a_damaged_page_is_one_error_naming_the_file_and_the_rows(enc_dir, tmp_path, capsys):
+    src = damaged(tmp_path / "in.parquet", group=2)
+    recs = read_rows(src)
+    assert [r.text for r in itertools.islice(recs, 20)] == [f"text number {i}" for i in range(20)]
+    with pytest.raises(DataError) as e:
+        next(recs)
+    line = str(e.value)
+    assert line.startswith(f"{src}: rows 20-29 (row group 2) cannot be read: Couldn't deserialize thrift")
+    assert "\n" not in line
+    out = tmp_path / "p.parquet"
+    for cmd in ("predict", "embed"):
+        assert main([cmd, "--model", enc_dir, "--input", src, "--output", str(out), "--precision", "fp32",
+                     "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert [x for x in err.splitlines() if x.startswith("error")] == [f"error: {line}"] and "Traceback" not in err
+        assert not out.exists()
+
+
+def test_a_missing_column_is_one_error_before_any_row_is_read(tmp_path, monkeypatch):
+    src = write_table(tmp_path / "in.parquet", docs_table())
+    monkeypatch.setattr(tables, "_batches", lambda *a: pytest.fail("rows were read"))
+    for kw, flag in (({"column": "text"}, "--column text"), ({"column": "body", "id_column": "id"}, "--id-column id"),
+                     ({"column": "body", "keep": ["body", "x"]}, "--keep-columns x")):
+        with pytest.raises(ConfigError) as e:
+            read_rows(src, **kw)  # raised by the call, not by the first next()
+        assert str(e.value) == f"{flag}: {src} has no such column; it has uid, body, score"
+
+
+def test_table_files_are_closed_once_read(tmp_path, monkeypatch):
+    opened, real_init, real_map = [], pq.ParquetFile.__init__, pa.memory_map
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        opened.append(self)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", init)
+    monkeypatch.setattr(pa, "memory_map", lambda *a, **kw: opened.append(real_map(*a, **kw)) or opened[-1])
+    for name in ("in.parquet", "in.arrow", "in.ipc"):
+        src = write_table(tmp_path / name, docs_table())
+        assert len(list(read_rows(src, column="body"))) == tables.table_rows(src) == 11
+        assert list(tables.table_ids(src, "uid")) == [f"u{i}" for i in range(11)]
+    assert len(opened) >= 12 and [f for f in opened if not f.closed] == []
+
+
+def test_the_cli_names_the_missing_column_before_loading_a_model(enc_dir, tmp_path, capsys, monkeypatch):
+    from spanflow.runtime.loads import Loads
+
+    src = write_table(tmp_path / "in.parquet", docs_table())
+    monkeypatch.setattr(Loads, "__init__", lambda *a, **kw: pytest.fail("a model was loaded"))
+    for cmd in ("predict", "embed"):
+        out = tmp_path / f"{cmd}.parquet"
+        assert main([cmd, "--model", enc_dir, "--input", src, "--column", "text", "--output", str(out)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"error: --column text: {src} has no such column; it has uid, body, score"]
+        assert not out.exists()
+
+
+def test_a_parquet_file_of_many_row_groups_streams(tmp_path, monkeypatch):
+    src = write_table(tmp_path / "in.parquet", pa.table({"text": [f"t{i}" for i in range(10)]}), row_group_size=2)
+    assert pq.ParquetFile(src).metadata.num_row_groups == 5
+    monkeypatch.setattr(tables, "BATCH_ROWS", 2)
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **kw: pytest.fail("the whole table was read"))
+    pulled, real = [], pq.ParquetFile.iter_batches
+
+    def counted(self, *a, **kw):
+        for b in real(self, *a, **kw):
+            pulled.append(b.num_rows)
+            yield b
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
+    recs = read_rows(src)
+    assert next(recs).text == "t0" and pulled == [2]  # one batch decoded for the first row
+    assert [r.text for r in recs] == [f"t{i}" for i in range(1, 10)] and pulled == [2] * 5
+
+
+def test_without_pyarrow_a_table_is_one_error_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails, as where it is not installed
+    for call in (lambda: read_rows(str(tmp_path / "x.parquet")),
+                 lambda: embed_file(None, EmbedSpec(input=__file__, output=str(tmp_path / "o.parquet")))):
+        with pytest.raises(ConfigError, match=r"need pyarrow: pip install 'spanflow\[parquet\]'"):
+            call()
+    assert os.listdir(tmp_path) == []
+
+
+def test_csv_columns_by_header_name_skip_the_header(tmp_path):
+    src = tmp_path / "in.csv"
+    src.write_text("key,sentence,score\nk1,hello there,0.5\nk2,second one,1\n", encoding="utf-8")
+    got = list(read_rows(str(src), column="sentence", id_column="key", keep=["score"]))
+    assert [tuple(r) for r in got] == [("k1", "hello there", ("0.5",)), ("k2", "second one", ("1",))]
+    assert list(read_records(str(src), column=1, skip_header=True)) == [("2", "hello there"), ("3", "second one")]
+    with pytest.raises(ConfigError, match=r"--column text: .*in.csv has no such column in its header; it has key, "
+                                          r"sentence, score"):
+        read_rows(str(src), column="text")
+    with pytest.raises(ConfigError, match="plain text lines, with no columns"):
+        read_rows(str(tmp_path / "x.txt"), keep=["a"])
+    with pytest.raises(ConfigError, match="^--column: .*x.txt is plain text lines, with no columns"):
+        read_rows(str(tmp_path / "x.txt"), column="body")
+
+
+def test_jsonl_takes_a_column_name_as_its_field_and_needs_the_id_it_was_told_of(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"body": "one", "uid": "a", "n": 1}\n{"body": "two", "n": [2]}\n{"body": "three", "uid": 7}\n')
+    got = list(read_rows(str(src), column="body", id_column="uid", keep=["n"]))
+    assert [(r.id, r.text, r.kept) for r in got if isinstance(r.text, str)] == [("a", "one", ("1",)),
+                                                                                 ("7", "three", (None,))]
+    assert str(got[1].text) == f'{src}:2: its id field "uid" (--id-column) is missing' and got[1].kept == ("[2]",)
+    assert got[1].id is None  # unknown, not a line number that could pass for an id
+    assert [r.id for r in read_rows(str(src), field="body")] == ["1", "2", "3"]  # no --id-column: line numbers
+    with pytest.raises(ConfigError, match=r"^--column 1: .*in\.jsonl is JSONL, whose records have fields, not "
+                                          r"numbered columns; name the text's field \(--field NAME\)$"):
+        read_rows(str(src), column=1)
+    csv = tmp_path / "in.csv"
+    csv.write_text("text,key\nhello,k1\nshort\n")
+    got = list(read_rows(str(csv), id_column="key"))
+    assert tuple(got[0]) == ("k1", "hello", ())
+    assert str(got[1].text) == f"{csv}:3: record has 1 columns, its id (--id-column key) is column 1"
+    assert got[1].id is None
+
+
+def test_a_kept_column_named_twice_is_one_error(enc_dir, tmp_path, capsys):
+    src = write_table(tmp_path / "in.parquet", docs_table())
+    for call in (lambda: read_rows(src, column="body", keep=["score", "uid", "score"]),
+                 lambda: tables.carried_schema(src, keep=["score", "score"]),
+                 lambda: read_rows(str(tmp_path / "x.jsonl"), keep=["a", "a"])):
+        with pytest.raises(ConfigError, match="^--keep-columns score: named twice$|^--keep-columns a: named twice$"):
+            call()
+    for cmd in ("predict", "embed"):
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--model", enc_dir, "--input", src, "--column", "body", "--keep-columns", "score,score",
+                  "--output", str(tmp_path / "o.parquet")])
+        assert e.value.code == 2
+        assert "argument --keep-columns: 'score' is named twice" in capsys.readouterr().err
+
+
+# predict to Parquet
+
+
+def flat_relations(rec):
+    return [{"head_start": r["head"][0], "head_end": r["head"][1], "type": r["type"], "tail_start": r["tail"][0],
+             "tail_end": r["tail"][1], "head_text": r["head_text"], "tail_text": r["tail_text"]}
+            for r in rec["relations"]]
+
+
+@pytest.mark.parametrize("task", ["ner", "re"])
+def test_predict_to_parquet_holds_the_jsonl_records(ner_model, re_model, tmp_path, task):
+    model, column = (ner_model, "entities") if task == "ner" else (re_model, "relations")
+    src = write_table(tmp_path / "in.parquet", docs_table(), row_group_size=5)
+    kw = dict(column="body", id_column="uid", keep=["score"], progress=False)
+    s = predict_file(model, src, str(tmp_path / "p.parquet"), rows_per_group=4, **kw)
+    predict_file(model, src, str(tmp_path / "p.jsonl"), **kw)
+    assert s == {"records": 11, "errors": 1}
+    f = pq.ParquetFile(tmp_path / "p.parquet")
+    assert f.metadata.num_row_groups == 3  # 4 + 4 + 3 rows, written as they came
+    assert f.schema_arrow.names == ["id", "score", column, "error"]
+    assert f.schema_arrow.field("score").type == pa.float64()  # the kept column's own type
+    rows = f.read().to_pylist()
+    recs = [json.loads(x) for x in open(tmp_path / "p.jsonl", encoding="utf-8")]
+    assert [r["id"] for r in rows] == [r["id"] for r in recs] == [f"u{i}" for i in range(11)]
+    assert [r["score"] for r in rows] == [r["score"] for r in recs]
+    for row, rec in zip(rows, recs):
+        if "error" in rec:
+            assert row[column] is None and row["error"] == f"{src}: {rec['error']}"
+            assert rec["error"] == "row 3: column 'body' holds null, expected a string"
+        else:
+            assert row["error"] is None
+            assert row[column] == (rec["entities"] if task == "ner" else flat_relations(rec))
+    assert sum(len(r[column] or []) for r in rows) > 0  # the comparison is not of empty lists
+
+
+@pytest.mark.parametrize("cmd,out,kept,own", [("predict", "p.parquet", "error", "a column"),
+                                              ("predict", "p.jsonl", "row", "a key"),
+                                              ("embed", "e.parquet", "error", "a column"),
+                                              ("embed", "e.parquet", "embedding", "a column"),
+                                              ("embed", "e.jsonl", "line", "a key")])
+def test_a_kept_column_named_like_one_of_the_outputs_is_refused_before_a_model_loads(enc_dir, tmp_path, capsys,
+                                                                                     monkeypatch, cmd, out, kept, own):
+    from spanflow.runtime.loads import Loads
+
+    src = write_table(tmp_path / "in.parquet", pa.table({"text": ["a b"], kept: ["x"]}))
+    monkeypatch.setattr(Loads, "__init__", lambda *a, **kw: pytest.fail("a model was loaded"))
+    assert main([cmd, "--model", enc_dir, "--input", src, "--keep-columns", kept, "--output", str(tmp_path / out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: --keep-columns {kept}: the output has {own} of its own "
+                                                    f"named {kept!r}"]
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+def test_predict_refuses_before_any_work_what_its_model_decides(ner_model, tmp_path, monkeypatch):
+    src = write_table(tmp_path / "in.parquet", pa.table({"text": ["a b"], "entities": ["x"]}))
+    monkeypatch.setattr(type(ner_model), "predict_stream", lambda *a, **kw: pytest.fail("the model ran"))
+    for out, own in (("p.parquet", "a column"), ("p.jsonl", "a key")):
+        with pytest.raises(ConfigError, match=f"^--keep-columns entities: the output has {own} of its own named "):
+            predict_file(ner_model, src, str(tmp_path / out), keep=["entities"], progress=False)
+
+    class NoTable:  # a task model without arrow_results writes JSONL only
+        task = "plain"
+        predict_stream = ner_model.predict_stream
+        output_record = staticmethod(ner_model.output_record)
+
+    with pytest.raises(ConfigError, match=r"p\.parquet: plain models have no Parquet form of their results"):
+        predict_file(NoTable(), src, str(tmp_path / "p.parquet"), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+@pytest.mark.parametrize("name", ["p.npy", "p.csv", "p.arrow", "p"])
+def test_predict_refuses_an_output_it_cannot_write(enc_dir, tmp_path, capsys, name):
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n")
+    out = tmp_path / name
+    assert main(["predict", "--model", enc_dir, "--input", str(src), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --output {out}: predict writes JSONL (.jsonl, .ndjson, "
+                                               ".json) or Parquet (.parquet, .pq)")
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_jsonl_outputs_hold_valid_json_and_the_ids_parquet_holds(ner_model, embedder, tmp_path):
+    t = pa.table({"body": [TEXTS[0], None, TEXTS[1]], "uid": [10, 11, 12], "blob": pa.array([b"\x00\xff", None, b""]),
+                  "x": [float("nan"), 1.5, float("inf")], "day": [datetime.date(2024, 1, 2)] * 3})
+    src = write_table(tmp_path / "in.parquet", t)
+    kw = dict(column="body", id_column="uid", keep=["blob", "x", "day"])
+    predict_file(ner_model, src, str(tmp_path / "p.jsonl"), progress=False, **kw)
+    embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "e.jsonl"), **kw), calibrate=False, **QUIET)
+    predict_file(ner_model, src, str(tmp_path / "p.parquet"), progress=False, **kw)
+    assert pq.read_table(tmp_path / "p.parquet").column("id").to_pylist() == [10, 11, 12]
+    null = "row 1: column 'body' holds null, expected a string"
+    for name in ("p.jsonl", "e.jsonl"):
+        recs = [json.loads(x, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+                for x in (tmp_path / name).read_text(encoding="utf-8").splitlines()]
+        assert [r["id"] for r in recs] == [10, 11, 12]  # the id column's own values, as in the Parquet output
+        assert [(r["blob"], r["x"], r["day"]) for r in recs] == [("AP8=", None, "2024-01-02"), (None, 1.5, "2024-01-02"),
+                                                                 ("", None, "2024-01-02")]
+        assert {k: recs[1][k] for k in ("row", "error")} == {"row": 1, "error": null} and "line" not in recs[1]
+    errors = [json.loads(x) for x in open(tmp_path / "e.errors.jsonl", encoding="utf-8")]
+    assert errors == [{"id": 11, "row": 1, "error": null}]
+
+
+def test_predict_text_lines_to_parquet_and_an_empty_input(ner_model, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
+    predict_file(ner_model, str(src), str(tmp_path / "p.parquet"), progress=False)
+    t = pq.read_table(tmp_path / "p.parquet")
+    assert t.column("id").to_pylist() == ["1", "2", "3"] and t.column("error").null_count == 3
+    (tmp_path / "empty.txt").write_text("")
+    predict_file(ner_model, str(tmp_path / "empty.txt"), str(tmp_path / "e.parquet"), progress=False)
+    e = pq.read_table(tmp_path / "e.parquet")
+    assert e.num_rows == 0 and e.schema == t.schema
+
+
+@pytest.mark.parametrize("task", ["ner", "re"])
+def test_max_tokens_auto_measures_a_table_on_a_sample_of_its_texts(ner_model, re_model, tmp_path, monkeypatch, task):
+    from spanflow.data import io
+    from spanflow.tasks.registry import get
+
+    (ner_model if task == "ner" else re_model).save(str(tmp_path / "m"))
+    src = write_table(tmp_path / "in.parquet", docs_table(40, null_at=1))
+    for reader in ("read_ner", "read_re"):  # labelled data: a table holds none
+        monkeypatch.setattr(io, reader, lambda *a, **kw: pytest.fail("the table was read as labelled data"))
+    w = get(task).workload(str(tmp_path / "m"), src, mode="infer", policy=resolve_policy("fp32", "cpu"),
+                           precision="fp32", sample=5, field="text", column="body")
+    assert len(w.items_at(64)) == 5 and w.quality is None  # five texts, no labels to score
+
+
+# embed to Parquet
+
+
+def vectors(path):
+    t = pq.read_table(path)
+    col = t.column("embedding").combine_chunks()
+    return col, t
+
+
+def test_embed_to_parquet_has_the_npy_vectors_bit_for_bit(embedder, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_bytes("\n".join(TEXTS[:9]).encode() + b"\n\xff bad\n" + TEXTS[9].encode() + b"\n")
+    for dtype, arrow_type in (("float32", pa.float32()), ("float16", pa.float16())):
+        spec = EmbedSpec(input=str(src), output=str(tmp_path / f"{dtype}.npy"), chunk_size=4, dtype=dtype)
+        embed_file(embedder, spec, calibrate=False, **QUIET)
+        s = embed_file(embedder, spec.model_copy(update={"output": str(tmp_path / f"{dtype}.parquet")}),
+                       calibrate=False, **QUIET)
+        assert s["errors"] == 1
+        arr = np.load(tmp_path / f"{dtype}.npy")
+        col, t = vectors(tmp_path / f"{dtype}.parquet")
+        assert t.schema.field("embedding").type == pa.list_(arrow_type, embedder.dim)
+        assert pq.ParquetFile(tmp_path / f"{dtype}.parquet").metadata.num_row_groups == 3  # one per chunk
+        assert t.column("id").to_pylist() == [str(i) for i in range(1, 12)]
+        assert col.is_null().to_pylist() == [i == 9 for i in range(11)] and np.isnan(arr[9]).all()
+        assert "invalid UTF-8" in t.column("error")[9].as_py()
+        got = col.flatten().to_numpy().reshape(-1, embedder.dim)  # the 10 vectors: the null row has none
+        assert got.dtype == arr.dtype and got.tobytes() == np.delete(arr, 9, axis=0).tobytes()
+
+
+def test_a_table_embeds_to_npy_and_jsonl_as_text_lines_do(embedder, tmp_path):
+    lines = tmp_path / "in.txt"
+    lines.write_text("\n".join(TEXTS[:6]) + "\n", encoding="utf-8")
+    src = write_table(tmp_path / "in.parquet", pa.table({"sentence": TEXTS[:6], "n": list(range(6))}),
+                      row_group_size=4)
+    embed_file(embedder, EmbedSpec(input=str(lines), output=str(tmp_path / "a.npy"), chunk_size=4),
+               calibrate=False, **QUIET)
+    embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "b.npy"), column="sentence", chunk_size=4),
+               calibrate=False, **QUIET)
+    assert np.load(tmp_path / "a.npy").tobytes() == np.load(tmp_path / "b.npy").tobytes()
+    assert (tmp_path / "b.ids.txt").read_text().split() == [str(i) for i in range(6)]
+    embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "c.jsonl"), column="sentence", keep=["n"],
+                                   chunk_size=4), calibrate=False, **QUIET)
+    recs = [json.loads(x) for x in open(tmp_path / "c.jsonl")]
+    assert [(r["id"], r["n"]) for r in recs] == [(i, i) for i in range(6)]  # a table's ids: its row numbers
+    np.testing.assert_allclose([r["embedding"] for r in recs], np.load(tmp_path / "a.npy"), atol=1e-6)
+
+
+def test_kept_columns_need_an_output_that_holds_them(embedder, tmp_path):
+    src = write_table(tmp_path / "in.parquet", pa.table({"id": ["a"], "body": ["x"], "embedding": [1]}))
+    with pytest.raises(ConfigError, match=r"a \.npy holds only the vectors; use --output NAME\.parquet"):
+        embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "o.npy"), column="body", keep=["body"]),
+                   calibrate=False, **QUIET)
+    with pytest.raises(ConfigError, match=r"--keep-columns id: 'id' is the output's id column \(use --id-column id\)"):
+        embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "o.parquet"), column="body", keep=["id"]),
+                   calibrate=False, **QUIET)
+    with pytest.raises(ConfigError, match="^--keep-columns embedding: the output has a column of its own named "):
+        embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "o.parquet"), column="body",
+                                       keep=["embedding"]), calibrate=False, **QUIET)
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
+
+
+def test_embed_counts_a_table_by_its_metadata_and_reads_only_its_ids(tmp_path, monkeypatch):
+    src = write_table(tmp_path / "in.parquet", docs_table(9), row_group_size=4)
+    read, real = [], tables._batches
+    monkeypatch.setattr(tables, "_batches", lambda path, cols: read.append(cols) or real(path, cols))
+    spec, ids = EmbedSpec(input=src, output=str(tmp_path / "o.npy"), column="body"), tmp_path / "ids"
+    assert job._count_and_ids(spec, None) == 9 and job._count_and_ids(spec, str(ids)) == 9 and read == []
+    assert ids.read_text().split() == [str(i) for i in range(9)]
+    assert job._count_and_ids(spec.model_copy(update={"id_column": "uid"}), str(ids)) == 9 and read == [["uid"]]
+    assert ids.read_text().split() == [f"u{i}" for i in range(9)]
+
+
+def test_an_embed_scans_for_stale_temporaries_once_not_per_chunk(embedder, tmp_path, monkeypatch):
+    import spanflow.atomic as atomic
+
+    scans, real = [], atomic.clean_stale
+    monkeypatch.setattr(atomic, "clean_stale", lambda parent, kind: scans.append(kind) or real(parent, kind))
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS[:10]) + "\n", encoding="utf-8")
+    embed_file(embedder, EmbedSpec(input=str(src), output=str(tmp_path / "o.parquet"), chunk_size=2), calibrate=False,
+               **QUIET)
+    assert scans == ["embed"]  # five chunks: the output's one scan
+
+
+def interrupted(embedder, spec, after_chunks):
+    """Run `spec` until a kill after `after_chunks` finished chunks."""
+    calls, real = [0], embedder._embed_ids
+
+    def dies(ids, *a, **kw):
+        calls[0] += 1
+        if calls[0] > after_chunks:
+            raise KeyboardInterrupt
+        return real(ids, *a, **kw)
+
+    embedder._embed_ids = dies
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            embed_file(embedder, spec, calibrate=False, **QUIET)
+    finally:
+        del embedder._embed_ids
+
+
+def test_a_killed_embed_to_parquet_resumes_to_the_fresh_file(embedder, tmp_path):
+    src = write_table(tmp_path / "in.parquet", docs_table(13, null_at=5), row_group_size=4)
+    spec = EmbedSpec(input=src, output=str(tmp_path / "out.parquet"), column="body", id_column="uid",
+                     keep=["score"], chunk_size=3, dtype="float16")
+    embed_file(embedder, spec.model_copy(update={"output": str(tmp_path / "fresh.parquet")}), calibrate=False, **QUIET)
+    interrupted(embedder, spec, after_chunks=2)
+    assert not (tmp_path / "out.parquet").exists()
+    assert sorted(p.name for p in tmp_path.glob("out.parquet.chunk*")) == ["out.parquet.chunk0.parquet",
+                                                                          "out.parquet.chunk1.parquet"]
+    seen, real = [], embedder._embed_ids
+    embedder._embed_ids = lambda ids, *a, **kw: seen.append(len(ids)) or real(ids, *a, **kw)
+    try:
+        embed_file(embedder, spec, resume=True, calibrate=False, **QUIET)
+    finally:
+        del embedder._embed_ids
+    assert seen == [3, 3, 1]  # chunks 2, 3 and 4 only
+    assert pq.read_table(tmp_path / "out.parquet").equals(pq.read_table(tmp_path / "fresh.parquet"))
+    assert pq.read_table(tmp_path / "out.parquet").column("error").null_count == 12
+    assert sorted(os.listdir(tmp_path)) == ["fresh.errors.jsonl", "fresh.parquet", "in.parquet", "out.errors.jsonl",
+                                            "out.parquet"]
+
+
+def test_a_job_journaled_by_the_earlier_single_process_layout_resumes(embedder, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS[:10]) + "\n", encoding="utf-8")
+    spec = EmbedSpec(input=str(src), output=str(tmp_path / "out.jsonl"), chunk_size=3)
+    embed_file(embedder, spec.model_copy(update={"output": str(tmp_path / "fresh.jsonl")}), calibrate=False, **QUIET)
+    interrupted(embedder, spec, after_chunks=2)
+    out = str(tmp_path / "out.jsonl")
+    # the names and the spec an earlier version wrote: per-rank files of rank 0, no id_column or keep
+    os.replace(out + ".progress.chunks.json", out + ".progress.rank0.json")
+    os.replace(out + ".part", out + ".part0")
+    os.replace(out + ".errors.part", out + ".errors.part0")
+    job = json.loads(open(out + ".progress.json").read())
+    assert job["spec"]["world"] == 1
+    for k in ("id_column", "keep"):
+        del job["spec"][k]
+    open(out + ".progress.json", "w").write(json.dumps(job))
+    embed_file(embedder, spec, resume=True, calibrate=False, **QUIET)
+    assert open(out).read() == open(tmp_path / "fresh.jsonl").read()
+
+
+@pytest.fixture
+def held(tmp_path):
+    """Claim an output from another thread (another job) until the test ends."""
+    ready, done, box = threading.Event(), threading.Event(), {}
+
+    def hold(path):
+        with claim_output(path):
+            ready.set()
+            done.wait()
+
+    def claim(path):
+        box["t"] = threading.Thread(target=hold, args=(path,))
+        box["t"].start()
+        ready.wait()
+
+    yield claim
+    done.set()
+    if "t" in box:
+        box["t"].join()
+
+
+def test_a_second_writer_on_the_same_parquet_stops_at_once(embedder, ner_model, tmp_path, held, monkeypatch):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS[:4]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.parquet"
+    held(str(out))
+    monkeypatch.setattr(Embedder, "encode_stream", lambda *a, **kw: pytest.fail("the second job embedded"))
+    with pytest.raises(OutputBusy, match=f"pid {os.getpid()}"):
+        embed_file(embedder, EmbedSpec(input=str(src), output=str(out)), calibrate=False, **QUIET)
+    with pytest.raises(OutputBusy):
+        predict_file(ner_model, str(src), str(out), progress=False)
+    assert sorted(os.listdir(tmp_path)) == [".out.parquet.lock", "in.txt"]
+
+
+def full_after(monkeypatch, n_bytes):
+    """Files that tables.py opens take `n_bytes` and then fail with ENOSPC, as a full disk does."""
+    real = open
+
+    class Full:
+        def __init__(self, f):
+            self.f, self.room = f, n_bytes
+
+        def write(self, data):
+            if len(data) > self.room:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.room -= len(data)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(tables, "open", lambda *a, **kw: Full(real(*a, **kw)), raising=False)
+
+
+def test_a_full_disk_under_parquet_is_one_write_error_and_nothing_at_the_output(ner_model, embedder, enc_dir,
+                                                                              tmp_path, monkeypatch, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS * 3) + "\n", encoding="utf-8")
+    out = tmp_path / "p.parquet"
+    with monkeypatch.context() as m:
+        full_after(m, 2000)
+        assert main(["predict", "--model", enc_dir, "--input", str(src), "--output", str(out), "--precision", "fp32",
+                     "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert [x for x in err.splitlines() if x.startswith("error")] == [
+            f"error: cannot write the predictions to {out}: No space left on device"] and "Traceback" not in err
+        assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+        spec = EmbedSpec(input=str(src), output=str(tmp_path / "e.parquet"), chunk_size=8)
+        with pytest.raises(WriteError, match=f"cannot write the embeddings to {spec.output}: No space left"):
+            embed_file(embedder, spec, calibrate=False, **QUIET)
+        assert not (tmp_path / "e.parquet").exists()
+    embed_file(embedder, spec, resume=True, calibrate=False, **QUIET)  # space again: the job goes on
+    embed_file(embedder, spec.model_copy(update={"output": str(tmp_path / "f.parquet")}), calibrate=False, **QUIET)
+    assert pq.read_table(tmp_path / "e.parquet").equals(pq.read_table(tmp_path / "f.parquet"))
+
+
+def test_embed_under_torchrun_points_to_ray(enc_dir, tmp_path, capsys, monkeypatch):
+    src = tmp_path / "in.txt"
+    src.write_text("a\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["embed", "--model", enc_dir, "--input", str(src), "--output", str(tmp_path / "o.npy")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--ray" in err[0] and "docs/ray.md" in err[0]
+    assert os.listdir(tmp_path) == ["in.txt"]
