@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 
 from spanflow.data.io import NER_FORMATS
 from spanflow.data.schemes import SCHEMES
@@ -141,3 +142,18 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
     p.add_argument("--keep-columns", type=names_arg, default=[], metavar="A,B",
                    help=f"input columns (JSONL fields, CSV/TSV header names) carried into the output ({kept_into}) "
                         "[none]")
+
+
+def check_input(a) -> None:
+    """--input before any model loads: a local file that exists and holds texts (labelled data is
+    named, not read line by line); a URI (s3://, gs://, ...) only with --ray, whose cluster reads it."""
+    from spanflow.data.formats.sniff import refuse_labelled_input
+    from spanflow.errors import ConfigError, DataError
+
+    if "://" in a.input:
+        if getattr(a, "ray", None) is None:
+            raise ConfigError(f"--input {a.input}: a URI is read by a Ray cluster; add --ray, or copy the file here")
+        return
+    if not os.path.exists(a.input):
+        raise DataError("file not found", path=a.input)
+    refuse_labelled_input(a.input)

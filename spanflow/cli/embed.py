@@ -36,8 +36,8 @@ def run(a: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
-    from spanflow.data.formats.sniff import refuse_labelled_input
-    from spanflow.errors import ConfigError, DataError
+    from spanflow.cli.common import check_input
+    from spanflow.errors import ConfigError
     from spanflow.inference.predict_job import check_output
     from spanflow.tasks.embed.job import WHAT
     from spanflow.tasks.registry import check_model_for, get
@@ -46,9 +46,7 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError("spanflow embed runs as one process, not sharded over torchrun ranks; to spread a job "
                           "over devices or machines use --ray (docs/ray.md)")
     check_model_for(a.model, "embed")  # a model of another task is named, before any model loads
-    if not os.path.exists(a.input):
-        raise DataError("file not found", path=a.input)
-    refuse_labelled_input(a.input)  # CoNLL or CasRel data is named, not read line by line as texts
+    check_input(a)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         return run_ray(a, get("embed"))
     check_output(a.output, WHAT)

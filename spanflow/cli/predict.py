@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args
-from spanflow.errors import DataError
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -28,13 +26,11 @@ def run(a: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
-    from spanflow.data.formats.sniff import refuse_labelled_input
+    from spanflow.cli.common import check_input
     from spanflow.inference.predict_job import WHAT, check_output, output_format
     from spanflow.tasks.registry import task_of_dir
 
-    if not os.path.exists(a.input):
-        raise DataError("file not found", path=a.input)
-    refuse_labelled_input(a.input)  # CoNLL or CasRel data is named, not read line by line as texts
+    check_input(a)
     task = task_of_dir(a.model)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         return run_ray(a, task)
