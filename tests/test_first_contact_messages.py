@@ -115,6 +115,18 @@ def test_a_run_that_has_not_saved_a_model_points_at_its_checkpoint(tmp_path):
             task_of_dir(given)
 
 
+def test_the_python_api_points_from_a_training_folder_to_its_model(tmp_path):
+    from spanflow.tasks.ner import NerModel
+
+    out, model = fake_run(tmp_path)
+    with pytest.raises(ModelDirError, match=f"^{out} is a training output folder, not a model directory: did you "
+                                            f"mean {model}\\?$"):
+        NerModel.load(out)
+    out2, last = fake_run(tmp_path / "early", saved=False)
+    with pytest.raises(ModelDirError, match=f"the run in {out2} has not saved a model yet"):
+        NerModel.load(f"{out2}/model")
+
+
 def test_a_model_of_another_task_names_its_encoder(tmp_path):
     _, model = fake_run(tmp_path)
     with pytest.raises(ModelDirError, match=f"is a 'ner' model .*; embeddings come from an encoder or "

@@ -150,3 +150,13 @@ def test_a_full_disk_at_export_is_one_line_and_leaves_nothing(trained, tmp_path,
         assert os.listdir(disk) == []  # nothing half-written, no temporary left
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_the_export_gets_the_umask_modes(trained, tmp_path):
+    old = os.umask(0o022)
+    try:
+        assert main(["export", "--model", str(trained / "run" / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    finally:
+        os.umask(old)
+    modes = {f: os.stat(tmp_path / "hf" / f).st_mode & 0o777 for f in os.listdir(tmp_path / "hf")}
+    assert modes and all(m == 0o644 for m in modes.values()), modes  # safetensors alone writes 0600

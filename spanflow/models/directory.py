@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load_file
 from torch import nn
 
-from spanflow.atomic import WRITE_ERRNOS, atomic_dir
+from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir
 from spanflow.errors import ModelDirError
-from spanflow.atomic import as_os_error
 from spanflow.models.files import apply_umask, write_safetensors
 from spanflow.schemas import Names, PositiveInt, expect, explain
 
@@ -85,11 +84,13 @@ class ModelConfig(BaseModel):
 
 def read_model_config(path: str, task: str | None = None) -> dict:
     """spanflow.json of a model directory, checked for existence, format and task."""
+    from spanflow.models.encoder import missing_dir, run_hint
+
     if not os.path.isdir(path):
-        raise ModelDirError(f"model directory not found: {path}")
+        raise ModelDirError(missing_dir(path))  # OUT/model of a run that has not saved one says so
     cfg_path = os.path.join(path, CONFIG)
     if not os.path.exists(cfg_path):
-        raise ModelDirError(f"{path} is not a spanflow model directory (no {CONFIG}); "
+        raise ModelDirError(run_hint(path) or f"{path} is not a spanflow model directory (no {CONFIG}); "
                             "train one with 'spanflow train'")
     try:
         with open(cfg_path, encoding="utf-8") as f:

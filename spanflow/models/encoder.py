@@ -65,7 +65,7 @@ def _unsaved(out: str) -> str | None:
             f"checkpoint's model is {last}, and 'spanflow train ... --out {out} --resume' finishes the run")
 
 
-def _run_hint(out: str) -> str | None:
+def run_hint(out: str) -> str | None:
     """What to load from `out` when it is a training --out folder, or None when it is not one."""
     best = os.path.join(out, "model")
     if os.path.isdir(best) and holds_model(best):
@@ -87,7 +87,7 @@ def not_a_model(path: str) -> str:
         folder = os.path.dirname(path) or "."
         return f"{path} is a file; a model is a directory" + (f": did you mean {folder}?" if holds_model(folder)
                                                                else "")
-    return _run_hint(path) or (f"{path} is not a model directory: it has no spanflow.json (a spanflow model) and no "
+    return run_hint(path) or (f"{path} is not a model directory: it has no spanflow.json (a spanflow model) and no "
                                "config.json (a Hugging Face or sentence-transformers encoder)")
 
 
@@ -96,7 +96,7 @@ def not_an_encoder(path: str) -> str:
     if os.path.isfile(os.path.join(path, "spanflow.json")):
         return (f"{path} is a spanflow {_task_in(path)} model, not an encoder directory; its encoder is "
                 f"{os.path.join(path, 'encoder')}")
-    return _run_hint(path) or (f"{path} has no config.json: not a Hugging Face encoder directory (use a local "
+    return run_hint(path) or (f"{path} has no config.json: not a Hugging Face encoder directory (use a local "
                                "encoder directory, a spanflow model directory, or 'tiny')")
 
 

@@ -117,7 +117,7 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     import torch
     from transformers import AutoModelForTokenClassification
 
-    from spanflow.atomic import atomic_dir
+    from spanflow.models.directory import write_aside
     from spanflow.models.encoder import is_tiny
 
     encoder = model.module.encoder
@@ -149,7 +149,7 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     with torch.no_grad():
         full.classifier.weight.copy_(model.module.head.proj.weight)
         full.classifier.bias.copy_(model.module.head.proj.bias)
-    with atomic_dir(out, "export") as tmp:
+    with write_aside(out, "export") as tmp:  # files get the umask's modes, a full disk names `out`
         full.save_pretrained(tmp, safe_serialization=True)
         model.tokenizer.save_pretrained(tmp)
     return out
