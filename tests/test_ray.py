@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -48,7 +49,12 @@ def local_ray():
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)  # logical CPUs: room for held tasks
     ray.data.DataContext.get_current().enable_progress_bars = False
+    # Ray's log records stay out of pytest's capture: a record of a failed job's error holds the
+    # error's frames, so the job's pipeline and its actors (their CPUs) past the test
+    ray_log = logging.getLogger("ray")
+    was, ray_log.propagate = ray_log.propagate, False
     yield
+    ray_log.propagate = was
     ray.shutdown()
 
 
@@ -234,12 +240,30 @@ class FailsToLoad(ModelStage):
         raise ConfigError("this chunk cannot be run")  # as a precision the actor's device lacks would
 
 
+@ray.remote(num_cpus=4)
+def _every_cpu() -> bool:
+    return True
+
+
 @pytest.mark.parametrize("stage", [FailsInItsChunk, FailsToLoad])
 def test_a_workers_error_reaches_the_caller_as_itself(enc_dir, table, tmp_path, stage):
     worker = rf"MapWorker\(MapBatches\({stage.__name__}\)\)\S*, pid \d+ on \S+"
-    with pytest.raises(ConfigError, match=rf"^this chunk cannot be run \(in the Ray worker {worker}\)$"):
+    with pytest.raises(ConfigError, match=rf"^this chunk cannot be run \(in the Ray worker {worker}\)$") as failed:
         run_job(embed_job(enc_dir, table, tmp_path / "out"), stage=stage, **QUIET)
     assert os.listdir(tmp_path) == []  # nothing at the output, no staging left
+    # the failed job's actors gave their CPUs back, though its error (held here) held its pipeline
+    assert failed.value and ray.get(_every_cpu.remote(), timeout=WAIT)
+
+
+def test_a_damaged_page_is_one_data_error_naming_the_file_and_its_rows(enc_dir, table, tmp_path):
+    from spanflow.errors import DataError
+
+    data = bytearray(open(table, "rb").read())
+    data[40:400] = b"\xab" * 360  # the first pages; the footer, read on the driver, is whole
+    (tmp_path / "bad.parquet").write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"bad.parquet: rows 0-6 \(row group 0\) cannot be read: [^\n]*$"):
+        run_job(embed_job(enc_dir, tmp_path / "bad.parquet", tmp_path / "out"), **QUIET)
+    assert not (tmp_path / "out").exists()
 
 
 def _budget_measured(calls):
@@ -418,8 +442,8 @@ def test_only_this_outputs_leftovers_of_dead_jobs_here_are_cleaned(tmp_path):
     (tmp_path / f".out.ray-{host}-{dead}-old").mkdir()  # an earlier output moved aside, never replaced
     (tmp_path / f".out.ray-{host}-{dead}-old" / "x").write_text("kept")
     clean_stale(str(tmp_path / "out"))
-    assert sorted(os.listdir(tmp_path)) == sorted([f".out.ray-{host}-{os.getppid()}-abc", f".out.ray-otherhost-{dead}-abc",
-                                                  f".other.ray-{host}-{dead}-abc", "out"])
+    kept = [f".out.ray-{host}-{os.getppid()}-abc", f".out.ray-otherhost-{dead}-abc", f".other.ray-{host}-{dead}-abc"]
+    assert sorted(os.listdir(tmp_path)) == sorted(kept + ["out"])
     assert (tmp_path / "out" / "x").read_text() == "kept"
     with pytest.raises(RuntimeError), staged(check_target(str(tmp_path / "new"))) as where:
         assert os.path.basename(where).startswith(f".new.ray-{host}-{os.getpid()}-")

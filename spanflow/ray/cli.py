@@ -14,7 +14,8 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run the job on Ray Data; --output is then a directory of Parquet files. No ADDRESS: "
                         "RAY_ADDRESS or a cluster started on this machine, else a Ray started for the job; "
-                        "an ADDRESS (host:6379, ray://host:10001, auto) joins that cluster [off: this process runs the job]")
+                        "an ADDRESS (host:6379, ray://host:10001, auto) joins that cluster "
+                        "[off: this process runs the job]")
     g.add_argument("--ray-actors", type=int, default=None, metavar="N",
                    help="model actors at most; the pool starts with those that fit the cluster now (default: one "
                         "per GPU; without GPUs, as many CPU actors as fit)")

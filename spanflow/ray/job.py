@@ -113,7 +113,10 @@ def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
             try:
                 return _run(ray, job, plan, target, stage, measure, log, began)
             except ray.exceptions.RayError as e:
-                raise worker_error(e) from None
+                failed = worker_error(e)
+                if failed is e:
+                    raise
+            raise failed  # here, not in the handler: it does not carry Ray's wrapper along
 
 
 def worker_error(e: BaseException) -> BaseException:
@@ -193,6 +196,22 @@ def _run(ray, job: RayJob, plan: _Plan, target, stage, measure, log, began: floa
     spec = StageSpec(task=plan.task.name, model=os.path.abspath(job.model), asked=asked, types=plan.types,
                      threads=actors.threads, sample=sample, max_length=job.max_length, stride=job.stride,
                      opts=dict(job.opts), tally=tally)
+    try:
+        return _pipeline(ray, job, plan, target, stage, spec, actors, src, log, began)
+    except BaseException:
+        # Ray Data lets a failed pipeline's actors go only once nothing holds it (the error's
+        # frames hold it: a notebook's last traceback, a test's captured logs), and until then
+        # they keep their CPUs and GPUs: a next job would wait for them
+        for actor in ray.get(tally.members.remote()):
+            ray.kill(actor)
+        raise
+    finally:
+        ray.kill(tally)
+
+
+def _pipeline(ray, job: RayJob, plan: _Plan, target, stage, spec: StageSpec, actors: Actors, src: S.Source,
+              log, began: float) -> dict:
+    """Read, tokenize, chunk, run and write; the summary, once the output is in place."""
     pre = plan.probe.pretokenizer() if callable(getattr(plan.probe, "pretokenizer", None)) else None
     log(f"ray: {'%d rows' % plan.total if plan.total is not None else 'input read on this node'}, chunks of "
         f"{job.batch_rows}, {actors.describe()}, tokenizing {'in CPU tasks' if pre else 'in the model actors'}")
@@ -202,8 +221,7 @@ def _run(ray, job: RayJob, plan: _Plan, target, stage, measure, log, began: floa
         if ds is not None:
             ds = _model_stages(ray, ds, pre, stage, spec, actors, job.batch_rows)
             ds.write_parquet(where, filename_provider=part_names(), ray_remote_args={"num_cpus": TASK_CPUS})
-        got, figures = written(where), ray.get(tally.total.remote())
-        ray.kill(tally)
+        got, figures = written(where), ray.get(spec.tally.total.remote())
         total = plan.total if plan.total is not None else figures["rows"]
         if got["rows"] != total:
             raise ConfigError(f"{total} rows read but {got['rows']} written under {job.output}: is it on a file "
@@ -211,7 +229,7 @@ def _run(ray, job: RayJob, plan: _Plan, target, stage, measure, log, began: floa
         if not got["files"]:  # an empty input: one file with the schema, as the single-process job writes
             write_empty(where, plan.schema)
             got = written(where)
-        summary = _summary(got, figures, time.perf_counter() - t0, t0 - began, asked, actors, job)
+        summary = _summary(got, figures, time.perf_counter() - t0, t0 - began, spec.asked, actors, job)
         write_manifest(where, {**{k: v for k, v in summary.items() if k != "output"}, "task": plan.task.name,
                                "model": job.model, "input": job.source.path})
     return summary

@@ -21,7 +21,7 @@ import itertools
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from spanflow.data.records import read_rows
@@ -132,10 +132,11 @@ def plan_parquet(src: Source) -> tuple[list[Piece], object, int]:
     column of anything but strings, is a ConfigError before any work."""
     pa = pyarrow()
     fs, files = parquet_files(src.path)
+    base = filesystem(src.path)[1]
     pieces, row, types = [], 0, None
     for f, meta in zip(files, footers(fs, files)):
         schema = meta.schema.to_arrow_schema()
-        text, ident = _columns(schema, src, _shown(src, f))
+        text, ident = _columns(schema, src, _shown(src, f, base))
         if types is None:
             types = pa.schema([("id", schema.field(ident).type if ident else pa.int64())]
                               + [(k, schema.field(k).type) for k in src.keep])
@@ -160,9 +161,10 @@ def pack(pieces: list[Piece], at_least: int) -> list[list[Piece]]:
     return tasks + ([now] if now else [])
 
 
-def _shown(src: Source, path: str) -> str:
-    """The name messages give a file: the input as given when it is that file."""
-    return (src.name or src.path) if path == filesystem(src.path)[1] else path
+def _shown(src: Source, path: str, base: str) -> str:
+    """The name messages give a file: the input as given when it is that file (`base`: the
+    input's path in its file system)."""
+    return (src.name or src.path) if path == base else path
 
 
 def _columns(schema, src: Source, shown: str) -> tuple[str, str | None]:
@@ -193,27 +195,43 @@ def _is_text(t) -> bool:
 
 
 def read_task(batch, *, tasks: list[list[Piece]], src: Source) -> Iterator:
-    """The blocks of the read tasks whose indices `batch` holds (column "task"): Ray's read stage."""
-    fs, _ = filesystem(src.path)
+    """The blocks of the read tasks whose indices `batch` holds (column "task"): Ray's read stage.
+    The file system is made once per task, and each file opened once for its row groups."""
+    fs, base = filesystem(src.path)
     for k in batch["task"].to_pylist():
-        for p in tasks[k]:
-            yield from read_group(fs, p, src)
+        for path, pieces in itertools.groupby(tasks[k], key=lambda p: p.path):
+            yield from read_groups(fs, path, list(pieces), src, _shown(src, path, base))
 
 
-def read_group(fs, p: Piece, src: Source) -> Iterator:
-    """The blocks of one row group, READ_ROWS rows at a time."""
+def read_groups(fs, path: str, pieces: list[Piece], src: Source, shown: str) -> Iterator:
+    """The blocks of some row groups of one file, READ_ROWS rows at a time."""
     pa = pyarrow()
-    shown = _shown(src, p.path)
-    with fs.open_input_file(p.path) as stream:
+    with fs.open_input_file(path) as stream:
         f = pa.parquet.ParquetFile(stream)
         text, ident = _columns(f.schema_arrow, src, shown)
         cols = list(dict.fromkeys([text] + ([ident] if ident else []) + list(src.keep)))
-        at = 0
-        for b in f.iter_batches(batch_size=READ_ROWS, row_groups=[p.group], columns=cols, use_threads=False):
-            rows = pa.array(range(p.first + at, p.first + at + b.num_rows), pa.int64())
-            texts, errors = texts_and_errors(b.column(text), p.in_file + at, text, shown)
-            yield block(rows, b.column(ident) if ident else rows, texts, errors, {k: b.column(k) for k in src.keep})
-            at += b.num_rows
+        for p in pieces:
+            at = 0
+            with decoding(shown, f"rows {p.in_file}-{p.in_file + p.rows - 1} (row group {p.group})"):
+                for b in f.iter_batches(batch_size=READ_ROWS, row_groups=[p.group], columns=cols, use_threads=False):
+                    rows = pa.array(range(p.first + at, p.first + at + b.num_rows), pa.int64())
+                    texts, errors = texts_and_errors(b.column(text), p.in_file + at, text, shown)
+                    yield block(rows, b.column(ident) if ident else rows, texts, errors,
+                                {k: b.column(k) for k in src.keep})
+                    at += b.num_rows
+
+
+@contextmanager
+def decoding(shown: str, where: str) -> Iterator[None]:
+    """What pyarrow cannot decode (a damaged page; its OSErrors carry no errno) as one DataError
+    naming the file and `where`, as data.tables says it; a real I/O error (errno set) stays one."""
+    pa = pyarrow()
+    try:
+        yield
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        raise DataError(f"{where} cannot be read: {' '.join(str(e).split())}", path=shown) from None
 
 
 def texts_and_errors(col, first: int, column: str, shown: str):
@@ -282,9 +300,9 @@ def sample_texts(src: Source, pieces: list[Piece] | None, n: int) -> list[str]:
     data.records.sample_texts picks them); `pieces`: plan_parquet's, for Parquet input."""
     first: list = []
     if pieces is not None:
-        fs, _ = filesystem(src.path)
+        fs, base = filesystem(src.path)
         for p in pieces:
-            with closing(read_group(fs, p, src)) as blocks:
+            with closing(read_groups(fs, p.path, [p], src, _shown(src, p.path, base))) as blocks:
                 for b in blocks:
                     first += b[TEXT].to_pylist()[:2 * n - len(first)]
                     if len(first) == 2 * n:

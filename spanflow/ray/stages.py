@@ -59,6 +59,11 @@ class ModelStage:
         from spanflow.errors import SpanflowError
 
         self.spec, self.failed = spec, None
+        if spec.tally is not None:  # the job's list of its actors, to end them if it fails
+            import ray
+
+            here = ray.get_runtime_context()
+            ray.get(spec.tally.joined.remote(here.get_actor_id(), here.current_actor))
         try:
             self._load(spec)
         except (SpanflowError, OSError) as e:
@@ -117,14 +122,21 @@ class ModelStage:
 
 
 class Tally:
-    """A Ray actor (no resources) holding each chunk's figures: rows, error rows, real and
-    padded tokens, texts cut at the max length."""
+    """A Ray actor (no resources) holding each chunk's figures (rows, error rows, real and
+    padded tokens, texts cut at the max length) and the job's model actors."""
 
     def __init__(self):
         self.chunks: dict[int, dict] = {}
+        self.actors: dict[str, Any] = {}
 
     def add(self, first_row: int, figures: dict) -> None:
         self.chunks[first_row] = figures
+
+    def joined(self, actor_id: str, actor) -> None:
+        self.actors[actor_id] = actor  # a restarted actor joins again, under its same id
+
+    def members(self) -> list:
+        return list(self.actors.values())
 
     def total(self) -> dict:
         keys = ("rows", "errors", "real_tokens", "padded_tokens", "truncated")
