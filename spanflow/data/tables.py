@@ -166,7 +166,7 @@ def table_rows(path: str) -> int:
             return sum(b.num_rows for b in reader)
 
 
-def _name(schema, column: str | int, flag: str, path: str) -> str:
+def column_name(schema, column: str | int, flag: str, path: str) -> str:
     """The column called `column`, checked to be in the file. An int (`--column 2021`, which the
     flag reads as a CSV index) is its name as digits: a table's columns are named, not numbered."""
     name = column if isinstance(column, str) else str(column)
@@ -175,7 +175,7 @@ def _name(schema, column: str | int, flag: str, path: str) -> str:
     return name
 
 
-def _is_text(t) -> bool:
+def is_text(t) -> bool:
     pa = pyarrow()
     if pa.types.is_dictionary(t):
         t = t.value_type
@@ -185,9 +185,9 @@ def _is_text(t) -> bool:
 
 def _text_name(schema, column: str | int, path: str) -> str:
     """The text column: in the file, and of strings (nulls are error rows, other types one error)."""
-    name = _name(schema, column, "--column", path)
+    name = column_name(schema, column, "--column", path)
     t = schema.field(name).type
-    if not _is_text(t):
+    if not is_text(t):
         raise ConfigError(f"--column {name}: the column {name!r} of {path} holds {t}, not strings")
     return name
 
@@ -222,8 +222,8 @@ def read_table_records(path: str, *, column: str | int, id_column: str | None = 
     check_unique(keep)
     schema = table_schema(path)
     text = _text_name(schema, column, path)
-    ident = _name(schema, id_column, "--id-column", path) if id_column is not None else None
-    kept = [_name(schema, k, "--keep-columns", path) for k in keep]
+    ident = column_name(schema, id_column, "--id-column", path) if id_column is not None else None
+    kept = [column_name(schema, k, "--keep-columns", path) for k in keep]
     return _records(path, text, ident, kept)
 
 
@@ -244,7 +244,7 @@ def table_ids(path: str, id_column: str | None = None) -> Iterator:
     if id_column is None:
         yield from range(table_rows(path))
         return
-    name = _name(table_schema(path), id_column, "--id-column", path)
+    name = column_name(table_schema(path), id_column, "--id-column", path)
     for b in _batches(path, [name]):
         yield from b.column(name).to_pylist()
 
@@ -298,8 +298,8 @@ def carried_schema(path: str, *, id_column: str | None = None, keep: Sequence[st
     if not is_table(path):
         return pa.schema([("id", pa.string())] + [(k, pa.string()) for k in keep])
     schema = table_schema(path)
-    ident = pa.int64() if id_column is None else schema.field(_name(schema, id_column, "--id-column", path)).type
-    return pa.schema([("id", ident)] + [(k, schema.field(_name(schema, k, "--keep-columns", path)).type)
+    ident = pa.int64() if id_column is None else schema.field(column_name(schema, id_column, "--id-column", path)).type
+    return pa.schema([("id", ident)] + [(k, schema.field(column_name(schema, k, "--keep-columns", path)).type)
                                         for k in keep])
 
 

@@ -25,7 +25,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from spanflow.data.records import read_rows
-from spanflow.data.tables import PARQUET, RowError, carried_schema, is_table, pyarrow
+from spanflow.data.tables import PARQUET, RowError, carried_schema, column_name, is_table, is_text, pyarrow
 from spanflow.errors import ConfigError, DataError
 
 ROW, ID, TEXT, ERROR = "__row", "__id", "__text", "__error"
@@ -169,29 +169,14 @@ def _shown(src: Source, path: str, base: str) -> str:
 
 def _columns(schema, src: Source, shown: str) -> tuple[str, str | None]:
     """(the text column, the id column or None), each checked as data.tables checks a table's."""
-    text = _column(schema, src.text_column, "--column", shown)
-    if not _is_text(schema.field(text).type):
+    text = column_name(schema, src.text_column, "--column", shown)
+    if not is_text(schema.field(text).type):
         raise ConfigError(f"--column {text}: the column {text!r} of {shown} holds {schema.field(text).type}, "
                           "not strings")
-    ident = _column(schema, src.id_column, "--id-column", shown) if src.id_column is not None else None
+    ident = column_name(schema, src.id_column, "--id-column", shown) if src.id_column is not None else None
     for k in src.keep:
-        _column(schema, k, "--keep-columns", shown)
+        column_name(schema, k, "--keep-columns", shown)
     return text, ident
-
-
-def _column(schema, column: str | int, flag: str, shown: str) -> str:
-    name = column if isinstance(column, str) else str(column)  # a table's columns are named, not numbered
-    if name not in schema.names:
-        raise ConfigError(f"{flag} {name}: {shown} has no such column; it has {', '.join(schema.names)}")
-    return name
-
-
-def _is_text(t) -> bool:
-    pa = pyarrow()
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    is_view = getattr(pa.types, "is_string_view", None)  # pyarrow 16 and later
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or bool(is_view and is_view(t))
 
 
 def read_task(batch, *, tasks: list[list[Piece]], src: Source) -> Iterator:
