@@ -164,6 +164,26 @@ def test_rows_equal_the_single_process_files_bit_for_bit_across_row_groups(enc_d
     assert manifest["real_tokens"] == s["real_tokens"] and os.listdir(tmp_path) == ["out"]
 
 
+class OneThread(ModelStage):
+    """ModelStage that fails a chunk run on another thread than the one its model loaded on."""
+
+    def _load(self, spec):
+        self.loaded_on = threading.get_ident()
+        super()._load(spec)
+
+    def _chunk(self, batch):
+        if threading.get_ident() != self.loaded_on:
+            raise ConfigError("a chunk ran on another thread than its model's")
+        return super()._chunk(batch)
+
+
+def test_each_actor_loads_and_runs_its_model_on_one_thread(enc_dir, table, reference, tmp_path):
+    # Ray Data calls an actor from a thread pool of its own; a second thread running torch ops
+    # would be a second OpenMP team, and the model slower (spanflow.runtime.threads)
+    run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1), stage=OneThread, **QUIET)
+    assert pq.read_table(tmp_path / "out").equals(reference)
+
+
 def test_a_directory_of_files_is_one_input_numbered_across_them(enc_dir, reference, tmp_path):
     texts, cuts = _texts(), [0, 5, 30, len(TEXTS)]  # NULL_ROW is row 2 of the second file
     (tmp_path / "in").mkdir()
@@ -464,14 +484,15 @@ def test_actors_follow_the_cluster():
     assert (a.count, a.cpus, a.gpus) == (1, 0.0, 1.0)
     a = plan_actors([{"CPU": 2}])
     assert (a.count, a.cpus, a.gpus) == (1, 1.0, 0.0)  # one CPU left for reading and tokenizing
+    assert a.threads == 2  # ... which the actor's threads share: the single-process job's cores
     with pytest.raises(ConfigError, match="more than 1 CPU.*--num-cpus 2"):
         plan_actors([{"CPU": 1}])  # a 1-CPU node: the actor would take the only CPU and the job wait for ever
     a = plan_actors([{"CPU": 16}, {"CPU": 16}])
-    assert (a.count, a.cpus) == (6, 4.0)
+    assert (a.count, a.cpus, a.threads) == (6, 4.0, 5)  # 3 actors share 16 CPUs
     a = plan_actors([{"CPU": 2}, {"CPU": 16}])  # a small head node: actors sized from the workers
     assert (a.count, a.cpus, a.initial) == (3, 4.0, 3)
     a = plan_actors([{"CPU": 16}], count=8, cpus=2)
-    assert (a.count, a.initial) == (8, 7)  # starts with what fits, may grow to 8
+    assert (a.count, a.initial, a.threads) == (8, 7, 2)  # starts with what fits, may grow to 8; threads as asked
     with pytest.raises(ConfigError, match="no node of the Ray cluster has that many CPUs"):
         plan_actors([{"CPU": 4}], cpus=4)
     with pytest.raises(ConfigError, match="no GPUs"):

@@ -20,7 +20,8 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
                    help="model actors at most; the pool starts with those that fit the cluster now (default: one "
                         "per GPU; without GPUs, as many CPU actors as fit)")
     g.add_argument("--ray-cpus-per-actor", type=float, default=None, metavar="X",
-                   help="CPUs each model actor reserves, its torch threads (default: 1 with a GPU, else up to 4)")
+                   help="CPUs each model actor reserves, its torch threads (default: 1 with a GPU, else up to 4, "
+                        "their threads sharing out all of the node's CPUs)")
     g.add_argument("--ray-gpus-per-actor", type=float, default=None, metavar="X",
                    help="GPUs each model actor reserves, e.g. 0.5 for two actors on a GPU (default: 1 where "
                         "the cluster has GPUs)")

@@ -11,6 +11,12 @@ sized from the largest node (workers, not a small head node), as many as fit eac
 of the three may be given. The pool starts with the actors that fit the cluster now; it may
 shrink to one, and grow to `count` when one is asked (an autoscaling cluster adds nodes for
 the actors that wait).
+
+A CPU actor's torch threads are its node's CPUs shared out between the actors there, the
+tasks' CPU included: the tasks run in short bursts beside the model, so a CPU held for them
+alone would sit idle most of the job, and on a 2-CPU machine the one actor would run the
+model on half the cores the single-process job has. Given --ray-cpus-per-actor, its threads
+are those CPUs.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ class Actors:
     cpus: float
     gpus: float
     fit: int | None = None  # None: all of `count`
+    cores: int | None = None  # torch threads per actor; None: its CPUs
 
     @property
     def initial(self) -> int:
@@ -39,12 +46,13 @@ class Actors:
 
     @property
     def threads(self) -> int:
-        """The torch threads of an actor: its CPUs, at least one."""
-        return max(1, int(self.cpus))
+        """The torch threads of an actor: `cores` where the plan set them, else its CPUs; at least one."""
+        return max(1, self.cores if self.cores is not None else int(self.cpus))
 
     def describe(self) -> str:
         return (f"{self.count} actor{'s' if self.count != 1 else ''} x {self.cpus:g} CPU"
-                + (f", {self.gpus:g} GPU" if self.gpus else ""))
+                + (f", {self.gpus:g} GPU" if self.gpus else "")
+                + (f", {self.threads} threads" if self.threads != max(1, int(self.cpus)) else ""))
 
 
 def plan_actors(nodes: list[dict], *, count: int | None = None, cpus: float | None = None,
@@ -91,11 +99,14 @@ def _cpu_actors(nodes: list[dict], count: int | None, cpus: float | None) -> Act
         raise ConfigError(f"--ray: no node of the Ray cluster has more than {TASK_CPUS:g} CPU, and CPU model actors "
                           f"need CPUs beside the {TASK_CPUS:g} its read, tokenizing and write tasks take; start Ray "
                           "with more (ray start --num-cpus 2: logical CPUs, 2 work on one core)")
+    cores = None
     if cpus is None:
         most = max(spare)
         cpus = float(min(CPU_ACTOR_THREADS, math.floor(most))) if most >= 1 else most
+        here = math.floor(most / cpus + 1e-9)  # actors on the largest node
+        cores = max(1, math.floor((most + TASK_CPUS) / here)) if here else None
     fit = sum(math.floor(s / cpus + 1e-9) for s in spare if s > 0)
     if fit <= 0:
         raise ConfigError(f"--ray-cpus-per-actor {cpus:g}: no node of the Ray cluster has that many CPUs beside "
                           f"the {TASK_CPUS:g} its read, tokenizing and write tasks need")
-    return Actors(count or fit, cpus, 0.0, fit=fit)
+    return Actors(count or fit, cpus, 0.0, fit=fit, cores=cores)

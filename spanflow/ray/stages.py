@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spanflow.ray.source import ERROR, ID, KEEP, ROW, TEXT, TOKENS
+from spanflow.runtime.threads import on_model_thread
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -65,7 +66,7 @@ class ModelStage:
             here = ray.get_runtime_context()
             ray.get(spec.tally.joined.remote(here.get_actor_id(), here.current_actor))
         try:
-            self._load(spec)
+            on_model_thread(self._load, spec)  # loaded, checked and run on one thread: one OpenMP team
         except (SpanflowError, OSError) as e:
             # raised from a Ray actor's constructor, an error reaches the driver as text only
             # (ActorDiedError); raised from its first call, as itself (job.worker_error)
@@ -88,10 +89,12 @@ class ModelStage:
         self.max_tokens = rt.max_tokens
 
     def __call__(self, batch):
-        from spanflow.data.tables import output_table
-
         if self.failed is not None:
             raise self.failed
+        return on_model_thread(self._chunk, batch)
+
+    def _chunk(self, batch):
+        from spanflow.data.tables import output_table
 
         figures = {"rows": batch.num_rows, "errors": batch.num_rows - batch[ERROR].null_count,
                    "real_tokens": 0, "padded_tokens": 0, "truncated": 0}

@@ -7,27 +7,10 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from spanflow.batching.batcher import token_budget_batches
-
-
-_MODEL_THREAD: ThreadPoolExecutor | None = None
-
-
-def model_thread() -> ThreadPoolExecutor:
-    """The one thread of this process that loads and runs models.
-
-    Each thread that runs parallel torch CPU ops gets its own OpenMP team; once a process
-    holds more OpenMP threads than cores, the OpenMP runtime stops spinning between parallel
-    regions, and every small op then pays a wake-up, which slows small batches on a CPU
-    (docs/serving.md has the measurement). One thread for all of it keeps one team.
-    """
-    global _MODEL_THREAD
-    if _MODEL_THREAD is None:
-        _MODEL_THREAD = ThreadPoolExecutor(1, thread_name_prefix="spanflow-model")
-    return _MODEL_THREAD
+from spanflow.runtime.threads import model_thread
 
 
 class Overloaded(Exception):
