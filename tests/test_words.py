@@ -212,4 +212,9 @@ def test_the_cut_punctuation_is_saved_with_the_model(conll_model, tmp_path):
     assert again.word_edges == m.word_edges
     texts = ["ana lopez, in madrid."]
     assert again.predict(texts) == m.predict(texts) and again.predict(texts)[0], again.predict(texts)
-    assert all(text[e - 1] not in ",." for text, spans in zip(texts, again.predict(texts)) for _, e, _ in spans)
+    cut = [whitespace_words(t, again.word_edges) for t in texts]  # the saved punctuation, cut off
+    assert [[t[a:b] for a, b in w] for t, w in zip(texts, cut)] == [["ana", "lopez", ",", "in", "madrid", "."]]
+    assert again.predict(texts) == again.predict(texts, words=cut)  # plain text is cut as the model says
+    assert again.predict(texts) != again.predict(texts, words=[whitespace_words(t) for t in texts])  # "madrid."
+    ends = [{b for _, b in w} for w in cut]
+    assert all(e in ends[k] for k, spans in enumerate(again.predict(texts)) for _, e, _ in spans)

@@ -112,20 +112,36 @@ class Stack(nn.Module):
 
 
 class NativeBert(nn.Module):
-    """BertModel without its pooler: `forward(input_ids, attention_mask).last_hidden_state`."""
+    """BertModel without its pooler: `forward(input_ids, attention_mask).last_hidden_state`.
+
+    It also trains (dropout as BertModel places it, gradient checkpointing on request), and
+    training runs it: transformers' BertModel reads its attention mask back on the host in
+    every forward (to see whether any key is padded), a device sync per micro-batch."""
+
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
         self.encoder = Stack(config)
+        self.gradient_checkpointing = False
+        self._ckpt_kwargs: dict = {}
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each layer's activations in backward instead of keeping them."""
+        self.gradient_checkpointing, self._ckpt_kwargs = True, dict(gradient_checkpointing_kwargs or {})
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **_) -> SimpleNamespace:
+        from torch.utils.checkpoint import checkpoint
+
         x = self.embeddings(input_ids)
         # a boolean mask lets scaled_dot_product_attention skip padded keys
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        recompute = self.gradient_checkpointing and self.training
         for layer in self.encoder.layer:
-            x = layer(x, mask)
+            x = checkpoint(layer, x, mask, **{"use_reentrant": False, **self._ckpt_kwargs}) if recompute \
+                else layer(x, mask)
         return SimpleNamespace(last_hidden_state=x)
 
     def save_pretrained(self, path: str, **_) -> None:

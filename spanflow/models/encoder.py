@@ -26,9 +26,8 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
     """(encoder, fast tokenizer) from a local HF or sentence-transformers directory.
 
     `native`: a BERT encoder and its tokenizer run as models.bert.NativeBert and
-    models.tokenizer.FastTokenizer, which start without importing transformers; training
-    from an encoder directory takes transformers' own classes (gradient checkpointing and
-    the rest of its training support).
+    models.tokenizer.FastTokenizer, which start without importing transformers and train
+    without a device sync per forward; False: transformers' own classes.
     """
     if not os.path.isdir(path):
         raise ModelDirError(missing_dir(path))
@@ -237,7 +236,7 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
     if source == "tiny":
         encoder, tokenizer = build_tiny(texts, seed=seed, max_length=max(max_length or 512, 16))
     else:
-        encoder, tokenizer = load_encoder(source, native=False)
+        encoder, tokenizer = load_encoder(source)
     limit = encoder_max_length(encoder, tokenizer)
     return encoder, tokenizer, min(max_length or limit, limit)
 

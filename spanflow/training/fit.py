@@ -73,7 +73,8 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
 
 def _encoders(trained, saved) -> tuple[str, str] | None:
     """The class names of the encoder training ran and of the saved model's, where they differ
-    (transformers' BertModel trains, spanflow's NativeBert runs the saved model): the two round apart
-    in a reduced precision, so the saved model is scored again as `spanflow evaluate` scores it."""
+    (one implementation trained, another runs the saved model; BERT encoders train and run as
+    NativeBert): the two round apart in a reduced precision, so the saved model is scored again
+    as `spanflow evaluate` scores it."""
     ran, runs = type(trained.module.encoder), type(saved.module.encoder)
     return (ran.__name__, runs.__name__) if saved is not trained and runs is not ran else None

@@ -125,7 +125,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             plan = _epoch_plan(lengths, opts, epoch, world, weights)[r.st["step_in_epoch"]:]
             mine, stride = (dist.rank, dist.world) if plan_world is None else (0, 1)
             groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
-                                    else None, items, hooks.collate) for step in plan)
+                                    else None, items, hooks.collate, pin=policy.device.type == "cuda")
+                      for step in plan)
             if not _run_steps(r, groups, epoch):
                 final = _summary(r, completed=False)
                 return final
@@ -358,12 +359,17 @@ def _close_period(meter: Meter, dist: Dist) -> dict:
     return meter.report()
 
 
-def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: list, collate) -> list[dict]:
+def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: list, collate, *,
+                  pin: bool = False) -> list[dict]:
     """Collate this rank's micro-batches of a step. An empty one (a short tail) becomes a
-    one-item stand-in whose loss is zeroed: the rank still joins every all-reduce."""
+    one-item stand-in whose loss is zeroed: the rank still joins every all-reduce. `pin`: the
+    tensors in page-locked memory (for a GPU), so that the step's non-blocking copies overlap
+    the compute before them; done here, in the collating thread."""
     out = []
     for mb in micro_batches:
         b = collate([items[i] for i in (mb or [0])])
+        if pin:
+            b = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in b.items()}
         b["weight"] = 1.0 if mb else 0.0
         b["n_global"] = n_global
         out.append(b)

@@ -1,0 +1,31 @@
+"""The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
+jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_writes_every_roofline_row(tmp_path):
+    env = dict(os.environ, PY=sys.executable, MODEL="tiny", DATA=str(tmp_path / "no-data"), TMPDIR=str(tmp_path))
+    p = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_check.sh"), "--dry-run"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    wrote = [line.split("wrote ", 1)[1] for line in p.stdout.splitlines() if line.startswith("wrote ")]
+    assert wrote and wrote[0].startswith(str(tmp_path))  # a dry run writes nothing into bench/results
+    rows = json.load(open(wrote[0].removesuffix(".md") + ".json"))["rows"]
+    jobs = [r["job"] for r in rows]
+    assert jobs[:6] == ["train NER", "train relations", "train embeddings", "embed", "predict NER",
+                        "predict relations"] and jobs[6].startswith("serve embed")
+    for r in rows[:6]:
+        assert r["real_tokens_per_s"] > 0 and 0 < r["padding_efficiency"] <= 1, r
+        assert r["mfu"] is None or r["mfu"] > 0, r
+        assert r["command"].startswith("spanflow "), r
+    assert rows[6]["real_tokens_per_s"] > 0
