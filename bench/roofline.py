@@ -205,6 +205,23 @@ def one_job(a, job: str, model: str, work: str) -> dict:
                      re_model, ([e.text for e in rel] * 4)[:a.texts], a.repeats)
 
 
+def save(a, model: str, rows: list[dict]) -> None:
+    """The rows so far, as JSON and markdown."""
+    write_results(a.out, a.name, {
+        "description": "each job briefly with default flags, each in a fresh process: achieved FLOP/s (per padded "
+                       "token: 6N + 12LHT training, a third of that inference) over the matmul peak measured here "
+                       "(1024^3 and 2048^3) in the job's precision; "
+                       f"training: {a.steps} optimizer steps, its report's figures (first steps included); inference: "
+                       f"{a.texts} texts, median of {a.repeats} passes after a warm-up; serve: the dynamic batcher "
+                       f"in-process, {CONCURRENCY} concurrent one-text requests, no HTTP",
+        "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
+        "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic", "pairs": a.pairs or "synthetic"},
+        "predict_models": {"ner": a.ner_model or f"the train row's, after {a.steps} steps",
+                           "re": a.re_model or f"the train row's, after {a.steps} steps"}},
+        rows, ["job", "precision", "mfu", "achieved_tflops", "peak_tflops", "real_tokens_per_s",
+               "padding_efficiency", "split", "gpu_util", "seconds", "command"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="encoder directory [the offline MiniLM when installed, else tiny]")
@@ -218,7 +235,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--precision", default="auto", help="every job's precision [auto: each job's default]")
     ap.add_argument("--name", default="roofline", help="the results' file name [%(default)s]")
-    ap.add_argument("--dry-run", action="store_true", help="a few steps and texts each, results to a temp dir")
+    ap.add_argument("--dry-run", action="store_true", help="a few steps and texts each, the results in a new "
+                                                          "temporary directory (not --out)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--job", choices=JOBS, help=argparse.SUPPRESS)  # a child process: one job, its row
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -233,27 +251,17 @@ def main() -> None:
         a.out = tempfile.mkdtemp(prefix="roofline-")
     work = tempfile.mkdtemp(prefix="roofline-runs-")
     rows = Rows()
-    for job in JOBS:
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--job", job, "--work", work],
-                           capture_output=True, text=True)
-        row = next((json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ROW ")), None)
-        if p.returncode or row is None:
-            raise SystemExit(f"roofline job {job} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-        rows.append(row)
-    shutil.rmtree(work, ignore_errors=True)
-    write_results(a.out, a.name, {
-        "description": "each job briefly with default flags, each in a fresh process: achieved FLOP/s (per padded "
-                       "token: 6N + 12LHT training, a third of that inference) over the matmul peak measured here "
-                       "(1024^3 and 2048^3) in the job's precision; "
-                       f"training: {a.steps} optimizer steps, its report's figures (first steps included); inference: "
-                       f"{a.texts} texts, median of {a.repeats} passes after a warm-up; serve: the dynamic batcher "
-                       f"in-process, {CONCURRENCY} concurrent one-text requests, no HTTP",
-        "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
-        "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic", "pairs": a.pairs or "synthetic"},
-        "predict_models": {"ner": a.ner_model or f"the train row's, after {a.steps} steps",
-                           "re": a.re_model or f"the train row's, after {a.steps} steps"}},
-        rows, ["job", "precision", "mfu", "achieved_tflops", "peak_tflops", "real_tokens_per_s",
-               "padding_efficiency", "split", "gpu_util", "seconds", "command"])
+    try:
+        for job in JOBS:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--job", job,
+                                "--work", work], capture_output=True, text=True)
+            row = next((json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ROW ")), None)
+            if p.returncode or row is None:
+                raise SystemExit(f"roofline job {job} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+            rows.append(row)
+            save(a, model, rows)  # after every row: a run cut short keeps the rows it has
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(f"wrote {os.path.join(a.out, a.name + '.md')}")
 
 

@@ -67,7 +67,7 @@ def test_prefixed_weights_load_and_other_encoders_fall_back(bert_dir, tmp_path):
     assert load_native(str(other)) is None
     enc, _ = load_encoder(str(other))
     assert isinstance(enc, BertModel)
-    assert isinstance(load_encoder(str(d), native=False)[0], BertModel)  # training takes transformers' class
+    assert isinstance(load_encoder(str(d), native=False)[0], BertModel)  # transformers' class, when asked
 
 
 def test_predict_on_a_bert_model_does_not_import_transformers(bert_dir, tmp_path):

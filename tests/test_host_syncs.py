@@ -1,5 +1,6 @@
-"""Host syncs: at most one per optimizer step in training, at most one per batch in inference
-(reading its results).
+"""Host syncs: at most one per optimizer step in training, one per batch in inference (reading
+its results). Syncs an op makes implicitly (CasRel's nonzero, which sizes its object pass by
+the subjects found) are not counted here.
 
 A host sync is a read of a device tensor's values on the host: .item(), .tolist(), .numpy(),
 .cpu(), bool()/int()/float() of a tensor, and torch.cuda.synchronize() (a .to("cpu") cannot
@@ -208,5 +209,6 @@ def test_inference_reads_the_host_once_per_batch(bert_dir, tmp_path):
         n, syncs = _batches_and_syncs(lambda on_batch: list(model.predict_stream(texts, max_tokens=128,
                                                                                  on_batch=on_batch)))
         assert n >= 4, name
-        assert syncs <= n, (name, n, syncs, sorted(set(_LAST.seen)))
+        # one read of each batch's results, no more; and counted, so the counter sees them
+        assert syncs == n, (name, n, syncs, sorted(set(_LAST.seen)))
     assert ner is not None and re_ is not None and emb is not None

@@ -147,8 +147,12 @@ def test_rows_equal_the_single_process_files_bit_for_bit_across_row_groups(enc_d
     monkeypatch.setattr(S, "read_task", _read_after_the_first_chunk())
     gate = Gate.options(name="spanflow-test-gate").remote()
     try:
-        s = run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1, cpus_per_actor=0.5), stage=OpensTheGate,
-                    **QUIET)
+        # tokenized in CPU tasks of their own, as for GPU actors (CPU actors tokenize themselves: the
+        # other tests here); the values must not depend on where
+        said = []
+        s = run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1, cpus_per_actor=0.5, tokenize_apart=True),
+                    stage=OpensTheGate, log=said.append)
+        assert any("tokenizing in CPU tasks" in line for line in said), said
     finally:
         ray.kill(gate)
     got = pq.read_table(tmp_path / "out")
@@ -180,8 +184,10 @@ class OneThread(ModelStage):
 def test_each_actor_loads_and_runs_its_model_on_one_thread(enc_dir, table, reference, tmp_path):
     # Ray Data calls an actor from a thread pool of its own; a second thread running torch ops
     # would be a second OpenMP team, and the model slower (spanflow.runtime.threads)
-    run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1), stage=OneThread, **QUIET)
+    said = []
+    run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1), stage=OneThread, log=said.append)
     assert pq.read_table(tmp_path / "out").equals(reference)
+    assert any("tokenizing in the model actors" in line for line in said), said  # CPU actors tokenize themselves
 
 
 def test_a_directory_of_files_is_one_input_numbered_across_them(enc_dir, reference, tmp_path):

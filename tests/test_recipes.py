@@ -213,15 +213,20 @@ def test_window_kinds_reads_entity_types():
     assert window_kinds(wins, ID2LABEL) == [{"B"}, {"A"}, set()]
 
 
-@pytest.mark.parametrize("kind", ["transformer", "tiny"])
+@pytest.mark.parametrize("kind", ["transformer", "native", "tiny"])
 def test_gradient_checkpointing_keeps_gradients(tmp_path, kind):
     from helpers import tiny_bert
-    from spanflow.models.encoder import build_tiny, enable_checkpointing, is_checkpointing
+    from spanflow.models.encoder import build_tiny, enable_checkpointing, is_checkpointing, load_encoder
 
     texts = [e.text for e in synthetic_ner(20, seed=2)]
     grads = []
     for ckpt in (False, True):
-        enc, tok = tiny_bert(texts, hidden=128, seed=0) if kind == "transformer" else build_tiny(texts, seed=0)
+        enc, tok = tiny_bert(texts, hidden=128, seed=0) if kind != "tiny" else build_tiny(texts, seed=0)
+        if kind == "native":  # the BERT training runs (spanflow.models.bert), from the same weights
+            enc.save_pretrained(tmp_path / "enc")
+            tok.save_pretrained(tmp_path / "enc")
+            enc = load_encoder(str(tmp_path / "enc"))[0]
+            assert type(enc).__name__ == "NativeBert"
         torch.manual_seed(4)
         model = EncoderWithHead(enc, TokenClassificationHead(hidden_size=enc.config.hidden_size, num_labels=3)).train()
         assert not is_checkpointing(enc)

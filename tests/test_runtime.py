@@ -70,6 +70,20 @@ def load_counts(monkeypatch):
     return counts
 
 
+def test_serve_loads_its_models_on_the_thread_that_runs_them(model_dirs, served, monkeypatch):
+    import threading
+
+    from spanflow.runtime.threads import model_thread
+
+    loaded_on = []
+    task = get("embed")
+    real = task.load
+    monkeypatch.setattr(task, "load", lambda path, **kw: loaded_on.append(threading.current_thread()) or real(path, **kw))
+    assert main(["serve", "--model", f"emb={model_dirs['emb']}", "--device", "cpu", "--precision", "fp32"]) == 0
+    batch_thread = model_thread().submit(threading.current_thread).result()
+    assert loaded_on and set(loaded_on) == {batch_thread}  # a second OpenMP team would slow every batch
+
+
 def test_serve_precision_auto_loads_each_model_the_fewest_times(model_dirs, bf16_cpu, served, load_counts, capsys):
     argv = ["serve", "--model", f"ner={model_dirs['ner']}", "--model", f"emb={model_dirs['emb']}", "--device", "cpu"]
     assert main(argv) == 0  # no verdict cached: each model checked in fp32 and bf16 on built-in sentences

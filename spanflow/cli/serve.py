@@ -72,7 +72,10 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.serving.address import check_address
 
     check_address(a.host, a.port)  # a port in use is told now, not after every model has loaded
-    services, per_model = load_services(a)
+    from spanflow.runtime.threads import on_model_thread
+
+    # loaded (and --precision auto checked) on the thread that runs their batches: one OpenMP team
+    services, per_model = on_model_thread(load_services, a)
     fallback = default_budget("serve", services[0].model.policy.device)  # every model has its own budget
     opts = options_from(ServeOptions, a, max_tokens=fallback, model_max_tokens=per_model,
                         batching=not a.no_batching, api_key=api_key_from_env(a.api_key))

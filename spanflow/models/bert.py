@@ -1,4 +1,4 @@
-"""A BERT encoder in plain PyTorch, for inference on Hugging Face BERT directories.
+"""A BERT encoder in plain PyTorch, for inference and training on Hugging Face BERT directories.
 
 Loading an encoder through transformers imports its whole modelling stack (torch.distributed
 tensors, dynamo, the loss zoo) before the first text is read; for a short job that import is

@@ -249,7 +249,7 @@ def is_tiny(encoder: nn.Module) -> bool:
 
 
 def enable_checkpointing(encoder: nn.Module) -> None:
-    """Recompute each layer's activations in backward instead of keeping them (HF encoders)."""
+    """Recompute each layer's activations in backward instead of keeping them (HF encoders, NativeBert)."""
     from spanflow.errors import ConfigError
 
     if not getattr(encoder, "supports_gradient_checkpointing", False):

@@ -9,7 +9,6 @@ returns None for anything it does not cover, which then loads through transforme
 from __future__ import annotations
 
 import os
-import shutil
 
 from spanflow.models.files import json_object
 
@@ -41,7 +40,14 @@ class FastTokenizer:
     def __init__(self, backend, *, special: dict[str, str], model_max_length: int, source: str):
         backend.no_truncation()
         backend.no_padding()
-        self.backend_tokenizer, self.model_max_length, self._source = backend, model_max_length, source
+        self.backend_tokenizer, self.model_max_length = backend, model_max_length
+        # the source's files as they were at load: a model saved later (training saves its best
+        # model for minutes or hours) never depends on the source directory still being there
+        self._files = {}
+        for name in FILES:
+            if os.path.exists(os.path.join(source, name)):
+                with open(os.path.join(source, name), "rb") as f:
+                    self._files[name] = f.read()
         ids = {k: backend.token_to_id(v) for k, v in special.items()}
         self.cls_token_id, self.sep_token_id, self.pad_token_id = ids["cls_token"], ids["sep_token"], ids["pad_token"]
         self.unk_token_id = ids.get("unk_token")  # None where the vocabulary has no unknown token
@@ -59,11 +65,11 @@ class FastTokenizer:
                      return_offsets_mapping)
 
     def save_pretrained(self, path: str) -> None:
-        """The source directory's tokenizer files, as they were."""
+        """The source directory's tokenizer files, as they were when it loaded."""
         os.makedirs(path, exist_ok=True)
-        for name in FILES:
-            if os.path.exists(os.path.join(self._source, name)):
-                shutil.copyfile(os.path.join(self._source, name), os.path.join(path, name))
+        for name, data in self._files.items():
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(data)
 
 
 def _content(token) -> str | None:

@@ -1,7 +1,7 @@
 """A bulk job on Ray Data: any task's model over an input, into a directory of Parquet files.
 
-    read (tasks)  ->  tokenize (CPU tasks, where the model allows)  ->  chunks (exact row
-    ranges)  ->  model (one actor per GPU, or CPU actors)  ->  write_parquet (tasks)
+    read (tasks)  ->  tokenize (CPU tasks, for GPU actors where the model allows)  ->  chunks
+    (exact row ranges)  ->  model (one actor per GPU, or CPU actors)  ->  write_parquet (tasks)
 
 The stages stream: blocks flow on while later ones are read. The output is checked before
 any work (spanflow.ray.output). The input is cut into chunks of `batch_rows` rows counted
@@ -56,6 +56,10 @@ class RayJob:
     max_length: int | None = None
     stride: int | None = None
     opts: dict = field(default_factory=dict)  # for the task's arrow_results (dtype=...)
+    # tokenizing as a CPU stage of its own (a model with a pretokenizer); None: where the actors
+    # have GPUs. CPU actors tokenize their chunks themselves: a tokenizing process beside them
+    # takes cores from their OpenMP threads, which then wait on each other (docs/ray.md)
+    tokenize_apart: bool | None = None
 
 
 def ray_module():
@@ -212,7 +216,8 @@ def _run(ray, job: RayJob, plan: _Plan, target, stage, measure, log, began: floa
 def _pipeline(ray, job: RayJob, plan: _Plan, target, stage, spec: StageSpec, actors: Actors, src: S.Source,
               log, began: float) -> dict:
     """Read, tokenize, chunk, run and write; the summary, once the output is in place."""
-    pre = plan.probe.pretokenizer() if callable(getattr(plan.probe, "pretokenizer", None)) else None
+    apart = job.tokenize_apart if job.tokenize_apart is not None else bool(actors.gpus)
+    pre = plan.probe.pretokenizer() if apart and callable(getattr(plan.probe, "pretokenizer", None)) else None
     log(f"ray: {'%d rows' % plan.total if plan.total is not None else 'input read on this node'}, chunks of "
         f"{job.batch_rows}, {actors.describe()}, tokenizing {'in CPU tasks' if pre else 'in the model actors'}")
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ shrink to one, and grow to `count` when one is asked (an autoscaling cluster add
 the actors that wait).
 
 A CPU actor's torch threads are its node's CPUs shared out between the actors there, the
-tasks' CPU included: the tasks run in short bursts beside the model, so a CPU held for them
+tasks' CPU included (the fewest of any node that holds actors, where nodes differ): the tasks run in short bursts beside the model, so a CPU held for them
 alone would sit idle most of the job, and on a 2-CPU machine the one actor would run the
 model on half the cores the single-process job has. Given --ray-cpus-per-actor, its threads
 are those CPUs.
@@ -103,8 +103,10 @@ def _cpu_actors(nodes: list[dict], count: int | None, cpus: float | None) -> Act
     if cpus is None:
         most = max(spare)
         cpus = float(min(CPU_ACTOR_THREADS, math.floor(most))) if most >= 1 else most
-        here = math.floor(most / cpus + 1e-9)  # actors on the largest node
-        cores = max(1, math.floor((most + TASK_CPUS) / here)) if here else None
+        # each node's CPUs over the actors it holds; the fewest of any node with actors, so that
+        # no node runs more threads than it has CPUs
+        shares = [math.floor((s + TASK_CPUS) / k) for s in spare if (k := math.floor(s / cpus + 1e-9))]
+        cores = max(1, min(shares)) if shares else None
     fit = sum(math.floor(s / cpus + 1e-9) for s in spare if s > 0)
     if fit <= 0:
         raise ConfigError(f"--ray-cpus-per-actor {cpus:g}: no node of the Ray cluster has that many CPUs beside "

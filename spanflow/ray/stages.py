@@ -4,9 +4,10 @@ and the job's tally of what the actors did.
 A task model that can take its inputs tokenized offers `pretokenizer()` (a picklable callable,
 texts -> named Arrow columns of token data, made without the weights) and
 `predict_tokens(columns, max_tokens=, on_batch=)`, whose results stand without the texts (its
-arrow_results is given empty strings); the tokenizing stage then runs on CPU tasks of its own,
-apart from the model actors, and the texts go no further. Any other model tokenizes inside its
-actor, through its predict_stream. Either way each model call takes one chunk of rows, sorts
+arrow_results is given empty strings); for GPU actors (job.RayJob.tokenize_apart) the
+tokenizing stage then runs on CPU tasks of its own, apart from the model actors, and the texts
+go no further. Any other model, and any model on CPU actors, tokenizes inside its actor,
+through its predict_stream. Either way each model call takes one chunk of rows, sorts
 it by length and cuts token-budget batches, as the single-process job does with that chunk,
 and the results come back in the chunk's order.
 

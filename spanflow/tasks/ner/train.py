@@ -39,7 +39,7 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
     """The model to train: a spanflow NER model to continue (its head unless another is
     asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
     if is_model_dir(model) or token_classification_config(model) is not None:
-        start = (NerModel.load(model, device=str(policy.device)) if is_model_dir(model)
+        start = (NerModel.load(model, device=str(policy.device), precision="fp32") if is_model_dir(model)
                  else NerModel.from_hf(model, device=str(policy.device), bio=True))
         if start.labels != sorted(labels):
             raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")

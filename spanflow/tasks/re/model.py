@@ -105,7 +105,8 @@ class ReModel:
             with torch.inference_mode(), self.policy.autocast():
                 res = extract(self.module, t["input_ids"].to(dev), t["content_mask"].to(dev),
                               t["attention_mask"].to(dev), thr)
-            # the six index columns in one copy: one host sync per batch, where six reads were six
+            # the six index columns in one copy: one read per batch, where there were six (extract's
+            # two nonzero calls also wait for the device: the object pass is sized by the subjects)
             for row, s, e, r, os_, oe in zip(*torch.stack(res).cpu().tolist()):
                 enc = encs[batch[row]]
                 subj = (enc.starts[s - 1], enc.ends[e - 1])

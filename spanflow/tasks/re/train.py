@@ -27,7 +27,7 @@ DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
 def start_model(source: str, train: list[ReExample], relations: list[str], opts: TrainOptions, policy) -> ReModel:
     """The model to train: a spanflow RE model to continue, or a fresh CasRel head on an encoder or `tiny`."""
     if is_model_dir(source):
-        start = ReModel.load(source, device=str(policy.device))
+        start = ReModel.load(source, device=str(policy.device), precision="fp32")
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has")
         return ReModel(encoder=start.module.encoder, tokenizer=start.tokenizer, relations=relations,
