@@ -16,11 +16,16 @@ def step_ms_of_budget(b: int, L: int) -> dict:
             "quality": None}
 
 
+def stopped_clock() -> float:
+    """A clock that does not move: the plan is decided by the figures alone, not by this machine."""
+    return 100.0
+
+
 def test_runs_that_would_end_past_the_deadline_are_left_out_and_said():
     said = []
     budgets = [256, 512, 1024, 2048, 4096, 8192]
     points = sweep(step_ms_of_budget, budgets, [128], log_fn=said.append, repeats=2,
-                   deadline=time.monotonic() + 1.0, per_run=0.0)
+                   deadline=stopped_clock() + 1.0, per_run=0.0, clock=stopped_clock)
     # four steps of 2048 tokens (0.8 s) fit in the second left, four of 4096 (1.6 s) do not
     assert [p.max_tokens for p in points] == [256, 512, 1024, 2048]
     assert said[0] == ("out of --budget-seconds: max_tokens 4096, 8192 not measured (a larger --budget-seconds "
@@ -30,7 +35,7 @@ def test_runs_that_would_end_past_the_deadline_are_left_out_and_said():
 def test_a_deadline_already_past_still_measures_each_length_once():
     said = []
     points = sweep(step_ms_of_budget, [256, 512], [64, 128], log_fn=said.append, repeats=2,
-                   deadline=time.monotonic() - 1.0, per_run=0.5)
+                   deadline=stopped_clock() - 1.0, per_run=0.5, clock=stopped_clock)
     assert [(p.max_tokens, p.max_length, len(p.real_tokens_per_s_runs)) for p in points] == [(256, 64, 1),
                                                                                               (256, 128, 1)]
     assert "max_tokens 512 at max_length 64, 512 at max_length 128 not measured" in said[0]
@@ -39,15 +44,17 @@ def test_a_deadline_already_past_still_measures_each_length_once():
 
 def test_the_set_up_is_said_up_front_and_a_compile_that_cannot_fit_is_left_out():
     said = []
-    plan = timing.plan_time(timing.TimeBudget(15, time.time() - 5.0), 12, compare=True, log=said.append)
+    plan = timing.plan_time(timing.TimeBudget(15, stopped_clock() - 5.0, clock=stopped_clock), 12, compare=True,
+                            log=said.append, clock=stopped_clock)
     assert not plan.compare and said[0].startswith("backend comparison left out: compiling the encoder takes about 30 s")
     assert said[0].endswith("(--budget-seconds 70 compares it)")
-    # 5 s of set-up before the call; a slow machine may add a tenth or two between the two clocks
-    assert re.match(r"time: 5\.\d s of --budget-seconds 15 went to starting, loading the model and preparing "
+    # 5 s of set-up before the call
+    assert re.match(r"time: 5\.0 s of --budget-seconds 15 went to starting, loading the model and preparing "
                     r"the sample \(not cut by the budget\); 12 runs of about 0\.\d s each share the [78] s left",
                     said[1]), said[1]
-    assert plan.deadline - time.monotonic() <= 8.5
-    roomy = timing.plan_time(timing.TimeBudget(120, time.time() - 5.0), 12, compare=True, log=said.append)
+    assert plan.deadline - stopped_clock() <= 8.5
+    roomy = timing.plan_time(timing.TimeBudget(120, stopped_clock() - 5.0, clock=stopped_clock), 12, compare=True,
+                             log=said.append, clock=stopped_clock)
     assert roomy.compare and said[-1].endswith(", then about 30 s to compile the encoder")
 
 

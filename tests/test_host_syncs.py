@@ -177,16 +177,12 @@ def test_the_counter_sees_an_item_per_micro_batch(bert_dir, tmp_path, monkeypatc
     assert len(steps) >= 8 and min(steps) >= 2, steps  # what the test above would refuse
 
 
-_LAST = None
-
-
-def _batches_and_syncs(run) -> tuple[int, int]:
+def _batches_and_syncs(run) -> tuple[int, SyncCounter]:
     batches = []
-    global _LAST
-    counter = _LAST = SyncCounter()
+    counter = SyncCounter()
     with counter:
         run(lambda *a: batches.append(a) if a[1] else None)
-    return len(batches), counter.count
+    return len(batches), counter
 
 
 def test_inference_reads_the_host_once_per_batch(bert_dir, tmp_path):
@@ -206,9 +202,9 @@ def test_inference_reads_the_host_once_per_batch(bert_dir, tmp_path):
     for name, model in (("ner", NerModel.load(str(tmp_path.joinpath("ner", *saved)))),
                         ("re", ReModel.load(str(tmp_path.joinpath("re", *saved)))),
                         ("embed", Embedder.load(str(tmp_path.joinpath("emb", *saved))))):
-        n, syncs = _batches_and_syncs(lambda on_batch: list(model.predict_stream(texts, max_tokens=128,
+        n, counter = _batches_and_syncs(lambda on_batch: list(model.predict_stream(texts, max_tokens=128,
                                                                                  on_batch=on_batch)))
         assert n >= 4, name
         # one read of each batch's results, no more; and counted, so the counter sees them
-        assert syncs == n, (name, n, syncs, sorted(set(_LAST.seen)))
+        assert counter.count == n, (name, n, counter.count, sorted(set(counter.seen)))
     assert ner is not None and re_ is not None and emb is not None

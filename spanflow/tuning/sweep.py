@@ -59,14 +59,14 @@ STEPS_AT_LEAST = 4  # the steps of the shortest run of a point: the probe's warm
 
 def sweep(measure: Callable[[int, int], dict], budgets: list[int], max_lengths: list[int],
           log_fn: Callable[[str], None] = print, repeats: int = 2, deadline: float | None = None,
-          per_run: float = 0.0) -> list[Point]:
+          per_run: float = 0.0, clock: Callable[[], float] = time.monotonic) -> list[Point]:
     """Measure every (budget, max length) `repeats` times, the grid in alternating order (forward,
     backward, ...): a point measured late in one pass is measured early in the next, so with an
     even number of repeats a steady drift (caches warming, the machine's load) favours no point.
     Each point reports medians and the spread of its runs. An out-of-memory point is
     recorded, memory freed, and the larger budgets at that length are skipped.
 
-    With a `deadline` (time.monotonic()), a run whose steps would end past it is left out, said in
+    With a `deadline` (a `clock()` time), a run whose steps would end past it is left out, said in
     one line: a run takes `per_run` seconds or its STEPS_AT_LEAST steps, whichever is longer, a
     step as long as measured before at that point or, scaled by the budget, at a smaller one. The
     smallest budget of each length is measured once whatever the time, so there is a profile."""
@@ -78,7 +78,7 @@ def sweep(measure: Callable[[int, int], dict], budgets: list[int], max_lengths: 
         for b, L in (grid if r % 2 == 0 else grid[::-1]):
             if any(L == L2 and b >= b2 for b2, L2 in oom | late):
                 continue
-            if deadline is not None and not _fits(b, L, runs, deadline, per_run):
+            if deadline is not None and not _fits(b, L, runs, deadline, per_run, clock):
                 if r == 0:
                     late.add((b, L))
                 continue
@@ -95,14 +95,14 @@ def sweep(measure: Callable[[int, int], dict], budgets: list[int], max_lengths: 
     return _points(grid, runs, oom, log_fn)
 
 
-def _fits(b: int, L: int, runs: dict, deadline: float, per_run: float) -> bool:
+def _fits(b: int, L: int, runs: dict, deadline: float, per_run: float, clock: Callable[[], float]) -> bool:
     """Whether a run of (b, L) ends before `deadline`; always for the first run at a length."""
     done = [(b2, r) for (b2, L2), rs in runs.items() if L2 == L and b2 <= b for r in rs]
     if not done:
         return True
     b2, last = max(done, key=lambda x: x[0])  # this point's own earlier run, else the largest smaller budget
     step_s = (last.get("latency_p50_ms") or 0.0) / 1e3 * b / b2
-    return time.monotonic() + max(per_run, STEPS_AT_LEAST * step_s) <= deadline
+    return clock() + max(per_run, STEPS_AT_LEAST * step_s) <= deadline
 
 
 def _say_left_out(grid: list, runs: dict, oom: set, repeats: int, log_fn: Callable[[str], None]) -> None:

@@ -24,9 +24,10 @@ class TimeBudget:
 
     seconds: float
     started: float
+    clock: Callable[[], float] = time.time  # what `started` was read from (a test gives its own)
 
     def spent(self) -> float:
-        return time.time() - self.started
+        return self.clock() - self.started
 
     def left(self) -> float:
         return self.seconds - self.spent()
@@ -37,11 +38,12 @@ class Plan:
     """How the sweep spends what the budget has left."""
 
     per_run: float  # seconds of one run of a point
-    deadline: float  # time.monotonic() by which the sweep ends
+    deadline: float  # clock() (time.monotonic) by which the sweep ends
     compare: bool  # whether the backend comparison runs after it
 
 
-def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[str], None]) -> Plan:
+def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[str], None],
+              clock: Callable[[], float] = time.monotonic) -> Plan:
     """Spread what is left of `budget` over the sweep's `runs` (and the backend comparison where
     `compare` and it fits), saying in one line what went before and what each part gets."""
     left = budget.left() - FINISH_SECONDS
@@ -60,7 +62,7 @@ def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[st
         log(said + f"{runs} runs of about {per_run:.1f} s each share the {sweep_s:.0f} s left"
             + (f", then about {COMPILE_SECONDS:.0f} s to compile the encoder" if compare else ""))
     sweep_end = sweep_s - (COMPARE_RUNS * per_run if compare else 0.0)
-    return Plan(per_run=per_run, deadline=time.monotonic() + max(0.0, sweep_end), compare=compare)
+    return Plan(per_run=per_run, deadline=clock() + max(0.0, sweep_end), compare=compare)
 
 
 def compile_fits(budget: TimeBudget, log: Callable[[str], None]) -> bool:
