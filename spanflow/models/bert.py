@@ -9,6 +9,7 @@ Anything it does not cover exactly is left to transformers (`supports`).
 """
 from __future__ import annotations
 
+import math
 import os
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spanflow.models.dropout import Dropout, dropout
 from spanflow.models.files import WEIGHTS, Config, json_object, write_encoder
 
 
@@ -34,7 +36,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+        self.dropout = Dropout(c.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -56,9 +58,23 @@ class SelfAttention(nn.Module):
         def split(y):
             return y.view(b, t, self.heads, h // self.heads).transpose(1, 2)
 
-        y = F.scaled_dot_product_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
-                                           attn_mask=mask, dropout_p=self.p if self.training else 0.0)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        if self.training and x.device.type == "cpu":
+            y = _train_attention(q, k, v, mask, self.p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
         return y.transpose(1, 2).reshape(b, t, h)
+
+
+def _train_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     p: float) -> torch.Tensor:
+    """Attention written out, for training on the CPU. There scaled_dot_product_attention takes
+    its fused kernel only without dropout, and that kernel's backward is several times slower than
+    these products; with dropout it draws its mask with torch's serial dropout (models/dropout.py)."""
+    s = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return dropout(s.softmax(-1), p, True) @ v
 
 
 class DenseNorm(nn.Module):
@@ -68,7 +84,7 @@ class DenseNorm(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d_in, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
-        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+        self.dropout = Dropout(c.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)

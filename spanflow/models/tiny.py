@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from spanflow.models.dropout import Dropout
 from spanflow.models.files import WEIGHTS, Config, json_object, write_encoder
 
 MODEL_TYPE = "spanflow_tiny"
@@ -48,7 +49,7 @@ class TinyModel(nn.Module):
         e, h = config.embedding_size, config.hidden_size
         self.embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
         self.bigrams = nn.Embedding(config.bigram_buckets, e) if config.bigram_buckets else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.lstm = nn.LSTM(e, h // 2, num_layers=config.num_hidden_layers, bidirectional=True, batch_first=True,
                             dropout=config.dropout if config.num_hidden_layers > 1 else 0.0)
         self.gradient_checkpointing = False

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from spanflow.errors import ConfigError
+from spanflow.models.dropout import Dropout
 from spanflow.tasks.ner.crf import CRF, bio_transition_mask, compact
 
 HEAD_TYPES = ("softmax", "crf")
@@ -19,7 +20,7 @@ class TokenClassificationHead(nn.Module):
 
     def __init__(self, *, hidden_size: int, num_labels: int, dropout: float = 0.1):
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.proj = nn.Linear(hidden_size, num_labels)
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -32,7 +33,7 @@ class CrfTaggingHead(nn.Module):
 
     def __init__(self, *, hidden_size: int, id2label: list[str], dropout: float = 0.1):
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.proj = nn.Linear(hidden_size, len(id2label))
         self.crf = CRF(len(id2label), bio_transition_mask(id2label))
 
