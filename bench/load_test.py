@@ -105,6 +105,34 @@ def offline_reference(model: str, texts: list[str], precision: str) -> dict:
             "ceiling_ratio": round(full_s / one_s, 2)}
 
 
+def concurrency_reference(model: str, texts: list[str], precision: str, levels: list[int], n: int = 600) -> dict:
+    """The ceiling a batching server has at each concurrency: the same model on the same backend
+    as `spanflow serve` runs it (compiled) in this process, no HTTP, batches of `c` texts drawn
+    as the clients draw them, run back to back through the server's own batch call (medians of
+    3). With `c` clients sending one text each, no batch can hold more than `c` texts: a server
+    with no overhead of its own gives `c` clients this many texts/s."""
+    from spanflow.inference.backend import use_backend
+    from spanflow.runtime.threads import on_model_thread
+    from spanflow.tasks.embed import Embedder
+
+    def run() -> dict:
+        emb = Embedder.load(model, precision=precision)
+        use_backend(emb, "compile", log=lambda line: None)
+        units, _, _ = emb.units(random.Random(0).choices(texts, k=n))
+        rates = {}
+        for c in levels:
+            runs = []
+            for _ in range(3):
+                t = time.perf_counter()
+                for i in range(0, n, c):
+                    emb.run_batch(units[i:i + c])
+                runs.append(n / (time.perf_counter() - t))
+            rates[c] = round(float(np.median(runs)), 1)
+        return rates
+
+    return on_model_thread(run)  # one thread loads and runs the model, as in the server
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=default_minilm())
@@ -115,10 +143,13 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", default="2")
     ap.add_argument("--repeats", type=int, default=3, help="runs per level and mode; medians are reported")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default="load_test", help="the results' file name [%(default)s]")
     a = ap.parse_args()
     with open(a.data, encoding="utf-8", newline="") as f:
         texts = [r[0] for r in csv.reader(f) if r] if a.data.endswith(".csv") else f.read().splitlines()
     offline = offline_reference(a.model, texts, a.precision)
+    levels = list(map(int, a.levels.split(",")))
+    offline["compiled_batches_of_c_texts_per_s"] = concurrency_reference(a.model, texts, a.precision, levels)
     print("offline", offline, flush=True)
     modes = {"dynamic_batching": [], "no_batching": ["--no-batching"]}
     ports, procs = {}, []
@@ -132,7 +163,7 @@ def main() -> None:
                                                                      "--max-queue-wait-ms", "600000"]))
         runs: dict = {}
         for rep in range(a.repeats):
-            for c in map(int, a.levels.split(",")):
+            for c in levels:
                 for mode in modes:
                     r = asyncio.run(level(ports[mode], texts, c, a.requests))
                     runs.setdefault((mode, c), []).append(r)
@@ -155,13 +186,20 @@ def main() -> None:
     for r in rows:
         base = by.get(("no_batching", r["concurrency"]))
         r["ratio_vs_no_batching"] = r["texts_per_s"] / base["texts_per_s"] if base and base["texts_per_s"] else None
-    write_results(a.out, "load_test", {"description": f"one text per request, {a.requests} requests per level, "
+        ceiling = offline["compiled_batches_of_c_texts_per_s"].get(r["concurrency"])
+        r["ratio_vs_in_process_c"] = (r["texts_per_s"] / ceiling if ceiling and r["mode"] == "dynamic_batching"
+                                      else None)
+    write_results(a.out, a.name, {"description": f"one text per request, {a.requests} requests per level, "
                                                       f"medians of {a.repeats} runs alternating between the modes, "
                                                       f"model {a.model}, precision {a.precision}, max wait {a.max_wait_ms} ms, "
                                                       "loopback; the load generator shares the CPU. Offline "
-                                                      f"reference, same model in-process without HTTP: {offline}",
+                                                      f"reference, same model in-process without HTTP: {offline}; "
+                                                      "ratio_vs_in_process_c: dynamic batching over the compiled "
+                                                      "model's back-to-back batches of c texts (the most c clients "
+                                                      "can get)",
                                     "offline": offline},
-                  rows, ["mode", "concurrency", "texts_per_s", "ratio_vs_no_batching", "p50_ms", "p95_ms", "p99_ms",
+                  rows, ["mode", "concurrency", "texts_per_s", "ratio_vs_no_batching", "ratio_vs_in_process_c",
+                         "p50_ms", "p95_ms", "p99_ms",
                          "errors_5xx", "errors_other", "texts_per_s_runs"])
 
 
