@@ -110,7 +110,6 @@ def tokenize_share(model, texts: list[str], wall: float) -> float:
 
 def serve_row(model, texts: list[str], requests: int) -> dict:
     """The server's batcher in this process: CONCURRENCY clients, one text per request."""
-    from spanflow.serving.app import CPU_SPLIT_TOKENS
     from spanflow.serving.batcher import DynamicBatcher
     from spanflow.serving.options import ServeOptions
 
@@ -118,9 +117,7 @@ def serve_row(model, texts: list[str], requests: int) -> dict:
     real = [0]
 
     async def run() -> float:
-        on_cpu = model.policy.device.type == "cpu"
-        b = DynamicBatcher(model.run_batch, max_tokens=opts.max_tokens, max_wait_ms=opts.max_wait_ms,
-                           min_split_tokens=CPU_SPLIT_TOKENS if on_cpu else None)
+        b = DynamicBatcher(model.run_batch, max_tokens=opts.max_tokens, max_wait_ms=opts.max_wait_ms)
         b.start()
         units, lengths, _ = model.units(["warm up the model"])
         await b.warm_up(units, lengths)

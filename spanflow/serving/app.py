@@ -28,12 +28,6 @@ from spanflow.serving.services import Service
 
 log = logging.getLogger("spanflow.serve")
 
-# on a CPU, what the queue gives is cut into sub-batches of similar length once a part holds
-# this many padded tokens, as there cost follows padded tokens beyond the per-call overhead
-# (bench/results/load_test.md); on an accelerator, a quarter of the budget (the batcher's default)
-CPU_SPLIT_TOKENS = 256
-
-
 class HttpError(Exception):
     """An error answer: `status`, a message, and the request field at fault (`param`, as OpenAI names it)."""
 
@@ -53,10 +47,11 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         # loop: one thread, so that a tokenizer is never entered by two threads at once
         state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
         for s in services:
-            on_cpu = s.model.policy.device.type == "cpu"
+            # what the queue gives is cut into parts of similar length once a part holds a quarter
+            # of the budget (the batcher's default), on a CPU too: smaller parts paid more per call
+            # than padding cost them (bench/results/load_test_split_{before,after}.md)
             b = DynamicBatcher(s.run_batch, max_tokens=opts.model_max_tokens.get(s.name, opts.max_tokens),
                                max_wait_ms=opts.max_wait_ms,
-                               min_split_tokens=CPU_SPLIT_TOKENS if on_cpu else None,
                                max_queue_tokens=opts.max_queue_tokens,
                                max_queue_wait_s=opts.max_queue_wait_ms / 1000,
                                per_request=not opts.batching,
