@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spanflow.monitor.device import GpuUtilSampler, peak_flops, peak_memory_bytes, reset_peak_memory
+from spanflow.monitor.spans import StreamSpans
 
 
 def train_flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
@@ -40,6 +41,8 @@ class Meter:
 
     def __post_init__(self):
         self.gpu = GpuUtilSampler(self.device)
+        # on a GPU, compute and optimizer are timed on the stream (monitor/spans.py), not by the host
+        self.spans = StreamSpans() if self.device.type == "cuda" else None
         reset_peak_memory(self.device)
 
     def add_tokens(self, real: int, padded: int) -> None:
@@ -49,9 +52,21 @@ class Meter:
     def add_time(self, phase: str, seconds: float) -> None:
         self.times[phase] += seconds
 
+    def begin_step(self) -> None:
+        """The step's device work starts here (a CUDA event; nothing on a CPU)."""
+        if self.spans is not None:
+            self.spans.begin()
+
+    def end_phase(self, phase: str) -> None:
+        """`phase` of the step's device work ends here (a CUDA event; nothing on a CPU)."""
+        if self.spans is not None:
+            self.spans.end(phase)
+
     def report(self) -> dict:
         """Close the period and return its figures (names are a stable contract)."""
         wall = max(time.perf_counter() - self.started, 1e-9)
+        if self.spans is not None:
+            self.times.update(self.spans.take())
         total = sum(self.times.values()) or 1e-9
         peak, basis = peak_flops(self.device.type, _device_name(self.device), self.precision)
         achieved = self.flops_per_token * self.padded / wall

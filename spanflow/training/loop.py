@@ -194,6 +194,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
     for micro in prefetch(groups):
         t_data = time.perf_counter()
         meter.add_time("data_wait", t_data - wait_start)
+        meter.begin_step()
         if r.hooks.step is not None:
             loss = r.hooks.step(r.ddp, micro, r.policy, r.scaler, meter, r.dist.world)
         else:
@@ -205,8 +206,10 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
             st["first_loss"] = _mean(r.recent)  # host sync, once per run: the baseline of learning_check
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
+        meter.end_phase("compute")
         optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm)
         meter.add_time("optimizer", time.perf_counter() - t_comp)
+        meter.end_phase("optimizer")
         meter.steps += 1
         st["step_in_epoch"] += 1
         st["global_step"] += 1
