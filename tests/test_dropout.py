@@ -14,9 +14,24 @@ def test_keep_mask_keeps_one_minus_p(p):
     frac = m.float().mean().item()
     sigma = (p * (1 - p) / n) ** 0.5
     assert abs(frac - (1 - p)) < 6 * sigma + 2 ** -16
-    # each of a word's four lanes is its own draw: neighbours agree no more often than chance
-    agree = (m[0::4] == m[1::4]).float().mean().item()
-    assert abs(agree - ((1 - p) ** 2 + p ** 2)) < 0.01
+    # each of a word's four lanes is its own draw: no two agree more often than chance
+    for a, b in ((0, 1), (1, 2), (2, 3), (0, 3)):
+        agree = (m[a::4] == m[b::4]).float().mean().item()
+        assert abs(agree - ((1 - p) ** 2 + p ** 2)) < 0.01
+
+
+def test_dropout_keeps_the_mean_and_refuses_what_is_not_a_probability():
+    torch.manual_seed(2)
+    n = 1 << 20
+    for p in (0.3, 0.7):
+        y = dropout(torch.ones(n), p, True)
+        assert abs(y.mean().item() - 1.0) < 6 * (p / (1 - p) / n) ** 0.5
+    nearly_all = dropout(torch.ones(4096), 0.999995, True)  # beyond the lanes' resolution: torch's kernel
+    assert (nearly_all == 0).float().mean().item() > 0.99
+    assert torch.equal(dropout(torch.ones(8), 1.0, True), torch.zeros(8))
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError):
+            dropout(torch.ones(8), bad, True)
 
 
 def test_dropout_scales_what_it_keeps_and_its_gradient_follows():
@@ -63,13 +78,13 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bert(dropout_p: float):
+def _bert(dropout_p: float, attention_p: float | None = None):
     from spanflow.models.bert import NativeBert
     from spanflow.models.files import Config
 
     cfg = Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                  max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=1e-12, hidden_dropout_prob=dropout_p,
-                 attention_probs_dropout_prob=dropout_p, pad_token_id=0)
+                 attention_probs_dropout_prob=dropout_p if attention_p is None else attention_p, pad_token_id=0)
     torch.manual_seed(0)
     return NativeBert(cfg)
 
@@ -92,3 +107,14 @@ def test_training_attention_equals_the_fused_one_without_dropout():
     want = model.eval()(ids, mask).last_hidden_state
     got = model.train()(ids, mask).last_hidden_state
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_training_attention_drops_attention_and_stays_finite_without_keys():
+    ids = torch.randint(1, 50, (2, 10))
+    mask = torch.ones_like(ids)
+    model = _bert(0.0, attention_p=0.5)
+    want = model.eval()(ids, mask).last_hidden_state
+    torch.manual_seed(4)
+    assert not torch.allclose(model.train()(ids, mask).last_hidden_state, want)  # the attention's own dropout
+    mask[1] = 0  # a row with no key at all
+    assert torch.isfinite(_bert(0.0).train()(ids, mask).last_hidden_state).all()

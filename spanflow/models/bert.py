@@ -72,9 +72,10 @@ def _train_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     its fused kernel only without dropout, and that kernel's backward is several times slower than
     these products; with dropout it draws its mask with torch's serial dropout (models/dropout.py)."""
     s = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return dropout(s.softmax(-1), p, True) @ v
+    if mask is not None:  # the dtype's lowest, not -inf: a row with no key left stays finite
+        s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+    probs = torch.softmax(s, -1, dtype=torch.float32).to(v.dtype)  # in fp32 under autocast, as SDPA's
+    return dropout(probs, p, True) @ v
 
 
 class DenseNorm(nn.Module):

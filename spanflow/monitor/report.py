@@ -42,7 +42,7 @@ class Meter:
     def __post_init__(self):
         self.gpu = GpuUtilSampler(self.device)
         # on a GPU, compute and optimizer are timed on the stream (monitor/spans.py), not by the host
-        self.spans = StreamSpans() if self.device.type == "cuda" else None
+        self.spans = StreamSpans(self.device) if self.device.type == "cuda" else None
         reset_peak_memory(self.device)
 
     def add_tokens(self, real: int, padded: int) -> None:
@@ -64,9 +64,9 @@ class Meter:
 
     def report(self) -> dict:
         """Close the period and return its figures (names are a stable contract)."""
-        wall = max(time.perf_counter() - self.started, 1e-9)
         if self.spans is not None:
-            self.times.update(self.spans.take())
+            self.times.update(self.spans.take())  # waits for the period's last work: before the wall clock
+        wall = max(time.perf_counter() - self.started, 1e-9)
         total = sum(self.times.values()) or 1e-9
         peak, basis = peak_flops(self.device.type, _device_name(self.device), self.precision)
         achieved = self.flops_per_token * self.padded / wall

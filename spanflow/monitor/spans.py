@@ -15,13 +15,14 @@ FOLD_AT = 1024  # pending spans folded into the totals beyond this many (a long 
 class StreamSpans:
     """Seconds of stream time per phase between `begin()` and each `end(phase)`."""
 
-    def __init__(self, event: Callable[[], object] | None = None):
+    def __init__(self, device=None, event: Callable[[], object] | None = None):
         if event is None:
             import torch
 
             def event():
                 return torch.cuda.Event(enable_timing=True)
         self._event = event
+        self._device = device  # the events go on this device's current stream (None: the event's own choice)
         self._open = None
         self._pending: list[tuple[str, object, object]] = []
         self._totals: dict[str, float] = {}
@@ -37,9 +38,9 @@ class StreamSpans:
         e = self._record()
         self._pending.append((phase, self._open, e))
         self._open = e
-        if len(self._pending) > FOLD_AT:  # spans this old finished long ago: reading them waits for nothing
-            self._fold(self._pending[:-2])
-            self._pending = self._pending[-2:]
+        if len(self._pending) > FOLD_AT:  # the older half: hundreds of steps back, done; reading them waits for nothing
+            old, self._pending = self._pending[:FOLD_AT // 2], self._pending[FOLD_AT // 2:]
+            self._fold(old)
 
     def take(self) -> dict[str, float]:
         """The seconds per phase since the last take (one wait, for the last event), then reset."""
@@ -49,7 +50,12 @@ class StreamSpans:
 
     def _record(self):
         e = self._event()
-        e.record()
+        if self._device is None:
+            e.record()
+        else:
+            import torch
+
+            e.record(torch.cuda.current_stream(self._device))
         return e
 
     def _fold(self, spans: list) -> None:
