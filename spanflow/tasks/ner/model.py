@@ -69,15 +69,15 @@ class NerModel:
         self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
-    def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "NerModel":
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
         """Load a spanflow NER model directory, or a Hugging Face token-classification directory
-        (no network, no pickle); `native`: see models.encoder.load_encoder. precision "auto" picks
-        what `--precision auto` picks (runtime.precision.load_auto); "fp32" skips the check."""
-        if precision == "auto" and native:
+        (no network, no pickle). precision "auto" picks what `--precision auto` picks
+        (runtime.precision.load_auto); "fp32" skips the check."""
+        if precision == "auto":
             return load_auto(get_task(cls.task), path, device=device)
         if token_classification_config(path) is not None:
             return cls.from_hf(path, device=device, precision=precision)
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", native=native)
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
         labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
         if head_type not in HEAD_TYPES:
             raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "

@@ -47,12 +47,12 @@ class ReModel:
         self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
-    def load(cls, path: str, *, device: str = "auto", precision: str = "auto", native: bool = True) -> "ReModel":
-        """Load a spanflow RE model directory; `native`: see models.encoder.load_encoder. precision
-        "auto" picks what `--precision auto` picks (runtime.precision.load_auto); "fp32" skips the check."""
-        if precision == "auto" and native:
+    def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
+        """Load a spanflow RE model directory. precision "auto" picks what `--precision auto` picks
+        (runtime.precision.load_auto); "fp32" skips the check."""
+        if precision == "auto":
             return load_auto(get_task(cls.task), path, device=device)
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re", native=native)
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re")
         relations = check_names(cfg, "relations", path)
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
         return cls(encoder=encoder, tokenizer=tokenizer, relations=relations,
