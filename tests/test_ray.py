@@ -4,6 +4,7 @@ and report a worker's error as the error it is. One local Ray (4 logical CPUs) s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -178,6 +179,8 @@ class OneThread(ModelStage):
     def _chunk(self, batch):
         if threading.get_ident() != self.loaded_on:
             raise ConfigError("a chunk ran on another thread than its model's")
+        if os.nice(0) != 0:  # Ray's workers run at nice 15; the model's are raised to Ray's own
+            raise ConfigError(f"the model actor runs at nice {os.nice(0)}")
         return super()._chunk(batch)
 
 
@@ -188,6 +191,27 @@ def test_each_actor_loads_and_runs_its_model_on_one_thread(enc_dir, table, refer
     run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1), stage=OneThread, log=said.append)
     assert pq.read_table(tmp_path / "out").equals(reference)
     assert any("tokenizing in the model actors" in line for line in said), said  # CPU actors tokenize themselves
+
+
+class StrictGate(ModelStage):
+    """ModelStage in whose process no bf16 embedding passes the gate (a mean cosine of 1.01)."""
+
+    def _load(self, spec):
+        from spanflow.tasks.embed import model
+
+        model.MIN_MEAN_COSINE["bf16"] = 1.01
+        super()._load(spec)
+
+
+def test_a_reduced_precision_asked_by_name_is_held_to_its_gate(enc_dir, table, tmp_path):
+    # as the single-process job holds it: checked on the input's sample, refused unless --force
+    asked = dataclasses.replace(ASKED, precision="bf16")
+    with pytest.raises(ConfigError, match=r"bf16 embeddings reach a mean cosine of .* below 1.01.*--force"):
+        run_job(embed_job(enc_dir, table, tmp_path / "out", asked=asked), stage=StrictGate, **QUIET)
+    assert not (tmp_path / "out").exists()
+    run_job(embed_job(enc_dir, table, tmp_path / "forced", asked=dataclasses.replace(asked, force=True)),
+            stage=StrictGate, **QUIET)
+    assert pq.read_table(tmp_path / "forced").num_rows == len(TEXTS)
 
 
 def test_a_directory_of_files_is_one_input_numbered_across_them(enc_dir, reference, tmp_path):
@@ -515,3 +539,47 @@ def test_chunks_are_the_single_process_jobs_chunks():
     rel = inspect.signature(ReModel.predict_stream).parameters["chunk_size"].default
     assert DEFAULT_BATCH_ROWS % ner == 0 and DEFAULT_BATCH_ROWS % rel == 0 and DEFAULT_BATCH_ROWS <= max(ner, rel)
     assert EmbedSpec.model_fields["chunk_size"].default == DEFAULT_BATCH_ROWS  # embed's --chunk-size passes through
+
+
+def test_an_address_where_nothing_answers_is_refused_at_once():
+    import socket
+
+    from spanflow.ray.job import answering
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match=f"--ray {address}: nothing answers at 127.0.0.1:{port}"):
+            answering(address)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        answering(f"127.0.0.1:{s.getsockname()[1]}")  # something answers: left to ray.init
+    answering("local")
+    answering("auto")
+
+
+def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_as_itself():
+    import io
+
+    from spanflow.ray.job import _held_errors
+
+    out = io.StringIO()
+    terminal = logging.StreamHandler(out)
+    ray_data, inner = logging.getLogger("ray.data"), logging.getLogger("ray.data._internal.somewhere")
+    ray_data.addHandler(terminal)
+    try:
+        with _held_errors() as held:
+            inner.info("progress")
+            inner.error("Exception occurred in Ray Data or Ray Core internal code")
+            assert out.getvalue() == "progress\n"  # progress shown as it comes, errors held
+            held.clear()  # the job raises its own error
+        assert out.getvalue() == "progress\n"
+        with _held_errors():
+            inner.error("a failure spanflow does not explain")
+        assert out.getvalue() == "progress\na failure spanflow does not explain\n"  # shown at the end
+        inner.error("after the job")
+        assert out.getvalue().endswith("after the job\n")  # the handler is as it was
+    finally:
+        ray_data.removeHandler(terminal)

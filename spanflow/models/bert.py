@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spanflow.models.dropout import Dropout, dropout
+from spanflow.models.linear import Linear, low_precision, rounded_rows
 from spanflow.models.files import WEIGHTS, Config, json_object, write_encoder
 
 
@@ -48,22 +49,28 @@ class SelfAttention(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
         self.heads, self.p = c.num_attention_heads, c.attention_probs_dropout_prob
-        self.query = nn.Linear(c.hidden_size, c.hidden_size)
-        self.key = nn.Linear(c.hidden_size, c.hidden_size)
-        self.value = nn.Linear(c.hidden_size, c.hidden_size)
+        self.query = Linear(c.hidden_size, c.hidden_size)
+        self.key = Linear(c.hidden_size, c.hidden_size)
+        self.value = Linear(c.hidden_size, c.hidden_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, h = x.shape
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, bt: tuple[int, int]) -> torch.Tensor:
+        (b, t), h = bt, x.shape[-1]
+        m = b * t
 
-        def split(y):
-            return y.view(b, t, self.heads, h // self.heads).transpose(1, 2)
+        def split(y):  # the batch's rows, as (B, heads, T, head size)
+            return y[:m].view(b, t, self.heads, h // self.heads).transpose(1, 2)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if self.training and x.device.type == "cpu":
             y = _train_attention(q, k, v, mask, self.p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
-        return y.transpose(1, 2).reshape(b, t, h)
+        if x.shape[0] == m:
+            return y.transpose(1, 2).reshape(m, h)
+        out = y.new_empty((x.shape[0], h))  # back into the rounded rows, the extra ones zero
+        out[m:].zero_()
+        out[:m].view(b, t, self.heads, h // self.heads).copy_(y.transpose(1, 2))
+        return out
 
 
 def _train_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -83,7 +90,7 @@ class DenseNorm(nn.Module):
 
     def __init__(self, c: Config, d_in: int):
         super().__init__()
-        self.dense = nn.Linear(d_in, c.hidden_size)
+        self.dense = Linear(d_in, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = Dropout(c.hidden_dropout_prob)
 
@@ -97,14 +104,14 @@ class Attention(nn.Module):
         self.self = SelfAttention(c)
         self.output = DenseNorm(c, c.hidden_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, bt: tuple[int, int]) -> torch.Tensor:
+        return self.output(self.self(x, mask, bt), x)
 
 
 class Intermediate(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
+        self.dense = Linear(c.hidden_size, c.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(self.dense(x))
@@ -117,8 +124,8 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(c)
         self.output = DenseNorm(c, c.intermediate_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        a = self.attention(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, bt: tuple[int, int]) -> torch.Tensor:
+        a = self.attention(x, mask, bt)
         return self.output(self.intermediate(a), a)
 
 
@@ -153,13 +160,19 @@ class NativeBert(nn.Module):
         from torch.utils.checkpoint import checkpoint
 
         x = self.embeddings(input_ids)
+        (b, t, h), m = x.shape, x.shape[0] * x.shape[1]
         # a boolean mask lets scaled_dot_product_attention skip padded keys
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        # the layers run on the batch's B * T token rows, one row per token; for a CPU
+        # low-precision product, rounded up to one of a few row counts (models/linear.py)
+        low = low_precision(x, self.encoder.layer[0].attention.self.query.weight) if self.encoder.layer else None
+        rows = rounded_rows(m) if low is not None and m else m
+        flat = x.reshape(m, h) if rows == m else F.pad(x.reshape(m, h), (0, 0, 0, rows - m))
         recompute = self.gradient_checkpointing and self.training
         for layer in self.encoder.layer:
-            x = checkpoint(layer, x, mask, **{"use_reentrant": False, **self._ckpt_kwargs}) if recompute \
-                else layer(x, mask)
-        return SimpleNamespace(last_hidden_state=x)
+            flat = checkpoint(layer, flat, mask, (b, t), **{"use_reentrant": False, **self._ckpt_kwargs}) \
+                if recompute else layer(flat, mask, (b, t))
+        return SimpleNamespace(last_hidden_state=flat[:m].view(b, t, h))
 
     def save_pretrained(self, path: str, **_) -> None:
         """config.json and model.safetensors, readable by transformers' BertModel as well."""

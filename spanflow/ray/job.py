@@ -18,6 +18,7 @@ OSError), naming the worker, not as Ray's wrapped traceback.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import time
@@ -37,6 +38,7 @@ from spanflow.runtime.resolve import Asked
 # their input into chunks of 8192 and 4096 texts, so chunks of 8192 rows are theirs exactly
 DEFAULT_BATCH_ROWS = 8192
 RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the job is built on
+MODEL_NICENESS = ("RAY_worker_niceness", "0")  # the model actors' priority (see _model_stages)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ def connected(address: str) -> Iterator[object]:
     if ray.is_initialized():
         yield ray
         return
+    answering(address)
     try:
         ray.init(address=None if address == "local" else address, include_dashboard=False)
     except (ConnectionError, ValueError) as e:  # no cluster there; an address Ray cannot parse
@@ -95,6 +98,25 @@ def connected(address: str) -> Iterator[object]:
         yield ray
     finally:
         ray.shutdown()
+
+
+_HOST_PORT = re.compile(r"^(?:ray://)?\[?([^\]/\s]+?)\]?:(\d+)$")  # HOST:PORT, ray://HOST:PORT, [IPv6]:PORT
+
+
+def answering(address: str, timeout: float = 5.0) -> None:
+    """A ConfigError at once where nothing answers at a HOST:PORT address; ray.init would retry
+    it for a minute or more before saying so. Other addresses ("local", "auto") pass."""
+    import socket
+
+    m = _HOST_PORT.match(address.strip())
+    if not m:
+        return
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ConfigError(f"--ray {address}: nothing answers at {m.group(1)}:{m.group(2)} ({why}); is the "
+                          "cluster's head up (`ray start --head`), and is this its address?") from None
 
 
 def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
@@ -113,13 +135,14 @@ def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
         if target.local:
             hold_output(held, target.path, WHAT)  # a second job on this output stops here
         plan = _plan(job)  # the input's columns and the output's schema: checked before Ray starts
-        with connected(job.address) as ray, _job_context(ray):
+        with connected(job.address) as ray, _job_context(ray), _held_errors() as held:
             try:
                 return _run(ray, job, plan, target, stage, measure, log, began)
             except ray.exceptions.RayError as e:
                 failed = worker_error(e)
                 if failed is e:
                     raise
+            held.clear()  # Ray Data's tracebacks of it: its one line says what there is to say
             raise failed  # here, not in the handler: it does not carry Ray's wrapper along
 
 
@@ -307,8 +330,44 @@ def _model_stages(ray, ds, pre, stage, spec: StageSpec, actors: Actors, rows: in
     # the single-process job, and one model call (batch_size) below
     ds = ds.repartition(target_num_rows_per_block=rows, strict=True)
     pool = ray.data.ActorPoolStrategy(min_size=1, max_size=actors.count, initial_size=actors.initial)
+    # Ray runs its workers at nice 15 and itself (and this driver) at 0: on a busy CPU node any
+    # of its own wake-ups would preempt one of the model's threads and stall the rest of its
+    # team; the model actors run at Ray's priority instead, the reading and writing stay below
     return ds.map_batches(stage, fn_constructor_kwargs={"spec": spec}, batch_size=rows, batch_format="pyarrow",
-                          compute=pool, num_cpus=actors.cpus, num_gpus=actors.gpus or None)
+                          compute=pool, num_cpus=actors.cpus, num_gpus=actors.gpus or None,
+                          runtime_env={"env_vars": {MODEL_NICENESS[0]: MODEL_NICENESS[1]}})
+
+
+@contextmanager
+def _held_errors() -> Iterator[list]:
+    """Ray Data's error records for the terminal, held back while the job runs and printed at
+    its end, unless the caller clears the list it is given: a job failing with a SpanflowError
+    or an OSError raises it as itself, and Ray Data's tracebacks of it (one calling it "internal
+    code" that should be reported to Ray) would bury its one line. Its log file keeps them."""
+    held: list = []
+
+    class Hold(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.levelno < logging.ERROR:
+                return True
+            if not any(r is record for r in held):  # each terminal handler asks about it
+                held.append(record)
+            return False
+
+    hold = Hold()
+    logger = logging.getLogger("ray.data")
+    terminal = [h for h in logger.handlers if type(h) is logging.StreamHandler or
+                (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler))]
+    for h in terminal:
+        h.addFilter(hold)
+    try:
+        yield held
+    finally:
+        for h in terminal:
+            h.removeFilter(hold)
+        for record in held:
+            for h in terminal:
+                h.handle(record)
 
 
 @contextmanager

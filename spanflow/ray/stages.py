@@ -88,6 +88,11 @@ class ModelStage:
         self.model = loads.take(rt)
         self.model.set_max_length(spec.max_length, spec.stride)
         self.max_tokens = rt.max_tokens
+        check = getattr(self.model, "check_precision", None)
+        if spec.asked.precision != "auto" and rt.quantize is None and callable(check):
+            # a reduced precision asked by name is held to its gate on the input's sample, as
+            # the single-process job holds it (auto's choice and int8 were checked just now)
+            check(spec.sample, force=spec.asked.force)
 
     def __call__(self, batch):
         if self.failed is not None:

@@ -141,9 +141,9 @@ class Embedder:
             raise ConfigError(f"--dtype must be float32 or float16, got {dtype!r}")
         ok = [r is not None for r in results]
         rows = np.zeros((len(ok), self.dim), dtype=dtype)  # (n, dim)
-        for k, r in enumerate(results):
-            if r is not None:
-                rows[k] = np.asarray(r).astype(dtype)
+        have = [k for k, r in enumerate(results) if r is not None]
+        if have:  # one stacked copy and one cast, not one per row
+            rows[have] = np.stack([np.asarray(results[k]) for k in have]).astype(dtype, copy=False)
         valid = None if all(ok) else pa.array(ok).buffers()[1]  # a bitmap: 1 where the row has a vector
         vectors = pa.Array.from_buffers(pa.list_(pa.from_numpy_dtype(rows.dtype), self.dim), len(ok), [valid],
                                         children=[pa.array(rows.reshape(-1))])
@@ -312,9 +312,13 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         from torch.ao.quantization import quantize_dynamic
     except ImportError:
         raise ConfigError("int8 needs torch.ao.quantization, which this torch build lacks") from None
+    out = copy.deepcopy(model)
+    for m in out.modules():
+        if isinstance(m, nn.Linear):  # spanflow's Linear too: the quantizer matches the exact class
+            m.__class__ = nn.Linear
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its deprecation notice is for torch developers, not users
-        return quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+        return quantize_dynamic(out, {nn.Linear}, dtype=torch.qint8)
 
 
 def _precast_linear(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -10,6 +10,7 @@ from torch import nn
 
 from spanflow.errors import ConfigError
 from spanflow.models.dropout import Dropout
+from spanflow.models.linear import Linear
 from spanflow.tasks.ner.crf import CRF, bio_transition_mask, compact
 
 HEAD_TYPES = ("softmax", "crf")
@@ -21,7 +22,7 @@ class TokenClassificationHead(nn.Module):
     def __init__(self, *, hidden_size: int, num_labels: int, dropout: float = 0.1):
         super().__init__()
         self.dropout = Dropout(dropout)
-        self.proj = nn.Linear(hidden_size, num_labels)
+        self.proj = Linear(hidden_size, num_labels)
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         x = features["token_embeddings"]  # (B, T, H)
@@ -34,7 +35,7 @@ class CrfTaggingHead(nn.Module):
     def __init__(self, *, hidden_size: int, id2label: list[str], dropout: float = 0.1):
         super().__init__()
         self.dropout = Dropout(dropout)
-        self.proj = nn.Linear(hidden_size, len(id2label))
+        self.proj = Linear(hidden_size, len(id2label))
         self.crf = CRF(len(id2label), bio_transition_mask(id2label))
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from spanflow.models.linear import Linear
+
 
 class CasRelHead(nn.Module):
     """Reads token states (B, T, H); the object stage takes any number of subjects at once."""
@@ -12,8 +14,8 @@ class CasRelHead(nn.Module):
     def __init__(self, *, hidden_size: int, num_relations: int):
         super().__init__()
         self.num_relations = num_relations
-        self.sub = nn.Linear(hidden_size, 2)
-        self.obj = nn.Linear(hidden_size, 2 * num_relations)
+        self.sub = Linear(hidden_size, 2)
+        self.obj = Linear(hidden_size, 2 * num_relations)
 
     def subjects(self, h: torch.Tensor) -> torch.Tensor:
         return self.sub(h)  # (B, T, 2) start/end logits

@@ -1,0 +1,59 @@
+"""A Linear layer whose CPU low-precision products see few distinct row counts.
+
+On the CPU, a bf16 or fp16 product goes through oneDNN, which builds and keeps a kernel (and
+its buffers, about a megabyte) for every row count it meets, up to its cache's capacity of
+1024 shapes per kind. A batch of B texts padded to T tokens gives a product of B * T rows,
+and token-budget batches give a new B * T for almost every batch: a bulk job's memory grew
+with its row count until the cache filled (tests/test_linear.py, docs/architecture.md).
+Here the rows are rounded up to one of a few sizes (32 per doubling: at most 1/32 more rows,
+1/64 on average), the extra rows zero and dropped from the result, so the sizes a process
+ever meets stay a fixed, small set whatever its input. The rounding is fused into the cast
+that autocast would make anyway, so no extra copy is made. fp32 (MKL keeps no such kernels)
+and other devices run nn.Linear as it is.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_STEPS = 32  # sizes per doubling of the row count
+_SMALLEST = 8  # rows are rounded to at least a multiple of this
+
+
+def rounded_rows(m: int) -> int:
+    """`m` rounded up to the next of the fixed sizes: a multiple of 2^(floor(log2 m) - 5), at least 8."""
+    step = max(_SMALLEST, (1 << max(m.bit_length() - 1, 0)) // _STEPS)
+    return -(-m // step) * step
+
+
+def low_precision(x: torch.Tensor, weight) -> torch.dtype | None:
+    """The dtype a CPU product of x and weight runs in, where that is bf16 or fp16; else None."""
+    if x.device.type != "cpu":
+        return None
+    if not isinstance(weight, torch.Tensor):  # a quantized layer's packed weight: not oneDNN's bf16 path
+        return None
+    dt = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    if dt not in (torch.bfloat16, torch.float16) and weight.dtype in (torch.bfloat16, torch.float16):
+        dt = weight.dtype
+    return dt if dt in (torch.bfloat16, torch.float16) else None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, its rows rounded up to a fixed size for a CPU low-precision product."""
+    dt = low_precision(x, weight)
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if dt is None or m == 0 or rounded_rows(m) == m:
+        return F.linear(x, weight, bias)
+    rows = x.new_empty((rounded_rows(m), x.shape[-1]), dtype=dt)
+    rows[:m].copy_(x.reshape(m, x.shape[-1]))  # the cast autocast would make, into the rounded rows
+    rows[m:].zero_()
+    y = F.linear(rows, weight, bias)  # under autocast, its cached cast of the weight
+    return y[:m].view(*x.shape[:-1], y.shape[-1])
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and state dict) running `linear` above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

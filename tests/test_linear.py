@@ -1,0 +1,123 @@
+"""spanflow.models.linear: CPU low-precision products see a fixed, small set of row counts."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import spanflow.models.bert as bert
+from spanflow.models.bert import NativeBert
+from spanflow.models.files import Config
+from spanflow.models.linear import Linear, rounded_rows
+
+
+class _Rows(TorchDispatchMode):
+    """The row counts of the matrix products run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.linear.default:  # inference mode keeps it whole
+            self.rows.append(args[0].numel() // args[0].shape[-1])
+        elif func in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default):
+            a = args[1] if func is torch.ops.aten.addmm.default else args[0]
+            self.rows.append(a.shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _bert() -> NativeBert:
+    torch.manual_seed(0)
+    cfg = Config(**{"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "intermediate_size": 64, "max_position_embeddings": 64, "type_vocab_size": 2,
+                  "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+                  "pad_token_id": 0})
+    return NativeBert(cfg)
+
+
+def _shapes():
+    # token-budget batches as bulk jobs make them: B * T near a 2048-token budget, B by T
+    return [(b, t) for t in range(4, 60, 3) for b in range(max(1, 2048 // t - 12), 2048 // t + 1, 2)]
+
+
+def test_rounded_rows_is_a_small_fixed_set_close_above():
+    seen = set()
+    for m in range(1, 20000):
+        r = rounded_rows(m)
+        assert m <= r <= m + max(8, m / 32)
+        assert rounded_rows(r) == r
+        seen.add(r)
+    assert len(seen) < 300  # against 19999 row counts unrounded
+
+
+def test_linear_equals_nn_linear_and_rounds_only_low_precision_cpu_products():
+    torch.manual_seed(0)
+    ref = nn.Linear(16, 24)
+    ours = Linear(16, 24)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 7, 16)  # 35 rows: rounded to 40
+    with _Rows() as fp32:
+        assert torch.equal(ours(x), ref(x))
+    assert fp32.rows == [35, 35]
+    with torch.autocast("cpu", dtype=torch.bfloat16), _Rows() as low:
+        a, b = ours(x), ref(x)
+    assert low.rows == [40, 35]
+    assert a.shape == b.shape == (5, 7, 24) and a.dtype == b.dtype == torch.bfloat16
+    assert torch.allclose(a.float(), b.float(), atol=2e-2)
+    half = Linear(16, 24).to(torch.bfloat16)
+    with _Rows() as cast:
+        assert half(x.bfloat16()).shape == (5, 7, 24)
+    assert cast.rows == [40]
+
+
+def test_native_bert_under_bf16_meets_only_rounded_row_counts():
+    model = _bert().eval()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16), _Rows() as seen:
+        for b, t in _shapes():
+            model(torch.randint(1, 50, (b, t)), torch.ones(b, t, dtype=torch.long))
+    unrounded = {b * t for b, t in _shapes()}
+    assert all(rounded_rows(m) == m for m in seen.rows)
+    assert len(set(seen.rows)) * 4 < len(unrounded)
+    with torch.inference_mode(), _Rows() as fp32:  # fp32: the products as the batch makes them
+        for b, t in _shapes()[:5]:
+            model(torch.randint(1, 50, (b, t)), torch.ones(b, t, dtype=torch.long))
+    assert set(fp32.rows) == {b * t for b, t in _shapes()[:5]}
+
+
+def test_rounded_rows_change_neither_outputs_nor_gradients(monkeypatch):
+    model = _bert()
+    for m in model.modules():  # no dropout: the rounded rows would shift the masks' draws
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    for layer in model.encoder.layer:
+        layer.attention.self.p = 0.0
+    ids = torch.randint(1, 50, (5, 7))  # 35 rows: rounded to 40
+    mask = torch.ones(5, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+
+    def run():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16), _Rows() as seen:
+            out = model(ids, mask).last_hidden_state
+        out.float().pow(2).mean().backward()
+        return out.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters()}, seen.rows
+
+    out_r, grads_r, rows_r = run()
+    monkeypatch.setattr(bert, "rounded_rows", lambda m: m)
+    monkeypatch.setattr("spanflow.models.linear.rounded_rows", lambda m: m)
+    out_p, grads_p, rows_p = run()
+    assert 40 in rows_r and 35 not in rows_r and 35 in rows_p  # the runs differ where they should
+    assert out_r.shape == out_p.shape == (5, 7, 32)
+    assert torch.allclose(out_r, out_p, atol=3e-2)
+    for n, g in grads_p.items():
+        assert torch.allclose(grads_r[n], g, atol=1e-2, rtol=0.1), n
+
+
+def test_int8_quantization_still_finds_the_layers():
+    from spanflow.tasks.embed.model import _quantize_int8
+
+    q = _quantize_int8(_bert().eval())
+    kinds = {type(m).__module__ for m in q.modules()}
+    assert any("quantized" in k for k in kinds)
+    assert not any(type(m) is Linear for m in q.modules())
