@@ -182,6 +182,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs of each size, the two jobs' order alternating")
     ap.add_argument("--sample-s", type=float, default=1.0, help="seconds between memory samples")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default="bulk_scale", help="the results' file name, without extension")
     a = ap.parse_args()
     if ray_running():
         raise SystemExit(f"a Ray cluster is running on this machine (pids {ray_running()}): the Ray run would join "
@@ -203,11 +204,12 @@ def main() -> None:
                               "RSS, sampled every --sample-s s) for `spanflow embed` Parquet to Parquet, single "
                               "process vs a local Ray (`--ray`, its own Ray started and timed) on the same machine; "
                               "ray_overhead = ray_s / single_s; the vectors are checked equal bit for bit",
-               "model": a.model or "from-scratch BERT (4 layers, hidden 256)", "ray_args": a.ray_args,
+               "model": os.path.basename(os.path.normpath(a.model)) if a.model
+               else "from-scratch BERT (4 layers, hidden 256)", "ray_args": a.ray_args,
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                "torch_threads": torch.get_num_threads(), "sample_s": a.sample_s, "repeats": a.repeats}
-    write_results(a.out, "bulk_scale", payload, rows,
+    write_results(a.out, a.name, payload, rows,
                   ["rows", "repeat", "first", "single_s", "ray_s", "ray_overhead", "single_rows_per_s",
                    "ray_rows_per_s", "single_peak_rss_mib", "ray_peak_rss_mib", "max_abs_diff"])
 
