@@ -121,3 +121,13 @@ def test_int8_quantization_still_finds_the_layers():
     kinds = {type(m).__module__ for m in q.modules()}
     assert any("quantized" in k for k in kinds)
     assert not any(type(m) is Linear for m in q.modules())
+
+
+def test_compiled_graphs_are_not_rounded(monkeypatch):
+    # a rounding traced into a dynamic graph would pin it to one row count (a recompile per B * T)
+    layer = Linear(16, 24)
+    x = torch.randn(5, 7, 16)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), _Rows() as seen:
+        assert layer(x).shape == (5, 7, 24)
+    assert seen.rows == [35]

@@ -7,9 +7,10 @@ and token-budget batches give a new B * T for almost every batch: a bulk job's m
 with its row count until the cache filled (tests/test_linear.py, docs/architecture.md).
 Here the rows are rounded up to one of a few sizes (32 per doubling: at most 1/32 more rows,
 1/64 on average), the extra rows zero and dropped from the result, so the sizes a process
-ever meets stay a fixed, small set whatever its input. The rounding is fused into the cast
-that autocast would make anyway, so no extra copy is made. fp32 (MKL keeps no such kernels)
-and other devices run nn.Linear as it is.
+ever meets stay a fixed, small set whatever its input (below 256 rows the step is 8). Here
+the rounding is fused into the cast autocast would make anyway; the native BERT rounds once per
+forward instead (models/bert.py). fp32 (MKL keeps no such kernels), other devices and compiled
+graphs (a rounding would pin a dynamic graph to one row count) run nn.Linear as it is.
 """
 from __future__ import annotations
 
@@ -27,15 +28,19 @@ def rounded_rows(m: int) -> int:
     return -(-m // step) * step
 
 
+def _autocast_dtype() -> torch.dtype | None:
+    """The CPU autocast dtype in force, or None (torch before 2.4 names these functions apart)."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+
+
 def low_precision(x: torch.Tensor, weight) -> torch.dtype | None:
-    """The dtype a CPU product of x and weight runs in, where that is bf16 or fp16; else None."""
-    if x.device.type != "cpu":
-        return None
-    if not isinstance(weight, torch.Tensor):  # a quantized layer's packed weight: not oneDNN's bf16 path
-        return None
-    dt = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-    if dt not in (torch.bfloat16, torch.float16) and weight.dtype in (torch.bfloat16, torch.float16):
-        dt = weight.dtype
+    """The dtype a CPU product of x and weight runs in, where that is bf16 or fp16; else None.
+    None inside torch.compile: a rounding there would pin a dynamic graph to one row count."""
+    if x.device.type != "cpu" or not isinstance(weight, torch.Tensor) or torch.compiler.is_compiling():
+        return None  # not weight: a quantized layer's packed weight is not oneDNN's bf16 path
+    dt = _autocast_dtype() or x.dtype
     return dt if dt in (torch.bfloat16, torch.float16) else None
 
 

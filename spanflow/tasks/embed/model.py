@@ -16,6 +16,7 @@ from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import encoder_max_length, load_encoder
+from spanflow.models.linear import Linear
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
 from spanflow.runtime.precision import load_auto
@@ -314,7 +315,7 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         raise ConfigError("int8 needs torch.ao.quantization, which this torch build lacks") from None
     out = copy.deepcopy(model)
     for m in out.modules():
-        if isinstance(m, nn.Linear):  # spanflow's Linear too: the quantizer matches the exact class
+        if type(m) is Linear:  # the quantizer matches the exact class
             m.__class__ = nn.Linear
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its deprecation notice is for torch developers, not users
