@@ -48,9 +48,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear, its rows rounded up to a fixed size for a CPU low-precision product."""
     dt = low_precision(x, weight)
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if dt is None or m == 0 or rounded_rows(m) == m:
+    r = rounded_rows(m) if dt is not None and m else m
+    if r == m:
         return F.linear(x, weight, bias)
-    rows = x.new_empty((rounded_rows(m), x.shape[-1]), dtype=dt)
+    rows = x.new_empty((r, x.shape[-1]), dtype=dt)
     rows[:m].copy_(x.reshape(m, x.shape[-1]))  # the cast autocast would make, into the rounded rows
     rows[m:].zero_()
     y = F.linear(rows, weight, bias)  # under autocast, its cached cast of the weight

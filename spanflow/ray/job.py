@@ -38,7 +38,7 @@ from spanflow.runtime.resolve import Asked
 # their input into chunks of 8192 and 4096 texts, so chunks of 8192 rows are theirs exactly
 DEFAULT_BATCH_ROWS = 8192
 RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the job is built on
-MODEL_NICENESS = ("RAY_worker_niceness", "0")  # the model actors' priority (see _model_stages)
+MODEL_ENV = {"RAY_worker_niceness": "0"}  # the model actors' priority (see _model_stages)
 
 
 @dataclass(frozen=True)
@@ -135,14 +135,14 @@ def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
         if target.local:
             hold_output(held, target.path, WHAT)  # a second job on this output stops here
         plan = _plan(job)  # the input's columns and the output's schema: checked before Ray starts
-        with connected(job.address) as ray, _job_context(ray), _held_errors() as held:
+        with connected(job.address) as ray, _job_context(ray), _held_errors() as ray_errors:
             try:
                 return _run(ray, job, plan, target, stage, measure, log, began)
             except ray.exceptions.RayError as e:
                 failed = worker_error(e)
                 if failed is e:
                     raise
-            held.clear()  # Ray Data's tracebacks of it: its one line says what there is to say
+            ray_errors.clear()  # Ray Data's tracebacks of it: its one line says what there is to say
             raise failed  # here, not in the handler: it does not carry Ray's wrapper along
 
 
@@ -335,29 +335,28 @@ def _model_stages(ray, ds, pre, stage, spec: StageSpec, actors: Actors, rows: in
     # team; the model actors run at Ray's priority instead, the reading and writing stay below
     return ds.map_batches(stage, fn_constructor_kwargs={"spec": spec}, batch_size=rows, batch_format="pyarrow",
                           compute=pool, num_cpus=actors.cpus, num_gpus=actors.gpus or None,
-                          runtime_env={"env_vars": {MODEL_NICENESS[0]: MODEL_NICENESS[1]}})
+                          runtime_env={"env_vars": dict(MODEL_ENV)})
 
 
 @contextmanager
-def _held_errors() -> Iterator[list]:
+def _held_errors() -> Iterator[dict]:
     """Ray Data's error records for the terminal, held back while the job runs and printed at
-    its end, unless the caller clears the list it is given: a job failing with a SpanflowError
+    its end, unless the caller clears what it is given: a job failing with a SpanflowError
     or an OSError raises it as itself, and Ray Data's tracebacks of it (one calling it "internal
     code" that should be reported to Ray) would bury its one line. Its log file keeps them."""
-    held: list = []
+    held: dict[int, logging.LogRecord] = {}  # by id: each terminal handler asks about the same record
 
     class Hold(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.levelno < logging.ERROR:
                 return True
-            if not any(r is record for r in held):  # each terminal handler asks about it
-                held.append(record)
+            held[id(record)] = record
             return False
 
     hold = Hold()
     logger = logging.getLogger("ray.data")
-    terminal = [h for h in logger.handlers if type(h) is logging.StreamHandler or
-                (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler))]
+    terminal = [h for h in logger.handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
     for h in terminal:
         h.addFilter(hold)
     try:
@@ -365,7 +364,7 @@ def _held_errors() -> Iterator[list]:
     finally:
         for h in terminal:
             h.removeFilter(hold)
-        for record in held:
+        for record in held.values():
             for h in terminal:
                 h.handle(record)
 
