@@ -11,10 +11,12 @@ bit for bit (the run stops otherwise).
 The Ray run starts its own Ray (RAY_ADDRESS is removed from its environment, and the bench
 refuses to run while a Ray cluster is up on this machine), so Ray's start-up is in its time
 and Ray's processes (GCS, raylet, workers) are in its memory. Peak memory is the peak of the
-summed RSS of the process tree, sampled every --sample-s seconds from psutil's memory_info
-(cheap: no page-map walk); shared pages (Ray's object store in /dev/shm) count once per
-process that maps them. The input is read once before the runs, so neither run pays for a
-cold page cache, and with --repeats the order of the two runs alternates.
+summed RSS and of the summed PSS of the process tree, sampled every --sample-s seconds from
+psutil's memory_full_info (smaps_rollup, about a millisecond a process): in RSS a shared page
+(Ray's object store in /dev/shm, the libraries) counts once per process that maps it, in PSS
+it is split among them, so the PSS sum is what the tree holds. The input is read once before
+the runs, so neither run pays for a cold page cache, and with --repeats the order of the two
+runs alternates.
 
     python bench/bulk_scale.py --sizes 100000,1000000
     python bench/bulk_scale.py --sizes 2000 --out /tmp/bulk   # a check that it runs
@@ -78,29 +80,33 @@ def tiny_encoder(path: str) -> str:
     return path
 
 
-def tree_rss(proc: psutil.Process) -> int:
-    """The summed RSS in bytes of `proc` and all its descendants."""
+def tree_memory(proc: psutil.Process) -> tuple[int, int]:
+    """The summed RSS and PSS in bytes of `proc` and all its descendants. PSS shares a page
+    among the processes that map it (Ray's object store, the libraries), so its sum is what
+    the tree holds; RSS counts a shared page once per process."""
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
-    rss = 0
+        return 0, 0
+    rss = pss = 0
     for p in procs:
         try:
-            rss += p.memory_info().rss
+            m = p.memory_full_info()  # /proc/PID/smaps_rollup: about a millisecond a process
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return rss
+        rss, pss = rss + m.rss, pss + getattr(m, "pss", m.rss)
+    return rss, pss
 
 
 def run(cmd: list[str], env: dict, sample_s: float) -> dict:
-    """Run `cmd` to its end: whole-process seconds, peak tree RSS (MiB), its stdout."""
+    """Run `cmd` to its end: whole-process seconds, peak tree RSS and PSS (MiB), its stdout."""
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty job never blocks on it
         t = time.perf_counter()
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        proc, peak = psutil.Process(p.pid), 0
+        proc, peak, peak_pss = psutil.Process(p.pid), 0, 0
         while p.poll() is None:
-            peak = max(peak, tree_rss(proc))
+            rss, pss = tree_memory(proc)
+            peak, peak_pss = max(peak, rss), max(peak_pss, pss)
             try:
                 p.wait(timeout=sample_s)
             except subprocess.TimeoutExpired:
@@ -110,7 +116,7 @@ def run(cmd: list[str], env: dict, sample_s: float) -> dict:
         out = log.read()
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out[-4000:]}")
-    return {"s": secs, "rss_mib": peak / 2**20, "stdout": out}
+    return {"s": secs, "rss_mib": peak / 2**20, "pss_mib": peak_pss / 2**20, "stdout": out}
 
 
 def ray_running() -> list[int]:
@@ -163,6 +169,7 @@ def one_size(n: int, a, model: str, work: str, env: dict, repeat: int) -> dict:
            "ray_s": round(ray["s"], 2), "single_rows_per_s": round(n / single["s"]),
            "ray_rows_per_s": round(n / ray["s"]), "ray_overhead": round(ray["s"] / single["s"], 2),
            "single_peak_rss_mib": round(single["rss_mib"]), "ray_peak_rss_mib": round(ray["rss_mib"]),
+           "single_peak_pss_mib": round(single["pss_mib"]), "ray_peak_pss_mib": round(ray["pss_mib"]),
            "max_abs_diff": same_vectors(single_out, ray_out)}
     row["ray_summary"] = next((line for line in ray["stdout"].splitlines() if line.startswith("wrote ")), None)
     row["single_device"] = next((line for line in single["stdout"].splitlines() if line.startswith("device ")), None)
@@ -171,6 +178,26 @@ def one_size(n: int, a, model: str, work: str, env: dict, repeat: int) -> dict:
     print(row)
     os.remove(src)
     return row
+
+
+def model_name(path: str | None) -> str:
+    """The model, by its directory's name and its size (config.json)."""
+    if not path:
+        return "from-scratch BERT (4 layers, hidden 256)"
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        size = f" ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']})"
+    except (OSError, ValueError, KeyError):
+        size = ""
+    return os.path.basename(os.path.normpath(path)) + size
+
+
+def command() -> str:
+    """This run's command line, the model directory written DIR."""
+    args = sys.argv[1:]
+    shown = ["DIR" if k and args[k - 1] == "--model" else x for k, x in enumerate(args)]
+    return " ".join(["python bench/bulk_scale.py"] + shown)
 
 
 def main() -> None:
@@ -200,18 +227,20 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     import torch
 
-    payload = {"description": "whole-process seconds, rows/s and peak memory of the process tree (psutil, summed "
-                              "RSS, sampled every --sample-s s) for `spanflow embed` Parquet to Parquet, single "
-                              "process vs a local Ray (`--ray`, its own Ray started and timed) on the same machine; "
-                              "ray_overhead = ray_s / single_s; the vectors are checked equal bit for bit",
-               "model": os.path.basename(os.path.normpath(a.model)) if a.model
-               else "from-scratch BERT (4 layers, hidden 256)", "ray_args": a.ray_args,
+    payload = {"description": f"model: {model_name(a.model)}; `{command()}`\n\n"
+                              "whole-process seconds, rows/s and peak memory of the process tree (psutil, summed "
+                              "RSS and summed PSS, sampled every --sample-s s) for `spanflow embed` Parquet to "
+                              "Parquet, single process vs a local Ray (`--ray`, its own Ray started and timed) "
+                              "on the same machine; ray_overhead = ray_s / single_s; the vectors are checked "
+                              "equal bit for bit",
+               "model": model_name(a.model), "command": command(), "ray_args": a.ray_args,
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                "torch_threads": torch.get_num_threads(), "sample_s": a.sample_s, "repeats": a.repeats}
     write_results(a.out, a.name, payload, rows,
                   ["rows", "repeat", "first", "single_s", "ray_s", "ray_overhead", "single_rows_per_s",
-                   "ray_rows_per_s", "single_peak_rss_mib", "ray_peak_rss_mib", "max_abs_diff"])
+                   "ray_rows_per_s", "single_peak_rss_mib", "ray_peak_rss_mib", "single_peak_pss_mib",
+                   "ray_peak_pss_mib", "max_abs_diff"])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """spanflow.models.linear: CPU low-precision products see a fixed, small set of row counts."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -8,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import spanflow.models.bert as bert
 from spanflow.models.bert import NativeBert
 from spanflow.models.files import Config
-from spanflow.models.linear import Linear, rounded_rows
+import spanflow.models.linear as linear
+from spanflow.models.linear import Linear, full_batches, rounded_rows
 
 
 class _Rows(TorchDispatchMode):
@@ -131,3 +133,73 @@ def test_compiled_graphs_are_not_rounded(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16), _Rows() as seen:
         assert layer(x).shape == (5, 7, 24)
     assert seen.rows == [35]
+
+
+def test_inside_full_batches_the_short_products_round_to_powers_of_two():
+    sizes = range(1, 3000)
+    fine = [rounded_rows(m) for m in sizes]
+    with full_batches(2048):  # 3/4 of it: 1536
+        inside = [rounded_rows(m) for m in sizes]
+        with full_batches(None):  # a nested loop without a budget: the fine steps
+            assert [rounded_rows(m) for m in sizes] == fine
+    assert [rounded_rows(m) for m in sizes] == fine  # left as it was
+    assert all(m <= r for m, r in zip(sizes, inside))
+    assert set(inside[:1535]) == {8, 16, 32, 64, 128, 256, 512, 1024, 1536}
+    assert inside[1535:] == fine[1535:]  # the full batches keep the fine steps
+    assert len(set(fine[:1535])) > 90
+
+
+def _embedder(tmp_path):
+    from helpers import tiny_bert
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.tasks.embed import Embedder
+
+    texts = [e.text for e in synthetic_ner(120, seed=4, max_clauses=3)]
+    enc, tok = tiny_bert(texts, hidden=32, layers=1, heads=2, seed=0)
+    enc.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    return Embedder.load(str(tmp_path), precision="bf16", device="cpu"), texts
+
+
+def test_a_bulk_embedding_loop_rounds_its_short_batches_and_the_server_does_not(tmp_path):
+    emb, texts = _embedder(tmp_path)
+    budget = 256
+    with _Rows() as bulk:
+        got = emb.encode(texts, max_tokens=budget)
+    assert got.shape == (len(texts), emb.dim) and np.isfinite(got).all()
+    short = [r for r in bulk.rows if r < budget * 3 // 4]
+    assert short and all(r & (r - 1) == 0 for r in short)  # powers of two
+    units, _, _ = emb.units(texts[:3])
+    with _Rows() as served:
+        emb.run_batch(units)
+    from spanflow.batching.collate import SERVE_PAD_MULTIPLE as k
+
+    padded = 3 * -(-max(len(u) for u in units) // k) * k
+    assert served.rows and all(r == rounded_rows(padded) for r in served.rows)
+    assert all(r < 1 << (padded - 1).bit_length() for r in served.rows)  # the fine step, not a power of two
+
+
+def test_the_ner_and_re_bulk_loops_run_inside_full_batches(monkeypatch, tiny_tokenizer):
+    import spanflow.tasks.ner.tagging as tagging
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.tasks.re.model import ReModel
+
+    seen = []
+
+    def windows(model, bw, starts, pad_id, policy, *a):
+        seen.append(("ner", linear._SHORT_BELOW.get()))
+        return [[0] * 64 for _ in bw]  # "O" for every token
+
+    monkeypatch.setattr(tagging, "tag_windows", windows)
+    texts = ["alpha beta gamma", "delta epsilon", "zeta"]
+    out = list(tagging.tag_texts(nn.Identity(), tiny_tokenizer, texts, id2label=["O"], max_length=32, stride=8,
+                                 max_tokens=512, policy=resolve_policy("fp32", "cpu")))
+    assert len(out) == 3
+
+    re = object.__new__(ReModel)
+    re.tokenizer, re.max_length, re.policy = tiny_tokenizer, 32, resolve_policy("fp32", "cpu")
+    monkeypatch.setattr(ReModel, "predict_encoded",
+                        lambda self, encs, **kw: seen.append(("re", linear._SHORT_BELOW.get())) or [[] for _ in encs])
+    assert re.predict(texts, max_tokens=1024) == [[], [], []]
+    assert ("ner", 384) in seen and ("re", 768) in seen
+    assert linear._SHORT_BELOW.get() == 0  # and nothing left set after them

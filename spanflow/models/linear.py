@@ -11,8 +11,20 @@ ever meets stay a fixed, small set whatever its input (below 256 rows the step i
 the rounding is fused into the cast autocast would make anyway; the native BERT rounds once per
 forward instead (models/bert.py). fp32 (MKL keeps no such kernels), other devices and compiled
 graphs (a rounding would pin a dynamic graph to one row count) run nn.Linear as it is.
+
+A bulk loop's token-budget batches are nearly all full: B * T within a few percent of the
+budget. Its rare short batches (a chunk's last, one closed early for padding) would still meet
+most of the sizes below that, one by one as the input grows, a megabyte or two each. Inside
+`full_batches(budget)` those round up to a power of two instead (at most to 3/4 of the
+budget), costing a few padded rows on a small fraction of the batches, and the set of sizes is
+complete after the first chunks. Serving's batches are as large as its queue, not the budget,
+and keep the fine steps.
 """
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +34,32 @@ _STEPS = 32  # sizes per doubling of the row count
 _SMALLEST = 8  # rows are rounded to at least a multiple of this
 
 
-def rounded_rows(m: int) -> int:
-    """`m` rounded up to the next of the fixed sizes: a multiple of 2^(floor(log2 m) - 5), at least 8."""
+_SHORT_BELOW: ContextVar[int] = ContextVar("spanflow_short_below", default=0)  # 0: no bulk loop
+
+
+@contextmanager
+def full_batches(budget: int | None) -> Iterator[None]:
+    """Inside it, products of fewer than 3/4 of `budget` rows (a bulk loop's short batches)
+    round up to a power of two, at most to that 3/4; None: the fine steps everywhere."""
+    token = _SHORT_BELOW.set(budget * 3 // 4 if budget else 0)
+    try:
+        yield
+    finally:
+        _SHORT_BELOW.reset(token)
+
+
+def _fine(m: int) -> int:
     step = max(_SMALLEST, (1 << max(m.bit_length() - 1, 0)) // _STEPS)
     return -(-m // step) * step
+
+
+def rounded_rows(m: int) -> int:
+    """`m` rounded up to the next of the fixed sizes: a multiple of 2^(floor(log2 m) - 5), at
+    least 8; inside full_batches, below 3/4 of its budget, the next power of two (at most 3/4)."""
+    short = _SHORT_BELOW.get()
+    if 0 < m < short:
+        return min(max(_SMALLEST, 1 << (m - 1).bit_length()), _fine(short))
+    return _fine(m)
 
 
 def _autocast_dtype() -> torch.dtype | None:

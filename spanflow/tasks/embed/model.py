@@ -16,7 +16,7 @@ from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import encoder_max_length, load_encoder
-from spanflow.models.linear import Linear
+from spanflow.models.linear import Linear, full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
 from spanflow.runtime.precision import load_auto
@@ -240,29 +240,30 @@ class Embedder:
         if self.oom_budget:
             budget = min(budget, self.oom_budget)
         batches = token_budget_batches(lengths, budget, shuffle=False)
-        k = 0
-        while k < len(batches):
-            batch = batches[k]
-            try:
-                emb = self._forward(model or self.module, ids, batch, autocast)
-            except torch.cuda.OutOfMemoryError:
-                if len(batch) == 1:
-                    raise
-                padded = max(lengths[i] for i in batch) * len(batch)
-                self.oom_budget = max(1, padded // 2)
-                log.warning("out of memory on a batch of %d texts (%d padded tokens): splitting it; token "
-                            "budget lowered to %d for the rest of the run", len(batch), padded, self.oom_budget)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                rest = [i for b in batches[k:] for i in b]
-                recut = token_budget_batches([lengths[i] for i in rest], self.oom_budget, shuffle=False)
-                batches = batches[:k] + [[rest[j] for j in b] for b in recut]
-                continue
-            out[batch] = emb.cpu().numpy()  # host sync: one per batch, the result is needed
-            if on_batch:
-                lens = [lengths[i] for i in batch]
-                on_batch(len(batch), sum(lens), max(lens) * len(lens))
-            k += 1
+        with full_batches(budget):  # the short batches: few distinct products (models/linear.py)
+            k = 0
+            while k < len(batches):
+                batch = batches[k]
+                try:
+                    emb = self._forward(model or self.module, ids, batch, autocast)
+                except torch.cuda.OutOfMemoryError:
+                    if len(batch) == 1:
+                        raise
+                    padded = max(lengths[i] for i in batch) * len(batch)
+                    self.oom_budget = max(1, padded // 2)
+                    log.warning("out of memory on a batch of %d texts (%d padded tokens): splitting it; token "
+                                "budget lowered to %d for the rest of the run", len(batch), padded, self.oom_budget)
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    rest = [i for b in batches[k:] for i in b]
+                    recut = token_budget_batches([lengths[i] for i in rest], self.oom_budget, shuffle=False)
+                    batches = batches[:k] + [[rest[j] for j in b] for b in recut]
+                    continue
+                out[batch] = emb.cpu().numpy()  # host sync: one per batch, the result is needed
+                if on_batch:
+                    lens = [lengths[i] for i in batch]
+                    on_batch(len(batch), sum(lens), max(lens) * len(lens))
+                k += 1
         return out
 
     def encode_stream(self, texts: Iterable[str], *, chunk_size: int = 8192, max_tokens: int | None = None,

@@ -10,6 +10,7 @@ from spanflow.batching.align import encode_texts, merge_windows, windows_for
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
 from spanflow.batching.prefetch import chunked, prefetch
+from spanflow.models.linear import full_batches
 from spanflow.data.examples import Span
 from spanflow.tasks.ner.bio import decode_spans
 from spanflow.runtime.policy import Policy
@@ -45,13 +46,14 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
     pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
     for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
-        for b in batches:
-            bw = [wins[i] for i in b]
-            for i, p in zip(b, tag_windows(model, bw, [word_starts(encs, w) for w in bw], pad_id, policy)):
-                preds[i] = p
-            if on_batch:
-                lens = [len(w) for w in bw]
-                on_batch(0, sum(lens), max(lens) * len(lens))
+        with full_batches(max_tokens):  # the short batches: few distinct products (models/linear.py)
+            for b in batches:
+                bw = [wins[i] for i in b]
+                for i, p in zip(b, tag_windows(model, bw, [word_starts(encs, w) for w in bw], pad_id, policy)):
+                    preds[i] = p
+                if on_batch:
+                    lens = [len(w) for w in bw]
+                    on_batch(0, sum(lens), max(lens) * len(lens))
         per_text: list[list[tuple[int, int, list[int]]]] = [[] for _ in chunk]
         for w, p in zip(wins, preds):
             per_text[w.example].append((w.start, w.end, p))

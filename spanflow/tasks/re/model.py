@@ -18,6 +18,7 @@ from spanflow.models.directory import (
     load_model_dir,
     save_model_dir,
 )
+from spanflow.models.linear import full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
 from spanflow.tasks.metrics import format_table
@@ -81,8 +82,12 @@ class ReModel:
                 threshold: float | None = None, on_batch: Callable | None = None) -> list[list[Triple]]:
         """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order;
         `on_batch(0, real_tokens, padded_tokens)` after each batch."""
-        return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
-                                    threshold=threshold, on_batch=on_batch)
+        with full_batches(self._budget(max_tokens)):  # the short batches: few distinct products (models/linear.py)
+            return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
+                                        threshold=threshold, on_batch=on_batch)
+
+    def _budget(self, max_tokens: int | None) -> int:
+        return max(max_tokens or infer_tokens(self.policy.device), self.max_length)
 
     def predict_encoded(self, encs: list[Encoded], *, max_tokens: int | None = None,
                         threshold: float | None = None, pad_multiple: int = 1,
@@ -95,7 +100,7 @@ class ReModel:
                                limit=self.max_length)
         out: list[list[Triple]] = [[] for _ in feats]
         seen: list[set] = [set() for _ in feats]
-        budget = max(max_tokens or infer_tokens(self.policy.device), self.max_length)
+        budget = self._budget(max_tokens)
         self.module.eval()
         dev = self.policy.device
         for batch in token_budget_batches([len(f) for f in feats], budget, shuffle=False):
