@@ -19,6 +19,7 @@ the runs, so neither run pays for a cold page cache, and with --repeats the orde
 runs alternates.
 
     python bench/bulk_scale.py --sizes 100000,1000000
+    python bench/bulk_scale.py --layers 1 --hidden 32 --sizes 100000,1000000 --name bulk_scale_small_model
     python bench/bulk_scale.py --sizes 2000 --out /tmp/bulk   # a check that it runs
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ def write_input(path: str, n: int) -> None:
             w.write_table(pa.table({"text": [next(gen) for _ in range(min(ROW_GROUP, n - at))]}))
 
 
-def tiny_encoder(path: str) -> str:
+def tiny_encoder(path: str, layers: int = 4, hidden: int = 256) -> str:
     """A from-scratch BERT encoder directory (random weights: speed, not quality)."""
     import torch
     from transformers import BertConfig, BertModel
@@ -72,8 +73,9 @@ def tiny_encoder(path: str) -> str:
     from spanflow.models.encoder import train_wordpiece
 
     tok = train_wordpiece(list(sentences(5000, seed=1)), 4000)
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                     intermediate_size=1024, max_position_embeddings=512, pad_token_id=tok.pad_token_id)
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=max(2, hidden // 64), intermediate_size=4 * hidden,
+                     max_position_embeddings=512, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     BertModel(cfg, add_pooling_layer=False).save_pretrained(path)
     tok.save_pretrained(path)
@@ -91,10 +93,14 @@ def tree_memory(proc: psutil.Process) -> tuple[int, int]:
     rss = pss = 0
     for p in procs:
         try:
-            m = p.memory_full_info()  # /proc/PID/smaps_rollup: about a millisecond a process
+            m = p.memory_info()
+            rss += m.rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        rss, pss = rss + m.rss, pss + getattr(m, "pss", m.rss)
+        try:  # /proc/PID/smaps_rollup: about a millisecond a process
+            pss += p.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            pss += m.rss  # unreadable (or no PSS on this platform): its RSS, the bound above
     return rss, pss
 
 
@@ -180,30 +186,41 @@ def one_size(n: int, a, model: str, work: str, env: dict, repeat: int) -> dict:
     return row
 
 
-def model_name(path: str | None) -> str:
-    """The model, by its directory's name and its size (config.json)."""
-    if not path:
-        return "from-scratch BERT (4 layers, hidden 256)"
+def model_name(a) -> str:
+    """The model: its directory's name and size (config.json), or the one built here."""
+    if not a.model:
+        return f"from-scratch BERT ({a.layers} layer{'s' if a.layers != 1 else ''}, hidden {a.hidden})"
     try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        with open(os.path.join(a.model, "config.json"), encoding="utf-8") as f:
             cfg = json.load(f)
-        size = f" ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']})"
+        n = cfg["num_hidden_layers"]
+        size = f" ({n} layer{'s' if n != 1 else ''}, hidden {cfg['hidden_size']})"
     except (OSError, ValueError, KeyError):
         size = ""
-    return os.path.basename(os.path.normpath(path)) + size
+    return os.path.basename(os.path.normpath(a.model)) + size
 
 
 def command() -> str:
-    """This run's command line, the model directory written DIR."""
-    args = sys.argv[1:]
-    shown = ["DIR" if k and args[k - 1] == "--model" else x for k, x in enumerate(args)]
-    return " ".join(["python bench/bulk_scale.py"] + shown)
+    """This run's command line, a --model directory written DIR."""
+    import shlex
+
+    args, shown = sys.argv[1:], []
+    for k, x in enumerate(args):
+        if k and args[k - 1] == "--model":
+            x = "DIR"
+        elif x.startswith("--model="):
+            x = "--model=DIR"
+        shown.append(x)
+    return shlex.join(["python", "bench/bulk_scale.py"] + shown)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100000,1000000", help="rows of synthetic text, comma-separated")
     ap.add_argument("--model", default=None, help="an embedding model directory [a from-scratch BERT, built here]")
+    ap.add_argument("--layers", type=int, default=4, help="the from-scratch BERT's layers")
+    ap.add_argument("--hidden", type=int, default=256, help="the from-scratch BERT's hidden size (heads of 64, at "
+                                                            "least 2; feed-forward 4x)")
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--ray-args", default="", help="more flags for the Ray run, e.g. '--ray-actors 2'")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each size, the two jobs' order alternating")
@@ -216,7 +233,7 @@ def main() -> None:
                          "it, and neither its start-up nor its processes would be measured; stop it (ray stop)")
     work = tempfile.mkdtemp(prefix="bulk-bench-")
     env = dict(os.environ, SPANFLOW_CACHE=os.path.join(work, "cache"), TOKENIZERS_PARALLELISM="false")
-    model = a.model or tiny_encoder(os.path.join(work, "encoder"))
+    model = a.model or tiny_encoder(os.path.join(work, "encoder"), a.layers, a.hidden)
     warm = os.path.join(work, "warm.parquet")  # the --precision auto verdict, cached before either run
     write_input(warm, 300)
     run([sys.executable, "-m", "spanflow", "embed", "--model", model, "--input", warm, "--column", "text",
@@ -227,13 +244,13 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     import torch
 
-    payload = {"description": f"model: {model_name(a.model)}; `{command()}`\n\n"
+    payload = {"description": f"model: {model_name(a)}; `{command()}`\n\n"
                               "whole-process seconds, rows/s and peak memory of the process tree (psutil, summed "
                               "RSS and summed PSS, sampled every --sample-s s) for `spanflow embed` Parquet to "
                               "Parquet, single process vs a local Ray (`--ray`, its own Ray started and timed) "
                               "on the same machine; ray_overhead = ray_s / single_s; the vectors are checked "
                               "equal bit for bit",
-               "model": model_name(a.model), "command": command(), "ray_args": a.ray_args,
+               "model": model_name(a), "command": command(), "ray_args": a.ray_args,
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                "torch_threads": torch.get_num_threads(), "sample_s": a.sample_s, "repeats": a.repeats}

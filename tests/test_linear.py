@@ -138,15 +138,24 @@ def test_compiled_graphs_are_not_rounded(monkeypatch):
 def test_inside_full_batches_the_short_products_round_to_powers_of_two():
     sizes = range(1, 3000)
     fine = [rounded_rows(m) for m in sizes]
-    with full_batches(2048):  # 3/4 of it: 1536
+    with full_batches(2048, 512):  # short below min(3/4 of 2048, 2048 - 512): 1536
         inside = [rounded_rows(m) for m in sizes]
-        with full_batches(None):  # a nested loop without a budget: the fine steps
+        with full_batches(None, 512):  # a nested loop without a budget: the fine steps
             assert [rounded_rows(m) for m in sizes] == fine
     assert [rounded_rows(m) for m in sizes] == fine  # left as it was
-    assert all(m <= r for m, r in zip(sizes, inside))
+    assert all(m <= r and rounded_rows(r) == r for m, r in zip(sizes, inside))  # idempotent inside too
     assert set(inside[:1535]) == {8, 16, 32, 64, 128, 256, 512, 1024, 1536}
     assert inside[1535:] == fine[1535:]  # the full batches keep the fine steps
     assert len(set(fine[:1535])) > 90
+    with full_batches(1024, 342):  # long texts: a full batch holds more than 1024 - 342 rows
+        assert rounded_rows(684) == fine[683]  # two texts of 342 tokens: a full batch, the fine step
+        assert rounded_rows(300) == 512  # short: a power of two, up to the bound's own size
+        assert rounded_rows(600) == rounded_rows(681) == fine[681] == 688
+    for budget, longest in ((3000, 64), (100, 30), (7, 1), (512, 512), (4097, 100), (0, 0)):
+        with full_batches(budget, longest):
+            for m in range(0, 5000):
+                r = rounded_rows(m)
+                assert m <= r and rounded_rows(r) == r and linear._fine(r) == r, (budget, m)  # a fine size
 
 
 def _embedder(tmp_path):
@@ -158,17 +167,21 @@ def _embedder(tmp_path):
     enc, tok = tiny_bert(texts, hidden=32, layers=1, heads=2, seed=0)
     enc.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    return Embedder.load(str(tmp_path), precision="bf16", device="cpu"), texts
+    emb = Embedder.load(str(tmp_path), precision="bf16", device="cpu")
+    emb.set_max_length(48)
+    return emb, texts
 
 
 def test_a_bulk_embedding_loop_rounds_its_short_batches_and_the_server_does_not(tmp_path):
     emb, texts = _embedder(tmp_path)
     budget = 256
-    with _Rows() as bulk:
-        got = emb.encode(texts, max_tokens=budget)
+    bound = min(budget * 3 // 4, budget - emb.max_length)
+    with _Rows() as bulk:  # chunks of 17 texts: each chunk's last batch is short
+        got = np.concatenate(list(emb.encode_stream(texts, chunk_size=17, max_tokens=budget)))
     assert got.shape == (len(texts), emb.dim) and np.isfinite(got).all()
-    short = [r for r in bulk.rows if r < budget * 3 // 4]
-    assert short and all(r & (r - 1) == 0 for r in short)  # powers of two
+    short = [r for r in bulk.rows if r < bound]
+    assert len(set(short)) >= 2 and all(r & (r - 1) == 0 for r in short)  # powers of two
+    assert all(r & (r - 1) == 0 or r >= bound for r in bulk.rows)
     units, _, _ = emb.units(texts[:3])
     with _Rows() as served:
         emb.run_batch(units)
@@ -179,27 +192,36 @@ def test_a_bulk_embedding_loop_rounds_its_short_batches_and_the_server_does_not(
     assert all(r < 1 << (padded - 1).bit_length() for r in served.rows)  # the fine step, not a power of two
 
 
-def test_the_ner_and_re_bulk_loops_run_inside_full_batches(monkeypatch, tiny_tokenizer):
+def test_the_ner_and_re_bulk_loops_run_inside_full_batches_and_their_servers_do_not(monkeypatch, tiny_tokenizer):
+    import spanflow.tasks.ner.model as ner_model
     import spanflow.tasks.ner.tagging as tagging
     from spanflow.runtime.policy import resolve_policy
+    from spanflow.tasks.ner.model import NerModel
     from spanflow.tasks.re.model import ReModel
 
     seen = []
 
-    def windows(model, bw, starts, pad_id, policy, *a):
+    def windows(model, bw, *a):
         seen.append(("ner", linear._SHORT_BELOW.get()))
         return [[0] * 64 for _ in bw]  # "O" for every token
 
     monkeypatch.setattr(tagging, "tag_windows", windows)
+    monkeypatch.setattr(ner_model, "tag_windows", windows)
     texts = ["alpha beta gamma", "delta epsilon", "zeta"]
+    policy = resolve_policy("fp32", "cpu")
     out = list(tagging.tag_texts(nn.Identity(), tiny_tokenizer, texts, id2label=["O"], max_length=32, stride=8,
-                                 max_tokens=512, policy=resolve_policy("fp32", "cpu")))
+                                 max_tokens=512, policy=policy))
     assert len(out) == 3
+    ner = object.__new__(NerModel)
+    ner.module, ner.tokenizer, ner.policy, ner.limit = nn.Identity(), tiny_tokenizer, policy, 32
+    ner.run_batch([(None, [True])])
 
-    re = object.__new__(ReModel)
-    re.tokenizer, re.max_length, re.policy = tiny_tokenizer, 32, resolve_policy("fp32", "cpu")
+    rel = object.__new__(ReModel)
+    rel.tokenizer, rel.max_length, rel.policy = tiny_tokenizer, 32, policy
     monkeypatch.setattr(ReModel, "predict_encoded",
                         lambda self, encs, **kw: seen.append(("re", linear._SHORT_BELOW.get())) or [[] for _ in encs])
-    assert re.predict(texts, max_tokens=1024) == [[], [], []]
-    assert ("ner", 384) in seen and ("re", 768) in seen
+    assert rel.predict(texts, max_tokens=1024) == [[], [], []]
+    rel.run_batch([])
+    # min(3/4 budget, budget - longest): NER 384 (512 - 32 = 480), RE 768 (1024 - 32 = 992)
+    assert seen == [("ner", 384), ("ner", 0), ("re", 768), ("re", 0)]
     assert linear._SHORT_BELOW.get() == 0  # and nothing left set after them

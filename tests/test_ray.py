@@ -558,12 +558,15 @@ def test_an_address_where_nothing_answers_is_refused_at_once():
         answering(f"127.0.0.1:{s.getsockname()[1]}")  # something answers: left to ray.init
     answering("local")
     answering("auto")
+    answering("::1")  # a bare IPv6 address: its port is not told apart, so it is left to ray.init
+    with pytest.raises(ConfigError, match=rf"nothing answers at \[::1\]:{port} "):
+        answering(f"[::1]:{port}")
 
 
 def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_as_itself():
     import io
 
-    from spanflow.ray.job import _held_errors
+    from spanflow.ray.job import HELD_MAX, _held_errors
 
     out = io.StringIO()
     terminal = logging.StreamHandler(out)
@@ -581,5 +584,12 @@ def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_a
         assert out.getvalue() == "progress\na failure spanflow does not explain\n"  # shown at the end
         inner.error("after the job")
         assert out.getvalue().endswith("after the job\n")  # the handler is as it was
+        out.seek(0), out.truncate()
+        with _held_errors():  # a job retrying for hours: the first records kept, the rest counted
+            for k in range(HELD_MAX + 7):
+                inner.error("retry %d", k)
+        lines = out.getvalue().splitlines()
+        assert lines[:HELD_MAX] == [f"retry {k}" for k in range(HELD_MAX)]
+        assert lines[HELD_MAX:] == ["... and 7 more error records (Ray Data's log file has them)"]
     finally:
         ray_data.removeHandler(terminal)

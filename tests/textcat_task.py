@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from spanflow.tasks.api import (SERVE_PAD_MULTIPLE, DataError, Plan, TaskDefaults, Workload, check_names, config_int,
-                                fill_head, fit, for_encoder, infer_tokens, load_model_dir, pad_rows, parse_json,
-                                quality_at_length, read_lines, records_response, register, resolve_policy,
-                                save_model_dir, start_encoder, token_budget_batches)
+                                fill_head, fit, for_encoder, full_batches, infer_tokens, load_model_dir, pad_rows,
+                                parse_json, quality_at_length, read_lines, records_response, register,
+                                resolve_policy, save_model_dir, start_encoder, token_budget_batches)
 
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=5),
             "tiny": TaskDefaults(lr=3e-3, head_lr=None, epochs=10, patience=0)}
@@ -105,10 +105,11 @@ class TextcatModel:
     def predict(self, texts, *, max_tokens=None):
         items = self.encode(texts)
         out = [None] * len(items)
-        for b in token_budget_batches([len(i) for i in items], max(max_tokens or infer_tokens(self.policy.device), self.max_length),
-                                      shuffle=False):
-            for i, lab in zip(b, self.run_batch([items[i] for i in b])):
-                out[i] = lab
+        budget = max(max_tokens or infer_tokens(self.policy.device), self.max_length)
+        with full_batches(budget, self.max_length):  # a bulk loop: its short batches share a few shapes
+            for b in token_budget_batches([len(i) for i in items], budget, shuffle=False):
+                for i, lab in zip(b, self.run_batch([items[i] for i in b])):
+                    out[i] = lab
         return out
 
     def predict_stream(self, texts, *, max_tokens=None, on_batch=None):

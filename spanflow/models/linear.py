@@ -12,13 +12,14 @@ the rounding is fused into the cast autocast would make anyway; the native BERT 
 forward instead (models/bert.py). fp32 (MKL keeps no such kernels), other devices and compiled
 graphs (a rounding would pin a dynamic graph to one row count) run nn.Linear as it is.
 
-A bulk loop's token-budget batches are nearly all full: B * T within a few percent of the
-budget. Its rare short batches (a chunk's last, one closed early for padding) would still meet
-most of the sizes below that, one by one as the input grows, a megabyte or two each. Inside
-`full_batches(budget)` those round up to a power of two instead (at most to 3/4 of the
-budget), costing a few padded rows on a small fraction of the batches, and the set of sizes is
-complete after the first chunks. Serving's batches are as large as its queue, not the budget,
-and keep the fine steps.
+A bulk loop's token-budget batches are nearly all full: a full batch of texts padded to T
+tokens holds more than budget - T token rows. Its rare short batches (a chunk's last, one
+closed early for padding) would still meet most of the sizes below that, one by one as the
+input grows, a megabyte or two each. Inside `full_batches(budget, longest)` those below
+min(3/4 budget, budget - longest) round up to a power of two instead (at most to that bound,
+on the fine steps), costing a few padded rows on a small fraction of the batches, and the set
+of sizes is complete after the first chunks. Serving's batches are as large as its queue, not
+the budget, and keep the fine steps.
 """
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ _SHORT_BELOW: ContextVar[int] = ContextVar("spanflow_short_below", default=0)  #
 
 
 @contextmanager
-def full_batches(budget: int | None) -> Iterator[None]:
-    """Inside it, products of fewer than 3/4 of `budget` rows (a bulk loop's short batches)
-    round up to a power of two, at most to that 3/4; None: the fine steps everywhere."""
-    token = _SHORT_BELOW.set(budget * 3 // 4 if budget else 0)
+def full_batches(budget: int | None, longest: int) -> Iterator[None]:
+    """Inside it, products below min(3/4 budget, budget - longest) rows (a bulk loop's short
+    batches, `budget` its tokens per batch and `longest` its longest text in tokens) round up to
+    a power of two, at most to that bound on the fine steps; None: the fine steps everywhere."""
+    token = _SHORT_BELOW.set(max(0, min(budget * 3 // 4, budget - longest)) if budget else 0)
     try:
         yield
     finally:
@@ -55,7 +57,7 @@ def _fine(m: int) -> int:
 
 def rounded_rows(m: int) -> int:
     """`m` rounded up to the next of the fixed sizes: a multiple of 2^(floor(log2 m) - 5), at
-    least 8; inside full_batches, below 3/4 of its budget, the next power of two (at most 3/4)."""
+    least 8; inside full_batches, below its bound, the next power of two (at most the bound's size)."""
     short = _SHORT_BELOW.get()
     if 0 < m < short:
         return min(max(_SMALLEST, 1 << (m - 1).bit_length()), _fine(short))

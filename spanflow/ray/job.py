@@ -38,6 +38,7 @@ from spanflow.runtime.resolve import Asked
 # their input into chunks of 8192 and 4096 texts, so chunks of 8192 rows are theirs exactly
 DEFAULT_BATCH_ROWS = 8192
 RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the job is built on
+HELD_MAX = 50  # Ray Data error records held for the terminal (see _held_errors)
 MODEL_ENV = {"RAY_worker_niceness": "0"}  # the model actors' priority (see _model_stages)
 
 
@@ -100,7 +101,8 @@ def connected(address: str) -> Iterator[object]:
         ray.shutdown()
 
 
-_HOST_PORT = re.compile(r"^(?:ray://)?\[?([^\]/\s]+?)\]?:(\d+)$")  # HOST:PORT, ray://HOST:PORT, [IPv6]:PORT
+# HOST:PORT, ray://HOST:PORT, [IPv6]:PORT; a bare IPv6 address (its port not told apart) is left to Ray
+_HOST_PORT = re.compile(r"^(?:ray://)?(?:\[([^\]\s]+)\]|([^:/\s\[\]]+)):(\d+)$")
 
 
 def answering(address: str, timeout: float = 5.0) -> None:
@@ -111,11 +113,13 @@ def answering(address: str, timeout: float = 5.0) -> None:
     m = _HOST_PORT.match(address.strip())
     if not m:
         return
+    host, port = m.group(1) or m.group(2), int(m.group(3))
     try:
-        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
         why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise ConfigError(f"--ray {address}: nothing answers at {m.group(1)}:{m.group(2)} ({why}); is the "
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ConfigError(f"--ray {address}: nothing answers at {where} ({why}); is the "
                           "cluster's head up (`ray start --head`), and is this its address?") from None
 
 
@@ -338,19 +342,39 @@ def _model_stages(ray, ds, pre, stage, spec: StageSpec, actors: Actors, rows: in
                           runtime_env={"env_vars": dict(MODEL_ENV)})
 
 
+class _Held(dict):
+    """Error records by id (each terminal handler is asked about the same record), the first
+    HELD_MAX of them; past that only counted: a job failing and retrying for hours keeps little."""
+
+    more, last = 0, None  # last: the record the handlers are asked about now (kept: its id stays its own)
+
+    def keep(self, record: logging.LogRecord) -> None:
+        if record is self.last:
+            return
+        self.last = record
+        if len(self) < HELD_MAX:
+            self[id(record)] = record
+        else:
+            self.more += 1
+
+    def clear(self) -> None:
+        super().clear()
+        self.more = 0
+
+
 @contextmanager
 def _held_errors() -> Iterator[dict]:
     """Ray Data's error records for the terminal, held back while the job runs and printed at
     its end, unless the caller clears what it is given: a job failing with a SpanflowError
     or an OSError raises it as itself, and Ray Data's tracebacks of it (one calling it "internal
     code" that should be reported to Ray) would bury its one line. Its log file keeps them."""
-    held: dict[int, logging.LogRecord] = {}  # by id: each terminal handler asks about the same record
+    held = _Held()
 
     class Hold(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.levelno < logging.ERROR:
                 return True
-            held[id(record)] = record
+            held.keep(record)
             return False
 
     hold = Hold()
@@ -364,6 +388,10 @@ def _held_errors() -> Iterator[dict]:
     finally:
         for h in terminal:
             h.removeFilter(hold)
+        if held and held.more:
+            held[0] = logging.makeLogRecord({"name": logger.name, "levelno": logging.ERROR, "levelname": "ERROR",
+                                             "msg": f"... and {held.more} more error records (Ray Data's log file "
+                                                    "has them)"})
         for record in held.values():
             for h in terminal:
                 h.handle(record)

@@ -240,7 +240,7 @@ class Embedder:
         if self.oom_budget:
             budget = min(budget, self.oom_budget)
         batches = token_budget_batches(lengths, budget, shuffle=False)
-        with full_batches(budget):  # the short batches: few distinct products (models/linear.py)
+        with full_batches(budget, self.max_length):  # the short batches: few distinct products (models/linear.py)
             k = 0
             while k < len(batches):
                 batch = batches[k]

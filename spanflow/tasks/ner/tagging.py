@@ -46,7 +46,7 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
     pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
     for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
-        with full_batches(max_tokens):  # the short batches: few distinct products (models/linear.py)
+        with full_batches(max_tokens, max_length):  # the short batches: few distinct products (models/linear.py)
             for b in batches:
                 bw = [wins[i] for i in b]
                 for i, p in zip(b, tag_windows(model, bw, [word_starts(encs, w) for w in bw], pad_id, policy)):

@@ -82,7 +82,8 @@ class ReModel:
                 threshold: float | None = None, on_batch: Callable | None = None) -> list[list[Triple]]:
         """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order;
         `on_batch(0, real_tokens, padded_tokens)` after each batch."""
-        with full_batches(self._budget(max_tokens)):  # the short batches: few distinct products (models/linear.py)
+        # the short batches: few distinct products (models/linear.py)
+        with full_batches(self._budget(max_tokens), self.max_length):
             return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
                                         threshold=threshold, on_batch=on_batch)
 
