@@ -11,8 +11,9 @@ bit for bit (the run stops otherwise).
 The Ray run starts its own Ray (RAY_ADDRESS is removed from its environment, and the bench
 refuses to run while a Ray cluster is up on this machine), so Ray's start-up is in its time
 and Ray's processes (GCS, raylet, workers) are in its memory. Peak memory is the peak of the
-summed RSS and of the summed PSS of the process tree, sampled every --sample-s seconds from
-psutil's memory_full_info (smaps_rollup, about a millisecond a process): in RSS a shared page
+summed RSS of the process tree, sampled every --sample-s seconds, and of its summed PSS, read
+on every --pss-every-th sample (psutil's memory_full_info: smaps_rollup, which walks each
+process's page tables and is not free, see run()): in RSS a shared page
 (Ray's object store in /dev/shm, the libraries) counts once per process that maps it, in PSS
 it is split among them, so the PSS sum is what the tree holds. The input is read once before
 the runs, so neither run pays for a cold page cache, and with --repeats the order of the two
@@ -82,37 +83,41 @@ def tiny_encoder(path: str, layers: int = 4, hidden: int = 256) -> str:
     return path
 
 
-def tree_memory(proc: psutil.Process) -> tuple[int, int]:
-    """The summed RSS and PSS in bytes of `proc` and all its descendants. PSS shares a page
-    among the processes that map it (Ray's object store, the libraries), so its sum is what
-    the tree holds; RSS counts a shared page once per process."""
+def tree_memory(proc: psutil.Process, pss: bool) -> tuple[int, int | None]:
+    """The summed RSS in bytes of `proc` and all its descendants, and with `pss` their summed
+    PSS (None without). PSS shares a page among the processes that map it (Ray's object store,
+    the libraries), so its sum is what the tree holds; RSS counts a shared page once per process."""
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0, 0
-    rss = pss = 0
+        return 0, None
+    rss, total = 0, 0 if pss else None
     for p in procs:
         try:
             m = p.memory_info()
             rss += m.rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        try:  # /proc/PID/smaps_rollup: about a millisecond a process
-            pss += p.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
-            pss += m.rss  # unreadable (or no PSS on this platform): its RSS, the bound above
-    return rss, pss
+        if pss:
+            try:
+                total += p.memory_full_info().pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+                total += m.rss  # unreadable (or no PSS on this platform): its RSS, the bound above
+    return rss, total
 
 
-def run(cmd: list[str], env: dict, sample_s: float) -> dict:
-    """Run `cmd` to its end: whole-process seconds, peak tree RSS and PSS (MiB), its stdout."""
+def run(cmd: list[str], env: dict, sample_s: float, pss_every: int) -> dict:
+    """Run `cmd` to its end: whole-process seconds, peak tree RSS and PSS (MiB), its stdout.
+    PSS is read on every `pss_every`-th sample only: smaps_rollup walks each process's page
+    tables under its memory lock (5-15 ms a process of this size here, 50-65 ms a sample for a
+    Ray job's 14 processes), which every second would slow the Ray job more than the single one."""
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty job never blocks on it
         t = time.perf_counter()
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        proc, peak, peak_pss = psutil.Process(p.pid), 0, 0
+        proc, peak, peak_pss, k = psutil.Process(p.pid), 0, 0, 0
         while p.poll() is None:
-            rss, pss = tree_memory(proc)
-            peak, peak_pss = max(peak, rss), max(peak_pss, pss)
+            rss, pss = tree_memory(proc, k % pss_every == 0)
+            peak, peak_pss, k = max(peak, rss), max(peak_pss, pss or 0), k + 1
             try:
                 p.wait(timeout=sample_s)
             except subprocess.TimeoutExpired:
@@ -166,8 +171,9 @@ def one_size(n: int, a, model: str, work: str, env: dict, repeat: int) -> dict:
     single_out, ray_out = os.path.join(work, "single.parquet"), os.path.join(work, "ray_out")
     shutil.rmtree(ray_out, ignore_errors=True)
     ray_env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}  # a Ray of its own, timed with the job
-    runs = {"single": lambda: run(base + ["--output", single_out], env, a.sample_s),
-            "ray": lambda: run(base + ["--output", ray_out, "--ray"] + a.ray_args.split(), ray_env, a.sample_s)}
+    runs = {"single": lambda: run(base + ["--output", single_out], env, a.sample_s, a.pss_every),
+            "ray": lambda: run(base + ["--output", ray_out, "--ray"] + a.ray_args.split(), ray_env, a.sample_s,
+                               a.pss_every)}
     order = ["single", "ray"] if repeat % 2 == 0 else ["ray", "single"]
     got = {name: runs[name]() for name in order}
     single, ray = got["single"], got["ray"]
@@ -224,7 +230,8 @@ def main() -> None:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--ray-args", default="", help="more flags for the Ray run, e.g. '--ray-actors 2'")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each size, the two jobs' order alternating")
-    ap.add_argument("--sample-s", type=float, default=1.0, help="seconds between memory samples")
+    ap.add_argument("--sample-s", type=float, default=1.0, help="seconds between memory samples (RSS)")
+    ap.add_argument("--pss-every", type=int, default=10, help="PSS on every Nth memory sample (it costs)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="bulk_scale", help="the results' file name, without extension")
     a = ap.parse_args()
@@ -237,7 +244,7 @@ def main() -> None:
     warm = os.path.join(work, "warm.parquet")  # the --precision auto verdict, cached before either run
     write_input(warm, 300)
     run([sys.executable, "-m", "spanflow", "embed", "--model", model, "--input", warm, "--column", "text",
-         "--precision", a.precision, "--output", os.path.join(work, "warm_out.parquet")], env, a.sample_s)
+         "--precision", a.precision, "--output", os.path.join(work, "warm_out.parquet")], env, a.sample_s, 1)
     try:
         rows = [one_size(int(n), a, model, work, env, r) for n in a.sizes.split(",") for r in range(a.repeats)]
     finally:
@@ -246,14 +253,15 @@ def main() -> None:
 
     payload = {"description": f"model: {model_name(a)}; `{command()}`\n\n"
                               "whole-process seconds, rows/s and peak memory of the process tree (psutil, summed "
-                              "RSS and summed PSS, sampled every --sample-s s) for `spanflow embed` Parquet to "
-                              "Parquet, single process vs a local Ray (`--ray`, its own Ray started and timed) "
-                              "on the same machine; ray_overhead = ray_s / single_s; the vectors are checked "
-                              "equal bit for bit",
+                              "RSS every --sample-s s, summed PSS every --pss-every samples) for `spanflow embed` "
+                              "Parquet to Parquet, single process vs a local Ray (`--ray`, its own Ray started "
+                              "and timed) on the same machine; ray_overhead = ray_s / single_s; the vectors are "
+                              "checked equal bit for bit",
                "model": model_name(a), "command": command(), "ray_args": a.ray_args,
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "cpus": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-               "torch_threads": torch.get_num_threads(), "sample_s": a.sample_s, "repeats": a.repeats}
+               "torch_threads": torch.get_num_threads(), "sample_s": a.sample_s, "pss_every": a.pss_every,
+               "repeats": a.repeats}
     write_results(a.out, a.name, payload, rows,
                   ["rows", "repeat", "first", "single_s", "ray_s", "ray_overhead", "single_rows_per_s",
                    "ray_rows_per_s", "single_peak_rss_mib", "ray_peak_rss_mib", "single_peak_pss_mib",
