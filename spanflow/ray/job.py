@@ -342,18 +342,18 @@ def _model_stages(ray, ds, pre, stage, spec: StageSpec, actors: Actors, rows: in
                           runtime_env={"env_vars": dict(MODEL_ENV)})
 
 
-class _Held(dict):
-    """Error records by id (each terminal handler is asked about the same record), the first
-    HELD_MAX of them; past that only counted: a job failing and retrying for hours keeps little."""
+class _Held(list):
+    """Error records, the first HELD_MAX of them; past that only counted: a job failing and
+    retrying for hours keeps little. Each terminal handler asks about the same record: kept once."""
 
-    more, last = 0, None  # last: the record the handlers are asked about now (kept: its id stays its own)
+    more, last = 0, None  # last: the record the handlers are asked about now
 
     def keep(self, record: logging.LogRecord) -> None:
         if record is self.last:
             return
         self.last = record
         if len(self) < HELD_MAX:
-            self[id(record)] = record
+            self.append(record)
         else:
             self.more += 1
 
@@ -363,7 +363,7 @@ class _Held(dict):
 
 
 @contextmanager
-def _held_errors() -> Iterator[dict]:
+def _held_errors() -> Iterator[list]:
     """Ray Data's error records for the terminal, held back while the job runs and printed at
     its end, unless the caller clears what it is given: a job failing with a SpanflowError
     or an OSError raises it as itself, and Ray Data's tracebacks of it (one calling it "internal
@@ -389,10 +389,10 @@ def _held_errors() -> Iterator[dict]:
         for h in terminal:
             h.removeFilter(hold)
         if held and held.more:
-            held[0] = logging.makeLogRecord({"name": logger.name, "levelno": logging.ERROR, "levelname": "ERROR",
-                                             "msg": f"... and {held.more} more error records (Ray Data's log file "
-                                                    "has them)"})
-        for record in held.values():
+            held.append(logging.makeLogRecord({"name": logger.name, "levelno": logging.ERROR, "levelname": "ERROR",
+                                               "msg": f"... and {held.more} more error records (Ray Data's log "
+                                                      "file has them)"}))
+        for record in held:
             for h in terminal:
                 h.handle(record)
 
