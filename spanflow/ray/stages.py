@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from spanflow.inference.heap import GrowthTrim
 from spanflow.ray.source import ERROR, ID, KEEP, ROW, TEXT, TOKENS
 from spanflow.runtime.threads import on_model_thread
 
@@ -61,6 +62,9 @@ class ModelStage:
         from spanflow.errors import SpanflowError
 
         self.spec, self.failed = spec, None
+        # in a Ray worker glibc's heap keeps some of what each chunk freed (2-5 MiB a chunk, where
+        # the same calls in one process keep none; docs/ray.md): an actor would grow with the input
+        self.trim = GrowthTrim()
         if spec.tally is not None:  # the job's list of its actors, to end them if it fails
             import ray
 
@@ -127,6 +131,7 @@ class ModelStage:
             # waited for: the figures are in before the chunk's rows go on, so the tally is whole
             # when the job ends; keyed by the chunk's first row, so a chunk run again counts once
             ray.get(self.spec.tally.add.remote(batch[ROW][0].as_py(), figures))
+        self.trim()
         return out
 
 

@@ -2,8 +2,6 @@
 as every long run (tokens/s, padding, latency percentiles, peak memory, utilization)."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import threading
 import time
@@ -13,6 +11,7 @@ import numpy as np
 import psutil
 import torch
 
+from spanflow.inference.heap import release_freed
 from spanflow.monitor.device import GpuUtilSampler, reset_peak_memory
 
 
@@ -25,22 +24,11 @@ def _peak(device: torch.device, rss_peak: int) -> int:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else rss_peak
 
 
-def _find_malloc_trim():
-    """glibc's malloc_trim, or None where the C library has none (macOS, musl): RSS then also
-    counts what earlier points freed."""
-    name = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-
-
-_MALLOC_TRIM = _find_malloc_trim()
-
-
 def _release_free_memory() -> None:
     """Hand memory the allocator holds but no longer uses back to the OS, so a point's RSS
     shows what it uses, not what earlier points left cached."""
     gc.collect()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    release_freed()
 
 
 class _RssPeak:

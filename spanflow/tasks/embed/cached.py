@@ -26,6 +26,7 @@ import contextlib
 import torch
 from torch import nn
 
+from spanflow.inference.heap import release_freed
 from spanflow.monitor.report import Meter
 from spanflow.runtime.policy import Policy
 from spanflow.tasks.embed.losses import EmbeddingLoss
@@ -47,28 +48,6 @@ def _set_rng_state(state, device: torch.device) -> None:
         torch.cuda.set_rng_state(state[1], device)
     elif device.type == "mps":
         torch.mps.set_rng_state(state[1])
-
-
-def _malloc_trim():
-    """glibc's malloc_trim, or None (another C library, another system)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_TRIM = _malloc_trim()
-
-
-def _release_freed() -> None:
-    """Give the heap's freed blocks back to the system after each micro-batch: the micro-batches
-    of one update differ in shape, and glibc's heap otherwise keeps the blocks of each, so the
-    process's resident memory would grow past that of one micro-batch."""
-    if _TRIM is not None:
-        _TRIM(0)
 
 
 def _embed(model: nn.Module, batch: dict, policy: Policy) -> torch.Tensor:
@@ -121,6 +100,8 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
             # a stand-in batch (no rows in the pool) joins the all-reduce with a zero gradient
             torch.autograd.backward(e, grads[i] if grads[i] is not None else torch.zeros_like(e))
         if device.type == "cpu":
-            _release_freed()
+            # the micro-batches of one update differ in shape, and glibc's heap otherwise keeps
+            # the blocks of each: resident memory would grow past that of one micro-batch
+            release_freed()
     _set_rng_state(after, device)
     return value.detach() / world

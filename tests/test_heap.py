@@ -1,0 +1,66 @@
+"""Handing freed C-heap memory back to the system: release_freed and GrowthTrim."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import pytest
+
+from spanflow.inference import heap
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    lib = ctypes.CDLL(name) if name else None
+    if lib is None or not hasattr(lib, "malloc_trim"):
+        pytest.skip("not glibc: no malloc_trim")
+    lib.malloc.restype, lib.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    lib.free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def test_release_freed_hands_back_freed_blocks_the_heap_would_keep():
+    libc = _libc()
+    # 3000 blocks of 48 KB (below glibc's mmap threshold: on the heap itself), each written;
+    # every 50th is kept, so the heap cannot shrink from its top and keeps the freed ones
+    blocks = [libc.malloc(48 << 10) for _ in range(3000)]
+    for b in blocks:
+        ctypes.memset(b, 1, 48 << 10)
+    kept = blocks[49::50]
+    for i, b in enumerate(blocks):
+        if i % 50 != 49:
+            libc.free(b)
+    try:
+        before = heap.resident_bytes()
+        assert heap.release_freed() is True
+        after = heap.resident_bytes()
+        freed = 3000 * 48 << 10
+        assert before - after > freed // 2, (before, after)  # most of the ~140 MB freed is handed back
+    finally:
+        for b in kept:
+            libc.free(b)
+
+
+def test_growth_trim_releases_only_after_growing_its_slack(monkeypatch):
+    rss, released = [100], []
+    monkeypatch.setattr(heap, "resident_bytes", lambda: rss[0])
+    monkeypatch.setattr(heap, "release_freed", lambda: released.append(rss[0]) or True)
+    trim = heap.GrowthTrim(slack=10)
+    assert trim() and released == [100]  # the first call sets the floor
+    rss[0] = 109
+    assert not trim() and released == [100]  # within the slack
+    rss[0] = 110
+    assert trim() and released == [100, 110]
+    rss[0] = 115  # the new floor is 110
+    assert not trim() and len(released) == 2
+    rss[0] = 121
+    assert trim() and len(released) == 3
+
+
+def test_growth_trim_releases_every_time_where_memory_cannot_be_read(monkeypatch):
+    released = []
+    monkeypatch.setattr(heap, "resident_bytes", lambda: None)
+    monkeypatch.setattr(heap, "release_freed", lambda: released.append(1) or True)
+    trim = heap.GrowthTrim()
+    trim(), trim()
+    assert len(released) == 2
