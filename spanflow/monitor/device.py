@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
 import resource
 import threading
 import time
@@ -71,8 +74,11 @@ def _native_bf16() -> bool:
 
 @functools.lru_cache(maxsize=4)
 def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[float | None, str]:
-    """(peak FLOP/s, basis). GPUs: datasheet table. CPU: a measured matmul peak, because
-    CPU datasheet peaks are rarely reachable and vary with clocks and core counts."""
+    """(peak FLOP/s, basis). GPUs: datasheet table. CPU: the best matmul rate measured on this
+    machine (this CPU model, thread count and precision) by this or any earlier run, because
+    CPU datasheet peaks are rarely reachable and vary with clocks and core counts, and a
+    measurement beside other work reads low: a peak is the best rate the machine has shown,
+    so the MFU figures of different runs on it compare."""
     if device_type == "cuda":
         for key, tf in _GPU_PEAK_TFLOPS.items():
             if key in device_name:
@@ -81,6 +87,12 @@ def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[flo
         return None, "unknown"
     if device_type != "cpu":
         return None, "unknown"
+    key = f"{_cpu_model()} | {torch.get_num_threads()} threads | {dtype_name}"
+    return _best_seen(key, _matmul_rate(dtype_name)), "measured_matmul"
+
+
+def _matmul_rate(dtype_name: str) -> float:
+    """FLOP/s of the fastest of a few square matmuls in `dtype_name` on this CPU, now."""
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)  # a private generator: never disturb the training RNG
     rate = 0.0
@@ -96,4 +108,42 @@ def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[flo
             a @ b
             best = min(best, time.perf_counter() - t)
         rate = max(rate, 2 * n**3 / best)
-    return rate, "measured_matmul"
+    return rate
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _best_seen(key: str, measured: float) -> float:
+    """The higher of `measured` and the best rate recorded for `key` (SPANFLOW_CACHE/peaks.json),
+    recording `measured` when it is higher. A cache that cannot be read or written changes nothing
+    but the memory of earlier runs."""
+    from spanflow.atomic import atomic_open
+    from spanflow.runtime.cache import cache_root
+
+    path = os.path.join(cache_root(), "peaks.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            seen = json.load(f)
+        if not isinstance(seen, dict):
+            seen = {}
+    except (OSError, ValueError):
+        seen = {}
+    best = seen.get(key)
+    if isinstance(best, (int, float)) and best >= measured:
+        return float(best)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_open(path, "peaks") as f:
+            json.dump({**seen, key: measured}, f, indent=1, sort_keys=True)
+    except OSError:
+        pass
+    return measured

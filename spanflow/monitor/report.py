@@ -44,6 +44,10 @@ class Meter:
         # on a GPU, compute and optimizer are timed on the stream (monitor/spans.py), not by the host
         self.spans = StreamSpans(self.device) if self.device.type == "cuda" else None
         reset_peak_memory(self.device)
+        # the peak now, before the run's threads start (measured beside them it reads low) and
+        # outside the first period's clock
+        peak_flops(self.device.type, _device_name(self.device), self.precision)
+        self.started = time.perf_counter()
 
     def add_tokens(self, real: int, padded: int) -> None:
         self.real += real
