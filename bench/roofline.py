@@ -11,8 +11,7 @@ same job.
 FLOP counts are per padded token, as the training report counts them (6N + 12 L H T for
 training, a third of that for inference; N the parameters outside embedding tables); the peak
 is the faster of a 1024^3 and a 2048^3 matmul in the job's precision, the best measured on this
-machine by any run (monitor.device.peak_flops; SPANFLOW_CACHE/peaks.json): every job's MFU is
-against the same peak. MFU above 100% would mean the peak was measured low.
+machine by any run so far when the job ran (monitor.device.peak_flops; SPANFLOW_CACHE/peaks). MFU above 100% would mean the peak was measured low.
 
     python bench/roofline.py                                   # from-scratch BERT, synthetic data
     python bench/roofline.py --model MINILM --ner ../shared/data/wnut17/train.conll \
@@ -207,8 +206,8 @@ def save(a, model: str, rows: list[dict]) -> None:
     """The rows so far, as JSON and markdown."""
     write_results(a.out, a.name, {
         "description": "each job briefly with default flags, each in a fresh process: achieved FLOP/s (per padded "
-                       "token: 6N + 12LHT training, a third of that inference) over the matmul peak measured here "
-                       "(1024^3 and 2048^3) in the job's precision; "
+                       "token: 6N + 12LHT training, a third of that inference) over the best matmul rate (1024^3 and "
+                       "2048^3) in the job's precision measured on this machine so far; "
                        f"training: {a.steps} optimizer steps, its report's figures (first steps included); inference: "
                        f"{a.texts} texts, median of {a.repeats} passes after a warm-up; serve: the dynamic batcher "
                        f"in-process, {CONCURRENCY} concurrent one-text requests, no HTTP",

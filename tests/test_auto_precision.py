@@ -95,7 +95,7 @@ def test_predict_auto_checks_bf16_on_its_input(tmp_path, monkeypatch, capsys):
     assert main(args) == 0
     [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("runtime: ")]
     assert "(auto: " in line and "entity F1" in line and "on 40 input texts and 24 built-in sentences" in line
-    verdicts = [json.loads(p.read_text()) for p in (tmp_path / "cache").rglob("*.json")]
+    verdicts = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "verdicts").rglob("*.json")]
     assert len(verdicts) == 1 and verdicts[0]["measure"] == "entity F1"
     assert (verdicts[0]["n"], verdicts[0]["inputs"]) == (MIN_SAMPLE, 40)
 
@@ -103,7 +103,7 @@ def test_predict_auto_checks_bf16_on_its_input(tmp_path, monkeypatch, capsys):
 def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp_path):
     said = []
     assert check(tmp_path, FakeTask(0.95), ["a"], said)[0] == "bf16"
-    [cached] = list((tmp_path / "cache").rglob("*.json"))
+    [cached] = list((tmp_path / "cache" / "verdicts").rglob("*.json"))
     cached.write_text('{"precision": "bf1')  # truncated
     again = FakeTask(0.5)
     assert check(tmp_path, again, ["a"], said)[0] == "fp32"
@@ -118,7 +118,7 @@ def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp
 def test_an_incomplete_cached_verdict_names_its_field_and_is_checked_again(bf16_device, tmp_path, change, problem):
     said = []
     assert check(tmp_path, FakeTask(0.95), ["a"], said)[0] == "bf16"
-    [cached] = list((tmp_path / "cache").rglob("*.json"))
+    [cached] = list((tmp_path / "cache" / "verdicts").rglob("*.json"))
     verdict = json.loads(cached.read_text())
     change(verdict)
     cached.write_text(json.dumps(verdict))

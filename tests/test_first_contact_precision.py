@@ -62,7 +62,7 @@ def test_nothing_found_in_fp32_is_no_pass(bf16_device, tmp_path):
                    "input texts; fp32 kept")
     again = _check(tmp_path, task, ["one text"])
     assert again[0] == "fp32" and "nothing to compare" in again[1] and "checked before" in again[1]
-    [cached] = (tmp_path / "cache").rglob("*.json")
+    [cached] = (tmp_path / "cache" / "verdicts").rglob("*.json")
     assert json.loads(cached.read_text())["compared"] == 0 and not json.loads(cached.read_text())["passed"]
 
 

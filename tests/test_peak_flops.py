@@ -33,26 +33,40 @@ def test_the_peak_is_the_best_rate_seen_on_this_machine_across_runs(rates, tmp_p
     assert peak() == 2.0e12
     assert peak() == 2.0e12  # a run on a busy machine measured 0.8: the peak stays
     assert peak() == 2.4e12  # a faster measurement raises it
-    saved = json.loads((tmp_path / "peaks.json").read_text())
-    assert list(saved.values()) == [2.4e12]
-    assert f"{torch.get_num_threads()} threads | bf16" in next(iter(saved))
+    [saved] = [json.loads(p.read_text()) for p in (tmp_path / "peaks").glob("*.json")]
+    assert saved["flops"] == 2.4e12
+    assert f"{torch.get_num_threads()} threads" in saved["key"] and saved["key"].endswith("bf16")
 
 
-def test_each_precision_has_its_own_peak(rates):
-    rates += [2.0e12, 0.3e12]
+def test_each_precision_has_its_own_peak_and_fp16_measures_fp32(rates, tmp_path):
+    rates += [2.0e12, 0.3e12, 0.2e12]
     assert peak("bf16") == 2.0e12
     assert peak("fp32") == 0.3e12
+    assert peak("fp16") == 0.3e12  # measured as fp32 (0.2 now): fp32's record stands
+    assert len(list((tmp_path / "peaks").glob("*.json"))) == 2
 
 
-def test_a_damaged_or_unwritable_cache_costs_only_the_memory_of_earlier_runs(rates, tmp_path, monkeypatch):
-    (tmp_path / "peaks.json").write_text("{not json")
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", '{"flops": 1e13}', "KEYED"])
+def test_a_damaged_record_is_measured_again(rates, tmp_path, damage):
     rates += [1.0e12]
     assert peak() == 1.0e12
+    [path] = (tmp_path / "peaks").glob("*.json")
+    key = json.loads(path.read_text())["key"]
+    bad = {"{not json": "{not json", "[1, 2]": "[1, 2]", '{"flops": 1e13}': '{"flops": 1e13}',
+           "KEYED": json.dumps({"key": key, "flops": float("inf")})}[damage]
+    path.write_text(bad)  # no key, another key, not a dict, an infinite rate: none of them is a peak
+    rates += [0.9e12]
+    assert peak() == 0.9e12
+    assert json.loads(path.read_text())["flops"] == 0.9e12
+
+
+def test_an_unwritable_cache_costs_only_the_memory_of_earlier_runs(rates, tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("SPANFLOW_CACHE", str(blocked))  # the cache "directory" is a file
-    rates += [0.9e12]
+    rates += [0.9e12, 0.8e12]
     assert peak() == 0.9e12
+    assert peak() == 0.8e12
 
 
 def test_the_meter_measures_the_peak_before_its_clock_starts(rates, monkeypatch):
@@ -71,6 +85,17 @@ def test_the_meter_measures_the_peak_before_its_clock_starts(rates, monkeypatch)
     meter.close()
 
 
+def test_mfu_is_over_the_peak_of_every_device_the_tokens_ran_on(rates):
+    rates += [1.0e12]
+    meter = Meter(torch.device("cpu"), "bf16", flops_per_token=3.0)
+    for devices in (1, 2):
+        meter.add_tokens(5000, 6000)  # tokens summed over the ranks, as the training loop sums them
+        r = meter.report(devices=devices)
+        assert r["mfu"] * r["wall_s"] * 1.0e12 * devices == pytest.approx(3.0 * 6000)
+    meter.close()
+
+
 def test_the_real_measurement_is_a_positive_rate():
     assert D._matmul_rate("fp32") > 1e9
-    assert D._cpu_model().strip()
+    key = D._peak_key("bf16")
+    assert key.endswith("bf16") and f"{torch.get_num_threads()} threads" in key and "torch " in key

@@ -1,4 +1,5 @@
-"""Keep what a job loaded once out of the garbage collector's full passes."""
+"""The process's heaps: what a job loaded kept out of the garbage collector's full passes, and
+freed C-heap memory handed back to the system."""
 from __future__ import annotations
 
 import gc
@@ -34,9 +35,9 @@ def release_freed() -> bool:
     False where the C library cannot. glibc keeps freed blocks for reuse, and a process whose
     large allocations change size from one unit of work to the next (batches of another
     shape, another thread's arena) keeps a little more each time: its resident memory then
-    grows with the input, not with the work. A few milliseconds, and the pages handed back
-    are faulted in again when next used; call it between units (a micro-batch), not per op,
-    or through GrowthTrim where units are many."""
+    grows with the input, not with the work. It walks every arena, and the pages handed back
+    are faulted in again when next used: call it between units of work (a micro-batch), not
+    per op, or through GrowthTrim where units are many."""
     if _MALLOC_TRIM is None:
         return False
     _MALLOC_TRIM(0)
@@ -44,10 +45,12 @@ def release_freed() -> bool:
 
 
 def resident_bytes() -> int | None:
-    """This process's resident memory now (Linux's /proc/self/statm), or None elsewhere."""
+    """This process's resident memory now less its shared pages (files, shared memory: not the
+    heap's), from Linux's /proc/self/statm; None elsewhere."""
     try:
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -55,8 +58,8 @@ def resident_bytes() -> int | None:
 class GrowthTrim:
     """release_freed, but only once resident memory has grown `slack` bytes past what it was
     after the last release: memory stays within `slack` of what the work holds, and the cost
-    of faulting the released pages in again (on a bulk job's chunks, about a tenth of a
-    chunk's time when released after every one) is paid once per `slack` of growth."""
+    of faulting the released pages in again (on a bulk job's chunks, a measurable share of a
+    chunk's time when released after every one: docs/ray.md) is paid once per `slack` of growth."""
 
     def __init__(self, slack: int = 64 << 20):
         self.slack, self.floor = slack, None

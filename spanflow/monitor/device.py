@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import math
 import os
 import platform
 import resource
@@ -87,8 +89,7 @@ def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[flo
         return None, "unknown"
     if device_type != "cpu":
         return None, "unknown"
-    key = f"{_cpu_model()} | {torch.get_num_threads()} threads | {dtype_name}"
-    return _best_seen(key, _matmul_rate(dtype_name)), "measured_matmul"
+    return _best_seen(_peak_key(dtype_name), _matmul_rate(dtype_name)), "measured_matmul"
 
 
 def _matmul_rate(dtype_name: str) -> float:
@@ -111,39 +112,60 @@ def _matmul_rate(dtype_name: str) -> float:
     return rate
 
 
-def _cpu_model() -> str:
+def _peak_key(dtype_name: str) -> str:
+    """What a CPU's matmul rate depends on: the CPU (its name, and family and model numbers:
+    a cloud VM's name can be as vague as "AMD EPYC"), its bf16 and AMX support, the threads,
+    torch and the precision measured (fp16 runs the fp32 measurement)."""
+    info = _cpuinfo()
+    flags = info.get("flags", "").split()
+    dtype = "bf16" if dtype_name == "bf16" else "fp32"
+    return " | ".join([info.get("model name") or platform.processor() or platform.machine(), platform.machine(),
+                       f"family {info.get('cpu family', '?')} model {info.get('model', '?')}",
+                       f"bf16 {_native_bf16()}", f"amx {'amx_bf16' in flags}",
+                       f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", dtype])
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo; empty where there is none."""
+    out: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
+                name, _, value = line.partition(":")
+                out[name.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return out
 
 
 def _best_seen(key: str, measured: float) -> float:
-    """The higher of `measured` and the best rate recorded for `key` (SPANFLOW_CACHE/peaks.json),
-    recording `measured` when it is higher. A cache that cannot be read or written changes nothing
-    but the memory of earlier runs."""
+    """The higher of `measured` and the best rate recorded for `key` (one small file per key in
+    SPANFLOW_CACHE/peaks; removing it forgets them), recording `measured` when it is higher. A
+    cache that cannot be read or written changes nothing but the memory of earlier runs."""
     from spanflow.atomic import atomic_open
     from spanflow.runtime.cache import cache_root
 
-    path = os.path.join(cache_root(), "peaks.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            seen = json.load(f)
-        if not isinstance(seen, dict):
-            seen = {}
-    except (OSError, ValueError):
-        seen = {}
-    best = seen.get(key)
-    if isinstance(best, (int, float)) and best >= measured:
-        return float(best)
+    path = os.path.join(cache_root(), "peaks", hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+    best = _recorded(path, key)
+    if best is not None and best >= measured:
+        return best
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_open(path, "peaks") as f:
-            json.dump({**seen, key: measured}, f, indent=1, sort_keys=True)
+        with atomic_open(path, "peak") as f:
+            json.dump({"key": key, "flops": measured}, f)
     except OSError:
         pass
     return measured
+
+
+def _recorded(path: str, key: str) -> float | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+        value = rec["flops"] if isinstance(rec, dict) and rec.get("key") == key else None
+    except (OSError, ValueError, KeyError):
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return float(value) if ok else None

@@ -37,7 +37,7 @@ class Meter:
     padded: int = 0
     steps: int = 0
     times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0})
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(init=False)  # set once the peak is measured (__post_init__)
 
     def __post_init__(self):
         self.gpu = GpuUtilSampler(self.device)
@@ -66,8 +66,9 @@ class Meter:
         if self.spans is not None:
             self.spans.end(phase)
 
-    def report(self) -> dict:
-        """Close the period and return its figures (names are a stable contract)."""
+    def report(self, devices: int = 1) -> dict:
+        """Close the period and return its figures (names are a stable contract). `devices`: how
+        many devices ran the tokens counted (the ranks of a distributed run): MFU is over all their peaks."""
         if self.spans is not None:
             self.times.update(self.spans.take())  # waits for the period's last work: before the wall clock
         wall = max(time.perf_counter() - self.started, 1e-9)
@@ -82,7 +83,7 @@ class Meter:
             "compute_frac": self.times["compute"] / total,
             "optimizer_frac": self.times["optimizer"] / total,
             "peak_memory_bytes": peak_memory_bytes(self.device),
-            "mfu": achieved / peak if peak and self.flops_per_token else None,
+            "mfu": achieved / (peak * devices) if peak and self.flops_per_token else None,
             "mfu_basis": basis,
             "gpu_util": self.gpu.take(),
             "wall_s": wall,

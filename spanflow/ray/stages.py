@@ -62,8 +62,8 @@ class ModelStage:
         from spanflow.errors import SpanflowError
 
         self.spec, self.failed = spec, None
-        # in a Ray worker glibc's heap keeps some of what each chunk freed (2-5 MiB a chunk, where
-        # the same calls in one process keep none; docs/ray.md): an actor would grow with the input
+        # in a Ray worker glibc's heap keeps some of what each chunk freed, more than the same
+        # calls keep in one process (docs/ray.md): an actor would grow with its input
         self.trim = GrowthTrim()
         if spec.tally is not None:  # the job's list of its actors, to end them if it fails
             import ray

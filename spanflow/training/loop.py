@@ -359,7 +359,7 @@ def _save(hooks: TaskHooks, what: str, path: str) -> None:
 def _close_period(meter: Meter, dist: Dist) -> dict:
     """The meter's report with tokens summed over all ranks."""
     meter.real, meter.padded = (int(x) for x in all_sum([meter.real, meter.padded], dist))
-    return meter.report()
+    return meter.report(devices=dist.world)
 
 
 def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: list, collate, *,
