@@ -20,7 +20,10 @@ def default_minilm() -> str | None:
 
 
 def machine() -> dict:
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_threads": torch.get_num_threads(),
+    from spanflow.monitor.device import cpu_description
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_description(),
+            "cpu_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "date": time.strftime("%Y-%m-%d %H:%M")}
 

@@ -116,13 +116,17 @@ def _peak_key(dtype_name: str) -> str:
     """What a CPU's matmul rate depends on: the CPU (its name, and family and model numbers:
     a cloud VM's name can be as vague as "AMD EPYC"), its bf16 and AMX support, the threads,
     torch and the precision measured (fp16 runs the fp32 measurement)."""
-    info = _cpuinfo()
-    flags = info.get("flags", "").split()
     dtype = "bf16" if dtype_name == "bf16" else "fp32"
+    return " | ".join([cpu_description(), f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", dtype])
+
+
+def cpu_description() -> str:
+    """This CPU as far as its matmul rate goes: its name, architecture, family and model
+    numbers, and whether it runs bf16 natively and has AMX."""
+    info = _cpuinfo()
     return " | ".join([info.get("model name") or platform.processor() or platform.machine(), platform.machine(),
                        f"family {info.get('cpu family', '?')} model {info.get('model', '?')}",
-                       f"bf16 {_native_bf16()}", f"amx {'amx_bf16' in flags}",
-                       f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", dtype])
+                       f"bf16 {_native_bf16()}", f"amx {'amx_bf16' in info.get('flags', '').split()}"])
 
 
 def _cpuinfo() -> dict[str, str]:
