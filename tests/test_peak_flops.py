@@ -60,13 +60,15 @@ def test_a_damaged_record_is_measured_again(rates, tmp_path, damage):
     assert json.loads(path.read_text())["flops"] == 0.9e12
 
 
-def test_an_unwritable_cache_costs_only_the_memory_of_earlier_runs(rates, tmp_path, monkeypatch):
+def test_an_unwritable_cache_costs_only_the_memory_of_earlier_runs(rates, tmp_path, monkeypatch, caplog):
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("SPANFLOW_CACHE", str(blocked))  # the cache "directory" is a file
     rates += [0.9e12, 0.8e12]
     assert peak() == 0.9e12
     assert peak() == 0.8e12
+    said = [r.getMessage() for r in caplog.records if r.name == "spanflow"]
+    assert len(said) == 2 and "could not record this CPU's matmul peak" in said[0] and str(blocked) in said[0]
 
 
 def test_the_meter_measures_the_peak_before_its_clock_starts(rates, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -12,6 +13,8 @@ import threading
 import time
 
 import torch
+
+log = logging.getLogger("spanflow")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -130,17 +133,16 @@ def cpu_description() -> str:
 
 
 def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo; empty where there is none."""
+    """The first processor's fields in /proc/cpuinfo; empty where there is none (not Linux)."""
     out: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                name, _, value = line.partition(":")
-                out[name.strip()] = value.strip()
-    except OSError:
-        pass
+    if not os.path.exists("/proc/cpuinfo"):
+        return out
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                break
+            name, _, value = line.partition(":")
+            out[name.strip()] = value.strip()
     return out
 
 
@@ -159,8 +161,9 @@ def _best_seen(key: str, measured: float) -> float:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with atomic_open(path, "peak") as f:
             json.dump({"key": key, "flops": measured}, f)
-    except OSError:
-        pass
+    except OSError as e:  # the run goes on: its MFU is against this measurement alone
+        log.warning("could not record this CPU's matmul peak in %s (%s): MFU is against this run's "
+                    "measurement only", path, e.strerror or e)
     return measured
 
 
