@@ -17,6 +17,7 @@ machine by any run so far when the job ran (monitor.device.peak_flops; SPANFLOW_
     python bench/roofline.py --model MINILM --ner ../shared/data/wnut17/train.conll \
         --re ../shared/data/webnlg/train_triples.json --pairs ../shared/data/stsb/stsb-en-train.csv
     python bench/roofline.py --dry-run                         # a few steps each: that it runs
+    python bench/roofline.py --jobs train-ner,train-re         # some of the jobs
 """
 from __future__ import annotations
 
@@ -231,6 +232,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=2000, help="texts per inference job [%(default)s]")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--precision", default="auto", help="every job's precision [auto: each job's default]")
+    ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated jobs to run, of: %(default)s")
     ap.add_argument("--name", default="roofline", help="the results' file name [%(default)s]")
     ap.add_argument("--dry-run", action="store_true", help="a few steps and texts each, the results in a new "
                                                           "temporary directory (not --out)")
@@ -239,6 +241,19 @@ def main() -> None:
     ap.add_argument("--work", help=argparse.SUPPRESS)
     a = ap.parse_args()
     model = a.model or default_minilm() or "tiny"
+    jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
+    if not jobs:
+        ap.error("--jobs: name at least one job")
+    if set(jobs) != set(JOBS) and a.name == ap.get_default("name") and not a.job:
+        ap.error("--jobs: a table of some of the jobs needs its own --name (roofline.md holds them all)")
+    if unknown := sorted(set(jobs) - set(JOBS)):
+        ap.error(f"--jobs: unknown job {', '.join(unknown)} (jobs: {', '.join(JOBS)})")
+    needs = {"predict-ner": ("train-ner", a.ner_model), "predict-re": ("train-re", a.re_model)}
+    if model == "tiny":  # a from-scratch model has no embedder but the one train-embed makes
+        needs.update({"embed": ("train-embed", None), "serve": ("train-embed", None)})
+    for job, (first, given) in needs.items():
+        if job in jobs and first not in jobs and not given:
+            ap.error(f"--jobs: {job} runs the model {first} trains; add {first} (or give the model to use)")
     if a.dry_run:
         a.steps, a.texts, a.repeats = 3, 64, 1
     if a.job:
@@ -249,7 +264,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="roofline-runs-")
     rows = Rows()
     try:
-        for job in JOBS:
+        for job in (j for j in JOBS if j in jobs):  # in the table's order
             p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--job", job,
                                 "--work", work], capture_output=True, text=True)
             row = next((json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ROW ")), None)

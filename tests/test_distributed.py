@@ -51,6 +51,7 @@ def _worker(rank, world, port, out, extra):
     d = _join(rank, world, port)
     extra = dict(extra)
     head = extra.pop("head", "softmax")
+    _sparse_below(extra.pop("vocab_rows", None))
     nm, windows, hooks = setup_task(head)
     opts = TrainOptions(**{**OPTS, **extra})
     if opts.resume:  # the model weights come from the checkpoint, as train_ner does
@@ -83,6 +84,14 @@ def _weights(nm, windows, opts):
     from spanflow.tasks.ner.features import window_kinds
 
     return rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
+
+
+def _sparse_below(rows):
+    """Tables of at least `rows` rows take sparse gradients (training/optim.py), None: as shipped."""
+    if rows is not None:
+        from spanflow.training import optim
+
+        optim.VOCABULARY_ROWS, optim.VOCABULARY_NAMES = rows, None
 
 
 def single_process(out, **extra):
@@ -134,6 +143,23 @@ def test_ddp_crf_head_with_weighted_sampling_equals_single_process(tmp_path):
     ddp = run_ddp(tmp_path / "ddp", head="crf", oversample=1.0)
     assert_same(ddp, single_process(tmp_path / "single", head="crf", oversample=1.0))
     assert not torch.allclose(ddp["head.crf.transitions"], torch.zeros_like(ddp["head.crf.transitions"]))
+
+
+@pytest.mark.slow
+def test_ddp_with_sparse_table_gradients_equals_single_process(tmp_path, monkeypatch):
+    # the tiny encoder's tables made sparse, as a vocabulary's is on the CPU: DDP's reducer
+    # sums sparse gradients across the ranks, as one process's accumulation does
+    from spanflow.training import optim
+
+    monkeypatch.setattr(optim, "VOCABULARY_ROWS", 64)
+    monkeypatch.setattr(optim, "VOCABULARY_NAMES", None)
+    ddp = run_ddp(tmp_path / "ddp", vocab_rows=64)
+    nm, windows, hooks = setup_task()
+    train_loop(nm.module, windows, hooks, opts=TrainOptions(**OPTS), policy=nm.policy, out_dir=str(tmp_path / "one"),
+               log=lambda s: None, plan_world=2)
+    tables = [m for m in nm.module.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
+    assert tables, "no table took sparse gradients"
+    assert_same(ddp, nm.module.state_dict())
 
 
 @pytest.mark.slow

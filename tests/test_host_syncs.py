@@ -163,6 +163,20 @@ def test_training_syncs_the_host_at_most_once_per_optimizer_step(bert_dir, tmp_p
     assert sum(steps) <= 1, steps
 
 
+def test_sparse_table_gradients_add_no_host_sync(bert_dir, tmp_path, monkeypatch):
+    # the vocabulary table sparse, as on the CPU with a real vocabulary (training/optim.py):
+    # the clip norm and the row updates read nothing back
+    from spanflow.training import optim
+
+    monkeypatch.setattr(optim, "VOCABULARY_ROWS", 64)
+    made = []
+    real = optim.sparse_tables
+    monkeypatch.setattr(optim, "sparse_tables", lambda m, d, **k: made.extend(real(m, d, **k)) or made)
+    steps = per_step_syncs(monkeypatch, _ner(bert_dir, tmp_path, grad_accum=2))
+    assert made and len(steps) >= 8
+    assert sum(steps) <= 1, steps
+
+
 def test_the_counter_sees_an_item_per_micro_batch(bert_dir, tmp_path, monkeypatch):
     # a step that reads each micro-batch's loss (loss.item() to log it) syncs once per micro-batch
     def reads_each_loss(model, micro, loss_fn, *a, **k):

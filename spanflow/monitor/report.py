@@ -56,6 +56,10 @@ class Meter:
     def add_time(self, phase: str, seconds: float) -> None:
         self.times[phase] += seconds
 
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` just spent (an evaluation) out of the period's wall clock."""
+        self.started += seconds
+
     def begin_step(self) -> None:
         """The step's device work starts here (a CUDA event; nothing on a CPU)."""
         if self.spans is not None:

@@ -130,7 +130,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             if not _run_steps(r, groups, epoch):
                 final = _summary(r, completed=False)
                 return final
-            rep = _close_period(r.meter, dist)  # before evaluation, so eval time is not counted as training
+            rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
             _report(r, epoch, rep, f1)
             _learning_check(r, f1, left=opts.epochs - epoch - 1)
@@ -322,10 +322,12 @@ def _evaluate(r: _Run) -> float | None:
     if r.hooks.evaluate is None:
         return None
     st = r.st
+    t = time.perf_counter()
     r.model.eval()
     metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
     f1 = metrics["f1"]
     r.model.train()
+    r.meter.exclude(time.perf_counter() - t)  # the period's clock counts training (and its saves) only
     on_main(lambda: _keep_best(r, metrics), r.dist)
     f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
         (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)

@@ -1,5 +1,15 @@
 """Optimizer and schedule: AdamW with parameter groups (weight decay, head learning rate,
-layer-wise learning-rate decay) and warmup + linear decay."""
+layer-wise learning-rate decay) and warmup + linear decay.
+
+On the CPU a vocabulary table (BERT's is 30522 x 384, half of MiniLM's parameters) takes
+sparse gradients: a step touches a few hundred of its rows, but a dense gradient is a fresh
+47 MB tensor filled with zeros every step (page faults and all), then read by the clip norm
+and by AdamW over every row (docs/benchmarks.md has the step times). Its rows are updated
+lazily instead (`RowAdamW`): the rows a step saw, with the Adam moments and decoupled weight
+decay AdamW gives them, and the rows it did not see left as they are (AdamW would still
+move them by their old momentum). On an accelerator the dense gradient costs little and its
+sparse one would need a host sync per step to size it, so tables stay dense there.
+"""
 from __future__ import annotations
 
 import re
@@ -46,8 +56,94 @@ def param_lr(name: str, opts: TrainOptions, n_layers: int) -> float:
     return opts.lr * opts.llrd ** (n_layers - depth)
 
 
+VOCABULARY_ROWS = 4096  # an embedding table this long is a vocabulary, read a few rows a step
+# the name transformers' encoders (BERT, RoBERTa, XLM-R, DeBERTa, ELECTRA, MPNet) and the native
+# BERT give their vocabulary; None: any table. The tiny encoder's tables stay dense: its
+# defaults were measured so (docs/defaults.md).
+VOCABULARY_NAMES: tuple[str, ...] | None = ("word_embeddings",)
+
+
+def sparse_tables(model: nn.Module, device: torch.device, enable: bool = True) -> list[nn.Embedding]:
+    """Switch the model's trainable vocabulary tables to sparse gradients on the CPU (`enable`),
+    every other table, and every table elsewhere, to dense ones; the sparse tables. Before DDP
+    wraps the model: its reducer learns then which gradients come sparse."""
+    sparse = []
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Embedding):
+            continue
+        m.sparse = (enable and device.type == "cpu" and m.num_embeddings >= VOCABULARY_ROWS
+                    and m.weight.requires_grad and m.max_norm is None
+                    and (VOCABULARY_NAMES is None or name.rsplit(".", 1)[-1] in VOCABULARY_NAMES))
+        if m.sparse:
+            sparse.append(m)
+    return sparse
+
+
+def _unhooked(step):
+    """AdamW.step without the hook wrapper torch puts on an optimizer class's step (RowAdamW's
+    own wrapper already ran the hooks once)."""
+    return step.__wrapped__ if getattr(step, "hooked", False) and hasattr(step, "__wrapped__") else step
+
+
+class RowAdamW(torch.optim.AdamW):
+    """AdamW whose sparse-gradient parameters are updated in the rows their gradient holds.
+
+    Dense parameters take AdamW's own step (fused where it can be); the state of a sparse one
+    has AdamW's keys and shapes, so checkpoints read either way. No loss scaler with sparse
+    gradients: a skipped step would need AdamW's found-inf check in the row update too."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        rows = [(g, p, p.grad) for g in self.param_groups for p in g["params"]
+                if p.grad is not None and p.grad.is_sparse]
+        for group, _, _ in rows:
+            for key in ("amsgrad", "maximize", "capturable", "differentiable"):
+                if group.get(key):
+                    raise ValueError(f"sparse gradients: RowAdamW has no {key}")
+        if rows and (getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None):
+            raise ValueError("sparse gradients: RowAdamW takes no loss scaler (tables are sparse on the CPU only)")
+        for _, p, _ in rows:
+            p.grad = None  # AdamW takes no sparse gradient; without one it leaves the parameter alone
+        try:
+            _unhooked(torch.optim.AdamW.step)(self)
+        finally:
+            for _, p, grad in rows:
+                p.grad = grad
+        for group, p, grad in rows:
+            _row_step(self.state[p], p, grad, group)
+        return loss
+
+
+def _row_step(state: dict, p: torch.Tensor, grad: torch.Tensor, group: dict) -> None:
+    """One lazy AdamW update of the rows `grad` (sparse, one row per index) holds. Bias
+    correction follows the parameter's step count, as AdamW's; no host sync."""
+    if not state:
+        state["step"] = torch.zeros((), dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    grad = grad.coalesce()  # one row per index, repeats summed
+    idx, g = grad.indices()[0], grad.values().to(p.dtype)
+    (b1, b2), lr, wd, eps = group["betas"], group["lr"], group["weight_decay"], group["eps"]
+    step = state["step"].add_(1)
+    m = state["exp_avg"].index_select(0, idx).mul_(b1).add_(g, alpha=1 - b1)
+    v = state["exp_avg_sq"].index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
+    state["exp_avg"].index_copy_(0, idx, m)
+    state["exp_avg_sq"].index_copy_(0, idx, v)
+    denom = v.sqrt().div_((1 - b2 ** step).sqrt()).add_(eps)
+    w = p.index_select(0, idx).mul_(1 - lr * wd)
+    w.sub_(m.div_(denom).mul_(lr / (1 - b1 ** step)))
+    p.index_copy_(0, idx, w)
+
+
 def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and LayerNorm; head lr and layer-wise decay groups."""
+    """AdamW (RowAdamW); no weight decay on biases and LayerNorm; head lr and layer-wise decay
+    groups. On the CPU it first switches the vocabulary tables to sparse gradients (`sparse_tables`),
+    unless DDP is to compress gradients: its communication hooks take no sparse one."""
+    sparse_tables(model, device, enable=opts.grad_compression == "none")
     n_layers = _num_layers(model)
     groups: dict[tuple, list] = {}
     for name, p in model.named_parameters():
@@ -57,9 +153,9 @@ def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) 
         groups.setdefault((param_lr(name, opts, n_layers), wd), []).append(p)
     param_groups = [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
     try:  # the fused kernel is faster than foreach on CPU too (torch >= 2.4)
-        return torch.optim.AdamW(param_groups, fused=True)
+        return RowAdamW(param_groups, fused=True)
     except (RuntimeError, TypeError):
-        return torch.optim.AdamW(param_groups)
+        return RowAdamW(param_groups)
 
 
 def warmup_linear(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:

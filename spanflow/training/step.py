@@ -53,7 +53,7 @@ def optimizer_step(model: nn.Module, optimizer, scheduler=None, scaler=None, max
     if scaler is not None:
         scaler.unscale_(optimizer)
     if max_grad_norm:
-        nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        clip_grad_norm(model.parameters(), max_grad_norm)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
@@ -62,3 +62,23 @@ def optimizer_step(model: nn.Module, optimizer, scheduler=None, scaler=None, max
     optimizer.zero_grad(set_to_none=True)
     if scheduler is not None:
         scheduler.step()
+
+
+@torch.no_grad()
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """nn.utils.clip_grad_norm_ (2-norm) over dense and sparse gradients (a vocabulary table's on
+    the CPU, training/optim.py); a sparse one is coalesced in place, as the optimizer reads it."""
+    params = [p for p in params if p.grad is not None]
+    if not any(p.grad.is_sparse for p in params):
+        return nn.utils.clip_grad_norm_(params, max_norm)
+    for p in params:
+        if p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+    grads = [p.grad.values() if p.grad.is_sparse else p.grad for p in params]
+    dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+    device = grads[0].device
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=dtype).to(device) for g in grads]))
+    coef = (max_norm / (total + 1e-6)).clamp_(max=1.0)  # as clip_grad_norm_: no host sync to test it
+    for g in grads:
+        g.mul_(coef.to(g.device, g.dtype))
+    return total

@@ -1,0 +1,36 @@
+"""The training report's clock: a period's wall time (and its tokens/s and MFU) leaves out the
+evaluations inside it, including the one that ends the epoch before it."""
+import json
+import time
+
+from test_distributed import setup_task
+
+from spanflow.training.loop import train_loop
+from spanflow.training.options import TrainOptions
+
+EVAL_S = 1000.0  # what each evaluation costs on the patched clock
+
+
+def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
+    nm, windows, hooks = setup_task()
+    offset = [0.0]
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+
+    def slow_eval(model):  # the clock jumps as if evaluating took EVAL_S
+        offset[0] += EVAL_S
+        return {"f1": 0.5}
+
+    hooks.evaluate = slow_eval
+    opts = TrainOptions(epochs=3, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lambda s: None)
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    assert len(reps) == 3 and offset[0] == 3 * EVAL_S
+    assert all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
+
+    mid = tmp_path / "mid"  # evaluations every few steps, inside the period
+    offset[0] = 0.0
+    train_loop(nm.module, windows, hooks, opts=TrainOptions(**{**opts.to_dict(), "epochs": 1, "eval_every": 2}),
+               policy=nm.policy, out_dir=str(mid), log=lambda s: None)
+    reps = [json.loads(x) for x in open(mid / "train_report.jsonl")]
+    assert offset[0] >= 2 * EVAL_S and all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]

@@ -1,0 +1,234 @@
+"""Sparse vocabulary gradients on the CPU: RowAdamW's lazy rows, the clip norm over sparse and
+dense gradients, which tables go sparse, and a training run that learns and resumes with them."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from spanflow.training import optim
+from spanflow.training.optim import RowAdamW, build_optimizer, sparse_tables
+from spanflow.training.options import TrainOptions
+from spanflow.training.step import clip_grad_norm
+
+CPU = torch.device("cpu")
+
+
+class Bag(nn.Module):
+    """A vocabulary table, a position table and a linear head."""
+
+    def __init__(self, rows: int = 5000):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(rows, 16, padding_idx=0)
+        self.pos = nn.Embedding(8, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.head(self.word_embeddings(ids) + self.pos.weight[: ids.shape[1]]).pow(2).mean()
+
+
+def _pair(seed=0):
+    torch.manual_seed(seed)
+    dense = Bag()
+    rows = copy.deepcopy(dense)
+    assert sparse_tables(rows, CPU) == [rows.word_embeddings]
+    return dense, rows
+
+
+def _train(model, opt, batches, clip=None):
+    for ids in batches:
+        model(ids).backward()
+        if clip is not None:
+            clip(model.parameters(), 0.05)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_only_vocabulary_tables_go_sparse_and_only_on_the_cpu():
+    m = Bag()
+    assert sparse_tables(m, torch.device("cuda")) == [] and not m.word_embeddings.sparse
+    assert sparse_tables(m, CPU) == [m.word_embeddings]
+    assert m.word_embeddings.sparse and not m.pos.sparse  # the position table is not a vocabulary
+    # the flag is set both ways: a module made sparse once, then trained where tables stay dense
+    assert sparse_tables(m, torch.device("cuda")) == [] and not m.word_embeddings.sparse
+    sparse_tables(m, CPU)
+    build_optimizer(m, TrainOptions(lr=1e-3, grad_compression="fp16"), CPU)  # DDP's hooks take no sparse one
+    assert not m.word_embeddings.sparse
+    frozen = Bag()
+    frozen.word_embeddings.weight.requires_grad_(False)
+    assert sparse_tables(frozen, CPU) == []
+    long_positions = Bag()
+    long_positions.pos = nn.Embedding(8194, 16)  # a long position table is no vocabulary
+    assert sparse_tables(long_positions, CPU) == [long_positions.word_embeddings]
+
+
+def test_touched_rows_follow_adamw_and_untouched_rows_stay():
+    dense, rows = _pair()
+    start = rows.word_embeddings.weight.detach().clone()
+    kw = dict(lr=1e-2, weight_decay=0.1)
+    ids = torch.randint(1, 60, (6, 5))  # the same rows every step: there lazy and dense AdamW agree
+    _train(dense, torch.optim.AdamW(dense.parameters(), **kw), [ids] * 6, clip=nn.utils.clip_grad_norm_)
+    _train(rows, RowAdamW(rows.parameters(), fused=True, **kw), [ids] * 6, clip=clip_grad_norm)
+    seen = ids.unique()
+    torch.testing.assert_close(rows.word_embeddings.weight[seen], dense.word_embeddings.weight[seen], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rows.head.weight, dense.head.weight, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rows.pos.weight, dense.pos.weight, rtol=1e-5, atol=1e-6)
+    others = torch.ones(start.shape[0], dtype=torch.bool)
+    others[seen] = False
+    assert torch.equal(rows.word_embeddings.weight[others], start[others])  # AdamW's decay would have moved these
+    assert not torch.equal(rows.word_embeddings.weight[seen], start[seen])
+
+
+def _lazy_reference(w, grads, lr, weight_decay, eps, betas=(0.9, 0.999)):
+    """Lazy AdamW written out row by row: a row's moments and weight move on the steps that see it."""
+    w = w.clone()
+    m, v = torch.zeros_like(w), torch.zeros_like(w)
+    for t, g in enumerate(grads, 1):
+        for r in g.nonzero()[:, 0].unique().tolist():
+            m[r] = betas[0] * m[r] + (1 - betas[0]) * g[r]
+            v[r] = betas[1] * v[r] + (1 - betas[1]) * g[r] ** 2
+            w[r] *= 1 - lr * weight_decay
+            w[r] -= lr / (1 - betas[0] ** t) * m[r] / ((v[r] / (1 - betas[1] ** t)).sqrt() + eps)
+    return w
+
+
+def test_a_row_seen_then_missed_then_seen_follows_the_lazy_rule():
+    _, rows = _pair()
+    start = rows.word_embeddings.weight.detach().clone()
+    kw = dict(lr=1e-2, weight_decay=0.1, eps=1e-2)  # an eps that shows where it is added
+    opt = RowAdamW(rows.parameters(), **kw)
+    seen = [torch.tensor([[3, 4, 4]]), torch.tensor([[5, 6, 0]]), torch.tensor([[3, 5, 7]])]
+    grads = []
+    for ids in seen:
+        rows(ids).backward()
+        grads.append(rows.word_embeddings.weight.grad.to_dense().clone())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    want = _lazy_reference(start, grads, **kw)
+    torch.testing.assert_close(rows.word_embeddings.weight.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_clip_norm_is_the_dense_one():
+    dense, rows = _pair()
+    ids = torch.randint(1, 4000, (4, 7))
+    for m in (dense, rows):
+        m(ids).backward()
+        m(ids[:, :3]).backward()  # two micro-batches: the sparse gradient holds repeated rows
+    assert rows.word_embeddings.weight.grad.is_sparse
+    want = nn.utils.clip_grad_norm_(dense.parameters(), 1e-3)
+    got = clip_grad_norm(rows.parameters(), 1e-3)
+    torch.testing.assert_close(got, want)
+    assert rows.word_embeddings.weight.grad.is_coalesced()
+    torch.testing.assert_close(rows.word_embeddings.weight.grad.to_dense(), dense.word_embeddings.weight.grad)
+    torch.testing.assert_close(rows.head.weight.grad, dense.head.weight.grad)
+
+
+def test_a_plain_adamw_checkpoint_resumes_in_rowadamw():
+    batches = [torch.randint(1, 60, (4, 6), generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    dense, rows = _pair()
+    kw = dict(lr=1e-2, weight_decay=0.01)
+    plain = torch.optim.AdamW(dense.parameters(), **kw)
+    _train(dense, plain, batches[:2])
+    rows.load_state_dict(dense.state_dict())
+    opt = RowAdamW(rows.parameters(), **kw)
+    opt.load_state_dict(copy.deepcopy(plain.state_dict()))
+    _train(dense, plain, [batches[2]] * 2)
+    _train(rows, opt, [batches[2]] * 2)  # the same rows again: lazy and dense agree on them
+    seen = batches[2].unique()
+    torch.testing.assert_close(rows.word_embeddings.weight[seen], dense.word_embeddings.weight[seen])
+    torch.testing.assert_close(rows.head.weight, dense.head.weight)
+
+
+def test_hooks_run_once_grads_come_back_and_a_closure_is_evaluated():
+    torch.optim.AdamW([nn.Parameter(torch.ones(1))])  # a plain AdamW in the process hooks AdamW.step
+    _, rows = _pair()
+    opt = RowAdamW(rows.parameters(), lr=1e-2)
+    calls = []
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    ids = torch.randint(1, 50, (2, 3))
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        loss = rows(ids)
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert calls == ["pre"] and loss is not None
+    assert rows.word_embeddings.weight.grad.is_sparse  # the gradient the step read is left in place
+
+
+def test_state_round_trip_continues_as_one_run():
+    batches = [torch.randint(1, 300, (4, 6), generator=torch.Generator().manual_seed(k)) for k in range(6)]
+    _, whole = _pair()
+    base = copy.deepcopy(whole)
+    opt = RowAdamW(whole.parameters(), lr=1e-2, weight_decay=0.01)
+    _train(whole, opt, batches)
+
+    first = base
+    opt1 = RowAdamW(first.parameters(), lr=1e-2, weight_decay=0.01)
+    _train(first, opt1, batches[:3])
+    state = copy.deepcopy(opt1.state_dict())
+    assert set(state["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}  # AdamW's keys: checkpoints read either way
+    second = copy.deepcopy(first)
+    opt2 = RowAdamW(second.parameters(), lr=1e-2, weight_decay=0.01)
+    opt2.load_state_dict(state)
+    _train(second, opt2, batches[3:])
+    for k, v in whole.state_dict().items():
+        torch.testing.assert_close(second.state_dict()[k], v, msg=k)
+
+
+def test_build_optimizer_makes_the_table_sparse_before_the_first_step():
+    m = Bag()
+    opt = build_optimizer(m, TrainOptions(lr=1e-3), CPU)
+    assert isinstance(opt, RowAdamW) and m.word_embeddings.sparse
+    m(torch.randint(1, 100, (2, 4))).backward()
+    assert m.word_embeddings.weight.grad.is_sparse
+    opt.step()  # the fused dense step takes no sparse gradient: RowAdamW keeps it away from it
+
+
+def test_amsgrad_and_a_loss_scaler_are_refused_before_any_update():
+    _, rows = _pair()
+    before = copy.deepcopy(rows.state_dict())
+    opt = RowAdamW(rows.parameters(), lr=1e-2, amsgrad=True)
+    rows(torch.randint(1, 50, (2, 3))).backward()
+    with pytest.raises(ValueError, match="amsgrad"):
+        opt.step()
+    scaled = RowAdamW(rows.parameters(), lr=1e-2, fused=True)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled.zero_grad(set_to_none=True)
+    scaler.scale(rows(torch.randint(1, 50, (2, 3)))).backward()
+    with pytest.raises(ValueError, match="loss scaler"):
+        scaler.step(scaled)
+    for k, v in rows.state_dict().items():  # neither touched the dense parameters first
+        assert torch.equal(v, before[k]), k
+
+
+def test_ner_learns_and_resumes_with_sparse_tables(tmp_path, monkeypatch):
+    """A from-scratch NER run whose tables go sparse: it memorises its data, and a run stopped
+    mid-way and resumed ends where the uninterrupted one does."""
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.tasks.ner import NerModel, train_ner
+
+    monkeypatch.setattr(optim, "VOCABULARY_ROWS", 64)  # the tiny encoder's tables, small here, made sparse
+    monkeypatch.setattr(optim, "VOCABULARY_NAMES", None)
+    made = []
+    real = optim.sparse_tables
+    monkeypatch.setattr(optim, "sparse_tables", lambda m, d, **k: made.extend(real(m, d, **k)) or made)
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    opts = dict(epochs=12, lr=2e-2, max_tokens=256, max_length=64, warmup_ratio=0.05, patience=0, log_every=0, seed=0)
+    model = train_ner(data, data, model="tiny", out_dir=str(tmp_path / "fit"), options=TrainOptions(**opts),
+                      log_fn=lambda s: None)
+    assert made and all(t.sparse for t in made)
+    assert model.evaluate(data)["f1"] >= 0.95
+    short = {**opts, "epochs": 3}
+    train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path / "full"), options=TrainOptions(**short),
+              log_fn=lambda s: None)
+    train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path / "part"), options=TrainOptions(**short, max_steps=4),
+              log_fn=lambda s: None)
+    train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path / "part"), options=TrainOptions(**short, resume=True),
+              log_fn=lambda s: None)
+    a = NerModel.load(str(tmp_path / "full" / "checkpoint" / "model")).module.state_dict()
+    b = NerModel.load(str(tmp_path / "part" / "checkpoint" / "model")).module.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
