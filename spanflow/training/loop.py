@@ -19,7 +19,7 @@ from spanflow.batching.sampling import epoch_indices
 from spanflow.monitor.report import Meter, append_jsonl, format_report, report_scalars, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, on_main
-from spanflow.training.optim import build_optimizer, warmup_linear
+from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
@@ -138,6 +138,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             _checkpoint(r)
         final = _summary(r, completed=True)
     finally:
+        sparse_tables(model, policy.device, enable=False)  # the model handed back trains with any optimizer
         r.meter.close()
         r.reporters.close(final)
         if r.bar is not None:
@@ -322,6 +323,8 @@ def _evaluate(r: _Run) -> float | None:
     if r.hooks.evaluate is None:
         return None
     st = r.st
+    if r.policy.device.type == "cuda":  # the steps queued before it are training time, not the evaluation's
+        torch.cuda.synchronize(r.policy.device)
     t = time.perf_counter()
     r.model.eval()
     metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered

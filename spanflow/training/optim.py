@@ -1,8 +1,8 @@
 """Optimizer and schedule: AdamW with parameter groups (weight decay, head learning rate,
 layer-wise learning-rate decay) and warmup + linear decay.
 
-On the CPU a vocabulary table (BERT's is 30522 x 384, half of MiniLM's parameters) takes
-sparse gradients: a step touches a few hundred of its rows, but a dense gradient is a fresh
+On the CPU a vocabulary table (MiniLM's, BERT's vocabulary, is 30522 x 384: half its
+parameters) takes sparse gradients: a step touches a few hundred of its rows, but a dense gradient is a fresh
 47 MB tensor filled with zeros every step (page faults and all), then read by the clip norm
 and by AdamW over every row (docs/benchmarks.md has the step times). Its rows are updated
 lazily instead (`RowAdamW`): the rows a step saw, with the Adam moments and decoupled weight
@@ -79,10 +79,15 @@ def sparse_tables(model: nn.Module, device: torch.device, enable: bool = True) -
     return sparse
 
 
-def _unhooked(step):
+def _unhooked(step: Callable) -> Callable:
     """AdamW.step without the hook wrapper torch puts on an optimizer class's step (RowAdamW's
-    own wrapper already ran the hooks once)."""
-    return step.__wrapped__ if getattr(step, "hooked", False) and hasattr(step, "__wrapped__") else step
+    own wrapper already ran the hooks once); a RuntimeError where that wrapper is not as known."""
+    if not getattr(step, "hooked", False):
+        return step
+    inner = getattr(step, "__wrapped__", None)
+    if inner is None or getattr(inner, "hooked", False):
+        raise RuntimeError("RowAdamW: torch's optimizer step hook wrapper has changed; step hooks would run twice")
+    return inner
 
 
 class RowAdamW(torch.optim.AdamW):
@@ -93,7 +98,7 @@ class RowAdamW(torch.optim.AdamW):
     gradients: a skipped step would need AdamW's found-inf check in the row update too."""
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -3,6 +3,7 @@ over a step's micro-batches, then the optimizer step with loss scaling and clipp
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ def optimizer_step(model: nn.Module, optimizer, scheduler=None, scaler=None, max
 
 
 @torch.no_grad()
-def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
     """nn.utils.clip_grad_norm_ (2-norm) over dense and sparse gradients (a vocabulary table's on
     the CPU, training/optim.py); a sparse one is coalesced in place, as the optimizer reads it."""
     params = [p for p in params if p.grad is not None]
