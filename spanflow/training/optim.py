@@ -2,9 +2,9 @@
 layer-wise learning-rate decay) and warmup + linear decay.
 
 On the CPU a vocabulary table (MiniLM's, BERT's vocabulary, is 30522 x 384: half its
-parameters) takes sparse gradients: a step touches a few hundred of its rows, but a dense gradient is a fresh
-47 MB tensor filled with zeros every step (page faults and all), then read by the clip norm
-and by AdamW over every row (docs/benchmarks.md has the step times). Its rows are updated
+parameters) takes sparse gradients: a step touches a few hundred of its rows, but a dense
+gradient is a fresh 47 MB tensor filled with zeros every step (page faults and all), then
+read by the clip norm and by AdamW over every row (docs/benchmarks.md has the step times). Its rows are updated
 lazily instead (`RowAdamW`): the rows a step saw, with the Adam moments and decoupled weight
 decay AdamW gives them, and the rows it did not see left as they are (AdamW would still
 move them by their old momentum). On an accelerator the dense gradient costs little and its
