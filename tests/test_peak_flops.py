@@ -18,13 +18,13 @@ def rates(monkeypatch, tmp_path):
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))
     todo: list[float] = []
     monkeypatch.setattr(D, "_matmul_rate", lambda dtype_name: todo.pop(0))
-    D.peak_flops.cache_clear()
+    D._cpu_peak.cache_clear()
     yield todo
-    D.peak_flops.cache_clear()
+    D._cpu_peak.cache_clear()
 
 
 def peak(dtype: str = "bf16") -> float:
-    D.peak_flops.cache_clear()  # a new process, as far as the peak goes
+    D._cpu_peak.cache_clear()  # a new process, as far as the peak goes
     return D.peak_flops("cpu", "cpu", dtype)[0]
 
 
@@ -101,3 +101,14 @@ def test_the_real_measurement_is_a_positive_rate():
     assert D._matmul_rate("fp32") > 1e9
     key = D._peak_key("bf16")
     assert key.endswith("bf16") and f"{torch.get_num_threads()} threads" in key and "torch " in key
+
+
+def test_another_thread_count_is_measured_again_in_the_same_process(rates, monkeypatch):
+    rates += [2.0e12, 1.0e12, 3.0e12]
+    threads = [8]
+    monkeypatch.setattr(D.torch, "get_num_threads", lambda: threads[0])
+    assert D.peak_flops("cpu", "cpu", "bf16")[0] == 2.0e12
+    assert D.peak_flops("cpu", "cpu", "bf16")[0] == 2.0e12  # measured once per process and thread count
+    threads[0] = 1
+    assert D.peak_flops("cpu", "cpu", "bf16")[0] == 1.0e12  # its own key: not the 8 threads' peak
+    assert rates == [3.0e12]

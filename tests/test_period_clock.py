@@ -1,10 +1,16 @@
 """The training report's clock: a period's wall time (and its tokens/s and MFU) leaves out the
-evaluations inside it, including the one that ends the epoch before it."""
+evaluations inside it, including the one that ends the epoch before it; so do its GPU
+utilisation samples."""
 import json
 import time
+from types import SimpleNamespace
+
+import torch
 
 from test_distributed import setup_task
 
+from spanflow.monitor import report
+from spanflow.monitor.device import GpuUtilSampler
 from spanflow.training.loop import train_loop
 from spanflow.training.options import TrainOptions
 
@@ -13,12 +19,16 @@ EVAL_S = 1000.0  # what each evaluation costs on the patched clock
 
 def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
     nm, windows, hooks = setup_task()
+    samplers: list = []
+    monkeypatch.setattr(report, "GpuUtilSampler", lambda device: samplers.append(GpuUtilSampler(device)) or samplers[-1])
+    paused: list[bool] = []
     offset = [0.0]
     real = time.perf_counter
     monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
 
     def slow_eval(model):  # the clock jumps as if evaluating took EVAL_S
         offset[0] += EVAL_S
+        paused.append(samplers[-1].paused)
         return {"f1": 0.5}
 
     hooks.evaluate = slow_eval
@@ -26,6 +36,7 @@ def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
     train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lambda s: None)
     reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
     assert len(reps) == 3 and offset[0] == 3 * EVAL_S
+    assert paused == [True] * 3 and not samplers[-1].paused  # no utilisation sampled while evaluating
     assert all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
 
     mid = tmp_path / "mid"  # evaluations every few steps, inside the period
@@ -34,3 +45,25 @@ def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
                policy=nm.policy, out_dir=str(mid), log=lambda s: None)
     reps = [json.loads(x) for x in open(mid / "train_report.jsonl")]
     assert offset[0] >= 2 * EVAL_S and all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
+
+
+class _Stops:
+    """A sampler's stop event that lets its loop run `n` times, then stops it."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def wait(self, timeout: float) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+
+def test_a_paused_sampler_takes_no_samples():
+    s = GpuUtilSampler(torch.device("cpu"))
+    s._handle, s._nvml = object(), SimpleNamespace(nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(gpu=50))
+    s.paused, s._stop = True, _Stops(5)
+    s._run(0.0)
+    assert s.take() is None
+    s.paused, s._stop = False, _Stops(5)
+    s._run(0.0)
+    assert s.take() == 50.0

@@ -33,7 +33,7 @@ class GpuUtilSampler:
     """Samples NVML GPU utilization in a background thread; mean() is None without NVML."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.1):
-        self._handle, self._samples, self._stop = None, [], threading.Event()
+        self._handle, self._samples, self._stop, self.paused = None, [], threading.Event(), False
         if device.type != "cuda":
             return
         try:
@@ -50,6 +50,8 @@ class GpuUtilSampler:
 
     def _run(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
+            if self.paused:  # work not to be counted (a training run's evaluation)
+                continue
             try:
                 self._samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
             except Exception:
@@ -77,7 +79,6 @@ def _native_bf16() -> bool:
     return cpu_has_bf16()
 
 
-@functools.lru_cache(maxsize=4)
 def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[float | None, str]:
     """(peak FLOP/s, basis). GPUs: datasheet table. CPU: the best matmul rate measured on this
     machine (this CPU model, thread count and precision) by this or any earlier run, because
@@ -92,7 +93,14 @@ def peak_flops(device_type: str, device_name: str, dtype_name: str) -> tuple[flo
         return None, "unknown"
     if device_type != "cpu":
         return None, "unknown"
-    return _best_seen(_peak_key(dtype_name), _matmul_rate(dtype_name)), "measured_matmul"
+    return _cpu_peak(dtype_name, torch.get_num_threads()), "measured_matmul"
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_peak(dtype_name: str, threads: int) -> float:
+    """The CPU peak, measured once per process for each precision and thread count (`threads`
+    is the cache's key: a process that changes torch's threads measures again)."""
+    return _best_seen(_peak_key(dtype_name), _matmul_rate(dtype_name))
 
 
 def _matmul_rate(dtype_name: str) -> float:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +38,7 @@ class Meter:
     real: int = 0
     padded: int = 0
     steps: int = 0
+    held_peak: int = 0  # the period's memory peak before an excluded evaluation (GPU)
     times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0})
     started: float = field(init=False)  # set once the peak is measured (__post_init__)
 
@@ -56,9 +59,25 @@ class Meter:
     def add_time(self, phase: str, seconds: float) -> None:
         self.times[phase] += seconds
 
-    def exclude(self, seconds: float) -> None:
-        """Leave `seconds` just spent (an evaluation) out of the period's wall clock."""
-        self.started += seconds
+    @contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Leave what runs inside (an evaluation) out of the period: its wall time, its GPU
+        utilisation samples and, on a GPU, its memory peak (the CPU's peak is the process's
+        high-water mark, which no reset lowers)."""
+        cuda = self.device.type == "cuda"
+        if cuda:  # the steps queued before it are the period's work: their time and their peak
+            torch.cuda.synchronize(self.device)
+            self.held_peak = max(self.held_peak, peak_memory_bytes(self.device))
+        t = time.perf_counter()
+        self.gpu.paused = True
+        try:
+            yield
+        finally:
+            self.gpu.paused = False
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                reset_peak_memory(self.device)
+            self.started += time.perf_counter() - t
 
     def begin_step(self) -> None:
         """The step's device work starts here (a CUDA event; nothing on a CPU)."""
@@ -86,14 +105,14 @@ class Meter:
             "data_wait_frac": self.times["data_wait"] / total,
             "compute_frac": self.times["compute"] / total,
             "optimizer_frac": self.times["optimizer"] / total,
-            "peak_memory_bytes": peak_memory_bytes(self.device),
+            "peak_memory_bytes": max(self.held_peak, peak_memory_bytes(self.device)),
             "mfu": achieved / (peak * devices) if peak and self.flops_per_token else None,
             "mfu_basis": basis,
             "gpu_util": self.gpu.take(),
             "wall_s": wall,
             "steps": self.steps,
         }
-        self.real = self.padded = self.steps = 0
+        self.real = self.padded = self.steps = self.held_peak = 0
         self.times = {k: 0.0 for k in self.times}
         self.started = time.perf_counter()
         reset_peak_memory(self.device)

@@ -323,14 +323,11 @@ def _evaluate(r: _Run) -> float | None:
     if r.hooks.evaluate is None:
         return None
     st = r.st
-    if r.policy.device.type == "cuda":  # the steps queued before it are training time, not the evaluation's
-        torch.cuda.synchronize(r.policy.device)
-    t = time.perf_counter()
-    r.model.eval()
-    metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
+    with r.meter.excluded():  # the period counts training (and its saves) only
+        r.model.eval()
+        metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
+        r.model.train()
     f1 = metrics["f1"]
-    r.model.train()
-    r.meter.exclude(time.perf_counter() - t)  # the period's clock counts training (and its saves) only
     on_main(lambda: _keep_best(r, metrics), r.dist)
     f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
         (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)
