@@ -1,0 +1,113 @@
+"""A compiled training step against the eager one: the native BERT encoder's forward and
+backward under the run's autocast, eager and through torch.compile (dynamic shapes, and
+static shapes recompiled per batch shape), each mode in a fresh process, the order of the
+modes alternating between repeats.
+
+The encoder is the offline all-MiniLM-L6-v2's shape (its config.json when installed, else
+the same numbers), from random weights: speed does not depend on the values. Each step is a
+batch of token-budget shape (B texts of T tokens, about 1300 tokens, the last 5 positions
+padded), a loss on the last hidden state, backward, gradients cleared; --shapes distinct
+shapes cycle, as token-budget batches of varied lengths do. The first pass over the shapes
+is timed apart (the compile happens there); the step time is the median of the passes after.
+
+    python bench/compile_train_step.py
+    python bench/compile_train_step.py --repeats 1 --passes 2   # a check that it runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+from common import default_minilm, median, write_results  # noqa: E402
+
+MODES = ("eager", "compile_dynamic", "compile_static")
+SHAPES = [(32, 40), (24, 52), (40, 32), (28, 45)]  # (texts, tokens) of about 1300 tokens each
+MINILM = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+          "intermediate_size": 1536, "model_type": "bert"}
+
+
+def encoder():
+    from spanflow.models.bert import BERT_DEFAULTS, NativeBert
+    from spanflow.models.files import Config
+
+    cfg = dict(MINILM)
+    path = default_minilm()
+    if path and os.path.exists(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = {k: v for k, v in json.load(f).items() if k in MINILM or k in BERT_DEFAULTS}
+    torch.manual_seed(0)
+    return NativeBert(Config(**{**BERT_DEFAULTS, **cfg})).train()
+
+
+def one_mode(mode: str, passes: int, precision: str) -> dict:
+    model = encoder()
+    fn = model if mode == "eager" else torch.compile(model, dynamic=mode == "compile_dynamic")
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    vocab = model.config.vocab_size
+
+    def step(b: int, t: int) -> None:
+        ids = torch.randint(1, vocab, (b, t))
+        mask = torch.ones(b, t, dtype=torch.long)
+        mask[:, t - 5:] = 0
+        with torch.autocast("cpu", dtype or torch.float32, enabled=dtype is not None):
+            loss = fn(ids, mask).last_hidden_state.float().pow(2).mean()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    t = time.perf_counter()
+    for shape in SHAPES:
+        step(*shape)
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(passes):
+        for shape in SHAPES:
+            t = time.perf_counter()
+            step(*shape)
+            times.append(time.perf_counter() - t)
+    return {"mode": mode, "first_pass_s": round(first, 2), "step_ms": round(1000 * median(times), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=2, help="fresh processes per mode [%(default)s]")
+    ap.add_argument("--passes", type=int, default=5, help="timed passes over the shapes [%(default)s]")
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--name", default="compile_train_step")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # a child process: one mode
+    a = ap.parse_args()
+    if a.mode:
+        print("ROW " + json.dumps(one_mode(a.mode, a.passes, a.precision)), flush=True)
+        return
+    rows = []
+    for r in range(a.repeats):
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--mode", mode],
+                               capture_output=True, text=True)
+            row = next((json.loads(x[4:]) for x in p.stdout.splitlines() if x.startswith("ROW ")), None)
+            if p.returncode or row is None:
+                raise SystemExit(f"mode {mode} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+            rows.append({"repeat": r, **row})
+            print(rows[-1], flush=True)
+    eager = median([x["step_ms"] for x in rows if x["mode"] == "eager"])
+    for x in rows:
+        x["step_vs_eager"] = round(x["step_ms"] / eager, 2)
+    cmd = "python bench/compile_train_step.py " + " ".join(sys.argv[1:])
+    note = (f"`{cmd.strip()}`; the native encoder ({'offline MiniLM config' if default_minilm() else 'MiniLM shape'}, "
+            f"random weights) forward + backward under {a.precision} autocast, shapes {SHAPES} cycling; "
+            "first_pass_s: the first pass over the shapes (compiling); step_ms: median of the passes after; "
+            "step_vs_eager: over the median eager step")
+    path = write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "shapes": SHAPES},
+                         rows, ["repeat", "mode", "first_pass_s", "step_ms", "step_vs_eager"])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
