@@ -21,6 +21,7 @@ runs alternates.
 
     python bench/bulk_scale.py --sizes 100000,1000000
     python bench/bulk_scale.py --layers 1 --hidden 32 --sizes 100000,1000000 --name bulk_scale_small_model
+    python bench/bulk_scale.py --layers 1 --hidden 32 --sizes 100000,1000000 --pss-every 5 --name bulk_scale_small_model_quarters
     python bench/bulk_scale.py --sizes 2000 --out /tmp/bulk   # a check that it runs
 """
 from __future__ import annotations
@@ -106,18 +107,32 @@ def tree_memory(proc: psutil.Process, pss: bool) -> tuple[int, int | None]:
     return rss, total
 
 
+def quarters(samples: list[tuple[float, int]], secs: float) -> list[int]:
+    """The peak of (t, bytes) samples in each quarter of a run `secs` long, MiB (0: no sample):
+    memory bounded by the job levels off over the quarters, memory that grows with the input
+    keeps rising."""
+    peaks = [0, 0, 0, 0]
+    for t, b in samples:
+        q = min(3, int(4 * t / secs)) if secs > 0 else 0
+        peaks[q] = max(peaks[q], b)
+    return [round(b / 2**20) for b in peaks]
+
+
 def run(cmd: list[str], env: dict, sample_s: float, pss_every: int) -> dict:
-    """Run `cmd` to its end: whole-process seconds, peak tree RSS and PSS (MiB), its stdout.
+    """Run `cmd` to its end: whole-process seconds, peak tree RSS and PSS (MiB), the PSS peak of
+    each quarter of the run, its stdout.
     PSS is read on every `pss_every`-th sample only: smaps_rollup walks each process's page
     tables under its memory lock (5-15 ms a process of this size here, 50-65 ms a sample for a
     Ray job's 14 processes), which every second would slow the Ray job more than the single one."""
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty job never blocks on it
         t = time.perf_counter()
         p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-        proc, peak, peak_pss, k = psutil.Process(p.pid), 0, 0, 0
+        proc, peak, peak_pss, k, timeline = psutil.Process(p.pid), 0, 0, 0, []
         while p.poll() is None:
             rss, pss = tree_memory(proc, k % pss_every == 0)
             peak, peak_pss, k = max(peak, rss), max(peak_pss, pss or 0), k + 1
+            if pss is not None:
+                timeline.append((time.perf_counter() - t, pss))
             try:
                 p.wait(timeout=sample_s)
             except subprocess.TimeoutExpired:
@@ -127,7 +142,8 @@ def run(cmd: list[str], env: dict, sample_s: float, pss_every: int) -> dict:
         out = log.read()
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{out[-4000:]}")
-    return {"s": secs, "rss_mib": peak / 2**20, "pss_mib": peak_pss / 2**20, "stdout": out}
+    return {"s": secs, "rss_mib": peak / 2**20, "pss_mib": peak_pss / 2**20,
+            "pss_quarters_mib": quarters(timeline, secs), "stdout": out}
 
 
 def ray_running() -> list[int]:
@@ -182,6 +198,7 @@ def one_size(n: int, a, model: str, work: str, env: dict, repeat: int) -> dict:
            "ray_rows_per_s": round(n / ray["s"]), "ray_overhead": round(ray["s"] / single["s"], 2),
            "single_peak_rss_mib": round(single["rss_mib"]), "ray_peak_rss_mib": round(ray["rss_mib"]),
            "single_peak_pss_mib": round(single["pss_mib"]), "ray_peak_pss_mib": round(ray["pss_mib"]),
+           "single_pss_quarters_mib": single["pss_quarters_mib"], "ray_pss_quarters_mib": ray["pss_quarters_mib"],
            "max_abs_diff": same_vectors(single_out, ray_out)}
     row["ray_summary"] = next((line for line in ray["stdout"].splitlines() if line.startswith("wrote ")), None)
     row["single_device"] = next((line for line in single["stdout"].splitlines() if line.startswith("device ")), None)
@@ -265,7 +282,7 @@ def main() -> None:
     write_results(a.out, a.name, payload, rows,
                   ["rows", "repeat", "first", "single_s", "ray_s", "ray_overhead", "single_rows_per_s",
                    "ray_rows_per_s", "single_peak_rss_mib", "ray_peak_rss_mib", "single_peak_pss_mib",
-                   "ray_peak_pss_mib", "max_abs_diff"])
+                   "ray_peak_pss_mib", "single_pss_quarters_mib", "ray_pss_quarters_mib", "max_abs_diff"])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ their ratio.
         --dev ../shared/data/resume_ner/dev.char.bmes --model tiny --runs spanflow --name resume_ner
     python bench/time_to_accuracy.py --task re --train ../shared/data/webnlg/train_triples.json \
         --dev ../shared/data/webnlg/dev_triples.json --runs spanflow --name webnlg
+    python bench/time_to_accuracy.py --train ../shared/data/wnut17/train.conll \
+        --dev ../shared/data/wnut17/dev.conll --runs spanflow --dense-tables --name wnut17_dense_tables
     python bench/time_to_accuracy.py --task embed --train ../shared/data/stsb/stsb-en-train.csv \
         --dev ../shared/data/stsb/stsb-en-dev.csv --name stsb
 """
@@ -221,7 +223,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="every run's seed")
     ap.add_argument("--name", default="wnut17", help="data set name for the result files")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--dense-tables", action="store_true",
+                    help="spanflow's vocabulary table trains dense on the CPU too (training/optim.VOCABULARY_ROWS "
+                         "out of reach), to compare with its sparse default")
     a = ap.parse_args()
+    if a.dense_tables:
+        from spanflow.training import optim
+
+        optim.VOCABULARY_ROWS = 1 << 62
     a.runs = a.runs or DEFAULT_RUNS[a.task]
     metric = METRIC[a.task]
     model = a.model or default_minilm()

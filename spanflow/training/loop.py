@@ -20,6 +20,7 @@ from spanflow.monitor.report import Meter, append_jsonl, format_report, report_s
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, on_main
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
+from spanflow.training.row_adamw import catch_up
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
@@ -128,6 +129,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                                     else None, items, hooks.collate, pin=policy.device.type == "cuda")
                       for step in plan)
             if not _run_steps(r, groups, epoch):
+                catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
                 final = _summary(r, completed=False)
                 return final
             rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
@@ -136,6 +138,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             _learning_check(r, f1, left=opts.epochs - epoch - 1)
             r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
             _checkpoint(r)
+        catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
         final = _summary(r, completed=True)
     finally:
         sparse_tables(model, policy.device, enable=False)  # the model handed back trains with any optimizer
@@ -323,6 +326,7 @@ def _evaluate(r: _Run) -> float | None:
     if r.hooks.evaluate is None:
         return None
     st = r.st
+    catch_up(r.optimizer)  # the model evaluated (and kept if best) holds every update its rows were owed
     with r.meter.excluded():  # the period counts training (and its saves) only
         r.model.eval()
         metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered

@@ -4,11 +4,11 @@ layer-wise learning-rate decay) and warmup + linear decay.
 On the CPU a vocabulary table (MiniLM's, BERT's vocabulary, is 30522 x 384: half its
 parameters) takes sparse gradients: a step touches a few hundred of its rows, but a dense
 gradient is a fresh 47 MB tensor filled with zeros every step (page faults and all), then
-read by the clip norm and by AdamW over every row (docs/benchmarks.md has the step times). Its rows are updated
-lazily instead (`RowAdamW`): the rows a step saw, with the Adam moments and decoupled weight
-decay AdamW gives them, and the rows it did not see left as they are (AdamW would still
-move them by their old momentum). On an accelerator the dense gradient costs little and its
-sparse one would need a host sync per step to size it, so tables stay dense there.
+read by the clip norm and by AdamW over every row (docs/benchmarks.md has the step times).
+Its rows are updated lazily instead (`RowAdamW`, training/row_adamw.py): the rows a step
+saw, each first given in closed form the updates AdamW would have made on the steps that
+missed it. On an accelerator the dense gradient costs little and its sparse one would need
+a host sync per step to size it, so tables stay dense there.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from spanflow.training.options import TrainOptions
+from spanflow.training.row_adamw import RowAdamW
 
 _LAYER = re.compile(r"\.(?:layer|layers|h|block|blocks)\.(\d+)\.")
 
@@ -77,71 +78,6 @@ def sparse_tables(model: nn.Module, device: torch.device, enable: bool = True) -
         if m.sparse:
             sparse.append(m)
     return sparse
-
-
-def _unhooked(step: Callable) -> Callable:
-    """AdamW.step without the hook wrapper torch puts on an optimizer class's step (RowAdamW's
-    own wrapper already ran the hooks once); a RuntimeError where that wrapper is not as known."""
-    if not getattr(step, "hooked", False):
-        return step
-    inner = getattr(step, "__wrapped__", None)
-    if inner is None or getattr(inner, "hooked", False):
-        raise RuntimeError("RowAdamW: torch's optimizer step hook wrapper has changed; step hooks would run twice")
-    return inner
-
-
-class RowAdamW(torch.optim.AdamW):
-    """AdamW whose sparse-gradient parameters are updated in the rows their gradient holds.
-
-    Dense parameters take AdamW's own step (fused where it can be); the state of a sparse one
-    has AdamW's keys and shapes, so checkpoints read either way. No loss scaler with sparse
-    gradients: a skipped step would need AdamW's found-inf check in the row update too."""
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        rows = [(g, p, p.grad) for g in self.param_groups for p in g["params"]
-                if p.grad is not None and p.grad.is_sparse]
-        for group, _, _ in rows:
-            for key in ("amsgrad", "maximize", "capturable", "differentiable"):
-                if group.get(key):
-                    raise ValueError(f"sparse gradients: RowAdamW has no {key}")
-        if rows and (getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None):
-            raise ValueError("sparse gradients: RowAdamW takes no loss scaler (tables are sparse on the CPU only)")
-        for _, p, _ in rows:
-            p.grad = None  # AdamW takes no sparse gradient; without one it leaves the parameter alone
-        try:
-            _unhooked(torch.optim.AdamW.step)(self)
-        finally:
-            for _, p, grad in rows:
-                p.grad = grad
-        for group, p, grad in rows:
-            _row_step(self.state[p], p, grad, group)
-        return loss
-
-
-def _row_step(state: dict, p: torch.Tensor, grad: torch.Tensor, group: dict) -> None:
-    """One lazy AdamW update of the rows `grad` (sparse, one row per index) holds. Bias
-    correction follows the parameter's step count, as AdamW's; no host sync."""
-    if not state:
-        state["step"] = torch.zeros((), dtype=torch.float32)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    grad = grad.coalesce()  # one row per index, repeats summed
-    idx, g = grad.indices()[0], grad.values().to(p.dtype)
-    (b1, b2), lr, wd, eps = group["betas"], group["lr"], group["weight_decay"], group["eps"]
-    step = state["step"].add_(1)
-    m = state["exp_avg"].index_select(0, idx).mul_(b1).add_(g, alpha=1 - b1)
-    v = state["exp_avg_sq"].index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
-    state["exp_avg"].index_copy_(0, idx, m)
-    state["exp_avg_sq"].index_copy_(0, idx, v)
-    denom = v.sqrt().div_((1 - b2 ** step).sqrt()).add_(eps)
-    w = p.index_select(0, idx).mul_(1 - lr * wd)
-    w.sub_(m.div_(denom).mul_(lr / (1 - b1 ** step)))
-    p.index_copy_(0, idx, w)
 
 
 def build_optimizer(model: nn.Module, opts: TrainOptions, device: torch.device) -> torch.optim.Optimizer:
