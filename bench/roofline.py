@@ -215,8 +215,8 @@ def save(a, model: str, rows: list[dict]) -> None:
         "jobs": a.jobs,
         "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
         "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic", "pairs": a.pairs or "synthetic"},
-        "predict_models": {"ner": a.ner_model or f"the train row's, after {a.steps} steps",
-                           "re": a.re_model or f"the train row's, after {a.steps} steps"}},
+        "predict_models": {task: getattr(a, f"{task}_model") or f"the train row's, after {a.steps} steps"
+                           for task in ("ner", "re") if f"predict-{task}" in [j.strip() for j in a.jobs.split(",")]}},
         rows, ["job", "precision", "mfu", "achieved_tflops", "peak_tflops", "real_tokens_per_s",
                "padding_efficiency", "split", "gpu_util", "seconds", "command"])
 

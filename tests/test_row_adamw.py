@@ -330,3 +330,36 @@ def test_ner_learns_and_resumes_with_sparse_tables(tmp_path, monkeypatch):
     b = NerModel.load(str(tmp_path / "part" / "checkpoint" / "model")).module.state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_training_evaluates_and_hands_back_rows_that_owe_nothing(tmp_path, monkeypatch):
+    """Every evaluation, and the model a run hands back (to its end or stopped by max_steps),
+    sees the table with every update its rows were owed."""
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.tasks.ner import NerModel, train_ner
+    from spanflow.training import loop as loop_mod
+
+    monkeypatch.setattr(optim, "VOCABULARY_ROWS", 64)
+    monkeypatch.setattr(optim, "VOCABULARY_NAMES", None)
+    made, owed_at_eval = [], []
+    real_build, real_eval = loop_mod.build_optimizer, NerModel.evaluate
+    monkeypatch.setattr(loop_mod, "build_optimizer", lambda *a, **k: made.append(real_build(*a, **k)) or made[-1])
+
+    def owed() -> int:
+        return sum(book.t != book.base for book in made[-1]._rows.values())
+
+    def evaluate(self, *a, **k):
+        owed_at_eval.append(owed() if made else None)
+        return real_eval(self, *a, **k)
+
+    monkeypatch.setattr(NerModel, "evaluate", evaluate)
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    opts = dict(epochs=2, lr=2e-2, max_tokens=256, max_length=64, patience=0, log_every=0, seed=0)
+    for extra in ({"eval_every": 3}, {"max_steps": 5}):
+        owed_at_eval.clear()
+        train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path / str(extra)), log_fn=lambda s: None,
+                  options=TrainOptions(**opts, **extra))
+        assert made[-1]._rows, extra  # the table was sparse and its rows were owed between steps
+        assert len(owed_at_eval) >= (2 if "eval_every" in extra else 0)
+        assert owed_at_eval == [0] * len(owed_at_eval), (extra, owed_at_eval)
+        assert owed() == 0, extra
