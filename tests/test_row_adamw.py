@@ -174,8 +174,14 @@ def test_betas_the_closed_form_cannot_take_are_refused_before_any_update():
     assert torch.equal(table, torch.zeros(10, 2))
 
 
-def test_a_table_whose_gradient_comes_dense_again_is_paid_first():
+@pytest.mark.parametrize("resumed", [False, True], ids=["same_optimizer", "checkpoint_resumed_dense"])
+def test_a_table_whose_gradient_comes_dense_again_is_paid_first(resumed):
+    """Also a checkpoint that owes rows, resumed where the table trains dense (an accelerator)."""
     dense, rows, opt_d, opt_r = _same_gradients(40, weight_decay=0.0)
+    if resumed:
+        state = copy.deepcopy(opt_r.state_dict())
+        opt_r = RowAdamW([rows], lr=1.0)  # the state's groups bring back the run's lr
+        opt_r.load_state_dict(state)
     g = torch.randn(60, 8)
     dense.grad, rows.grad = g, g.clone()  # the same step, dense this time
     opt_d.step()

@@ -127,15 +127,19 @@ def _missed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor, state: dict, eps: f
     move *= torch.exp(end)
     bc2_s = torch.where(s > 0, 1 - b2 ** s.double(), torch.ones((), dtype=torch.float64))
     decay = torch.exp(end - rows.keep[sr])  # (n,)
-    m, v = state["exp_avg"].index_select(0, idx), state["exp_avg_sq"].index_select(0, idx)  # (n, D)
-    step_dir = m / ((v / bc2_s[:, None].to(v.dtype)).sqrt() + eps)
-    w = p.index_select(0, idx).mul_(decay[:, None].to(p.dtype))
-    w.sub_(step_dir * (move / bc2_s.sqrt())[:, None].to(p.dtype))
-    p.index_copy_(0, idx, w)
     k = (upto - s).double()[:, None]  # (n, 1) missed steps
-    state["exp_avg"].index_copy_(0, idx, m.mul_((b1 ** k).to(m.dtype)))
-    state["exp_avg_sq"].index_copy_(0, idx, v.mul_((b2 ** k).to(v.dtype)))
     rows.last.index_fill_(0, idx, upto)
+    # the bookkeeping stays on the CPU; the parameter is there too, but for a CPU checkpoint's
+    # owed rows paid where the run resumed on an accelerator (its table dense there)
+    dev = p.device
+    idx = idx.to(dev)
+    m, v = state["exp_avg"].index_select(0, idx), state["exp_avg_sq"].index_select(0, idx)  # (n, D)
+    step_dir = m / ((v / bc2_s[:, None].to(dev, v.dtype)).sqrt() + eps)
+    w = p.index_select(0, idx).mul_(decay[:, None].to(dev, p.dtype))
+    w.sub_(step_dir * (move / bc2_s.sqrt())[:, None].to(dev, p.dtype))
+    p.index_copy_(0, idx, w)
+    state["exp_avg"].index_copy_(0, idx, m.mul_((b1 ** k).to(dev, m.dtype)))
+    state["exp_avg_sq"].index_copy_(0, idx, v.mul_((b2 ** k).to(dev, v.dtype)))
 
 
 class RowAdamW(torch.optim.AdamW):
