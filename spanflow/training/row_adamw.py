@@ -6,8 +6,8 @@ though AdamW, given the dense gradient (zero in that row), would have decayed it
 moved it by its old momentum: about ten steps' worth of movement with beta1 = 0.9, which a
 rare word, seen once in many steps, would lose almost whole. Those missed updates are owed,
 not dropped: they are applied in closed form when the row is next seen, and to every row by
-`catch_up()`, which the training loop calls before an evaluation, a checkpoint and handing
-the model back. The weights then equal AdamW's on the dense gradient, to within what
+`catch_up()`, which the training loop calls before an evaluation and before handing the
+model back (a checkpoint keeps what is owed instead: see `state_dict`). The weights then equal AdamW's on the dense gradient, to within what
 `_missed` approximates; what stays different is that a row's gradient is taken at its weight
 before the updates it is owed.
 """
@@ -94,8 +94,8 @@ class _Rows:
     @classmethod
     def from_dict(cls, d: dict, b1: float, b2: float) -> _Rows:
         book = cls(len(d["last"]), int(d["base"]), b1, b2)
-        book.t, book.last = int(d["t"]), d["last"].to(torch.long)
-        book.keep, book.cw, book.full = (d[k].to(torch.float64) for k in ("keep", "cw", "full"))
+        book.t, book.last = int(d["t"]), d["last"].to("cpu", torch.long)  # bookkeeping lives on the CPU
+        book.keep, book.cw, book.full = (d[k].to("cpu", torch.float64) for k in ("keep", "cw", "full"))
         return book
 
 
