@@ -165,3 +165,8 @@ def test_early_stop_is_said_and_the_best_model_kept(tmp_path):
     assert max(epochs) == 3  # one best evaluation, then two without gain
     assert any(s.startswith("early stop after epoch 3") for s in lines), lines
     assert any(s.startswith("best dev F1") and str(tmp_path / "model") in s for s in lines)
+    lines.clear()  # patience running out at the last epoch stops nothing early: the run just ended
+    train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path / "last"), log_fn=lines.append,
+              options=small_opts(epochs=3, lr=1e-12, max_tokens=256, patience=2, warmup_ratio=0.0))
+    assert not any("early stop" in s for s in lines), lines
+    assert any(s.startswith("best dev F1") for s in lines)

@@ -11,6 +11,16 @@ def test_cpu_defaults_to_fp32():
     assert "fp32" in p.describe()
 
 
+def test_training_says_why_it_chose_its_precision(monkeypatch):
+    from spanflow.runtime import policy
+
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)
+    assert resolve_policy("auto", "cpu", cpu_bf16=True).describe().endswith("(this CPU has no native bf16)")
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)
+    assert resolve_policy("auto", "cpu", cpu_bf16=True).describe().endswith("(this CPU runs bf16 natively)")
+    assert resolve_policy("fp32", "cpu", cpu_bf16=True).describe().endswith("precision fp32 (as asked)")
+
+
 def test_cpu_bf16_autocasts_matmuls():
     p = resolve_policy("bf16", "cpu")
     lin = torch.nn.Linear(4, 4)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,7 @@ class Policy:
     device: torch.device
     amp_dtype: torch.dtype | None  # None = plain fp32
     use_scaler: bool  # fp16 on CUDA needs loss scaling
+    why: str = field(default="", compare=False)  # the reason for the precision, said with it
 
     @property
     def name(self) -> str:
@@ -57,7 +58,7 @@ class Policy:
             dev += f" ({torch.cuda.get_device_name(self.device)})"
             if torch.backends.cuda.matmul.allow_tf32:
                 what += ", TF32 matmuls"
-        return f"device {dev}, precision {what}"
+        return f"device {dev}, precision {what}" + (f" ({self.why})" if self.why else "")
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -82,12 +83,14 @@ def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: b
     if precision not in PRECISIONS:
         raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
     dev = pick_device(device)
+    why = "as asked" if precision != "auto" else ""
     if dev.type == "cuda":
         if torch.cuda.get_device_capability(dev) >= (8, 0):
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         if precision == "auto":
             precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            why = "this GPU runs bf16" if precision == "bf16" else "this GPU has no bf16"
         if precision == "bf16" and not torch.cuda.is_bf16_supported():
             raise ConfigError("bf16 asked, but this GPU has no bf16 support; use --precision fp16")
     elif dev.type == "mps":
@@ -95,12 +98,14 @@ def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: b
     else:
         if precision == "auto":
             precision = "bf16" if cpu_bf16 and cpu_has_bf16() else "fp32"
+            if cpu_bf16:
+                why = "this CPU runs bf16 natively" if precision == "bf16" else "this CPU has no native bf16"
         if precision == "fp16":
             raise ConfigError("fp16 is for CUDA devices; on CPU use --precision bf16 or fp32")
         if precision == "bf16" and not cpu_has_bf16():
             log.warning("this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32")
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    return Policy(dev, dtype, use_scaler=(dtype is torch.float16 and dev.type == "cuda"))
+    return Policy(dev, dtype, use_scaler=(dtype is torch.float16 and dev.type == "cuda"), why=why)
 
 
 QUANTIZATIONS = ("int8",)  # CPU dynamic quantization of the Linear layers of an fp32 model

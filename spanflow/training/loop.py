@@ -146,7 +146,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         r.reporters.close(final)
         if r.bar is not None:
             r.bar.close()
-    if r.st["stopped"]:
+    if r.st["stopped"] and r.st["epoch"] < opts.epochs:  # stopped at the last epoch: the run simply ended
         log(f"early stop after epoch {r.st['epoch']}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
     if hooks.evaluate is None:
