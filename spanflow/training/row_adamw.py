@@ -7,9 +7,9 @@ moved it by its old momentum: about ten steps' worth of movement with beta1 = 0.
 rare word, seen once in many steps, would lose almost whole. Those missed updates are owed,
 not dropped: they are applied in closed form when the row is next seen, and to every row by
 `catch_up()`, which the training loop calls before an evaluation and before handing the
-model back (a checkpoint keeps what is owed instead: see `state_dict`). The weights then equal AdamW's on the dense gradient, to within what
-`_missed` approximates; what stays different is that a row's gradient is taken at its weight
-before the updates it is owed.
+model back (a checkpoint keeps what is owed instead: see `state_dict`). The weights then
+equal AdamW's on the dense gradient, to within what `_missed` approximates; what stays
+different is that a row's gradient is taken at its weight before the updates it is owed.
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ class _Rows:
         self.k = _window(r)
         self.powers = r ** torch.arange(1, self.k + 1, dtype=torch.float64)  # (K,) r^i
         self.t = self.base = step  # a Python int beside the state's step tensor: no host sync to read it
+        self.log_keep = 0.0  # keep at step t, as a Python float: the per-step record reads no tensor
         self.last = torch.full((n_rows,), step, dtype=torch.long)
         self.keep, self.cw, self.full = (torch.zeros(256 + self.k, dtype=torch.float64) for _ in range(3))
 
@@ -76,14 +77,15 @@ class _Rows:
         if j + self.k >= len(self.cw):  # room for a K-step window after any step
             self.keep, self.cw, self.full = (torch.cat([x, torch.zeros_like(x)])
                                              for x in (self.keep, self.cw, self.full))
-        self.keep[j] = self.keep[j - 1] + math.log1p(-lr * wd)
-        self.cw[j] = lr * math.sqrt(1 - self.b2 ** self.t) / (1 - self.b1 ** self.t) * math.exp(-self.keep[j])
+        self.log_keep += math.log1p(-lr * wd)
+        self.keep[j] = self.log_keep
+        self.cw[j] = lr * math.sqrt(1 - self.b2 ** self.t) / (1 - self.b1 ** self.t) * math.exp(-self.log_keep)
         if j >= self.k:  # the K steps after step j - K are all known now
             self.full[j - self.k] = self.cw[j - self.k + 1:j + 1] @ self.powers
 
     def settled(self) -> None:
         """Every row is at step t: the history before it is no longer needed."""
-        self.base = self.t
+        self.base, self.log_keep = self.t, 0.0
         for x in (self.keep, self.cw, self.full):
             x.zero_()
 
@@ -96,6 +98,7 @@ class _Rows:
         book = cls(len(d["last"]), int(d["base"]), b1, b2)
         book.t, book.last = int(d["t"]), d["last"].to("cpu", torch.long)  # bookkeeping lives on the CPU
         book.keep, book.cw, book.full = (d[k].to("cpu", torch.float64) for k in ("keep", "cw", "full"))
+        book.log_keep = float(book.keep[book.t - book.base])
         return book
 
 
@@ -105,8 +108,9 @@ def _missed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor, state: dict, eps: f
     row's last one, through step t: weight decay, the momentum's move, the moments' decay.
 
     At missed step j = s + i AdamW moves a row by lr_j / bc1_j * b1^i m / (b2^(i/2) sqrt(v) /
-    sqrt(bc2_j) + eps) (m, v as at step s). That is summed here as coef_j r^i (r = b1 /
-    sqrt(b2)) times m / (sqrt(v / bc2_s) + eps) / sqrt(bc2_s): exact but for eps, which is
+    sqrt(bc2_j) + eps) (m, v as at step s). That is summed here as coef_j r^i (coef_j: `cw`
+    without its decay, r = b1 / sqrt(b2)) times m / (sqrt(v / bc2_s) + eps) / sqrt(bc2_s):
+    exact but for eps, which is
     scaled with sqrt(v) from step s on (the same while sqrt(v) is far above eps), and for the
     steps past the window, whose r^i is below TAIL. Weight decay multiplies the row's weight and
     each step's move by the steps after it, as AdamW's decay before each step's move does."""
@@ -170,7 +174,7 @@ class RowAdamW(torch.optim.AdamW):
             _ratio(*group["betas"])
         if rows and (getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None):
             raise ValueError("sparse gradients: RowAdamW takes no loss scaler (tables are sparse on the CPU only)")
-        for group in self.param_groups:  # a parameter that comes dense now pays its rows first
+        for group in self.param_groups if self._rows else ():  # a parameter that comes dense pays its rows first
             for p in group["params"]:
                 if p in self._rows and p.grad is not None and not p.grad.is_sparse:
                     self._settle(p, group)
