@@ -12,6 +12,8 @@ import asyncio
 import csv
 import os
 import random
+import re
+import resource
 import socket
 import subprocess
 import sys
@@ -48,6 +50,28 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
     raise RuntimeError("server did not become ready")
 
 
+def server_cpu(port: int) -> dict[str, float]:
+    """The server's CPU seconds by thread role, from its /metrics (spanflow_thread_cpu_seconds)."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'^spanflow_thread_cpu_seconds{thread="([^"]+)"} (\S+)$', text, re.MULTILINE)}
+
+
+def measured_level(port: int, texts: list[str], concurrency: int, n_requests: int) -> dict:
+    """level(), and where the CPU went: milliseconds per text in each of the server's thread
+    roles and in this process (the load generator)."""
+    before, mine = server_cpu(port), resource.getrusage(resource.RUSAGE_SELF)
+    r = asyncio.run(level(port, texts, concurrency, n_requests))
+    after, now = server_cpu(port), resource.getrusage(resource.RUSAGE_SELF)
+    served = max(1.0, r["texts_per_s"] * r["wall_s"])
+    cpu = {k: (after[k] - before.get(k, 0.0)) * 1e3 / served for k in after}
+    cpu["client"] = (now.ru_utime + now.ru_stime - mine.ru_utime - mine.ru_stime) * 1e3 / served
+    r["cpu_ms_per_text"] = {k: round(v, 3) for k, v in sorted(cpu.items())}
+    return r
+
+
 async def level(port: int, texts: list[str], concurrency: int, n_requests: int, per_request: int = 1) -> dict:
     """`concurrency` clients, each sending its next request when the last one returns,
     until `n_requests` are done. aiohttp: its client costs the shared CPU less than httpx."""
@@ -76,7 +100,7 @@ async def level(port: int, texts: list[str], concurrency: int, n_requests: int, 
         await asyncio.gather(*[client(session) for _ in range(concurrency)])
         wall = time.perf_counter() - t0
     ok = status.get(200, 0)
-    return {"concurrency": concurrency, "requests": n_requests, "texts_per_s": ok * per_request / wall,
+    return {"concurrency": concurrency, "requests": n_requests, "texts_per_s": ok * per_request / wall, "wall_s": wall,
             "p50_ms": float(np.percentile(lat, 50) * 1e3), "p95_ms": float(np.percentile(lat, 95) * 1e3),
             "p99_ms": float(np.percentile(lat, 99) * 1e3),
             "errors_5xx": sum(v for k, v in status.items() if isinstance(k, int) and k >= 500),
@@ -165,7 +189,7 @@ def main() -> None:
         for rep in range(a.repeats):
             for c in levels:
                 for mode in modes:
-                    r = asyncio.run(level(ports[mode], texts, c, a.requests))
+                    r = measured_level(ports[mode], texts, c, a.requests)
                     runs.setdefault((mode, c), []).append(r)
                     print(mode, rep, r, flush=True)
     finally:
@@ -180,6 +204,9 @@ def main() -> None:
         row["errors_5xx"] = sum(r["errors_5xx"] for r in rs)
         row["errors_other"] = sum(r["errors_other"] for r in rs)
         row["texts_per_s_runs"] = [round(r["texts_per_s"], 1) for r in rs]
+        roles = sorted({k for r in rs for k in r["cpu_ms_per_text"]})
+        row["cpu_ms_per_text"] = {k: round(float(np.median([r["cpu_ms_per_text"].get(k, 0.0) for r in rs])), 3)
+                                  for k in roles}
         rows.append(row)
     rows.sort(key=lambda r: (r["mode"], r["concurrency"]))
     by = {(r["mode"], r["concurrency"]): r for r in rows}
@@ -196,11 +223,13 @@ def main() -> None:
                                                       f"reference, same model in-process without HTTP: {offline}; "
                                                       "ratio_vs_in_process_c: dynamic batching over the compiled "
                                                       "model's back-to-back batches of c texts (the most c clients "
-                                                      "can get)",
+                                                      "can get); cpu_ms_per_text: CPU milliseconds per "
+                                                      "text served, by the server's thread roles (its /metrics) "
+                                                      "and in the load generator (client)",
                                     "offline": offline},
                   rows, ["mode", "concurrency", "texts_per_s", "ratio_vs_no_batching", "ratio_vs_in_process_c",
                          "p50_ms", "p95_ms", "p99_ms",
-                         "errors_5xx", "errors_other", "texts_per_s_runs"])
+                         "errors_5xx", "errors_other", "texts_per_s_runs", "cpu_ms_per_text"])
 
 
 if __name__ == "__main__":

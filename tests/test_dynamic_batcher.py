@@ -178,3 +178,31 @@ def test_a_huge_request_does_not_stall_a_small_one():
 
     assert not gate.run(main())  # the small request was answered while the huge one still ran
     assert order.index(("s",)) <= 2 and len(order) == 101  # round robin: served within two batches
+
+
+def test_a_cancelled_request_leaves_the_queue_and_the_model_never_runs_it():
+    gate, ran = Gate(), []
+
+    def run_batch(units):
+        ran.extend(units)
+        if units == [1]:
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=4, max_wait_ms=1)
+        b.start()
+        first = asyncio.ensure_future(b.submit([1], [4]))
+        await gate.running()
+        gone = asyncio.ensure_future(b.submit([2], [4], timeout_s=30))  # a client that disconnects
+        await asyncio.sleep(0)
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        gate.released.set()
+        assert await first == [1] and await b.submit([3], [4]) == [3]
+        await b.close()
+        return b.queued_tokens
+
+    assert gate.run(main()) == 0
+    assert ran == [1, 3]

@@ -2,7 +2,9 @@ import asyncio
 import json
 import math
 import re
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -65,6 +67,34 @@ def test_routes_and_shapes(model_dirs):
         assert isinstance(r["results"][0]["relations"], list)
         m = c.get("/metrics").text
         assert 'spanflow_requests_total{route="/v1/ner",status="200"}' in m and "spanflow_batch_tokens_bucket" in m
+        if sys.platform.startswith("linux"):  # the CPU split by thread reads /proc
+            assert 'spanflow_thread_cpu_seconds{thread="model"}' in m
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_thread_cpu_is_split_by_role():
+    from spanflow.serving.metrics import thread_cpu
+
+    burned, held = threading.Event(), threading.Event()
+
+    def model():  # 0.3 CPU seconds, then alive until read: a thread's time is kept only while it lives
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        burned.set()
+        held.wait(60)
+
+    before = thread_cpu()
+    t = threading.Thread(target=model, name="spanflow-model_test")
+    t.start()
+    try:
+        assert burned.wait(60)
+        now = thread_cpu()
+    finally:
+        held.set()
+        t.join()
+    assert now["model"] - before.get("model", 0.0) >= 0.25  # counted under its role
+    assert now.get("other", 0.0) - before.get("other", 0.0) < 0.25  # and not elsewhere
 
 
 def test_errors_are_4xx(model_dirs):
@@ -173,6 +203,53 @@ def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs
     assert "queue full" in second.json()["error"]["message"]
     assert first.status_code == 200 and len(first.json()["data"]) == 3  # admitted work is still served
     assert third.status_code == 200  # the queue drained: admitted again
+
+
+def test_small_requests_are_tokenized_on_the_event_loop_and_one_thread_at_a_time(model_dirs):
+    import httpx
+
+    from spanflow.serving.app import INLINE_CHARS
+
+    svc = load_service(f"emb={model_dirs['emb']}", device="cpu")
+    units, seen, inside = svc.units, [], []
+    entered, release = threading.Event(), threading.Event()
+    big = " ".join(TEXTS) * (INLINE_CHARS // len(" ".join(TEXTS)) + 1)  # over the inline bound
+
+    def recording(texts):
+        inside.append(1)
+        assert len(inside) == 1, "two threads in the tokenizer at once"
+        seen.append((texts[0], threading.current_thread().name))
+        if texts == [big]:  # the large request holds the tokenizer until the test releases it
+            entered.set()
+            assert release.wait(60)
+        inside.pop()
+        return units(texts)
+
+    svc.units = recording
+    app = create_app([svc], ServeOptions(max_wait_ms=1))
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                loop_thread = threading.current_thread().name
+                alone = await c.post("/v1/embeddings", json={"input": TEXTS[0]})
+                large = asyncio.create_task(c.post("/v1/embeddings", json={"input": big}))
+                assert await asyncio.to_thread(entered.wait, 60)
+                small = asyncio.create_task(c.post("/v1/embeddings", json={"input": TEXTS[1]}))
+                for _ in range(50):  # let the small request reach the tokenizer's lock
+                    await asyncio.sleep(0)
+                release.set()
+                return loop_thread, alone, await large, await small
+
+    try:
+        loop_thread, *answers = asyncio.run(main())
+    finally:
+        release.set()
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    where = dict(seen)
+    assert where[TEXTS[0]] == loop_thread  # small, tokenizer free: on the event loop, no thread hop
+    assert where[big].startswith("spanflow-io")  # large: off the loop
+    assert where[TEXTS[1]].startswith("spanflow-io")  # small, but the io thread held the tokenizer
 
 
 def _batches(metrics: str, model: str) -> int:

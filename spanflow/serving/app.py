@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -28,6 +29,10 @@ from spanflow.serving.services import Service
 
 log = logging.getLogger("spanflow.serve")
 
+# a request of at most this many characters is tokenized and answered on the event loop: well
+# under a millisecond of work, less than the two thread hops it saves (bench/results/load_test_inline.md)
+INLINE_CHARS = 1024
+
 class HttpError(Exception):
     """An error answer: `status`, a message, and the request field at fault (`param`, as OpenAI names it)."""
 
@@ -43,8 +48,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # tokenizing and assembling responses run on one thread of their own, never on the event
-        # loop: one thread, so that a tokenizer is never entered by two threads at once
+        # large requests are tokenized and answered on one thread of their own, off the event loop
         state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
         for s in services:
             # what the queue gives is cut into parts of similar length once a part holds a quarter
@@ -119,8 +123,24 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             metrics.gpu_util.set(util)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    tokenizer = threading.Lock()  # a tokenizer is never entered by two threads at once
+
+    def tokenize(service: Service, texts: list[str]):
+        with tokenizer:
+            return service.units(texts)
+
     async def off_loop(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(state["pool"], fn, *args)
+
+    async def units_of(service: Service, texts: list[str], small: bool):
+        """A small request is tokenized on the event loop, where a thread hop would cost more than
+        the work, unless the io thread holds the tokenizer; a large one on the io thread."""
+        if small and tokenizer.acquire(blocking=False):
+            try:
+                return service.units(texts)
+            finally:
+                tokenizer.release()
+        return await off_loop(tokenize, service, texts)
 
     def route(task):
         body_schema(task.request_field)  # built here, not on the first request
@@ -139,7 +159,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             try:
                 batcher.admit(0)  # shed load before the tokenizer spends time on it
                 t1 = time.perf_counter()
-                units, lengths, ctx = await off_loop(service.units, texts)
+                small = sum(map(len, texts)) <= INLINE_CHARS
+                units, lengths, ctx = await units_of(service, texts, small)
                 t2 = time.perf_counter()
                 results = await batcher.submit(units, lengths, opts.timeout)
                 t3 = time.perf_counter()
@@ -148,11 +169,11 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
-            response = await off_loop(lambda: _json(service.respond(texts, units, results, ctx, sum(lengths), params)))
-            phase = metrics.phase
+            answer = lambda: _json(service.respond(texts, units, results, ctx, sum(lengths), params))  # noqa: E731
+            response = answer() if small else await off_loop(answer)
             for name, seconds in (("read", t1 - t0), ("tokenize", t2 - t1), ("batch", t3 - t2),
                                   ("respond", time.perf_counter() - t3)):
-                phase.labels(service.name, name).observe(seconds)
+                metrics.phase_of(service.name, name).observe(seconds)
             return response
         return handle
 

@@ -35,6 +35,13 @@ class _Request:
     timed: bool = True  # its batches count in the measured service rate
 
 
+def _expire(req: _Request) -> None:
+    """A request's timeout: it fails with TimeoutError (its queued units are then dropped)."""
+    req.cancelled = True
+    if not req.future.done():
+        req.future.set_exception(asyncio.TimeoutError())
+
+
 class DynamicBatcher:
     """`run_batch(units) -> results` runs in a worker thread; one batch at a time.
 
@@ -99,11 +106,16 @@ class DynamicBatcher:
         self._queue.append(req)
         self.queued_tokens += need
         self._wake.set()
+        # a timer rather than asyncio.wait_for, which costs a task per request
+        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, _expire, req)
         try:
-            return await asyncio.wait_for(asyncio.shield(req.future), timeout_s)
+            return await req.future
         except (asyncio.TimeoutError, asyncio.CancelledError):
             req.cancelled = True  # its queued units are dropped by the worker
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _take(self) -> list[tuple[_Request, int]]:
         """Cut one batch: the next request in round-robin order anchors it; units of similar

@@ -1,6 +1,9 @@
 """Prometheus metrics of the server, in a registry of its own."""
 from __future__ import annotations
 
+import os
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -31,6 +34,19 @@ class ServerMetrics:
         self.gpu_util = Gauge("spanflow_accelerator_utilization", "NVML GPU utilization, percent", registry=r)
         self._real: dict[str, int] = {}
         self._padded: dict[str, int] = {}
+        self._phases: dict[tuple[str, str], object] = {}
+        self.thread_cpu = Gauge("spanflow_thread_cpu_seconds", "CPU time of the server's threads since start, by "
+                                "role: event_loop (HTTP, JSON, small requests' tokenizing), io (large requests'), "
+                                "model (the thread that runs batches), native (threads Python did not start: the "
+                                "OpenMP workers of the model's ops)", ["thread"], registry=r)
+
+    def phase_of(self, model: str, phase: str):
+        """The phase histogram's child for a model and phase, looked up once."""
+        key = (model, phase)
+        child = self._phases.get(key)
+        if child is None:
+            child = self._phases[key] = self.phase.labels(model, phase)
+        return child
 
     def batch_observer(self, model: str):
         def observe(lengths: list[int], seconds: float, waits: list[float]) -> None:
@@ -46,4 +62,30 @@ class ServerMetrics:
         return observe
 
     def render(self) -> bytes:
+        for role, seconds in thread_cpu().items():
+            self.thread_cpu.labels(role).set(seconds)
         return generate_latest(self.registry)
+
+
+_ROLES = (("MainThread", "event_loop"), ("spanflow-io", "io"), ("spanflow-model", "model"))
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads by role (Linux: /proc; elsewhere empty)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        name = names.get(int(tid))
+        role = "native" if name is None else next((r for p, r in _ROLES if name.startswith(p)), "other")
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
