@@ -114,6 +114,20 @@ def test_caught_up_rows_equal_adamw_on_the_same_gradients(betas):
         torch.testing.assert_close(opt_r.state[rows][key], opt_d.state[dense][key], rtol=1e-5, atol=1e-7, msg=key)
 
 
+def test_a_row_update_is_adamw_to_double_precision():
+    """Bias corrections in double, as AdamW computes them: in float32, 1 - 0.999 ** 1 is off by 5e-5."""
+    gen = torch.Generator().manual_seed(0)
+    dense = nn.Parameter(torch.randn(6, 4, generator=gen, dtype=torch.float64))
+    rows = nn.Parameter(dense.detach().clone())
+    opt_d, opt_r = (cls([p], lr=1e-2, weight_decay=0.1) for cls, p in ((torch.optim.AdamW, dense), (RowAdamW, rows)))
+    for _ in range(3):
+        grad = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+        dense.grad, rows.grad = grad, grad.to_sparse(sparse_dim=1)
+        opt_d.step()
+        opt_r.step()
+        torch.testing.assert_close(rows, dense, rtol=1e-12, atol=1e-14)
+
+
 def test_a_row_is_caught_up_when_it_is_seen_again():
     dense, rows, opt_d, opt_r = _same_gradients(100)
     grad = torch.sparse_coo_tensor(torch.arange(60)[None], torch.randn(60, 8), (60, 8), check_invariants=True)  # every row, once more

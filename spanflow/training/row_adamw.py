@@ -204,14 +204,15 @@ class RowAdamW(torch.optim.AdamW):
         idx, g = grad.indices()[0], grad.values().to(p.dtype)
         _missed(book, idx, p, state, eps)
         book.record(lr, wd)
-        step = state["step"].add_(1)
+        state["step"].add_(1)  # torch's count, for the state dict; book.t is the same count as a Python int
+        t = book.t  # bias corrections in double from it, as AdamW computes them
         m = state["exp_avg"].index_select(0, idx).mul_(b1).add_(g, alpha=1 - b1)
         v = state["exp_avg_sq"].index_select(0, idx).mul_(b2).addcmul_(g, g, value=1 - b2)
         state["exp_avg"].index_copy_(0, idx, m)
         state["exp_avg_sq"].index_copy_(0, idx, v)
-        denom = v.sqrt().div_((1 - b2 ** step).sqrt()).add_(eps)
+        denom = v.sqrt().div_(math.sqrt(1 - b2 ** t)).add_(eps)
         w = p.index_select(0, idx).mul_(1 - lr * wd)
-        w.sub_(m.div_(denom).mul_(lr / (1 - b1 ** step)))
+        w.sub_(m.div_(denom).mul_(lr / (1 - b1 ** t)))
         p.index_copy_(0, idx, w)
         book.last.index_fill_(0, idx, book.t)
 
