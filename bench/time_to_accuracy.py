@@ -226,7 +226,14 @@ def main() -> None:
     ap.add_argument("--dense-tables", action="store_true",
                     help="spanflow's vocabulary table trains dense on the CPU too (training/optim.VOCABULARY_ROWS "
                          "out of reach), to compare with its sparse default")
+    ap.add_argument("--any-table", action="store_true",
+                    help="every large table may train sparse on the CPU, not only vocabularies by name "
+                         "(training/optim.VOCABULARY_NAMES): `tiny`'s word and bigram tables")
     a = ap.parse_args()
+    if a.any_table:
+        from spanflow.training import optim
+
+        optim.VOCABULARY_NAMES = None
     if a.dense_tables:
         from spanflow.training import optim
 
