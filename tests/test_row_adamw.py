@@ -62,6 +62,14 @@ def test_only_vocabulary_tables_go_sparse_and_only_on_the_cpu():
     assert sparse_tables(long_positions, CPU) == [long_positions.word_embeddings]
 
 
+def test_tiny_encoders_bigram_table_goes_sparse():
+    from spanflow.models.encoder import build_tiny
+
+    enc, _ = build_tiny(["a few words to fit a tokenizer on"] * 4, bigram_buckets=10007)
+    assert enc.bigrams.num_embeddings >= optim.VOCABULARY_ROWS
+    assert sparse_tables(enc, CPU) == [enc.bigrams]  # its word table (under 4096 rows here) stays dense
+
+
 def test_touched_rows_follow_adamw_and_untouched_rows_stay():
     dense, rows = _pair()
     start = rows.word_embeddings.weight.detach().clone()

@@ -58,10 +58,10 @@ def param_lr(name: str, opts: TrainOptions, n_layers: int) -> float:
 
 
 VOCABULARY_ROWS = 4096  # an embedding table this long is a vocabulary, read a few rows a step
-# the name transformers' encoders (BERT, RoBERTa, XLM-R, DeBERTa, ELECTRA, MPNet) and the native
-# BERT give their vocabulary; None: any table. The tiny encoder's tables stay dense: its
-# defaults were measured so (docs/defaults.md).
-VOCABULARY_NAMES: tuple[str, ...] | None = ("word_embeddings",)
+# the names vocabularies have: transformers' encoders (BERT, RoBERTa, XLM-R, DeBERTa, ELECTRA,
+# MPNet) and the native BERT call theirs word_embeddings, the tiny encoder its tables embeddings
+# and bigrams (hashed word pairs); None: any table
+VOCABULARY_NAMES: tuple[str, ...] | None = ("word_embeddings", "embeddings", "bigrams")
 
 
 def sparse_tables(model: nn.Module, device: torch.device, enable: bool = True) -> list[nn.Embedding]:
