@@ -63,7 +63,7 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         for role, seconds in thread_cpu().items():
-            self.thread_cpu.labels(role).set(seconds)
+            self.thread_cpu.labels(role).set(round(seconds, 3))
         return generate_latest(self.registry)
 
 
