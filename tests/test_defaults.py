@@ -36,6 +36,13 @@ def test_fill_defaults_fills_only_what_is_unset():
     o = fill_defaults(TrainOptions(), D, lengths=[32] * 3000, device=CPU, log=lines.append)
     assert (o.max_tokens, o.epochs, o.lr, o.head_lr) == (1024, 7, 5e-5, 1e-3)
     assert lines and "max_tokens 1024" in lines[0] and "epochs 7" in lines[0]
+    assert "(about 94 updates per epoch)" in lines[0]  # 96,000 tokens in updates of 1024: this data's count
+    lines.clear()
+    fill_defaults(TrainOptions(), D, lengths=[32] * 6000, device=CPU, log=lines.append)
+    assert "max_tokens 2048 (about 94 updates per epoch)" in lines[0]
+    lines.clear()
+    fill_defaults(TrainOptions(), D, lengths=[32] * 1_000_000, device=CPU, log=lines.append)
+    assert "max_tokens 4096 (about 7812 updates per epoch)" in lines[0]  # capped by the CPU's budget
     given = fill_defaults(TrainOptions(max_tokens=4096, lr=1e-4, head_lr=2e-3, epochs=2), D, lengths=[32] * 3000,
                           device=CPU, log=lines.append)
     assert (given.max_tokens, given.epochs, given.lr, given.head_lr) == (4096, 2, 1e-4, 2e-3)

@@ -75,7 +75,9 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     max_tokens = opts.max_tokens
     if max_tokens is None:
         max_tokens = update_tokens(lengths, device, world)
-        auto.append(f"max_tokens {max_tokens} (about {UPDATES_PER_EPOCH} updates per epoch)")
+        # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives here
+        updates = max(1, round(sum(lengths) / max(1, world) / max_tokens))
+        auto.append(f"max_tokens {max_tokens} (about {updates} updates per epoch)")
     scale = math.sqrt(max_tokens * opts.grad_accum * world / REFERENCE_TOKENS)
     checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given
     lr = checked.lr if opts.lr is not None else defaults.lr * scale
