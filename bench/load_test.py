@@ -123,7 +123,8 @@ async def level(port: int, texts: list[str], concurrency: int, n_requests: int, 
                 t = time.perf_counter()
                 try:
                     code, _ = await asyncio.wait_for(conn.post("/v1/embeddings", body), 60)
-                except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError):
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+                        ValueError, RuntimeError):  # counted, and the next request opens a new connection
                     conn.close()
                     code = "conn"
                 lat.append(time.perf_counter() - t)
@@ -254,9 +255,9 @@ def main() -> None:
         runs: dict = {}
         for rep in range(a.repeats):
             for c in levels:
-                top = ceiling.rate(c)
-                for mode in modes:
+                for mode in list(modes)[::1 if rep % 2 == 0 else -1]:  # the order alternates by repeat
                     batching = mode.startswith("dynamic")
+                    top = ceiling.rate(c) if batching else None  # right before the run it bounds
                     r = measured_level(ports[mode], texts, c, a.requests)
                     if batching:
                         r["ceiling_texts_per_s"], r["ratio_vs_in_process_c"] = top, r["texts_per_s"] / top

@@ -205,10 +205,13 @@ def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs
     assert third.status_code == 200  # the queue drained: admitted again
 
 
-def test_small_requests_are_tokenized_on_the_event_loop_and_one_thread_at_a_time(model_dirs):
+def test_small_requests_are_tokenized_on_the_event_loop_and_one_thread_at_a_time(model_dirs, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
-    from spanflow.serving.app import INLINE_CHARS
+    import spanflow.serving.app as app_module
+    from spanflow.serving.app import INLINE_CHARS, INLINE_TEXTS
 
     svc = load_service(f"emb={model_dirs['emb']}", device="cpu")
     units, seen, inside = svc.units, [], []
@@ -225,6 +228,16 @@ def test_small_requests_are_tokenized_on_the_event_loop_and_one_thread_at_a_time
         inside.pop()
         return units(texts)
 
+    queued = threading.Event()  # work handed to the io thread while the large request holds the tokenizer
+
+    class Pool(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            future = super().submit(fn, *args, **kwargs)
+            if entered.is_set() and not release.is_set():
+                queued.set()
+            return future
+
+    monkeypatch.setattr(app_module, "ThreadPoolExecutor", Pool)
     svc.units = recording
     app = create_app([svc], ServeOptions(max_wait_ms=1))
 
@@ -236,20 +249,23 @@ def test_small_requests_are_tokenized_on_the_event_loop_and_one_thread_at_a_time
                 large = asyncio.create_task(c.post("/v1/embeddings", json={"input": big}))
                 assert await asyncio.to_thread(entered.wait, 60)
                 small = asyncio.create_task(c.post("/v1/embeddings", json={"input": TEXTS[1]}))
-                for _ in range(50):  # let the small request reach the tokenizer's lock
-                    await asyncio.sleep(0)
+                handed = asyncio.create_task(asyncio.to_thread(queued.wait, 60))
+                await asyncio.wait([small, handed], return_when=asyncio.FIRST_COMPLETED)  # queued, or answered
                 release.set()
-                return loop_thread, alone, await large, await small
+                queued.set()  # ends the waiting thread either way
+                many = await c.post("/v1/embeddings", json={"input": [TEXTS[2]] * (INLINE_TEXTS + 1)})
+                return loop_thread, alone, await large, await small, many
 
     try:
         loop_thread, *answers = asyncio.run(main())
     finally:
         release.set()
-    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert [r.status_code for r in answers] == [200, 200, 200, 200]
     where = dict(seen)
     assert where[TEXTS[0]] == loop_thread  # small, tokenizer free: on the event loop, no thread hop
     assert where[big].startswith("spanflow-io")  # large: off the loop
     assert where[TEXTS[1]].startswith("spanflow-io")  # small, but the io thread held the tokenizer
+    assert where[TEXTS[2]].startswith("spanflow-io")  # short texts, but more than INLINE_TEXTS of them
 
 
 def _batches(metrics: str, model: str) -> int:

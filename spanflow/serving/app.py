@@ -29,9 +29,10 @@ from spanflow.serving.services import Service
 
 log = logging.getLogger("spanflow.serve")
 
-# a request of at most this many characters is tokenized and answered on the event loop: well
-# under a millisecond of work, less than the two thread hops it saves (bench/results/load_test_inline.md)
-INLINE_CHARS = 1024
+# a request of at most this many characters and texts is tokenized and answered on the event
+# loop: well under a millisecond of work, less than the two thread hops it saves
+# (bench/results/server_overhead_{before,after}.md)
+INLINE_CHARS, INLINE_TEXTS = 1024, 16
 
 class HttpError(Exception):
     """An error answer: `status`, a message, and the request field at fault (`param`, as OpenAI names it)."""
@@ -159,7 +160,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             try:
                 batcher.admit(0)  # shed load before the tokenizer spends time on it
                 t1 = time.perf_counter()
-                small = sum(map(len, texts)) <= INLINE_CHARS
+                small = len(texts) <= INLINE_TEXTS and sum(map(len, texts)) <= INLINE_CHARS
                 units, lengths, ctx = await units_of(service, texts, small)
                 t2 = time.perf_counter()
                 results = await batcher.submit(units, lengths, opts.timeout)

@@ -76,7 +76,7 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     if max_tokens is None:
         max_tokens = update_tokens(lengths, device, world)
         # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives here
-        updates = max(1, round(sum(lengths) / max(1, world) / max_tokens))
+        updates = max(1, round(sum(lengths) / max(1, world) / (max_tokens * opts.grad_accum)))
         auto.append(f"max_tokens {max_tokens} (about {updates} updates per epoch)")
     scale = math.sqrt(max_tokens * opts.grad_accum * world / REFERENCE_TOKENS)
     checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given
