@@ -71,7 +71,7 @@ def measured_level(port: int, texts: list[str], concurrency: int, n_requests: in
     before, mine = server_cpu(port), resource.getrusage(resource.RUSAGE_SELF)
     r = asyncio.run(level(port, texts, concurrency, n_requests))
     after, now = server_cpu(port), resource.getrusage(resource.RUSAGE_SELF)
-    served = max(1.0, r["texts_per_s"] * r["wall_s"])
+    served = max(1, r["texts"])
     cpu = {k: (after[k] - before.get(k, 0.0)) * 1e3 / served for k in after}
     cpu["client"] = (now.ru_utime + now.ru_stime - mine.ru_utime - mine.ru_stime) * 1e3 / served
     r["cpu_ms_per_text"] = {k: round(v, 3) for k, v in sorted(cpu.items())}
@@ -136,7 +136,8 @@ async def level(port: int, texts: list[str], concurrency: int, n_requests: int, 
     await asyncio.gather(*[client() for _ in range(concurrency)])
     wall = time.perf_counter() - t0
     ok = status.get(200, 0)
-    return {"concurrency": concurrency, "requests": n_requests, "texts_per_s": ok * per_request / wall, "wall_s": wall,
+    return {"concurrency": concurrency, "requests": n_requests, "texts": ok * per_request,
+            "texts_per_s": ok * per_request / wall,
             "p50_ms": float(np.percentile(lat, 50) * 1e3), "p95_ms": float(np.percentile(lat, 95) * 1e3),
             "p99_ms": float(np.percentile(lat, 99) * 1e3),
             "errors_5xx": sum(v for k, v in status.items() if isinstance(k, int) and k >= 500),
