@@ -2,6 +2,7 @@
 import json
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -47,8 +48,26 @@ def _join(rank, world, port):
     return init_from_env()
 
 
+def _record_peak_measurements(path):
+    """Write when this process measured the CPU's matmul peak (monotonic clock: one for all processes)."""
+    from spanflow.monitor import device
+
+    measure = device._matmul_rate
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def timed(*a):
+        t0 = time.monotonic()
+        rate = measure(*a)
+        with open(path, "a") as f:
+            f.write(json.dumps([t0, time.monotonic()]) + "\n")
+        return rate
+
+    device._matmul_rate = timed
+
+
 def _worker(rank, world, port, out, extra):
     d = _join(rank, world, port)
+    _record_peak_measurements(os.path.join(out, f"peak_measured.{rank}"))
     extra = dict(extra)
     head = extra.pop("head", "softmax")
     _sparse_below(extra.pop("vocab_rows", None))
@@ -126,6 +145,8 @@ def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
         r1 = [i for step in plan for mb in step[1::2] for i in mb]
         assert not set(r0) & set(r1) and sorted(r0 + r1) == list(range(len(windows)))
     ddp = run_ddp(tmp_path / "ddp")  # finishing at all shows no rank waited forever
+    spans = sorted(json.loads(x) for r in (0, 1) for x in open(tmp_path / "ddp" / f"peak_measured.{r}"))
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans  # the ranks measured the peak one at a time
     assert_same(ddp, single_process(tmp_path / "single"))
     init = setup_task()[0].module.state_dict()
     assert any(not torch.allclose(init[k], ddp[k]) for k in init)  # it trained

@@ -1,6 +1,6 @@
 """The training report's clock: a period's wall time (and its tokens/s and MFU) leaves out the
-evaluations inside it, including the one that ends the epoch before it; so do its GPU
-utilisation samples."""
+evaluations inside it, including the one that ends the epoch before it, and that epoch's
+checkpoint; so do its GPU utilisation samples."""
 import json
 import time
 from types import SimpleNamespace
@@ -45,6 +45,28 @@ def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
                policy=nm.policy, out_dir=str(mid), log=lambda s: None)
     reps = [json.loads(x) for x in open(mid / "train_report.jsonl")]
     assert offset[0] >= 2 * EVAL_S and all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
+
+
+def test_the_epochs_checkpoint_is_not_the_next_epochs_time(tmp_path, monkeypatch):
+    from spanflow.training import loop
+
+    nm, windows, hooks = setup_task()
+    offset, saves = [0.0], []
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    save = loop.save_checkpoint
+
+    def slow_save(*a, **k):  # the clock jumps as if writing the checkpoint took EVAL_S
+        saves.append(offset[0])
+        offset[0] += EVAL_S
+        return save(*a, **k)
+
+    monkeypatch.setattr(loop, "save_checkpoint", slow_save)
+    opts = TrainOptions(epochs=3, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lambda s: None)
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    assert len(saves) == 3 and len(reps) == 3
+    assert all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
 
 
 class _Stops:

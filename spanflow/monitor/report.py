@@ -48,8 +48,8 @@ class Meter:
         self.spans = StreamSpans(self.device) if self.device.type == "cuda" else None
         reset_peak_memory(self.device)
         # the peak now, before the run's threads start (measured beside them it reads low) and
-        # outside the first period's clock
-        peak_flops(self.device.type, _device_name(self.device), self.precision)
+        # outside the first period's clock; a distributed run has measured it already (measure_peak)
+        measure_peak(self.device, self.precision)
         self.started = time.perf_counter()
 
     def add_tokens(self, real: int, padded: int) -> None:
@@ -120,6 +120,11 @@ class Meter:
 
     def close(self) -> None:
         self.gpu.close()
+
+
+def measure_peak(device: torch.device, precision: str) -> None:
+    """Measure this device's peak in `precision` now, once per process (monitor.device.peak_flops)."""
+    peak_flops(device.type, _device_name(device), precision)
 
 
 def _device_name(device: torch.device) -> str:

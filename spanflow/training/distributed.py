@@ -78,6 +78,17 @@ def broadcast(obj, d: Dist):
     return box[0]
 
 
+def in_turn(fn: Callable[[], object], d: Dist) -> None:
+    """fn() on every rank, one rank after another in rank order: for a measurement that the
+    other ranks' work beside it would disturb (two ranks timing matmuls on one CPU each read
+    about half its rate)."""
+    for k in range(d.world):
+        if d.rank == k:
+            fn()
+        if d.enabled:
+            dist.barrier()
+
+
 def on_main(fn: Callable[[], T], d: Dist) -> T | None:
     """fn() on rank 0 alone (a save, a report line), its outcome told to every rank: when it
     raises, rank 0 raises its error and the others PeerFailed, so that no rank is left waiting at

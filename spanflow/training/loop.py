@@ -16,9 +16,10 @@ from spanflow.atomic import recover_dir, writing
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
 from spanflow.batching.sampling import epoch_indices
-from spanflow.monitor.report import Meter, append_jsonl, format_report, report_scalars, train_flops_per_token
+from spanflow.monitor.report import (Meter, append_jsonl, format_report, measure_peak, report_scalars,
+                                     train_flops_per_token)
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from spanflow.training.distributed import Dist, all_sum, broadcast, gather, on_main
+from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
 from spanflow.training.row_adamw import catch_up
 from spanflow.training.options import TrainOptions
@@ -134,10 +135,11 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 return final
             rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
-            _report(r, epoch, rep, f1)
-            _learning_check(r, f1, left=opts.epochs - epoch - 1)
-            r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
-            _checkpoint(r)
+            with r.meter.excluded():  # and the epoch's report and checkpoint
+                _report(r, epoch, rep, f1)
+                _learning_check(r, f1, left=opts.epochs - epoch - 1)
+                r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
+                _checkpoint(r)
         catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
         final = _summary(r, completed=True)
     finally:
@@ -187,6 +189,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
                             "processes": dist.world})
     mean_len = sum(len(it) for it in items) / max(1, len(items))
+    in_turn(lambda: measure_peak(device, policy.name), dist)  # ranks side by side would each read a share
     r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
     return r
 
