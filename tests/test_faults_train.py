@@ -284,12 +284,12 @@ def test_other_errors_keep_their_traceback(monkeypatch):
 
 
 def test_a_full_disk_at_the_training_report_is_one_line(files, tmp_path, capsys, monkeypatch):
-    from spanflow.training import loop
+    from spanflow.training import progress
 
     def full(path, record):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(loop, "append_jsonl", full)
+    monkeypatch.setattr(progress, "append_jsonl", full)
     out = tmp_path / "run"
     capsys.readouterr()
     assert train(files, out, "--epochs", "1") == 2

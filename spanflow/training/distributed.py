@@ -181,3 +181,19 @@ def exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def wrap_ddp(model: torch.nn.Module, d: Dist, device: torch.device, compression: str = "none") -> torch.nn.Module:
+    """`model` in DistributedDataParallel under torchrun, else itself; `compression` fp16 halves the
+    gradients' all-reduce traffic."""
+    if not d.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=ids)
+    if compression == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)  # halves gradient traffic
+    return ddp

@@ -3,7 +3,6 @@ clipping, warmup + linear decay, evaluation, early stopping, checkpoints and rep
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -16,13 +15,13 @@ from spanflow.atomic import recover_dir, writing
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
 from spanflow.batching.sampling import epoch_indices
-from spanflow.monitor.report import (Meter, append_jsonl, format_report, measure_peak, report_scalars,
-                                     train_flops_per_token)
+from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main
+from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
 from spanflow.training.row_adamw import catch_up
 from spanflow.training.options import TrainOptions
+from spanflow.training.progress import learning_check, loss_window, lr_now, mean_loss, progress_bar, report_period
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.step import forward_backward, optimizer_step
@@ -64,7 +63,7 @@ def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
 
 
 @dataclass
-class _Run:
+class Run:
     """What one training run carries between its steps, epochs, evaluations and checkpoints."""
 
     model: nn.Module
@@ -136,8 +135,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
             f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
             with r.meter.excluded():  # and the epoch's report and checkpoint
-                _report(r, epoch, rep, f1)
-                _learning_check(r, f1, left=opts.epochs - epoch - 1)
+                report_period(r, epoch, rep, f1)
+                learning_check(r, f1, left=opts.epochs - epoch - 1)
                 r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
                 _checkpoint(r)
         catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
@@ -156,7 +155,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     return final
 
 
-def _summary(r: _Run, completed: bool) -> dict:
+def _summary(r: Run, completed: bool) -> dict:
     """What the run left: its best dev score and step, its last step and epoch, and whether it ran to
     the end (False: stopped by max_steps, with only the checkpoint's model from this run)."""
     return {"best_f1": r.st["best_f1"], "best_step": r.st.get("best_step"), "global_step": r.st["global_step"],
@@ -164,7 +163,7 @@ def _summary(r: _Run, completed: bool) -> dict:
 
 
 def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
-           log: Callable[[str], None], dist: Dist, total_steps: int) -> _Run:
+           log: Callable[[str], None], dist: Dist, total_steps: int) -> Run:
     """Optimizer, schedule, scaler and state: fresh, or restored from the checkpoint."""
     device = policy.device
     optimizer = build_optimizer(model, opts, device)
@@ -173,7 +172,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     os.makedirs(out_dir, exist_ok=True)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
           "stopped": False, "first_loss": None}
-    r = _Run(model, _wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
+    r = Run(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
              optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
     on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
@@ -194,7 +193,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     return r
 
 
-def _run_steps(r: _Run, groups, epoch: int) -> bool:
+def _run_steps(r: Run, groups, epoch: int) -> bool:
     """Train over the epoch's remaining steps; False when max_steps stopped the run."""
     opts, st, meter = r.opts, r.st, r.meter
     wait_start = time.perf_counter()
@@ -210,7 +209,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
         r.n_running += 1
         r.recent.append(loss.detach())
         if st.get("first_loss") is None and len(r.recent) == r.recent.maxlen:
-            st["first_loss"] = _mean(r.recent)  # host sync, once per run: the baseline of learning_check
+            st["first_loss"] = mean_loss(r.recent)  # host sync, once per run: the baseline of learning_check
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
         meter.end_phase("compute")
@@ -231,7 +230,7 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
                 r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
             else:
                 r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {r.scheduler.get_last_lr()[0]:.2e}")
-            r.reporters.log_metrics({"train/loss": loss_now, "train/lr": _lr_now(r)}, gs)
+            r.reporters.log_metrics({"train/loss": loss_now, "train/lr": lr_now(r)}, gs)
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
@@ -242,89 +241,19 @@ def _run_steps(r: _Run, groups, epoch: int) -> bool:
         if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
             _checkpoint(r)
         if gs == opts.max_steps:
-            _report(r, epoch, _close_period(meter, r.dist), st["best_f1"], partial=True)  # the partial epoch too
+            report_period(r, epoch, _close_period(meter, r.dist), st["best_f1"], partial=True)  # the partial epoch too
             return False
         wait_start = time.perf_counter()
     return True
 
 
-def progress_bar(r: _Run):
-    """A tqdm bar (steps, ETA, loss, tokens/s) when rank 0 logs to a terminal; None otherwise, and
-    the loop prints plain lines. Lines printed while the bar is up go above it."""
-    if not (r.dist.is_main and r.opts.log_every and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(total=r.total_steps, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
-    log = r.log
-    r.log = lambda s: bar.write(s) if log is print else log(s)
-    return bar
-
-
-def _report(r: _Run, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
-    rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
-           "device": str(r.policy.device), "dev_f1": f1}
-    if r.hooks.metric != "F1":
-        rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
-    if partial:
-        rep["partial"] = True
-    on_main(lambda: _write_report(r, rep, epoch), r.dist)
-
-
-def _write_report(r: _Run, rep: dict, epoch: int) -> None:
-    with writing("the training report", r.report_path):
-        append_jsonl(r.report_path, rep)
-    r.log(format_report(rep))
-    r.reporters.log_metrics({**report_scalars(rep, "epoch"), "train/epoch": epoch + 1}, r.st["global_step"])
-
-
-def _lr_now(r: _Run) -> float:
-    """--lr as the schedule stands now (groups below the top layer or the head differ by fixed factors)."""
-    lr, base = r.scheduler.get_last_lr()[0], r.scheduler.base_lrs[0]
-    return r.opts.lr * lr / base if r.opts.lr and base else lr
-
-
-LOSS_WINDOW = 50  # steps a loss is averaged over when --log-every is 0
-
-
-def loss_window(log_every: int, first_epoch_steps: int) -> int:
-    """Steps the learning check averages the loss over: the step lines' --log-every (LOSS_WINDOW
-    when 0), at most half the first epoch, so that its first and its last window differ."""
-    return max(1, min(log_every or LOSS_WINDOW, first_epoch_steps // 2))
-
-
-def _mean(losses) -> float:
-    return float(torch.stack(list(losses)).mean())  # host sync
-
-
-def _learning_check(r: _Run, f1: float | None, left: int) -> None:
-    """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try
-    (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
-    the same number of steps: the first steps of the run, and the last ones before this check."""
-    first, w = r.st.get("first_loss"), r.recent.maxlen
-    if f1 is None or f1 > 0 or not first or not r.dist.is_main or len(r.recent) < w:
-        return
-    loss = _mean(r.recent)  # host sync, only at an epoch that ended at dev F1 0
-    steps = r.st["global_step"]
-    moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
-    if loss > 0.8 * first:
-        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
-              "give it more updates (a smaller --max-tokens, more --epochs) or a higher --lr/--head-lr")
-    elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
-        r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({moved}) in {steps} optimizer steps: "
-              f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
-    else:
-        r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({moved}) in {steps} optimizer steps: "
-              "train longer (--epochs), or check that --dev holds the labels of --train")
-
-
-def _checkpoint(r: _Run) -> None:
+def _checkpoint(r: Run) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
     on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=r.hooks.save_model, optimizer=r.optimizer,
                                     scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
 
 
-def _evaluate(r: _Run) -> float | None:
+def _evaluate(r: Run) -> float | None:
     """Dev F1; rank 0 keeps the best model and decides early stopping, the others follow."""
     if r.hooks.evaluate is None:
         return None
@@ -341,7 +270,7 @@ def _evaluate(r: _Run) -> float | None:
     return f1
 
 
-def _keep_best(r: _Run, metrics: dict) -> None:
+def _keep_best(r: Run, metrics: dict) -> None:
     """Rank 0: log the dev metrics; save a new best model, or count an evaluation without gain."""
     st, f1 = r.st, metrics["f1"]
     r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},
@@ -386,17 +315,3 @@ def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: l
         b["n_global"] = n_global
         out.append(b)
     return out
-
-
-def _wrap_ddp(model: nn.Module, dist: Dist, device: torch.device, compression: str = "none") -> nn.Module:
-    if not dist.enabled:
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [device.index] if device.type == "cuda" else None
-    ddp = DistributedDataParallel(model, device_ids=ids)
-    if compression == "fp16":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)  # halves gradient traffic
-    return ddp

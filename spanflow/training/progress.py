@@ -1,0 +1,87 @@
+"""What a training run tells as it goes: the progress bar, each period's report (the JSONL line,
+the printed line, the dashboards' scalars), and the learning check at an epoch that ends at dev F1 0."""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+
+from spanflow.atomic import writing
+from spanflow.monitor.report import append_jsonl, format_report, report_scalars
+from spanflow.training.distributed import on_main
+
+if TYPE_CHECKING:
+    from spanflow.training.loop import Run
+
+
+def progress_bar(r: Run):
+    """A tqdm bar (steps, ETA, loss, tokens/s) when rank 0 logs to a terminal; None otherwise, and
+    the loop prints plain lines. Lines printed while the bar is up go above it."""
+    if not (r.dist.is_main and r.opts.log_every and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(total=r.total_steps, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
+    log = r.log
+    r.log = lambda s: bar.write(s) if log is print else log(s)
+    return bar
+
+
+def report_period(r: Run, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
+    """A period's report (Meter.report) with its epoch, step and dev score: a line of
+    train_report.jsonl, a printed line and the dashboards' scalars, from rank 0."""
+    rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
+           "device": str(r.policy.device), "dev_f1": f1}
+    if r.hooks.metric != "F1":
+        rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
+    if partial:
+        rep["partial"] = True
+    on_main(lambda: _write(r, rep, epoch), r.dist)
+
+
+def _write(r: Run, rep: dict, epoch: int) -> None:
+    with writing("the training report", r.report_path):
+        append_jsonl(r.report_path, rep)
+    r.log(format_report(rep))
+    r.reporters.log_metrics({**report_scalars(rep, "epoch"), "train/epoch": epoch + 1}, r.st["global_step"])
+
+
+def lr_now(r: Run) -> float:
+    """--lr as the schedule stands now (groups below the top layer or the head differ by fixed factors)."""
+    lr, base = r.scheduler.get_last_lr()[0], r.scheduler.base_lrs[0]
+    return r.opts.lr * lr / base if r.opts.lr and base else lr
+
+
+LOSS_WINDOW = 50  # steps a loss is averaged over when --log-every is 0
+
+
+def loss_window(log_every: int, first_epoch_steps: int) -> int:
+    """Steps the learning check averages the loss over: the step lines' --log-every (LOSS_WINDOW
+    when 0), at most half the first epoch, so that its first and its last window differ."""
+    return max(1, min(log_every or LOSS_WINDOW, first_epoch_steps // 2))
+
+
+def mean_loss(losses) -> float:
+    return float(torch.stack(list(losses)).mean())  # host sync
+
+
+def learning_check(r: Run, f1: float | None, left: int) -> None:
+    """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try
+    (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
+    the same number of steps: the first steps of the run, and the last ones before this check."""
+    first, w = r.st.get("first_loss"), r.recent.maxlen
+    if f1 is None or f1 > 0 or not first or not r.dist.is_main or len(r.recent) < w:
+        return
+    loss = mean_loss(r.recent)  # host sync, only at an epoch that ended at dev F1 0
+    steps = r.st["global_step"]
+    moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
+    if loss > 0.8 * first:
+        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
+              "give it more updates (a smaller --max-tokens, more --epochs) or a higher --lr/--head-lr")
+    elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
+        r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({moved}) in {steps} optimizer steps: "
+              f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
+    else:
+        r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({moved}) in {steps} optimizer steps: "
+              "train longer (--epochs), or check that --dev holds the labels of --train")
