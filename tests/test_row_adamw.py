@@ -8,6 +8,7 @@ from torch import nn
 
 from spanflow.training import optim
 from spanflow.training.optim import RowAdamW, build_optimizer, sparse_tables
+from spanflow.training.row_adamw import paid
 from spanflow.training.options import TrainOptions
 from spanflow.training.step import clip_grad_norm
 
@@ -160,7 +161,25 @@ def _reload(opt, rows):
     opt.load_state_dict(state)
 
 
-@pytest.mark.parametrize("midway", [_catch_up, _reload], ids=["catch_up", "state_dict_round_trip"])
+def _checkpoint_and_resume(opt, rows):
+    """As the loop's checkpoint and a resume from it: the model saved inside paid(), then the
+    optimizer's state; the resumed run starts from that model and loads that state."""
+    owed = copy.deepcopy({"table": rows, "opt": opt})
+    owed["opt"].catch_up()
+    before = rows.detach().clone()
+    with paid(opt):
+        saved = rows.detach().clone()
+    torch.testing.assert_close(saved, owed["table"].detach(), rtol=0, atol=0)  # the model holds every row paid
+    assert torch.equal(rows, before) and not torch.equal(saved, before)  # and training goes on from the table as it was
+    state = copy.deepcopy(opt.state_dict())
+    with torch.no_grad():
+        rows.copy_(saved)
+    opt.load_state_dict(state)
+    assert torch.equal(rows, before)
+
+
+@pytest.mark.parametrize("midway", [_catch_up, _reload, _checkpoint_and_resume],
+                         ids=["catch_up", "state_dict_round_trip", "checkpoint_and_resume"])
 def test_catching_up_or_reloading_midway_changes_nothing_later(midway):
     _, once, _, opt_once = _same_gradients(120)
     opt_once.catch_up()
@@ -359,6 +378,25 @@ def test_ner_learns_and_resumes_with_sparse_tables(tmp_path, monkeypatch):
     b = NerModel.load(str(tmp_path / "part" / "checkpoint" / "model")).module.state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_a_checkpoint_between_evaluations_holds_a_model_with_every_row_paid(tmp_path, monkeypatch):
+    """A run stopped by max_steps mid-epoch: its checkpoint's model (the one the run tells the
+    user to take) is the model the run hands back, every row paid; resumed, it ends as the
+    uninterrupted run (test_ner_learns_and_resumes_with_sparse_tables)."""
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.tasks.ner import NerModel, train_ner
+
+    monkeypatch.setattr(optim, "VOCABULARY_ROWS", 64)
+    monkeypatch.setattr(optim, "VOCABULARY_NAMES", None)
+    data = synthetic_ner(40, seed=1, max_clauses=1)
+    opts = TrainOptions(epochs=2, lr=2e-2, max_tokens=256, max_length=64, patience=0, log_every=0, seed=0, max_steps=5)
+    handed = train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
+    saved = NerModel.load(str(tmp_path / "checkpoint" / "model")).module.state_dict()
+    for k, v in handed.module.state_dict().items():
+        torch.testing.assert_close(saved[k], v, rtol=0, atol=0, msg=k)
+    trainer = torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)
+    assert trainer["optimizer"]["row_adamw"]  # the state a resume needs: what the rows still owe
 
 
 def test_training_evaluates_and_hands_back_rows_that_owe_nothing(tmp_path, monkeypatch):

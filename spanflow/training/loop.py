@@ -19,7 +19,7 @@ from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
-from spanflow.training.row_adamw import catch_up
+from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
 from spanflow.training.progress import learning_check, loss_window, lr_now, mean_loss, progress_bar, report_period
 from spanflow.runtime.policy import Policy
@@ -249,7 +249,12 @@ def _run_steps(r: Run, groups, epoch: int) -> bool:
 
 def _checkpoint(r: Run) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
-    on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=r.hooks.save_model, optimizer=r.optimizer,
+
+    def save_model(path: str) -> None:  # a model to run as it is; the optimizer's state keeps the table as it stands
+        with paid(r.optimizer):
+            r.hooks.save_model(path)
+
+    on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=save_model, optimizer=r.optimizer,
                                     scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
 
 

@@ -7,14 +7,17 @@ moved it by its old momentum: about ten steps' worth of movement with beta1 = 0.
 rare word, seen once in many steps, would lose almost whole. Those missed updates are owed,
 not dropped: they are applied in closed form when the row is next seen, and to every row by
 `catch_up()`, which the training loop calls before an evaluation and before handing the
-model back (a checkpoint keeps what is owed instead: see `state_dict`). The weights then
+model back. A checkpoint writes its model inside `paid()`, every row paid, and keeps the table
+as training left it and what its rows owe in the optimizer's state (see `state_dict`). The weights then
 equal AdamW's on the dense gradient, to within what `_missed` approximates; what stays
 different is that a row's gradient is taken at its weight before the updates it is owed.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -240,22 +243,52 @@ class RowAdamW(torch.optim.AdamW):
                 if p in self._rows:
                     self._settle(p, group)
 
+    @contextlib.contextmanager
+    def paid(self) -> Iterator[None]:
+        """Inside, every row is paid, as after `catch_up()`; after it, the tables, their moments
+        and what their rows owe are as they were, and training goes on as if it had not
+        happened. A checkpoint saves its model inside: weights a user can run (AdamW's), while
+        the optimizer's state, read after, resumes exactly. Costs a copy of each owing table
+        and its two moments while inside."""
+        owing = [(p, g) for g in self.param_groups for p in g["params"]
+                 if p in self._rows and self._rows[p].t != self._rows[p].base]
+        kept = [(p, p.detach().clone(), {k: self.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq")},
+                 copy.deepcopy(self._rows[p])) for p, _ in owing]
+        for p, group in owing:
+            self._settle(p, group)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, weights, moments, book in kept:
+                    p.copy_(weights)
+                    for k, v in moments.items():
+                        self.state[p][k].copy_(v)
+                    self._rows[p] = book
+
     def state_dict(self) -> dict:
         """AdamW's state dict, and under "row_adamw" what each sparse parameter's rows are still
-        owed (by its index in the state), so a load resumes exactly; a caught-up one has none."""
+        owed (by its index in the state) and the table as it stands ("table"; a checkpoint's
+        model holds it paid), so a load resumes exactly; a caught-up one has none."""
         sd = super().state_dict()
         params = [p for g in self.param_groups for p in g["params"]]
-        owed = {i: self._rows[p].as_dict() for i, p in enumerate(params)
+        owed = {i: {**self._rows[p].as_dict(), "table": p.detach()} for i, p in enumerate(params)
                 if p in self._rows and self._rows[p].t != self._rows[p].base}
         if owed:
             sd["row_adamw"] = owed
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """AdamW's load; an owing table takes back its weights as the state dict has them
+        (a checkpoint's model holds them paid) and what its rows owe."""
         state_dict = dict(state_dict)
         owed = state_dict.pop("row_adamw", {})
         super().load_state_dict(state_dict)
         groups = [(p, g) for g in self.param_groups for p in g["params"]]
+        with torch.no_grad():
+            for i, d in owed.items():
+                if "table" in d:  # a checkpoint from before tables were kept here: its model is the table
+                    groups[int(i)][0].copy_(d["table"])
         self._rows = {groups[int(i)][0]: _Rows.from_dict(d, *groups[int(i)][1]["betas"]) for i, d in owed.items()}
 
     def __getstate__(self) -> dict:
@@ -266,3 +299,8 @@ def catch_up(optimizer: torch.optim.Optimizer) -> None:
     """Apply the updates a RowAdamW owes its rows (nothing for another optimizer)."""
     if isinstance(optimizer, RowAdamW):
         optimizer.catch_up()
+
+
+def paid(optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+    """RowAdamW.paid() (nothing for another optimizer)."""
+    return optimizer.paid() if isinstance(optimizer, RowAdamW) else contextlib.nullcontext()
