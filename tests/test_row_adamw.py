@@ -172,14 +172,23 @@ def _checkpoint_and_resume(opt, rows):
     torch.testing.assert_close(saved, owed["table"].detach(), rtol=0, atol=0)  # the model holds every row paid
     assert torch.equal(rows, before) and not torch.equal(saved, before)  # and training goes on from the table as it was
     state = copy.deepcopy(opt.state_dict())
+    assert all("table" in d for d in state["row_adamw"].values())
     with torch.no_grad():
         rows.copy_(saved)
     opt.load_state_dict(state)
     assert torch.equal(rows, before)
 
 
-@pytest.mark.parametrize("midway", [_catch_up, _reload, _checkpoint_and_resume],
-                         ids=["catch_up", "state_dict_round_trip", "checkpoint_and_resume"])
+def _older_checkpoint(opt, rows):
+    """A checkpoint written before the optimizer's state kept the table: its model is the table as it stood."""
+    state = copy.deepcopy(opt.state_dict())
+    for d in state["row_adamw"].values():
+        del d["table"]
+    opt.load_state_dict(state)
+
+
+@pytest.mark.parametrize("midway", [_catch_up, _reload, _checkpoint_and_resume, _older_checkpoint],
+                         ids=["catch_up", "state_dict_round_trip", "checkpoint_and_resume", "older_checkpoint"])
 def test_catching_up_or_reloading_midway_changes_nothing_later(midway):
     _, once, _, opt_once = _same_gradients(120)
     opt_once.catch_up()
@@ -187,6 +196,15 @@ def test_catching_up_or_reloading_midway_changes_nothing_later(midway):
     opt_again.catch_up()
     torch.testing.assert_close(again, once)
     torch.testing.assert_close(again, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_a_state_whose_table_is_not_this_models_is_refused():
+    _, rows, _, opt = _same_gradients(20)
+    state = copy.deepcopy(opt.state_dict())
+    for d in state["row_adamw"].values():
+        d["table"] = d["table"][:-1]
+    with pytest.raises(ValueError, match=r"table 0 has shape \(59, 8\), the model's parameter \(60, 8\)"):
+        opt.load_state_dict(state)
 
 
 def test_a_copy_owes_what_the_original_owes_and_a_fresh_one_nothing():
@@ -396,7 +414,10 @@ def test_a_checkpoint_between_evaluations_holds_a_model_with_every_row_paid(tmp_
     for k, v in handed.module.state_dict().items():
         torch.testing.assert_close(saved[k], v, rtol=0, atol=0, msg=k)
     trainer = torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)
-    assert trainer["optimizer"]["row_adamw"]  # the state a resume needs: what the rows still owe
+    owed = trainer["optimizer"]["row_adamw"]  # the state a resume needs: what the rows still owe, and the table
+    assert owed and all("table" in d for d in owed.values())
+    assert any(not torch.equal(d["table"], saved[k]) for d in owed.values() for k in saved
+               if saved[k].shape == d["table"].shape)  # as training left it, not as the model holds it
 
 
 def test_training_evaluates_and_hands_back_rows_that_owe_nothing(tmp_path, monkeypatch):

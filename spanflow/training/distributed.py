@@ -79,11 +79,13 @@ def broadcast(obj, d: Dist):
 
 
 def in_turn(fn: Callable[[], object], d: Dist) -> None:
-    """fn() on every rank, one rank after another in rank order: for a measurement that the
-    other ranks' work beside it would disturb (two ranks timing matmuls on one CPU each read
-    about half its rate)."""
-    for k in range(d.world):
-        if d.rank == k:
+    """fn() on every rank, the ranks of a machine one after another (by local rank; machines
+    side by side): for a measurement that the other ranks' work beside it would disturb (two
+    ranks timing matmuls on one CPU each read about half its rate). Every rank waits for all
+    of a turn's ranks before the next turn."""
+    turns = int(os.environ.get("LOCAL_WORLD_SIZE", d.world)) if d.enabled else 1
+    for k in range(turns):
+        if d.local_rank == k:
             fn()
         if d.enabled:
             dist.barrier()

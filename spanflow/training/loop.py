@@ -6,7 +6,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -24,23 +23,8 @@ from spanflow.training.options import TrainOptions
 from spanflow.training.progress import learning_check, loss_window, lr_now, mean_loss, progress_bar, report_period
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
+from spanflow.training.state import LoopState, TaskHooks
 from spanflow.training.step import forward_backward, optimizer_step
-
-
-@dataclass
-class TaskHooks:
-    """What a task gives the loop. Batches are dicts of CPU tensors plus host-side counts
-    `n_targets`, `real_tokens`, `padded_tokens` (so the loop never syncs to learn them)."""
-
-    collate: Callable[[list], dict]
-    loss_fn: Callable[[nn.Module, dict], torch.Tensor]  # summed loss over the batch's targets
-    evaluate: Callable[[nn.Module], dict] | None  # returns at least {"f1": ...}
-    save_model: Callable[[str], None]  # writes a self-contained model directory
-    targets: Callable[[object], int] | None = None  # loss targets of one item: global step normalisation
-    metric: str = "F1"  # what evaluate's "f1" is, in the lines printed (embeddings: Spearman)
-    # a step's forward and backward over its micro-batches, (model, micro, policy, scaler, meter, world)
-    # -> loss; None: forward_backward with loss_fn, each micro-batch's loss on its own
-    step: Callable[..., torch.Tensor] | None = None
 
 
 def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
@@ -60,41 +44,6 @@ def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
     if steps and len(steps[-1]) < n:  # a short tail: empty micro-batches keep every rank in step
         steps[-1] = steps[-1] + [[] for _ in range(n - len(steps[-1]))]
     return steps
-
-
-@dataclass
-class Run:
-    """What one training run carries between its steps, epochs, evaluations and checkpoints."""
-
-    model: nn.Module
-    ddp: nn.Module  # the model, DDP-wrapped under torchrun
-    items: list
-    hooks: TaskHooks
-    opts: TrainOptions
-    policy: Policy
-    dist: Dist
-    log: Callable[[str], None]
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    scaler: object
-    meter: Meter | None  # set last, so its clock starts when training does
-    st: dict  # epoch, step_in_epoch, global_step, best_f1, bad_evals, stopped: what a checkpoint keeps
-    out_dir: str
-    total_steps: int
-    running: torch.Tensor  # loss summed on device: read only at log points
-    n_running: int = 0
-    recent: deque | None = None  # the last loss_window() steps' losses, on device: read only when dev F1 is 0
-    bar: object = None  # a progress bar on a terminal (progress_bar), else None and plain log lines
-    bar_tokens: int = 0
-    reporters: Reporters | None = None  # TensorBoard / MLflow (--report-to), rank 0 only
-
-    @property
-    def ckpt_dir(self) -> str:
-        return os.path.join(self.out_dir, "checkpoint")
-
-    @property
-    def report_path(self) -> str:
-        return os.path.join(self.out_dir, "train_report.jsonl")
 
 
 def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
@@ -155,7 +104,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     return final
 
 
-def _summary(r: Run, completed: bool) -> dict:
+def _summary(r: LoopState, completed: bool) -> dict:
     """What the run left: its best dev score and step, its last step and epoch, and whether it ran to
     the end (False: stopped by max_steps, with only the checkpoint's model from this run)."""
     return {"best_f1": r.st["best_f1"], "best_step": r.st.get("best_step"), "global_step": r.st["global_step"],
@@ -163,7 +112,7 @@ def _summary(r: Run, completed: bool) -> dict:
 
 
 def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
-           log: Callable[[str], None], dist: Dist, total_steps: int) -> Run:
+           log: Callable[[str], None], dist: Dist, total_steps: int) -> LoopState:
     """Optimizer, schedule, scaler and state: fresh, or restored from the checkpoint."""
     device = policy.device
     optimizer = build_optimizer(model, opts, device)
@@ -172,8 +121,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     os.makedirs(out_dir, exist_ok=True)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
           "stopped": False, "first_loss": None}
-    r = Run(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist, log,
-             optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
+    r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,
+                  log, optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
     on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
     if resumed:
@@ -188,12 +137,13 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
                             "processes": dist.world})
     mean_len = sum(len(it) for it in items) / max(1, len(items))
-    in_turn(lambda: measure_peak(device, policy.name), dist)  # ranks side by side would each read a share
+    if device.type == "cpu":  # a CPU's peak is measured (a GPU's is its datasheet's): ranks side by side read a share
+        in_turn(lambda: measure_peak(device, policy.name), dist)
     r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
     return r
 
 
-def _run_steps(r: Run, groups, epoch: int) -> bool:
+def _run_steps(r: LoopState, groups, epoch: int) -> bool:
     """Train over the epoch's remaining steps; False when max_steps stopped the run."""
     opts, st, meter = r.opts, r.st, r.meter
     wait_start = time.perf_counter()
@@ -247,7 +197,7 @@ def _run_steps(r: Run, groups, epoch: int) -> bool:
     return True
 
 
-def _checkpoint(r: Run) -> None:
+def _checkpoint(r: LoopState) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
 
     def save_model(path: str) -> None:  # a model to run as it is; the optimizer's state keeps the table as it stands
@@ -258,7 +208,7 @@ def _checkpoint(r: Run) -> None:
                                     scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
 
 
-def _evaluate(r: Run) -> float | None:
+def _evaluate(r: LoopState) -> float | None:
     """Dev F1; rank 0 keeps the best model and decides early stopping, the others follow."""
     if r.hooks.evaluate is None:
         return None
@@ -275,7 +225,7 @@ def _evaluate(r: Run) -> float | None:
     return f1
 
 
-def _keep_best(r: Run, metrics: dict) -> None:
+def _keep_best(r: LoopState, metrics: dict) -> None:
     """Rank 0: log the dev metrics; save a new best model, or count an evaluation without gain."""
     st, f1 = r.st, metrics["f1"]
     r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},

@@ -12,10 +12,10 @@ from spanflow.monitor.report import append_jsonl, format_report, report_scalars
 from spanflow.training.distributed import on_main
 
 if TYPE_CHECKING:
-    from spanflow.training.loop import Run
+    from spanflow.training.state import LoopState
 
 
-def progress_bar(r: Run):
+def progress_bar(r: LoopState):
     """A tqdm bar (steps, ETA, loss, tokens/s) when rank 0 logs to a terminal; None otherwise, and
     the loop prints plain lines. Lines printed while the bar is up go above it."""
     if not (r.dist.is_main and r.opts.log_every and sys.stderr.isatty()):
@@ -28,7 +28,7 @@ def progress_bar(r: Run):
     return bar
 
 
-def report_period(r: Run, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
+def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
     """A period's report (Meter.report) with its epoch, step and dev score: a line of
     train_report.jsonl, a printed line and the dashboards' scalars, from rank 0."""
     rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
@@ -40,14 +40,14 @@ def report_period(r: Run, epoch: int, rep: dict, f1: float | None, partial: bool
     on_main(lambda: _write(r, rep, epoch), r.dist)
 
 
-def _write(r: Run, rep: dict, epoch: int) -> None:
+def _write(r: LoopState, rep: dict, epoch: int) -> None:
     with writing("the training report", r.report_path):
         append_jsonl(r.report_path, rep)
     r.log(format_report(rep))
     r.reporters.log_metrics({**report_scalars(rep, "epoch"), "train/epoch": epoch + 1}, r.st["global_step"])
 
 
-def lr_now(r: Run) -> float:
+def lr_now(r: LoopState) -> float:
     """--lr as the schedule stands now (groups below the top layer or the head differ by fixed factors)."""
     lr, base = r.scheduler.get_last_lr()[0], r.scheduler.base_lrs[0]
     return r.opts.lr * lr / base if r.opts.lr and base else lr
@@ -63,10 +63,11 @@ def loss_window(log_every: int, first_epoch_steps: int) -> int:
 
 
 def mean_loss(losses) -> float:
+    """The mean of step losses kept on the device (one host sync)."""
     return float(torch.stack(list(losses)).mean())  # host sync
 
 
-def learning_check(r: Run, f1: float | None, left: int) -> None:
+def learning_check(r: LoopState, f1: float | None, left: int) -> None:
     """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try
     (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
     the same number of steps: the first steps of the run, and the last ones before this check."""

@@ -154,9 +154,10 @@ class RowAdamW(torch.optim.AdamW):
     updates a row missed applied when it is next seen or at `catch_up()`.
 
     Dense parameters take AdamW's own step (fused where it can be); the state of a sparse one
-    has AdamW's keys and shapes, so checkpoints read either way; what rows are still owed goes
-    under the state dict's own key "row_adamw" (none once caught up). No loss scaler with
-    sparse gradients: a skipped step would need AdamW's found-inf check in the row update too."""
+    has AdamW's keys and shapes, so checkpoints read either way; what rows are still owed, and
+    the table as it stands, go under the state dict's own key "row_adamw" (none once caught
+    up). No loss scaler with sparse gradients: a skipped step would need AdamW's found-inf
+    check in the row update too."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -254,9 +255,9 @@ class RowAdamW(torch.optim.AdamW):
                  if p in self._rows and self._rows[p].t != self._rows[p].base]
         kept = [(p, p.detach().clone(), {k: self.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq")},
                  copy.deepcopy(self._rows[p])) for p, _ in owing]
-        for p, group in owing:
-            self._settle(p, group)
         try:
+            for p, group in owing:
+                self._settle(p, group)
             yield
         finally:
             with torch.no_grad():
@@ -287,8 +288,13 @@ class RowAdamW(torch.optim.AdamW):
         groups = [(p, g) for g in self.param_groups for p in g["params"]]
         with torch.no_grad():
             for i, d in owed.items():
-                if "table" in d:  # a checkpoint from before tables were kept here: its model is the table
-                    groups[int(i)][0].copy_(d["table"])
+                p, table = groups[int(i)][0], d.get("table")  # none in an older checkpoint: its model is the table
+                if table is None:
+                    continue
+                if table.shape != p.shape:
+                    raise ValueError(f"the optimizer state's table {i} has shape {tuple(table.shape)}, the model's "
+                                     f"parameter {tuple(p.shape)}: not this model's optimizer state")
+                p.copy_(table)
         self._rows = {groups[int(i)][0]: _Rows.from_dict(d, *groups[int(i)][1]["betas"]) for i, d in owed.items()}
 
     def __getstate__(self) -> dict:
