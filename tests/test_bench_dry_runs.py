@@ -29,3 +29,17 @@ def test_gpu_check_dry_run_writes_every_roofline_row(tmp_path):
         assert r["mfu"] is None or r["mfu"] > 0, r
         assert r["command"].startswith("spanflow "), r
     assert rows[6]["real_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_train_step_profile_splits_a_step_by_kind(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "train_step_profile.py"), "--passes", "1",
+                        "--precision", "fp32", "--out", str(tmp_path), "--name", "profile"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.load(open(tmp_path / "profile.json"))
+    shares = {r["kind"]: r["share"] for r in result["rows"]}
+    assert abs(sum(shares.values()) - 1) < 0.01, shares
+    assert max(shares, key=shares.get) == "matrix products", shares  # a step's products outweigh any other kind
+    assert shares["dropout masks"] > 0 and shares["optimizer and gradient norm"] > 0, shares
+    assert result["step_ms"] > 0

@@ -1,0 +1,108 @@
+"""Where an eager training step's time goes: the native BERT encoder (MiniLM's shape, random
+weights) with a token-classification head, forward and backward under the run's autocast,
+the gradient norm and fused AdamW, under torch.profiler; the operators' self time grouped
+into kinds (matrix products, casts and copies, the optimizer, dropout masks, ...).
+
+The word-embedding table is frozen by default, as the training loop's sparse table costs a
+few milliseconds a step (bench/row_catch_up.py); `--dense-table` trains it densely. Each step
+is a batch of about 1000 tokens (the default micro-batch), four shapes cycling; the step time
+is the median of the timed passes before the profiled ones.
+
+    python bench/train_step_profile.py
+    python bench/train_step_profile.py --precision fp32 --name train_step_profile_fp32
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from common import median, write_results  # noqa: E402
+from compile_train_step import encoder  # noqa: E402
+
+SHAPES = [(32, 32), (24, 42), (40, 25), (28, 36)]  # (texts, tokens), about 1000 tokens each
+LABELS = 9
+KINDS = {  # an operator's kind: "aten::" names exactly, the others (profiler records) as a part of the name
+    "matrix products": ("aten::mm", "aten::addmm", "aten::bmm"),
+    "casts and copies": ("aten::copy_", "aten::_to_copy", "aten::clone"),
+    "optimizer and gradient norm": ("aten::_fused_adamw_", "aten::linalg_vector_norm", "optimizer."),
+    "dropout masks": ("aten::random_", "aten::ge"),
+    "zero fills": ("aten::fill_", "aten::zero_"),
+    "GELU": ("aten::gelu", "aten::gelu_backward"),
+    "layer norm": ("aten::native_layer_norm", "aten::native_layer_norm_backward"),
+    "softmax and masking": ("aten::_softmax", "aten::_softmax_backward_data", "aten::masked_fill_"),
+}
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    for k, pats in KINDS.items():
+        if any(low == p if p.startswith("aten::") else p in low for p in pats):
+            return k
+    return "other element-wise and glue"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--passes", type=int, default=5, help="timed passes over the shapes [%(default)s]")
+    ap.add_argument("--dense-table", action="store_true", help="train the word-embedding table densely")
+    ap.add_argument("--name", default="train_step_profile")
+    ap.add_argument("--out", default="bench/results")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    model = encoder()
+    model.embeddings.word_embeddings.weight.requires_grad_(a.dense_table)
+    head = torch.nn.Linear(model.config.hidden_size, LABELS)
+    params = [p for p in [*model.parameters(), *head.parameters()] if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(1)
+
+    def step(b: int, t: int) -> None:
+        ids = torch.randint(1, model.config.vocab_size, (b, t), generator=g)
+        mask = torch.ones(b, t, dtype=torch.long)
+        mask[:, t - 3:] = 0
+        with torch.autocast("cpu", dtype, enabled=a.precision == "bf16"):
+            logits = head(model(ids, mask).last_hidden_state).float()
+        F.cross_entropy(logits.reshape(-1, LABELS), torch.randint(0, LABELS, (b * t,), generator=g)).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for shape in SHAPES * 2:  # warm-up: oneDNN's kernels, the allocator
+        step(*shape)
+    times = []
+    for _ in range(a.passes):
+        for shape in SHAPES:
+            t = time.perf_counter()
+            step(*shape)
+            times.append(time.perf_counter() - t)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for shape in SHAPES * 2:
+            step(*shape)
+    by_kind: dict[str, float] = defaultdict(float)
+    for e in prof.key_averages():
+        by_kind[kind(e.key)] += e.self_cpu_time_total
+    total = sum(by_kind.values())
+    rows = [{"kind": k, "share": round(v / total, 3), "ms_per_step": round(v / 1000 / (2 * len(SHAPES)), 1)}
+            for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])]
+    cmd = "python bench/train_step_profile.py " + " ".join(sys.argv[1:])
+    note = (f"`{cmd.strip()}`: the native encoder (MiniLM's shape, random weights) + a {LABELS}-label head, "
+            f"{a.precision}, word-embedding table {'dense' if a.dense_table else 'frozen'}, fused AdamW, shapes "
+            f"{SHAPES}; median step {1000 * median(times):.1f} ms over {a.passes} passes; operators' self CPU "
+            "time under torch.profiler over two more passes, by kind")
+    path = write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "precision": a.precision,
+                                         "step_ms": round(1000 * median(times), 1)},
+                         rows, ["kind", "share", "ms_per_step"])
+    print(f"median step {1000 * median(times):.1f} ms; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
