@@ -157,7 +157,8 @@ def spanflow_curve(task: str, model: str, train, dev, *, epochs: int | None, see
     curve, cum = [], 0.0
     for r in reps:
         cum += r["wall_s"]
-        curve.append({"epoch": r["epoch"], "train_s": round(cum, 2), "dev_f1": r["dev_f1"], "step": r["step"]})
+        curve.append({"epoch": r["epoch"], "train_s": round(cum, 2), "dev_f1": r["dev_f1"], "step": r["step"],
+                      "real_tokens_per_s": round(r["real_tokens_per_s"]), "mfu": r.get("mfu")})
     real = sum(r["real_tokens_per_s"] * r["wall_s"] for r in reps)
     padded = sum(r["padded_tokens_per_s"] * r["wall_s"] for r in reps)
     return {"curve": curve, "real_tokens_per_s": real / cum, "padding_efficiency": real / padded,
@@ -204,8 +205,9 @@ def write_md_curves(path: str, rows: list[dict], metric: str) -> None:
     if metric != "F1":  # the JSON keeps the f1 names (as train_report.jsonl does); the table says what they hold
         head = next(line for line in text.splitlines() if line.startswith("| run |"))
         text = text.replace(head, head.replace("_f1", "_" + metric.lower()), 1)
-    curves = ["", f"| run | epoch | train s | dev {metric} |", "|---|---|---|---|"]
-    curves += [f"| {r['run']} | {p['epoch']} | {p['train_s']:.0f} | {p['dev_f1']:.4f} |" for r in rows for p in r["curve"]]
+    curves = ["", f"| run | epoch | train s | dev {metric} | real tokens/s | MFU |", "|---|---|---|---|---|---|"]
+    curves += [f"| {r['run']} | {p['epoch']} | {p['train_s']:.0f} | {p['dev_f1']:.4f} | {p.get('real_tokens_per_s', '')} | "
+               f"{'' if p.get('mfu') is None else format(p['mfu'], '.1%')} |" for r in rows for p in r["curve"]]
     with open(path, "w", encoding="utf-8") as f:
         f.write(text + "\n".join(curves) + "\n")
     print("\n".join(curves))

@@ -6,7 +6,11 @@ into kinds (matrix products, casts and copies, the optimizer, dropout masks, ...
 The word-embedding table is frozen by default, as the training loop's sparse table costs a
 few milliseconds a step (bench/row_catch_up.py); `--dense-table` trains it densely. Each step
 is a batch of about 1000 tokens (the default micro-batch), four shapes cycling; the step time
-is the median of the timed passes before the profiled ones.
+is the median of the timed steps before the profiled ones, its optimizer phase (clip, step,
+zero) timed apart, and its MFU the training report's (6N + 12LHT per padded token over the
+machine's best measured matmul peak). The kinds count operators by name: a dropout mask's cast
+is a cast, its multiply and the clip's scaling are element-wise; the optimizer phase's own
+time says what clip and step cost together.
 
     python bench/train_step_profile.py
     python bench/train_step_profile.py --precision fp32 --name train_step_profile_fp32
@@ -25,6 +29,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from common import median, write_results  # noqa: E402
 from compile_train_step import encoder  # noqa: E402
+from spanflow.monitor.device import peak_flops  # noqa: E402
+from spanflow.monitor.report import train_flops_per_token  # noqa: E402
 
 SHAPES = [(32, 32), (24, 42), (40, 25), (28, 36)]  # (texts, tokens), about 1000 tokens each
 LABELS = 9
@@ -65,24 +71,27 @@ def main() -> None:
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
     g = torch.Generator().manual_seed(1)
 
-    def step(b: int, t: int) -> None:
+    def step(b: int, t: int) -> float:
+        """One step; the seconds its optimizer phase took."""
         ids = torch.randint(1, model.config.vocab_size, (b, t), generator=g)
         mask = torch.ones(b, t, dtype=torch.long)
         mask[:, t - 3:] = 0
         with torch.autocast("cpu", dtype, enabled=a.precision == "bf16"):
             logits = head(model(ids, mask).last_hidden_state).float()
         F.cross_entropy(logits.reshape(-1, LABELS), torch.randint(0, LABELS, (b * t,), generator=g)).backward()
+        started = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
 
     for shape in SHAPES * 2:  # warm-up: oneDNN's kernels, the allocator
         step(*shape)
-    times = []
+    times, optimizer = [], []
     for _ in range(a.passes):
         for shape in SHAPES:
             t = time.perf_counter()
-            step(*shape)
+            optimizer.append(step(*shape))
             times.append(time.perf_counter() - t)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for shape in SHAPES * 2:
@@ -93,15 +102,32 @@ def main() -> None:
     total = sum(by_kind.values())
     rows = [{"kind": k, "share": round(v / total, 3), "ms_per_step": round(v / 1000 / (2 * len(SHAPES)), 1)}
             for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])]
+    tokens = sum(b * t for b, t in SHAPES) / len(SHAPES)
+    flops = train_flops_per_token(_Counted(model, head), sum(t for _, t in SHAPES) / len(SHAPES)) * tokens
+    peak = peak_flops("cpu", "cpu", a.precision)[0]  # the best matmul rate measured here, as training reports it
+    step_s = median(times)
     cmd = "python bench/train_step_profile.py " + " ".join(sys.argv[1:])
     note = (f"`{cmd.strip()}`: the native encoder (MiniLM's shape, random weights) + a {LABELS}-label head, "
             f"{a.precision}, word-embedding table {'dense' if a.dense_table else 'frozen'}, fused AdamW, shapes "
-            f"{SHAPES}; median step {1000 * median(times):.1f} ms over {a.passes} passes; operators' self CPU "
-            "time under torch.profiler over two more passes, by kind")
+            f"{SHAPES}; median step {1000 * step_s:.1f} ms over {len(times)} timed steps (optimizer phase: "
+            f"clip, step, zero, {1000 * median(optimizer):.1f} ms), MFU {flops / step_s / peak:.1%} of "
+            f"{peak / 1e12:.3f} TFLOP/s; operators' self CPU time under torch.profiler over two more passes, by kind")
     path = write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "precision": a.precision,
-                                         "step_ms": round(1000 * median(times), 1)},
+                                         "step_ms": round(1000 * step_s, 1),
+                                         "optimizer_ms": round(1000 * median(optimizer), 1),
+                                         "tokens_per_step": tokens, "flops_per_step": flops, "peak_tflops":
+                                         round(peak / 1e12, 4), "mfu": round(flops / step_s / peak, 4)},
                          rows, ["kind", "share", "ms_per_step"])
-    print(f"median step {1000 * median(times):.1f} ms; wrote {path}")
+    print(f"median step {1000 * step_s:.1f} ms, MFU {flops / step_s / peak:.1%}; wrote {path}")
+
+
+class _Counted(torch.nn.Module):
+    """The encoder and head as one module, for the training report's FLOP count (its `encoder`
+    gives the attention's share)."""
+
+    def __init__(self, encoder: torch.nn.Module, head: torch.nn.Module):
+        super().__init__()
+        self.encoder, self.head = encoder, head
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
-jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data."""
+jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data, and
+bench/train_step_profile.py on a short fp32 run."""
 from __future__ import annotations
 
 import json
@@ -39,7 +40,8 @@ def test_train_step_profile_splits_a_step_by_kind(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.load(open(tmp_path / "profile.json"))
     shares = {r["kind"]: r["share"] for r in result["rows"]}
-    assert abs(sum(shares.values()) - 1) < 0.01, shares
     assert max(shares, key=shares.get) == "matrix products", shares  # a step's products outweigh any other kind
     assert shares["dropout masks"] > 0 and shares["optimizer and gradient norm"] > 0, shares
-    assert result["step_ms"] > 0
+    profiled = sum(r["ms_per_step"] for r in result["rows"])
+    assert 0.5 < profiled / result["step_ms"] < 2, (profiled, result["step_ms"])  # per step, as the step is timed
+    assert 0 < result["optimizer_ms"] < result["step_ms"] and 0 < result["mfu"] < 1.5, result

@@ -198,13 +198,17 @@ def test_catching_up_or_reloading_midway_changes_nothing_later(midway):
     torch.testing.assert_close(again, dense, rtol=1e-5, atol=1e-6)
 
 
-def test_a_state_whose_table_is_not_this_models_is_refused():
+def test_a_state_whose_table_is_not_this_models_is_refused_and_changes_nothing():
     _, rows, _, opt = _same_gradients(20)
-    state = copy.deepcopy(opt.state_dict())
+    before, kept = rows.detach().clone(), copy.deepcopy(opt.state_dict())
+    state = copy.deepcopy(kept)
+    state["state"][0]["exp_avg"].add_(1.0)  # what a load would take over, were it not refused
     for d in state["row_adamw"].values():
         d["table"] = d["table"][:-1]
     with pytest.raises(ValueError, match=r"table 0 has shape \(59, 8\), the model's parameter \(60, 8\)"):
         opt.load_state_dict(state)
+    assert torch.equal(rows, before)
+    torch.testing.assert_close(opt.state_dict()["state"], kept["state"], rtol=0, atol=0)
 
 
 def test_a_copy_owes_what_the_original_owes_and_a_fresh_one_nothing():
@@ -416,8 +420,9 @@ def test_a_checkpoint_between_evaluations_holds_a_model_with_every_row_paid(tmp_
     trainer = torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)
     owed = trainer["optimizer"]["row_adamw"]  # the state a resume needs: what the rows still owe, and the table
     assert owed and all("table" in d for d in owed.values())
-    assert any(not torch.equal(d["table"], saved[k]) for d in owed.values() for k in saved
-               if saved[k].shape == d["table"].shape)  # as training left it, not as the model holds it
+    for d in owed.values():  # each table against the model's parameter of its shape (one each here)
+        same = [k for k in saved if saved[k].shape == d["table"].shape]
+        assert len(same) == 1 and not torch.equal(d["table"], saved[same[0]])  # as training left it, not paid
 
 
 def test_training_evaluates_and_hands_back_rows_that_owe_nothing(tmp_path, monkeypatch):

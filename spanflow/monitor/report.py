@@ -48,7 +48,7 @@ class Meter:
         self.spans = StreamSpans(self.device) if self.device.type == "cuda" else None
         reset_peak_memory(self.device)
         # the peak now, before the run's threads start (measured beside them it reads low) and
-        # outside the first period's clock (the training loop measures it first, its ranks in turn)
+        # outside the first period's clock (a CPU training run measures it first, its ranks in turn)
         measure_peak(self.device, self.precision)
         self.started = time.perf_counter()
 

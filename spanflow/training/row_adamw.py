@@ -284,17 +284,17 @@ class RowAdamW(torch.optim.AdamW):
         (a checkpoint's model holds them paid) and what its rows owe."""
         state_dict = dict(state_dict)
         owed = state_dict.pop("row_adamw", {})
-        super().load_state_dict(state_dict)
         groups = [(p, g) for g in self.param_groups for p in g["params"]]
+        for i, d in owed.items():  # before anything is loaded: a refused state leaves this optimizer as it was
+            p, table = groups[int(i)][0], d.get("table")  # none in an older checkpoint: its model is the table
+            if table is not None and table.shape != p.shape:
+                raise ValueError(f"the optimizer state's table {i} has shape {tuple(table.shape)}, the model's "
+                                 f"parameter {tuple(p.shape)}: not this model's optimizer state")
+        super().load_state_dict(state_dict)
         with torch.no_grad():
             for i, d in owed.items():
-                p, table = groups[int(i)][0], d.get("table")  # none in an older checkpoint: its model is the table
-                if table is None:
-                    continue
-                if table.shape != p.shape:
-                    raise ValueError(f"the optimizer state's table {i} has shape {tuple(table.shape)}, the model's "
-                                     f"parameter {tuple(p.shape)}: not this model's optimizer state")
-                p.copy_(table)
+                if d.get("table") is not None:
+                    groups[int(i)][0].copy_(d["table"])
         self._rows = {groups[int(i)][0]: _Rows.from_dict(d, *groups[int(i)][1]["betas"]) for i, d in owed.items()}
 
     def __getstate__(self) -> dict:
