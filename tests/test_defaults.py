@@ -13,7 +13,8 @@ from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.runtime import policy as precision
 from spanflow.training.defaults import (REFERENCE_TOKENS, UPDATES_PER_EPOCH, TaskDefaults, device_budget,
                                         fill_defaults, update_tokens)
-from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
+from spanflow.training.loop import TaskHooks, train_loop
+from spanflow.training.plan import epoch_plan
 from spanflow.training.options import TrainOptions
 
 CPU = torch.device("cpu")
@@ -47,7 +48,7 @@ def test_fill_defaults_fills_only_what_is_unset():
     lines.clear()
     varied = [random.Random(0).randint(5, 90) for _ in range(4000)]  # batches seldom full: more than tokens / budget
     o = fill_defaults(TrainOptions(), D, lengths=varied, device=CPU, log=lines.append)
-    steps = len(_epoch_plan(varied, o, 0))
+    steps = len(epoch_plan(varied, o, 0))
     assert f"(about {steps} updates per epoch)" in lines[0] and steps > sum(varied) / o.max_tokens
     given = fill_defaults(TrainOptions(max_tokens=4096, lr=1e-4, head_lr=2e-3, epochs=2), D, lengths=[32] * 3000,
                           device=CPU, log=lines.append)

@@ -11,7 +11,8 @@ import torch.multiprocessing as mp
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.training.distributed import (all_sum, broadcast, exit_now, gather, init_from_env, shard_gather,
                                            shutdown)
-from spanflow.training.loop import TaskHooks, _epoch_plan, train_loop
+from spanflow.training.loop import TaskHooks, train_loop
+from spanflow.training.plan import epoch_plan
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import resolve_policy
 
@@ -138,7 +139,7 @@ def reported_tokens(out) -> list[tuple[int, int]]:
 @pytest.mark.slow
 def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
     _, windows, _ = setup_task()
-    plans = [_epoch_plan([len(w) for w in windows], TrainOptions(**OPTS), e, world=2) for e in range(2)]
+    plans = [epoch_plan([len(w) for w in windows], TrainOptions(**OPTS), e, world=2) for e in range(2)]
     assert any(mb == [] for plan in plans for step in plan for mb in step), "data must leave a rank a short tail"
     for plan in plans:  # the two shards are disjoint and complete
         r0 = [i for step in plan for mb in step[0::2] for i in mb]
@@ -260,7 +261,7 @@ def test_max_steps_writes_a_partial_report(tmp_path):
     assert not summary["completed"] and summary["global_step"] == 2
     reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
     assert len(reps) == 1 and reps[0]["partial"] and reps[0]["step"] == 2
-    steps = _epoch_plan([len(w) for w in windows], opts, 0)[:2]  # the tokens of the two steps it ran
+    steps = epoch_plan([len(w) for w in windows], opts, 0)[:2]  # the tokens of the two steps it ran
     assert reported_tokens(tmp_path) == [(sum(len(windows[i]) for step in steps for mb in step for i in mb),
                                           sum(max(len(windows[i]) for i in mb) * len(mb) for step in steps
                                               for mb in step))]

@@ -14,7 +14,7 @@ from spanflow.tasks.ner.crf import CRF, bio_transition_mask, compact
 from spanflow.tasks.ner.heads import CrfTaggingHead, EncoderWithHead, TokenClassificationHead
 from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.tasks.ner.features import bio_label_list, class_weight_tensor, make_ner_loss, window_kinds
-from spanflow.training.loop import _epoch_plan
+from spanflow.training.plan import epoch_plan
 from spanflow.training.optim import build_optimizer, encoder_depth, param_lr
 from spanflow.training.options import TrainOptions
 
@@ -202,7 +202,7 @@ def test_weighted_epoch_plan_repeats_rare_windows_within_budget():
     lengths = [10] * 50 + [30] * 10
     weights = [1.0] * 50 + [5.0] * 10
     opts = TrainOptions(max_tokens=120, seed=1)
-    plan = _epoch_plan(lengths, opts, 0, 1, weights)
+    plan = epoch_plan(lengths, opts, 0, 1, weights)
     items = [i for step in plan for mb in step for i in mb]
     assert sum(1 for i in items if i >= 50) > 25  # each rare window ~ 3 times
     assert all(max(lengths[i] for i in mb) * len(mb) <= 120 for step in plan for mb in step if mb)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from spanflow.batching.batcher import token_budget_batches
 from spanflow.runtime.budget import default_budget
 from spanflow.training.options import TrainOptions, scaled_options
+from spanflow.training.plan import epoch_plan
 
 UPDATES_PER_EPOCH = 100  # a small data set still gets enough optimizer updates to learn in a few epochs
 REFERENCE_TOKENS = 1024  # the update size the learning rates below were measured at
@@ -77,10 +77,9 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     if max_tokens is None:
         max_tokens = update_tokens(lengths, device, world)
         # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives
-        # here, counted as the first epoch's batches are cut (they are rarely full: a count from the
-        # token total read 6-7% low on WNUT-17 and WebNLG)
-        batches = token_budget_batches(lengths, max_tokens, seed=opts.seed, world_size=world)
-        updates = max(1, math.ceil(len(batches) / (opts.grad_accum * world)))
+        # here, from the first epoch's plan (batches are rarely full: the token total over the
+        # budget counts too few)
+        updates = max(1, len(epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world)))
         auto.append(f"max_tokens {max_tokens} (about {updates} updates per epoch)")
     scale = math.sqrt(max_tokens * opts.grad_accum * world / REFERENCE_TOKENS)
     checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given

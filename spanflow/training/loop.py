@@ -11,13 +11,12 @@ import torch
 from torch import nn
 
 from spanflow.atomic import recover_dir, writing
-from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.prefetch import prefetch
-from spanflow.batching.sampling import epoch_indices
 from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
+from spanflow.training.plan import epoch_plan
 from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
 from spanflow.training.progress import learning_check, loss_window, lr_now, mean_loss, progress_bar, report_period
@@ -25,25 +24,6 @@ from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.state import LoopState, TaskHooks
 from spanflow.training.step import forward_backward, optimizer_step
-
-
-def _epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
-                weights: list[float] | None = None) -> list[list[list[int]]]:
-    """The epoch's global optimizer steps, each `grad_accum x world` micro-batches of item
-    indices; rank r runs step[r::world]. Every rank derives the same plan from the seed.
-    With sampling `weights` the epoch's items are drawn first (see batching.sampling)."""
-    if weights is None:
-        batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch, world_size=world)
-    else:
-        drawn = epoch_indices(weights, seed=opts.seed, epoch=epoch)
-        batches = token_budget_batches([lengths[i] for i in drawn], opts.max_tokens, seed=opts.seed, epoch=epoch,
-                                       world_size=world)
-        batches = [[drawn[j] for j in b] for b in batches]
-    n = opts.grad_accum * world
-    steps = [batches[i:i + n] for i in range(0, len(batches), n)]
-    if steps and len(steps[-1]) < n:  # a short tail: empty micro-batches keep every rank in step
-        steps[-1] = steps[-1] + [[] for _ in range(n - len(steps[-1]))]
-    return steps
 
 
 def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
@@ -62,7 +42,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     world = plan_world or dist.world
     lengths = [len(it) for it in items]
     targets = [hooks.targets(it) for it in items] if hooks.targets else None
-    per_epoch = [len(_epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
+    per_epoch = [len(epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
                total_steps=sum(per_epoch))
     r.recent = deque(maxlen=loss_window(opts.log_every, per_epoch[0] if per_epoch else 1))
@@ -72,7 +52,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     try:
         while r.st["epoch"] < opts.epochs and not r.st["stopped"]:
             epoch = r.st["epoch"]
-            plan = _epoch_plan(lengths, opts, epoch, world, weights)[r.st["step_in_epoch"]:]
+            plan = epoch_plan(lengths, opts, epoch, world, weights)[r.st["step_in_epoch"]:]
             mine, stride = (dist.rank, dist.world) if plan_world is None else (0, 1)
             groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
                                     else None, items, hooks.collate, pin=policy.device.type == "cuda")

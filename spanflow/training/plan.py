@@ -1,0 +1,26 @@
+"""An epoch's optimizer steps as the training loop runs them: token-budget batches of item
+indices, grouped per step; the loop and the defaults line (its update count) share it."""
+from __future__ import annotations
+
+from spanflow.batching.batcher import token_budget_batches
+from spanflow.batching.sampling import epoch_indices
+from spanflow.training.options import TrainOptions
+
+
+def epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
+               weights: list[float] | None = None) -> list[list[list[int]]]:
+    """The epoch's global optimizer steps, each `grad_accum x world` micro-batches of item
+    indices; rank r runs step[r::world]. Every rank derives the same plan from the seed.
+    With sampling `weights` the epoch's items are drawn first (see batching.sampling)."""
+    if weights is None:
+        batches = token_budget_batches(lengths, opts.max_tokens, seed=opts.seed, epoch=epoch, world_size=world)
+    else:
+        drawn = epoch_indices(weights, seed=opts.seed, epoch=epoch)
+        batches = token_budget_batches([lengths[i] for i in drawn], opts.max_tokens, seed=opts.seed, epoch=epoch,
+                                       world_size=world)
+        batches = [[drawn[j] for j in b] for b in batches]
+    n = opts.grad_accum * world
+    steps = [batches[i:i + n] for i in range(0, len(batches), n)]
+    if steps and len(steps[-1]) < n:  # a short tail: empty micro-batches keep every rank in step
+        steps[-1] = steps[-1] + [[] for _ in range(n - len(steps[-1]))]
+    return steps
