@@ -62,37 +62,15 @@ def main() -> None:
     ap.add_argument("--name", default="train_step_profile")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
-    torch.manual_seed(0)
-    model = encoder()
-    model.embeddings.word_embeddings.weight.requires_grad_(a.dense_table)
-    head = torch.nn.Linear(model.config.hidden_size, LABELS)
-    params = [p for p in [*model.parameters(), *head.parameters()] if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
-    g = torch.Generator().manual_seed(1)
-
-    def step(b: int, t: int) -> float:
-        """One step; the seconds its optimizer phase took."""
-        ids = torch.randint(1, model.config.vocab_size, (b, t), generator=g)
-        mask = torch.ones(b, t, dtype=torch.long)
-        mask[:, t - 3:] = 0
-        with torch.autocast("cpu", dtype, enabled=a.precision == "bf16"):
-            logits = head(model(ids, mask).last_hidden_state).float()
-        F.cross_entropy(logits.reshape(-1, LABELS), torch.randint(0, LABELS, (b * t,), generator=g)).backward()
-        started = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - started
-
+    model, head, step = training_step(a.precision, a.dense_table)
     for shape in SHAPES * 2:  # warm-up: oneDNN's kernels, the allocator
         step(*shape)
     times, optimizer = [], []
     for _ in range(a.passes):
         for shape in SHAPES:
-            t = time.perf_counter()
-            optimizer.append(step(*shape))
-            times.append(time.perf_counter() - t)
+            whole, optimizer_s = step(*shape)
+            times.append(whole)
+            optimizer.append(optimizer_s)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for shape in SHAPES * 2:
             step(*shape)
@@ -119,6 +97,37 @@ def main() -> None:
                                          round(peak / 1e12, 4), "mfu": round(flops / step_s / peak, 4)},
                          rows, ["kind", "share", "ms_per_step"])
     print(f"median step {1000 * step_s:.1f} ms, MFU {flops / step_s / peak:.1%}; wrote {path}")
+
+
+def training_step(precision: str, dense_table: bool = False):
+    """(encoder, head, step): the bench's model (MiniLM's shape, random weights, seeded) and
+    `step(texts, tokens)`, one whole update on random ids and labels, returning its seconds and
+    those of its optimizer phase (clip, step, zero)."""
+    torch.manual_seed(0)
+    model = encoder()
+    model.embeddings.word_embeddings.weight.requires_grad_(dense_table)
+    head = torch.nn.Linear(model.config.hidden_size, LABELS)
+    params = [p for p in [*model.parameters(), *head.parameters()] if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(1)
+
+    def step(b: int, t: int) -> tuple[float, float]:
+        ids = torch.randint(1, model.config.vocab_size, (b, t), generator=g)
+        mask = torch.ones(b, t, dtype=torch.long)
+        mask[:, t - 3:] = 0
+        started = time.perf_counter()
+        with torch.autocast("cpu", dtype, enabled=precision == "bf16"):
+            logits = head(model(ids, mask).last_hidden_state).float()
+        F.cross_entropy(logits.reshape(-1, LABELS), torch.randint(0, LABELS, (b * t,), generator=g)).backward()
+        backward_done = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done = time.perf_counter()
+        return done - started, done - backward_done
+
+    return model, head, step
 
 
 class _Counted(torch.nn.Module):

@@ -1,6 +1,6 @@
 """The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
 jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data, and
-bench/train_step_profile.py on a short fp32 run."""
+bench/train_step_profile.py and bench/step_levers.py on short fp32 runs."""
 from __future__ import annotations
 
 import json
@@ -45,3 +45,23 @@ def test_train_step_profile_splits_a_step_by_kind(tmp_path):
     profiled = sum(r["ms_per_step"] for r in result["rows"])
     assert 0.5 < profiled / result["step_ms"] < 2, (profiled, result["step_ms"])  # per step, as the step is timed
     assert 0 < result["optimizer_ms"] < result["step_ms"] and 0 < result["mfu"] < 1.5, result
+
+
+@pytest.mark.slow
+def test_step_levers_measures_each_lever_where_it_reaches(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "step_levers.py"), "--passes", "1",
+                        "--precision", "fp32", "--levers", "bool_masks", "--out", str(tmp_path),
+                        "--name", "levers"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {r["lever"]: r for r in json.load(open(tmp_path / "levers.json"))["rows"]}
+    assert set(rows) == {"bool_masks"}
+    r = rows["bool_masks"]
+    # every dropout of MiniLM's shape went through the lever: the embeddings' and three per layer
+    assert r["patched_calls_per_step"] == 1 + 3 * 6, r
+    assert r["pairs"] == 4 and r["ratio"] > 0 and r["base_ms_per_1k_tokens"] > 0, r
+
+
+def test_step_levers_refuses_a_lever_it_does_not_know():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "step_levers.py"), "--levers", "fused_everything"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "unknown levers ['fused_everything']" in p.stderr, p.stderr[-2000:]

@@ -44,8 +44,10 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if x.device.type != "cpu" or drops >= _SPAN:
         return F.dropout(x, p, True)
-    # the scaled mask in x's dtype: one multiply forward and one backward, nothing else kept
-    return x * keep_mask(x.shape, p).to(x.dtype).mul_(_SPAN / (_SPAN - drops))
+    # the scaled mask in x's dtype: one multiply forward and one backward, nothing else kept;
+    # converted from its bytes, as torch converts bool to a float type element by element
+    # (bench/step_levers.py, bool_masks)
+    return x * keep_mask(x.shape, p).view(torch.uint8).to(x.dtype).mul_(_SPAN / (_SPAN - drops))
 
 
 class Dropout(nn.Dropout):
