@@ -1,6 +1,6 @@
 """The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
 jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data, and
-bench/train_step_profile.py and bench/step_levers.py on short fp32 runs."""
+bench/train_step_profile.py, bench/step_levers.py and bench/tiny_recurrence.py on short runs."""
 from __future__ import annotations
 
 import json
@@ -65,3 +65,14 @@ def test_step_levers_refuses_a_lever_it_does_not_know():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "step_levers.py"), "--levers", "fused_everything"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "unknown levers ['fused_everything']" in p.stderr, p.stderr[-2000:]
+
+
+def test_tiny_recurrence_bench_compares_the_two_recurrences(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "tiny_recurrence.py"), "--lengths", "8,16",
+                        "--steps", "1", "--out", str(tmp_path), "--name", "rec"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.load(open(tmp_path / "rec.json"))["rows"]
+    assert [r["row_tokens"] for r in rows] == [8, 16] and [r["rows"] for r in rows] == [128, 64]
+    for r in rows:  # the same outputs, both timed
+        assert float(r["max_abs_diff"]) < 1e-4 and r["packed_ms"] > 0 and r["padded_ms"] > 0, r

@@ -8,7 +8,7 @@ import torch
 
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.models.encoder import build_tiny, load_encoder
-from spanflow.models.tiny import TinyModel
+from spanflow.models.tiny import TinyModel, tiny_config
 from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.training.options import TrainOptions
 
@@ -56,3 +56,55 @@ def test_predict_on_a_tiny_model_does_not_import_transformers(tiny_model, tmp_pa
     assert out.returncode == 0, out.stderr
     assert "LOADED False" in out.stdout, out.stdout
     assert len((tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()) == 5
+
+
+def _packed(lstm: torch.nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The recurrence as nn.LSTM runs it on packed rows: the reference."""
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    return torch.nn.utils.rnn.pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_cpu_recurrence_equals_the_packed_lstm_and_its_gradients(layers):
+    torch.manual_seed(0)
+    enc = TinyModel(tiny_config(vocab_size=50, embedding_size=16, hidden_size=24, num_hidden_layers=layers,
+                                bigram_buckets=0, dropout=0.0)).train()
+    x = torch.randn(5, 9, 16, requires_grad=True)
+    lengths = torch.tensor([9, 3, 7, 1, 5])
+    ours = enc._recur(x, lengths)
+    ref = _packed(enc.lstm, x, lengths)
+    assert torch.allclose(ours, ref, atol=1e-5), (ours - ref).abs().max()
+    assert torch.equal(ours[1, 3:], torch.zeros_like(ours[1, 3:]))  # padding stays zero
+    weights = torch.randn_like(ref)
+    got = torch.autograd.grad((ours * weights).sum(), [x, *enc.lstm.parameters()])
+    want = torch.autograd.grad((ref * weights).sum(), [x, *enc.lstm.parameters()])
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-4), (g - w).abs().max()
+
+
+def test_the_cpu_recurrences_backward_takes_no_gradient_of_a_slice_per_step():
+    """A packed LSTM's backward on the CPU zero-fills a copy of its whole input for every time step
+    (the gradient of each step's slice); the padded recurrence takes none."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.slices = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.slices += func is torch.ops.aten.slice_backward.default
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    enc = TinyModel(tiny_config(vocab_size=50, embedding_size=16, hidden_size=24, bigram_buckets=0)).train()
+    x = torch.randn(4, 12, 16, requires_grad=True)
+    lengths = torch.tensor([12, 8, 5, 2])
+    for run, most in ((lambda: enc._recur(x, lengths), 0), (lambda: _packed(enc.lstm, x, lengths), None)):
+        y = run()
+        with Count() as counted:
+            y.sum().backward()
+        if most is None:  # the reference does: this test can tell the two apart
+            assert counted.slices >= 12, counted.slices
+        else:
+            assert counted.slices == most, counted.slices

@@ -12,7 +12,6 @@ by this module (`save_pretrained`, `load_tiny`).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from types import SimpleNamespace
 
@@ -86,14 +85,39 @@ class TinyModel(nn.Module):
 
     def _recur(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The BiLSTM over the real tokens of each row; padding stays zero. (B, T, E) -> (B, T, H)"""
-        # CPU bf16 LSTM kernels are slower than fp32 and build a new primitive for every shape, so
-        # on CPU the recurrence stays fp32 under autocast (the rest of the model is small)
-        cpu = x.device.type == "cpu"
-        with torch.autocast("cpu", enabled=False) if cpu else contextlib.nullcontext():
-            packed = nn.utils.rnn.pack_padded_sequence(x.float() if cpu else x, lengths, batch_first=True,
-                                                       enforce_sorted=False)
-            y, _ = self.lstm(packed)
+        if x.device.type == "cpu":
+            # CPU bf16 LSTM kernels are slower than fp32 and build a new primitive for every shape, so
+            # on CPU the recurrence stays fp32 under autocast (the rest of the model is small)
+            with torch.autocast("cpu", enabled=False):
+                return self._recur_padded(x.float(), lengths)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        y, _ = self.lstm(packed)
         return nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])[0]
+
+    def _recur_padded(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """`_recur` without packing, for the CPU: each direction runs over the padded rows, the
+        backward one on every row reversed within its length, so no real token sees padding
+        before it. A packed LSTM's backward on the CPU slices its input once per time step, and
+        each slice's gradient is a zero-filled copy of the whole input: training time grew with
+        the square of the length. The same weights and the same outputs (tests/test_tiny.py)."""
+        b, t = x.shape[:2]
+        steps = torch.arange(t)
+        real = steps < lengths[:, None]  # (B, T)
+        back = torch.where(real, (lengths[:, None] - 1 - steps).clamp(min=0), steps)  # each row reversed in place
+        lstm, layers = self.lstm, self.lstm.num_layers
+        for k in range(layers):
+            h0 = x.new_zeros(1, b, lstm.hidden_size)
+            ways = []
+            for suffix, order in (("", None), ("_reverse", back)):
+                weights = [getattr(lstm, f"{name}_l{k}{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih",
+                                                                              "bias_hh")]
+                inp = x if order is None else x.gather(1, order[:, :, None].expand(-1, -1, x.shape[2]))
+                y = torch.lstm(inp, (h0, h0), weights, True, 1, 0.0, self.training, False, True)[0]
+                ways.append(y if order is None else y.gather(1, order[:, :, None].expand(-1, -1, y.shape[2])))
+            x = torch.cat(ways, -1)
+            if k < layers - 1 and lstm.dropout:  # as nn.LSTM: dropout between layers, not after the last
+                x = nn.functional.dropout(x, lstm.dropout, self.training)
+        return x * real[:, :, None]
 
     def save_pretrained(self, path: str, **_) -> None:
         """config.json and model.safetensors (what `load_tiny` reads)."""
