@@ -1,4 +1,5 @@
-"""Builders and stand-ins shared by tests: a small transformer, a gate that holds a batch in the model thread."""
+"""Builders and stand-ins shared by tests: a small transformer, a gate that holds a batch in the model thread,
+a count of the operators a call runs."""
 from __future__ import annotations
 
 import asyncio
@@ -43,3 +44,19 @@ class Gate:
             return asyncio.run(coro)
         finally:
             self.released.set()
+
+
+def count_ops(fn, *ops) -> int:
+    """How many times `fn()` runs any of the aten operators `ops` (torch.ops.aten.slice_backward.default, ...)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func in ops
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n

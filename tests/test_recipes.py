@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers import count_ops
 
 from spanflow.batching.align import IGNORE, Window
 from spanflow.batching.sampling import epoch_indices, rarity_weights
@@ -59,6 +60,17 @@ def test_crf_nll_and_viterbi_match_enumeration_over_ragged_rows():
         want = torch.logsumexp(scores, 0) - _path_score(crf, em[r], tags[r, :n].tolist())
         assert torch.allclose(nll[r], want, atol=1e-4)
         assert best[r, :n].tolist() == list(paths[int(scores.argmax())])
+
+
+def test_crf_nll_backward_zero_fills_no_copy_of_the_emissions_per_step():
+    """A step's emissions taken by indexing would zero-fill all the emissions per step in backward."""
+    crf = _crf()
+    em = torch.randn(3, 6, len(ID2LABEL), requires_grad=True)
+    mask = torch.arange(6)[None] < torch.tensor([6, 4, 2])[:, None]
+    loss = crf.nll(em, torch.randint(0, len(ID2LABEL), (3, 6)), mask).sum()
+    aten = torch.ops.aten
+    assert count_ops(loss.backward, aten.slice_backward.default, aten.select_backward.default) == 0
+    assert em.grad is not None and em.grad.abs().sum() > 0
 
 
 def test_crf_never_decodes_an_invalid_bio_transition():

@@ -65,10 +65,13 @@ class CRF(nn.Module):
             gold = gold + (trans[tags[:, :-1], tags[:, 1:]] * mask[:, 1:]).sum(1)
         last = tags.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
         gold = gold + self.end[last]
-        alpha = self.start + em[:, 0]  # (B, C)
+        # the steps' columns taken once: a slice per step would have its gradient zero-fill
+        # the whole (B, N, C) emissions at every step of the backward pass
+        ems, cols = em.unbind(1), mask.unsqueeze(2).unbind(1)
+        alpha = self.start + ems[0]  # (B, C)
         for t in range(1, N):
-            nxt = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + em[:, t]
-            alpha = torch.where(mask[:, t:t + 1], nxt, alpha)
+            nxt = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + ems[t]
+            alpha = torch.where(cols[t], nxt, alpha)
         log_z = torch.logsumexp(alpha + self.end, dim=1)
         return (log_z - gold) * (lengths > 0)
 
