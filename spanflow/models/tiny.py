@@ -86,8 +86,8 @@ class TinyModel(nn.Module):
     def _recur(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The BiLSTM over the real tokens of each row; padding stays zero. (B, T, E) -> (B, T, H)"""
         if x.device.type == "cpu":
-            # CPU bf16 LSTM kernels are slower than fp32 and build a new primitive for every shape, so
-            # on CPU the recurrence stays fp32 under autocast (the rest of the model is small)
+            # the recurrence stays fp32 under autocast: in bf16 it ran faster on a CPU with native
+            # bf16, but whole runs were not clearly better in time to accuracy (docs/defaults.md)
             with torch.autocast("cpu", enabled=False):
                 return self._recur_padded(x.float(), lengths)
         packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
