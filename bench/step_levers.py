@@ -3,9 +3,9 @@
 The step is bench/train_step_profile.py's: the native BERT encoder (MiniLM's shape, random
 weights), a token-classification head, forward and backward under the run's autocast, the
 gradient norm and fused AdamW. For each lever the steps alternate between the unchanged step
-and the step with the lever (the order flipping each pass), so the drift of a shared machine,
-often 10-20% within minutes, falls on both sides; a lever's figure is the median of the
-paired steps' time ratios (below 1: the lever is faster). Each lever patches spanflow's native
+and the step with the lever (the order flipping each pass), so the drift of a shared machine
+within minutes falls on both sides; a lever's figure is the median of the paired steps' time
+ratios (below 1: the lever is faster). Each lever patches spanflow's native
 BERT for its own steps only, and counts the calls that reached its patch: a lever that no
 longer reaches the code it changes fails the run instead of measuring nothing.
 

@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
     torch.manual_seed(0)
-    enc = TinyModel(tiny_config()).train()  # the default tiny: embeddings 128, BiLSTM 2 x 128
+    enc = TinyModel(tiny_config()).train()  # the default tiny's sizes
     e = enc.config.embedding_size
     g = torch.Generator().manual_seed(1)
     rows = []

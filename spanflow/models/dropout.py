@@ -45,8 +45,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if x.device.type != "cpu" or drops >= _SPAN:
         return F.dropout(x, p, True)
     # the scaled mask in x's dtype: one multiply forward and one backward, nothing else kept;
-    # converted from its bytes, as torch converts bool to a float type element by element
-    # (bench/step_levers.py, bool_masks)
+    # converted from its bytes, which torch converts to a float type faster than bool
     return x * keep_mask(x.shape, p).view(torch.uint8).to(x.dtype).mul_(_SPAN / (_SPAN - drops))
 
 

@@ -76,7 +76,7 @@ class TinyModel(nn.Module):
         x = self.dropout(x)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        lengths = attention_mask.sum(1).cpu()  # host sync: packing needs the lengths on the host
+        lengths = attention_mask.sum(1).cpu()  # host sync: packing (and the CPU's row reversal) reads them there
         if self.gradient_checkpointing and self.training:
             y = checkpoint(self._recur, x, lengths, **self._ckpt_kwargs)
         else:
@@ -103,7 +103,7 @@ class TinyModel(nn.Module):
         b, t = x.shape[:2]
         steps = torch.arange(t)
         real = steps < lengths[:, None]  # (B, T)
-        back = torch.where(real, (lengths[:, None] - 1 - steps).clamp(min=0), steps)  # each row reversed in place
+        back = torch.where(real, lengths[:, None] - 1 - steps, steps)  # each row reversed in place
         lstm, layers = self.lstm, self.lstm.num_layers
         for k in range(layers):
             h0 = x.new_zeros(1, b, lstm.hidden_size)
