@@ -1,5 +1,5 @@
 """The `tiny` encoder's BiLSTM on the CPU: packed rows (nn.LSTM on a PackedSequence) against the
-padded recurrence it runs now (each direction over the padded rows, the backward one on rows
+padded recurrence it runs there (each direction over the padded rows, the backward one on rows
 reversed within their lengths: models/tiny.py), forward and backward, at the default update of
 about 1024 tokens, for several row lengths. In one process, the two alternating step by step;
 the outputs' largest difference says they compute the same thing.
@@ -25,11 +25,6 @@ from spanflow.models.tiny import TinyModel, tiny_config  # noqa: E402
 TOKENS = 1024  # padded tokens a step: the default update on WNUT-17 and WebNLG
 
 
-def packed(enc: TinyModel, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    p = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-    return torch.nn.utils.rnn.pad_packed_sequence(enc.lstm(p)[0], batch_first=True, total_length=x.shape[1])[0]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="16,32,64,128", help="row lengths (tokens) to measure [%(default)s]")
@@ -47,7 +42,7 @@ def main() -> None:
         lengths = torch.randint(max(1, t // 2), t + 1, (b,), generator=g)
         lengths[0] = t  # the batch is padded to its longest row
         x = torch.randn(b, t, e, generator=g, requires_grad=True)
-        kinds = {"packed": lambda: packed(enc, x, lengths), "padded": lambda: enc._recur(x, lengths)}
+        kinds = {"packed": lambda: enc._recur_packed(x, lengths), "padded": lambda: enc._recur(x, lengths)}
         diff = (kinds["packed"]() - kinds["padded"]()).abs().max().item()
         times: dict[str, list[float]] = {k: [] for k in kinds}
         for k in range(a.steps + 3):

@@ -59,12 +59,6 @@ def test_predict_on_a_tiny_model_does_not_import_transformers(tiny_model, tmp_pa
     assert len((tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()) == 5
 
 
-def _packed(lstm: torch.nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The recurrence as nn.LSTM runs it on packed rows: the reference."""
-    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-    return torch.nn.utils.rnn.pad_packed_sequence(lstm(packed)[0], batch_first=True, total_length=x.shape[1])[0]
-
-
 @pytest.mark.parametrize("layers", [1, 2])
 def test_the_cpu_recurrence_equals_the_packed_lstm_and_its_gradients(layers):
     torch.manual_seed(0)
@@ -73,7 +67,7 @@ def test_the_cpu_recurrence_equals_the_packed_lstm_and_its_gradients(layers):
     x = torch.randn(5, 9, 16, requires_grad=True)
     lengths = torch.tensor([9, 3, 7, 1, 5])
     ours = enc._recur(x, lengths)
-    ref = _packed(enc.lstm, x, lengths)
+    ref = enc._recur_packed(x, lengths)
     assert torch.allclose(ours, ref, atol=1e-5), (ours - ref).abs().max()
     assert torch.equal(ours[1, 3:], torch.zeros_like(ours[1, 3:]))  # padding stays zero
     weights = torch.randn_like(ref)
@@ -91,7 +85,7 @@ def test_the_cpu_recurrences_backward_takes_no_gradient_of_a_slice_per_step():
     x = torch.randn(4, 12, 16, requires_grad=True)
     lengths = torch.tensor([12, 8, 5, 2])
     slices = torch.ops.aten.slice_backward.default
-    ours, ref = enc._recur(x, lengths).sum(), _packed(enc.lstm, x, lengths).sum()
+    ours, ref = enc._recur(x, lengths).sum(), enc._recur_packed(x, lengths).sum()
     assert count_ops(ours.backward, slices) == 0
     # the reference does (were a torch release to stop, this test would need another witness)
     assert count_ops(ref.backward, slices) >= 12
@@ -104,7 +98,7 @@ def test_stacked_layers_pass_dropout_between_them_as_the_packed_lstm_does():
     x = torch.randn(3, 7, 16)
     lengths = torch.tensor([7, 4, 2])
     enc.eval()  # no dropout: the two agree
-    assert torch.allclose(enc._recur(x, lengths), _packed(enc.lstm, x, lengths), atol=1e-5)
+    assert torch.allclose(enc._recur(x, lengths), enc._recur_packed(x, lengths), atol=1e-5)
     enc.train()  # dropout between the two layers changes the output; none after the last zeroes any of it
     y = enc._recur(x, lengths)
     assert not torch.allclose(y, enc.eval()._recur(x, lengths), atol=1e-3)

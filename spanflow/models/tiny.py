@@ -90,6 +90,10 @@ class TinyModel(nn.Module):
             # bf16, but whole runs were not clearly better in time to accuracy (docs/defaults.md)
             with torch.autocast("cpu", enabled=False):
                 return self._recur_padded(x.float(), lengths)
+        return self._recur_packed(x, lengths)
+
+    def _recur_packed(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """`_recur` as nn.LSTM runs it on packed rows (cuDNN's fused kernel on a GPU)."""
         packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         y, _ = self.lstm(packed)
         return nn.utils.rnn.pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])[0]
