@@ -207,9 +207,10 @@ def save(a, model: str, rows: list[dict]) -> None:
     """The rows so far, as JSON and markdown."""
     write_results(a.out, a.name, {
         "description": "each job briefly with default flags, each in a fresh process: achieved FLOP/s (per padded "
-                       "token: 6N + 12LHT training, a third of that inference) over the best matmul rate (1024^3 and "
-                       "2048^3) in the job's precision measured on this machine so far; "
-                       f"training: {a.steps} optimizer steps, its report's figures (first steps included); inference: "
+                       "token: 6N + 12LHT training, a third of that inference) over the peak in the job's precision: "
+                       "on a CPU the best matmul rate (1024^3 and 2048^3) measured on this machine so far, on a GPU "
+                       f"the datasheet's; training: {a.steps} optimizer steps, the figures of its report's last line "
+                       "(the last epoch reached, its first steps included; the JSON's steps say how many); inference: "
                        f"{a.texts} texts, median of {a.repeats} passes after a warm-up; serve: the dynamic batcher "
                        f"in-process, {CONCURRENCY} concurrent one-text requests, no HTTP",
         "jobs": a.jobs,
@@ -263,19 +264,24 @@ def main() -> None:
     if a.dry_run:
         a.out = tempfile.mkdtemp(prefix="roofline-")
     work = tempfile.mkdtemp(prefix="roofline-runs-")
-    rows = Rows()
+    rows, failed = Rows(), []
     try:
         for job in (j for j in JOBS if j in jobs):  # in the table's order
             p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--job", job,
                                 "--work", work], capture_output=True, text=True)
             row = next((json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ROW ")), None)
-            if p.returncode or row is None:
-                raise SystemExit(f"roofline job {job} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+            if p.returncode or row is None:  # the other jobs still run: one device run shows every fault
+                print(f"roofline job {job} failed ({p.returncode}):\n{p.stderr[-3000:]}", file=sys.stderr, flush=True)
+                failed.append(job)
+                continue
             rows.append(row)
             save(a, model, rows)  # after every row: a run cut short keeps the rows it has
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {os.path.join(a.out, a.name + '.md')}")
+    if rows:
+        print(f"wrote {os.path.join(a.out, a.name + '.md')}")
+    if failed:
+        raise SystemExit(f"roofline: {len(failed)} job(s) failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

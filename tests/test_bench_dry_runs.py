@@ -1,6 +1,7 @@
 """The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
 jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data, and
-bench/train_step_profile.py, bench/step_levers.py and bench/tiny_recurrence.py on short runs."""
+bench/train_step_profile.py, bench/step_levers.py, bench/tiny_recurrence.py and
+bench/device_step_profile.py on short runs."""
 from __future__ import annotations
 
 import json
@@ -76,3 +77,30 @@ def test_tiny_recurrence_bench_compares_the_two_recurrences(tmp_path):
     assert [r["row_tokens"] for r in rows] == [8, 16] and [r["rows"] for r in rows] == [128, 64]
     for r in rows:  # the same outputs, both timed
         assert float(r["max_abs_diff"]) < 1e-4 and r["packed_ms"] > 0 and r["padded_ms"] > 0, r
+
+
+def test_device_step_profile_splits_the_loops_steps_into_host_and_device(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "device_step_profile.py"), "--model", "tiny",
+                        "--skip", "2", "--steps", "3", "--out", str(tmp_path), "--name", "dsp"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.load(open(tmp_path / "dsp.json"))
+    assert result["profiled_steps"] == 3 and result["step_ms"] > 0 and result["aten_calls_per_step"] > 10, result
+    assert 0 < result["host_ms_per_step"] < 10 * result["step_ms"], result  # per step, as the step is timed
+    assert result["device_busy_ms_per_step"] is None  # no accelerator here: nothing claimed for one
+    host = [r for r in result["rows"] if r["side"] == "host"]
+    assert host and all(r["ms_per_step"] > 0 for r in host)
+    assert [r["ms_per_step"] for r in host] == sorted((r["ms_per_step"] for r in host), reverse=True)
+
+
+def test_roofline_runs_the_other_jobs_past_a_failed_one_and_exits_non_zero(tmp_path):
+    # one device run shows every fault: a job that fails leaves the others' rows, and the run fails
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "roofline.py"), "--dry-run", "--model", "tiny",
+                        "--ner", str(tmp_path / "missing.conll"), "--jobs", "train-ner,train-re"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0 and "1 job(s) failed: train-ner" in p.stderr, p.stderr[-3000:]
+    assert "roofline job train-ner failed" in p.stderr and "missing.conll" in p.stderr
+    wrote = [line.split("wrote ", 1)[1] for line in p.stdout.splitlines() if line.startswith("wrote ")]
+    rows = json.load(open(wrote[0].removesuffix(".md") + ".json"))["rows"]
+    assert [r["job"] for r in rows] == ["train relations"]

@@ -81,6 +81,7 @@ def test_the_saved_directory_is_a_sentence_transformers_directory_that_loads_the
     again = Embedder.load(path, device="cpu", precision="fp32")
     texts = [p.a for p in train[:6]]
     model.policy = again.policy  # the trained object ran in the training precision; compare in fp32
+    model.module.to(again.policy.device)  # and on one device (it trained on a GPU where there is one)
     np.testing.assert_allclose(again.encode(texts), model.encode(texts), atol=1e-5)
     assert again.evaluate(train)["spearman"] == pytest.approx(model.evaluate(train)["spearman"], abs=1e-6)
 

@@ -172,7 +172,7 @@ def test_sparse_table_gradients_add_no_host_sync(bert_dir, tmp_path, monkeypatch
     made = []
     real = optim.sparse_tables
     monkeypatch.setattr(optim, "sparse_tables", lambda m, d, **k: made.extend(real(m, d, **k)) or made)
-    steps = per_step_syncs(monkeypatch, _ner(bert_dir, tmp_path, grad_accum=2))
+    steps = per_step_syncs(monkeypatch, _ner(bert_dir, tmp_path, grad_accum=2, device="cpu"))
     assert made and len(steps) >= 8
     assert sum(steps) <= 1, steps
 

@@ -177,7 +177,7 @@ def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
     from spanflow.tasks.re.features import make_collate
 
     batch = make_collate(model.tokenizer.pad_token_id, len(model.relations), all_subjects=True)(feats)
-    batch = {k: v for k, v in batch.items() if hasattr(v, "shape")}
+    batch = {k: v.to(model.policy.device) for k, v in batch.items() if hasattr(v, "shape")}
     model.module.eval()
     with torch.no_grad():
         plain, smooth = (make_casrel_loss(label_smoothing=e)(model.module, batch) for e in (0.0, 0.1))

@@ -383,7 +383,8 @@ def test_ner_learns_and_resumes_with_sparse_tables(tmp_path, monkeypatch):
     real = optim.sparse_tables
     monkeypatch.setattr(optim, "sparse_tables", lambda m, d, **k: made.extend(real(m, d, **k)) or made)
     data = synthetic_ner(40, seed=1, max_clauses=1)
-    opts = dict(epochs=12, lr=2e-2, max_tokens=256, max_length=64, warmup_ratio=0.05, patience=0, log_every=0, seed=0)
+    opts = dict(epochs=12, lr=2e-2, max_tokens=256, max_length=64, warmup_ratio=0.05, patience=0, log_every=0, seed=0,
+                device="cpu")  # sparse tables are a CPU feature (training/optim.py)
     model = train_ner(data, data, model="tiny", out_dir=str(tmp_path / "fit"), options=TrainOptions(**opts),
                       log_fn=lambda s: None)
     assert made  # sparse while it trained, dense again in the model handed back
@@ -412,9 +413,10 @@ def test_a_checkpoint_between_evaluations_holds_a_model_with_every_row_paid(tmp_
     monkeypatch.setattr(optim, "VOCABULARY_ROWS", 64)
     monkeypatch.setattr(optim, "VOCABULARY_NAMES", None)
     data = synthetic_ner(40, seed=1, max_clauses=1)
-    opts = TrainOptions(epochs=2, lr=2e-2, max_tokens=256, max_length=64, patience=0, log_every=0, seed=0, max_steps=5)
+    opts = TrainOptions(epochs=2, lr=2e-2, max_tokens=256, max_length=64, patience=0, log_every=0, seed=0, max_steps=5,
+                        device="cpu")
     handed = train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
-    saved = NerModel.load(str(tmp_path / "checkpoint" / "model")).module.state_dict()
+    saved = NerModel.load(str(tmp_path / "checkpoint" / "model"), device="cpu").module.state_dict()
     for k, v in handed.module.state_dict().items():
         torch.testing.assert_close(saved[k], v, rtol=0, atol=0, msg=k)
     trainer = torch.load(tmp_path / "checkpoint" / "trainer.pt", weights_only=True)
@@ -447,7 +449,7 @@ def test_training_evaluates_and_hands_back_rows_that_owe_nothing(tmp_path, monke
 
     monkeypatch.setattr(NerModel, "evaluate", evaluate)
     data = synthetic_ner(40, seed=1, max_clauses=1)
-    opts = dict(epochs=2, lr=2e-2, max_tokens=256, max_length=64, patience=0, log_every=0, seed=0)
+    opts = dict(epochs=2, lr=2e-2, max_tokens=256, max_length=64, patience=0, log_every=0, seed=0, device="cpu")
     for extra, dev in (({"eval_every": 3}, data[:10]), ({"max_steps": 5}, data[:10]), ({}, None)):
         owed_at_eval.clear()  # no dev set: nothing evaluates, so only the end of the run can pay
         train_ner(data, dev, model="tiny", out_dir=str(tmp_path / str(len(extra)) / str(extra)),
