@@ -120,3 +120,48 @@ def test_native_tokenizer_encodes_as_transformers_does(bert_dir, tmp_path):
     (tmp_path / "odd" / "tokenizer.json").write_text((d / "tokenizer.json").read_text())
     (tmp_path / "odd" / "tokenizer_config.json").write_text(json.dumps({**cfg, "cls_token": "<s>"}))
     assert native_tokenizer.load(str(tmp_path / "odd")) is None
+
+
+def sdpa_spy(monkeypatch):
+    """Record, at each scaled_dot_product_attention call, whether cuDNN's and the memory-efficient
+    backends were allowed."""
+    import torch.nn.functional as F
+
+    seen, real = [], F.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()))
+        return real(*a, **k)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return seen, real
+
+
+def test_gpu_attention_leaves_out_cudnn_and_gives_the_same_outputs(monkeypatch):
+    # cuDNN's attention builds a graph per new shape on the host (models/bert.py); the others do not
+    from spanflow.models.bert import _sdpa_without_cudnn
+
+    seen, real = sdpa_spy(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    y = _sdpa_without_cudnn(q, k, v, mask, 0.0)
+    assert seen == [(False, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before  # the choice is the call's alone
+    torch.testing.assert_close(y, real(q, k, v, attn_mask=mask))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
+def test_a_training_step_on_a_gpu_takes_no_cudnn_attention(bert_dir, monkeypatch):
+    model, _ = load_encoder(str(bert_dir[0]))
+    assert isinstance(model, NativeBert)
+    model.cuda().train()
+    tok = bert_dir[2]
+    seen, _ = sdpa_spy(monkeypatch)
+    b = tok(TEXTS, padding=True, return_tensors="pt").to("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        h = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+    h.float().square().mean().backward()
+    assert seen and all(s == (False, True) for s in seen), seen

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spanflow.models.dropout import Dropout, dropout
 from spanflow.models.linear import Linear, low_precision, rounded_rows
@@ -63,6 +64,8 @@ class SelfAttention(nn.Module):
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if self.training and x.device.type == "cpu":
             y = _train_attention(q, k, v, mask, self.p)
+        elif x.device.type == "cuda" and not torch.compiler.is_compiling():
+            y = _sdpa_without_cudnn(q, k, v, mask, self.p if self.training else 0.0)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
         if x.shape[0] == m:
@@ -83,6 +86,19 @@ def _train_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
     probs = torch.softmax(s, -1, dtype=torch.float32).to(v.dtype)  # in fp32 under autocast, as SDPA's
     return dropout(probs, p, True) @ v
+
+
+def _sdpa_without_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                        p: float) -> torch.Tensor:
+    """scaled_dot_product_attention with every backend but cuDNN's. cuDNN builds an execution
+    graph for each new shape, on the host, forward and backward apart; batches sized by a token
+    budget come in many shapes, so on a GPU a training step spent most of its time building them
+    (bench/results/device_step_profile.md). The memory-efficient kernel takes the padding mask."""
+    with sdpa_kernel(_NOT_CUDNN):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+
+_NOT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class DenseNorm(nn.Module):
