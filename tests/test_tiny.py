@@ -59,6 +59,43 @@ def test_predict_on_a_tiny_model_does_not_import_transformers(tiny_model, tmp_pa
     assert len((tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()) == 5
 
 
+def test_training_a_tiny_model_does_not_import_transformers(tmp_path):
+    from spanflow.data.io import write_ner
+
+    data = tmp_path / "train.conll"
+    write_ner(synthetic_ner(30, seed=3, max_clauses=1), str(data))
+    code = ("import sys; from spanflow.cli.main import main; rc = main(sys.argv[1:]); "
+            "print('LOADED', 'transformers' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, "train", "ner", "--train", str(data), "--out",
+                          str(tmp_path / "run"), "--max-steps", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "LOADED False" in out.stdout, out.stdout
+    assert (tmp_path / "run" / "checkpoint" / "model").is_dir()
+
+
+def test_tinys_wordpiece_encodes_and_saves_as_the_transformers_tokenizer_of_the_same_vocabulary(tmp_path):
+    from transformers import AutoTokenizer
+
+    from spanflow.models.encoder import train_wordpiece, wordpiece
+
+    texts = [e.text for e in synthetic_ner(60, seed=2)]
+    traps = ["a [SEP] b [CLS][PAD] Zürich 東京 ..", "[MASK]", "  spaced   out ", "x[UNK]y", ""]
+    native, ref = wordpiece(texts, 300), train_wordpiece(texts, 300)
+    a = native(texts + traps, return_offsets_mapping=True)
+    b = ref(texts + traps, return_offsets_mapping=True)
+    assert a["input_ids"] == b["input_ids"]
+    assert [list(map(tuple, o)) for o in a["offset_mapping"]] == [list(map(tuple, o)) for o in b["offset_mapping"]]
+    assert all(a.word_ids(i) == b.word_ids(i) for i in range(len(texts + traps)))
+    assert (native.pad_token_id, native.cls_token_id, native.sep_token_id, len(native)) == \
+        (ref.pad_token_id, ref.cls_token_id, ref.sep_token_id, len(ref))
+    native.save_pretrained(str(tmp_path / "n"))
+    ref.save_pretrained(str(tmp_path / "r"))
+    saved = json.loads((tmp_path / "n" / "tokenizer.json").read_text())
+    assert saved == json.loads((tmp_path / "r" / "tokenizer.json").read_text())
+    again = AutoTokenizer.from_pretrained(str(tmp_path / "n"))  # what transformers reads back
+    assert again(texts + traps)["input_ids"] == b["input_ids"] and again.model_max_length == 512
+
+
 @pytest.mark.parametrize("layers", [1, 2])
 def test_the_cpu_recurrence_equals_the_packed_lstm_and_its_gradients(layers):
     torch.manual_seed(0)

@@ -162,21 +162,38 @@ def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
     return int(min(n, tok_max))
 
 
+WORDPIECE_SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                     "mask_token": "[MASK]"}
+
+
 def train_wordpiece(texts: list[str], vocab_size: int = 4000):
-    """A BERT-style WordPiece tokenizer fitted to `texts`, as a transformers fast tokenizer.
+    """`wordpiece`'s tokenizer as a transformers fast tokenizer (to save with a transformers model)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=_wordpiece_backend(texts, vocab_size), model_max_length=512,
+                                   **WORDPIECE_SPECIAL)
+
+
+def wordpiece(texts: list[str], vocab_size: int = 4000):
+    """A BERT-style WordPiece tokenizer fitted to `texts` (models.tokenizer's, without transformers).
 
     The vocabulary is every character seen (as a word start and as a ##continuation, so
     no seen text maps to [UNK]) plus the most frequent words, ties broken alphabetically.
     It is built here rather than by the library's trainer because that trainer's
     vocabulary differs from run to run, and a resumed or repeated run must rebuild the
-    very same tokenizer.
+    very same tokenizer. It encodes as `train_wordpiece`'s does (tests/test_tiny.py).
     """
+    from spanflow.models.tokenizer import from_backend
+
+    return from_backend(_wordpiece_backend(texts, vocab_size), special=dict(WORDPIECE_SPECIAL), model_max_length=512)
+
+
+def _wordpiece_backend(texts: list[str], vocab_size: int):
     from collections import Counter
 
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    specials = list(WORDPIECE_SPECIAL.values())
     normalizer = normalizers.BertNormalizer(lowercase=False, handle_chinese_chars=True)
     pre = pre_tokenizers.BertPreTokenizer()
     words: Counter = Counter()
@@ -199,8 +216,7 @@ def train_wordpiece(texts: list[str], vocab_size: int = 4000):
     cls, sep = vocab.index("[CLS]"), vocab.index("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=512)
+    return tok
 
 
 def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, embedding: int = 128,
@@ -213,8 +229,7 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, e
     """
     from spanflow.models.tiny import TinyModel, tiny_config
 
-    quiet_transformers()
-    tokenizer = train_wordpiece(texts, vocab_size)
+    tokenizer = wordpiece(texts, vocab_size)  # transformers' import is a second of a short run
     if bigram_buckets is None:
         bigram_buckets = min(100_003, max(1009, 4 * _distinct_bigrams(tokenizer, texts)))
     cfg = tiny_config(vocab_size=len(tokenizer), embedding_size=embedding, hidden_size=hidden,

@@ -8,6 +8,7 @@ returns None for anything it does not cover, which then loads through transforme
 """
 from __future__ import annotations
 
+import json
 import os
 
 from spanflow.models.files import json_object
@@ -37,17 +38,11 @@ class FastTokenizer:
 
     is_fast = True
 
-    def __init__(self, backend, *, special: dict[str, str], model_max_length: int, source: str):
+    def __init__(self, backend, *, special: dict[str, str], model_max_length: int, files: dict[str, bytes]):
         backend.no_truncation()
         backend.no_padding()
         self.backend_tokenizer, self.model_max_length = backend, model_max_length
-        # the source's files as they were at load: a model saved later (training saves its best
-        # model for minutes or hours) never depends on the source directory still being there
-        self._files = {}
-        for name in FILES:
-            if os.path.exists(os.path.join(source, name)):
-                with open(os.path.join(source, name), "rb") as f:
-                    self._files[name] = f.read()
+        self._files = files  # what save_pretrained writes: a loaded tokenizer's files as they were at load
         ids = {k: backend.token_to_id(v) for k, v in special.items()}
         self.cls_token_id, self.sep_token_id, self.pad_token_id = ids["cls_token"], ids["sep_token"], ids["pad_token"]
         self.unk_token_id = ids.get("unk_token")  # None where the vocabulary has no unknown token
@@ -100,5 +95,26 @@ def load(path: str) -> FastTokenizer | None:
     if _content(cfg.get("unk_token")):
         special["unk_token"] = _content(cfg.get("unk_token"))
     limit = cfg.get("model_max_length")
-    return FastTokenizer(backend, special=special, source=path,
+    # the source's files as they are now: a model saved later (training saves its best model for
+    # minutes or hours) never depends on the source directory still being there
+    files = {}
+    for name in FILES:
+        if os.path.exists(os.path.join(path, name)):
+            with open(os.path.join(path, name), "rb") as f:
+                files[name] = f.read()
+    return FastTokenizer(backend, special=special, files=files,
                          model_max_length=limit if isinstance(limit, int) and limit > 0 else NO_LIMIT)
+
+
+def from_backend(backend, *, special: dict[str, str], model_max_length: int) -> FastTokenizer:
+    """A tokenizer built in this process (`tiny`'s WordPiece), with the files that `load` and
+    transformers' fast tokenizer read back. `special` maps cls_token, sep_token, pad_token,
+    unk_token and mask_token to their tokens, which the backend's vocabulary holds."""
+    backend.add_special_tokens(list(special.values()))  # a literal "[SEP]" in a text is the token, as in transformers
+    backend.no_truncation()
+    backend.no_padding()
+    config = {"backend": "tokenizers", "tokenizer_class": "PreTrainedTokenizerFast", **special,
+              "model_max_length": model_max_length}
+    files = {"tokenizer.json": backend.to_str().encode(),
+             "tokenizer_config.json": json.dumps(config, indent=2, sort_keys=True).encode()}
+    return FastTokenizer(backend, special=special, files=files, model_max_length=model_max_length)
