@@ -1,5 +1,5 @@
-"""Builders and stand-ins shared by tests: a small transformer, a gate that holds a batch in the model thread,
-a count of the operators a call runs."""
+"""Builders and stand-ins shared by tests: a small transformer, a padded batch, a gate that holds a batch in
+the model thread, a count of the operators a call runs."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +21,18 @@ def tiny_bert(texts: list[str], *, hidden: int = 32, layers: int = 2, heads: int
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return BertModel(cfg, add_pooling_layer=False), tok
+
+
+def padded_batch(tok, texts: list[str]) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask of `texts`, padded to the longest, from any of spanflow's
+    tokenizers (`tiny`'s has no padding of its own: collation pads)."""
+    rows = tok(list(texts))["input_ids"]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 class Gate:

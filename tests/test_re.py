@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from helpers import padded_batch
 
 from spanflow.batching.align import encode_texts
 from spanflow.cli.main import main
@@ -87,7 +88,7 @@ def test_batched_cascade_equals_per_subject_loop():
     enc, tok = build_tiny(texts, hidden=32, embedding=32, bigram_buckets=1009)
     torch.manual_seed(0)
     model = CasRelModel(enc, CasRelHead(hidden_size=32, num_relations=5)).eval()
-    batch = tok(texts[:6], padding=True, return_tensors="pt")
+    batch = padded_batch(tok, texts[:6])
     att = batch["attention_mask"]
     content = att.clone()
     content[:, 0] = 0

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from helpers import count_ops
+from helpers import count_ops, padded_batch
 
 from spanflow.batching.align import IGNORE, Window
 from spanflow.batching.sampling import epoch_indices, rarity_weights
@@ -245,7 +245,7 @@ def test_gradient_checkpointing_keeps_gradients(tmp_path, kind):
         if ckpt:
             enable_checkpointing(enc)
             assert is_checkpointing(enc)
-        batch = tok(texts[:4], padding=True, return_tensors="pt")
+        batch = padded_batch(tok, texts[:4])
         torch.manual_seed(5)  # same dropout masks; checkpointing replays the RNG state in recompute
         model(batch["input_ids"], batch["attention_mask"]).square().mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
