@@ -105,6 +105,9 @@ def main() -> None:
         ap.error(f"--modes: unknown mode {', '.join(unknown)} (modes: {', '.join(MODES)})")
     if "eager" not in modes:
         ap.error("--modes: the table compares with eager; include it")
+    if "compile_cudagraphs" in modes and device.type != "cuda":
+        ap.error("--modes: compile_cudagraphs needs a CUDA device (CUDA graphs)")
+    modes.sort(key=lambda m: m != "eager")  # eager first: each row's ratio is known as it is saved
     rows = []
     for r in range(a.repeats):
         for mode in modes if r % 2 == 0 else modes[::-1]:
@@ -115,18 +118,23 @@ def main() -> None:
                 raise SystemExit(f"mode {mode} failed ({p.returncode}):\n{p.stderr[-3000:]}")
             rows.append({"repeat": r, **row})
             print(rows[-1], flush=True)
+            path = save(a, device, rows)  # after every mode: a run cut short keeps the rows it has
+    print(f"wrote {path}")
+
+
+def save(a, device: torch.device, rows: list[dict]) -> str:
+    """The rows so far, each against the median eager step so far."""
     eager = median([x["step_ms"] for x in rows if x["mode"] == "eager"])
     for x in rows:
         x["step_vs_eager"] = round(x["step_ms"] / eager, 2)
     cmd = "python bench/compile_train_step.py " + " ".join(sys.argv[1:])
     note = (f"`{cmd.strip()}`; the native encoder ({'offline MiniLM config' if default_minilm() else 'MiniLM shape'}, "
             f"random weights) forward + backward under {a.precision} autocast on {device.type}, shapes {SHAPES} "
-            "cycling; "
-            "first_pass_s: the first pass over the shapes (compiling); step_ms: median of the passes after; "
-            "step_vs_eager: over the median eager step")
-    path = write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "device": str(device), "shapes": SHAPES},
+            "cycling; first_pass_s: the first pass over the shapes (compiling); step_ms: median of the passes "
+            "after; step_vs_eager: over the median eager step")
+    return write_results(a.out, a.name, {"description": note, "command": cmd.strip(), "device": str(device),
+                                         "shapes": SHAPES},
                          rows, ["repeat", "mode", "first_pass_s", "step_ms", "step_vs_eager"])
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

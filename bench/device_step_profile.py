@@ -17,6 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
 from common import default_minilm, median, write_results  # noqa: E402
@@ -27,6 +28,38 @@ from spanflow.training.options import TrainOptions  # noqa: E402
 def device_us(event) -> float:
     """An averaged event's own time on the accelerator (µs); torch renamed the field once."""
     return float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0) or 0)
+
+
+def is_kernel(event) -> bool:
+    """A kernel (or copy) that ran on the accelerator. An operator's own device time is its
+    kernels' time again, and a user annotation spans others: counting either counts twice."""
+    return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
+
+
+def profiled(a, data, model: str, acts: list, cuda: bool) -> tuple[list[float], object, object]:
+    """(the end time of every optimizer step, the profiler, the trained model): the training
+    loop's optimizer step, patched for the run, ends each step and advances the profile."""
+    from spanflow.tasks.ner import train_ner
+
+    ends: list[float] = []
+    real = loop.optimizer_step
+
+    def step(*args, **kw):
+        real(*args, **kw)
+        if cuda:
+            torch.cuda.synchronize()  # the bench's own sync: a step's time includes its kernels
+        ends.append(time.perf_counter())
+        prof.step()
+
+    loop.optimizer_step = step
+    try:
+        with profile(activities=acts, schedule=schedule(wait=a.skip, warmup=1, active=a.steps, repeat=1)) as prof:
+            with tempfile.TemporaryDirectory() as out:
+                opts = TrainOptions(max_steps=a.skip + 1 + a.steps, log_every=0)
+                trained = train_ner(data, None, model=model, out_dir=out, options=opts, log_fn=lambda s: None)
+    finally:
+        loop.optimizer_step = real
+    return ends, prof, trained
 
 
 def main() -> None:
@@ -41,50 +74,38 @@ def main() -> None:
     a = ap.parse_args()
     from spanflow.data.io import read_ner
     from spanflow.data.synthetic import synthetic_ner
-    from spanflow.tasks.ner import train_ner
 
     model = a.model or default_minilm() or "tiny"
     data = read_ner(a.train) if a.train else synthetic_ner(2000, seed=1)
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    ends: list[float] = []
-    real = loop.optimizer_step
-
-    def step(*args, **kw):  # the loop's optimizer step, timed at its end, advancing the profiler's schedule
-        real(*args, **kw)
-        if cuda:
-            torch.cuda.synchronize()  # the bench's own sync: a step's time includes its kernels
-        ends.append(time.perf_counter())
-        prof.step()
-
-    loop.optimizer_step = step
-    with profile(activities=acts, schedule=schedule(wait=a.skip, warmup=1, active=a.steps, repeat=1)) as prof:
-        with tempfile.TemporaryDirectory() as out:
-            opts = TrainOptions(max_steps=a.skip + 1 + a.steps, log_every=0)
-            trained = train_ner(data, None, model=model, out_dir=out, options=opts, log_fn=lambda s: None)
-    loop.optimizer_step = real
-    window = ends[a.skip + 1:a.skip + 1 + a.steps]
+    ends, prof, trained = profiled(a, data, model, acts, cuda)
+    # profiled: the optimizer steps skip+1 .. skip+steps (0-based), each timed from the end of the one before
+    window = ends[a.skip:a.skip + 1 + a.steps]
     step_ms = median([(b - e) * 1e3 for e, b in zip(window, window[1:])]) if len(window) > 1 else None
     events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    ops = [e for e in events if e.key.startswith("aten::")]
-    host_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / a.steps
-    device_ms = sum(device_us(e) for e in events) / 1e3 / a.steps
+    host_events = [e for e in events if e.device_type == DeviceType.CPU]
+    kernels = [e for e in events if is_kernel(e)]
+    host_ms = sum(e.self_cpu_time_total for e in host_events) / 1e3 / a.steps
+    device_ms = sum(device_us(e) for e in kernels) / 1e3 / a.steps
     rows = []
-    for side, key in (("host", lambda e: e.self_cpu_time_total), ("device", device_us)):
-        for e in sorted(events, key=key, reverse=True)[:a.top]:
+    for side, kind, key in (("host", host_events, lambda e: e.self_cpu_time_total), ("device", kernels, device_us)):
+        for e in sorted(kind, key=key, reverse=True)[:a.top]:
             if key(e) > 0:
                 rows.append({"side": side, "operator": e.key, "calls_per_step": e.count / a.steps,
                              "ms_per_step": key(e) / 1e3 / a.steps})
     summary = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "precision": trained.policy.name,
                "step_ms": step_ms, "host_ms_per_step": host_ms, "device_busy_ms_per_step": device_ms if cuda else None,
                "device_busy_share": device_ms / step_ms if cuda and step_ms else None,
-               "aten_calls_per_step": sum(e.count for e in ops) / a.steps, "profiled_steps": a.steps}
+               "aten_calls_per_step": sum(e.count for e in host_events if e.key.startswith("aten::")) / a.steps,
+               "profiled_steps": a.steps}
     print(summary, flush=True)
     path = write_results(a.out, a.name, {
         "description": "the training loop of `spanflow train ner` (default flags) under torch.profiler: "
                        f"{a.steps} optimizer steps after {a.skip + 1}; step time the median between step ends "
                        "(synchronized on a GPU); host time the operators' own CPU time, device time their own kernel "
-                       "time, each per step. " + ", ".join(f"{k} {round(v, 3) if isinstance(v, float) else v}"
+                       "time, each per step (kernels and copies only: an operator's device time is its kernels'), aten calls "
+                       "nested ones included. " + ", ".join(f"{k} {round(v, 3) if isinstance(v, float) else v}"
                                                            for k, v in summary.items()),
         "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
         "data": a.train or "synthetic", **summary},

@@ -29,7 +29,7 @@ if [ -n "${MODEL:-}" ]; then args+=(--model "$MODEL"); fi
 [ -f "$DATA/webnlg/train_triples.json" ] && args+=(--re "$DATA/webnlg/train_triples.json")
 [ -f "$DATA/stsb/stsb-en-train.csv" ] && args+=(--pairs "$DATA/stsb/stsb-en-train.csv")
 rc=0
-timeout "${LIMIT_S:-220}" $PY bench/roofline.py "${args[@]}" || rc=$?
+timeout "${LIMIT_S:-200}" $PY bench/roofline.py "${args[@]}" || rc=$?
 # where a real training step's time goes: the host issuing operators against the GPU's kernels
 prof=(--out "$OUT")
 if [ "${1:-}" = "--dry-run" ]; then prof=(--steps 3 --skip 2 --out "$(mktemp -d)"); fi
@@ -38,7 +38,7 @@ if [ -n "${MODEL:-}" ]; then prof+=(--model "$MODEL"); fi
 timeout "${PROFILE_S:-60}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$?
 # whole default runs on the GPU (minutes, so not in a dry run): dev F1 per epoch against wall time
 if [ "${1:-}" != "--dry-run" ]; then
-    model=${MODEL:-$($PY -c 'import sys; sys.path.insert(0, "bench"); from common import default_minilm; print(default_minilm() or "tiny")')}
+    model=${MODEL:-$($PY -c 'import sys; sys.path.insert(0, "bench"); from common import default_minilm; print(default_minilm() or "tiny")' || echo tiny)}
     run() {  # name, seconds, then the command's arguments
         local name=$1 limit=$2; shift 2
         { time timeout "$limit" $PY -m spanflow train "$@" --model "$model" --out "$(mktemp -d)"; } \
@@ -50,7 +50,7 @@ if [ "${1:-}" != "--dry-run" ]; then
     [ -f "$DATA/webnlg/dev_triples.json" ] && run webnlg "${TRAIN_S:-90}" re --train "$DATA/webnlg/train_triples.json" \
         --dev "$DATA/webnlg/dev_triples.json"
     # the training step eager, compiled, and captured as CUDA graphs (torch.compile's reduce-overhead)
-    timeout "${COMPILE_S:-130}" $PY bench/compile_train_step.py --repeats 1 --modes eager,compile_dynamic,compile_cudagraphs \
+    timeout "${COMPILE_S:-120}" $PY bench/compile_train_step.py --repeats 1 --modes eager,compile_dynamic,compile_cudagraphs \
         --name gpu_compile_train_step --out "$OUT" || rc=$?
 fi
 exit $rc

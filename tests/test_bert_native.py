@@ -152,6 +152,33 @@ def test_gpu_attention_leaves_out_cudnn_and_gives_the_same_outputs(monkeypatch):
     torch.testing.assert_close(y, real(q, k, v, attn_mask=mask))
 
 
+def test_gpu_attention_compiles_whole(monkeypatch):
+    # a compiled server runs the same attention: the backend choice traces into the graph
+    from spanflow.models.bert import _sdpa_without_cudnn
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g) for _ in range(3))
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    mask[0, ..., 4:] = False
+    compiled = torch.compile(_sdpa_without_cudnn, fullgraph=True, dynamic=True)  # a graph break raises
+    torch.testing.assert_close(compiled(q, k, v, mask, 0.0), _sdpa_without_cudnn(q, k, v, mask, 0.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
+def test_gpu_attention_gives_the_default_backends_outputs_on_a_gpu():
+    import torch.nn.functional as F
+
+    from spanflow.models.bert import _sdpa_without_cudnn
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(3, 4, 37, 16, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 37, dtype=torch.bool, device="cuda")
+    mask[1, ..., 20:] = False
+    torch.testing.assert_close(_sdpa_without_cudnn(q, k, v, mask, 0.0),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 def test_a_training_step_on_a_gpu_takes_no_cudnn_attention(bert_dir, monkeypatch):

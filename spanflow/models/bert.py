@@ -64,7 +64,7 @@ class SelfAttention(nn.Module):
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if self.training and x.device.type == "cpu":
             y = _train_attention(q, k, v, mask, self.p)
-        elif x.device.type == "cuda" and not torch.compiler.is_compiling():
+        elif x.device.type == "cuda":
             y = _sdpa_without_cudnn(q, k, v, mask, self.p if self.training else 0.0)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0)
@@ -93,9 +93,20 @@ def _sdpa_without_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     """scaled_dot_product_attention with every backend but cuDNN's. cuDNN builds an execution
     graph for each new shape, on the host, forward and backward apart; batches sized by a token
     budget come in many shapes, so on a GPU a training step spent most of its time building them
-    (bench/results/device_step_profile.md). The memory-efficient kernel takes the padding mask."""
+    (bench/results/device_step_profile.md). The memory-efficient kernel takes the padding mask.
+    Under torch.compile the choice is traced into the graph, where dynamo can trace it."""
+    if torch.compiler.is_compiling() and not _dynamo_traces_sdpa_kernel():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # no graph break per layer
     with sdpa_kernel(_NOT_CUDNN):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+
+def _dynamo_traces_sdpa_kernel() -> bool:
+    """Whether this torch's dynamo traces `sdpa_kernel` (older ones break the graph at it). Asked
+    only while compiling, when dynamo is imported already: importing it costs a short job its start."""
+    from torch._dynamo import variables
+
+    return hasattr(variables, "SDPAKernelVariable")
 
 
 _NOT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

@@ -229,7 +229,7 @@ def build_tiny(texts: list[str], *, vocab_size: int = 4000, hidden: int = 256, e
     """
     from spanflow.models.tiny import TinyModel, tiny_config
 
-    tokenizer = wordpiece(texts, vocab_size)  # transformers' import is a second of a short run
+    tokenizer = wordpiece(texts, vocab_size)  # without importing transformers: a short run's start
     if bigram_buckets is None:
         bigram_buckets = min(100_003, max(1009, 4 * _distinct_bigrams(tokenizer, texts)))
     cfg = tiny_config(vocab_size=len(tokenizer), embedding_size=embedding, hidden_size=hidden,
