@@ -19,6 +19,14 @@ def default_minilm() -> str | None:
     return str(get_model_path())
 
 
+def model_name(model: str) -> str:
+    """What results call a model: `tiny`, the offline MiniLM by its name, any other directory by
+    its own name (never this machine's path to it)."""
+    if model == "tiny":
+        return model
+    return "all-MiniLM-L6-v2" if model == default_minilm() else os.path.basename(os.path.normpath(model))
+
+
 def machine() -> dict:
     from spanflow.monitor.device import cpu_description
 

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
-from common import default_minilm, median, write_results  # noqa: E402
+from common import default_minilm, median, model_name, write_results  # noqa: E402
 from spanflow.training import loop  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
@@ -107,7 +107,7 @@ def main() -> None:
                        "time, each per step (kernels and copies only: an operator's device time is its kernels'), aten calls "
                        "nested ones included. " + ", ".join(f"{k} {round(v, 3) if isinstance(v, float) else v}"
                                                            for k, v in summary.items()),
-        "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
+        "model": model_name(model),
         "data": a.train or "synthetic", **summary},
         rows, ["side", "operator", "calls_per_step", "ms_per_step"])
     print(f"wrote {path}")

@@ -31,7 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import anonymise, default_minilm, write_results  # noqa: E402
+from common import anonymise, default_minilm, model_name, write_results  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "stsb")
 METRICS = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
@@ -239,13 +239,12 @@ def main() -> None:
         mem = memory(a, work, mem_file["path"], a.max_tokens)
         for f in files.values():
             f.pop("path")
-        model_name = "all-MiniLM-L6-v2" if a.model == default_minilm() else os.path.basename(a.model.rstrip("/"))
         md = write_results(a.out, "embed_ranking", {
-            "description": f"STS-B pairs scored >= {a.min_score:g} as (anchor, positive); model {model_name}; "
+            "description": f"STS-B pairs scored >= {a.min_score:g} as (anchor, positive); model {model_name(a.model)}; "
                            "retrieval on the dev pairs (each positive among all dev positives) before and after "
                            "`spanflow train embed` with its defaults (ranking loss, in-batch negatives)",
             "files": files, "quality_run": quality_run, "memory_data": mem_data, "memory": mem,
-            "args": {**vars(a), "model": model_name, "train": os.path.basename(a.train),
+            "args": {**vars(a), "model": model_name(a.model), "train": os.path.basename(a.train),
                      "dev": os.path.basename(a.dev)}},
             rows, ["model", *METRICS, "whole_process_s", "epochs"])
         append_md(md, quality_run, mem, mem_data, a)

@@ -39,10 +39,11 @@ timeout "${PROFILE_S:-60}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$
 # whole default runs on the GPU (minutes, so not in a dry run): dev F1 per epoch against wall time
 if [ "${1:-}" != "--dry-run" ]; then
     model=${MODEL:-$($PY -c 'import sys; sys.path.insert(0, "bench"); from common import default_minilm; print(default_minilm() or "tiny")' || echo tiny)}
-    run() {  # name, seconds, then the command's arguments
-        local name=$1 limit=$2; shift 2
-        { time timeout "$limit" $PY -m spanflow train "$@" --model "$model" --out "$(mktemp -d)"; } \
-            >"$OUT/gpu_train_$name.log" 2>&1 || rc=$?
+    run() {  # name, seconds, then the command's arguments; the log says OUT for the run's directory
+        local name=$1 limit=$2 out; shift 2
+        out=$(mktemp -d)
+        { time timeout "$limit" $PY -m spanflow train "$@" --model "$model" --out "$out"; } 2>&1 \
+            | sed "s#$out#OUT#g" >"$OUT/gpu_train_$name.log" || rc=$?
         tail -3 "$OUT/gpu_train_$name.log"
     }
     [ -f "$DATA/wnut17/dev.conll" ] && run wnut17 "${TRAIN_S:-90}" ner --train "$DATA/wnut17/train.conll" \

@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import default_minilm, write_results  # noqa: E402
+from common import default_minilm, model_name, write_results  # noqa: E402
 from spanflow.monitor.device import peak_flops  # noqa: E402
 from spanflow.monitor.report import train_flops_per_token  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
@@ -214,7 +214,7 @@ def save(a, model: str, rows: list[dict]) -> None:
                        f"{a.texts} texts, median of {a.repeats} passes after a warm-up; serve: the dynamic batcher "
                        f"in-process, {CONCURRENCY} concurrent one-text requests, no HTTP",
         "jobs": a.jobs,
-        "model": model if model == "tiny" else ("all-MiniLM-L6-v2" if model == default_minilm() else model),
+        "model": model_name(model),
         "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic", "pairs": a.pairs or "synthetic"},
         "predict_models": {task: getattr(a, f"{task}_model") or f"the train row's, after {a.steps} steps"
                            for task in ("ner", "re") if f"predict-{task}" in [j.strip() for j in a.jobs.split(",")]}},

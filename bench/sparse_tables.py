@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import default_minilm, median, write_results  # noqa: E402
+from common import default_minilm, median, model_name, write_results  # noqa: E402
 
 
 def one_run(task: str, data: str | None, model: str, steps: int, skip: int, dense: bool,
@@ -138,7 +138,7 @@ def main() -> None:
         "description": f"training steps with default flags, {a.steps} optimizer steps per fresh process, the "
                        f"first {a.skip} left out; vocabulary table dense vs sparse, {a.repeats} runs each, alternating"
                        + ("; every large table may go sparse (--any-table)" if a.any_table else ""),
-        "model": "all-MiniLM-L6-v2" if model == default_minilm() else model,
+        "model": model_name(model),
         "data": {"ner": a.ner or "synthetic", "re": a.re or "synthetic"}},
         rows, ["task", "table", "run", "mean_step_ms", "median_step_ms", "minflt_per_step", "steps", "sparse_tables"])
 

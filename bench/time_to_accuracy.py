@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import default_minilm, write_results  # noqa: E402
+from common import default_minilm, model_name, write_results  # noqa: E402
 from ner_train_vs_hf_trainer import hf_dev_f1, hf_features  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
@@ -263,15 +263,14 @@ def main() -> None:
             r["spanflow_time_ratio"] = reach / r["train_s"] if reach is not None else None
             print(f"{r['run']}: final dev {metric} {r['final_f1']:.4f} in {r['train_s']:.0f} s; spanflow reaches it in "
                   + (f"{reach:.0f} s ({reach / r['train_s']:.2f}x the time)" if reach is not None else "never"))
-    model_name = "all-MiniLM-L6-v2" if model == default_minilm() else os.path.basename(model.rstrip("/"))
     what = "dev Spearman (cosine against the gold score)" if a.task == "embed" else "dev F1 (exact spans)"
     md = write_results(a.out, f"time_to_accuracy_{a.name}",
-                       {"description": f"{a.name} ({a.task}), model {model_name}, epochs "
+                       {"description": f"{a.name} ({a.task}), model {model_name(model)}, epochs "
                                        f"{a.epochs or 'spanflow default / others ' + ('4' if a.task == 'embed' else '3')}"
                                        f"; {what} after each epoch against cumulative training seconds, evaluation "
                                        "excluded; wall_s_with_eval: the run's whole time, evaluation included",
                         "metric": metric,
-                        "args": {**vars(a), "model": model_name, "train": os.path.basename(a.train),
+                        "args": {**vars(a), "model": model_name(model), "train": os.path.basename(a.train),
                                  "dev": os.path.basename(a.dev)}},
                        rows, ["run", "epochs", "final_f1", "best_f1", "train_s", "wall_s_with_eval",
                               "spanflow_s_to_this_f1", "spanflow_time_ratio", "real_tokens_per_s",

@@ -107,12 +107,11 @@ def load(path: str) -> FastTokenizer | None:
 
 
 def from_backend(backend, *, special: dict[str, str], model_max_length: int) -> FastTokenizer:
-    """A tokenizer built in this process (`tiny`'s WordPiece), with the files that `load` and
-    transformers' fast tokenizer read back. `special` maps cls_token, sep_token, pad_token,
-    unk_token and mask_token to their tokens, which the backend's vocabulary holds."""
+    """A tokenizer built in this process (`tiny`'s WordPiece: a backend with no truncation or
+    padding set), with the files that `load` and transformers' fast tokenizer read back. `special`
+    maps cls_token, sep_token, pad_token, unk_token and mask_token to their tokens, which the
+    backend's vocabulary holds."""
     backend.add_special_tokens(list(special.values()))  # a literal "[SEP]" in a text is the token, as in transformers
-    backend.no_truncation()
-    backend.no_padding()
     config = {"backend": "tokenizers", "tokenizer_class": "PreTrainedTokenizerFast", **special,
               "model_max_length": model_max_length}
     files = {"tokenizer.json": backend.to_str().encode(),
