@@ -10,6 +10,11 @@ BERT for its own steps only, and counts the calls that reached its patch: a leve
 longer reaches the code it changes fails the run instead of measuring nothing.
 
 Levers (all on by default; `--levers a,b` picks):
+  fp32_residual         the layers' residual stream in fp32, as autocast leaves it, instead of
+                        the products' bf16 (what models/bert.residual_stream gains)
+  pcg_masks             dropout's random words from numpy's PCG64 (seeded from torch's
+                        generator) instead of torch's Mersenne Twister, faster per word
+  bf16_softmax          the attention's softmax returning bf16 instead of fp32 then a cast
   free_dropout_masks    every dropout mask drawn once and reused: what a cost-free generator
                         of masks would save (an upper bound, not a candidate)
   no_attention_dropout  no dropout on the attention probabilities (changes the training)
@@ -101,6 +106,33 @@ def lever(name: str, calls: list[int]) -> Callable[[], contextlib.AbstractContex
         return lambda: patched(bert.SelfAttention, "forward", _fused_qkv(calls))
     if name == "compiled_tail":
         return lambda: patched(bert.DenseNorm, "forward", _compiled_tail(calls))
+    if name == "pcg_masks":
+        import numpy as np
+
+        def pcg(shape, p):
+            calls[0] += 1
+            n = math.prod(shape)
+            seed = int(torch.randint(0, 1 << 62, ()))
+            words = torch.from_numpy(np.random.PCG64(seed).random_raw((n + 3) // 4).view(np.int64))
+            lanes = words.view(torch.int16)[:n].view(shape)
+            return lanes >= min(drop._drops(p), drop._SPAN - 1) - drop._SPAN // 2
+
+        return lambda: patched(drop, "keep_mask", pcg)
+    if name == "bf16_softmax":
+        def attention(q, k, v, mask, p):
+            calls[0] += 1
+            s = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-1, -2)
+            if mask is not None:
+                s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+            return drop.dropout(torch.softmax(s, -1), p, True) @ v
+
+        return lambda: patched(bert, "_train_attention", attention)
+    if name == "fp32_residual":
+        def fp32(x, low):
+            calls[0] += 1
+            return x
+
+        return lambda: patched(bert, "residual_stream", fp32)
     if name == "double_tokens":  # the same code on larger steps (main doubles the texts)
         return contextlib.nullcontext
     raise ValueError(f"unknown lever {name}")
@@ -140,7 +172,7 @@ def _compiled_tail(calls: list[int]):
     return forward
 
 
-LEVERS = ("free_dropout_masks", "no_attention_dropout", "bool_masks", "fused_qkv", "compiled_tail", "double_tokens")
+LEVERS = ("fp32_residual", "pcg_masks", "bf16_softmax", "free_dropout_masks", "no_attention_dropout", "bool_masks", "fused_qkv", "compiled_tail", "double_tokens")
 
 
 def main() -> None:

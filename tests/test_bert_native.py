@@ -192,3 +192,31 @@ def test_a_training_step_on_a_gpu_takes_no_cudnn_attention(bert_dir, monkeypatch
         h = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
     h.float().square().mean().backward()
     assert seen and all(s == (False, True) for s in seen), seen
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_cpu_low_precision_keeps_the_residual_stream_in_bf16(bert_dir, training):
+    """Under CPU bf16 autocast the layers pass bf16 rows to each other (autocast's layer norms
+    would return fp32 and every product cast it again), and the outputs stay within bf16
+    rounding of fp32's."""
+    d, ref, tok = bert_dir
+    native = load_native(str(d)).train(training)
+    seen: list[torch.dtype] = []
+    hooks = [layer.register_forward_hook(lambda m, args, out: seen.extend([args[0].dtype, out.dtype]))
+             for layer in native.encoder.layer]
+    b = tok(TEXTS, padding=True, return_tensors="pt")
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = native(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state
+    for hook in hooks:
+        hook.remove()
+    assert seen and set(seen) == {torch.bfloat16} and h.dtype == torch.bfloat16
+    if training:  # and it trains: every parameter takes a gradient through the bf16 stream
+        h.float().pow(2).mean().backward()
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all()
+                   for p in native.parameters())
+    else:
+        keep = b["attention_mask"].bool()
+        assert torch.allclose(h[keep].float(), outputs(ref, tok), atol=0.05, rtol=0.02)
+    with torch.no_grad():  # fp32 (no autocast) keeps fp32 throughout
+        assert native(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).last_hidden_state.dtype == torch.float32

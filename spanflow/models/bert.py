@@ -194,6 +194,7 @@ class NativeBert(nn.Module):
         # low-precision product, rounded up to one of a few row counts (models/linear.py)
         low = low_precision(x, self.encoder.layer[0].attention.self.query.weight) if self.encoder.layer else None
         rows = rounded_rows(m) if low is not None and m else m
+        x = residual_stream(x, low)
         flat = x.reshape(m, h) if rows == m else F.pad(x.reshape(m, h), (0, 0, 0, rows - m))
         recompute = self.gradient_checkpointing and self.training
         for layer in self.encoder.layer:
@@ -204,6 +205,14 @@ class NativeBert(nn.Module):
     def save_pretrained(self, path: str, **_) -> None:
         """config.json and model.safetensors, readable by transformers' BertModel as well."""
         write_encoder(path, self)
+
+
+def residual_stream(x: torch.Tensor, low: torch.dtype | None) -> torch.Tensor:
+    """The layers' input in the CPU products' low precision, where there is one: autocast would
+    keep the residual stream in fp32 (its layer norms return fp32), and every product cast it
+    again, forward and backward. In bf16 the products take it as it is and the adds and layer
+    norms move half the bytes; layer norm still sums in fp32 (bench/results/step_levers_residual.md)."""
+    return x if low is None else x.to(low)
 
 
 BERT_DEFAULTS = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1,
