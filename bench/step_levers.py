@@ -111,11 +111,9 @@ def lever(name: str, calls: list[int]) -> Callable[[], contextlib.AbstractContex
 
         def pcg(shape, p):
             calls[0] += 1
-            n = math.prod(shape)
             seed = int(torch.randint(0, 1 << 62, ()))
-            words = torch.from_numpy(np.random.PCG64(seed).random_raw((n + 3) // 4).view(np.int64))
-            lanes = words.view(torch.int16)[:n].view(shape)
-            return lanes >= min(drop._drops(p), drop._SPAN - 1) - drop._SPAN // 2
+            words = np.random.PCG64(seed).random_raw((math.prod(shape) + 3) // 4).view(np.int64)
+            return drop.keep_from_words(torch.from_numpy(words), shape, p)
 
         return lambda: patched(drop, "keep_mask", pcg)
     if name == "bf16_softmax":

@@ -30,10 +30,14 @@ def _drops(p: float) -> int:
 def keep_mask(shape: torch.Size | tuple, p: float) -> torch.Tensor:
     """A boolean CPU tensor of `shape`, each element True with probability 1 - p (to 2^-17)."""
     n = math.prod(shape)
-    words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
+    return keep_from_words(torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1), shape, p)
+
+
+def keep_from_words(words: torch.Tensor, shape: torch.Size | tuple, p: float) -> torch.Tensor:
+    """keep_mask's mask from uniform random int64 `words`, at least a quarter as many as elements."""
     # four uniform 16-bit lanes per word; read as int16 they are uniform on [-2^15, 2^15), so
     # "lane >= drops - 2^15" holds with probability 1 - drops / 2^16 (drops < 2^16: no wrap)
-    lanes = words.view(torch.int16)[:n].view(shape)
+    lanes = words.view(torch.int16)[:math.prod(shape)].view(shape)
     return lanes >= min(_drops(p), _SPAN - 1) - _SPAN // 2
 
 
