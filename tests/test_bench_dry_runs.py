@@ -1,7 +1,7 @@
 """The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
 jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data, and
-bench/train_step_profile.py, bench/step_levers.py, bench/tiny_recurrence.py and
-bench/device_step_profile.py on short runs."""
+bench/train_step_profile.py, bench/step_levers.py, bench/tiny_recurrence.py,
+bench/device_step_profile.py and bench/crf_likelihood.py on short runs."""
 from __future__ import annotations
 
 import json
@@ -125,3 +125,14 @@ def test_compile_train_step_runs_the_modes_it_is_given_on_this_device(tmp_path):
         p = subprocess.run([sys.executable, bench, "--modes", "eager,compile_cudagraphs"], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and "needs a CUDA device" in p.stderr
+
+
+def test_crf_likelihood_bench_compares_the_three_ways(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "crf_likelihood.py"), "--rows", "4", "--tokens",
+                        "10", "--words", "6", "--passes", "2", "--out", str(tmp_path), "--name", "crf"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {r["way"]: r for r in json.load(open(tmp_path / "crf.json"))["rows"]}
+    assert set(rows) == {"autograd", "closed_form", "words"}
+    assert all(r["grad_diff"] < 1e-4 and r["loss_rel_diff"] < 1e-5 and r["ms"] > 0 for r in rows.values()), rows
+    assert rows["words"]["aten_ops"] < rows["closed_form"]["aten_ops"] < rows["autograd"]["aten_ops"], rows

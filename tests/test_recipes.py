@@ -62,6 +62,93 @@ def test_crf_nll_and_viterbi_match_enumeration_over_ragged_rows():
         assert best[r, :n].tolist() == list(paths[int(scores.argmax())])
 
 
+def _leaf_grads(crf, em, fn):
+    for t in (em, *crf.parameters()):
+        t.grad = None
+    fn().backward()
+    return [t.grad.clone() for t in (em, crf.transitions, crf.start, crf.end)]
+
+
+def test_crf_nll_gradients_match_enumeration_over_ragged_rows():
+    """The closed-form backward (forward-backward marginals) against autograd through every path."""
+    crf = _crf(1)
+    C, lengths = len(ID2LABEL), [4, 3, 1, 0]
+    em = torch.randn(4, 4, C, requires_grad=True)
+    mask = torch.arange(4)[None] < torch.tensor(lengths)[:, None]
+    tags = torch.randint(0, C, (4, 4))
+    w = torch.tensor([0.7, -1.3, 2.0, 0.5])
+
+    def enumerated():
+        rows = []
+        for r, n in enumerate(lengths):
+            if n == 0:
+                rows.append(em.sum() * 0)
+                continue
+            scores = torch.stack([_path_score(crf, em[r], list(p)) for p in itertools.product(range(C), repeat=n)])
+            rows.append(torch.logsumexp(scores, 0) - _path_score(crf, em[r], tags[r, :n].tolist()))
+        return (torch.stack(rows) * w).sum()
+
+    got = _leaf_grads(crf, em, lambda: (crf.nll(em, tags, mask) * w).sum())
+    want = _leaf_grads(crf, em, enumerated)
+    for g, e, name in zip(got, want, ["emissions", "transitions", "start", "end"]):
+        assert torch.allclose(g, e, atol=1e-4), name
+    assert got[0][3].abs().sum() == 0  # an empty row gets no gradient
+
+
+def _graph_nodes(t: torch.Tensor) -> int:
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        f = todo.pop()
+        if f is not None and f not in seen:
+            seen.add(f)
+            todo.extend(n for n, _ in f.next_functions)
+    return len(seen)
+
+
+def test_crf_nll_records_no_operator_per_word():
+    """The recursion over the words runs outside autograd: the graph is as large for 24 words as for 3
+    (autograd through the loop recorded several nodes a word, each replayed by the host backward)."""
+    crf = _crf()
+    sizes = []
+    for n in (3, 24):
+        em = torch.randn(2, n, len(ID2LABEL), requires_grad=True)
+        mask = torch.arange(n)[None] < torch.tensor([n, n - 1])[:, None]
+        sizes.append(_graph_nodes(crf.nll(em, torch.randint(0, len(ID2LABEL), (2, n)), mask).sum()))
+    assert sizes[0] == sizes[1], sizes
+
+
+def test_crf_nll_runs_in_fp32_under_bf16_autocast():
+    crf = _crf()
+    em = torch.randn(3, 7, len(ID2LABEL))
+    mask = torch.arange(7)[None] < torch.tensor([7, 5, 2])[:, None]
+    tags = torch.randint(0, len(ID2LABEL), (3, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = crf.nll(em, tags, mask)
+    assert low.dtype == torch.float32
+    assert torch.allclose(low, crf.nll(em, tags, mask), atol=1e-5)
+
+
+def test_crf_head_nll_over_the_words_equals_over_the_tokens():
+    """The collation's count of labelled positions bounds the CRF's steps; the loss and its
+    gradients are those of the full token width."""
+    from spanflow.tasks.ner.features import make_collate
+
+    head = CrfTaggingHead(hidden_size=4, id2label=ID2LABEL)
+    windows = [Window(0, 0, 8, list(range(1, 9)), [IGNORE, 1, IGNORE, 2, 0, IGNORE, 0, IGNORE]),
+               Window(1, 0, 5, list(range(1, 6)), [IGNORE, 3, 4, IGNORE, IGNORE])]
+    batch = make_collate(0)(windows)
+    assert batch["labelled_width"] == 4 < batch["labels"].shape[1]
+    logits = torch.randn(2, 8, len(ID2LABEL), requires_grad=True)
+    grads = []
+    for words in (None, batch["labelled_width"]):
+        logits.grad = None
+        loss = head.nll(logits, batch["labels"], IGNORE, words)
+        loss.backward()
+        grads.append((loss.detach(), logits.grad.clone()))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-5)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-5)
+
+
 def test_crf_nll_backward_zero_fills_no_copy_of_the_emissions_per_step():
     """A step's emissions taken by indexing would zero-fill all the emissions per step in backward."""
     crf = _crf()

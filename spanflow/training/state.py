@@ -20,7 +20,8 @@ from spanflow.training.report_to import Reporters
 @dataclass
 class TaskHooks:
     """What a task gives the loop. Batches are dicts of CPU tensors plus host-side counts
-    `n_targets`, `real_tokens`, `padded_tokens` (so the loop never syncs to learn them)."""
+    `n_targets`, `real_tokens`, `padded_tokens` (so the loop never syncs to learn them);
+    `loss_fn` gets the tensors on the device and the host values as they are."""
 
     collate: Callable[[list], dict]
     loss_fn: Callable[[nn.Module, dict], torch.Tensor]  # summed loss over the batch's targets

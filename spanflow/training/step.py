@@ -37,7 +37,7 @@ def forward_backward(model: nn.Module, micro: list[dict], loss_fn, policy: Polic
     for k, b in enumerate(micro):
         if b["weight"] and meter is not None:
             meter.add_tokens(b["real_tokens"], b["padded_tokens"])
-        batch = {key: v.to(policy.device, non_blocking=True) for key, v in b.items() if torch.is_tensor(v)}
+        batch = {key: v.to(policy.device, non_blocking=True) if torch.is_tensor(v) else v for key, v in b.items()}
         sync = k == len(micro) - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if sync else model.no_sync()), policy.autocast():
             loss = loss_fn(model, batch) * (b["weight"] * world / n_targets)

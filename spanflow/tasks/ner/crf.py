@@ -1,9 +1,10 @@
-"""A linear-chain CRF over BIO tags: batched negative log-likelihood and Viterbi decoding,
-both on the device, over the word-initial positions of each window."""
+"""A linear-chain CRF over BIO tags: batched negative log-likelihood (its gradient in closed
+form) and Viterbi decoding, both on the device, over the word-initial positions of each window."""
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 _FORBIDDEN = -1e4
 
@@ -40,6 +41,64 @@ def compact(x: torch.Tensor, keep: torch.Tensor, width: int | None = None
     return x.gather(1, gather_index), index, mask
 
 
+def _log_product(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """log(exp(v) @ weights) for v (B, C), each row shifted by its max so that none overflows."""
+    m = v.amax(1, keepdim=True)
+    return ((v - m).exp_() @ weights).log_().add_(m)
+
+
+class LogPartition(torch.autograd.Function):
+    """log Z of a linear-chain CRF per row: (em (B, N, C), trans (C, C), start (C), end (C),
+    mask (B, N) left-aligned) -> (B,).
+
+    Autograd through the recursion over the words would record a dozen operators a word and
+    replay them backward. Here a step is a product with exp(trans - max(trans)) (a few
+    operators where logsumexp over (B, C, C) takes a dozen), nothing is recorded, and the
+    backward pass is the forward-backward algorithm: a second recursion for the scores of
+    what follows each word, then every gradient as marginals in a few whole-tensor
+    operators. On an accelerator the host issues each of those operators."""
+
+    @staticmethod
+    def forward(ctx, em, trans, start, end, mask):
+        with torch.autocast(em.device.type, enabled=False):
+            shift = trans.detach().amax()
+            steps = (em + shift).unbind(1)  # the product's exp(-shift) given back with each emission
+            cols, weights = mask.unsqueeze(2).unbind(1), (trans - shift).exp()
+            alpha = start + em[:, 0]
+            alphas = [alpha]
+            for t in range(1, em.shape[1]):  # a masked word (past the row's end) carries the row's scores on
+                alpha = torch.where(cols[t], _log_product(alpha, weights).add_(steps[t]), alpha)
+                alphas.append(alpha)
+            log_z = torch.logsumexp(alpha + end, 1)
+        ctx.save_for_backward(em, trans, end, mask, torch.stack(alphas, 1), log_z)
+        return log_z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        em, trans, end, mask, alphas, log_z = ctx.saved_tensors
+        with torch.autocast(em.device.type, enabled=False):
+            shift = trans.amax()
+            steps = (em + shift).unbind(1)
+            cols, weights = mask.unsqueeze(2).unbind(1), (trans - shift).exp().t()
+            # beta_t: the scores of every way on from each tag at word t, its own emission left
+            # out: the end scores at a row's last word (carried back from past it)
+            beta = end.expand(em.shape[0], -1)
+            betas = [beta]
+            for t in range(em.shape[1] - 1, 0, -1):
+                beta = torch.where(cols[t], _log_product(steps[t] + beta, weights), beta)
+                betas.append(beta)
+            betas = torch.stack(betas[::-1], 1)
+            w = g.unsqueeze(1) * mask  # (B, N): the upstream gradient at each word of its row
+            lz = log_z[:, None, None]
+            g_em = (alphas + betas - lz).exp_().mul_(w.unsqueeze(2))  # the words' tag marginals
+            g_end = (alphas[:, -1] + end - lz[:, 0]).exp_().mul_((g * mask[:, 0]).unsqueeze(1)).sum(0)
+            # consecutive words' pair marginals (B, N - 1, C, C), exact in log space
+            pair = alphas[:, :-1].unsqueeze(3) + trans + (em[:, 1:] + betas[:, 1:]).unsqueeze(2)
+            g_trans = (pair - lz.unsqueeze(3)).exp_().mul_(w[:, 1:, None, None]).sum((0, 1))
+        return g_em, g_trans, g_em[:, 0].sum(0), g_end, None
+
+
 class CRF(nn.Module):
     """Transition scores [from, to] plus start and end scores."""
 
@@ -54,26 +113,20 @@ class CRF(nn.Module):
     def _trans(self) -> torch.Tensor:
         return self.transitions + self.transition_mask
 
-    def nll(self, em: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Negative log-likelihood per row. em (B, N, C) float, tags (B, N), mask (B, N) left-aligned."""
-        B, N, C = em.shape
+    def gold_score(self, em: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The score of each row's tag path. em (B, N, C) float, tags (B, N), mask (B, N) left-aligned."""
         trans = self._trans()
-        lengths = mask.sum(1)
         tags = torch.where(mask, tags, torch.zeros_like(tags))
         gold = self.start[tags[:, 0]] + (em.gather(2, tags.unsqueeze(-1)).squeeze(-1) * mask).sum(1)
-        if N > 1:
+        if em.shape[1] > 1:
             gold = gold + (trans[tags[:, :-1], tags[:, 1:]] * mask[:, 1:]).sum(1)
-        last = tags.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        gold = gold + self.end[last]
-        # the steps' columns taken once: a slice per step would have its gradient zero-fill
-        # the whole (B, N, C) emissions at every step of the backward pass
-        ems, cols = em.unbind(1), mask.unsqueeze(2).unbind(1)
-        alpha = self.start + ems[0]  # (B, C)
-        for t in range(1, N):
-            nxt = torch.logsumexp(alpha.unsqueeze(2) + trans, dim=1) + ems[t]
-            alpha = torch.where(cols[t], nxt, alpha)
-        log_z = torch.logsumexp(alpha + self.end, dim=1)
-        return (log_z - gold) * (lengths > 0)
+        last = tags.gather(1, (mask.sum(1) - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        return gold + self.end[last]
+
+    def nll(self, em: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Negative log-likelihood per row (0 for an empty row); arguments as gold_score's."""
+        log_z = LogPartition.apply(em, self._trans(), self.start, self.end, mask)
+        return (log_z - self.gold_score(em, tags, mask)) * mask.any(1)
 
     def viterbi(self, em: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Best tag sequence per row, (B, N); positions past a row's length repeat its last tag."""

@@ -60,7 +60,9 @@ def make_collate(pad_id: int):
     def fn(windows: list) -> dict:
         batch = collate(windows, pad_id)
         lens = [len(w) for w in windows]
-        batch["n_targets"] = sum(sum(1 for x in w.labels if x != IGNORE) for w in windows)
+        labelled = [sum(1 for x in w.labels if x != IGNORE) for w in windows]
+        batch["n_targets"] = sum(labelled)
+        batch["labelled_width"] = max([1, *labelled])  # the CRF's steps: its words, not the row's tokens
         batch["real_tokens"] = sum(lens)
         batch["padded_tokens"] = max(lens) * len(lens)
         return batch
@@ -79,7 +81,7 @@ def make_ner_loss(*, label_smoothing: float = 0.0, class_weights: torch.Tensor |
         logits = model(batch["input_ids"], batch["attention_mask"])  # (B, T, C)
         head = getattr(model, "module", model).head  # DDP wraps the model; the head's params are still reduced
         if hasattr(head, "nll"):
-            return head.nll(logits, batch["labels"], IGNORE)
+            return head.nll(logits, batch["labels"], IGNORE, batch.get("labelled_width"))
         weight = class_weights.to(logits.device) if class_weights is not None else None
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), weight=weight,
                                ignore_index=IGNORE, reduction="sum", label_smoothing=label_smoothing)

@@ -41,10 +41,13 @@ class CrfTaggingHead(nn.Module):
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.proj(self.dropout(features["token_embeddings"]))  # emissions (B, T, C)
 
-    def nll(self, logits: torch.Tensor, labels: torch.Tensor, ignore: int) -> torch.Tensor:
-        """Summed negative log-likelihood of the labels at positions not equal to `ignore`."""
-        # width T rather than the most labelled positions: knowing that would cost a device sync per step
-        em, index, mask = compact(logits.float(), labels != ignore, width=labels.shape[1])
+    def nll(self, logits: torch.Tensor, labels: torch.Tensor, ignore: int, words: int | None = None) -> torch.Tensor:
+        """Summed negative log-likelihood of the labels at positions not equal to `ignore`.
+
+        `words`: the most labelled positions in a row, where the host knows it (the collation
+        counts them); else the width T, as reading it from the labels would cost a device sync.
+        """
+        em, index, mask = compact(logits.float(), labels != ignore, width=words or labels.shape[1])
         return self.crf.nll(em, labels.gather(1, index), mask).sum()
 
     def decode(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
