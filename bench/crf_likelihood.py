@@ -13,6 +13,7 @@ loss (relative) and of the emissions' gradient (largest) to `autograd`'s.
 
     python bench/crf_likelihood.py                        # WNUT-17's shape: 13 tags, 32 x 36
     python bench/crf_likelihood.py --rows 64 --tokens 48 --words 32 --types 18
+    python bench/crf_likelihood.py --device cuda       # where the host issuing operators is the cost
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--words", type=int, default=24, help="the most labelled positions in a row")
     ap.add_argument("--types", type=int, default=6, help="entity types (BIO: 2 x types + 1 tags)")
     ap.add_argument("--passes", type=int, default=60)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda [%(default)s]")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="crf_likelihood")
     a = ap.parse_args()
@@ -69,9 +71,15 @@ def main() -> None:
             p.normal_(0, 0.5)
     lengths = torch.randint(max(1, a.words // 2), a.words + 1, (a.rows,))
     lengths[0] = a.words
-    wide_mask = torch.arange(a.tokens)[None] < lengths[:, None]
-    em = torch.randn(a.rows, a.tokens, len(labels), requires_grad=True)
-    tags = torch.randint(0, len(labels), (a.rows, a.tokens))
+    dev = torch.device(a.device)
+    crf.to(dev)
+    wide_mask = (torch.arange(a.tokens)[None] < lengths[:, None]).to(dev)
+    em = torch.randn(a.rows, a.tokens, len(labels), device=dev, requires_grad=True)
+    tags = torch.randint(0, len(labels), (a.rows, a.tokens)).to(dev)
+
+    def wait() -> None:  # a GPU's kernels done, so the clock takes them
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     def nll(kind: str) -> torch.Tensor:
         width = a.words if kind == "words" else a.tokens
@@ -92,8 +100,10 @@ def main() -> None:
     times = {k: [] for k in kinds}
     for i in range(a.passes + 3):
         for k in (kinds if i % 2 == 0 else kinds[::-1]):
+            wait()
             t = time.perf_counter()
             run(k)
+            wait()
             if i >= 3:
                 times[k].append((time.perf_counter() - t) * 1e3)
     for k in kinds:
@@ -109,7 +119,7 @@ def main() -> None:
         print(rows[-1])
     write_results(a.out, a.name, {"description": f"the CRF head's likelihood forward + backward, {len(labels)} tags, "
                                                  f"{a.rows} rows of {a.tokens} tokens, at most {a.words} labelled "
-                                                 f"positions a row; median of {a.passes} alternating passes (ms); "
+                                                 f"positions a row, on {a.device}; median of {a.passes} alternating passes (ms); "
                                                  "aten_ops: operators dispatched per call; "
                                                  "loss_rel_diff: the summed loss's relative difference to autograd's; grad_diff: the emissions' gradient's largest",
                                   "shape": vars(a)},

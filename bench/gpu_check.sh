@@ -2,9 +2,10 @@
 # GPU check: every roofline job (bench/roofline.py: train NER, relations and embeddings; embed;
 # NER and relation predict; the server's batcher) in bf16 on one GPU, with NVML utilisation
 # sampled every 100 ms and MFU against the datasheet peak, into one JSON file (and its table);
-# then a training step split into host and GPU time (bench/device_step_profile.py) and whole
-# default training runs on WNUT-17 and WebNLG (gpu_train_*.log: dev F1 per epoch, wall time), and
-# the training step eager against compiled and CUDA graphs (gpu_compile_train_step). Each part has
+# then a training step split into host and GPU time (bench/device_step_profile.py),
+# the CRF head's likelihood autograd against closed form (gpu_crf_likelihood), whole default
+# training runs on WNUT-17 and WebNLG (gpu_train_*.log: dev F1 per epoch, wall time), and the
+# training step eager against compiled and CUDA graphs (gpu_compile_train_step). Each part has
 # its own time limit, in this order of priority, so one 10-minute device call returns them all:
 #   bash bench/gpu_check.sh             # on a GPU machine, in under 10 minutes
 #   bash bench/gpu_check.sh --dry-run   # anywhere (CPU too): a few steps each, that it runs
@@ -36,6 +37,11 @@ if [ "${1:-}" = "--dry-run" ]; then prof=(--steps 3 --skip 2 --out "$(mktemp -d)
 if [ -n "${MODEL:-}" ]; then prof+=(--model "$MODEL"); fi
 [ -f "$DATA/wnut17/train.conll" ] && prof+=(--train "$DATA/wnut17/train.conll")
 timeout "${PROFILE_S:-60}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$?
+# the CRF's likelihood as autograd recorded it and in closed form: on a GPU, operators the host issues
+if [ "${1:-}" != "--dry-run" ]; then
+    timeout "${CRF_S:-30}" $PY bench/crf_likelihood.py --device cuda --passes 20 --name gpu_crf_likelihood \
+        --out "$OUT" || rc=$?
+fi
 # whole default runs on the GPU (minutes, so not in a dry run): dev F1 per epoch against wall time
 if [ "${1:-}" != "--dry-run" ]; then
     model=${MODEL:-$($PY -c 'import sys; sys.path.insert(0, "bench"); from common import default_minilm; print(default_minilm() or "tiny")' || echo tiny)}
