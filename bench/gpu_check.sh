@@ -22,7 +22,7 @@ if [ "${1:-}" = "--dry-run" ]; then
     args=(--dry-run --precision "${PRECISION:-auto}" --name gpu_check)
 else
     $PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA device (--dry-run runs without one)'"
-    $PY -m spanflow doctor || echo "spanflow doctor failed: the jobs still run" >&2
+    timeout "${DOCTOR_S:-20}" $PY -m spanflow doctor || echo "spanflow doctor failed: the jobs still run" >&2
     args+=(--steps "${STEPS:-200}" --texts "${TEXTS:-20000}")
 fi
 if [ -n "${MODEL:-}" ]; then args+=(--model "$MODEL"); fi
@@ -39,7 +39,7 @@ if [ -n "${MODEL:-}" ]; then prof+=(--model "$MODEL"); fi
 timeout "${PROFILE_S:-60}" $PY bench/device_step_profile.py "${prof[@]}" || rc=$?
 # the CRF's likelihood as autograd recorded it and in closed form: on a GPU, operators the host issues
 if [ "${1:-}" != "--dry-run" ]; then
-    timeout "${CRF_S:-30}" $PY bench/crf_likelihood.py --device cuda --passes 20 --name gpu_crf_likelihood \
+    timeout "${CRF_S:-15}" $PY bench/crf_likelihood.py --device cuda --passes 20 --name gpu_crf_likelihood \
         --out "$OUT" || rc=$?
 fi
 # whole default runs on the GPU (minutes, so not in a dry run): dev F1 per epoch against wall time

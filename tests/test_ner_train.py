@@ -170,3 +170,21 @@ def test_early_stop_is_said_and_the_best_model_kept(tmp_path):
               options=small_opts(epochs=3, lr=1e-12, max_tokens=256, patience=2, warmup_ratio=0.0))
     assert not any("early stop" in s for s in lines), lines
     assert any(s.startswith("best dev F1") for s in lines)
+
+
+def test_the_step_gives_the_loss_the_batch_host_values_as_they_are():
+    """The collation's host counts (the CRF's labelled width among them) reach the loss as ints,
+    the tensors on the device: a step that dropped them would cost the CRF its word width."""
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.training.step import as_micro, forward_backward
+
+    model = torch.nn.Linear(3, 1)
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append((batch["labelled_width"], batch["x"].device.type))
+        return m(batch["x"]).sum()
+
+    batch = {"x": torch.ones(2, 3), "labelled_width": 4, "n_targets": 2, "real_tokens": 6, "padded_tokens": 6}
+    forward_backward(model, [as_micro(batch)], loss_fn, resolve_policy("fp32", "cpu"))
+    assert seen == [(4, "cpu")] and model.weight.grad is not None

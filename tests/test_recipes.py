@@ -1,5 +1,6 @@
 """Training recipes: CRF head, label smoothing, class weights, layer-wise lr decay,
 entity-aware sampling and gradient checkpointing."""
+import copy
 import itertools
 import math
 
@@ -95,6 +96,41 @@ def test_crf_nll_gradients_match_enumeration_over_ragged_rows():
     assert got[0][3].abs().sum() == 0  # an empty row gets no gradient
 
 
+def test_crf_nll_stays_exact_where_a_float32_product_would_underflow():
+    """I-A may follow only B-A or I-A; both 110 nats below O at the first word, then I-A 120 up:
+    a float32 product of exponentials loses every way into I-A (log 0), logsumexp does not."""
+    crf = CRF(len(ID2LABEL), bio_transition_mask(ID2LABEL))
+    em = torch.full((1, 2, len(ID2LABEL)), -110.0)
+    em[0, 0, 0] = 0.0
+    em[0, 1] = 0.0
+    em[0, 1, ID2LABEL.index("I-A")] = 120.0
+    em.requires_grad_()
+    tags = torch.tensor([[ID2LABEL.index("B-A"), ID2LABEL.index("I-A")]])
+    nll = crf.nll(em, tags, torch.ones(1, 2, dtype=torch.bool))
+    paths = list(itertools.product(range(len(ID2LABEL)), repeat=2))
+    exact, e64 = copy.deepcopy(crf).double(), em.detach().double()[0]
+    scores = torch.stack([_path_score(exact, e64, list(p)) for p in paths])
+    want = torch.logsumexp(scores, 0) - _path_score(exact, e64, tags[0].tolist())
+    assert torch.allclose(nll.double(), want, atol=1e-3), (nll, want)
+    nll.sum().backward()
+    assert torch.isfinite(em.grad).all() and em.grad.abs().max() <= 1 + 1e-5  # marginals minus indicators
+
+
+def test_crf_nll_gradients_stay_finite_whatever_the_unlabelled_slots_hold():
+    """Past a row's end the emissions are those of slots without a label (padding, subword
+    continuations): unbounded, and left out of every gradient."""
+    crf = _crf()
+    em = torch.randn(2, 5, len(ID2LABEL))
+    em[0, 3:] = 1e4
+    em[1, 1:] = -1e4
+    em.requires_grad_()
+    mask = torch.arange(5)[None] < torch.tensor([3, 1])[:, None]
+    crf.nll(em, torch.randint(0, len(ID2LABEL), (2, 5)), mask).sum().backward()
+    for t in (em, *crf.parameters()):
+        assert torch.isfinite(t.grad).all()
+    assert em.grad[0, 3:].abs().sum() == 0 and em.grad[1, 1:].abs().sum() == 0
+
+
 def _graph_nodes(t: torch.Tensor) -> int:
     seen, todo = set(), [t.grad_fn]
     while todo:
@@ -150,7 +186,8 @@ def test_crf_head_nll_over_the_words_equals_over_the_tokens():
 
 
 def test_crf_nll_backward_zero_fills_no_copy_of_the_emissions_per_step():
-    """A step's emissions taken by indexing would zero-fill all the emissions per step in backward."""
+    """Emissions taken by indexing per word (in the gold score, or a recursion autograd records)
+    would zero-fill all the emissions per word in backward."""
     crf = _crf()
     em = torch.randn(3, 6, len(ID2LABEL), requires_grad=True)
     mask = torch.arange(6)[None] < torch.tensor([6, 4, 2])[:, None]

@@ -31,7 +31,8 @@ def compact(x: torch.Tensor, keep: torch.Tensor, width: int | None = None
 
     x (B, T, ...) and keep (B, T) bool -> (x (B, N, ...), index (B, N), mask (B, N)) where
     `index` maps back to T. N is `width` when given (the caller knows it without asking the
-    device), else the most kept positions in a row (read from `keep`: a host sync on a GPU).
+    device; below the most kept positions in a row it drops the rest), else the most kept
+    positions in a row (read from `keep`: a host sync on a GPU).
     """
     counts = keep.sum(1)
     n = width if width is not None else max(1, int(counts.max()))
@@ -42,61 +43,76 @@ def compact(x: torch.Tensor, keep: torch.Tensor, width: int | None = None
 
 
 def _log_product(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """log(exp(v) @ weights) for v (B, C), each row shifted by its max so that none overflows."""
+    """log(exp(v) @ weights) for v (B, C), each row shifted by its max so that none overflows.
+
+    A tag more than about 700 nats below its row's best underflows to nothing in float64."""
     m = v.amax(1, keepdim=True)
     return ((v - m).exp_() @ weights).log_().add_(m)
 
 
 class LogPartition(torch.autograd.Function):
     """log Z of a linear-chain CRF per row: (em (B, N, C), trans (C, C), start (C), end (C),
-    mask (B, N) left-aligned) -> (B,).
+    mask (B, N) left-aligned) -> (B,). An empty row's value is meaningless and gets no gradient
+    (CRF.nll zeroes its loss).
 
     Autograd through the recursion over the words would record a dozen operators a word and
     replay them backward. Here a step is a product with exp(trans - max(trans)) (a few
     operators where logsumexp over (B, C, C) takes a dozen), nothing is recorded, and the
     backward pass is the forward-backward algorithm: a second recursion for the scores of
     what follows each word, then every gradient as marginals in a few whole-tensor
-    operators. On an accelerator the host issues each of those operators."""
+    operators. On an accelerator the host issues each of those operators.
+
+    The recursions run in float64: a product in float32 would underflow for a tag some 90
+    nats below its row's best, where logsumexp stays exact, and a GPU would take it in TF32
+    (training allows it), whose rounding would add up over the words. Autocast leaves float64
+    alone. The tensors are (B, C) a step, so the width costs little."""
 
     @staticmethod
     def forward(ctx, em, trans, start, end, mask):
-        with torch.autocast(em.device.type, enabled=False):
-            shift = trans.detach().amax()
-            steps = (em + shift).unbind(1)  # the product's exp(-shift) given back with each emission
-            cols, weights = mask.unsqueeze(2).unbind(1), (trans - shift).exp()
-            alpha = start + em[:, 0]
-            alphas = [alpha]
-            for t in range(1, em.shape[1]):  # a masked word (past the row's end) carries the row's scores on
-                alpha = torch.where(cols[t], _log_product(alpha, weights).add_(steps[t]), alpha)
-                alphas.append(alpha)
-            log_z = torch.logsumexp(alpha + end, 1)
+        em64, trans64 = em.double(), trans.double()
+        shift = trans64.amax()
+        steps = (em64 + shift).unbind(1)  # the product's exp(-shift) given back with each emission
+        cols, weights = mask.unsqueeze(2).unbind(1), (trans64 - shift).exp()
+        alpha = start.double() + em64[:, 0]
+        alphas = [alpha]
+        for t in range(1, em.shape[1]):  # a masked word (past the row's end) carries the row's scores on
+            alpha = torch.where(cols[t], _log_product(alpha, weights).add_(steps[t]), alpha)
+            alphas.append(alpha)
+        log_z = torch.logsumexp(alpha + end.double(), 1)
         ctx.save_for_backward(em, trans, end, mask, torch.stack(alphas, 1), log_z)
-        return log_z
+        return log_z.to(em.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
         em, trans, end, mask, alphas, log_z = ctx.saved_tensors
-        with torch.autocast(em.device.type, enabled=False):
-            shift = trans.amax()
-            steps = (em + shift).unbind(1)
-            cols, weights = mask.unsqueeze(2).unbind(1), (trans - shift).exp().t()
-            # beta_t: the scores of every way on from each tag at word t, its own emission left
-            # out: the end scores at a row's last word (carried back from past it)
-            beta = end.expand(em.shape[0], -1)
-            betas = [beta]
-            for t in range(em.shape[1] - 1, 0, -1):
-                beta = torch.where(cols[t], _log_product(steps[t] + beta, weights), beta)
-                betas.append(beta)
-            betas = torch.stack(betas[::-1], 1)
-            w = g.unsqueeze(1) * mask  # (B, N): the upstream gradient at each word of its row
-            lz = log_z[:, None, None]
-            g_em = (alphas + betas - lz).exp_().mul_(w.unsqueeze(2))  # the words' tag marginals
-            g_end = (alphas[:, -1] + end - lz[:, 0]).exp_().mul_((g * mask[:, 0]).unsqueeze(1)).sum(0)
-            # consecutive words' pair marginals (B, N - 1, C, C), exact in log space
-            pair = alphas[:, :-1].unsqueeze(3) + trans + (em[:, 1:] + betas[:, 1:]).unsqueeze(2)
-            g_trans = (pair - lz.unsqueeze(3)).exp_().mul_(w[:, 1:, None, None]).sum((0, 1))
-        return g_em, g_trans, g_em[:, 0].sum(0), g_end, None
+        em64, trans64, end64, g = em.double(), trans.double(), end.double(), g.double() * mask.any(1)
+        shift = trans64.amax()
+        steps = (em64 + shift).unbind(1)
+        cols, weights = mask.unsqueeze(2).unbind(1), (trans64 - shift).exp().t()
+        # beta_t: the scores of every way on from each tag at word t, its own emission left
+        # out: the end scores at a row's last word (carried back from past it)
+        beta = end64.expand(em.shape[0], -1)
+        betas = [beta]
+        for t in range(em.shape[1] - 1, 0, -1):
+            beta = torch.where(cols[t], _log_product(steps[t] + beta, weights), beta)
+            betas.append(beta)
+        betas = torch.stack(betas[::-1], 1)
+        w = g.unsqueeze(1) * mask  # (B, N): the upstream gradient at each word of its row
+        lz = log_z[:, None, None]
+        g_em = (alphas + betas - lz).exp_().mul_(w.unsqueeze(2))  # the words' tag marginals
+        g_end = (alphas[:, -1] + end64 - lz[:, 0]).exp_().mul_(g.unsqueeze(1)).sum(0)
+        # consecutive words' pair marginals (B, N - 1, C, C) in log space: each word's two sides
+        # moved by the larger side's max in float64, so that the float32 sum of the (C, C) terms
+        # adds numbers of a few nats; a pair past a row's end is left out before exp (the
+        # emission there, at a slot without a label, is unbounded)
+        after = em64[:, 1:] + betas[:, 1:]
+        top = after.amax(2, keepdim=True)
+        before, after = (alphas[:, :-1] - lz + top).float(), (after - top).float()
+        pair = before.unsqueeze(3) + trans + after.unsqueeze(2)
+        pair = torch.where(mask[:, 1:, None, None], pair, -torch.inf).exp_()
+        g_trans = pair.mul_(w[:, 1:, None, None].float()).sum((0, 1))
+        return g_em.to(em.dtype), g_trans.to(trans.dtype), g_em[:, 0].sum(0).to(trans.dtype), g_end.to(end.dtype), None
 
 
 class CRF(nn.Module):

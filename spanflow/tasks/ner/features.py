@@ -55,7 +55,8 @@ def prepare_windows(examples: list[NerExample], tokenizer, label2id: dict[str, i
 
 
 def make_collate(pad_id: int):
-    """Collate windows into tensors plus the host-side counts the loop reports."""
+    """Collate windows into tensors plus host-side counts: those the loop reports, and the most
+    labelled positions in a window (the CRF's steps)."""
 
     def fn(windows: list) -> dict:
         batch = collate(windows, pad_id)
