@@ -1,10 +1,12 @@
 """Where a real training step's time goes on this device: the training loop of `spanflow train ner`
-with default flags (the model and data given), under torch.profiler for a window of optimizer
-steps after a warm-up. It says how long a step takes, how much of it the host spends issuing
-operators and how much the accelerator is busy (kernel time), and the operators that cost most
-on each side. On a GPU, a step whose kernels fill a small part of its time is bound by the host.
+(or `train re`, `--task re`) with default flags (the model and data given), under torch.profiler
+for a window of optimizer steps after a warm-up. It says how long a step takes, how much of it
+the host spends issuing operators and how much the accelerator is busy (kernel time), and the
+operators that cost most on each side. On a GPU, a step whose kernels fill a small part of its
+time is bound by the host.
 
     python bench/device_step_profile.py --model MINILM --train ../shared/data/wnut17/train.conll
+    python bench/device_step_profile.py --task re --model MINILM --train ../shared/data/webnlg/train_triples.json
     python bench/device_step_profile.py --model tiny --steps 4 --skip 2     # synthetic data, quick
 """
 from __future__ import annotations
@@ -36,11 +38,23 @@ def is_kernel(event) -> bool:
     return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
 
 
+def task_parts(task: str):
+    """(read the training file, synthetic training data, train) for `task`."""
+    from spanflow.data import io, synthetic
+
+    if task == "re":
+        from spanflow.tasks.re.train import train_re
+
+        return io.read_re, lambda: synthetic.synthetic_re(2000, seed=1), train_re
+    from spanflow.tasks.ner import train_ner
+
+    return io.read_ner, lambda: synthetic.synthetic_ner(2000, seed=1), train_ner
+
+
 def profiled(a, data, model: str, acts: list, cuda: bool) -> tuple[list[float], object, object]:
     """(the end time of every optimizer step, the profiler, the trained model): the training
     loop's optimizer step, patched for the run, ends each step and advances the profile."""
-    from spanflow.tasks.ner import train_ner
-
+    train = task_parts(a.task)[2]
     ends: list[float] = []
     real = loop.optimizer_step
 
@@ -56,7 +70,7 @@ def profiled(a, data, model: str, acts: list, cuda: bool) -> tuple[list[float], 
         with profile(activities=acts, schedule=schedule(wait=a.skip, warmup=1, active=a.steps, repeat=1)) as prof:
             with tempfile.TemporaryDirectory() as out:
                 opts = TrainOptions(max_steps=a.skip + 1 + a.steps, log_every=0)
-                trained = train_ner(data, None, model=model, out_dir=out, options=opts, log_fn=lambda s: None)
+                trained = train(data, None, model=model, out_dir=out, options=opts, log_fn=lambda s: None)
     finally:
         loop.optimizer_step = real
     return ends, prof, trained
@@ -64,19 +78,18 @@ def profiled(a, data, model: str, acts: list, cuda: bool) -> tuple[list[float], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", choices=("ner", "re"), default="ner", help="the training loop profiled [%(default)s]")
     ap.add_argument("--model", default=None, help="encoder directory or tiny [the offline MiniLM when installed]")
-    ap.add_argument("--train", help="NER training data [synthetic]")
+    ap.add_argument("--train", help="the task's training data [synthetic]")
     ap.add_argument("--skip", type=int, default=10, help="optimizer steps before the profiled window [%(default)s]")
     ap.add_argument("--steps", type=int, default=20, help="profiled optimizer steps [%(default)s]")
     ap.add_argument("--top", type=int, default=12, help="operators listed per side [%(default)s]")
     ap.add_argument("--name", default="device_step_profile")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
-    from spanflow.data.io import read_ner
-    from spanflow.data.synthetic import synthetic_ner
-
+    read, synthetic, _ = task_parts(a.task)
     model = a.model or default_minilm() or "tiny"
-    data = read_ner(a.train) if a.train else synthetic_ner(2000, seed=1)
+    data = read(a.train) if a.train else synthetic()
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     ends, prof, trained = profiled(a, data, model, acts, cuda)
@@ -94,14 +107,15 @@ def main() -> None:
             if key(e) > 0:
                 rows.append({"side": side, "operator": e.key, "calls_per_step": e.count / a.steps,
                              "ms_per_step": key(e) / 1e3 / a.steps})
-    summary = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "precision": trained.policy.name,
+    summary = {"task": trained.task,  # the trained model's own: the loop profiled was this task's
+               "device": torch.cuda.get_device_name(0) if cuda else "cpu", "precision": trained.policy.name,
                "step_ms": step_ms, "host_ms_per_step": host_ms, "device_busy_ms_per_step": device_ms if cuda else None,
                "device_busy_share": device_ms / step_ms if cuda and step_ms else None,
                "aten_calls_per_step": sum(e.count for e in host_events if e.key.startswith("aten::")) / a.steps,
                "profiled_steps": a.steps}
     print(summary, flush=True)
     path = write_results(a.out, a.name, {
-        "description": "the training loop of `spanflow train ner` (default flags) under torch.profiler: "
+        "description": f"the training loop of `spanflow train {a.task}` (default flags) under torch.profiler: "
                        f"{a.steps} optimizer steps after {a.skip + 1}; step time the median between step ends "
                        "(synchronized on a GPU); host time the operators' own CPU time, device time their own kernel "
                        "time, each per step (kernels and copies only: an operator's device time is its kernels'), aten calls "

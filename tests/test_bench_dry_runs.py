@@ -81,12 +81,14 @@ def test_tiny_recurrence_bench_compares_the_two_recurrences(tmp_path):
         assert float(r["max_abs_diff"]) < 1e-4 and r["packed_ms"] > 0 and r["padded_ms"] > 0, r
 
 
-def test_device_step_profile_splits_the_loops_steps_into_host_and_device(tmp_path):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "device_step_profile.py"), "--model", "tiny",
-                        "--skip", "2", "--steps", "3", "--out", str(tmp_path), "--name", "dsp"],
+@pytest.mark.parametrize("task", ["ner", "re"])
+def test_device_step_profile_splits_the_loops_steps_into_host_and_device(tmp_path, task):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "device_step_profile.py"), "--task", task,
+                        "--model", "tiny", "--skip", "2", "--steps", "3", "--out", str(tmp_path), "--name", "dsp"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.load(open(tmp_path / "dsp.json"))
+    assert result["task"] == task and f"spanflow train {task}`" in result["description"], result
     assert result["profiled_steps"] == 3 and result["step_ms"] > 0 and result["aten_calls_per_step"] > 10, result
     assert 0 < result["host_ms_per_step"] < 10 * result["step_ms"], result  # per step, as the step is timed
     # kernel time only where there is an accelerator to run kernels
