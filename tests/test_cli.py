@@ -123,3 +123,30 @@ def test_predict_reads_csv_columns_like_embed(trained, tmp_path):
                  "--column", "1", "--skip-header"]) == 0
     recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert [r["text"] for r in recs] == [data[0].text, data[1].text]
+
+
+def test_evaluate_names_the_labels_the_model_does_not_know(trained, tmp_path, capsys):
+    d, data = trained
+    renamed = tmp_path / "renamed.jsonl"  # the same data, its PER spans called "person"
+    with open(renamed, "w", encoding="utf-8") as f:
+        for e in data:
+            write_jsonl_record(f, e.text, [(s, t, "person" if lab == "PER" else lab) for s, t, lab in e.spans])
+    assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(renamed), "--json"]) == 0
+    out, err = capsys.readouterr()
+    m = json.loads(out)  # stdout keeps its one JSON object; the warning is on stderr and in the object
+    warning = "1 of the data's labels are not the model's and count as misses: person (the model's PER?)"
+    assert [x for x in err.splitlines() if x.startswith("warning")] == [f"warning: {warning}"]
+    assert m["warnings"] == [warning]
+    assert m["per_label"]["person"]["f1"] == 0.0 and m["per_label"]["LOC"]["f1"] > 0.9
+    assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(d / "train.jsonl")]) == 0
+    assert "warning" not in capsys.readouterr().err  # the model's own labels: nothing to say
+
+
+def test_predict_on_an_empty_input_says_so(trained, tmp_path, capsys):
+    d, _ = trained
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(empty), "--output",
+                 str(tmp_path / "out.jsonl")]) == 0
+    out, err = capsys.readouterr()
+    assert "wrote 0 records" in out and f"warning: {empty} holds no texts (an empty file?)" in err

@@ -72,8 +72,8 @@ TRIPLETS = ("spanflow train embed --train triplets.tsv --dev qa_dev.jsonl --mode
 ADAPTED = {
     ("README.md", "make demo"): ("spanflow demo --out demo_out",
                                  "the Makefile's recipe; the .venv set-up before it installs from the network"),
-    ("docs/cli.md", "spanflow export --model runs/ner/model --to hf OUT"):
-        ("spanflow export --model runs/export/model --to hf OUT",
+    ("docs/cli.md", "spanflow export --model runs/ner/model --out OUT"):
+        ("spanflow export --model runs/export/model --out OUT",
          "export refuses tiny and CRF models (ner.md): this one has a softmax head on an encoder directory"),
     ("docs/training.md", TRIPLETS + " --devices 2"):
         (TRIPLETS, "in one process: two need two accelerators (`--devices 2` on CPU runs in test_distributed.py)"),

@@ -89,3 +89,29 @@ def test_a_paused_sampler_takes_no_samples():
     s.paused, s._stop = False, _Stops(5)
     s._run(0.0)
     assert s.take() == 50.0
+
+
+def test_the_epoch_line_says_its_seconds_loss_and_which_peak(tmp_path):
+    nm, windows, hooks = setup_task()
+    hooks.evaluate = lambda model: {"f1": 0.5}
+    lines: list[str] = []
+    opts = TrainOptions(epochs=2, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lines.append)
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    epoch_lines = [x for x in lines if x.startswith("epoch ")]
+    assert len(reps) == len(epoch_lines) == 2
+    for rep, line in zip(reps, epoch_lines):
+        # the loss is there though no step line printed one (--log-every 0), as the report says it
+        assert rep["loss"] > 0 and f"loss {rep['loss']:.4f}" in line
+        assert f"({rep['wall_s']:.1f} s training)" in line  # under 10 s: tenths
+        assert f"MFU {rep['mfu'] * 100:.1f}% of the measured matmul peak" in line  # the CPU's basis
+        assert "GPU util" not in line and rep["gpu_util"] is None  # nothing sampled: nothing shown
+
+
+def test_the_epoch_line_names_a_datasheet_peak_and_gpu_utilisation():
+    rep = {"epoch": 1, "step": 10, "wall_s": 12.4, "loss": 0.25, "real_tokens_per_s": 900.0,
+           "padded_tokens_per_s": 1000.0, "padding_efficiency": 0.9, "data_wait_frac": 0.01, "compute_frac": 0.9,
+           "optimizer_frac": 0.09, "peak_memory_bytes": 2**30, "mfu": 0.42, "mfu_basis": "datasheet", "gpu_util": 87.0}
+    line = report.format_report(rep)
+    assert line.startswith("epoch 1 step 10 (12 s training) | loss 0.2500 | 900 real tok/s")
+    assert "MFU 42.0% of the datasheet peak | GPU util 87%" in line

@@ -50,9 +50,14 @@ def ner_file(tmp_path_factory):
 
 
 def test_tune_writes_profile(ner_file, tmp_path):
+    lines: list[str] = []
     prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256, 512, 1024], budget_seconds=30,
                 max_lengths=[64],
-                sample=64, out=str(tmp_path), log_fn=lambda s: None)
+                sample=64, out=str(tmp_path), log_fn=lines.append)
+    said = next(x for x in lines if x.startswith("tuning ner train"))  # the runtime line above says why
+    assert "(as asked)" not in said and not any(x.startswith("quality:") for x in lines)  # training: no quality
+    assert f"profile: {tmp_path / 'profile.json'}; run it with --profile {tmp_path / 'profile.json'} " \
+           "(spanflow train)" in lines
     saved = json.loads((tmp_path / "profile.json").read_text())
     assert saved == prof and {"device", "model", "task", "mode", "best", "points"} <= set(saved)
     keys = {"max_tokens", "max_length", "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency",
@@ -128,7 +133,11 @@ def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys, mo
     assert main(["tune", "--task", "ner", "--mode", "infer", "--model", model_dir, "--data", str(data),
                  "--max-lengths", "16,64", "--budgets", "512", "--budget-seconds", "1", "--repeats", "1",
                  "--precision", "fp32", "--device", "cpu", "--no-backends", "--out", str(tmp_path)]) == 0
-    assert "runtime: device cpu (as asked), precision fp32 (as asked)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "runtime: device cpu (as asked), precision fp32 (as asked)" in out
+    profile = tmp_path / "profile.json"  # the file it wrote is named, with how to use it
+    assert f"profile: {profile}; run it with --profile {profile} (predict, evaluate, embed or serve)" in out
+    assert "quality: the task's evaluate score (entity or triple F1, Spearman)" in out
     quality = {p["max_length"]: p["quality"] for p in json.loads((tmp_path / "profile.json").read_text())["points"]}
     for L in (16, 64):
         model = NerModel.load(model_dir, device="cpu", precision="fp32")
@@ -203,8 +212,16 @@ def test_train_max_tokens_auto_is_resolved_after_parsing_and_cached(ner_file, tm
 def test_doctor_names_starvation(ner_file):
     starved = doctor(model="tiny", data=ner_file, batch_size=1, steps=6, log_fn=lambda s: None)
     assert starved["findings"] and "batch of 1 text" in starved["findings"][0]
-    healthy = doctor(model="tiny", data=ner_file, max_tokens=768, steps=4, log_fn=lambda s: None)
+    lines: list[str] = []
+    healthy = doctor(model="tiny", data=ner_file, max_tokens=768, steps=4, log_fn=lines.append)
     assert not any("batch of" in f or "padding" in f for f in healthy["findings"])
+    # its MFU as training's report computes it, printed; a budget asked for is not explained
+    assert 0 < healthy["probe"]["mfu"] < 1 and f"MFU {healthy['probe']['mfu']:.1%}" in "\n".join(lines)
+    assert "probe: 4 updates of token-budget batches, max_tokens 768" in lines
+    lines.clear()
+    doctor(model="tiny", data=ner_file, steps=2, log_fn=lines.append)  # the default: said what it stands for
+    assert any(x.startswith("probe: 2 updates of token-budget batches, max_tokens ")
+               and "(the most `spanflow train` takes on this device" in x for x in lines), lines
 
 
 def test_diagnose_padding_and_environment():

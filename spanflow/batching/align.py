@@ -101,12 +101,15 @@ def _widen(text: str, offsets: list[tuple[int, int]]) -> tuple[list[int], list[i
     return starts, ends
 
 
+MIN_LENGTH = 8  # the shortest window read, in training as in inference
+
+
 def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:
     """A valid (max_length, stride) pair for windows of an encoder that takes `limit` tokens."""
     from spanflow.errors import ConfigError
 
-    if not 8 <= max_length <= limit:
-        raise ConfigError(f"--max-length must be between 8 and the model's limit {limit}, got {max_length}")
+    if not MIN_LENGTH <= max_length <= limit:
+        raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit {limit}, got {max_length}")
     if not 0 <= stride < max_length - 2:
         raise ConfigError(f"--stride must be between 0 and max length - 3 ({max_length - 3}), got {stride}")
     return max_length, stride

@@ -3,7 +3,6 @@ wherever they appear (tests/test_cli_help.py checks it)."""
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 
 from spanflow.data.io import NER_FORMATS
@@ -12,8 +11,35 @@ from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget
 from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
 from spanflow.training.defaults import UPDATES_PER_EPOCH
 
-# no abbreviated flags: `train re --head crf` would otherwise be read as --head-lr
-Parser = functools.partial(argparse.ArgumentParser, allow_abbrev=False)
+class Parser(argparse.ArgumentParser):
+    """argparse's parser without abbreviated flags (`train re --head crf` would otherwise be read as
+    --head-lr). A command's parser reports a flag it does not know itself, with its own usage and
+    the nearest flag it has, where argparse would leave it to the top-level parser's usage."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None and " " in self.prog:  # a command's own parser (a leaf)
+            self.error(unknown_flags(extras, list(self._option_string_actions)))
+        return ns, extras
+
+
+def unknown_flags(extras: list[str], known: list[str]) -> str:
+    """The error for arguments a parser does not take, with the nearest known flag for each
+    unknown one ("--epoch": did you mean --epochs?)."""
+    import difflib
+
+    hints = []
+    for arg in extras:
+        name = arg.split("=", 1)[0]
+        near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.75) \
+            if name.startswith("--") else []
+        if near:
+            hints.append(f"{name}: did you mean {near[0]}?")
+    return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 _CPU = {job: b["cpu"] for job, b in DEFAULT_BUDGETS.items()}
 # the default budget of each job, and why serve's differs from a job's on CPU
@@ -63,7 +89,8 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
     --quantize, not with argparse's list of choices."""
     p.add_argument("--precision", default="auto", choices=Precisions(PRECISIONS),
                    help="auto: a reduced precision where the hardware runs it and the model's results agree with "
-                        "fp32 (docs/precision.md), else fp32; int8 is --quantize [%(default)s]")
+                        "fp32 (docs/precision.md), else fp32; int8 is a quantization: --quantize of embed, serve "
+                        "and tune [%(default)s]")
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from spanflow.cli.common import add_format_arg, add_runtime_args, add_scheme_arg, add_window_args
 
@@ -38,5 +39,7 @@ def run(a: argparse.Namespace) -> int:
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
     m = model.evaluate(examples, max_tokens=rt.max_tokens)
+    for w in m.get("warnings", ()):  # on stderr, so that --json's one object stays alone on stdout
+        print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0

@@ -1,4 +1,4 @@
-"""`spanflow export --model DIR --to hf OUT`"""
+"""`spanflow export --model DIR [--to hf] --out OUT` (or OUT last)"""
 from __future__ import annotations
 
 import argparse
@@ -13,22 +13,37 @@ def add_parser(sub) -> None:
                        description="Write a trained model in another tool's format. hf: an NER model as a Hugging "
                                    "Face AutoModelForTokenClassification directory, with its tokenizer and labels.")
     p.add_argument("--model", required=True, help="a spanflow model directory")
-    p.add_argument("--to", required=True, choices=formats, help="the format to write (each task says which it writes)")
+    one = formats[0] if len(formats) == 1 else None  # the only format there is needs no asking
+    p.add_argument("--to", required=one is None, default=one, choices=formats,
+                   help="the format to write (each task says which it writes)" + (f" [{one}]" if one else ""))
     p.add_argument("--lossy", action="store_true",
                    help="export even what the format cannot hold whole (a CRF head: its emission scores only)")
-    p.add_argument("out", help="output directory")
+    p.add_argument("out", nargs="?", help="output directory (or --out)")
+    p.add_argument("--out", dest="out_flag", metavar="OUT", help="output directory [the positional OUT]")
 
 
 def run(a: argparse.Namespace) -> int:
     from spanflow.atomic import writing
     from spanflow.tasks.registry import task_of_dir
 
+    a.out = _out(a)
     task = task_of_dir(a.model)
     _check(task, a)  # before the model loads
     model = task.load(a.model, device="cpu", precision="fp32")
     with writing("the exported model", a.out):
         print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy)} ({a.to})")
     return 0
+
+
+def _out(a: argparse.Namespace) -> str:
+    """The output directory, given as the positional OUT or as --out (not two different ones)."""
+    from spanflow.errors import ConfigError
+
+    if a.out and a.out_flag and a.out != a.out_flag:
+        raise ConfigError(f"two output directories given: {a.out} and --out {a.out_flag}; give one")
+    if not (a.out or a.out_flag):
+        raise ConfigError("no output directory: give it as --out OUT (or as the last argument)")
+    return a.out or a.out_flag
 
 
 def _check(task, a: argparse.Namespace) -> None:

@@ -48,6 +48,10 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
 
+    if a.devices < 1:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--devices must be >= 1 (processes on this node), got {a.devices}")
     if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from spanflow.training.distributed import relaunch
 

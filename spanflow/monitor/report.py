@@ -96,7 +96,7 @@ class Meter:
             self.times.update(self.spans.take())  # waits for the period's last work: before the wall clock
         wall = max(time.perf_counter() - self.started, 1e-9)
         total = sum(self.times.values()) or 1e-9
-        peak, basis = peak_flops(self.device.type, _device_name(self.device), self.precision)
+        peak, basis = device_peak(self.device, self.precision)
         achieved = self.flops_per_token * self.padded / wall
         out = {
             "real_tokens_per_s": self.real / wall,
@@ -124,7 +124,12 @@ class Meter:
 
 def measure_peak(device: torch.device, precision: str) -> None:
     """Measure this device's peak in `precision` now, once per process (monitor.device.peak_flops)."""
-    peak_flops(device.type, _device_name(device), precision)
+    device_peak(device, precision)
+
+
+def device_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(peak FLOP/s, basis) of `device` in `precision`, as every MFU figure takes it."""
+    return peak_flops(device.type, _device_name(device), precision)
 
 
 def _device_name(device: torch.device) -> str:
@@ -140,18 +145,26 @@ def report_scalars(r: dict, prefix: str) -> dict:
     return {f"{prefix}/{k}": float(r[k]) for k in SCALARS if r.get(k) is not None}
 
 
+PEAK_BASIS = {"measured_matmul": "of the measured matmul peak", "datasheet": "of the datasheet peak"}
+
+
 def format_report(r: dict) -> str:
-    """One human line per report."""
-    mfu = f"{r['mfu'] * 100:.1f}%" if r.get("mfu") is not None else "n/a"
-    util = f"{r['gpu_util']:.0f}%" if r.get("gpu_util") is not None else "n/a"
-    parts = [
-        f"epoch {r.get('epoch', '-')} step {r.get('step', '-')}",
+    """One human line per report: the period's training seconds, loss, throughput and where its
+    time went, MFU against the peak it names, and the dev score."""
+    mfu = f"{r['mfu'] * 100:.1f}% {PEAK_BASIS.get(r.get('mfu_basis'), '')}".rstrip() if r.get("mfu") is not None \
+        else "n/a"
+    head = f"epoch {r.get('epoch', '-')} step {r.get('step', '-')}"
+    if r.get("wall_s") is not None:
+        head += f" ({r['wall_s']:.{1 if r['wall_s'] < 10 else 0}f} s training)"
+    parts = [head] + ([f"loss {r['loss']:.4f}"] if r.get("loss") is not None else []) + [
         f"{r['real_tokens_per_s']:.0f} real tok/s ({r['padded_tokens_per_s']:.0f} padded)",
         f"padding eff {r['padding_efficiency']:.2f}",
         f"time: data {r['data_wait_frac']:.0%} compute {r['compute_frac']:.0%} optim {r['optimizer_frac']:.0%}",
         f"peak mem {r['peak_memory_bytes'] / 2**20:.0f} MiB",
-        f"MFU {mfu}", f"GPU util {util}",
+        f"MFU {mfu}",
     ]
+    if r.get("gpu_util") is not None:  # NVML's figure; a CPU run has none to show
+        parts.append(f"GPU util {r['gpu_util']:.0f}%")
     if r.get("dev_f1") is not None:
         parts.append(f"dev {r.get('dev_metric', 'F1')} {r['dev_f1']:.4f}")
     return " | ".join(parts)

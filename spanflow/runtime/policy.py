@@ -15,7 +15,7 @@ import torch
 from spanflow.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-INT8_IS_QUANTIZATION = ("int8 is a quantization, not a precision: use --quantize int8 (embed and serve, CPU; "
+INT8_IS_QUANTIZATION = ("int8 is a quantization, not a precision: use --quantize int8 (embed, serve and tune, CPU; "
                         "Python: quantize=\"int8\")")
 log = logging.getLogger("spanflow")
 
@@ -49,8 +49,9 @@ class Policy:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def describe(self) -> str:
-        what = self.name + (" autocast, fp32 master weights" if self.amp_dtype else "")
+    def describe(self, *, training: bool = True) -> str:
+        """One line: the device and precision (and why); master weights only where they train."""
+        what = self.name + ((" autocast, fp32 master weights" if training else " autocast") if self.amp_dtype else "")
         if self.use_scaler:
             what += ", GradScaler"
         dev = str(self.device)
@@ -61,11 +62,26 @@ class Policy:
         return f"device {dev}, precision {what}" + (f" ({self.why})" if self.why else "")
 
 
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
+
+
 def pick_device(device: str = "auto") -> torch.device:
+    """`device` as torch names it; "auto": a CUDA GPU, else Apple's MPS, else the CPU. A name
+    torch does not know, or a device this machine lacks, is a ConfigError saying what it has."""
     if device != "auto":
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except RuntimeError:
+            raise ConfigError(f"--device {device}: not a device name; use {DEVICES}") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda asked, but no CUDA device is available")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                              f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ConfigError("--device mps asked, but this machine has no MPS device")
+        if dev.type not in ("cpu", "cuda", "mps"):
+            raise ConfigError(f"--device {device}: spanflow runs on {DEVICES}")
         return dev
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())

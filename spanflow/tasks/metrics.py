@@ -34,6 +34,28 @@ def span_prf(gold: list[list[Span]], pred: list[list[Span]]) -> dict:
     return out
 
 
+def unknown_names(known: list[str], gold: set[str], what: str) -> list[str]:
+    """The warning for labelled data that names `what` (labels, relations) the model was not
+    trained on: each of them counts as a miss. [] when the model knows every one."""
+    unknown = sorted(gold - set(known))
+    if not unknown:
+        return []
+
+    def near(name: str) -> str:  # "person" for a model's PER: the same name spelt another way?
+        low = name.lower()
+        k = next((k for k in sorted(known) if k.lower() == low or low.startswith(k.lower())
+                  or k.lower().startswith(low)), None)
+        return f"{name} (the model's {k}?)" if k else name
+
+    def listed(names: list[str], fmt=str) -> str:
+        return ", ".join(fmt(n) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+
+    if not gold & set(known):
+        return [f"none of the data's {what} is one the model was trained on ({listed(sorted(known))}): every "
+                f"one counts as a miss and F1 is 0; check that model and data match: {listed(unknown, near)}"]
+    return [f"{len(unknown)} of the data's {what} are not the model's and count as misses: {listed(unknown, near)}"]
+
+
 def agreement_f1(ref: list, got: list) -> float:
     """F1 of `got` against `ref` taken as gold, over any hashable items per text (spans,
     triples); 1.0 when neither has any."""

@@ -5,6 +5,8 @@ import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
+from spanflow.batching.align import MIN_LENGTH
+
 
 def opt(default, help: str | None = None, **meta):
     """A field with its command-line help (cli/options.py makes the flag from it)."""
@@ -84,8 +86,13 @@ class TrainOptions:
             (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
             (self.stride >= 0, f"--stride must be >= 0, got {self.stride}"),
             (0.0 <= self.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}"),
+            (self.max_length is None or self.max_length >= MIN_LENGTH,
+             f"--max-length must be >= {MIN_LENGTH} (two special tokens and the text's), got {self.max_length}"),
         ]
-        for name in ("epochs", "max_tokens", "max_length", "eval_every", "save_every", "max_steps"):
+        for name in ("weight_decay", "max_grad_norm", "log_every", "patience"):  # 0 means none, or off
+            v = getattr(self, name)
+            checks.append((v is None or v >= 0, f"--{name.replace('_', '-')} must be >= 0, got {v}"))
+        for name in ("epochs", "max_tokens", "eval_every", "save_every", "max_steps"):
             v = getattr(self, name)
             checks.append((v is None or v >= 1, f"--{name.replace('_', '-')} must be >= 1, got {v}"))
         for name in ("lr", "head_lr"):

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from spanflow.batching.batcher import token_budget_batches
+from spanflow.monitor.report import device_peak, measure_peak, train_flops_per_token
 from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.budget import default_budget
@@ -75,9 +76,12 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
         padded += max(lens) * len(lens)
         texts += len(b)
     wall = sum(times.values())
+    # MFU as the training report computes it (6N + attention per padded token, over the device's peak)
+    peak, _ = device_peak(policy.device, policy.name)
+    flops = train_flops_per_token(w.module, padded / max(1, texts)) * padded
     return {"real_tokens_per_s": real / wall, "padding_efficiency": real / padded, "texts_per_update": texts / steps,
             "data_frac": times["data"] / wall, "compute_frac": times["compute"] / wall,
-            "optimizer_frac": times["optimizer"] / wall, "steps": steps}
+            "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps}
 
 
 def diagnose(r: dict, healthy: dict | None = None) -> list[str]:
@@ -115,6 +119,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
 
     policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in
     log_fn(policy.describe())
+    asked = max_tokens is not None
     max_tokens = max_tokens or default_budget("train", policy.device)
     w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
     windows = w.items_at(w.limit)
@@ -126,17 +131,22 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
         log_fn(f"probe: {steps} updates of {batch_size} random text(s)")
     else:
         batches = healthy_batches
-        log_fn(f"probe: {steps} updates of token-budget batches, max_tokens {max_tokens}")
+        log_fn(f"probe: {steps} updates of token-budget batches, max_tokens {max_tokens}"
+               + ("" if asked else " (the most `spanflow train` takes on this device; it takes fewer where the data "
+                                   "is small: about 100 updates an epoch)"))
+    measure_peak(policy.device, policy.name)  # the MFU's peak, measured before the probe's steps, as training does
     r = _probe(w, windows, batches, policy, steps)
     healthy = _probe(w, windows, healthy_batches, policy, min(steps, 4)) if batch_size else None
-    log_fn(f"measured: {r['real_tokens_per_s']:.0f} real tok/s, padding efficiency {r['padding_efficiency']:.2f}, "
+    mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
+    log_fn(f"measured: {r['real_tokens_per_s']:.0f} real tok/s{mfu}, padding efficiency {r['padding_efficiency']:.2f}, "
            f"{r['texts_per_update']:.1f} texts/update; time: data {r['data_frac']:.0%}, compute "
            f"{r['compute_frac']:.0%}, optimizer {r['optimizer_frac']:.0%}")
     findings = diagnose(r, healthy)
     if healthy:
         log_fn(f"with token-budget batches (max_tokens {max_tokens}): {healthy['real_tokens_per_s']:.0f} real "
                f"tok/s, {healthy['real_tokens_per_s'] / r['real_tokens_per_s']:.1f}x")
-    log_fn("findings:" if findings else "no loss of utilization found: the setup is healthy")
+    log_fn("findings:" if findings else "no loss of utilization found in this probe: its batches, data and "
+                                        "optimizer are as spanflow's training runs them")
     for i, f in enumerate(findings, 1):
         log_fn(f"  {i}. {f}")
     return {"environment": env, "probe": r, "healthy": healthy, "findings": findings}

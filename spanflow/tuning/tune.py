@@ -1,6 +1,7 @@
 """`spanflow tune` as a function: sweep, pick, write profile.json (+ plot)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tuning.measures import measure_of
-from spanflow.tuning.sweep import geometric, is_oom, pick_best, quality_floor, sweep
+from spanflow.tuning.sweep import QUALITY_TOLERANCE, geometric, is_oom, pick_best, quality_floor, sweep
 from spanflow.tuning.timing import TimeBudget, compile_fits, plan_time
 
 MODES = ("train", "infer")
@@ -50,7 +51,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
 
-    log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, {policy.describe()}")
+    # the runtime line above said why this precision; a policy rebuilt from its name would say "as asked"
+    log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, "
+           f"{dataclasses.replace(policy, why='').describe(training=mode == 'train')}")
     _warm_up(measure, w, budgets, lengths, mode, log_fn)
     runs = sum(b >= L for L in lengths for b in budgets) * max(1, repeats)
     plan = plan_time(clock, runs, compare=mode == "infer" and backends, log=log_fn)
@@ -68,8 +71,14 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         profile["backend"] = compare_backends(w.module, lambda: measure(best.max_tokens, best.max_length,
                                                                         plan.per_run), log_fn)
     out_dir = out or "."
-    write_profile(os.path.join(out_dir, "profile.json"), profile)
+    path = os.path.join(out_dir, "profile.json")
+    write_profile(path, profile)
     log_fn(format_table(profile))
+    if any(p.quality is not None for p in points):
+        log_fn("quality: the task's evaluate score (entity or triple F1, Spearman) on the labelled sample, read at "
+               f"that max length; a shorter length is picked for speed only within {QUALITY_TOLERANCE} of the best")
+    log_fn(f"profile: {path}; run it with --profile {path} "
+           f"({'spanflow train' if mode == 'train' else 'predict, evaluate, embed or serve'})")
     if plot:
         from spanflow.tuning.plot import plot_profile
 

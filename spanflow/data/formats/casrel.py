@@ -54,27 +54,39 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
     data = parse_json(raw, path)
     if not isinstance(data, list):
         raise DataError("expected a JSON list of {\"text\", \"triple_list\"} records", path=path)
-    out, missing, total = [], [], 0
-    for k, rec in enumerate(data):
+    out, total = [], 0
+    unplaced: dict[bool, list] = {False: [], True: []}  # same span? -> (record number, triple)
+    for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-            raise DataError(f'record {k} has no string "text"', path=path)
+            raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path)
         ex = ReExample(rec["text"])
         for t in rec.get("triple_list", []):
             if not (isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(x, str) for x in t)):
-                raise DataError(f"record {k}: triple {quote(t)} is not [subject, relation, object]", path=path)
+                raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} is not "
+                                "[subject, relation, object]", path=path)
             total += 1
             spans = locate(ex.text, t[0], t[2])
             if spans is None:
                 ex.unlocated.append((t[0], t[1], t[2]))
-                missing.append((k, t))
+                found = bool(_occurrences(ex.text, t[0]) and _occurrences(ex.text, t[2]))
+                unplaced[found].append((k, t))
             elif (spans[0], t[1], spans[1]) not in ex.triples:
                 ex.triples.append((spans[0], t[1], spans[1]))
         out.append(ex)
-    if missing:
-        shown = "; ".join(f"record {k}: {t!r}" for k, t in missing[:3])
-        log.warning("%s: %d of %d triples name a subject or object not found in the text; they are kept as "
-                    "gold for evaluation but not trained on (e.g. %s)", path, len(missing), total, shown)
+    if unplaced[False] or unplaced[True]:
+        log.warning("%s: %d of %d triples cannot be placed in their text%s%s; they are kept as gold for "
+                    "evaluation but not trained on", path, len(unplaced[False]) + len(unplaced[True]), total,
+                    _unplaced(unplaced[False], "name a subject or object not found in the text"),
+                    _unplaced(unplaced[True], "have a subject and object that are the same span of the text"))
     return out
+
+
+def _unplaced(triples: list, why: str) -> str:
+    """One cause of the triples left out of training, with examples (record numbers from 1)."""
+    if not triples:
+        return ""
+    shown = "; ".join(f"record {k}: {t!r}" for k, t in triples[:3])
+    return f"; {len(triples)} {why} (e.g. {shown})"
 
 
 def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:

@@ -55,7 +55,7 @@ class NerTask:
         train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
         dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
-        return f"labels: {', '.join(model.labels)}"  # fit() said where the model is
+        return f"the model tags {len(model.labels)} labels: {', '.join(model.labels)}"  # fit() said where it is
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
         return NerModel.load(path, device=device, precision=precision)

@@ -37,7 +37,7 @@ class ReTask:
         dev = read_re(a.dev) if a.dev else None
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=read_relations_vocab(a.train), all_subjects=a.subjects == "all")
-        return f"{len(model.relations)} relations"  # fit() said where the model is
+        return f"the model extracts {len(model.relations)} relations"  # fit() said where it is
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
         return ReModel.load(path, device=device, precision=precision)
