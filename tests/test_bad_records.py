@@ -168,3 +168,12 @@ def test_embed_writes_one_error_record_and_goes_on(embed_model, tmp_path, capsys
     assert np.isnan(m[line - 1]).all() and not np.isnan(np.delete(m, line - 1, axis=0)).any()
     np.testing.assert_allclose(np.delete(m, line - 1, axis=0), [r["embedding"] for r in want], atol=1e-5)
     assert jsonl(tmp_path / "m.errors.jsonl") == [error]
+
+
+def test_embed_on_an_empty_input_says_so(embed_model, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    assert main(["embed", "--model", embed_model, "--input", str(empty), "--output", str(tmp_path / "e.npy"),
+                 "--precision", "fp32"]) == 0
+    out, err = capsys.readouterr()
+    assert "embedded 0 texts" in out and f"warning: {empty} holds no texts (an empty file?)" in err

@@ -134,7 +134,7 @@ def test_evaluate_names_the_labels_the_model_does_not_know(trained, tmp_path, ca
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(renamed), "--json"]) == 0
     out, err = capsys.readouterr()
     m = json.loads(out)  # stdout keeps its one JSON object; the warning is on stderr and in the object
-    warning = "1 of the data's labels are not the model's and count as misses: person (the model's PER?)"
+    warning = "1 of the data's labels is not the model's and counts as a miss: person (the model's PER?)"
     assert [x for x in err.splitlines() if x.startswith("warning")] == [f"warning: {warning}"]
     assert m["warnings"] == [warning]
     assert m["per_label"]["person"]["f1"] == 0.0 and m["per_label"]["LOC"]["f1"] > 0.9

@@ -32,12 +32,27 @@ def test_a_device_torch_does_not_know_is_one_config_error(name, says):
     assert str(e.value).startswith(says)
 
 
-def test_the_cli_answers_a_wrong_device_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("flags, says", [
+    (["--device", "gpu"], "--device gpu: not a device name; use auto, cpu, cuda, cuda:N or mps"),
+    (["--devices", "0"], "--devices must be >= 1 (processes on this node), got 0"),
+])
+def test_the_cli_answers_a_wrong_device_in_one_line(tmp_path, capsys, flags, says):
     train = tmp_path / "t.conll"
     train.write_text("Ada B-PER\nlives O\n", encoding="utf-8")
-    lines = error_lines(["train", "ner", "--train", str(train), "--out", str(tmp_path / "o"), "--device", "gpu"],
-                        capsys)
-    assert lines == ["error: --device gpu: not a device name; use auto, cpu, cuda, cuda:N or mps"]
+    lines = error_lines(["train", "ner", "--train", str(train), "--out", str(tmp_path / "o"), *flags], capsys)
+    assert lines == [f"error: {says}"]
+
+
+def test_a_cuda_device_the_machine_lacks_is_named(monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^--device cuda:0 asked, but no CUDA device is available$"):
+            pick_device("cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"^--device cuda:3: this machine has 1 CUDA device\(s\), cuda:0 to cuda:0$"):
+        pick_device("cuda:3")
 
 
 @pytest.mark.parametrize("field, value, says", [
@@ -53,14 +68,6 @@ def test_training_values_out_of_range_are_refused(field, value, says):
     TrainOptions(**{field: 0 if field != "max_length" else 8})  # the bound itself is taken
 
 
-def test_devices_below_one_is_refused(tmp_path, capsys):
-    train = tmp_path / "t.conll"
-    train.write_text("Ada B-PER\nlives O\n", encoding="utf-8")
-    lines = error_lines(["train", "ner", "--train", str(train), "--out", str(tmp_path / "o"), "--devices", "0"],
-                        capsys)
-    assert lines == ["error: --devices must be >= 1 (processes on this node), got 0"]
-
-
 @pytest.mark.parametrize("argv, says", [
     (["train", "ner", "--train", "t.conll", "--out", "o", "--epoch", "1"],
      "spanflow train ner: error: unrecognized arguments: --epoch 1 (--epoch: did you mean --epochs?)"),
@@ -68,8 +75,11 @@ def test_devices_below_one_is_refused(tmp_path, capsys):
      "spanflow train re: error: unrecognized arguments: --max_steps=2 (--max_steps: did you mean --max-steps?)"),
     (["predict", "--model", "m", "--input", "i", "--output", "o", "--zzz"],
      "spanflow predict: error: unrecognized arguments: --zzz"),
+    # a flag another task takes is that task's, not a misspelling of --head-lr
+    (["train", "re", "--train", "t.json", "--out", "o", "--head", "crf"],
+     "spanflow train re: error: unrecognized arguments: --head crf (--head: only spanflow train ner takes it)"),
 ])
-def test_a_misspelt_flag_is_told_by_its_command_with_the_nearest_flag(argv, says, capsys):
+def test_a_flag_is_told_by_its_command_with_the_nearest_flag(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
@@ -103,3 +113,99 @@ def test_triples_that_cannot_be_placed_are_counted_by_cause(tmp_path, caplog):
     assert "1 name a subject or object not found in the text (e.g. record 2: ['Bob', 'livesIn', 'Oslo'])" in msg
     assert ("1 have a subject and object that are the same span of the text (e.g. record 1: "
             "['Bacon', 'ingredient', 'Bacon'])") in msg
+
+
+def test_training_values_are_checked_before_a_budget_is_measured(tmp_path, capsys, monkeypatch):
+    from spanflow.tuning import auto
+
+    monkeypatch.setattr(auto, "quick_profile", lambda **kw: pytest.fail("measured before the options were checked"))
+    train = tmp_path / "t.conll"
+    train.write_text("Ada B-PER\nlives O\n", encoding="utf-8")
+    lines = error_lines(["train", "ner", "--train", str(train), "--out", str(tmp_path / "o"), "--max-tokens", "auto",
+                         "--weight-decay", "-1"], capsys)
+    assert lines == ["error: --weight-decay must be >= 0, got -1.0"]
+
+
+@pytest.mark.parametrize("flag", [["--devices", "2"], ["--devices=2"]])
+def test_devices_relaunches_without_its_own_flag(tmp_path, monkeypatch, flag):
+    from spanflow.training import distributed
+
+    launched = []
+    monkeypatch.setattr(distributed, "relaunch", lambda argv, n: launched.append((argv, n)) or 0)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = ["train", "ner", "--train", "t.conll", *flag, "--out", "o"]
+    assert main(argv) == 0
+    assert launched == [(["train", "ner", "--train", "t.conll", "--out", "o"], 2)]
+
+
+def test_data_errors_number_casrel_records_from_one(tmp_path):
+    from spanflow.errors import DataError
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps([{"text": "Ann lives in Rome .", "triple_list": []}, {"triple_list": []}]),
+                    encoding="utf-8")
+    with pytest.raises(DataError, match=r'record 2 \(of the list, from 1\) has no string "text"'):
+        read_re(path)
+
+
+def test_unknown_names_say_which_and_what_they_may_mean():
+    from spanflow.tasks.metrics import unknown_names
+
+    assert unknown_names(["LOC", "PER"], {"LOC", "PER"}, "labels") == []
+    assert unknown_names(["LOC", "PER"], {"LOC", "person", "ZZZ"}, "labels") == [
+        "2 of the data's labels are not the model's and count as misses: ZZZ, person (the model's PER?)"]
+    none = unknown_names(["birthPlace"], {"locatedIn"}, "relations")
+    assert none == ["none of the data's relations is one the model was trained on (birthPlace): every one counts "
+                    "as a miss and F1 is 0; check that model and data match: locatedIn"]
+
+
+def test_an_inference_policy_says_nothing_of_training():
+    import dataclasses
+
+    import torch
+
+    from spanflow.runtime.policy import Policy
+
+    fp16 = Policy(device=torch.device("cpu"), amp_dtype=torch.float16, use_scaler=True)
+    assert fp16.describe() == "device cpu, precision fp16 autocast, fp32 master weights, GradScaler"
+    assert fp16.describe(training=False) == "device cpu, precision fp16 autocast"
+    assert dataclasses.replace(fp16, why="x").describe(training=False).endswith(" (x)")
+
+
+def test_doctor_needs_a_step_to_probe():
+    from spanflow.tuning.doctor import doctor
+
+    with pytest.raises(ConfigError, match="--steps must be >= 1, got 0"):
+        doctor(model="tiny", data="x", steps=0, log_fn=lambda s: None)
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_a_window_under_the_floor_is_refused_before_the_model_is_looked_at(tmp_path, capsys, command):
+    texts, data = tmp_path / "t.txt", tmp_path / "d.conll"
+    texts.write_text("Ada lives in Paris .\n", encoding="utf-8")
+    data.write_text("Ada B-PER\nlives O\n", encoding="utf-8")
+    io = ["--input", str(texts), "--output", str(tmp_path / "p.jsonl")] if command == "predict" else ["--data", str(data)]
+    # the model directory does not exist: the window is told first, as it needs no model
+    lines = error_lines([command, "--model", str(tmp_path / "none"), *io, "--max-length", "4"], capsys)
+    assert lines == ["error: --max-length must be between 8 and the model's limit, got 4"]
+    lines = error_lines([command, "--model", str(tmp_path / "none"), *io, "--stride", "-1"], capsys)
+    assert lines == ["error: --stride must be >= 0, got -1"]
+
+
+def test_a_training_run_ends_with_the_command_to_run_its_model(tmp_path, capsys):
+    from spanflow.data.formats.jsonl import write_jsonl_record
+    from spanflow.data.synthetic import synthetic_ner
+
+    data = tmp_path / "train.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for e in synthetic_ner(40, seed=3, max_clauses=1):
+            write_jsonl_record(f, e.text, e.spans)
+    out = tmp_path / "run"
+    assert main(["train", "ner", "--train", str(data), "--dev", str(data), "--out", str(out), "--epochs", "1",
+                 "--max-length", "32"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("the model tags ") and " labels: " in lines[-2]
+    assert lines[-1] == f"next: spanflow predict --model {out / 'model'} --input texts.txt --output entities.jsonl"
+    # stopped before any model was kept: no command to run one
+    assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "stopped"), "--max-steps", "1"]) == 0
+    assert not any(x.startswith("next:") for x in capsys.readouterr().out.splitlines())

@@ -46,8 +46,9 @@ def test_a_run_without_model_or_dev_names_the_tiny_start_and_keeps_the_last_epoc
     [defaults] = [x for x in lines if x.startswith("defaults: ")]
     assert "model tiny (a small encoder and vocabulary built from scratch on --train" in defaults
     assert "no --dev: no early stopping, the model of the last epoch is kept" in defaults
-    where = [x for x in lines if f"{out}/model" in x]
+    where = [x for x in lines if f"{out}/model" in x and not x.startswith("next: ")]
     assert where == [f"no --dev to pick a best model by: the model of the last epoch (step 4) is in {out}/model"]
+    assert lines[-1] == f"next: spanflow predict --model {out}/model --input texts.txt --output entities.jsonl"
     assert sorted(os.listdir(out)) == ["checkpoint", "model", "train_report.jsonl"]  # no lock file left behind
 
 
@@ -60,7 +61,7 @@ def test_a_max_steps_stop_says_the_checkpoint_holds_the_weights_then_resume_name
     assert not any("model saved" in x or "model is in" in x for x in lines)
     assert sorted(os.listdir(out)) == ["checkpoint", "train_report.jsonl"]
     lines = _train([*args, "--resume"], capsys)
-    where = [x for x in lines if f"{out}/model" in x]
+    where = [x for x in lines if f"{out}/model" in x and not x.startswith("next: ")]
     assert len(where) == 1 and re.fullmatch(rf"best dev F1 \d\.\d{{4}} \(fp32, step \d of 4\): the model is in "
                                             rf"{re.escape(str(out))}/model", where[0]), where
     assert (out / "model").is_dir() and not (out / ".lock").exists()

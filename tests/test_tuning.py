@@ -136,8 +136,9 @@ def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys, mo
     out = capsys.readouterr().out
     assert "runtime: device cpu (as asked), precision fp32 (as asked)" in out
     profile = tmp_path / "profile.json"  # the file it wrote is named, with how to use it
-    assert f"profile: {profile}; run it with --profile {profile} (predict, evaluate, embed or serve)" in out
-    assert "quality: the task's evaluate score (entity or triple F1, Spearman)" in out
+    assert (f"profile: {profile}; run it with --profile {profile} (the commands that run this model: predict or "
+            "embed, evaluate, serve)") in out
+    assert "quality: the task's evaluate score (entity or triple F1, Spearman or MRR@10)" in out
     quality = {p["max_length"]: p["quality"] for p in json.loads((tmp_path / "profile.json").read_text())["points"]}
     for L in (16, 64):
         model = NerModel.load(model_dir, device="cpu", precision="fp32")

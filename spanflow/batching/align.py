@@ -115,6 +115,17 @@ def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:
     return max_length, stride
 
 
+def check_window_floor(max_length: int | None, stride: int | None) -> None:
+    """What check_window can tell before the model (and its limit) is loaded: a ConfigError for a
+    --max-length under MIN_LENGTH or a negative --stride."""
+    from spanflow.errors import ConfigError
+
+    if max_length is not None and max_length < MIN_LENGTH:
+        raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit, got {max_length}")
+    if stride is not None and stride < 0:
+        raise ConfigError(f"--stride must be >= 0, got {stride}")
+
+
 def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
     """Cut [0, n_tokens) into windows of at most max_length-2 content tokens.
 

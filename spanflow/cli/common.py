@@ -19,22 +19,27 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.elsewhere: dict[str, list[str]] = {}  # flags this command lacks -> the commands that take them
 
     def parse_known_args(self, args=None, namespace=None):
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None and " " in self.prog:  # a command's own parser (a leaf)
-            self.error(unknown_flags(extras, list(self._option_string_actions)))
+            self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         return ns, extras
 
 
-def unknown_flags(extras: list[str], known: list[str]) -> str:
-    """The error for arguments a parser does not take, with the nearest known flag for each
-    unknown one ("--epoch": did you mean --epochs?)."""
+def unknown_flags(extras: list[str], known: list[str], elsewhere: dict[str, list[str]] | None = None) -> str:
+    """The error for arguments a parser does not take: a flag another command takes is said to
+    be that command's ("--head: only spanflow train ner takes it"), any other unknown flag gets the
+    nearest known one ("--epoch: did you mean --epochs?")."""
     import difflib
 
     hints = []
     for arg in extras:
         name = arg.split("=", 1)[0]
+        if name in (elsewhere or {}):
+            hints.append(f"{name}: only {' and '.join(elsewhere[name])} takes it")
+            continue
         near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.75) \
             if name.startswith("--") else []
         if near:

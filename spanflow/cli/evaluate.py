@@ -30,6 +30,9 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tasks.registry import task_of_dir
     from spanflow.tuning.auto import quick_profile
 
+    from spanflow.batching.align import check_window_floor
+
+    check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
     examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme)
     loads = Loads(task, a.model)

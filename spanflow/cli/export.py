@@ -37,9 +37,11 @@ def run(a: argparse.Namespace) -> int:
 
 def _out(a: argparse.Namespace) -> str:
     """The output directory, given as the positional OUT or as --out (not two different ones)."""
+    import os
+
     from spanflow.errors import ConfigError
 
-    if a.out and a.out_flag and a.out != a.out_flag:
+    if a.out and a.out_flag and os.path.realpath(a.out) != os.path.realpath(a.out_flag):
         raise ConfigError(f"two output directories given: {a.out} and --out {a.out_flag}; give one")
     if not (a.out or a.out_flag):
         raise ConfigError("no output directory: give it as --out OUT (or as the last argument)")

@@ -27,11 +27,13 @@ def run(a: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
+    from spanflow.batching.align import check_window_floor
     from spanflow.cli.common import check_input
     from spanflow.inference.predict_job import WHAT, check_output, output_format
     from spanflow.tasks.registry import task_of_dir
 
     check_input(a)
+    check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         return run_ray(a, task)

@@ -17,11 +17,18 @@ def add_parser(sub) -> None:
                                    "'spanflow train TASK --help' lists the task's flags.")
     by_task = p.add_subparsers(dest="task", required=True, metavar="TASK", parser_class=Parser,
                                help=", ".join(t.name for t in trained))
+    parsers = {}
     for task in trained:
         tp = by_task.add_parser(task.name, help=task.summary,
                                 description=f"Train a model for {task.summary}; the best is saved to OUT/model.")
         _add_common(tp, task.name)
         task.add_train_args(tp.add_argument_group(f"{task.name} options"))
+        parsers[task.name] = tp
+    for name, tp in parsers.items():  # a flag only other tasks take is told as theirs, not as a misspelling
+        tp.elsewhere = {flag: [f"spanflow train {other}" for other, op in parsers.items()
+                               if flag in op._option_string_actions]
+                        for o, op in parsers.items() if o != name for flag in op._option_string_actions
+                        if flag not in tp._option_string_actions}
 
 
 def _add_common(p, task: str) -> None:
@@ -55,10 +62,11 @@ def run(a: argparse.Namespace) -> int:
     if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from spanflow.training.distributed import relaunch
 
-        argv = list(a.argv)
-        i = argv.index("--devices")
-        return relaunch(argv[:i] + argv[i + 2:], a.devices)
+        argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process
+        i = next(k for k, x in enumerate(argv) if x == "--devices" or x.startswith("--devices="))
+        return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices)
     task = get(a.task)
+    options_from(TrainOptions, a, max_tokens=None)  # every other value checked before a model loads to measure
     # the device and precision are decided again, and said, by the training set-up on each rank by the
     # same policy; a measured budget (auto, --profile) is said here, with the training log (stdout)
     measured = a.max_tokens == "auto" or a.profile is not None

@@ -52,7 +52,7 @@ class Policy:
     def describe(self, *, training: bool = True) -> str:
         """One line: the device and precision (and why); master weights only where they train."""
         what = self.name + ((" autocast, fp32 master weights" if training else " autocast") if self.amp_dtype else "")
-        if self.use_scaler:
+        if self.use_scaler and training:  # loss scaling is a training matter
             what += ", GradScaler"
         dev = str(self.device)
         if self.device.type == "cuda":
@@ -74,7 +74,7 @@ def pick_device(device: str = "auto") -> torch.device:
         except RuntimeError:
             raise ConfigError(f"--device {device}: not a device name; use {DEVICES}") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda asked, but no CUDA device is available")
+            raise ConfigError(f"--device {device} asked, but no CUDA device is available")
         if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                               f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")

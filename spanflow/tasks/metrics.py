@@ -53,7 +53,8 @@ def unknown_names(known: list[str], gold: set[str], what: str) -> list[str]:
     if not gold & set(known):
         return [f"none of the data's {what} is one the model was trained on ({listed(sorted(known))}): every "
                 f"one counts as a miss and F1 is 0; check that model and data match: {listed(unknown, near)}"]
-    return [f"{len(unknown)} of the data's {what} are not the model's and count as misses: {listed(unknown, near)}"]
+    verb = "is not the model's and counts as a miss" if len(unknown) == 1 else "are not the model's and count as misses"
+    return [f"{len(unknown)} of the data's {what} {verb}: {listed(unknown, near)}"]
 
 
 def agreement_f1(ref: list, got: list) -> float:

@@ -24,6 +24,13 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
     return f"{score}: the model is in {model}"
 
 
+def next_command(out_dir: str, command: str) -> str:
+    """"\nnext: COMMAND" with {model} the run's model directory, where the run left one; "" otherwise
+    (a run stopped by --max-steps before its first evaluation has its weights in the checkpoint)."""
+    model = os.path.join(out_dir, "model")
+    return f"\nnext: {command.format(model=model)}" if os.path.isdir(model) else ""
+
+
 def _stopped(summary: dict, out_dir: str, metric: str) -> str:
     model, ckpt = os.path.join(out_dir, "model"), os.path.join(out_dir, "checkpoint", "model")
     best = summary["best_f1"]

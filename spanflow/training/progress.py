@@ -33,8 +33,6 @@ def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial
     train_report.jsonl, a printed line and the dashboards' scalars, from rank 0."""
     rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
            "device": str(r.policy.device), "dev_f1": f1}
-    if r.recent:  # the step lines' loss, averaged over their window: one host sync a period
-        rep["loss"] = mean_loss(r.recent)
     if r.hooks.metric != "F1":
         rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
     if partial:
@@ -43,6 +41,8 @@ def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial
 
 
 def _write(r: LoopState, rep: dict, epoch: int) -> None:
+    if r.recent:  # the step lines' loss, averaged over their window: one host sync a period, on rank 0
+        rep["loss"] = mean_loss(r.recent)
     with writing("the training report", r.report_path):
         append_jsonl(r.report_path, rep)
     r.log(format_report(rep))

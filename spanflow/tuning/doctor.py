@@ -110,6 +110,10 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
            log_fn: Callable[[str], None] = print) -> dict:
     """Print the environment; with model and data, probe training and name the biggest losses.
     `max_tokens` None: training's default budget for the device (runtime/budget.py)."""
+    if steps < 1:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
     env = environment()
     for k, v in env.items():
         log_fn(f"{k:>15}: {v}")
@@ -145,8 +149,8 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
     if healthy:
         log_fn(f"with token-budget batches (max_tokens {max_tokens}): {healthy['real_tokens_per_s']:.0f} real "
                f"tok/s, {healthy['real_tokens_per_s'] / r['real_tokens_per_s']:.1f}x")
-    log_fn("findings:" if findings else "no loss of utilization found in this probe: its batches, data and "
-                                        "optimizer are as spanflow's training runs them")
+    log_fn("findings:" if findings else "no loss of utilization found in this probe"
+           + ("" if batch_size else ": its batches, data and optimizer are as spanflow's training runs them"))
     for i, f in enumerate(findings, 1):
         log_fn(f"  {i}. {f}")
     return {"environment": env, "probe": r, "healthy": healthy, "findings": findings}

@@ -75,10 +75,13 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     write_profile(path, profile)
     log_fn(format_table(profile))
     if any(p.quality is not None for p in points):
-        log_fn("quality: the task's evaluate score (entity or triple F1, Spearman) on the labelled sample, read at "
-               f"that max length; a shorter length is picked for speed only within {QUALITY_TOLERANCE} of the best")
-    log_fn(f"profile: {path}; run it with --profile {path} "
-           f"({'spanflow train' if mode == 'train' else 'predict, evaluate, embed or serve'})")
+        log_fn("quality: the task's evaluate score (entity or triple F1, Spearman or MRR@10) on the labelled sample, "
+               f"read at that max length; a shorter length is picked for speed only within {QUALITY_TOLERANCE} of "
+               "the best")
+    if best:  # a profile without a best point is refused by --profile
+        log_fn(f"profile: {path}; run it with --profile {path} ("
+               + ("spanflow train" if mode == "train" else "the commands that run this model: predict or embed, "
+                  "evaluate, serve") + ")")
     if plot:
         from spanflow.tuning.plot import plot_profile
 

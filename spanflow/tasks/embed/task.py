@@ -13,6 +13,7 @@ from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder
 from spanflow.tasks.embed.request import read_options
 from spanflow.tasks.registry import Workload, check_model_for
+from spanflow.training.outcome import next_command
 
 
 class EmbedTask:
@@ -56,7 +57,9 @@ class EmbedTask:
         train = read_pairs(a.train, columns=a.columns)
         dev = read_pairs(a.dev, columns=a.columns) if a.dev else None
         model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options, config=config)
-        return f"embeddings of {model.dim} dimensions (a sentence-transformers directory)"  # fit() said where
+        # fit() said where the model is
+        return (f"embeddings of {model.dim} dimensions (a sentence-transformers directory)"
+                + next_command(a.out, "spanflow embed --model {model} --input texts.txt --output vectors.npy"))
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto",
              quantize: str | None = None) -> Embedder:

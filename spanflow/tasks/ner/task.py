@@ -11,6 +11,7 @@ from spanflow.tasks.ner.model import NerModel
 from spanflow.tasks.ner.train import start_model, train_ner
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
+from spanflow.training.outcome import next_command
 from spanflow.runtime.policy import Policy
 
 
@@ -55,7 +56,9 @@ class NerTask:
         train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
         dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
-        return f"the model tags {len(model.labels)} labels: {', '.join(model.labels)}"  # fit() said where it is
+        # fit() said where the model is
+        return (f"the model tags {len(model.labels)} labels: {', '.join(model.labels)}"
+                + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output entities.jsonl"))
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
         return NerModel.load(path, device=device, precision=precision)

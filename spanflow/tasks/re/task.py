@@ -7,6 +7,7 @@ from spanflow.tasks.re.model import ReModel
 from spanflow.tasks.re.train import start_model, train_re
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
+from spanflow.training.outcome import next_command
 from spanflow.runtime.policy import Policy
 
 
@@ -37,7 +38,9 @@ class ReTask:
         dev = read_re(a.dev) if a.dev else None
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=read_relations_vocab(a.train), all_subjects=a.subjects == "all")
-        return f"the model extracts {len(model.relations)} relations"  # fit() said where it is
+        # fit() said where the model is
+        return (f"the model extracts {len(model.relations)} relations"
+                + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output triples.jsonl"))
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
         return ReModel.load(path, device=device, precision=precision)
