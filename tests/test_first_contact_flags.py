@@ -209,3 +209,11 @@ def test_a_training_run_ends_with_the_command_to_run_its_model(tmp_path, capsys)
     # stopped before any model was kept: no command to run one
     assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "stopped"), "--max-steps", "1"]) == 0
     assert not any(x.startswith("next:") for x in capsys.readouterr().out.splitlines())
+
+
+def test_tune_refuses_a_max_length_under_the_floor_before_a_model_loads(tmp_path):
+    from spanflow.tuning.tune import tune
+
+    with pytest.raises(ConfigError, match=r"^--max-lengths must each be >= 8, got 4$"):
+        tune(task="ner", model=str(tmp_path / "none"), data="x", mode="infer", max_lengths=[4, 64],
+             log_fn=lambda s: None)

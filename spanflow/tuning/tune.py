@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable
 
+from spanflow.batching.align import MIN_LENGTH
 from spanflow.errors import ConfigError
 from spanflow.runtime.cache import device_name
 from spanflow.runtime.files import write_profile
@@ -40,6 +41,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     mode = mode or getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))[0]
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
+    short = [L for L in max_lengths or () if L < MIN_LENGTH]
+    if short:
+        raise ConfigError(f"--max-lengths must each be >= {MIN_LENGTH}, got {', '.join(map(str, short))}")
     check_model_for(model, task, start=mode == "train")  # before any model loads
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
