@@ -204,6 +204,8 @@ def test_a_training_run_ends_with_the_command_to_run_its_model(tmp_path, capsys)
     assert main(["train", "ner", "--train", str(data), "--dev", str(data), "--out", str(out), "--epochs", "1",
                  "--max-length", "32"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    assert any(x.endswith("; words: tokenizer (plain text is cut into words by the tokenizer, which splits "
+                          "punctuation off)") for x in lines), lines  # JSONL spans: the tokenizer's words
     assert lines[-2].startswith("the model tags ") and " labels: " in lines[-2]
     assert lines[-1] == f"next: spanflow predict --model {out / 'model'} --input texts.txt --output entities.jsonl"
     # stopped before any model was kept: no command to run one
@@ -217,3 +219,12 @@ def test_tune_refuses_a_max_length_under_the_floor_before_a_model_loads(tmp_path
     with pytest.raises(ConfigError, match=r"^--max-lengths must each be >= 8, got 4$"):
         tune(task="ner", model=str(tmp_path / "none"), data="x", mode="infer", max_lengths=[4, 64],
              log_fn=lambda s: None)
+
+
+def test_the_training_line_says_what_whitespace_words_mean(tmp_path, capsys):
+    conll = tmp_path / "t.conll"
+    conll.write_text("Ada B-PER\nlives O\nin O\nParis B-LOC\n, O\n\nBob B-PER\nsmiled O\n.\tO\n", encoding="utf-8")
+    assert main(["train", "ner", "--train", str(conll), "--out", str(tmp_path / "o"), "--max-steps", "1"]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if "; words: " in x]
+    assert line.endswith("; words: whitespace (plain text is cut into words at its spaces, as these tokens were, and "
+                         "an entity starts and ends only there; punctuation cut off a word's start: ,., end: ,.)")

@@ -21,12 +21,17 @@ from spanflow.tasks.ner.features import (
 )
 from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
 from spanflow.tasks.ner.model import NerModel
-from spanflow.tasks.ner.words import WHITESPACE, edge_rules, words_of
+from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
 from spanflow.training.setup import Run, is_model_dir, warn_unseen
+
+# what the training line's `words:` means for the texts the model will read
+WORDS_MEAN = {WHITESPACE: "plain text is cut into words at its spaces, as these tokens were, and an entity starts and "
+                          "ends only there",
+              TOKENIZER: "plain text is cut into words by the tokenizer, which splits punctuation off"}
 
 # measured for time to dev F1 (docs/defaults.md): wnut17 with all-MiniLM-L6-v2, resume_ner with tiny
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=10),
@@ -94,9 +99,9 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "
-            f"words: {nm.words}"
-            + (f" (punctuation cut off a word's start: {nm.word_edges['start'] or 'none'}, end: "
-               f"{nm.word_edges['end'] or 'none'})" if nm.word_edges else ""))
+            f"words: {nm.words} ({WORDS_MEAN[nm.words]}"
+            + (f"; punctuation cut off a word's start: {nm.word_edges['start'] or 'none'}, end: "
+               f"{nm.word_edges['end'] or 'none'}" if nm.word_edges else "") + ")")
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))
