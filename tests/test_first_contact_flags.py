@@ -189,7 +189,7 @@ def test_a_window_under_the_floor_is_refused_before_the_model_is_looked_at(tmp_p
     lines = error_lines([command, "--model", str(tmp_path / "none"), *io, "--max-length", "4"], capsys)
     assert lines == ["error: --max-length must be between 8 and the model's limit, got 4"]
     lines = error_lines([command, "--model", str(tmp_path / "none"), *io, "--stride", "-1"], capsys)
-    assert lines == ["error: --stride must be >= 0, got -1"]
+    assert lines == ["error: --stride must be >= 0 (NER's windows; other tasks take none), got -1"]
 
 
 def test_a_training_run_ends_with_the_command_to_run_its_model(tmp_path, capsys):
@@ -228,3 +228,24 @@ def test_the_training_line_says_what_whitespace_words_mean(tmp_path, capsys):
     [line] = [x for x in capsys.readouterr().out.splitlines() if "; words: " in x]
     assert line.endswith("; words: whitespace (plain text is cut into words at its spaces, as these tokens were, and "
                          "an entity starts and ends only there; punctuation cut off a word's start: ,., end: ,.)")
+
+
+def test_next_is_said_only_for_a_model_this_run_finished(tmp_path):
+    from spanflow.training.outcome import next_command
+
+    out = tmp_path / "my runs"  # a space: the command is quoted to be copied as it is
+    (out / "model").mkdir(parents=True)
+    report = out / "train_report.jsonl"
+    assert next_command(str(out), "run {model}") == ""  # no report: not this run's model
+    report.write_text(json.dumps({"epoch": 1}) + "\n" + json.dumps({"epoch": 2}) + "\n", encoding="utf-8")
+    assert next_command(str(out), "run {model}") == f"\nnext: run '{out}/model'"
+    with open(report, "a", encoding="utf-8") as f:  # stopped by --max-steps: the model there is an earlier run's
+        f.write(json.dumps({"epoch": 3, "partial": True}) + "\n")
+    assert next_command(str(out), "run {model}") == ""
+
+
+def test_a_flag_of_two_other_tasks_names_both(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "embed", "--train", "p.csv", "--out", "o", "--oversample", "1"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "(--oversample: only spanflow train ner and spanflow train re take it)")

@@ -123,7 +123,7 @@ def check_window_floor(max_length: int | None, stride: int | None) -> None:
     if max_length is not None and max_length < MIN_LENGTH:
         raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit, got {max_length}")
     if stride is not None and stride < 0:
-        raise ConfigError(f"--stride must be >= 0, got {stride}")
+        raise ConfigError(f"--stride must be >= 0 (NER's windows; other tasks take none), got {stride}")
 
 
 def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:

@@ -38,7 +38,8 @@ def unknown_flags(extras: list[str], known: list[str], elsewhere: dict[str, list
     for arg in extras:
         name = arg.split("=", 1)[0]
         if name in (elsewhere or {}):
-            hints.append(f"{name}: only {' and '.join(elsewhere[name])} takes it")
+            hints.append(f"{name}: only {' and '.join(elsewhere[name])} take{'s' if len(elsewhere[name]) == 1 else ''} "
+                         "it")
             continue
         near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.75) \
             if name.startswith("--") else []

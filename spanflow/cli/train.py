@@ -59,6 +59,8 @@ def run(a: argparse.Namespace) -> int:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--devices must be >= 1 (processes on this node), got {a.devices}")
+    # every value but the budget checked here: once, before ranks are launched or a model loads to measure
+    options_from(TrainOptions, a, max_tokens=None)
     if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from spanflow.training.distributed import relaunch
 
@@ -66,11 +68,12 @@ def run(a: argparse.Namespace) -> int:
         i = next(k for k, x in enumerate(argv) if x == "--devices" or x.startswith("--devices="))
         return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices)
     task = get(a.task)
-    options_from(TrainOptions, a, max_tokens=None)  # every other value checked before a model loads to measure
     # the device and precision are decided again, and said, by the training set-up on each rank by the
     # same policy; a measured budget (auto, --profile) is said here, with the training log (stdout)
     measured = a.max_tokens == "auto" or a.profile is not None
     rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
                          log=print if measured else (lambda s: None))
-    print(task.train_from_args(a, options_from(TrainOptions, a, max_tokens=rt.max_tokens)))
+    said = task.train_from_args(a, options_from(TrainOptions, a, max_tokens=rt.max_tokens))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
+        print(said)
     return 0

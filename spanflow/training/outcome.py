@@ -2,7 +2,9 @@
 the checkpoint holds this run's weights and how to go on), and the dev score that model has."""
 from __future__ import annotations
 
+import json
 import os
+import shlex
 
 
 def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, rescored: float | None = None,
@@ -25,10 +27,24 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
 
 
 def next_command(out_dir: str, command: str) -> str:
-    """"\nnext: COMMAND" with {model} the run's model directory, where the run left one; "" otherwise
-    (a run stopped by --max-steps before its first evaluation has its weights in the checkpoint)."""
+    """"\nnext: COMMAND" with {model} the run's model directory, where the run ran to its end and
+    left one; "" otherwise: a run stopped by --max-steps has its weights in the checkpoint, and
+    OUT/model may be an earlier run's (the report's last line says whether this run ended)."""
     model = os.path.join(out_dir, "model")
-    return f"\nnext: {command.format(model=model)}" if os.path.isdir(model) else ""
+    if not (os.path.isdir(model) and _ran_to_the_end(os.path.join(out_dir, "train_report.jsonl"))):
+        return ""
+    return f"\nnext: {command.format(model=shlex.quote(model))}"
+
+
+def _ran_to_the_end(report: str) -> bool:
+    """Whether the run whose report this is ended whole: its last period is no --max-steps stop's
+    (a fresh run starts a fresh report, training/loop.py)."""
+    try:
+        with open(report, encoding="utf-8") as f:
+            last = f.read().strip().splitlines()[-1:]
+        return bool(last) and not json.loads(last[0]).get("partial", False)
+    except (OSError, ValueError):
+        return False
 
 
 def _stopped(summary: dict, out_dir: str, metric: str) -> str:
