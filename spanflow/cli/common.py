@@ -177,6 +177,14 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                         "[none]")
 
 
+def warn_if_empty(path: str, n_texts: int) -> None:
+    """The stderr line of a job whose input held no texts (it ran, and wrote an empty output)."""
+    import sys
+
+    if not n_texts:
+        print(f"warning: {path} holds no texts (an empty file?)", file=sys.stderr)
+
+
 def check_input(a) -> None:
     """--input before any model loads: a local file that exists and holds texts (labelled data is
     named, not read line by line); a URI (s3://, gs://, ...) only with --ray, whose cluster reads it."""

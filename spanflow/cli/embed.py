@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from spanflow.cli.common import add_budget_args, add_device_arg, add_input_args, add_precision_arg, add_quantize_args
+from spanflow.cli.common import (
+    add_budget_args,
+    add_device_arg,
+    add_input_args,
+    add_precision_arg,
+    add_quantize_args,
+    warn_if_empty,
+)
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -85,6 +91,5 @@ def _run(a: argparse.Namespace) -> int:
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
-    if not s["texts"]:
-        print(f"warning: {a.input} holds no texts (an empty file?)", file=sys.stderr)
+    warn_if_empty(a.input, s["texts"])
     return 0

@@ -24,13 +24,12 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    from spanflow.batching.align import check_window_floor
     from spanflow.inference.heap import settle
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.resolve import Asked, resolve_runtime
     from spanflow.tasks.registry import task_of_dir
     from spanflow.tuning.auto import quick_profile
-
-    from spanflow.batching.align import check_window_floor
 
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args
+from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args, warn_if_empty
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -65,6 +64,5 @@ def _run(a: argparse.Namespace, task) -> int:
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens)
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
-    if not stats["records"]:
-        print(f"warning: {a.input} holds no texts (an empty file?)", file=sys.stderr)
+    warn_if_empty(a.input, stats["records"])
     return 0

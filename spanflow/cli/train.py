@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from spanflow.cli.common import Parser, add_runtime_args
 from spanflow.cli.options import add_options, options_from
@@ -24,11 +25,12 @@ def add_parser(sub) -> None:
         _add_common(tp, task.name)
         task.add_train_args(tp.add_argument_group(f"{task.name} options"))
         parsers[task.name] = tp
-    for name, tp in parsers.items():  # a flag only other tasks take is told as theirs, not as a misspelling
-        tp.elsewhere = {flag: [f"spanflow train {other}" for other, op in parsers.items()
-                               if flag in op._option_string_actions]
-                        for o, op in parsers.items() if o != name for flag in op._option_string_actions
-                        if flag not in tp._option_string_actions}
+    owners: dict[str, list[str]] = {}  # each flag -> the train commands that take it
+    for name, tp in parsers.items():
+        for flag in tp._option_string_actions:
+            owners.setdefault(flag, []).append(f"spanflow train {name}")
+    for tp in parsers.values():  # a flag only other tasks take is told as theirs, not as a misspelling
+        tp.elsewhere = {flag: who for flag, who in owners.items() if flag not in tp._option_string_actions}
 
 
 def _add_common(p, task: str) -> None:
@@ -59,8 +61,8 @@ def run(a: argparse.Namespace) -> int:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--devices must be >= 1 (processes on this node), got {a.devices}")
-    # every value but the budget checked here: once, before ranks are launched or a model loads to measure
-    options_from(TrainOptions, a, max_tokens=None)
+    # every value but the budget checked here, before ranks are launched or a model loads to measure
+    opts = options_from(TrainOptions, a, max_tokens=None)
     if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from spanflow.training.distributed import relaunch
 
@@ -73,7 +75,7 @@ def run(a: argparse.Namespace) -> int:
     measured = a.max_tokens == "auto" or a.profile is not None
     rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
                          log=print if measured else (lambda s: None))
-    said = task.train_from_args(a, options_from(TrainOptions, a, max_tokens=rt.max_tokens))
+    said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=rt.max_tokens))
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
         print(said)
     return 0

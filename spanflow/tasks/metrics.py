@@ -57,6 +57,12 @@ def unknown_names(known: list[str], gold: set[str], what: str) -> list[str]:
     return [f"{len(unknown)} of the data's {what} {verb}: {listed(unknown, near)}"]
 
 
+def with_unknown(metrics: dict, known: list[str], gold: set[str], what: str) -> dict:
+    """`metrics` with its "warnings" (unknown_names) where the data names `what` the model lacks."""
+    warnings = unknown_names(known, gold, what)
+    return {**metrics, "warnings": warnings} if warnings else metrics
+
+
 def agreement_f1(ref: list, got: list) -> float:
     """F1 of `got` against `ref` taken as gold, over any hashable items per text (spans,
     triples); 1.0 when neither has any."""

@@ -78,7 +78,7 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
     wall = sum(times.values())
     # MFU as the training report computes it (6N + attention per padded token, over the device's peak)
     peak, _ = device_peak(policy.device, policy.name)
-    flops = train_flops_per_token(w.module, padded / max(1, texts)) * padded
+    flops = train_flops_per_token(w.module, real / max(1, texts)) * padded
     return {"real_tokens_per_s": real / wall, "padding_efficiency": real / padded, "texts_per_update": texts / steps,
             "data_frac": times["data"] / wall, "compute_frac": times["compute"] / wall,
             "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps}

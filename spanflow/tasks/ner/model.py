@@ -22,7 +22,7 @@ from spanflow.models.directory import (
 from spanflow.models.encoder import encoder_max_length
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
-from spanflow.tasks.metrics import format_table, span_prf, unknown_names
+from spanflow.tasks.metrics import format_table, span_prf, with_unknown
 from spanflow.tasks.ner.bio import decode_spans
 from spanflow.tasks.ner.features import bio_label_list
 from spanflow.tasks.ner.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
@@ -203,6 +203,5 @@ class NerModel:
         """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
         pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
                                                               words=[e.words for e in ex]), dist)
-        m = span_prf([e.spans for e in examples], pred)
-        warnings = unknown_names(self.labels, {lab for e in examples for _, _, lab in e.spans}, "labels")
-        return {**m, "warnings": warnings} if warnings else m
+        return with_unknown(span_prf([e.spans for e in examples], pred), self.labels,
+                            {lab for e in examples for _, _, lab in e.spans}, "labels")

@@ -21,7 +21,7 @@ from spanflow.models.directory import (
 from spanflow.models.linear import full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
-from spanflow.tasks.metrics import format_table, unknown_names
+from spanflow.tasks.metrics import format_table, with_unknown
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
 from spanflow.tasks.re.features import input_features, make_collate
 from spanflow.tasks.re.metrics import re_metrics
@@ -184,8 +184,6 @@ class ReModel:
         pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
-        m = re_metrics(gold, got)
-        warnings = unknown_names(self.relations, {r for g in gold for _, r, _ in g}, "relations")
-        return {**m, "warnings": warnings} if warnings else m
+        return with_unknown(re_metrics(gold, got), self.relations, {r for g in gold for _, r, _ in g}, "relations")
 
 
