@@ -54,3 +54,13 @@ class PeerFailed(SpanflowError):
     reported; this one stops too, without a second message."""
 
     quiet = True
+
+
+def as_path(value, what: str) -> str:
+    """`value` as a path string; a ConfigError naming `what` (the argument) where it is no path
+    (None, a number): the Python API's mistake is told, not a TypeError from os."""
+    import os
+
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise ConfigError(f"{what} takes a path, got {type(value).__name__} {quote(value, 60)}")

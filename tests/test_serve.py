@@ -114,12 +114,17 @@ def test_an_unknown_model_name_is_404_where_several_could_answer(model_dirs):
     with client({"a": model_dirs["emb"], "b": model_dirs["emb"]}) as c:
         r = c.post("/v1/embeddings", json={"input": ["x"], "model": "nope"})
         assert r.status_code == 404 and "'a', 'b'" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "model"
+        r = c.post("/v1/embeddings", json={"input": ["x"]})  # no name, and two could answer
+        assert r.status_code == 422 and "'a', 'b'" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "model"
         assert c.post("/v1/embeddings", json={"input": ["x"], "model": "b"}).json()["model"] == "b"
 
 
 def test_api_key(model_dirs):
     with client({"emb": model_dirs["emb"]}, api_key="s3cret") as c:
         assert c.get("/health").status_code == 200
+        assert c.head("/health").status_code == 200  # a load balancer's probe
         assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
         ok = c.post("/v1/embeddings", json={"input": "a"}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and c.get("/metrics").status_code == 401

@@ -6,6 +6,7 @@ offsets keep every other label in place. What the labels are is the task's (task
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 
@@ -108,6 +109,7 @@ def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:
     """A valid (max_length, stride) pair for windows of an encoder that takes `limit` tokens."""
     from spanflow.errors import ConfigError
 
+    _whole(max_length, stride)
     if not MIN_LENGTH <= max_length <= limit:
         raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit {limit}, got {max_length}")
     if not 0 <= stride < max_length - 2:
@@ -120,10 +122,20 @@ def check_window_floor(max_length: int | None, stride: int | None) -> None:
     --max-length under MIN_LENGTH or a negative --stride."""
     from spanflow.errors import ConfigError
 
+    _whole(max_length, stride)
     if max_length is not None and max_length < MIN_LENGTH:
         raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit, got {max_length}")
     if stride is not None and stride < 0:
         raise ConfigError(f"--stride must be >= 0 (NER's windows; other tasks take none), got {stride}")
+
+
+def _whole(max_length, stride) -> None:
+    """A ConfigError where a length or stride given through the Python API is not a whole number."""
+    from spanflow.errors import ConfigError
+
+    for name, v in (("max-length", max_length), ("stride", stride)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+            raise ConfigError(f"--{name} must be a whole number of tokens, got {v!r:.60}")
 
 
 def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:

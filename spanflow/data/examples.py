@@ -81,3 +81,62 @@ class ReExample:
         """(subject text, relation, object text) for every gold triple, located or not."""
         t = self.text
         return {(t[s[0]:s[1]], r, t[o[0]:o[1]]) for s, r, o in self.triples} | set(self.unlocated)
+
+
+def _triple_problem(text: str, triple) -> str | None:
+    """Why `triple` is not ((start, end), relation, (start, end)) within `text`, or None."""
+    try:
+        (s, e), rel, (os_, oe) = triple
+    except (TypeError, ValueError):
+        return f"triple {quote(triple)} is not ((start, end), relation, (start, end))"
+    if not isinstance(rel, str) or not rel:
+        return f"triple {quote(triple)} needs a relation that is a non-empty string"
+    for a, b in ((s, e), (os_, oe)):
+        if not (is_offset(a) and is_offset(b) and 0 <= a < b <= len(text)):
+            return f"triple {quote(triple)} has a span out of range for a text of {len(text)} characters"
+    return None
+
+
+def words_problem(words, text: str) -> str | None:
+    """Why `words` are not (start, end) offsets of tokens of `text`, in order, or None."""
+    end = 0
+    for w in words if isinstance(words, (list, tuple)) else [None]:
+        if not (isinstance(w, (tuple, list)) and len(w) == 2 and all(map(is_offset, w))
+                and end <= w[0] < w[1] <= len(text)):
+            return (f"its words {quote(words, 80)} are not (start, end) offsets of its tokens in order, within its "
+                    f"{len(text)} characters")
+        end = w[1]
+    return None
+
+
+def example_problem(ex) -> str | None:
+    """Why a NerExample or ReExample built in code does not hold together (a text that is not a
+    string, a span out of its range, overlapping or unlabelled spans), or None: what the
+    readers check in a file, checked on examples that came from elsewhere."""
+    if not isinstance(ex.text, str):
+        return f"its text is {type(ex.text).__name__}, not a string"
+    name, items, shape = (("triples", ex.triples, "((start, end), relation, (start, end))")
+                          if isinstance(ex, ReExample) else ("spans", ex.spans, "(start, end, label)"))
+    if not isinstance(items, (list, tuple)) or not all(isinstance(x, (tuple, list)) and len(x) == 3 for x in items):
+        return f"its {name} {quote(items, 80)} are not a list of {shape}"
+    if isinstance(ex, ReExample):
+        return next((p for p in (_triple_problem(ex.text, t) for t in ex.triples) if p), None)
+    problem = check_spans(ex.text, ex.spans)
+    if problem is None and ex.words is not None:
+        return words_problem(ex.words, ex.text)
+    return problem
+
+
+def check_examples(examples, kind: type, what: str) -> None:
+    """A ConfigError naming the first item of `examples` (a list) that is not a `kind` whose spans
+    fit its text; `what` names the argument ("train", "dev", "examples")."""
+    from spanflow.errors import ConfigError
+
+    if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, (list, tuple)):
+        raise ConfigError(f"{what} takes a list of {kind.__name__}, got {type(examples).__name__}")
+    for i, ex in enumerate(examples):
+        if not isinstance(ex, kind):
+            raise ConfigError(f"{what}[{i}] is {type(ex).__name__} {quote(ex, 60)}, not a {kind.__name__}")
+        problem = example_problem(ex)
+        if problem:
+            raise ConfigError(f"{what}[{i}]: {problem}")

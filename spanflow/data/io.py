@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 from spanflow.atomic import atomic_open
-from spanflow.data.examples import NerExample
+from spanflow.data.examples import NerExample, ReExample, check_examples
 from spanflow.data.formats.common import kind_of, read_lines
 from spanflow.data.formats.conll import read_conll
 from spanflow.data.formats.jsonl import read_jsonl
 from spanflow.data.formats.sniff import refuse_other, sniff
-from spanflow.errors import DataError
+from spanflow.errors import DataError, as_path
 
 NER_FORMATS = ("conll", "jsonl", "docbin")
 # what each reader takes, by the name sniff gives, and the format it is read as
@@ -58,7 +58,7 @@ def _by_name(path: str) -> str:
 def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | None = None,
              strict: bool = False) -> list[NerExample]:
     """Read labelled NER data from CoNLL columns, JSONL or a spaCy DocBin (detected unless `fmt` is given)."""
-    path = os.fspath(path)
+    path = as_path(path, "read_ner")
     fmt = _format_of(path, fmt, NER_SNIFFED, NER_TAKES, _by_name)
     if fmt == "conll":
         return read_conll(path, scheme=scheme, strict=strict)
@@ -79,7 +79,8 @@ def output_format(path: str) -> str:
 
 def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str | None = None) -> None:
     """Write NER examples as CoNLL (BIO), JSONL or a spaCy DocBin; atomic (temp file + rename)."""
-    path = os.fspath(path)
+    path = as_path(path, "write_ner")
+    check_examples(examples, NerExample, "examples")  # a span past its text would be written as another
     fmt = fmt or output_format(path)
     if fmt == "docbin":
         from spanflow.data.formats.docbin import examples_to_docbin
@@ -96,12 +97,12 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
             (write_conll_sentence if fmt == "conll" else write_jsonl_record)(f, ex.text, ex.spans)
 
 
-def read_re(path: str | os.PathLike, *, fmt: str | None = None):
+def read_re(path: str | os.PathLike, *, fmt: str | None = None) -> list[ReExample]:
     """Read relation data: CasRel JSON or JSONL with character offsets, told apart by content,
     else by extension (.json: CasRel)."""
     from spanflow.data.formats.casrel import read_casrel_json, read_re_jsonl
 
-    path = os.fspath(path)
+    path = as_path(path, "read_re")
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
     fmt = _format_of(path, fmt, RE_SNIFFED, RE_TAKES, lambda p: "casrel" if kind_of(p) == "json" else "jsonl")

@@ -30,7 +30,7 @@ def input_kind(path: str) -> str:
 _ESCAPED = re.compile("[\udc80-\udcff]")
 # a JSON string can still spell a lone surrogate (an escape such as \ud800): no character, so no tokenizer
 # takes it and no UTF-8 output can hold it
-_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _invalid_utf8(row: list[str]) -> str | None:
@@ -74,7 +74,7 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
         what = "is null" if id_column in rec else "is missing"
         return TableRecord(None, DataError(f'its id field "{id_column}" (--id-column) {what}', path=path,
                                            line=lineno), kept)
-    m = _SURROGATE.search(rec[field])
+    m = SURROGATE.search(rec[field])
     if m:
         return TableRecord(rid, DataError(f'"{field}" holds a lone surrogate {m.group()!a} at character '
                                           f"{m.start()}, not a character", path=path, line=lineno), kept)

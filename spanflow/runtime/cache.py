@@ -1,7 +1,8 @@
 """The cache of measured runtime choices: tune profiles (`--max-tokens auto`) and precision
 verdicts (`--precision auto`). Every command reaches a cached file through `cache_path`,
-keyed by what the file was measured for: model, device, task, mode, the precision the
-model runs in (resolved: never "auto") and its quantization."""
+keyed by what the file was measured for: model (its path and its files' sizes and times),
+device, task, mode, the precision the model runs in (resolved: never "auto") and its
+quantization."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +12,7 @@ import torch
 
 KINDS = ("profiles", "verdicts")
 RESOLVED = ("fp32", "bf16", "fp16")
+FINGERPRINT_FILES = 256
 
 
 def cache_root() -> str:
@@ -25,6 +27,42 @@ def device_name(device: torch.device) -> str:
     return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
+def _fingerprint(model: str) -> str:
+    """The size and modification time of the files of a model directory and of its folders (an
+    encoder, a pooling config; no deeper, where a cache or a run's outputs may sit): a model
+    retrained or saved over in place is a new model, whose verdicts and profiles are measured again."""
+    if not os.path.isdir(model):
+        return ""
+    stats: list[str] = []
+    for folder in [model] + sorted(e.path for e in _entries(model) if _is_dir(e)):
+        for entry in _entries(folder):
+            try:
+                if not entry.is_file():
+                    continue
+                st = entry.stat()
+            except OSError:
+                continue
+            stats.append(f"{os.path.relpath(entry.path, model)}:{st.st_size}:{st.st_mtime_ns}")
+            if len(stats) >= FINGERPRINT_FILES:  # a model has a few dozen; a folder of many is not read whole
+                return ";".join(stats)
+    return ";".join(stats)
+
+
+def _entries(folder: str) -> list:
+    """The folder's entries by name; none where it cannot be read (a root-only lost+found)."""
+    try:
+        return sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _is_dir(entry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def cache_path(kind: str, *, model: str, device: torch.device, task: str, mode: str, precision: str,
                quantize: str | None = None) -> str:
     """The one cached file of `kind` ("profiles" or "verdicts") for this model, device, task,
@@ -33,7 +71,7 @@ def cache_path(kind: str, *, model: str, device: torch.device, task: str, mode: 
         raise ValueError(f"cache kind {kind!r}; expected one of {KINDS}")
     if precision not in RESOLVED:  # a key made of the asked "auto" is never found by a run that resolved it
         raise ValueError(f"cache keys take a resolved precision ({', '.join(RESOLVED)}), got {precision!r}")
-    parts = [os.path.abspath(model) if os.path.exists(model) else model, device_name(device), task, mode, precision,
-             quantize or "none"]
+    parts = [os.path.abspath(model) if os.path.exists(model) else model, _fingerprint(model), device_name(device),
+             task, mode, precision, quantize or "none"]
     digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     return os.path.join(cache_root(), kind, digest + ".json")

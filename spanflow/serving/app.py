@@ -96,11 +96,11 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
         return _error(422, f"{where or 'request'}: {first.get('msg', 'invalid')}", param=where)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' probes often send
     async def health():
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready():
         if not state["ready"]:
             raise HttpError(503, "models are loading")
@@ -263,10 +263,11 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
                 return s
         if len(of_task) == 1:
             return of_task[0]
-        raise HttpError(404, f"no {task} model named {str(name)[:100]!r}; loaded: {[s.name for s in of_task]}")
+        raise HttpError(404, f"no {task} model named {str(name)[:100]!r}; loaded: {[s.name for s in of_task]}",
+                        param="model")
     if len(of_task) > 1:  # (a route exists only for a task with a loaded model)
         raise HttpError(422, f"several {task} models are loaded; name one with \"model\": "
-                             f"{[s.name for s in of_task]}")
+                             f"{[s.name for s in of_task]}", param="model")
     return of_task[0]
 
 

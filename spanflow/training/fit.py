@@ -12,10 +12,11 @@ from typing import Any
 
 from torch import nn
 
+from spanflow.errors import as_path
 from spanflow.training.defaults import TaskDefaults, fill_defaults
 from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
-from spanflow.training.options import TrainOptions
+from spanflow.training.options import TrainOptions, check_options
 from spanflow.training.outcome import outcome_line
 from spanflow.training.outdir import claim_out_dir
 from spanflow.training.setup import Run, best_model, prepare_encoder, start_run
@@ -48,6 +49,8 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
 
     `model` is where training starts: a model directory of the task, an encoder directory or
     `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one."""
+    out_dir, model = as_path(out_dir, "out_dir"), as_path(model, "model")
+    check_options(options)
     with claim_out_dir(out_dir, init_from_env()):  # the group first, so every rank learns of a refused claim
         run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
         plan = setup(run)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 
 from spanflow.batching.align import MIN_LENGTH
@@ -74,6 +75,7 @@ class TrainOptions:
         from spanflow.errors import ConfigError
         from spanflow.training.report_to import check_installed, parse_report_to
 
+        _check_types(self)
         self.report_to = parse_report_to(self.report_to)
         check_installed(self.report_to)  # here, so a missing extra stops the run before any model loads
         checks = [
@@ -103,7 +105,39 @@ class TrainOptions:
                 raise ConfigError(message)
 
     def to_dict(self) -> dict:
+        """Every field by name (the run parameters reporters such as MLflow log)."""
         return asdict(self)
+
+
+# what a value of each annotated type may be (bool is an int to Python, but no count or rate)
+_KINDS = {"int": (numbers.Integral, "a whole number"), "float": (numbers.Real, "a number"),
+          "bool": (bool, "True or False"), "str": (str, "a string"), "dict": (dict, "a dict")}
+
+
+def _check_types(opts: TrainOptions) -> None:
+    """A ConfigError naming the first field whose value is not of its type (`epochs=1.5`,
+    `lr="1e-4"`): the Python API's values are checked as the CLI's parsers check theirs."""
+    from spanflow.errors import ConfigError, quote
+
+    for f in dataclasses.fields(opts):
+        if f.name == "report_to":  # a string or a list of names: parse_report_to reads either
+            continue
+        v, names = getattr(opts, f.name), [t.strip() for t in str(f.type).split("|")]
+        if v is None and "None" in names:
+            continue
+        kinds = [_KINDS[n] for n in names if n in _KINDS]
+        if not any(isinstance(v, k) and (k is bool or not isinstance(v, bool)) for k, _ in kinds):
+            raise ConfigError(f"TrainOptions.{f.name} must be {' or '.join(w for _, w in kinds)}"
+                              f"{' or None' if 'None' in names else ''}, got {quote(v, 60)}")
+
+
+def check_options(options) -> None:
+    """A ConfigError where a train function's `options` is neither a TrainOptions nor None."""
+    from spanflow.errors import ConfigError
+
+    if options is not None and not isinstance(options, TrainOptions):
+        raise ConfigError(f"options takes a TrainOptions (spanflow.TrainOptions(epochs=3, ...)), got "
+                          f"{type(options).__name__}")
 
 
 def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> TrainOptions:

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from spanflow.batching.align import check_window_floor
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, as_path
 from spanflow.models.encoder import encoder_max_length, load_encoder
 from spanflow.models.linear import Linear, full_batches
 from spanflow.runtime.budget import infer_tokens
@@ -23,6 +24,7 @@ from spanflow.runtime.precision import load_auto
 from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
+from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.registry import get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 
@@ -70,6 +72,7 @@ class Embedder:
 
     @property
     def dim(self) -> int:
+        """The embedding's width (the encoder's hidden size)."""
         return self.module.encoder.config.hidden_size
 
     @property
@@ -83,6 +86,7 @@ class Embedder:
         """A sentence-transformers directory (modules.json, pooling, Normalize, max_seq_length)
         or a plain Hugging Face encoder directory (mean pooling). precision "auto" (without a
         quantization) picks what `--precision auto` picks (runtime.precision.load_auto)."""
+        path = as_path(path, "Embedder.load")
         if precision == "auto" and quantize is None:
             return load_auto(get_task(cls.task), path, device=device)
         cfg = read_embedding_config(path)
@@ -107,6 +111,7 @@ class Embedder:
         if stride is not None:
             raise ConfigError("--stride applies to NER; an embedding model reads each text up to --max-length")
         if max_length is not None:
+            check_window_floor(max_length, None)
             self.max_length = min(max_length, self.limit)
             self._backend = self._fast_backend()
 
@@ -116,20 +121,23 @@ class Embedder:
         return ids, [len(x) for x in ids], None
 
     def run_batch(self, units: list) -> list:
+        """The embedding of each of the server's units (token ids), in one batch."""
         emb = self._forward(self.module, units, list(range(len(units))), True, SERVE_PAD_MULTIPLE)
         return list(emb.cpu().numpy())  # float32 rows
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
+        """Each text's embedding: a unit is a whole text, so its result as it is."""
         return results
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
                        on_batch: Callable | None = None) -> Iterator[np.ndarray]:
         """One embedding per text, in input order."""
-        for part in self.encode_stream(texts, max_tokens=max_tokens, on_batch=on_batch):
+        for part in self._encode_stream(text_stream(texts), 8192, max_tokens, on_batch):
             yield from part
 
     @staticmethod
     def output_record(text: str, vector) -> dict:
+        """The JSONL record of one text: the text and its embedding (7 decimals)."""
         return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
 
     def arrow_results(self, texts: list[str], results, *, dtype: str = "float32", **_):
@@ -155,9 +163,9 @@ class Embedder:
         cosine against the scores; pairs without scores: retrieval of each `b` among all of them.
         "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""
         from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
+        from spanflow.tasks.embed.pairs import SCORED, check_pairs
 
-        if not examples:
-            raise ConfigError("no pairs to evaluate on")
+        check_pairs(examples, "examples", SCORED)
 
         def both_sides(part: list) -> list:  # one pass over both sides: one sort, one set of batches
             rows = self.encode([e.a for e in part] + [e.b for e in part], max_tokens=max_tokens)
@@ -270,7 +278,11 @@ class Embedder:
                       on_batch: Callable | None = None) -> Iterator[np.ndarray]:
         """One (n, dim) float32 array per `chunk_size` texts, in input order; the next chunk is
         tokenized in a background thread while this one computes."""
-        max_tokens = max_tokens or infer_tokens(self.policy.device)
+        return self._encode_stream(text_stream(texts, "encode_stream"), chunk_size, max_tokens, on_batch)
+
+    def _encode_stream(self, texts: Iterable[str], chunk_size: int, max_tokens: int | None,
+                       on_batch: Callable | None) -> Iterator[np.ndarray]:
+        max_tokens = check_max_tokens(max_tokens) or infer_tokens(self.policy.device)
 
         def prep(chunk):
             return self.tokenize(chunk)
@@ -279,10 +291,12 @@ class Embedder:
             self.truncated += n_cut
             yield self._embed_ids(ids, max_tokens, on_batch=on_batch)
 
-    def encode(self, texts: list[str], *, max_tokens: int | None = None) -> np.ndarray:
-        """(len(texts), dim) float32 embeddings in input order."""
-        parts = list(self.encode_stream(texts, max_tokens=max_tokens))
-        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
+    def encode(self, texts: list[str] | str, *, max_tokens: int | None = None) -> np.ndarray:
+        """(len(texts), dim) float32 embeddings in input order; one string: its (dim,) embedding."""
+        texts, one = text_list(texts, "encode")
+        parts = list(self._encode_stream(texts, 8192, max_tokens, None))
+        out = np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
+        return out[0] if one else out
 
     def calibrate(self, texts: list[str], *, max_tokens: int | None = None) -> dict | None:
         """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32."""

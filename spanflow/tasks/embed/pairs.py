@@ -12,13 +12,14 @@ from __future__ import annotations
 import csv
 import io
 import math
+import numbers
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from spanflow.data.formats.common import kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
-from spanflow.errors import ConfigError, DataError, quote
+from spanflow.errors import ConfigError, DataError, as_path, quote
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,27 @@ class Pair:
     b: str                        # positive / sentence 2
     score: float | None = None    # scored pairs: similarity, normalised to [0, 1] over the file
     negative: str | None = None   # triplets: a hard negative
+
+
+SCORED = -1  # check_pairs' `least` for pairs that are evaluated: two if they are scored, else one
+
+
+def check_pairs(pairs, what: str, least: int = 1) -> None:
+    """A ConfigError naming the first item of `pairs` (a list of at least `least`) that is not a
+    Pair of strings (a number or None for its score, a string or None for its negative)."""
+    if isinstance(pairs, (str, bytes, dict)) or not isinstance(pairs, (list, tuple)):
+        raise ConfigError(f"{what} takes a list of Pair, got {type(pairs).__name__}")
+    if least == SCORED:  # a correlation over fewer than two scored pairs is undefined
+        least = 2 if pairs and all(isinstance(p, Pair) and p.score is not None for p in pairs) else 1
+    if len(pairs) < least:
+        raise ConfigError(f"{what} holds {len(pairs)} pairs; it needs at least {least}")
+    for i, p in enumerate(pairs):
+        if not isinstance(p, Pair):
+            raise ConfigError(f"{what}[{i}] is {type(p).__name__} {quote(p, 60)}, not a Pair (read_pairs makes them)")
+        if not (isinstance(p.a, str) and isinstance(p.b, str) and (p.negative is None or isinstance(p.negative, str))
+                and (p.score is None or (isinstance(p.score, numbers.Real) and not isinstance(p.score, bool)))):
+            raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a number (or None) "
+                              "for its score")
 
 
 FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query"}
@@ -46,7 +68,7 @@ def read_pairs(path: str, *, columns: str | None = None) -> list[Pair]:
     """Every pair in `path` (.csv, .tsv, .txt with tabs, .jsonl/.json one object a line).
     `columns` names the 2 or 3 columns to read, by index ("0,1,2") or by header name / JSONL
     key ("s1,s2,score"). Any unreadable row is a DataError naming the file and line."""
-    path = os.fspath(path)
+    path = as_path(path, "read_pairs")
     cols = _parse_columns(columns)
     refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
     kind = kind_of(path)

@@ -16,12 +16,12 @@ from spanflow.runtime.budget import default_budget
 from spanflow.tasks.embed.cached import gathered_step
 from spanflow.tasks.embed.losses import LOSSES, NAMES, SCORED_LOSSES, matryoshka
 from spanflow.tasks.embed.model import Embedder
-from spanflow.tasks.embed.pairs import Pair
+from spanflow.tasks.embed.pairs import SCORED, Pair, check_pairs
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
 from spanflow.training.defaults import TaskDefaults, for_encoder, update_tokens
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions
+from spanflow.training.options import TrainOptions, check_options
 from spanflow.training.setup import Run
 
 # the rates are at REFERENCE_TOKENS padded tokens per update and follow the update size
@@ -177,6 +177,10 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
     """Fine-tune a sentence embedder: CoSENT (or AnglE) on scored pairs, an in-batch-negatives
     ranking loss on pairs and triplets. The best by dev score (Spearman for scored dev pairs,
     MRR@10 for pairs) is saved to `<out_dir>/model` as a sentence-transformers directory."""
+    check_options(options)
+    check_pairs(train, "train")
+    if dev is not None:
+        check_pairs(dev, "dev", SCORED)
     config = config or EmbedTraining()
     name = choose_loss(train, config)
     if options is not None and (options.class_weights is not None or options.label_smoothing):

@@ -10,8 +10,8 @@ from spanflow.batching.align import (
     windows_for,
 )
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE
-from spanflow.data.examples import NerExample, Span
-from spanflow.errors import ModelDirError
+from spanflow.data.examples import NerExample, Span, check_examples
+from spanflow.errors import ConfigError, ModelDirError, as_path
 from spanflow.models.directory import (
     check_names,
     config_int,
@@ -32,7 +32,8 @@ from spanflow.tasks.ner.hf import (
     select_rows,
     token_classification_config,
 )
-from spanflow.tasks.ner.tagging import tag_texts, tag_windows, text_words, word_starts
+from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
+from spanflow.tasks.ner.tagging import paired, tag_texts, tag_windows, text_words, word_starts
 from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
@@ -73,6 +74,7 @@ class NerModel:
         """Load a spanflow NER model directory, or a Hugging Face token-classification directory
         (no network, no pickle). precision "auto" picks what `--precision auto` picks
         (runtime.precision.load_auto); "fp32" skips the check."""
+        path = as_path(path, "NerModel.load")
         if precision == "auto":
             return load_auto(get_task(cls.task), path, device=device)
         if token_classification_config(path) is not None:
@@ -128,7 +130,7 @@ class NerModel:
         """Read windows of `max_length` tokens (special tokens included, at most the limit), overlapping
         by `stride`; None keeps the current value. A kept overlap need not fit a shorter window:
         batching.align.make_windows overlaps by at most half a window."""
-        max_length = max_length or self.max_length
+        max_length = self.max_length if max_length is None else max_length
         self.max_length, _ = check_window(max_length, 0 if stride is None else stride, self.limit)
         if stride is not None:
             self.stride = stride
@@ -138,15 +140,29 @@ class NerModel:
         """Spans for each text, in order, with bounded memory for inputs of any size; `words`:
         each text's own tokens as char offsets (or None), which spans then start and end on. A text
         without them is cut into the model's words (`self.words`: whitespace tokens or the tokenizer's)."""
-        max_tokens = max_tokens or infer_tokens(self.policy.device)
+        return self._tag(text_stream(texts), max_tokens, on_batch, words)
+
+    def _tag(self, texts: Iterable[str], max_tokens: int | None, on_batch: Callable | None,
+             words: Iterable | None) -> Iterator[list[Span]]:
+        max_tokens = check_max_tokens(max_tokens) or infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
                          on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words, self.word_edges))
 
-    def predict(self, texts: list[str], *, max_tokens: int | None = None,
-                words: list | None = None) -> list[list[Span]]:
-        """Character-offset (start, end, label) spans for each text (`words`: see predict_stream)."""
-        return list(self.predict_stream(texts, max_tokens=max_tokens, words=words))
+    def predict(self, texts: list[str] | str, *, max_tokens: int | None = None,
+                words: list | None = None) -> list[list[Span]] | list[Span]:
+        """Character-offset (start, end, label) spans for each text (`words`: see predict_stream);
+        one string: its spans alone (`words` then that text's words)."""
+        texts, one = text_list(texts, "predict")
+        if words is not None and one:
+            words = [words]
+        if words is not None and not isinstance(words, (str, bytes, dict)) and isinstance(words, Iterable):
+            words = list(words)
+            if len(words) != len(texts):
+                raise ConfigError(f"words has {len(words)} items for {len(texts)} texts: one per text (None: the "
+                                  "model's own words)")
+        spans = list(self._tag(texts, max_tokens, None, words))
+        return spans[0] if one else spans
 
     @staticmethod
     def read_labelled(path: str, *, fmt: str | None = None, scheme: str | None = None) -> list[NerExample]:
@@ -180,7 +196,7 @@ class NerModel:
     def units(self, texts: list[str], words: list | None = None):
         """(windows with their word starts, window lengths, encodings): the server's units
         (`words`: see predict_stream)."""
-        pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
+        pairs = list(paired(texts, words))
         encs = encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)))
         wins = windows_for(encs, max_length=self.max_length, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
                            sep_id=self.tokenizer.sep_token_id, lines=self.lines)
@@ -201,6 +217,7 @@ class NerModel:
 
     def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
+        check_examples(examples, NerExample, "examples")
         pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
                                                               words=[e.words for e in ex]), dist)
         return with_unknown(span_prf([e.spans for e in examples], pred), self.labels,

@@ -11,7 +11,8 @@ from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.models.linear import full_batches
-from spanflow.data.examples import Span
+from spanflow.data.examples import Span, words_problem
+from spanflow.errors import ConfigError
 from spanflow.tasks.ner.bio import decode_spans
 from spanflow.runtime.policy import Policy
 
@@ -43,7 +44,7 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
         return chunk, encs, wins, batches
 
     model.eval()
-    pairs = zip(texts, words) if words is not None else ((t, None) for t in texts)
+    pairs = paired(texts, words)
     for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
         with full_batches(max_tokens, max_length):  # the short batches: few distinct products (models/linear.py)
@@ -62,6 +63,43 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
             yield decode_spans(enc, merged, id2label)
         if on_batch:
             on_batch(len(chunk), 0, 0)
+
+
+_END = object()
+
+
+def paired(texts: Iterable[str], words: Iterable | None) -> Iterator[tuple[str, list | None]]:
+    """(text, its words) in order. `words` holds one item per text (None: the model's own words),
+    each (start, end) offsets of the text's tokens, in order; each is checked against its text as
+    it is read, and a `words` shorter or longer than the texts is a ConfigError."""
+    if words is None:
+        return ((t, None) for t in texts)
+    if isinstance(words, (str, bytes, dict)) or not isinstance(words, Iterable):
+        raise ConfigError(f"words takes one list of (start, end) offsets (or None) per text, got {type(words).__name__}")
+    return _paired(texts, iter(words))
+
+
+def _paired(texts: Iterable[str], words: Iterator) -> Iterator[tuple[str, list | None]]:
+    n = 0
+    for n, text in enumerate(texts, 1):
+        w = next(words, _END)
+        if w is _END:
+            raise ConfigError(f"words ran out after {n - 1} items: one per text (None: the model's own words)")
+        yield text, check_words(w, text, n - 1)
+    if next(words, _END) is not _END:
+        raise ConfigError(f"words has more items than the {n} texts: one per text")
+
+
+def check_words(words, text: str, i: int) -> list | None:
+    """`words`, the given tokens of text `i`, as a list if they are (start, end) offsets into it,
+    in order (a generator of them is read once, here)."""
+    if words is None:
+        return None
+    words = list(words) if isinstance(words, Iterable) and not isinstance(words, (str, bytes, dict)) else words
+    problem = words_problem(words, text)
+    if problem:
+        raise ConfigError(f"text {i}: {problem}")
+    return words
 
 
 def text_words(pairs, split: Callable[[str], list] | None) -> list:

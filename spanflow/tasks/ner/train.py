@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 from spanflow.batching.collate import round_up
 from spanflow.batching.sampling import rarity_weights
-from spanflow.data.examples import NerExample
+from spanflow.data.examples import NerExample, check_examples
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import start_encoder
 from spanflow.tasks.ner.features import (
@@ -24,7 +24,7 @@ from spanflow.tasks.ner.model import NerModel
 from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions
+from spanflow.training.options import TrainOptions, check_options
 from spanflow.runtime.policy import Policy
 from spanflow.training.setup import Run, is_model_dir, warn_unseen
 
@@ -73,6 +73,10 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
     Options left unset take the task's DEFAULTS for the starting point, sized to the data.
     """
+    check_options(options)
+    check_examples(train, NerExample, "train")
+    if dev is not None:
+        check_examples(dev, NerExample, "dev")
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")

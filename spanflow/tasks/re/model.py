@@ -1,7 +1,8 @@
 """ReModel: an encoder with a CasRel head; load, predict, evaluate, save."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -9,8 +10,8 @@ from spanflow.batching.align import Encoded, check_window, encode_texts
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE
 from spanflow.batching.prefetch import chunked
-from spanflow.data.examples import ReExample, Triple
-from spanflow.errors import ConfigError
+from spanflow.data.examples import ReExample, Triple, check_examples
+from spanflow.errors import ConfigError, as_path
 from spanflow.models.directory import (
     check_names,
     config_int,
@@ -21,6 +22,7 @@ from spanflow.models.directory import (
 from spanflow.models.linear import full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
+from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.metrics import format_table, with_unknown
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
 from spanflow.tasks.re.features import input_features, make_collate
@@ -28,6 +30,13 @@ from spanflow.tasks.re.metrics import re_metrics
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
+
+
+def check_threshold(threshold) -> float:
+    """`threshold` if it is a probability strictly between 0 and 1."""
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 < threshold < 1.0:
+        raise ConfigError(f"threshold must be a number between 0 and 1, got {threshold!r:.60}")
+    return float(threshold)
 
 
 class ReModel:
@@ -51,20 +60,24 @@ class ReModel:
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
         """Load a spanflow RE model directory. precision "auto" picks what `--precision auto` picks
         (runtime.precision.load_auto); "fp32" skips the check."""
+        path = as_path(path, "ReModel.load")
         if precision == "auto":
             return load_auto(get_task(cls.task), path, device=device)
         cfg, encoder, tokenizer, head_state = load_model_dir(path, "re")
         relations = check_names(cfg, "relations", path)
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
-        return cls(encoder=encoder, tokenizer=tokenizer, relations=relations,
-                   limit=config_int(cfg, "limit" if "limit" in cfg else "max_length", path),  # format 1: max_length
+        limit = config_int(cfg, "limit" if "limit" in cfg else "max_length", path)  # format 1: max_length
+        # format 1's max_length was the limit; a format 2 model saved before it kept its own reads the limit
+        return cls(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit,
+                   max_length=config_int(cfg, "max_length", path, limit) if "limit" in cfg else None,
                    threshold=cfg.get("threshold", 0.5),
                    head=fill_head(head, head_state, path), policy=resolve_policy(precision, device))
 
     def save(self, path: str) -> None:
+        """Write a self-contained model directory (the length it reads included)."""
         save_model_dir(path, encoder=self.module.encoder, tokenizer=self.tokenizer, head=self.module.head,
                        config={"task": "re", "relations": self.relations, "limit": self.limit,
-                               "threshold": self.threshold})
+                               "max_length": self.max_length, "threshold": self.threshold})
 
     def with_precision(self, precision: str, quantize: str | None = None) -> "ReModel":
         """This model in another precision, sharing its weights (see tasks.registry.autocast_twin)."""
@@ -78,24 +91,30 @@ class ReModel:
         if max_length is not None:
             self.max_length, _ = check_window(max_length, 0, self.limit)
 
-    def predict(self, texts: list[str], *, max_tokens: int | None = None,
-                threshold: float | None = None, on_batch: Callable | None = None) -> list[list[Triple]]:
-        """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order;
-        `on_batch(0, real_tokens, padded_tokens)` after each batch."""
+    def predict(self, texts: list[str] | str, *, max_tokens: int | None = None,
+                threshold: float | None = None, on_batch: Callable | None = None) -> list[list[Triple]] | list[Triple]:
+        """Char-offset triples ((s, e), relation, (s, e)) for each text, in input order (one
+        string: its triples alone); `on_batch(0, real_tokens, padded_tokens)` after each batch."""
+        texts, one = text_list(texts, "predict")
+        out = self._predict(texts, max_tokens, threshold, on_batch)
+        return out[0] if one else out
+
+    def _predict(self, texts: list[str], max_tokens: int | None, threshold: float | None,
+                 on_batch: Callable | None) -> list[list[Triple]]:
         # the short batches: few distinct products (models/linear.py)
         with full_batches(self._budget(max_tokens), self.max_length):
-            return self.predict_encoded(encode_texts(self.tokenizer, list(texts)), max_tokens=max_tokens,
+            return self.predict_encoded(encode_texts(self.tokenizer, texts), max_tokens=max_tokens,
                                         threshold=threshold, on_batch=on_batch)
 
     def _budget(self, max_tokens: int | None) -> int:
-        return max(max_tokens or infer_tokens(self.policy.device), self.max_length)
+        return max(check_max_tokens(max_tokens) or infer_tokens(self.policy.device), self.max_length)
 
     def predict_encoded(self, encs: list[Encoded], *, max_tokens: int | None = None,
                         threshold: float | None = None, pad_multiple: int = 1,
                         on_batch: Callable | None = None) -> list[list[Triple]]:
         """predict() for texts already tokenized with encode_texts (the server tokenizes once;
         it also rounds padded lengths up to `pad_multiple`)."""
-        thr = self.threshold if threshold is None else threshold
+        thr = self.threshold if threshold is None else check_threshold(threshold)
         feats = input_features(encs, self.tokenizer, self.max_length)
         collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations), pad_multiple=pad_multiple,
                                limit=self.max_length)
@@ -123,11 +142,11 @@ class ReModel:
                     out[batch[row]].append(trip)
         return out
 
-    def predict_stream(self, texts, *, max_tokens: int | None = None, on_batch: Callable | None = None,
-                       chunk_size: int = 4096):
+    def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None, on_batch: Callable | None = None,
+                       chunk_size: int = 4096) -> Iterator[list[Triple]]:
         """Triples for each text, in order, a chunk of texts at a time (bounded memory)."""
-        for chunk in chunked(texts, chunk_size):
-            yield from self.predict(chunk, max_tokens=max_tokens, on_batch=on_batch)
+        for chunk in chunked(text_stream(texts), chunk_size):
+            yield from self._predict(chunk, max_tokens, None, on_batch)
             if on_batch:
                 on_batch(len(chunk), 0, 0)
 
@@ -167,9 +186,11 @@ class ReModel:
         return encs, [min(len(e.ids) + 2, self.max_length) for e in encs], None
 
     def run_batch(self, units: list) -> list:
+        """The triples of each of the server's units (encodings), in one batch."""
         return self.predict_encoded(units, max_tokens=10**9, pad_multiple=SERVE_PAD_MULTIPLE)
 
     def assemble(self, texts: list[str], units: list, results: list, ctx) -> list:
+        """Each text's triples: a unit is a whole text, so its result as it is."""
         return results
 
     @staticmethod
@@ -181,6 +202,7 @@ class ReModel:
 
     def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
+        check_examples(examples, ReExample, "examples")
         pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]

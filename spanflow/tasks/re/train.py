@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from spanflow.batching.sampling import rarity_weights
-from spanflow.data.examples import ReExample
+from spanflow.data.examples import ReExample, check_examples
 from spanflow.errors import ConfigError
 from spanflow.models.encoder import start_encoder
 from spanflow.tasks.re.features import (
@@ -16,7 +16,7 @@ from spanflow.tasks.re.features import (
 from spanflow.tasks.re.model import ReModel
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions
+from spanflow.training.options import TrainOptions, check_options
 from spanflow.training.setup import Run, is_model_dir, warn_unseen
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
@@ -44,6 +44,10 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
 
     The object stage trains on every gold subject of a text; `all_subjects=False` samples one
     per text and step, as the CasRel paper does (slower to learn, docs/defaults.md)."""
+    check_options(options)
+    check_examples(train, ReExample, "train")
+    if dev is not None:
+        check_examples(dev, ReExample, "dev")
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")

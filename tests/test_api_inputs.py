@@ -1,0 +1,202 @@
+"""The Python API's inputs, checked where they enter: one string is one text, a wrong type is a
+ConfigError naming the item at fault (never a TypeError from the tokenizer or a silent
+truncation), examples built in code are checked as the readers check a file, and a cached
+precision verdict is for the model's files as they were."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from spanflow.data.examples import NerExample, ReExample
+from spanflow.data.io import read_ner, write_ner
+from spanflow.errors import ConfigError
+from spanflow.models.encoder import build_tiny
+from spanflow.runtime.cache import cache_path
+from spanflow.runtime.policy import pick_device, resolve_policy
+from spanflow.tasks.embed import Embedder
+from spanflow.tasks.embed.train import train_embedder
+from spanflow.tasks.embed.pairs import Pair
+from spanflow.tasks.embed.pooling import Pooling
+from spanflow.tasks.ner import NerModel, train_ner
+from spanflow.tasks.re import ReModel, train_re
+from spanflow.training.options import TrainOptions
+
+TEXTS = ["Ann lives in Rome .", "Bob works for Hooli in Oslo ."]
+
+
+def tiny():
+    return build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+
+
+@pytest.fixture(scope="module")
+def ner():
+    enc, tok = tiny()
+    return NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=32, policy=resolve_policy("fp32", "cpu"))
+
+
+@pytest.fixture(scope="module")
+def rel():
+    enc, tok = tiny()
+    return ReModel(encoder=enc, tokenizer=tok, relations=["lives_in", "works_for"], limit=32,
+                   policy=resolve_policy("fp32", "cpu"))
+
+
+@pytest.fixture(scope="module")
+def emb():
+    enc, tok = tiny()
+    return Embedder(encoder=enc, tokenizer=tok, pooling=Pooling(), precision="fp32", device="cpu")
+
+
+def test_one_string_is_one_text_and_its_result_comes_alone(ner, rel, emb):
+    text = TEXTS[1]
+    assert ner.predict(text) == ner.predict([text])[0]  # not one result per character
+    assert ner.predict(text, words=[(0, 3), (4, 9)]) == ner.predict([text], words=[[(0, 3), (4, 9)]])[0]
+    assert rel.predict(text) == rel.predict([text])[0]
+    one, listed = emb.encode(text), emb.encode([text])
+    assert one.shape == (emb.dim,) and np.array_equal(one, listed[0])
+
+
+@pytest.mark.parametrize("texts, said", [
+    (None, "takes a list of strings, got NoneType"),
+    ([None], "text 0 is NoneType None, not a string"),
+    (["ok", 1], "text 1 is int 1, not a string"),
+    ([b"bytes"], "text 0 is bytes b'bytes', not a string"),
+    (["a \ud800 b"], "text 0 is not valid Unicode: a lone surrogate '\\ud800' at character 2"),
+])
+def test_a_text_that_is_not_a_string_is_named(ner, rel, emb, texts, said):
+    for call in (ner.predict, rel.predict, emb.encode, lambda t: list(ner.predict_stream(t)),
+                 lambda t: list(rel.predict_stream(t)), lambda t: list(emb.encode_stream(t))):
+        with pytest.raises(ConfigError) as e:
+            call(texts)
+        assert said in str(e.value)
+
+
+def test_a_stream_of_one_string_is_refused(ner, rel, emb):
+    for call in (ner.predict_stream, rel.predict_stream, emb.encode_stream):
+        with pytest.raises(ConfigError, match="got one string; pass \\[text\\]"):
+            list(call("Ann lives in Rome ."))
+
+
+def test_options_of_the_wrong_type_are_named(ner, rel, emb):
+    for call in (ner.predict, rel.predict, emb.encode):
+        with pytest.raises(ConfigError, match="max_tokens must be a whole number of tokens >= 1"):
+            call(TEXTS, max_tokens="x")
+    with pytest.raises(ConfigError, match="threshold must be a number between 0 and 1"):
+        rel.predict(TEXTS, threshold="x")
+    for bad in ("x", 0, 4):
+        with pytest.raises(ConfigError, match="--max-length must be"):
+            emb.set_max_length(bad)
+        with pytest.raises(ConfigError, match="--max-length must be"):
+            ner.set_max_length(bad)
+
+
+def test_words_must_match_the_texts(ner):
+    with pytest.raises(ConfigError, match="words ran out after 2 items"):
+        list(ner.predict_stream(iter(TEXTS + TEXTS), words=iter([None] * 2)))
+    with pytest.raises(ConfigError, match="words has 1 items for 2 texts"):
+        ner.predict(TEXTS, words=[None])
+    with pytest.raises(ConfigError, match="words has 3 items for 2 texts"):
+        ner.predict(TEXTS, words=[None, None, None])
+    with pytest.raises(ConfigError, match="words has more items than the 2 texts"):
+        list(ner.predict_stream(iter(TEXTS), words=iter([None] * 3)))
+    with pytest.raises(ConfigError, match="text 0: its words .* within its 3 characters"):
+        ner.predict(["a b"], words=[[(0, 50)]])
+    with pytest.raises(ConfigError, match="text 1: its words"):
+        ner.predict(TEXTS, words=[None, [(4, 9), (0, 3)]])  # out of order
+    assert ner.predict(TEXTS, words=[None, None]) == ner.predict(TEXTS)
+    given = [[(0, 3), (4, 9)], [(0, 3), (4, 9)]]
+    assert ner.predict(TEXTS, words=[iter(w) for w in given]) == ner.predict(TEXTS, words=given)  # read once
+
+
+def test_examples_built_in_code_are_checked_before_anything_is_written(tmp_path):
+    good = [NerExample("Grace Hopper flew .", [(0, 12, "PER")])] * 4
+    cases = [
+        ([NerExample("Grace Hopper flew .", [(0, 50, "PER")])], "train[0]: span (0, 50, 'PER') is out of range"),
+        ([NerExample("Grace Hopper flew .", [(0, 5, 3)])], "needs a label that is a non-empty string"),
+        (["Grace Hopper flew ."], "train[0] is str 'Grace Hopper flew .', not a NerExample"),
+        ([NerExample("Grace Hopper flew .", [(0, 12)])], "train[0]: its spans [(0, 12)] are not a list of (start, end, "
+                                                        "label)"),
+        ([NerExample("Grace Hopper flew .", None)], "train[0]: its spans None are not a list of"),
+        ("train.conll", "train takes a list of NerExample, got str"),
+    ]
+    for train, said in cases:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            train_ner(train, None, model="tiny", out_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="dev\\[1\\]: spans"):
+        train_ner(good, [good[0], NerExample("ab cd", [(0, 4, "X"), (3, 5, "Y")])], model="tiny",
+                  out_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="options takes a TrainOptions"):
+        train_ner(good, None, model="tiny", out_dir=str(tmp_path / "run"), options={"epochs": 1})
+    with pytest.raises(ConfigError, match="out_dir takes a path, got NoneType"):
+        train_ner(good, None, model="tiny", out_dir=None)
+    for train in (train_re, train_embedder):
+        with pytest.raises(ConfigError, match="options takes a TrainOptions"):
+            train([], None, model="tiny", out_dir=str(tmp_path / "run"), options={"epochs": 1})
+    with pytest.raises(ConfigError, match="train\\[0\\]: triple .* out of range"):
+        train_re([ReExample("a b", [((0, 90), "r", (2, 3))])], None, model="tiny", out_dir=str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_write_ner_refuses_a_span_it_would_write_as_another(tmp_path):
+    out = tmp_path / "x.conll"
+    with pytest.raises(ConfigError, match="examples\\[0\\]: span \\(0, 9, 'X'\\) is out of range"):
+        write_ner([NerExample("ab cd", [(0, 9, "X")])], out)
+    assert not out.exists()
+    write_ner([NerExample("ab cd", [(0, 5, "X")])], out)
+    assert read_ner(str(out)) == [NerExample("ab cd", [(0, 5, "X")])]
+
+
+def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb):
+    with pytest.raises(ConfigError, match="NerModel.load takes a path, got NoneType"):
+        NerModel.load(None)
+    with pytest.raises(ConfigError, match="read_ner takes a path, got NoneType"):
+        read_ner(None)
+    with pytest.raises(ConfigError, match="examples\\[0\\] is str 'text', not a NerExample"):
+        ner.evaluate(["text"])
+    with pytest.raises(ConfigError, match="examples holds 1 pairs; it needs at least 2"):
+        emb.evaluate([Pair("a", "b", 0.5)])  # a correlation of one pair
+    with pytest.raises(ConfigError, match="examples\\[0\\] is NerExample"):
+        emb.evaluate([NerExample("a b")])
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("epochs", 1.5, "TrainOptions.epochs must be a whole number or None, got 1.5"),
+    ("epochs", "3", "TrainOptions.epochs must be a whole number or None, got '3'"),
+    ("lr", "1e-4", "TrainOptions.lr must be a number or None, got '1e-4'"),
+    ("max_tokens", "auto", "TrainOptions.max_tokens must be a whole number or None, got 'auto'"),
+    ("resume", 1, "TrainOptions.resume must be True or False, got 1"),
+    ("weight_decay", True, "TrainOptions.weight_decay must be a number, got True"),
+])
+def test_train_options_check_their_types(field, value, said):
+    with pytest.raises(ConfigError) as e:
+        TrainOptions(**{field: value})
+    assert str(e.value) == said
+    assert TrainOptions(epochs=np.int64(3), lr=np.float32(1e-4), class_weights={"PER": 2.0}).epochs == 3
+
+
+def test_a_relation_model_keeps_the_length_it_reads(tmp_path):
+    enc, tok = tiny()
+    rel = ReModel(encoder=enc, tokenizer=tok, relations=["r"], limit=32, policy=resolve_policy("fp32", "cpu"))
+    rel.set_max_length(16)
+    rel.save(str(tmp_path / "m"))
+    assert ReModel.load(str(tmp_path / "m"), precision="fp32").max_length == 16
+    cfg = json.loads((tmp_path / "m" / "spanflow.json").read_text())
+    del cfg["max_length"]  # as models saved before it kept its own were
+    (tmp_path / "m" / "spanflow.json").write_text(json.dumps(cfg))
+    assert ReModel.load(str(tmp_path / "m"), precision="fp32").max_length == 32  # the limit
+
+
+def test_a_cached_verdict_is_for_the_model_files_as_they_were(tmp_path):
+    model = tmp_path / "model"
+    (model / "encoder").mkdir(parents=True)
+    (model / "spanflow.json").write_text("{}")
+    (model / "encoder" / "model.safetensors").write_bytes(b"1234")
+    key = dict(model=str(model), device=pick_device("cpu"), task="ner", mode="infer", precision="bf16")
+    first = cache_path("verdicts", **key)
+    (model / "runs" / "deep").mkdir(parents=True)
+    (model / "runs" / "deep" / "verdict.json").write_text("{}")  # below the model's folders: not the model
+    assert cache_path("verdicts", **key) == first
+    (model / "encoder" / "model.safetensors").write_bytes(b"12345")  # retrained in place
+    assert cache_path("verdicts", **key) != first
