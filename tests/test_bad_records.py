@@ -177,3 +177,37 @@ def test_embed_on_an_empty_input_says_so(embed_model, tmp_path, capsys):
                  "--precision", "fp32"]) == 0
     out, err = capsys.readouterr()
     assert "embedded 0 texts" in out and f"warning: {empty} holds no texts (an empty file?)" in err
+
+
+def test_inputs_a_job_would_misread_are_refused_before_any_work(ner_model, embed_model, tmp_path, capsys):
+    src = write(tmp_path, "in.jsonl", b'{"text": "Ann lives in Rome ."}\n')
+    before = open(src, "rb").read()
+    cases = [
+        (["--input", src, "--output", src], "--output " + src + " is the input: the job would write over what it reads"),
+        (["--input", src, "--field", "text", "--column", "body", "--output", str(tmp_path / "o.jsonl")],
+         "--field text and --column body both name the text's column; give one"),
+        # with --column a directory was told it was plain text with no columns
+        (["--input", str(tmp_path), "--column", "body", "--output", str(tmp_path / "o.jsonl")],
+         f"{tmp_path}: is a directory; a directory of Parquet files is read with --ray"),
+        (["--input", write(tmp_path, "wide.txt", "Ann lives in Rome .\n".encode("utf-16")),
+          "--output", str(tmp_path / "o.jsonl")], "is UTF-16 text (it starts with a UTF-16 byte-order mark)"),
+    ]
+    for args, said in cases:
+        for command in (["predict", "--model", ner_model], ["embed", "--model", embed_model]):
+            assert main(command + args) == 2, args
+            err = capsys.readouterr().err
+            assert said in err and err.count("\n") == 1, err
+    assert open(src, "rb").read() == before and not (tmp_path / "o.jsonl").exists()
+    assert main(["predict", "--model", ner_model, "--input", src, "--field", "text",
+                 "--output", str(tmp_path / "o.jsonl"), "--precision", "fp32"]) == 0  # --field alone is fine
+
+
+def test_a_job_whose_every_record_failed_says_so(ner_model, tmp_path, capsys):
+    src = write(tmp_path, "in.jsonl", b'{"body": "Ann lives in Rome ."}\n{"body": "Bob ."}\n')
+    assert main(["predict", "--model", ner_model, "--input", src, "--output", str(tmp_path / "o.jsonl"),
+                 "--precision", "fp32"]) == 0  # the default --field text: no record has it
+    err = capsys.readouterr().err
+    assert f"warning: every record of {src} is an error record (2); is the text in another field or column" in err
+    assert main(["predict", "--model", ner_model, "--input", src, "--field", "body",
+                 "--output", str(tmp_path / "p.jsonl"), "--precision", "fp32"]) == 0
+    assert "warning" not in capsys.readouterr().err

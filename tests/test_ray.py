@@ -260,11 +260,17 @@ def test_predict_csv_under_ray_is_the_single_process_file(ner_dir, tmp_path, cap
     out = tmp_path / "out"
     assert main(["predict", "--model", ner_dir, "--input", str(src), "--column", "text", "--keep-columns", "n",
                  "--output", str(out), "--ray", "--device", "cpu", "--precision", "fp32", "--max-tokens", "256"]) == 0
-    line = capsys.readouterr().out.splitlines()[-1]
+    out_text, err = capsys.readouterr()
+    line = out_text.splitlines()[-1]
     assert line.startswith(f"wrote {len(TEXTS)} rows (0 error rows) to {out} in ") and "real tokens/s" in line
+    assert "warning" not in err
     got = pq.read_table(out)
     assert got.equals(pq.read_table(tmp_path / "p.parquet"))
     assert sum(len(e or []) for e in got.column("entities").to_pylist()) > 0  # spans to compare
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["predict", "--model", ner_dir, "--input", str(tmp_path / "empty.txt"), "--output",
+                 str(tmp_path / "e"), "--ray", "--device", "cpu", "--precision", "fp32", "--max-tokens", "256"]) == 0
+    assert f"warning: {tmp_path / 'empty.txt'} holds no texts" in capsys.readouterr().err  # as without --ray
 
 
 def test_an_empty_input_gives_one_empty_file_with_the_schema(enc_dir, tmp_path):
@@ -314,6 +320,50 @@ def test_a_damaged_page_is_one_data_error_naming_the_file_and_its_rows(enc_dir, 
     with pytest.raises(DataError, match=r"bad.parquet: rows 0-6 \(row group 0\) cannot be read: [^\n]*$"):
         run_job(embed_job(enc_dir, tmp_path / "bad.parquet", tmp_path / "out"), **QUIET)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_not_parquet_is_one_data_error_naming_it(enc_dir, table, tmp_path):
+    from spanflow.errors import DataError
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.parquet").write_bytes(open(table, "rb").read())
+    for name, data in (("b.parquet", b""), ("b.parquet", open(table, "rb").read()[:-20]), ("b.parquet", b"a,b\n")):
+        (tmp_path / "in" / name).write_bytes(data)
+        with pytest.raises(DataError, match=r"^" + str(tmp_path / "in" / "b.parquet") + r": not a Parquet file \("):
+            run_job(embed_job(enc_dir, tmp_path / "in", tmp_path / "out"), **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_string_that_is_not_utf8_is_an_error_row_as_in_one_process(enc_dir, tmp_path):
+    import numpy as np
+
+    raw = [t.encode() for t in TEXTS]
+    raw[25] = b"caf\xff au lait"  # in the second chunk: read by a worker, not in the driver's sample
+    offsets = np.cumsum([0] + [len(v) for v in raw]).astype(np.int32)
+    texts = pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets.tobytes()),
+                                                           pa.py_buffer(b"".join(raw))])
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": texts, "n": list(range(len(TEXTS)))}), src, row_group_size=GROUP)
+    want = embed_single(enc_dir, str(src), str(tmp_path / "v.parquet"), column="text", keep=["n"])
+    s = run_job(embed_job(enc_dir, src, tmp_path / "out"), **QUIET)
+    got = pq.read_table(tmp_path / "out")
+    assert got.equals(want) and s["errors"] == 1
+    assert got.column("error")[25].as_py() == f"{src}: row 25: column 'text' holds invalid UTF-8 at byte 3"
+
+
+def test_output_names_and_error_rows_are_as_the_command_gave_them(tmp_path, monkeypatch):
+    from spanflow.ray.cli import check_ray_output
+
+    for name in ("v.npy", "out.jsonl", "out/x.txt"):
+        with pytest.raises(ConfigError, match="under --ray the output is a directory of Parquet files"):
+            check_ray_output(name)
+    for name in ("out", "out/", "vectors.parquet", "s3://bucket/entities/"):
+        check_ray_output(name)
+    monkeypatch.chdir(tmp_path)
+    _jsonl(tmp_path / "in.jsonl")
+    src = Source(path="in.jsonl").for_workers()  # the path made absolute, the name kept
+    errors = [str(r.text) for r in S.records(src) if not isinstance(r.text, str)]
+    assert errors[0].startswith("in.jsonl:4: ") and len(errors) == 2  # as the single-process job says it
 
 
 def _budget_measured(calls):

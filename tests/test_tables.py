@@ -638,3 +638,31 @@ def test_embed_under_torchrun_points_to_ray(enc_dir, tmp_path, capsys, monkeypat
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "--ray" in err[0] and "docs/ray.md" in err[0]
     assert os.listdir(tmp_path) == ["in.txt"]
+
+
+def strings_with_bytes(values: list[bytes]) -> pa.Array:
+    """A string column holding exactly these bytes (a writer that did not check its UTF-8 makes
+    such files; pyarrow builds the array from its buffers without checking either)."""
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets.tobytes()),
+                                                             pa.py_buffer(b"".join(values))])
+
+
+def test_a_string_that_is_not_utf8_is_an_error_row_and_the_job_goes_on(ner_model, tmp_path, capsys):
+    raw = [t.encode() for t in TEXTS[:6]]
+    raw[2] = b"caf\xff au lait"
+    tags = [b"t%d" % k for k in range(6)]
+    tags[4] = b"t\xfe"
+    src = write_table(tmp_path / "in.parquet", pa.table({"body": strings_with_bytes(raw),
+                                                         "tag": strings_with_bytes(tags)}), row_group_size=4)
+    recs = list(read_rows(src, column="body", keep=["tag"]))
+    assert str(recs[2].text) == f"{src}: row 2: column 'body' holds invalid UTF-8 at byte 3"
+    assert [r.text for k, r in enumerate(recs) if k != 2] == [t for k, t in enumerate(TEXTS[:6]) if k != 2]
+    assert recs[4].kept == ("t\\xfe",)  # a kept value comes backslash-escaped, its row still runs
+    s = predict_file(ner_model, src, str(tmp_path / "p.jsonl"), column="body", progress=False)
+    assert (s["records"], s["errors"]) == (6, 1)
+    lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [k for k, x in enumerate(lines) if "error" in x] == [2]
+    assert main(["predict", "--model", "x", "--input", src, "--column", "body", "--skip-header",
+                 "--output", str(tmp_path / "q.jsonl")]) == 2  # no header line in a table
+    assert "--skip-header: " in capsys.readouterr().err

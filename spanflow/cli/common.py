@@ -138,9 +138,19 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows [as trained]")
 
 
+class _Given(argparse.Action):
+    """Store the value and note that it was given (`field_given`): a default cannot clash with
+    another flag, a value the user typed can."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def add_text_args(p: argparse.ArgumentParser) -> None:
     """--field and --column: where the texts are in the input."""
-    p.add_argument("--field", default="text", help="JSONL field, or Parquet/Arrow column, with the text [%(default)s]")
+    p.add_argument("--field", default="text", action=_Given,
+                   help="JSONL field, or Parquet/Arrow column, with the text [%(default)s]")
     p.add_argument("--column", type=column_arg, default=None,
                    help="the column with the text: a name (a Parquet/Arrow column, a JSONL field, or a CSV/TSV "
                         "header name, which skips the header row) or a 0-based CSV/TSV index [CSV/TSV: 0; else "
@@ -177,18 +187,23 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                         "[none]")
 
 
-def warn_if_empty(path: str, n_texts: int) -> None:
-    """The stderr line of a job whose input held no texts (it ran, and wrote an empty output)."""
+def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:
+    """The stderr line of a job whose input held no texts (it ran, and wrote an empty output), or
+    none that could be read: every record an error record, which a wrong --field or --column makes."""
     import sys
 
     if not n_texts:
         print(f"warning: {path} holds no texts (an empty file?)", file=sys.stderr)
+    elif errors >= n_texts:
+        print(f"warning: every record of {path} is an error record ({errors}); is the text in another field or "
+              "column (--field, --column)? The output says why for each", file=sys.stderr)
 
 
 def check_input(a) -> None:
     """--input before any model loads: a local file that exists and holds texts (labelled data is
     named, not read line by line); a URI (s3://, gs://, ...) only with --ray, whose cluster reads it."""
     from spanflow.data.formats.sniff import refuse_labelled_input
+    from spanflow.data.tables import is_table
     from spanflow.errors import ConfigError, DataError
 
     if "://" in a.input:
@@ -197,4 +212,40 @@ def check_input(a) -> None:
         return
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
+    output = getattr(a, "output", None)
+    if output and os.path.exists(output) and os.path.samefile(output, a.input):
+        raise ConfigError(f"--output {output} is the input: the job would write over what it reads; give the output "
+                          "another name", field="output")
+    if getattr(a, "field_given", False) and getattr(a, "column", None) is not None:
+        raise ConfigError(f"--field {a.field} and --column {a.column} both name the text's column; give one")
+    if os.path.isdir(a.input):
+        if getattr(a, "ray", None) is None:
+            raise DataError("is a directory; a directory of Parquet files is read with --ray (docs/ray.md), a "
+                            "single job reads one file", path=a.input)
+        return
+    if is_table(a.input):
+        if getattr(a, "skip_header", False):
+            raise ConfigError(f"--skip-header: {a.input} is Parquet/Arrow, whose rows hold no header line")
+        return
+    refuse_utf16(a.input)
     refuse_labelled_input(a.input)
+
+
+# the byte-order marks of the encodings a text file may be in that are not UTF-8
+WIDE_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
+             b"\xfe\xff": "UTF-16"}
+
+
+def refuse_utf16(path: str) -> None:
+    """A DataError for a text input in UTF-16 or UTF-32 (told by its byte-order mark): read as
+    UTF-8 its every other byte is a NUL, and each line would come out garbled, not as an error."""
+    from spanflow.errors import DataError
+
+    if not os.path.isfile(path):  # a pipe's first bytes, read here, would be gone for the job
+        return
+    with open(path, "rb") as f:
+        head = f.read(4)
+    for bom, name in WIDE_BOMS.items():
+        if head.startswith(bom):
+            raise DataError(f"is {name} text (it starts with a {name} byte-order mark); spanflow reads UTF-8: "
+                            f"convert it first, e.g. iconv -f {name} -t UTF-8", path=path)

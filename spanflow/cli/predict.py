@@ -35,7 +35,9 @@ def run(a: argparse.Namespace) -> int:
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
-        return run_ray(a, task)
+        s = run_ray(a, task)
+        warn_if_empty(a.input, s["rows"], s["errors"])
+        return 0
     check_output(a.output)
     output_format(a.output)
     with ExitStack() as held:
@@ -64,5 +66,5 @@ def _run(a: argparse.Namespace, task) -> int:
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens)
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
-    warn_if_empty(a.input, stats["records"])
+    warn_if_empty(a.input, stats["records"], stats["errors"])
     return 0

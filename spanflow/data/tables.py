@@ -100,7 +100,7 @@ def _is_parquet(path: str) -> bool:
     return os.path.splitext(path)[1].lower() in PARQUET
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     """`e` as one printable line: a damaged file's bytes can reach pyarrow's messages."""
     return " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
 
@@ -118,7 +118,7 @@ def _decoding(path: str, where: str) -> Iterator[None]:
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, OSError) and e.errno is not None:
             raise
-        raise DataError(f"{where} cannot be read: {_one_line(e)}", path=path) from None
+        raise DataError(f"{where} cannot be read: {one_line(e)}", path=path) from None
 
 
 @contextmanager
@@ -134,7 +134,7 @@ def _ipc(path: str) -> Iterator[Any]:
             try:
                 reader = pa.ipc.open_stream(source)
             except pa.ArrowInvalid as e:
-                raise DataError(f"not an Arrow IPC file or stream ({_one_line(e)})", path=path) from None
+                raise DataError(f"not an Arrow IPC file or stream ({one_line(e)})", path=path) from None
         yield reader
 
 
@@ -150,7 +150,7 @@ def table_schema(path: str) -> pa.Schema:
         with pa.parquet.ParquetFile(path) as f:
             return f.schema_arrow
     except pa.ArrowInvalid as e:
-        raise DataError(f"not a Parquet file ({_one_line(e)})", path=path) from None
+        raise DataError(f"not a Parquet file ({one_line(e)})", path=path) from None
 
 
 def table_rows(path: str) -> int:
@@ -231,11 +231,52 @@ def _records(path: str, text: str, ident: str | None, kept: list[str]) -> Iterat
     cols = list(dict.fromkeys([text] + ([ident] if ident else []) + kept))
     row = 0
     for b in _batches(path, cols):
-        values = {c: b.column(c).to_pylist() for c in cols}
+        values, bad = {}, {}
+        for c in cols:
+            values[c], bad[c] = _pylist(b.column(c), c, path)
         for k in range(b.num_rows):
-            yield TableRecord(values[ident][k] if ident else row, _text(values[text][k], row, text, path),
-                              tuple(values[c][k] for c in kept))
+            value = (RowError(f"column {text!r} holds invalid UTF-8 at byte {bad[text][k]}", path=path, row=row)
+                     if k in bad[text] else _text(values[text][k], row, text, path))
+            yield TableRecord(values[ident][k] if ident else row, value, tuple(values[c][k] for c in kept))
             row += 1
+
+
+def invalid_utf8(col) -> dict[int, int]:
+    """{row: byte offset} of the values of a column of strings that are not valid UTF-8. A
+    Parquet or Arrow string is bytes that a reader checks only when it makes a Python string of
+    one (and then fails the whole column); here a column is checked whole first, in Arrow."""
+    pa = pyarrow()
+    try:  # checks every string's UTF-8 without making Python strings (a dictionary's: its values)
+        (col.dictionary if pa.types.is_dictionary(col.type) else col).validate(full=True)
+        return {}
+    except pa.ArrowInvalid:
+        pass
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    raw = col.cast(pa.large_binary()).to_pylist()
+    bad = {}
+    for k, v in enumerate(raw):
+        try:
+            if v is not None:
+                v.decode("utf-8")
+        except UnicodeDecodeError as e:
+            bad[k] = e.start
+    return bad
+
+
+def _pylist(col, name: str, path: str) -> tuple[list, dict[int, int]]:
+    """(the values of a column, {row: byte offset} of its strings that are not valid UTF-8: those
+    come backslash-escaped, and as the text they are the row's error)."""
+    pa = pyarrow()
+    if not is_text(col.type):
+        return col.to_pylist(), {}
+    bad = invalid_utf8(col)
+    if not bad:
+        return col.to_pylist(), {}
+    values = [None if v is None else v.decode("utf-8", "backslashreplace")
+              for v in (col.dictionary_decode() if pa.types.is_dictionary(col.type) else col)
+              .cast(pa.large_binary()).to_pylist()]
+    return values, bad
 
 
 def table_ids(path: str, id_column: str | None = None) -> Iterator:

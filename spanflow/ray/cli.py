@@ -5,6 +5,7 @@ Imports nothing heavy: Ray is imported when a job runs.
 from __future__ import annotations
 
 import argparse
+import os
 
 from spanflow.errors import ConfigError
 
@@ -58,12 +59,27 @@ def job_from_args(a: argparse.Namespace, task):
                   max_length=getattr(a, "max_length", None), stride=getattr(a, "stride", None), opts=opts)
 
 
-def run_ray(a: argparse.Namespace, task) -> int:
-    """Run the command's job on Ray; print one summary line."""
+# names of one file, which a directory of Parquet files would only pass for (.parquet may name either)
+FILE_NAMES = (".npy", ".jsonl", ".ndjson", ".json", ".txt", ".csv", ".tsv", ".arrow", ".feather")
+
+
+def check_ray_output(output: str) -> None:
+    """Under --ray the output is a directory of Parquet files: a name the single-process job
+    writes as one file (OUT.npy, OUT.jsonl) is refused before Ray starts, not made a directory."""
+    ext = os.path.splitext(output.rstrip("/"))[1].lower()
+    if ext in FILE_NAMES:
+        raise ConfigError(f"--output {output}: under --ray the output is a directory of Parquet files, not one {ext} "
+                          "file; name a directory (e.g. out/ or out.parquet), or drop --ray", field="output")
+
+
+def run_ray(a: argparse.Namespace, task) -> dict:
+    """Run the command's job on Ray; print one summary line; its summary."""
     from spanflow.ray.job import run_job
 
-    print(summary_line(run_job(job_from_args(a, task))))
-    return 0
+    check_ray_output(a.output)
+    summary = run_job(job_from_args(a, task))
+    print(summary_line(summary))
+    return summary
 
 
 def summary_line(s: dict) -> str:

@@ -25,7 +25,8 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from spanflow.data.records import read_rows
-from spanflow.data.tables import PARQUET, RowError, carried_schema, column_name, is_table, is_text, pyarrow
+from spanflow.data.tables import (PARQUET, RowError, carried_schema, column_name, invalid_utf8, is_table, is_text,
+                                   one_line, pyarrow)
 from spanflow.errors import ConfigError, DataError
 
 ROW, ID, TEXT, ERROR = "__row", "__id", "__text", "__error"
@@ -114,13 +115,19 @@ def parquet_files(path: str, *, required: bool = True) -> tuple[object, list[str
     return fs, files
 
 
-def footers(fs, files: Sequence[str]) -> list:
-    """The files' Parquet metadata, read a few at a time (each one a round trip to a store)."""
+def footers(fs, files: Sequence[str], shown=lambda f: f) -> list:
+    """The files' Parquet metadata, read a few at a time (each one a round trip to a store); a
+    file that is no Parquet file (empty, cut short, another format) is a DataError naming it."""
     pa = pyarrow()
 
     def one(f: str):
         with fs.open_input_file(f) as stream:
-            return pa.parquet.ParquetFile(stream).metadata
+            try:
+                return pa.parquet.ParquetFile(stream).metadata
+            except (pa.ArrowException, OSError) as e:  # a damaged footer's OSError has no errno; a real one has
+                if isinstance(e, OSError) and e.errno is not None:
+                    raise
+                raise DataError(f"not a Parquet file ({one_line(e)})", path=shown(f)) from None
 
     with ThreadPoolExecutor(max_workers=max(1, min(FOOTER_THREADS, len(files)))) as pool:
         return list(pool.map(one, files))
@@ -134,7 +141,7 @@ def plan_parquet(src: Source) -> tuple[list[Piece], object, int]:
     fs, files = parquet_files(src.path)
     base = filesystem(src.path)[1]
     pieces, row, types = [], 0, None
-    for f, meta in zip(files, footers(fs, files)):
+    for f, meta in zip(files, footers(fs, files, lambda f: _shown(src, f, base))):
         schema = meta.schema.to_arrow_schema()
         text, ident = _columns(schema, src, _shown(src, f, base))
         if types is None:
@@ -229,11 +236,17 @@ def texts_and_errors(col, first: int, column: str, shown: str):
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
     texts = col.cast(pa.string())
-    if texts.null_count == 0:
+    bad = invalid_utf8(texts)
+    if texts.null_count == 0 and not bad:
         return texts, pa.nulls(len(texts), pa.string())
     errors = [None] * len(texts)
     for k in np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False)):
         errors[k] = str(RowError(f"column {column!r} holds null, expected a string", path=shown, row=first + int(k)))
+    for k, at in bad.items():  # as a null text with its error: no later stage makes a Python string of it
+        errors[k] = str(RowError(f"column {column!r} holds invalid UTF-8 at byte {at}", path=shown, row=first + k))
+    if bad:
+        texts = pa.array([None if k in bad else v for k, v in enumerate(texts.cast(pa.large_binary()).to_pylist())],
+                         pa.large_binary()).cast(pa.string())
     return texts, pa.array(errors, pa.string())
 
 
@@ -247,8 +260,11 @@ def block(rows, ids, texts, errors, kept: dict):
 
 def records(src: Source) -> Iterator:
     """The TableRecords (id, text or DataError, kept values) of an input the driver's node reads,
-    as the single-process job reads it; a column the input lacks is a ConfigError, raised here."""
-    return read_rows(src.path, field=src.field, column=src.column, skip_header=src.skip_header,
+    as the single-process job reads it; a column the input lacks is a ConfigError, raised here.
+    Read by the name it was given where that is the same file from here, so that error rows name
+    it as the single-process job's do."""
+    given = src.name if src.name and os.path.abspath(src.name) == src.path else src.path
+    return read_rows(given, field=src.field, column=src.column, skip_header=src.skip_header,
                      id_column=src.id_column, keep=src.keep)
 
 
