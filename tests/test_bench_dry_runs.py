@@ -46,7 +46,9 @@ def test_train_step_profile_splits_a_step_by_kind(tmp_path):
     assert max(shares, key=shares.get) == "matrix products", shares  # a step's products outweigh any other kind
     assert shares["dropout masks"] > 0 and shares["optimizer and gradient norm"] > 0, shares
     profiled = sum(r["ms_per_step"] for r in result["rows"])
-    assert 0.5 < profiled / result["step_ms"] < 2, (profiled, result["step_ms"])  # per step, as the step is timed
+    # per step: the operators' time of a profiled step within the wall time of that step (the same
+    # passes, so a machine busy elsewhere slows both alike)
+    assert 0.5 < profiled / result["profiled_step_ms"] < 1.5, (profiled, result["profiled_step_ms"])
     assert 0 < result["optimizer_ms"] < result["step_ms"] and 0 < result["mfu"] < 1.5, result
 
 
