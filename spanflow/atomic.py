@@ -25,9 +25,22 @@ def _umask() -> int:
     return mask
 
 
+def make_dirs(path: str) -> None:
+    """os.makedirs(path, exist_ok=True), where a file stands in the way (or the path is one no
+    directory can be made at) as a ConfigError naming it, not a traceback."""
+    from spanflow.errors import ConfigError
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"{path}: a file stands where a directory should be") from None
+    except FileNotFoundError as e:
+        raise ConfigError(f"{path}: no directory can be made there ({e.strerror})") from None
+
+
 def temp_dir(parent: str, kind: str) -> str:
     """A new directory `.KIND-PID-XXXX` in `parent`, mode 0777 less the umask."""
-    os.makedirs(parent, exist_ok=True)
+    make_dirs(parent)
     path = tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent)
     os.chmod(path, 0o777 & ~_umask())
     return path
@@ -81,7 +94,7 @@ def atomic_path(path: str, kind: str = "write", suffix: str = "") -> Iterator[st
     """A temporary path beside `path` to write to; renamed onto `path` when the block ends
     without error, removed otherwise. Stale ones of killed runs are removed first."""
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
+    make_dirs(parent)
     clean_stale(parent, kind)
     fd, tmp = temp_file(parent, kind, suffix)
     os.close(fd)

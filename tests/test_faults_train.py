@@ -297,3 +297,30 @@ def test_a_full_disk_at_the_training_report_is_one_line(files, tmp_path, capsys,
     assert err.strip().splitlines()[-1] == (f"error: cannot write the training report to {out / 'train_report.jsonl'}: "
                                             "No space left on device")
     assert "Traceback" not in err
+
+
+def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(files, out, "--max-steps", "3") == 0  # stops with a checkpoint to resume from
+    capsys.readouterr()
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "config.json").write_text('{"model_type": "bert"}')  # an encoder: never loaded here
+    (tmp_path / "fewer.jsonl").write_text("".join((files / "train.jsonl").read_text().splitlines(True)[:40]))
+    cases = [
+        (["--resume", "--lr", "5e-3"], "--lr 0.01 (now 0.005)"),
+        (["--resume", "--seed", "2"], "--seed 1 (now 2)"),
+        (["--resume", "--max-tokens", "512"], "--max-tokens 256 (now 512)"),
+        (["--resume", "--model", str(tmp_path / "enc")], f"--model tiny (now {tmp_path / 'enc'})"),  # last one wins
+    ]
+    for extra, said in cases:
+        assert train(files, out, *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --resume: the checkpoint in {out / 'checkpoint'} is of a "
+                                                   "run with ") and said in err[0], err
+    assert main(["train", "ner", "--train", str(tmp_path / "fewer.jsonl"), "--dev", str(files / "dev.jsonl"), *ARGS,
+                 "--out", str(out), "--resume"]) == 2
+    assert "training data of 60 items" in capsys.readouterr().err
+    assert train(files, out, "--resume", "--epochs", "4") == 0  # more epochs extend the same run
+    assert "resumed from" in capsys.readouterr().out
+    assert train(files, out, "--max-steps", "1") == 0  # no --resume: a new run, and it says what it replaces
+    assert f"note: {out} holds an earlier run's model and checkpoint; this run starts over" in capsys.readouterr().out

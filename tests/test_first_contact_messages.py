@@ -2,6 +2,7 @@
 content, whatever its name), a --model that is a training folder or another task's model, a tag
 scheme that does not fit, and the formats a command cannot write, each before any model loads."""
 import json
+import os
 
 import pytest
 
@@ -183,3 +184,20 @@ def test_export_says_why_a_model_has_no_format_and_keeps_other_files(tmp_path, c
     assert "holds other files, which the export would replace" in one_error(
         ["export", "--model", ner, "--to", "hf", str(busy)], capsys)
     assert (busy / "notes.txt").read_text() == "keep me"
+    other = fake_run(tmp_path / "o")[1]  # another trained model, or the encoder one was trained from
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "config.json").write_text('{"model_type": "bert"}')
+    for kept in (other, str(tmp_path / "enc")):
+        before = sorted(os.listdir(kept))
+        assert "holds a model or encoder, which the export would replace" in one_error(
+            ["export", "--model", ner, "--to", "hf", kept], capsys)
+        assert sorted(os.listdir(kept)) == before
+
+
+def test_a_file_where_an_output_directory_should_be_is_one_error(tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("keep me")
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "Ann lives in Rome .", "entities": [[0, 3, "PER"]]}\n')
+    err = one_error(["convert", str(src), str(tmp_path / "f.txt" / "x.conll")], capsys)
+    assert err == f"error: {tmp_path / 'f.txt'}: a file stands where a directory should be"
+    assert (tmp_path / "f.txt").read_text() == "keep me"

@@ -71,6 +71,9 @@ def test_a_crf_model_is_exported_only_when_asked_to_drop_its_transitions(trained
     assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", "--lossy", str(d / "crf_hf")]) == 0
     assert "transition scores are left out" in capsys.readouterr().out
     assert (d / "crf_hf" / "model.safetensors").exists()
+    # an earlier export is replaced by the next (the trained models never are: test_first_contact_messages)
+    assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "crf_hf")]) == 0
+    assert "crf_hf" in capsys.readouterr().out
 
 
 def test_a_directory_saved_by_transformers_is_predicted_evaluated_and_served(trained, tmp_path, capsys):

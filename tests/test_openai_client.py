@@ -74,8 +74,9 @@ def test_dimensions_truncate_and_renormalise(live):
 
 def test_token_ids_are_refused_and_any_model_name_reaches_the_one_model(live):
     client, want = live
-    with pytest.raises(openai.UnprocessableEntityError, match="token ids"):
+    with pytest.raises(openai.UnprocessableEntityError, match="token ids") as e:
         client.embeddings.create(model="emb", input=[[101, 2023, 102]])
+    assert e.value.type == "invalid_request_error" and e.value.param == "input"
     r = client.embeddings.create(model="text-embedding-3-small", input=TEXTS[:1], encoding_format="float")
     assert r.model == "emb"  # the model that answered
     np.testing.assert_allclose(vectors(r), want[:1], atol=1e-5)
@@ -85,3 +86,6 @@ def test_models_list(live):
     client, _ = live
     models = client.models.list()
     assert [m.id for m in models.data] == ["emb"] and models.data[0].owned_by == "spanflow"
+    assert client.models.retrieve("emb").id == "emb"
+    with pytest.raises(openai.NotFoundError, match="no model named 'other'"):
+        client.models.retrieve("other")

@@ -43,6 +43,7 @@ def error_of(r, status: int) -> dict:
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) == {"error"} and body["error"]["code"] == status, body
+    assert body["error"]["type"] == ("server_error" if status >= 500 else "invalid_request_error"), body
     return body["error"]
 
 

@@ -2,6 +2,7 @@
 spanflow model with token-budget batching, for English and Chinese tokenizers."""
 import json
 import logging
+import re
 
 import pytest
 
@@ -41,6 +42,18 @@ def test_english_pipe_sets_the_entities_predict_finds(tmp_path):
     got = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in docs]
     assert got == want and comp.expanded == 0 and comp.overlapping == 0
     assert [(e.start_char, e.end_char) for e in nlp(texts[0]).ents] == [s[:2] for s in want[0]]
+    # entities an earlier component set stay; the model's that overlap one are left out, and counted
+    first = next(k for k, w in enumerate(want) if w)
+    text, (s, e, _) = texts[first], want[first][0]
+    dots = [(m.start(), m.end(), "EVENT") for m in re.finditer(r"(?<= )\.(?= |$)", text)]  # the "." tokens
+    assert dots and not {d[0] for d in dots} & {i for a, b, _ in want[first] for i in range(a, b)}  # no entity's
+    ruled = spacy.blank("en")
+    ruled.add_pipe("entity_ruler").add_patterns([{"label": "RULED", "pattern": text[s:e]},
+                                                 {"label": "EVENT", "pattern": "."}])
+    comp = ruled.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32"})
+    ents = [(x.start_char, x.end_char, x.label_) for x in ruled(text).ents]
+    assert ents == sorted([(s, e, "RULED"), *want[first][1:], *dots])
+    assert comp.overlapping == 1  # the model's own entity at the ruled span
 
 
 def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, caplog):

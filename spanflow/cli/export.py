@@ -68,6 +68,24 @@ def _check(task, a: argparse.Namespace) -> None:
                           "directory")
     if os.path.isfile(a.out):
         raise ConfigError(f"{a.out} is a file; the export is a directory")
-    if os.path.isdir(a.out) and os.listdir(a.out) and not holds_model(a.out):
-        raise ConfigError(f"{a.out} holds other files, which the export would replace; give a new directory (or "
+    if os.path.isdir(a.out) and os.listdir(a.out) and not _earlier_export(a.out):
+        what = "a model or encoder" if holds_model(a.out) else "other files"
+        raise ConfigError(f"{a.out} holds {what}, which the export would replace; give a new directory (or "
                           "an earlier export's)")
+
+
+def _earlier_export(path: str) -> bool:
+    """Whether `path` holds what an earlier `spanflow export` wrote: its config.json marked with a
+    spanflow_ field, and no spanflow model (a trained model, or the encoder one was trained from, is
+    never replaced)."""
+    import json
+    import os
+
+    if os.path.exists(os.path.join(path, "spanflow.json")) or os.path.exists(os.path.join(path, "modules.json")):
+        return False
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and any(str(k).startswith("spanflow_") for k in cfg)

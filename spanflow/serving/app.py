@@ -21,7 +21,7 @@ from spanflow.errors import SpanflowError
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded
-from spanflow.serving.guard import Guard
+from spanflow.serving.guard import Guard, error_body
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
 from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body
@@ -109,8 +109,15 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         """OpenAI's model list: every served model, whatever its task."""
-        return {"object": "list", "data": [{"id": s.name, "object": "model", "created": started, "owned_by": "spanflow",
-                                            "task": s.task.name} for s in services]}
+        return {"object": "list", "data": [_model_card(s, started) for s in services]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str):
+        """OpenAI's model retrieval: one served model by name."""
+        for s in services:
+            if s.name == name:
+                return _model_card(s, started)
+        raise HttpError(404, f"no model named {name[:100]!r}; loaded: {[s.name for s in services]}", param="model")
 
     @app.get("/metrics")
     async def prometheus():
@@ -188,10 +195,13 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     return app
 
 
+def _model_card(s: Service, created: int) -> dict:
+    return {"id": s.name, "object": "model", "created": created, "owned_by": "spanflow", "task": s.task.name}
+
+
 def _error(status: int, message: str, headers: dict | None = None, param: str | None = None) -> JSONResponse:
-    """Every error answer: `{"error": {"message", "code", "param"}}`, `param` the request field at fault."""
-    return JSONResponse({"error": {"message": message, "code": status, "param": param}}, status_code=status,
-                        headers=headers)
+    """Every error answer (guard.error_body), `param` the request field at fault."""
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 def _routing_message(request: Request, exc, app: FastAPI) -> str:

@@ -58,8 +58,15 @@ class Guard:
                 await _send_json(send, 500, "internal server error")
 
 
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    """Every error answer's body: {"error": {"message", "type", "code", "param"}}; `type` as
+    OpenAI's API names its kinds, which its clients read (`e.type`)."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "code": status, "param": param}}
+
+
 async def _send_json(send, status: int, message: str, headers: list | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "code": status, "param": None}}).encode()  # the app's shape
+    body = json.dumps(error_body(status, message)).encode()  # the app's shape
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *(headers or [])]})

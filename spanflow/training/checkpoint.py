@@ -76,3 +76,42 @@ def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 
         raise ModelDirError(f"{os.path.join(ckpt_dir, STATE)} is not a JSON object; remove the checkpoint to start "
                             "over")
     return state
+
+
+# the options that set a run's course: a resume under other values would continue one run as another
+COURSE = ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "grad_accum", "max_tokens", "max_length",
+          "stride", "seed", "label_smoothing", "class_weights", "llrd", "pack", "pack_span", "oversample")
+
+
+def run_identity(items: list, opts, origin: str | None) -> dict:
+    """What a checkpoint's run was: the model it started from (`origin`, as given), its training
+    items (how many, their tokens, a digest of their lengths) and the options that set its course."""
+    import hashlib
+
+    import numpy as np
+
+    lengths = np.fromiter((len(it) for it in items), dtype=np.int64, count=len(items))
+    return {"model": origin, "items": len(items), "tokens": int(lengths.sum()),
+            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16],
+            "options": {k: getattr(opts, k) for k in COURSE}}
+
+
+def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
+    """A ConfigError naming what differs where --resume would continue the checkpoint's run with
+    another model, other data or other options (a checkpoint from before this record: nothing)."""
+    from spanflow.errors import ConfigError
+
+    if not isinstance(saved, dict):
+        return
+    changed = []
+    if saved.get("model") != now["model"] and now["model"] is not None:
+        changed.append(f"--model {saved.get('model')} (now {now['model']})")
+    if (saved.get("items"), saved.get("tokens"), saved.get("digest")) != (now["items"], now["tokens"], now["digest"]):
+        changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens (now {now['items']}, "
+                       f"{now['tokens']})")
+    for k, v in (saved.get("options") or {}).items():
+        if k in now["options"] and now["options"][k] != v:
+            changed.append(f"--{k.replace('_', '-')} {v} (now {now['options'][k]})")
+    if changed:
+        raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is of a run with {'; '.join(changed)}; resume with "
+                          "what it was started with, or start a new run (another --out, or no --resume)")

@@ -6,6 +6,7 @@ else, before and after, is here once.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,9 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
                           step=plan.step)
+        origin = os.path.abspath(model) if os.path.exists(model) else model  # as the checkpoint records it
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
+                             origin=origin,
                              log=run.log, dist=run.dist, weights=plan.weights)
         policy = run.policy
         best = best_model(summary, out_dir, lambda d: load(d, device=str(policy.device), precision=policy.name),

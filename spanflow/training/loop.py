@@ -13,7 +13,8 @@ from torch import nn
 from spanflow.atomic import recover_dir, writing
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
-from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from spanflow.training.checkpoint import (check_same_run, has_checkpoint, load_checkpoint, run_identity,
+                                          save_checkpoint)
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
 from spanflow.training.plan import epoch_plan
@@ -28,13 +29,14 @@ from spanflow.training.step import forward_backward, optimizer_step
 
 def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy,
                out_dir: str, log: Callable[[str], None] = print, dist: Dist = Dist(),
-               plan_world: int | None = None, weights: list[float] | None = None) -> dict:
+               plan_world: int | None = None, weights: list[float] | None = None, origin: str | None = None) -> dict:
     """Train `model` on `items` (windows with len()); return a summary with the best dev F1.
 
     Under torchrun (`dist.world > 1`) the model runs in DDP; rank 0 alone evaluates and
     writes checkpoints, reports and models. `plan_world` (tests) plans batches for that
     many ranks while running as one process, to check DDP against single-process training.
-    `weights` (one per item) turn on weighted sampling of each epoch's items.
+    `weights` (one per item) turn on weighted sampling of each epoch's items. `origin`: the model
+    the run started from, as given; a checkpoint records it, and a resume of another is refused.
     `opts.report_to` also sends the run's options, its scalars (loss and lr per logged step,
     dev metrics per evaluation, the throughput report per epoch) and the best dev F1 to
     TensorBoard / MLflow (training/report_to.py says where, and what a resumed run does).
@@ -44,7 +46,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     targets = [hooks.targets(it) for it in items] if hooks.targets else None
     per_epoch = [len(epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
-               total_steps=sum(per_epoch))
+               total_steps=sum(per_epoch), origin=origin)
     r.recent = deque(maxlen=loss_window(opts.log_every, per_epoch[0] if per_epoch else 1))
     model.train()
     r.bar = progress_bar(r)
@@ -92,21 +94,24 @@ def _summary(r: LoopState, completed: bool) -> dict:
 
 
 def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
-           log: Callable[[str], None], dist: Dist, total_steps: int) -> LoopState:
+           log: Callable[[str], None], dist: Dist, total_steps: int, origin: str | None = None) -> LoopState:
     """Optimizer, schedule, scaler and state: fresh, or restored from the checkpoint."""
     device = policy.device
     optimizer = build_optimizer(model, opts, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
     os.makedirs(out_dir, exist_ok=True)
+    identity = run_identity(items, opts, origin)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
-          "stopped": False, "first_loss": None}
+          "stopped": False, "first_loss": None, "run": identity}
     r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,
                   log, optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
     on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
     if resumed:
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
+        check_same_run(r.st.get("run"), identity, r.ckpt_dir)
+        r.st["run"] = identity
         log(f"resumed from {r.ckpt_dir}: epoch {r.st['epoch'] + 1}, step {r.st['global_step']}")
     else:
         if opts.resume:

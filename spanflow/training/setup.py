@@ -45,6 +45,10 @@ def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn:
     log(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))
     os.makedirs(out_dir, exist_ok=True)
     ckpt = os.path.join(out_dir, "checkpoint")
+    earlier = [p for p in ("model", "checkpoint") if os.path.isdir(os.path.join(out_dir, p))]
+    if earlier and not opts.resume:
+        log(f"note: {out_dir} holds an earlier run's {' and '.join(earlier)}; this run starts over and replaces "
+            f"{'them' if len(earlier) > 1 else 'it'} (--resume continues that run instead)")
     source = os.path.join(ckpt, "model") if opts.resume and has_checkpoint(ckpt) else model
     return Run(opts, dist, policy, log, source)
 

@@ -135,9 +135,10 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     cfg = hf_config(encoder.config)
     cfg.id2label = dict(enumerate(model.id2label))
     cfg.label2id = {t: i for i, t in enumerate(model.id2label)}
+    # kept for spanflow, which reads the directory back with the same words (and knows it for its own
+    # export, which a later export may replace); the pipeline ignores it
+    cfg.spanflow_words = model.words
     if model.words == "whitespace":
-        # kept for spanflow, which reads the directory back with the same words; the pipeline ignores it
-        cfg.spanflow_words = model.words
         log_fn("note: this model labels whitespace-separated words; transformers' pipeline starts a word at every "
                "word of its tokenizer (after each punctuation mark inside a URL too), so its entities can start or "
                "end inside a whitespace token; spanflow reads this directory back with the model's words "

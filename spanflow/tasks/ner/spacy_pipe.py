@@ -9,8 +9,9 @@ whitespace-separated words gives spans that start and end at whitespace, which e
 tokenizer that splits at whitespace also cuts at: they align exactly and equal `predict`'s.
 One that starts or ends inside a spaCy token (a model on the tokenizer's words, or a spaCy
 token that holds a space) is expanded to the tokens around it, and one that would overlap an
-earlier entity after that is left out: both are counted (`expanded`, `overlapping`) and said
-in one warning per batch, never dropped in silence.
+earlier entity after that, or one an earlier component of the pipeline set (which stay), is
+left out: both are counted (`expanded`, `overlapping`) and said in one warning per batch,
+never dropped in silence.
 """
 from __future__ import annotations
 
@@ -58,22 +59,27 @@ class SpanflowNer:
             expanded, overlapping = self.expanded - before[0], self.overlapping - before[1]
             if expanded or overlapping:
                 log.warning("%s: %d entities did not end on spaCy token boundaries and were expanded to the "
-                            "tokens around them; %d then overlapped another entity and were left out", self.name,
+                            "tokens around them; %d overlapped another entity (the model's or one set before it) "
+                            "and were left out", self.name,
                             expanded, overlapping)
 
     def _set_ents(self, doc, spans) -> None:
+        # entities an earlier component set (an entity_ruler's, a preset's) stay, as they do before
+        # spaCy's own ner; the model's that would overlap one are left out
+        kept = list(doc.ents)
+        taken = {i for ent in kept for i in range(ent.start, ent.end)}
         ents, last_end = [], -1
         for s, e, label in spans:
             span = doc.char_span(s, e, label=label)
             if span is None:
                 span = doc.char_span(s, e, label=label, alignment_mode="expand")
                 self.expanded += 1
-            if span is None or span.start < last_end:
+            if span is None or span.start < last_end or any(i in taken for i in range(span.start, span.end)):
                 self.overlapping += 1
                 continue
             ents.append(span)
             last_end = span.end
-        doc.ents = ents
+        doc.ents = sorted(kept + ents, key=lambda x: x.start)
 
 
 @Language.factory("spanflow_ner", default_config={"model": None, "max_tokens": None, "device": "auto",
