@@ -107,8 +107,8 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     if saved.get("model") != now["model"] and now["model"] is not None:
         changed.append(f"--model {saved.get('model')} (now {now['model']})")
     if (saved.get("items"), saved.get("tokens"), saved.get("digest")) != (now["items"], now["tokens"], now["digest"]):
-        changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens (now {now['items']}, "
-                       f"{now['tokens']})")
+        changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens "
+                       f"(now {now['items']}, {now['tokens']})")
     for k, v in (saved.get("options") or {}).items():
         if k in now["options"] and now["options"][k] != v:
             changed.append(f"--{k.replace('_', '-')} {v} (now {now['options'][k]})")

@@ -75,7 +75,8 @@ def paired(texts: Iterable[str], words: Iterable | None) -> Iterator[tuple[str, 
     if words is None:
         return ((t, None) for t in texts)
     if isinstance(words, (str, bytes, dict)) or not isinstance(words, Iterable):
-        raise ConfigError(f"words takes one list of (start, end) offsets (or None) per text, got {type(words).__name__}")
+        raise ConfigError("words takes one list of (start, end) offsets (or None) per text, got "
+                          f"{type(words).__name__}")
     return _paired(texts, iter(words))
 
 
