@@ -200,3 +200,12 @@ def test_a_cached_verdict_is_for_the_model_files_as_they_were(tmp_path):
     assert cache_path("verdicts", **key) == first
     (model / "encoder" / "model.safetensors").write_bytes(b"12345")  # retrained in place
     assert cache_path("verdicts", **key) != first
+
+
+def test_numpy_option_values_train_and_checkpoint(tmp_path):
+    good = [NerExample("Grace Hopper flew to Oslo .", [(0, 12, "PER"), (21, 25, "LOC")])] * 8
+    opts = TrainOptions(lr=np.float32(1e-3), max_steps=np.int64(2), max_tokens=np.int64(256), max_length=np.int64(64),
+                        log_every=0)
+    train_ner(good, None, model="tiny", out_dir=str(tmp_path / "run"), options=opts, log_fn=lambda line: None)
+    state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())  # written as JSON
+    assert state["run"]["options"]["max_tokens"] == 256 and state["global_step"] == 2

@@ -310,7 +310,7 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path,
         (["--resume", "--lr", "5e-3"], "--lr 0.01 (now 0.005)"),
         (["--resume", "--seed", "2"], "--seed 1 (now 2)"),
         (["--resume", "--max-tokens", "512"], "--max-tokens 256 (now 512)"),
-        (["--resume", "--model", str(tmp_path / "enc")], f"--model tiny (now {tmp_path / 'enc'})"),  # last one wins
+        (["--resume", "--model", str(tmp_path / "enc")], f"--model tiny (now {tmp_path / 'enc'}, another model)"),
     ]
     for extra, said in cases:
         assert train(files, out, *extra) == 2

@@ -71,7 +71,8 @@ def _check(task, a: argparse.Namespace) -> None:
     if os.path.isdir(a.out) and os.listdir(a.out) and not _earlier_export(a.out):
         what = "a model or encoder" if holds_model(a.out) else "other files"
         raise ConfigError(f"{a.out} holds {what}, which the export would replace; give a new directory (or "
-                          "an earlier export's)")
+                          "an earlier export's; one made before exports were marked with spanflow_words in their "
+                          "config.json is not known as one: remove it first)")
 
 
 def _earlier_export(path: str) -> bool:

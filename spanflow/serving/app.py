@@ -111,7 +111,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         """OpenAI's model list: every served model, whatever its task."""
         return {"object": "list", "data": [_model_card(s, started) for s in services]}
 
-    @app.get("/v1/models/{name}")
+    @app.get("/v1/models/{name:path}")  # a served name may hold a slash (org/model=DIR)
     async def model(name: str):
         """OpenAI's model retrieval: one served model by name."""
         for s in services:

@@ -84,16 +84,39 @@ COURSE = ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "gra
 
 
 def run_identity(items: list, opts, origin: str | None) -> dict:
-    """What a checkpoint's run was: the model it started from (`origin`, as given), its training
-    items (how many, their tokens, a digest of their lengths) and the options that set its course."""
+    """What a checkpoint's run was: the model it started from (`origin` as given, and what its
+    files are: the same encoder copied elsewhere is the same model), its training items (how many,
+    their tokens, a digest of their lengths) and the options that set its course, as JSON holds them."""
     import hashlib
 
     import numpy as np
 
     lengths = np.fromiter((len(it) for it in items), dtype=np.int64, count=len(items))
-    return {"model": origin, "items": len(items), "tokens": int(lengths.sum()),
-            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16],
-            "options": {k: getattr(opts, k) for k in COURSE}}
+    options = json.loads(json.dumps({k: getattr(opts, k) for k in COURSE}, default=_plain))  # numpy scalars too
+    return {"model": origin, "model_files": _model_files(origin), "items": len(items), "tokens": int(lengths.sum()),
+            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "options": options}
+
+
+def _plain(value):
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _model_files(origin: str | None) -> str | None:
+    """A digest of a model directory's configs and its files' sizes (not its path); None for `tiny`."""
+    import hashlib
+
+    if not origin or not os.path.isdir(origin):
+        return None
+    h = hashlib.sha1()
+    for root, dirs, files in os.walk(origin):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            h.update(f"{os.path.relpath(path, origin)}:{os.path.getsize(path)};".encode())
+            if name.endswith(".json") and os.path.getsize(path) < 1 << 20:
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()[:16]
 
 
 def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
@@ -104,8 +127,8 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     if not isinstance(saved, dict):
         return
     changed = []
-    if saved.get("model") != now["model"] and now["model"] is not None:
-        changed.append(f"--model {saved.get('model')} (now {now['model']})")
+    if saved.get("model") != now["model"] and saved.get("model_files", "") != now["model_files"]:
+        changed.append(f"--model {saved.get('model')} (now {now['model']}, another model)")
     if (saved.get("items"), saved.get("tokens"), saved.get("digest")) != (now["items"], now["tokens"], now["digest"]):
         changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens "
                        f"(now {now['items']}, {now['tokens']})")

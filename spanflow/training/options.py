@@ -116,7 +116,9 @@ _KINDS = {"int": (numbers.Integral, "a whole number"), "float": (numbers.Real, "
 
 def _check_types(opts: TrainOptions) -> None:
     """A ConfigError naming the first field whose value is not of its type (`epochs=1.5`,
-    `lr="1e-4"`): the Python API's values are checked as the CLI's parsers check theirs."""
+    `lr="1e-4"`): the Python API's values are checked as the CLI's parsers check theirs. A
+    number of another kind (numpy's) becomes Python's int or float, as configs and checkpoints
+    write JSON."""
     from spanflow.errors import ConfigError, quote
 
     for f in dataclasses.fields(opts):
@@ -129,6 +131,8 @@ def _check_types(opts: TrainOptions) -> None:
         if not any(isinstance(v, k) and (k is bool or not isinstance(v, bool)) for k, _ in kinds):
             raise ConfigError(f"TrainOptions.{f.name} must be {' or '.join(w for _, w in kinds)}"
                               f"{' or None' if 'None' in names else ''}, got {quote(v, 60)}")
+        if isinstance(v, numbers.Number) and not isinstance(v, bool):
+            setattr(opts, f.name, int(v) if isinstance(v, numbers.Integral) else float(v))
 
 
 def check_options(options) -> None:
