@@ -233,7 +233,7 @@ def _records(path: str, text: str, ident: str | None, kept: list[str]) -> Iterat
     for b in _batches(path, cols):
         values, bad = {}, {}
         for c in cols:
-            values[c], bad[c] = _pylist(b.column(c), c, path)
+            values[c], bad[c] = _pylist(b.column(c))
         for k in range(b.num_rows):
             value = (RowError(f"column {text!r} holds invalid UTF-8 at byte {bad[text][k]}", path=path, row=row)
                      if k in bad[text] else _text(values[text][k], row, text, path))
@@ -245,15 +245,28 @@ def invalid_utf8(col) -> dict[int, int]:
     """{row: byte offset} of the values of a column of strings that are not valid UTF-8. A
     Parquet or Arrow string is bytes that a reader checks only when it makes a Python string of
     one (and then fails the whole column); here a column is checked whole first, in Arrow."""
+    return {} if _valid_utf8(col) else _bad_rows(_raw(col))
+
+
+def _valid_utf8(col) -> bool:
+    """Every string's UTF-8 checked in Arrow, without making Python strings (a dictionary's: its values)."""
     pa = pyarrow()
-    try:  # checks every string's UTF-8 without making Python strings (a dictionary's: its values)
+    try:
         (col.dictionary if pa.types.is_dictionary(col.type) else col).validate(full=True)
-        return {}
-    except pa.ArrowInvalid:
-        pass
+    except pa.ArrowInvalid:  # some value is not UTF-8 (a damaged or foreign file): the caller finds which
+        return False
+    return True
+
+
+def _raw(col) -> list:
+    """The column's values as bytes (None where null)."""
+    pa = pyarrow()
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
-    raw = col.cast(pa.large_binary()).to_pylist()
+    return col.cast(pa.large_binary()).to_pylist()
+
+
+def _bad_rows(raw: list) -> dict[int, int]:
     bad = {}
     for k, v in enumerate(raw):
         try:
@@ -264,19 +277,13 @@ def invalid_utf8(col) -> dict[int, int]:
     return bad
 
 
-def _pylist(col, name: str, path: str) -> tuple[list, dict[int, int]]:
+def _pylist(col) -> tuple[list, dict[int, int]]:
     """(the values of a column, {row: byte offset} of its strings that are not valid UTF-8: those
     come backslash-escaped, and as the text they are the row's error)."""
-    pa = pyarrow()
-    if not is_text(col.type):
+    if not is_text(col.type) or _valid_utf8(col):
         return col.to_pylist(), {}
-    bad = invalid_utf8(col)
-    if not bad:
-        return col.to_pylist(), {}
-    values = [None if v is None else v.decode("utf-8", "backslashreplace")
-              for v in (col.dictionary_decode() if pa.types.is_dictionary(col.type) else col)
-              .cast(pa.large_binary()).to_pylist()]
-    return values, bad
+    raw = _raw(col)
+    return [None if v is None else v.decode("utf-8", "backslashreplace") for v in raw], _bad_rows(raw)
 
 
 def table_ids(path: str, id_column: str | None = None) -> Iterator:
