@@ -9,10 +9,11 @@ STAMP := $(VENV)/.spanflow-installed
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# torch is pinned to the local CPU build only when no torch is importable,
-# so a machine that already has a CUDA build keeps it.
+# torch is pinned only when no torch is importable, so a machine that already has a
+# CUDA build keeps it. TORCH_PIP_ARGS picks the build, e.g. PyTorch's CPU index.
+TORCH_PIP_ARGS ?=
 $(STAMP): $(BIN)/python pyproject.toml
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(BIN)/pip install -q -e ".[test,plot]"
 	@touch $(STAMP)
 

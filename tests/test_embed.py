@@ -303,10 +303,12 @@ def test_embed_cli(st_dir, tmp_path, capsys):
     assert main(["embed", "--model", str(tmp_path / "nomodel"), "--input", src, "--output", str(out)]) == 2
 
 
-def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch):
+def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):
     """embed only infers: `spanflow tune --task embed` with the required flags tunes inference."""
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
     src = write_lines(tmp_path / "in.txt", TEXTS)
     assert main(["tune", "--task", "embed", "--model", st_dir, "--data", src, "--budgets", "256",
                  "--budget-seconds", "1", "--repeats", "1", "--no-backends", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "profile.json").read_text())["mode"] == "infer"
+    # its quality column is the cosine to the full-length embeddings, not an evaluate score
+    assert "quality: mean cosine to the sample's embeddings at the model's max length" in capsys.readouterr().out

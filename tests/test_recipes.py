@@ -379,8 +379,18 @@ def test_gradient_checkpointing_keeps_gradients(tmp_path, kind):
 def test_recipes_train_end_to_end_and_reject_bad_combinations(tmp_path):
     data = synthetic_ner(40, seed=1, max_clauses=1)
     opts = small_opts(label_smoothing=0.1, class_weights="auto", llrd=0.8, oversample=0.5, grad_checkpointing=True)
-    model = train_ner(data, data, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
+    lines = []
+    model = train_ner(data, data, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lines.append)
     assert model.evaluate(data)["f1"] >= 0.9
+    # a softmax recipe picks the softmax head for a new model, and the run says so
+    assert model.head_type == "softmax"
+    notes = [s for s in lines if s.startswith("note: ") and "softmax head" in s]
+    assert notes == ["note: --label-smoothing and --class-weights apply to the softmax head only: this new model "
+                     "takes a softmax head instead of the default crf (docs/recipes.md compares them)"]
+    lines.clear()  # continuing that softmax model changes no head: no note
+    train_ner(data, None, model=str(tmp_path / "model"), out_dir=str(tmp_path / "d"),
+              options=small_opts(label_smoothing=0.1, max_steps=1), log_fn=lines.append)
+    assert not [s for s in lines if "softmax head" in s]
     with pytest.raises(ConfigError, match="softmax head"):
         train_ner(data, None, model="tiny", out_dir=str(tmp_path / "b"), head="crf",
                   options=small_opts(label_smoothing=0.1))

@@ -31,11 +31,15 @@ def predict(model, texts, tmp_path):
     return [[(x["start"], x["end"], x["label"]) for x in json.loads(line)["entities"]] for line in open(out)]
 
 
-def test_english_pipe_sets_the_entities_predict_finds(tmp_path):
+def test_english_pipe_sets_the_entities_predict_finds(tmp_path, capsys):
     model = train(tmp_path, synthetic_ner(80, seed=31, max_clauses=2), "en")
     texts = [e.text for e in synthetic_ner(30, seed=32, max_clauses=2)]
     nlp = spacy.blank("en")
-    comp = nlp.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32"})  # found through the entry point
+    capsys.readouterr()
+    comp = nlp.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32",  # found through the entry point
+                                                "max_tokens": 768})
+    assert "max_tokens 768 (as asked)" in capsys.readouterr().err  # the runtime line names the config's budget
+    assert comp.max_tokens == 768
     docs = list(nlp.pipe(texts, batch_size=8))
     want = predict(model, texts, tmp_path)
     assert sum(map(len, want)) > 5

@@ -89,6 +89,22 @@ def test_tune_infer_compares_backends_and_plots(ner_file, tmp_path, monkeypatch)
     assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_tune_infer_measures_the_windows_predict_reads(ner_file, tmp_path):
+    """Without --max-lengths, an NER model is measured at its own max length (what predict
+    reads), not at the encoder's limit."""
+    from spanflow.data.io import read_ner
+    from spanflow.tasks.ner import NerModel, train_ner
+    from spanflow.training.options import TrainOptions
+
+    train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=1, max_tokens=1024, max_length=128, log_every=0))
+    model = NerModel.load(str(tmp_path / "run" / "model"))
+    assert model.max_length < model.limit  # the synthetic texts are short: the model reads less than it may
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=ner_file, mode="infer", budgets=[512],
+                budget_seconds=20, sample=32, out=str(tmp_path), backends=False, plot=False, log_fn=lambda s: None)
+    assert {p["max_length"] for p in prof["points"]} == {model.max_length}
+
+
 FILLER = "the a of and to in on at for with from by as was is it that this".split()
 NAMES = "Zorg Mirel Tavik Quon Brell Sarn".split()
 
@@ -138,7 +154,7 @@ def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys, mo
     profile = tmp_path / "profile.json"  # the file it wrote is named, with how to use it
     assert (f"profile: {profile}; run it with --profile {profile} (the commands that run this model: predict or "
             "embed, evaluate, serve)") in out
-    assert "quality: the task's evaluate score (entity or triple F1, Spearman or MRR@10)" in out
+    assert "quality: entity F1 on the labelled sample, read at that max length" in out
     quality = {p["max_length"]: p["quality"] for p in json.loads((tmp_path / "profile.json").read_text())["points"]}
     for L in (16, 64):
         model = NerModel.load(model_dir, device="cpu", precision="fp32")
@@ -229,6 +245,8 @@ def test_diagnose_padding_and_environment():
     r = {"padding_efficiency": 0.45, "texts_per_update": 32, "data_frac": 0.05, "optimizer_frac": 0.05,
          "real_tokens_per_s": 100.0}
     assert "padding efficiency 0.45" in diagnose(r)[0]
+    # spanflow's own batches are what it would advise: their padding is no finding with that fix
+    assert not any("padding" in f for f in diagnose(r, own=True))
     env = environment()
     assert {"torch", "cuda_available", "cpu_threads", "nvml", "cpu_bf16"} <= set(env)
 

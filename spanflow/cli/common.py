@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from spanflow.data.io import NER_FORMATS
+from spanflow.data.io import FORMAT_HELP, NER_FORMATS
 from spanflow.data.schemes import SCHEMES
 from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget
 from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
@@ -62,7 +62,6 @@ AUTO_HELP = {  # serve has no data of its own to measure on
     "infer": "measured once per model and device on the input, then cached",
     "train": "measured once per model and device on the training data, then cached",
 }
-FORMAT_HELP = "NER data format [detected: .jsonl or .json JSONL, .spacy DocBin, else by the first line]"
 SCHEME_HELP = "tag scheme of CoNLL input, any case [detected from the tags]"
 STRICT_HELP = "reject inside tags with no opening tag instead of repairing them"
 

@@ -13,9 +13,11 @@ def add_parser(sub) -> None:
                        description="Score a trained model on labelled data of its task: entity P/R/F1 per label "
                                    "(NER), triple P/R/F1 per relation (RE), Spearman or MRR@10 (embeddings). "
                                    "Prints a table, or one JSON object with --json.")
-    p.add_argument("--model", required=True, help="a spanflow model directory, or an encoder directory (embeddings)")
+    p.add_argument("--model", required=True, help="a spanflow model directory, a Hugging Face token-classification "
+                                                  "directory (NER), or an encoder directory (embeddings)")
     p.add_argument("--data", required=True, help="labelled data: NER CoNLL, JSONL or .spacy; RE CasRel JSON or "
-                                                 "JSONL; scored pairs or pairs in CSV, TSV or JSONL (embeddings)")
+                                                 "JSONL; scored pairs, pairs or triplets in CSV, TSV or JSONL "
+                                                 "(embeddings)")
     add_format_arg(p)
     add_scheme_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -12,7 +12,8 @@ def add_parser(sub) -> None:
                        description="Run a model on every record of the input and write one output record per "
                                    "input record, in input order: character-offset entities (NER), triples (RE) "
                                    "or embeddings. An unreadable record becomes an error record, never a gap.")
-    p.add_argument("--model", required=True, help="a spanflow model directory, or an encoder directory (embeddings)")
+    p.add_argument("--model", required=True, help="a spanflow model directory, a Hugging Face token-classification "
+                                                  "directory (NER), or an encoder directory (embeddings)")
     p.add_argument("--input", required=True, help="plain text (one document per line), JSONL (--field), CSV/TSV "
                                                   "(--column) or Parquet/Arrow (--column NAME)")
     p.add_argument("--output", required=True, help="output JSONL, or .parquet (docs/data-formats.md has its columns)")

@@ -13,6 +13,9 @@ from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.errors import DataError, as_path
 
 NER_FORMATS = ("conll", "jsonl", "docbin")
+# how the readers pick a format: what --format's help says, wherever a command takes one
+FORMAT_HELP = ("NER data format [detected from the content; where it leaves doubt, the extension (.jsonl/.json "
+               "JSONL, .spacy DocBin), else the first line]")
 # what each reader takes, by the name sniff gives, and the format it is read as
 NER_SNIFFED = {"conll": "conll", "ner-jsonl": "jsonl", "texts-jsonl": "jsonl", "docbin": "docbin"}
 RE_SNIFFED = {"casrel": "casrel", "re-jsonl": "jsonl", "texts-jsonl": "jsonl"}

@@ -32,6 +32,8 @@ class Workload:
     loss_fn: Callable | None  # summed loss of a batch (training)
     limit: int  # the longest max length the model takes
     quality: Callable[[int], float] | None = None  # inference: quality of results at a max length
+    length: int | None = None  # the max length the model's runs read unless told (None: the limit)
+    quality_means: str = "the task's evaluate score on the labelled sample"  # tune's legend for `quality`
 
 
 class TaskModel(Protocol):

@@ -28,7 +28,8 @@ class TrainOptions:
     """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher).
     Unset (None) values take the task's defaults, sized to the data (training/defaults.py)."""
 
-    epochs: int | None = opt(None, "most epochs; early stopping on dev usually ends sooner",
+    epochs: int | None = opt(None, "most epochs; with a pretrained encoder early stopping on dev often ends "
+                                   "sooner",
                              unset="per task, docs/defaults.md")
     lr: float | None = opt(None, "peak learning rate of the encoder", unset="per task, scaled to the update size")
     head_lr: float | None = opt(None, "learning rate of a freshly initialised head", unset="per task")
@@ -45,7 +46,7 @@ class TrainOptions:
     eval_every: int | None = opt(None, "evaluate every N optimizer steps", unset="once per epoch")
     patience: int | None = opt(None, "evaluations without a better dev score (F1, Spearman, MRR@10) before "
                                                                    "stopping (0: never stop)",
-                               unset="per task")
+                               unset="3, 2 for embeddings, 0 for tiny")
     save_every: int | None = opt(None, "also checkpoint every N optimizer steps", unset="at epoch ends")
     max_steps: int | None = opt(None, "stop after N optimizer steps, with a checkpoint to resume from")
     resume: bool = opt(False, "continue from OUT/checkpoint")

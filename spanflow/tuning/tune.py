@@ -52,7 +52,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=rt.precision, sample=sample, field=field,
                            column=column, **extra)
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
-    lengths = sorted({min(L, limit) for L in (max_lengths or [limit])})
+    lengths = sorted({min(L, limit) for L in (max_lengths or [w.length or limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
 
     # the runtime line above said why this precision; a policy rebuilt from its name would say "as asked"
@@ -79,9 +79,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     write_profile(path, profile)
     log_fn(format_table(profile))
     if any(p.quality is not None for p in points):
-        log_fn("quality: the task's evaluate score (entity or triple F1, Spearman or MRR@10) on the labelled sample, "
-               f"read at that max length; a shorter length is picked for speed only within {QUALITY_TOLERANCE} of "
-               "the best")
+        log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
+               f"only within {QUALITY_TOLERANCE} of the best")
     if best:  # a profile without a best point is refused by --profile
         log_fn(f"profile: {path}; run it with --profile {path} ("
                + ("spanflow train" if mode == "train" else "the commands that run this model: predict or embed, "

@@ -105,7 +105,8 @@ class EmbedTask:
             return {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(m)}
 
         return Workload(emb.module, lambda L: at_length(L).tokenize(texts)[0], collate, None, limit,
-                        functools.lru_cache(maxsize=None)(quality))
+                        functools.lru_cache(maxsize=None)(quality),
+                        quality_means=f"mean cosine to the sample's embeddings at the model's max length ({limit})")
 
     def request_params(self, model: Embedder, body: dict) -> dict:
         """OpenAI's embeddings options: `encoding_format` float|base64, `dimensions` (truncate, then

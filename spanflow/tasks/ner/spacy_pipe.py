@@ -34,13 +34,14 @@ class SpanflowNer:
         self.name = name
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)
-        self.model = loads.take(resolve_runtime(loads.task, model, Asked(device=device, precision=precision),
-                                                loads=loads))
+        rt = resolve_runtime(loads.task, model, Asked(device=device, precision=precision, max_tokens=max_tokens),
+                             loads=loads)  # its runtime line names the budget the component runs with
+        self.model = loads.take(rt)
         if self.model.task != "ner":
             from spanflow.errors import ConfigError
 
             raise ConfigError(f"spanflow_ner runs NER models; {model} holds a {self.model.task!r} model")
-        self.max_tokens = max_tokens
+        self.max_tokens = rt.max_tokens
         self.expanded = self.overlapping = 0
 
     def __call__(self, doc):

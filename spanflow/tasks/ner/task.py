@@ -1,7 +1,7 @@
 """The `ner` entry of the task registry: what the CLI, the server and tune ask of NER."""
 from __future__ import annotations
 
-from spanflow.data.io import NER_FORMATS
+from spanflow.data.io import FORMAT_HELP, NER_FORMATS
 from spanflow.data.schemes import SCHEMES
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.ner.features import make_collate, ner_loss, prepare_windows
@@ -40,14 +40,15 @@ class NerTask:
 
     def add_train_args(self, p) -> None:
         p.add_argument("--format", choices=NER_FORMATS, default=None,
-                       help="NER data format [detected: .jsonl or .json JSONL, .spacy DocBin, else by the first line]")
+                       help=FORMAT_HELP)
         p.add_argument("--scheme", type=str.lower, choices=SCHEMES, default=None,
                        help="tag scheme of CoNLL input, any case [detected from the tags]")
         p.add_argument("--strict", action="store_true",
                        help="reject inside tags with no opening tag instead of repairing them")
         p.add_argument("--head", choices=list(HEAD_TYPES), default=None,
                        help="crf: a BIO-constrained CRF with Viterbi decoding; softmax: a per-token softmax "
-                            "[crf for a new model; a spanflow model keeps its head]")
+                            "[crf for a new model, softmax if --label-smoothing or --class-weights is given; a spanflow "
+                            "model keeps its head]")
 
     def train_from_args(self, a, options: TrainOptions) -> str:
         from spanflow.data.io import read_ner
@@ -88,7 +89,9 @@ class NerTask:
                                    lines=nm.lines)
 
         return Workload(nm.module, windows, make_collate(nm.tokenizer.pad_token_id), ner_loss, limit,
-                        quality_at_length(nm, examples) if mode == "infer" and texts is None else None)
+                        quality_at_length(nm, examples) if mode == "infer" and texts is None else None,
+                        length=nm.max_length if mode == "infer" else None,  # predict's windows
+                        quality_means="entity F1 on the labelled sample")
 
     response = staticmethod(records_response)
 

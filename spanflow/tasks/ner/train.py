@@ -39,11 +39,23 @@ DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=10),
 DEFAULT_HEAD = "crf"
 
 
+def continues(model: str) -> bool:
+    """Whether training starts from a trained NER model (a spanflow one or an HF classifier)."""
+    return is_model_dir(model) or token_classification_config(model) is not None
+
+
+def softmax_flags(opts: TrainOptions) -> str:
+    """The softmax-only options a run was given, as their flags, with their verb."""
+    given = [flag for flag, on in (("--label-smoothing", bool(opts.label_smoothing)),
+                                   ("--class-weights", opts.class_weights is not None)) if on]
+    return " and ".join(given) + (" apply" if len(given) > 1 else " applies")
+
+
 def start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
                 policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
     """The model to train: a spanflow NER model to continue (its head unless another is
     asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
-    if is_model_dir(model) or token_classification_config(model) is not None:
+    if continues(model):
         start = (NerModel.load(model, device=str(policy.device), precision="fp32") if is_model_dir(model)
                  else NerModel.from_hf(model, device=str(policy.device), bio=True))
         if start.labels != sorted(labels):
@@ -91,6 +103,9 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
                          fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
         if nm.head_type == "crf" and softmax_recipe:
             raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
+        if softmax_recipe and head is None and DEFAULT_HEAD != "softmax" and not continues(run.source):
+            log(f"note: {softmax_flags(opts)} to the softmax head only: this new model takes a softmax head "
+                f"instead of the default {DEFAULT_HEAD} (docs/recipes.md compares them)")
         label2id = {lab: i for i, lab in enumerate(nm.id2label)}
         defaults = for_encoder(DEFAULTS, nm.module.encoder)
         texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, span=opts.pack_span,

@@ -69,7 +69,9 @@ class ReTask:
 
         return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
                         casrel_loss, limit,
-                        quality_at_length(rm, examples) if mode == "infer" and texts is None else None)
+                        quality_at_length(rm, examples) if mode == "infer" and texts is None else None,
+                        length=rm.max_length if mode == "infer" else None,  # what predict reads
+                        quality_means="triple F1 on the labelled sample")
 
     response = staticmethod(records_response)
 
