@@ -117,3 +117,38 @@ def test_serve_checks_the_port_before_loading_any_model(tmp_path, monkeypatch, c
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [(f"error: --port {port}: 127.0.0.1:{port} is already in use (another server?); stop it or pick "
                     "another --port")]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--timeout", "0"], "error: --timeout must be > 0, got 0.0: every request would be refused"),
+    (["--max-texts", "0"], "error: --max-texts must be > 0, got 0: every request would be refused"),
+    (["--max-wait-ms", "-1"], "error: --max-wait-ms must be >= 0, got -1.0"),
+])
+def test_limits_that_refuse_every_request_are_refused_before_any_model_loads(tmp_path, monkeypatch, capsys,
+                                                                              flags, said):
+    from spanflow.cli import serve
+
+    monkeypatch.setattr(serve, "load_services", lambda a: pytest.fail("a model was loaded"))
+    assert main(["serve", "--model", str(tmp_path), *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [said]
+
+
+def test_two_models_of_one_name_are_refused_and_a_directory_may_hold_an_equals_sign(tmp_path, capsys):
+    from spanflow.serving.services import parse_spec
+
+    runs = tmp_path / "sweep" / "lr=3e-5"
+    for d in (runs / "model", tmp_path / "other" / "model"):
+        enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+        enc.save_pretrained(d)
+        tok.save_pretrained(d)
+    # NAME=DIR splits at the first '=': a directory's own '=' stays in it; an existing directory is whole
+    assert parse_spec(f"emb={runs}/model") == ("emb", f"{runs}/model")
+    assert parse_spec(str(runs)) == ("lr=3e-5", str(runs))
+    assert main(["serve", "--model", str(runs / "model"), "--model", str(tmp_path / "other" / "model")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: two models are named 'model', {runs / 'model'} and {tmp_path / 'other' / 'model'} (a model without "
+        "NAME= is named after its directory): give each a name, --model NAME=DIR"]
+    enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+    twins = [Service("m", get("embed"), Embedder(encoder=enc, tokenizer=tok, pooling=Pooling(), device="cpu"))] * 2
+    with pytest.raises(ConfigError, match="two models are named 'm'"):
+        create_app(twins, ServeOptions())

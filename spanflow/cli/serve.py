@@ -37,11 +37,13 @@ def load_services(a: argparse.Namespace) -> tuple[list, dict[str, int]]:
     from spanflow.runtime.files import read_profile
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.serving.services import Service, parse_spec
+    from spanflow.serving.services import Service, check_names, parse_spec
     from spanflow.tasks.registry import task_of_dir
 
     profile_task = read_profile(a.profile, mode="infer").task if a.profile else None
-    specs = [(name, path, task_of_dir(path)) for name, path in map(parse_spec, a.model)]
+    named = [parse_spec(spec) for spec in a.model]
+    check_names(named)
+    specs = [(name, path, task_of_dir(path)) for name, path in named]
     # --quantize is for the models whose task quantizes; a server of only other models is told so
     quantizes = any(a.quantize in getattr(t, "quantizations", ()) for *_, t in specs) if a.quantize else False
     services, per_model = [], {}
@@ -70,7 +72,9 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError(f"serving needs the 'serve' extra (pip install 'spanflow[serve]'): {e}") from None
     from spanflow.runtime.budget import default_budget
     from spanflow.serving.address import check_address
+    from spanflow.serving.options import check_limits
 
+    check_limits(vars(a))
     check_address(a.host, a.port)  # a port in use is told now, not after every model has loaded
     from spanflow.runtime.threads import on_model_thread
 

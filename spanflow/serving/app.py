@@ -25,7 +25,7 @@ from spanflow.serving.guard import Guard, error_body
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
 from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body
-from spanflow.serving.services import Service
+from spanflow.serving.services import Service, check_names
 
 log = logging.getLogger("spanflow.serve")
 
@@ -43,6 +43,7 @@ class HttpError(Exception):
 
 
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
+    check_names([(s.name, s.task.name) for s in services])  # one batcher per name: a second would take the first's
     metrics = ServerMetrics()
     started = int(time.time())
     state = {"ready": False, "batchers": {}, "gpu": None}

@@ -33,3 +33,21 @@ class ServeOptions:
                                     "connection closes)")
     batching: bool = True  # --no-batching turns it off (for comparison)
     api_key: str | None = None  # --api-key or SPANFLOW_API_KEY
+
+
+# the limits a request is measured against: each must let some request through
+POSITIVE = ("max_queue_tokens", "max_queue_wait_ms", "max_request_bytes", "max_texts", "max_text_chars", "timeout",
+            "read_timeout")
+
+
+def check_limits(values: dict) -> None:
+    """A ConfigError for a limit that would refuse every request (or a negative wait), before any
+    model loads; `values`: the parsed flags by field name."""
+    from spanflow.errors import ConfigError
+
+    for name in POSITIVE:
+        if not values[name] > 0:  # NaN too
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {values[name]}: every request "
+                              "would be refused")
+    if not values["max_wait_ms"] >= 0:
+        raise ConfigError(f"--max-wait-ms must be >= 0, got {values['max_wait_ms']}")

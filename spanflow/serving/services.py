@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from spanflow.errors import ConfigError
 from spanflow.tasks.registry import Task, TaskModel, task_of_dir
 
 
@@ -37,10 +38,22 @@ class Service:
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """(name, directory) of NAME=DIR, or of DIR (named after the directory)."""
-    name, _, path = spec.rpartition("=")
-    path = path or spec
+    """(name, directory) of NAME=DIR, or of DIR (named after the directory). A name holds no '=';
+    a directory may (lr=3e-5/model), and one that exists as given is taken whole."""
+    name, eq, path = spec.partition("=")
+    if not eq or not path or os.path.isdir(spec):
+        name, path = "", spec
     return name or os.path.basename(os.path.normpath(path)), path
+
+
+def check_names(specs: list[tuple[str, str]]) -> None:
+    """A ConfigError for two models under one name (a request could reach only one of them)."""
+    seen: dict[str, str] = {}
+    for name, path in specs:
+        if name in seen:
+            raise ConfigError(f"two models are named {name!r}, {seen[name]} and {path} (a model without NAME= is "
+                              "named after its directory): give each a name, --model NAME=DIR")
+        seen[name] = path
 
 
 def load_service(spec: str, *, precision: str = "auto", device: str = "auto") -> Service:
