@@ -85,3 +85,15 @@ def test_convert_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
     assert main(["convert", str(bad), str(tmp_path / "out.spacy")]) == 2
     assert "bad.jsonl:2" in capsys.readouterr().err
     assert not list(tmp_path.glob("out.spacy*"))
+
+
+def test_convert_to_a_directory_is_one_error_line_and_write_ner_a_typed_error(tmp_path, capsys):
+    src = tmp_path / "a.conll"
+    src.write_text("Ann\tB-PER\n", encoding="utf-8")
+    (tmp_path / "out").mkdir()
+    assert main(["convert", str(src), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {tmp_path / 'out'}: is a directory; give the name of a file to write"]
+    with pytest.raises(DataError, match="is a directory"):
+        write_ner([NerExample("Ann", [(0, 3, "PER")])], tmp_path / "out", fmt="jsonl")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing written into it

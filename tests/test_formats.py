@@ -63,6 +63,7 @@ def test_mixed_cjk_and_latin_join():
     ("a O\nb O extra\n", 2, "expected 2 columns"),
     ("a O\nb X-PER\n", 2, "unknown tag"),
     ("a O\nb M-PER\nc B-PER\nd I-PER\n", None, "not valid in the BMES"),
+    ("a O\nGrace\tB-PER\rHopper\tI-PER\r\rOslo\tB-LOC\r", 2, "lines end in CR alone"),  # read as one line
 ])
 def test_conll_errors_name_the_line(tmp_path, content, line, needle):
     p = write(tmp_path, "bad.conll", content)
@@ -71,6 +72,11 @@ def test_conll_errors_name_the_line(tmp_path, content, line, needle):
     assert needle in str(e.value) and "bad.conll" in str(e.value)
     if line:
         assert e.value.line == line
+
+
+def test_a_tab_or_space_after_the_last_column_ends_it(tmp_path):
+    p = write(tmp_path, "t.conll", "Grace\tB-PER\t\nHopper\tI-PER \n\nOslo\tB-LOC\t\t\n")
+    assert [e.entities() for e in read_ner(p)] == [[("Grace Hopper", "PER")], [("Oslo", "LOC")]]
 
 
 def test_bio_scheme_rejects_bmes_tags(tmp_path):

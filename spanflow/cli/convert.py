@@ -9,8 +9,9 @@ from spanflow.data.io import NER_FORMATS
 
 def add_parser(sub) -> None:
     p = sub.add_parser("convert", help="convert NER data between CoNLL, JSONL and spaCy DocBin",
-                       description="Convert NER data. Formats follow the extensions (.jsonl, .spacy, else "
-                                   "CoNLL) unless --from/--to say otherwise. CoNLL is written as token<TAB>BIO.")
+                       description="Convert NER data. The input's format is told from its content (--from "
+                                   "overrides), the output's from its extension (.jsonl or .json JSONL, .spacy "
+                                   "DocBin, else CoNLL; --to overrides). CoNLL is written as token<TAB>BIO.")
     p.add_argument("input", help="labelled NER data to read")
     p.add_argument("output", help="the file to write")
     add_format_arg(p, "--from", dest="src")
@@ -20,8 +21,9 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from spanflow.data.io import output_format, read_ner, write_ner
+    from spanflow.data.io import check_output_file, output_format, read_ner, write_ner
 
+    check_output_file(a.output)  # before reading: the input may be large
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
     fmt = a.dst or output_format(a.output)
     if fmt == "conll":

@@ -80,9 +80,16 @@ def output_format(path: str) -> str:
     return {"jsonl": "jsonl", "json": "jsonl", "docbin": "docbin"}.get(kind, "conll")
 
 
+def check_output_file(path: str) -> None:
+    """A DataError for an output path that names a directory (the file could not replace it)."""
+    if os.path.isdir(path):
+        raise DataError("is a directory; give the name of a file to write", path=path)
+
+
 def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str | None = None) -> None:
     """Write NER examples as CoNLL (BIO), JSONL or a spaCy DocBin; atomic (temp file + rename)."""
     path = as_path(path, "write_ner")
+    check_output_file(path)
     check_examples(examples, NerExample, "examples")  # a span past its text would be written as another
     fmt = fmt or output_format(path)
     if fmt == "docbin":

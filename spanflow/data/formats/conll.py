@@ -25,6 +25,10 @@ def _sentences(path: str):
                 yield sent
             sent = []
             continue
+        if "\r" in line:  # lines end in CR alone: the file would read as one line of merged columns
+            raise DataError("a carriage return (\\r) inside a line: the file's lines end in CR alone (old Mac "
+                            "style)? Convert them to \\n line endings, e.g. tr '\\r' '\\n'", path=path, line=lineno)
+        line = line.rstrip()  # a tab or space after the last column ends it, as a newline does
         cols = line.split("\t") if "\t" in line else line.split()
         if cols[0] == "-DOCSTART-":
             continue
