@@ -294,3 +294,35 @@ def test_probe_memory_is_per_point_not_the_process_high_water():
     big = run_probe(step_of(400), [[0]], [1], device=torch.device("cpu"), warmup=0, max_steps=3)
     small = run_probe(step_of(8), [[0]], [1], device=torch.device("cpu"), warmup=0, max_steps=3)
     assert big["peak_memory_bytes"] - small["peak_memory_bytes"] > 300 * 2**20
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(budgets=[16, 32]), "--budgets 16,32: each is below the max length 64"),
+    (dict(budgets=[0]), "--budgets must each be >= 1, got 0"),
+    (dict(sample=0), "--sample must be >= 1, got 0"),
+    (dict(repeats=0), "--repeats must be >= 1, got 0"),
+    (dict(max_memory_gb=0.0), "--max-memory must be > 0 GB, got 0"),
+    (dict(latency_slo_ms=0.0), "--latency-slo must be > 0 ms, got 0"),
+])
+def test_tune_refuses_values_it_cannot_measure_with(ner_file, tmp_path, kw, said):
+    args = dict(task="ner", model="tiny", data=ner_file, mode="train", max_lengths=[64], budget_seconds=20,
+                sample=16, out=str(tmp_path), log_fn=lambda s: None)
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+        tune(**{**args, **kw})
+
+
+def test_tune_with_limits_no_point_meets_keeps_the_earlier_profile(ner_file, tmp_path):
+    earlier = tmp_path / "profile.json"
+    earlier.write_text('{"earlier": true}')
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match=r"no point met --latency-slo 0.001 ms \(the lowest p95: [0-9.]+ ms\); "
+                                          f"{earlier} not written"):
+        tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256, 512], max_lengths=[64],
+             budget_seconds=20, sample=16, repeats=1, latency_slo_ms=0.001, out=str(tmp_path), log_fn=lines.append)
+    assert earlier.read_text() == '{"earlier": true}' and not (tmp_path / "profile.png").exists()
+    assert any("max_tokens" in x and "real tok/s" in x for x in lines)  # the measured table is still shown
+    # half a doctor's probe, or a batch that cannot be, is refused rather than ignored
+    with pytest.raises(ConfigError, match="--model without --data"):
+        doctor(model="tiny", log_fn=lambda s: None)
+    with pytest.raises(ConfigError, match="--batch-size must be >= 1, got -4"):
+        doctor(model="tiny", data=ner_file, batch_size=-4, log_fn=lambda s: None)

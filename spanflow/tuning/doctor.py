@@ -112,10 +112,16 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
            log_fn: Callable[[str], None] = print) -> dict:
     """Print the environment; with model and data, probe training and name the biggest losses.
     `max_tokens` None: training's default budget for the device (runtime/budget.py)."""
-    if steps < 1:
-        from spanflow.errors import ConfigError
+    from spanflow.errors import ConfigError
 
+    if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
+    for flag, v in (("--batch-size", batch_size), ("--max-tokens", max_tokens)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
+    if bool(model) != bool(data):  # half a probe: say so, rather than print the machine report alone
+        raise ConfigError(f"{'--model' if model else '--data'} without {'--data' if model else '--model'}: the probe "
+                          "trains --model on --data; give both, or neither for the machine report")
     env = environment()
     for k, v in env.items():
         log_fn(f"{k:>15}: {v}")

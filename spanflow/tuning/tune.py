@@ -44,6 +44,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     short = [L for L in max_lengths or () if L < MIN_LENGTH]
     if short:
         raise ConfigError(f"--max-lengths must each be >= {MIN_LENGTH}, got {', '.join(map(str, short))}")
+    check_ranges(budgets=budgets, sample=sample, repeats=repeats, budget_seconds=budget_seconds,
+                 max_memory_gb=max_memory_gb, latency_slo_ms=latency_slo_ms)
     check_model_for(model, task, start=mode == "train")  # before any model loads
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
@@ -54,6 +56,12 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
     lengths = sorted({min(L, limit) for L in (max_lengths or [w.length or limit])})
     budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
+    below = [b for b in budgets if b < lengths[0]]  # one whole sequence must fit a batch
+    if len(below) == len(budgets):
+        raise ConfigError(f"--budgets {','.join(map(str, budgets))}: each is below the max length {lengths[0]}, and "
+                          f"a batch holds at least one whole sequence; give budgets of {lengths[0]} or more")
+    if below:
+        log_fn(f"budgets below the max length {lengths[0]} are not measured: {', '.join(map(str, below))}")
 
     # the runtime line above said why this precision; a policy rebuilt from its name would say "as asked"
     log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, "
@@ -76,6 +84,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                                                                         plan.per_run), log_fn)
     out_dir = out or "."
     path = os.path.join(out_dir, "profile.json")
+    if best is None:  # a profile no command can run: an earlier one at `path` stays
+        log_fn(format_table(profile))
+        raise ConfigError(_missed(points, max_memory_gb, latency_slo_ms) + f"; {path} not written")
     write_profile(path, profile)
     log_fn(format_table(profile))
     if any(p.quality is not None for p in points):
@@ -92,6 +103,34 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
     log_fn(f"tune took {clock.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
+
+
+def check_ranges(*, budgets: list[int] | None, sample: int, repeats: int, budget_seconds: float,
+                 max_memory_gb: float | None, latency_slo_ms: float | None) -> None:
+    """A ConfigError for a value tune cannot measure with, before any model loads."""
+    bad = [f"--budgets must each be >= 1, got {','.join(map(str, budgets))}" if budgets and min(budgets) < 1 else "",
+           f"--sample must be >= 1, got {sample}" if sample < 1 else "",
+           f"--repeats must be >= 1, got {repeats}" if repeats < 1 else "",
+           f"--budget-seconds must be > 0, got {budget_seconds:g}" if not budget_seconds > 0 else "",
+           f"--max-memory must be > 0 GB, got {max_memory_gb:g}" if max_memory_gb is not None
+           and not max_memory_gb > 0 else "",
+           f"--latency-slo must be > 0 ms, got {latency_slo_ms:g}" if latency_slo_ms is not None
+           and not latency_slo_ms > 0 else ""]
+    if any(bad):
+        raise ConfigError(next(b for b in bad if b))
+
+
+def _missed(points: list, max_memory_gb: float | None, latency_slo_ms: float | None) -> str:
+    """Why no point was picked: the limits, and the best each measured point came to."""
+    ran = [p for p in points if not p.oom]
+    if not ran:
+        return "no point ran: each was out of memory"
+    limits = [f"--max-memory {max_memory_gb:g} GB (the least used: {min(p.peak_memory_bytes for p in ran) / 2**30:.2f}"
+              " GB)" if max_memory_gb else "",
+              f"--latency-slo {latency_slo_ms:g} ms (the lowest p95: {min(p.latency_p95_ms for p in ran):.1f} ms)"
+              if latency_slo_ms else ""]
+    said = " and ".join(x for x in limits if x)
+    return f"no point met {said}" if said else "no point kept the quality within the tolerance"
 
 
 def _warm_up(measure, w, budgets: list[int], lengths: list[int], mode: str, log_fn: Callable[[str], None]) -> None:

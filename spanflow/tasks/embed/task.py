@@ -80,8 +80,10 @@ class EmbedTask:
             return _train_workload(model, data, policy=policy, sample=sample, seed=seed)
         import functools
 
+        from spanflow.data.formats.sniff import refuse_labelled_input
         from spanflow.data.records import sample_texts
 
+        refuse_labelled_input(data)  # CoNLL columns or CasRel JSON are no texts to embed, as `embed` says
         texts = sample_texts(data, sample, field=field, column=column)
         if not texts:
             raise ConfigError(f"{data}: no usable records to tune on")
