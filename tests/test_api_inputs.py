@@ -155,7 +155,7 @@ def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb):
         read_ner(None)
     with pytest.raises(ConfigError, match="examples\\[0\\] is str 'text', not a NerExample"):
         ner.evaluate(["text"])
-    with pytest.raises(ConfigError, match="examples holds 1 pairs; it needs at least 2"):
+    with pytest.raises(ConfigError, match="examples holds 1 pair; it needs at least 2"):
         emb.evaluate([Pair("a", "b", 0.5)])  # a correlation of one pair
     with pytest.raises(ConfigError, match="examples\\[0\\] is NerExample"):
         emb.evaluate([NerExample("a b")])

@@ -35,8 +35,13 @@ def test_evaluate_json_shape(trained, capsys):
 def test_evaluate_table(trained, capsys):
     d, _ = trained
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(d / "train.jsonl")]) == 0
-    out = capsys.readouterr().out
-    assert "overall" in out and "PER" in out
+    out, err = capsys.readouterr()
+    assert "overall" in out and "PER" in out and "warning" not in err
+    plain = d / "no_entities.jsonl"  # texts without entities: F1 0 whatever the model finds, and said so
+    plain.write_text('{"text": "nothing to find here", "entities": []}\n', encoding="utf-8")
+    assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(plain)]) == 0
+    assert f"warning: {plain} holds no labelled spans: recall and F1 are 0 whatever the model finds" in \
+        capsys.readouterr().err
 
 
 def test_predict_keeps_order_and_writes_error_records(trained, tmp_path, capsys):

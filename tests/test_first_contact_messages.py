@@ -168,6 +168,22 @@ def test_commands_check_model_and_data_before_loading(tmp_path, capsys, monkeypa
     assert err.endswith(f"did you mean {model}?")
     err = one_error(["tune", "--task", "ner", "--model", out, "--data", conll, "--mode", "infer"], capsys)
     assert err.endswith(f"did you mean {model}?")
+    # data evaluate could score nothing on is told by its file, before the model loads
+    _, re_model = fake_run(tmp_path / "re", task="re")
+    empty = write(tmp_path, "empty.json", [])
+    assert one_error(["evaluate", "--model", re_model, "--data", empty], capsys) == \
+        f"error: {empty}: holds no examples to evaluate on"
+    encoder = tmp_path / "enc"
+    encoder.mkdir()
+    (encoder / "config.json").write_text("{}")
+    one = write(tmp_path, "one.csv", SCORED.splitlines()[0] + "\n")
+    assert one_error(["evaluate", "--model", str(encoder), "--data", one], capsys) == \
+        f"error: {one} holds 1 pair; it needs at least 2"
+    same = write(tmp_path, "same.csv", "".join(line.rsplit(",", 1)[0] + ",3.0\n" for line in SCORED.splitlines()))
+    assert one_error(["evaluate", "--model", str(encoder), "--data", same], capsys) == \
+        f"error: {same}: every pair has the same score; a correlation (Spearman) needs scores that vary"
+    err = one_error(["tune", "--task", "ner", "--model", "tiny", "--data", conll, "--mode", "infer"], capsys)
+    assert err.startswith("error: 'tiny' is an encoder built from scratch when training starts; this needs a trained")
 
 
 def test_export_says_why_a_model_has_no_format_and_keeps_other_files(tmp_path, capsys):

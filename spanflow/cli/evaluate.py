@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
 
 def run(a: argparse.Namespace) -> int:
     from spanflow.batching.align import check_window_floor
+    from spanflow.errors import DataError
     from spanflow.inference.heap import settle
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.resolve import Asked, resolve_runtime
@@ -36,6 +37,8 @@ def run(a: argparse.Namespace) -> int:
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
     examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme)
+    if not examples:
+        raise DataError("holds no examples to evaluate on", path=a.data)
     loads = Loads(task, a.model)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=[getattr(e, "text", None) for e in examples],
                          data=a.data, loads=loads, measure=quick_profile)
@@ -43,6 +46,9 @@ def run(a: argparse.Namespace) -> int:
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
     m = model.evaluate(examples, max_tokens=rt.max_tokens)
+    if m.get("support") == 0:  # entities or triples: none in the data, so no score can be earned
+        m.setdefault("warnings", []).append(f"{a.data} holds no labelled spans: recall and F1 are 0 whatever the "
+                                            "model finds")
     for w in m.get("warnings", ()):  # on stderr, so that --json's one object stays alone on stdout
         print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(m) if a.json else model.format_metrics(m))

@@ -42,7 +42,7 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
     if least == SCORED:  # a correlation over fewer than two scored pairs is undefined
         least = 2 if pairs and all(isinstance(p, Pair) and p.score is not None for p in pairs) else 1
     if len(pairs) < least:
-        raise ConfigError(f"{what} holds {len(pairs)} pairs; it needs at least {least}")
+        raise ConfigError(f"{what} holds {len(pairs)} pair{'s' * (len(pairs) != 1)}; it needs at least {least}")
     for i, p in enumerate(pairs):
         if not isinstance(p, Pair):
             raise ConfigError(f"{what}[{i}] is {type(p).__name__} {quote(p, 60)}, not a Pair (read_pairs makes them)")
@@ -50,6 +50,9 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                 and (p.score is None or (isinstance(p.score, numbers.Real) and not isinstance(p.score, bool)))):
             raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a number (or None) "
                               "for its score")
+    if least == 2 and len({p.score for p in pairs}) == 1:  # a rank correlation against one value is undefined
+        raise ConfigError(f"{what}: every pair has the same score; a correlation (Spearman) needs scores that "
+                          "vary")
 
 
 FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query"}

@@ -66,10 +66,13 @@ class EmbedTask:
         return Embedder.load(path, precision=precision, quantize=quantize, device=device)
 
     def read_labelled(self, path: str, **_) -> list:
-        """Scored pairs or pairs (tasks/embed/pairs.py) for evaluate."""
-        from spanflow.tasks.embed.pairs import read_pairs
+        """Scored pairs or pairs (tasks/embed/pairs.py) for evaluate, as many as it needs (checked
+        here, before a model loads, and named by the file)."""
+        from spanflow.tasks.embed.pairs import SCORED, check_pairs, read_pairs
 
-        return read_pairs(path)
+        pairs = read_pairs(path)
+        check_pairs(pairs, path, SCORED)
+        return pairs
 
     def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
                  field: str = "text", column: int | None = None, quantize: str | None = None, seed: int = 0, **_):
