@@ -40,7 +40,7 @@ def test_evaluate_table(trained, capsys):
     plain = d / "no_entities.jsonl"  # texts without entities: F1 0 whatever the model finds, and said so
     plain.write_text('{"text": "nothing to find here", "entities": []}\n', encoding="utf-8")
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(plain)]) == 0
-    assert f"warning: {plain} holds no labelled spans: recall and F1 are 0 whatever the model finds" in \
+    assert f"warning: {plain} holds no gold entities or triples: recall and F1 are 0 whatever the model finds" in \
         capsys.readouterr().err
 
 

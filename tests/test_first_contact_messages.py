@@ -181,7 +181,8 @@ def test_commands_check_model_and_data_before_loading(tmp_path, capsys, monkeypa
         f"error: {one} holds 1 pair; it needs at least 2"
     same = write(tmp_path, "same.csv", "".join(line.rsplit(",", 1)[0] + ",3.0\n" for line in SCORED.splitlines()))
     assert one_error(["evaluate", "--model", str(encoder), "--data", same], capsys) == \
-        f"error: {same}: every pair has the same score; a correlation (Spearman) needs scores that vary"
+        (f"error: {same}: every pair has the same score; a correlation (Spearman) needs scores that vary "
+         "(without the score column, the pairs are scored as retrieval: MRR@10)")
     err = one_error(["tune", "--task", "ner", "--model", "tiny", "--data", conll, "--mode", "infer"], capsys)
     assert err.startswith("error: 'tiny' is an encoder built from scratch when training starts; this needs a trained")
 

@@ -75,7 +75,10 @@ def test_conll_errors_name_the_line(tmp_path, content, line, needle):
 
 
 def test_a_tab_or_space_after_the_last_column_ends_it(tmp_path):
-    p = write(tmp_path, "t.conll", "Grace\tB-PER\t\nHopper\tI-PER \n\nOslo\tB-LOC\t\t\n")
+    from spanflow.data.formats.sniff import sniff
+
+    p = write(tmp_path, "t.txt", "Grace\tB-PER\t\nHopper\tI-PER \n\nOslo\tB-LOC\t\t\n")
+    assert sniff(p).name == "conll"  # told by its content, as the reader reads it
     assert [e.entities() for e in read_ner(p)] == [[("Grace Hopper", "PER")], [("Oslo", "LOC")]]
 
 

@@ -137,18 +137,22 @@ def test_two_models_of_one_name_are_refused_and_a_directory_may_hold_an_equals_s
     from spanflow.serving.services import parse_spec
 
     runs = tmp_path / "sweep" / "lr=3e-5"
-    for d in (runs / "model", tmp_path / "other" / "model"):
+    a, b = tmp_path / "a" / "ner" / "model", tmp_path / "b" / "ner" / "model"
+    for d in (runs / "model", a, b):
         enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
         enc.save_pretrained(d)
         tok.save_pretrained(d)
     # NAME=DIR splits at the first '=': a directory's own '=' stays in it; an existing directory is whole
     assert parse_spec(f"emb={runs}/model") == ("emb", f"{runs}/model")
     assert parse_spec(str(runs)) == ("lr=3e-5", str(runs))
-    assert main(["serve", "--model", str(runs / "model"), "--model", str(tmp_path / "other" / "model")]) == 2
+    # a trained model (OUT/model) is named after its run: two runs' models are two names
+    assert parse_spec(f"{runs}/model") == ("lr=3e-5", f"{runs}/model")
+    assert parse_spec(str(a)) == ("ner", str(a))
+    assert main(["serve", "--model", str(runs / "model"), "--model", str(a), "--model", str(b)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: two models are named 'model', {runs / 'model'} and {tmp_path / 'other' / 'model'} (a model without "
-        "NAME= is named after its directory): give each a name, --model NAME=DIR"]
+        f"error: two models are named 'ner', {a} and {b} (a model without "
+        "NAME= is named after its directory, or a trained one's run): give each a name, --model NAME=DIR"]
     enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
     twins = [Service("m", get("embed"), Embedder(encoder=enc, tokenizer=tok, pooling=Pooling(), device="cpu"))] * 2
-    with pytest.raises(ConfigError, match="two models are named 'm'"):
+    with pytest.raises(ConfigError, match="^two models are named 'm', the embed model and the embed model "):
         create_app(twins, ServeOptions())

@@ -326,3 +326,34 @@ def test_tune_with_limits_no_point_meets_keeps_the_earlier_profile(ner_file, tmp
         doctor(model="tiny", log_fn=lambda s: None)
     with pytest.raises(ConfigError, match="--batch-size must be >= 1, got -4"):
         doctor(model="tiny", data=ner_file, batch_size=-4, log_fn=lambda s: None)
+
+
+def test_why_no_point_was_picked_names_what_ruled_them_out(monkeypatch):
+    from spanflow.tuning import auto
+    from spanflow.tuning import tune as tune_module
+    from spanflow.tuning.tune import NoBestPoint, _missed
+
+    fast = Point(1024, 64, real_tokens_per_s=900.0, latency_p95_ms=40.0, peak_memory_bytes=2**30)
+    slow = Point(512, 64, real_tokens_per_s=500.0, latency_p95_ms=20.0, peak_memory_bytes=2**29)
+    assert _missed([fast, slow], None, 10.0) == "no point met --latency-slo 10 ms (the lowest p95: 20.0 ms)"
+    # within the limits but below the quality floor: the limits are not blamed
+    assert _missed([fast, slow], 2.0, 50.0).startswith("no point within the limits kept the quality")
+    assert _missed([Point(512, 64, oom=True)], None, None) == "no point ran: each was out of memory"
+
+    def nothing_fits(**kw):
+        raise NoBestPoint("no point ran: each was out of memory", f"{kw['out']}/profile.json")
+
+    monkeypatch.setattr(tune_module, "tune", nothing_fits)  # --max-tokens auto's temporary profile is not named
+    with pytest.raises(ConfigError, match="^max_tokens auto: no point ran: each was out of memory$"):
+        auto.quick_profile(task="ner", model="tiny", data="d", mode="train", precision="fp32")
+
+
+def test_a_tiny_folder_in_the_working_directory_does_not_hide_the_tiny_encoder(tmp_path, monkeypatch):
+    from spanflow.errors import ModelDirError
+    from spanflow.tasks.registry import check_model_for
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()  # e.g. an earlier `train ner --model tiny --out tiny`
+    assert check_model_for("tiny", "ner", start=True).name == "ner"
+    with pytest.raises(ModelDirError):
+        check_model_for("tiny", "ner")  # inference needs a trained model: this folder holds none

@@ -47,8 +47,8 @@ def run(a: argparse.Namespace) -> int:
     settle()
     m = model.evaluate(examples, max_tokens=rt.max_tokens)
     if m.get("support") == 0:  # entities or triples: none in the data, so no score can be earned
-        m.setdefault("warnings", []).append(f"{a.data} holds no labelled spans: recall and F1 are 0 whatever the "
-                                            "model finds")
+        m.setdefault("warnings", []).append(f"{a.data} holds no gold entities or triples: recall and F1 are 0 "
+                                            "whatever the model finds")
     for w in m.get("warnings", ()):  # on stderr, so that --json's one object stays alone on stdout
         print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(m) if a.json else model.format_metrics(m))

@@ -43,7 +43,8 @@ class HttpError(Exception):
 
 
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
-    check_names([(s.name, s.task.name) for s in services])  # one batcher per name: a second would take the first's
+    # one batcher per name: a second model of a name would take the first's
+    check_names([(s.name, f"the {s.task.name} model") for s in services])
     metrics = ServerMetrics()
     started = int(time.time())
     state = {"ready": False, "batchers": {}, "gpu": None}

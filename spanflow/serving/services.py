@@ -43,16 +43,26 @@ def parse_spec(spec: str) -> tuple[str, str]:
     name, eq, path = spec.partition("=")
     if not eq or not path or os.path.isdir(spec):
         name, path = "", spec
-    return name or os.path.basename(os.path.normpath(path)), path
+    return name or default_name(path), path
+
+
+def default_name(path: str) -> str:
+    """A directory's name; for a trained model (OUT/model, as every run saves it) its run's: runs/ner/model
+    is 'ner'."""
+    folder = os.path.normpath(os.path.abspath(path))
+    base = os.path.basename(folder)
+    run = os.path.basename(os.path.dirname(folder))
+    return run if base == "model" and run else base
 
 
 def check_names(specs: list[tuple[str, str]]) -> None:
-    """A ConfigError for two models under one name (a request could reach only one of them)."""
+    """A ConfigError for two models under one name (a request could reach only one of them); `specs`:
+    (name, what the model is: its directory)."""
     seen: dict[str, str] = {}
     for name, path in specs:
         if name in seen:
             raise ConfigError(f"two models are named {name!r}, {seen[name]} and {path} (a model without NAME= is "
-                              "named after its directory): give each a name, --model NAME=DIR")
+                              "named after its directory, or a trained one's run): give each a name, --model NAME=DIR")
         seen[name] = path
 
 

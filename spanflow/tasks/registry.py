@@ -168,9 +168,9 @@ def check_model_for(path: str, task: str, *, start: bool = False) -> Task:
     """What `path` holds, checked to suit `task` before any model loads: a model of `task`, or
     (`start`: training starts there) an encoder directory or 'tiny'. An embedding model is an
     encoder directory. A spanflow model of another task is a ModelDirError naming its encoder."""
+    if start and path == "tiny":  # built from scratch, whatever a ./tiny folder holds (training's own rule)
+        return get(task)
     if path == "tiny" and not os.path.exists(path):
-        if start:
-            return get(task)
         raise ModelDirError(f"'tiny' is an encoder built from scratch when training starts; this needs a trained "
                             f"{task!r} model directory (train one with 'spanflow train {task} --model tiny')"
                             if task != ENCODER_TASK else "'tiny' is for training; embeddings come from an encoder "

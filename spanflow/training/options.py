@@ -46,7 +46,7 @@ class TrainOptions:
     eval_every: int | None = opt(None, "evaluate every N optimizer steps", unset="once per epoch")
     patience: int | None = opt(None, "evaluations without a better dev score (F1, Spearman, MRR@10) before "
                                                                    "stopping (0: never stop)",
-                               unset="3, 2 for embeddings, 0 for tiny")
+                               unset="per task, docs/training.md")
     save_every: int | None = opt(None, "also checkpoint every N optimizer steps", unset="at epoch ends")
     max_steps: int | None = opt(None, "stop after N optimizer steps, with a checkpoint to resume from")
     resume: bool = opt(False, "continue from OUT/checkpoint")

@@ -10,7 +10,8 @@ def quick_profile(*, task: str, model: str, data: str, mode: str, precision: str
                   device: str = "auto", field: str = "text", column: int | None = None) -> dict:
     """The profile of a short sweep of `model` on `data` in the resolved `precision` and
     `quantize` (no plot, no backend comparison)."""
-    from spanflow.tuning.tune import tune
+    from spanflow.errors import ConfigError
+    from spanflow.tuning.tune import NoBestPoint, tune
 
     tmp = tempfile.mkdtemp(prefix="spanflow-tune-")
     try:
@@ -18,5 +19,7 @@ def quick_profile(*, task: str, model: str, data: str, mode: str, precision: str
         return tune(task=task, model=model, data=data, mode=mode, budget_seconds=30, sample=256, precision=precision,
                     quantize=quantize, force=True, device=device, out=tmp, field=field, column=column, plot=False,
                     backends=False, log_fn=lambda s: None)
+    except NoBestPoint as e:  # its temporary profile is no file to name
+        raise ConfigError(f"max_tokens auto: {e.reason}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

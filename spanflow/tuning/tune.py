@@ -19,6 +19,14 @@ from spanflow.tuning.timing import TimeBudget, compile_fits, plan_time
 MODES = ("train", "infer")
 
 
+class NoBestPoint(ConfigError):
+    """A sweep in which no point met the limits; `reason` says which, and the closest measured."""
+
+    def __init__(self, reason: str, path: str):
+        super().__init__(f"{reason}; {path} not written")
+        self.reason = reason
+
+
 def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengths: list[int] | None = None,
          budgets: list[int] | None = None, max_memory_gb: float | None = None, latency_slo_ms: float | None = None,
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", quantize: str | None = None,
@@ -55,7 +63,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                            column=column, **extra)
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
     lengths = sorted({min(L, limit) for L in (max_lengths or [w.length or limit])})
-    budgets = budgets or geometric(max(256, min(lengths)), 16384 if policy.device.type == "cpu" else 262144)
+    lo = max(256, min(lengths))  # a long-context encoder's one sequence may exceed the usual top budget
+    budgets = budgets or geometric(lo, max(lo, 16384 if policy.device.type == "cpu" else 262144))
     below = [b for b in budgets if b < lengths[0]]  # one whole sequence must fit a batch
     if len(below) == len(budgets):
         raise ConfigError(f"--budgets {','.join(map(str, budgets))}: each is below the max length {lengths[0]}, and "
@@ -86,16 +95,15 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     path = os.path.join(out_dir, "profile.json")
     if best is None:  # a profile no command can run: an earlier one at `path` stays
         log_fn(format_table(profile))
-        raise ConfigError(_missed(points, max_memory_gb, latency_slo_ms) + f"; {path} not written")
+        raise NoBestPoint(_missed(points, max_memory_gb, latency_slo_ms), path)
     write_profile(path, profile)
     log_fn(format_table(profile))
     if any(p.quality is not None for p in points):
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
                f"only within {QUALITY_TOLERANCE} of the best")
-    if best:  # a profile without a best point is refused by --profile
-        log_fn(f"profile: {path}; run it with --profile {path} ("
-               + ("spanflow train" if mode == "train" else "the commands that run this model: predict or embed, "
-                  "evaluate, serve") + ")")
+    log_fn(f"profile: {path}; run it with --profile {path} ("
+           + ("spanflow train" if mode == "train" else "the commands that run this model: predict or embed, "
+              "evaluate, serve") + ")")
     if plot:
         from spanflow.tuning.plot import plot_profile
 
@@ -125,12 +133,14 @@ def _missed(points: list, max_memory_gb: float | None, latency_slo_ms: float | N
     ran = [p for p in points if not p.oom]
     if not ran:
         return "no point ran: each was out of memory"
+    if pick_best(ran, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
+                 latency_slo_ms=latency_slo_ms):  # within the limits, but not the quality
+        return f"no point within the limits kept the quality within {QUALITY_TOLERANCE} of the best"
     limits = [f"--max-memory {max_memory_gb:g} GB (the least used: {min(p.peak_memory_bytes for p in ran) / 2**30:.2f}"
               " GB)" if max_memory_gb else "",
               f"--latency-slo {latency_slo_ms:g} ms (the lowest p95: {min(p.latency_p95_ms for p in ran):.1f} ms)"
               if latency_slo_ms else ""]
-    said = " and ".join(x for x in limits if x)
-    return f"no point met {said}" if said else "no point kept the quality within the tolerance"
+    return "no point met " + " and ".join(x for x in limits if x)
 
 
 def _warm_up(measure, w, budgets: list[int], lengths: list[int], mode: str, log_fn: Callable[[str], None]) -> None:

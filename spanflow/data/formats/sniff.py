@@ -147,6 +147,7 @@ def _jsonl(lines: list[str]) -> Format | None:
 
 def _tagged(line: str) -> bool:
     """A CoNLL line: a token, maybe more columns, and a tag (O, B-X, I-X, ...) last."""
+    line = line.rstrip()  # as the reader: a tab after the last column ends it
     cols = line.split("\t") if "\t" in line else line.split()
     return cols[0] == "-DOCSTART-" or (len(cols) >= 2 and split_tag(cols[-1].strip())[0] != "?")
 

@@ -47,8 +47,8 @@ class NerTask:
                        help="reject inside tags with no opening tag instead of repairing them")
         p.add_argument("--head", choices=list(HEAD_TYPES), default=None,
                        help="crf: a BIO-constrained CRF with Viterbi decoding; softmax: a per-token softmax "
-                            "[crf for a new model, softmax if --label-smoothing or --class-weights is given; a spanflow "
-                            "model keeps its head]")
+                            "[crf for a new model, softmax if --label-smoothing or --class-weights is given; "
+                            "a spanflow model keeps its head]")
 
     def train_from_args(self, a, options: TrainOptions) -> str:
         from spanflow.data.io import read_ner
