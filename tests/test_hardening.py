@@ -222,3 +222,34 @@ def test_a_window_that_cannot_work_is_one_error_line(trained, tmp_path, capsys):
     out = ["--input", train, "--output", str(tmp_path / "p.jsonl")]
     fails(["predict", "--model", model, *out, "--max-length", "2"], capsys, "--max-length must be between 8")
     fails(["evaluate", "--model", model, "--data", train, "--stride", "500"], capsys, "--stride")
+
+
+SERVE_LOADING_FOREVER = """
+import sys, threading
+from spanflow.cli import main as cli, serve
+def load_services(a):
+    print("loading", flush=True)
+    threading.Event().wait()  # a load or compile that has not ended when the signal comes
+serve.load_services = load_services
+sys.exit(cli.main(["serve", "--model", "m", "--port", sys.argv[1]]))
+"""
+
+
+def test_sigterm_while_serve_loads_its_models_ends_the_process_now(tmp_path):
+    """The model thread's work (a load, a compile) is not waited for: the process would otherwise
+    end only when that work does, past an orchestrator's grace period."""
+    pytest.importorskip("uvicorn")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", SERVE_LOADING_FOREVER, str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "loading"  # on the model thread now
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)  # the load never ends: only a prompt exit gets here
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated"

@@ -83,6 +83,19 @@ def _leave_group(rc: int) -> int:
     return rc
 
 
+def _leave_now(rc: int) -> int:
+    """rc; or, where the model thread still runs the work the signal interrupted (a load or a
+    compile, tens of seconds), the process ends now: exiting normally would wait for that work.
+    Nothing it writes is at a final path until renamed there (atomic.py)."""
+    from spanflow.runtime.threads import model_thread_busy
+
+    if model_thread_busy():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
     if threading.current_thread() is threading.main_thread():
@@ -107,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         return _stdout_gone()
     except Terminated:
         print("terminated", file=sys.stderr)
-        return 143
+        return _leave_now(143)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return _leave_now(130)
     except Exception as e:
         line = write_error_line(e)
         if line is None:

@@ -1,9 +1,12 @@
 """The one thread of a process that loads and runs its models on a CPU."""
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 _MODEL_THREAD: ThreadPoolExecutor | None = None
+_WAITED = 0  # calls of on_model_thread whose work has not ended
+_COUNT = threading.Lock()
 
 
 def model_thread() -> ThreadPoolExecutor:
@@ -24,4 +27,23 @@ def model_thread() -> ThreadPoolExecutor:
 
 def on_model_thread(fn, *args, **kwargs):
     """`fn(*args, **kwargs)` run on model_thread(), waited for; its result, or its error raised here."""
-    return model_thread().submit(fn, *args, **kwargs).result()
+    def run():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _count(-1)
+
+    _count(1)
+    return model_thread().submit(run).result()
+
+
+def _count(step: int) -> None:
+    global _WAITED
+    with _COUNT:
+        _WAITED += step
+
+
+def model_thread_busy() -> bool:
+    """Whether work waited for on the model thread is still running (a caller interrupted while it
+    ran): the interpreter would join that thread at exit, after the work (a compile, a load) ends."""
+    return _WAITED > 0
