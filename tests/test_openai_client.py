@@ -89,3 +89,11 @@ def test_models_list(live):
     assert client.models.retrieve("emb").id == "emb"
     with pytest.raises(openai.NotFoundError, match="no model named 'other'"):
         client.models.retrieve("other")
+
+
+def test_an_empty_input_is_refused_as_openai_refuses_it(live):
+    client, _ = live
+    # a 200 without data would be the client's own ValueError ("No embedding data received")
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.embeddings.create(model="emb", input=[])
+    assert e.value.body["param"] == "input" and "empty list" in e.value.body["message"]

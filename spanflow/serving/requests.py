@@ -80,6 +80,9 @@ def body_schema(field: str) -> type[RequestBody]:
 TEXT_FIELDS = {"input": "OpenAI's embeddings field", "inputs": "Text Embeddings Inference's field",
                "texts": "spanflow's field", "text": None, "sentences": None, "documents": None}
 ROUTE_FIELDS = {"input": "as OpenAI's embeddings API does"}
+# the fields of protocols that refuse an empty list (OpenAI answers one with an error; its client reads a
+# 200 without data as a failure of its own); spanflow's own routes answer one with no results
+NOT_EMPTY = {"input"}
 
 
 def _missing(body: dict, field: str) -> InvalidRequest:
@@ -99,6 +102,9 @@ def read_body(body: dict, field: str, limits: Limits) -> RequestBody:
     if field not in body:
         raise _missing(body, field)
     try:
-        return body_schema(field).model_validate(body, context=limits)
+        req = body_schema(field).model_validate(body, context=limits)
     except ValidationError as e:
         raise InvalidRequest(explain(e), first_field(e)) from None
+    if not req.texts and field in NOT_EMPTY:
+        raise InvalidRequest(f"'{field}' is an empty list: send at least one text {ROUTE_FIELDS[field]}", field)
+    return req
