@@ -20,7 +20,8 @@ from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linea
 from spanflow.training.plan import epoch_plan
 from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
-from spanflow.training.progress import learning_check, loss_window, lr_now, mean_loss, progress_bar, report_period
+from spanflow.training.progress import (check_finite, learning_check, loss_window, lr_now, mean_loss, progress_bar,
+                                        report_period)
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.state import LoopState, TaskHooks
@@ -64,12 +65,18 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 final = _summary(r, completed=False)
                 return final
             rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
-            f1 = _evaluate(r) if opts.eval_every is None else r.st["best_f1"]
+            check_finite(r)  # a diverged run ends here, before its weights are evaluated or checkpointed
+            f1 = _evaluate(r) if opts.eval_every is None else r.st.get("last_f1")
             with r.meter.excluded():  # and the epoch's report and checkpoint
                 report_period(r, epoch, rep, f1)
                 learning_check(r, f1, left=opts.epochs - epoch - 1)
                 r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
                 _checkpoint(r)
+        if opts.eval_every and r.st.get("last_eval_step") != r.st["global_step"] and not r.st["stopped"]:
+            f1 = _evaluate(r)  # the steps after the last --eval-every (all of them, in a run shorter than it)
+            r.log(f"step {r.st['global_step']} (the last): dev {hooks.metric} {f1:.4f}" if f1 is not None
+                  else f"step {r.st['global_step']}")
+            _checkpoint(r)  # a resume with more epochs starts from what this evaluation kept
         catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
         final = _summary(r, completed=True)
     finally:
@@ -112,6 +119,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
         check_same_run(r.st.get("run"), identity, r.ckpt_dir)
         r.st["run"] = identity
+        # --patience may change on resume: an early stop is decided again by the one given now
+        r.st["stopped"] = bool(r.st["stopped"] and opts.patience and r.st["bad_evals"] >= opts.patience)
         log(f"resumed from {r.ckpt_dir}: epoch {r.st['epoch'] + 1}, step {r.st['global_step']}")
     else:
         if opts.resume:
@@ -204,6 +213,7 @@ def _evaluate(r: LoopState) -> float | None:
         metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
         r.model.train()
     f1 = metrics["f1"]
+    st["last_f1"], st["last_eval_step"] = f1, st["global_step"]  # the epoch line's figure under --eval-every
     on_main(lambda: _keep_best(r, metrics), r.dist)
     f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
         (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)
@@ -215,7 +225,7 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
     st, f1 = r.st, metrics["f1"]
     r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},
                             st["global_step"])
-    if st["best_f1"] is None or f1 > st["best_f1"]:
+    if f1 == f1 and (st["best_f1"] is None or f1 > st["best_f1"]):  # NaN (a diverged model) is never the best
         st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
         _save(r.hooks, "the best model", os.path.join(r.out_dir, "model"))  # a full disk: the last best stays
     else:

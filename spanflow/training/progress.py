@@ -2,6 +2,7 @@
 the printed line, the dashboards' scalars), and the learning check at an epoch that ends at dev F1 0."""
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,19 @@ def loss_window(log_every: int, first_epoch_steps: int) -> int:
 def mean_loss(losses) -> float:
     """The mean of step losses kept on the device (one host sync)."""
     return float(torch.stack(list(losses)).mean())  # host sync
+
+
+def check_finite(r: LoopState) -> None:
+    """A ConfigError when the loss of the last steps is not finite: the weights have diverged, and
+    no later step brings them back (one host sync an epoch)."""
+    if not r.recent:
+        return
+    loss = mean_loss(r.recent)
+    if not math.isfinite(loss):
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"the training loss is {loss} by step {r.st['global_step']}: training diverged; lower --lr "
+                          f"({lr_now(r):.2e} now) or --head-lr, keep --max-grad-norm above 0, or try --precision fp32")
 
 
 def learning_check(r: LoopState, f1: float | None, left: int) -> None:

@@ -60,7 +60,9 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path)
         ex = ReExample(rec["text"])
-        for t in rec.get("triple_list", []):
+        if not isinstance(rec.get("triple_list") or [], list):
+            raise DataError(f'record {k} (of the list, from 1): "triple_list" is not a list of triples', path=path)
+        for t in rec.get("triple_list") or []:  # null or absent: a text without triples
             if not (isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(x, str) for x in t)):
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} is not "
                                 "[subject, relation, object]", path=path)

@@ -124,6 +124,10 @@ def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
     if name in SCORED_LOSSES and not scored:
         raise ConfigError(f"--loss {name} takes scored pairs (s1, s2, score); these are pairs or triplets: "
                           "use --loss ranking (the default for them)", field="loss")
+    if name in SCORED_LOSSES and len({p.score for p in train}) == 1:  # they order pairs by score: none to order
+        raise ConfigError(f"every training pair has the same score: --loss {name} learns from pairs scored apart and "
+                          "would learn nothing; without the score column the pairs train with --loss ranking",
+                          field="loss")
     if config.symmetric and name != "ranking":
         raise ConfigError("--symmetric applies to the ranking loss (pairs and triplets)", field="symmetric")
     if config.pairs_per_step is not None and name != "ranking":

@@ -1,0 +1,71 @@
+"""Training runs whose options or data leave the loop an edge to fall off: an --eval-every past
+the run's end, a loss that diverges, an early stop resumed with another patience, scores that
+cannot be ordered, relation records without triples."""
+import json
+
+import pytest
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError
+from spanflow.tasks.ner import train_ner
+from spanflow.training.options import TrainOptions
+
+DATA = synthetic_ner(40, seed=7, max_clauses=1)
+
+
+def opts(**kw):
+    base = dict(epochs=2, lr=2e-2, max_tokens=512, max_length=64, log_every=0, seed=0)
+    return TrainOptions(**{**base, **kw})
+
+
+def test_an_eval_every_past_the_runs_end_still_evaluates_and_keeps_a_model(tmp_path):
+    lines = []
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(eval_every=10_000), log_fn=lines.append)
+    last = [x for x in lines if "(the last): dev F1" in x]
+    assert len(last) == 1 and (tmp_path / "model" / "spanflow.json").exists()
+    assert any(x.startswith("best dev F1 ") for x in lines)
+
+
+def test_a_diverged_loss_stops_the_run_before_it_keeps_a_model(tmp_path):
+    with pytest.raises(ConfigError, match=r"^the training loss is nan by step \d+: training diverged; lower --lr"):
+        train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                  options=opts(lr=1e6, head_lr=1e6, max_grad_norm=0.0, warmup_ratio=0.0))
+    assert not (tmp_path / "model").exists()  # no NaN model is kept as the best
+
+
+def test_a_resumed_early_stop_follows_the_patience_given_now(tmp_path):
+    still = dict(lr=1e-12, head_lr=1e-12, epochs=3)  # dev F1 cannot change: the second evaluation stops the run
+    lines = []
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=1, **still),
+              log_fn=lines.append)
+    assert any(x.startswith("early stop after epoch 2") for x in lines)
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    lines.clear()
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=0, resume=True, **still),
+              log_fn=lines.append)
+    resumed = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert resumed["epoch"] == 3 and resumed["global_step"] > state["global_step"]  # epoch 3 ran
+    assert not any(x.startswith("early stop") for x in lines)
+
+
+def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):
+    from spanflow import train_embedder
+    from spanflow.tasks.embed.pairs import Pair
+
+    same = [Pair(f"text number {i}", f"another text {i}", 1.0) for i in range(20)]
+    with pytest.raises(ConfigError, match="every training pair has the same score: --loss cosent"):
+        train_embedder(same, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None)
+
+
+def test_a_relation_record_with_null_triples_is_a_text_without_any(tmp_path):
+    from spanflow.data.io import read_re
+    from spanflow.errors import DataError
+
+    p = tmp_path / "re.json"
+    p.write_text(json.dumps([{"text": "Ann lives in Rome .", "triple_list": None},
+                             {"text": "Bob was born in Oslo .", "triple_list": [["Bob", "born_in", "Oslo"]]}]))
+    got = read_re(p)
+    assert [len(e.triples) for e in got] == [0, 1]
+    p.write_text(json.dumps([{"text": "Ann .", "triple_list": "Ann"}]))
+    with pytest.raises(DataError, match='record 1 .*"triple_list" is not a list of triples'):
+        read_re(p)
