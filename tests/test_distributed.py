@@ -80,12 +80,21 @@ def _worker(rank, world, port, out, extra):
         nm.module.load_state_dict(NerModel.load(os.path.join(out, "checkpoint", "model"), device="cpu")
                                   .module.state_dict())
     hooks.save_model = nm.save if rank == 0 else (lambda p: None)
-    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=out, log=lambda s: None, dist=d,
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=out, log=_log_to(out, rank), dist=d,
                weights=_weights(nm, windows, opts))
     if rank == 0:
         torch.save({k: v.clone() for k, v in nm.module.state_dict().items()}, os.path.join(out, "params.pt"))
     shutdown()
     exit_now(0)  # as spanflow's CLI leaves a rank: no interpreter teardown for gloo to trip on
+
+
+def _log_to(out, rank: int = 0):
+    """Rank 0's log lines into OUT/log.txt (the lines a user reads)."""
+    def log(line: str) -> None:
+        if rank == 0:
+            with open(os.path.join(out, "log.txt"), "a") as f:
+                f.write(line + "\n")
+    return log
 
 
 def free_port() -> int:
@@ -118,7 +127,8 @@ def single_process(out, **extra):
     head = extra.pop("head", "softmax")
     nm, windows, hooks = setup_task(head)
     opts = TrainOptions(**{**OPTS, **extra})
-    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(out), log=lambda s: None,
+    os.makedirs(out, exist_ok=True)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(out), log=_log_to(out),
                plan_world=2, weights=_weights(nm, windows, opts))
     return nm.module.state_dict()
 
@@ -156,6 +166,21 @@ def test_ddp_equals_single_process_and_uneven_tail_does_not_hang(tmp_path):
              sum(max(len(windows[i]) for i in mb) * len(mb) for step in plan for mb in step if mb)) for plan in plans]
     assert reported_tokens(tmp_path / "ddp") == reported_tokens(tmp_path / "single") == want
     assert want[0][0] == sum(len(w) for w in windows)
+
+
+def step_losses(out) -> list[float]:
+    return [float(line.split(" loss ")[1].split()[0]) for line in open(os.path.join(out, "log.txt"))
+            if line.startswith("step ") and " loss " in line]
+
+
+@pytest.mark.slow
+def test_ddp_logs_the_global_loss_as_one_process_would(tmp_path):
+    """Each rank holds its share of a step's loss; the lines print their sum, not rank 0's share."""
+    run_ddp(tmp_path / "ddp", log_every=3)
+    single_process(tmp_path / "single", log_every=3)
+    ddp, one = step_losses(tmp_path / "ddp"), step_losses(tmp_path / "single")
+    assert len(ddp) == len(one) >= 2
+    assert ddp == pytest.approx(one, rel=1e-3)
 
 
 @pytest.mark.slow

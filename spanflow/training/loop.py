@@ -167,14 +167,11 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
         if r.bar is not None:
             r.bar.update(1)
             r.bar_tokens += sum(b["real_tokens"] for b in micro if b["weight"])
-        if opts.log_every and gs % opts.log_every == 0 and r.dist.is_main:
-            loss_now = r.running.item() / r.n_running  # host sync, log points only
-            if r.bar is not None:
-                tok_s = r.bar_tokens / max(r.bar.format_dict["elapsed"], 1e-9)
-                r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
-            else:
-                r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {r.scheduler.get_last_lr()[0]:.2e}")
-            r.reporters.log_metrics({"train/loss": loss_now, "train/lr": lr_now(r)}, gs)
+        if opts.log_every and gs % opts.log_every == 0:
+            # host sync, log points only; each rank holds its share of the global loss: their sum is the loss
+            loss_now = all_sum([r.running.item() / r.n_running], r.dist)[0]
+            if r.dist.is_main:
+                _log_step(r, gs, loss_now)
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
@@ -189,6 +186,15 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
             return False
         wait_start = time.perf_counter()
     return True
+
+
+def _log_step(r: LoopState, gs: int, loss_now: float) -> None:
+    if r.bar is not None:
+        tok_s = r.bar_tokens / max(r.bar.format_dict["elapsed"], 1e-9)
+        r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
+    else:
+        r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {r.scheduler.get_last_lr()[0]:.2e}")
+    r.reporters.log_metrics({"train/loss": loss_now, "train/lr": lr_now(r)}, gs)
 
 
 def _checkpoint(r: LoopState) -> None:
