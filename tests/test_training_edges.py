@@ -69,3 +69,27 @@ def test_a_relation_record_with_null_triples_is_a_text_without_any(tmp_path):
     p.write_text(json.dumps([{"text": "Ann .", "triple_list": "Ann"}]))
     with pytest.raises(DataError, match='record 1 .*"triple_list" is not a list of triples'):
         read_re(p)
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(symmetric="no"), "EmbedTraining.symmetric must be True or False, got 'no'"),
+    (dict(pairs_per_step=16.5), "EmbedTraining.pairs_per_step must be a whole number or None, got 16.5"),
+    (dict(pairs_per_step="16"), "EmbedTraining.pairs_per_step must be a whole number or None, got '16'"),
+    (dict(matryoshka_dims=64), "EmbedTraining.matryoshka_dims must be a tuple of whole sizes or None, got 64"),
+    (dict(matryoshka_dims=(64.5,)),
+     r"EmbedTraining.matryoshka_dims must be a tuple of whole sizes or None, got \(64.5,\)"),
+])
+def test_embed_training_options_of_the_wrong_type_are_refused_where_they_are_made(kw, said):
+    from spanflow import EmbedTraining
+
+    with pytest.raises(ConfigError, match=said):
+        EmbedTraining(**kw)
+
+
+def test_embed_training_takes_numpy_numbers_as_python_ones():
+    import numpy as np
+
+    from spanflow import EmbedTraining
+
+    t = EmbedTraining(pairs_per_step=np.int64(32), matryoshka_dims=[np.int32(64), 32])
+    assert t.pairs_per_step == 32 and type(t.pairs_per_step) is int and t.matryoshka_dims == (64, 32)

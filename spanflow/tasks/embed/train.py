@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ class EmbedTraining:
     pairs_per_step: int | None = None  # ranking: pairs per optimizer update (the negatives' pool)
 
     def __post_init__(self):
+        self._check_types()
         if self.loss not in ("auto", *LOSSES):
             raise ConfigError(f"--loss must be one of auto, {', '.join(LOSSES)}, got {self.loss!r}", field="loss")
         if self.pairs_per_step is not None and self.pairs_per_step < 2:
@@ -52,6 +54,27 @@ class EmbedTraining:
         if self.matryoshka_dims is not None and (not self.matryoshka_dims or min(self.matryoshka_dims) < 1):
             raise ConfigError(f"--matryoshka-dims must be positive sizes, got {self.matryoshka_dims}",
                               field="matryoshka_dims")
+
+
+    def _check_types(self) -> None:
+        """Types as the fields say (a str 'no' is truthy; a float size fails mid-run), numpy's ints taken."""
+        def whole(v) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        if not isinstance(self.symmetric, bool):
+            raise ConfigError(f"EmbedTraining.symmetric must be True or False, got {self.symmetric!r}",
+                              field="symmetric")
+        if self.pairs_per_step is not None and not whole(self.pairs_per_step):
+            raise ConfigError(f"EmbedTraining.pairs_per_step must be a whole number or None, got "
+                              f"{self.pairs_per_step!r}", field="pairs_per_step")
+        dims = self.matryoshka_dims
+        if dims is not None and not (isinstance(dims, (tuple, list)) and all(whole(d) for d in dims)):
+            raise ConfigError(f"EmbedTraining.matryoshka_dims must be a tuple of whole sizes or None, got {dims!r}",
+                              field="matryoshka_dims")
+        if self.pairs_per_step is not None:  # frozen: set as the dataclass's own __init__ does
+            object.__setattr__(self, "pairs_per_step", int(self.pairs_per_step))
+        if dims is not None:
+            object.__setattr__(self, "matryoshka_dims", tuple(int(d) for d in dims))
 
 
 def parse_dims(text: str | None) -> tuple[int, ...] | None:
