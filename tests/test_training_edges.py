@@ -93,3 +93,18 @@ def test_embed_training_takes_numpy_numbers_as_python_ones():
 
     t = EmbedTraining(pairs_per_step=np.int64(32), matryoshka_dims=[np.int32(64), 32])
     assert t.pairs_per_step == 32 and type(t.pairs_per_step) is int and t.matryoshka_dims == (64, 32)
+
+
+def test_a_relation_list_beside_the_data_that_lacks_its_relations_is_refused(tmp_path, capsys):
+    from spanflow.cli.main import main
+
+    records = [{"text": "Ann lives in Rome .", "triple_list": [["Ann", "lives_in", "Rome"]]},
+               {"text": "Bob founded Hooli .", "triple_list": [["Bob", "founded", "Hooli"]]}]
+    (tmp_path / "train.json").write_text(json.dumps(records))
+    (tmp_path / "rel2id.json").write_text(json.dumps({"founded": 0, "makes": 1}))  # stale: no lives_in
+    assert main(["train", "re", "--train", str(tmp_path / "train.json"), "--model", "tiny",
+                 "--out", str(tmp_path / "out"), "--epochs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {tmp_path / 'rel2id.json'}: the relation list (2) lacks 1 relations of the training "
+                   "data, whose 1 triples would be left out: lives_in (1) (the relation list read beside --train)"]
+    assert not (tmp_path / "out" / "model").exists()

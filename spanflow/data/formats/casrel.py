@@ -131,9 +131,14 @@ def _relation(r, text: str, path: str, lineno: int):
     return spans[0], r["type"], spans[1]
 
 
+def vocab_path(path: str) -> str:
+    """Where the rel2id.json of the data at `path` would be: beside it."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "rel2id.json")
+
+
 def read_relations_vocab(path: str) -> list[str] | None:
     """The relation list from a rel2id.json beside the data ([id2rel, rel2id] or {rel: id})."""
-    f = os.path.join(os.path.dirname(os.path.abspath(path)), "rel2id.json")
+    f = vocab_path(path)
     if not os.path.exists(f):
         return None
     data = parse_json("\n".join(line for _, line in read_lines(f)), f)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re.model import ReModel
-from spanflow.tasks.re.train import start_model, train_re
+from spanflow.tasks.re.train import check_relations, start_model, train_re
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
 from spanflow.training.outcome import next_command
@@ -30,14 +30,21 @@ class ReTask:
                             "per text and step (the CasRel paper's recipe) [%(default)s]")
 
     def train_from_args(self, a, options: TrainOptions) -> str:
-        from spanflow.data.formats.casrel import read_relations_vocab
+        from spanflow.data.formats.casrel import read_relations_vocab, vocab_path
         from spanflow.data.io import read_re
+        from spanflow.errors import ConfigError, DataError
 
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         train = read_re(a.train)
         dev = read_re(a.dev) if a.dev else None
+        relations = read_relations_vocab(a.train)
+        if relations is not None:
+            try:
+                check_relations(train, relations)
+            except ConfigError as e:
+                raise DataError(f"{e} (the relation list read beside --train)", path=vocab_path(a.train)) from None
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
-                         relations=read_relations_vocab(a.train), all_subjects=a.subjects == "all")
+                         relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is
         return (f"the model extracts {len(model.relations)} relations"
                 + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output triples.jsonl"))

@@ -24,6 +24,20 @@ DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
 
 
+def check_relations(train: list[ReExample], relations: list[str]) -> None:
+    """A ConfigError when `relations` lacks some of the training data's: their triples would be
+    dropped (the relation list is the model's output layer)."""
+    counts: dict[str, int] = {}
+    for e in train:
+        for _, r, _ in e.triples:
+            if r not in relations:
+                counts[r] = counts.get(r, 0) + 1
+    if counts:
+        named = ", ".join(f"{r} ({n})" for r, n in sorted(counts.items())[:5]) + (", ..." if len(counts) > 5 else "")
+        raise ConfigError(f"the relation list ({len(relations)}) lacks {len(counts)} relations of the training data, "
+                          f"whose {sum(counts.values())} triples would be left out: {named}")
+
+
 def start_model(source: str, train: list[ReExample], relations: list[str], opts: TrainOptions, policy) -> ReModel:
     """The model to train: a spanflow RE model to continue, or a fresh CasRel head on an encoder or `tiny`."""
     if is_model_dir(source):
@@ -48,6 +62,8 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     check_examples(train, ReExample, "train")
     if dev is not None:
         check_examples(dev, ReExample, "dev")
+    if relations is not None:
+        check_relations(train, relations)
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")
