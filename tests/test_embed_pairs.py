@@ -185,3 +185,20 @@ def test_retrieval_beyond_ten_counts_zero():
     query = np.linspace(1.0, 0.1, 12)[None, :]  # row 11 ranks twelfth
     m = retrieval_metrics(query, corpus, [11])
     assert m["mrr@10"] == 0.0 and m["ndcg@10"] == 0.0 and m["recall@10"] == 0.0
+
+
+def test_pairs_files_whose_first_record_is_unusual_are_read_or_refused_not_misread(tmp_path):
+    from spanflow.errors import DataError
+    from spanflow.tasks.embed.pairs import read_pairs
+
+    mixed = tmp_path / "mixed.jsonl"  # the first record fixes the keys: a later score would be dropped
+    mixed.write_text('{"sentence1": "a b", "sentence2": "c d"}\n{"sentence1": "e f", "sentence2": "g h", "score": 3}\n')
+    with pytest.raises(DataError, match=r"mixed.jsonl:2: record has a 'score' key that the first record \(line 1\)"):
+        read_pairs(str(mixed))
+    empty_first = tmp_path / "e.csv"  # no header: its first record's score is missing, not a header's name
+    empty_first.write_text("a b,c d,\ne f,g h,3\ni j,k l,4\n")
+    with pytest.raises(DataError, match=r"e.csv:1: score is not a number"):
+        read_pairs(str(empty_first))
+    named = tmp_path / "qd.csv"  # a retrieval header of two known names is a header, not a pair
+    named.write_text("query,document\nwhat is x,x is y\nwho is she,she is Ann\n")
+    assert [p.a for p in read_pairs(str(named))] == ["what is x", "who is she"]

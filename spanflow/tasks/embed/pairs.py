@@ -55,8 +55,8 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                           "vary (without the score column, the pairs are scored as retrieval: MRR@10)")
 
 
-FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query"}
-SECOND_NAMES = {"sentence2", "s2", "text2", "positive"}
+FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query", "question"}
+SECOND_NAMES = {"sentence2", "s2", "text2", "positive", "document", "passage", "answer", "response"}
 SCORE_NAMES = {"score", "label", "similarity"}
 NEGATIVE_NAMES = {"negative"}
 # JSONL key pairs for the two texts, tried in this order on the first record
@@ -190,12 +190,16 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
         # an unnamed header: a field of it (the third, unless columns are chosen) is no number
         # while the next row's is
         first, second = rows[0][1], rows[1][1]
-        header = any(_number(first[i]) is None and i < len(second) and _number(second[i]) is not None
-                     for i in (range(len(first)) if cols is not None else [2]))
+        # (an empty field names nothing: a first record whose score is missing is data, and its line's error)
+        header = any(_number(first[i]) is None and first[i].strip() and i < len(second)
+                     and _number(second[i]) is not None for i in (range(len(first)) if cols is not None else [2]))
     data = rows[1:] if header else rows
     if not data:
         return []
-    third_kind = _table_third_kind(rows[0][1], data[0][1], idx, header)
+    # the first data row with a third field decides its kind (an empty one is that row's error)
+    third = idx[-1]
+    filled = next((row for _, row in data if len(row) > third and row[third].strip()), data[0][1])
+    third_kind = _table_third_kind(rows[0][1], filled, idx, header)
     width = len(rows[0][1])
     pairs = []
     for line, row in data:
@@ -253,6 +257,12 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
         if not pairs:
             keys = keys or _json_keys(rec, path, line)
             third_kind = _json_third_kind(rec, keys)
+            first = line
+        elif cols is None and len(keys) == 2:  # the first record set the keys: a third one here would be dropped
+            extra = next((k for k in ("score", "label", "negative") if k in rec), None)
+            if extra:
+                raise DataError(f"record has a {quote(extra)} key that the first record (line {first}) lacks: give "
+                                "every record one, or none", path=path, line=line)
         missing = [k for k in keys if k not in rec]
         if missing:
             raise DataError(f"record has no {quote(missing[0])} key", path=path, line=line)
