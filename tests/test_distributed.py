@@ -324,3 +324,60 @@ def test_sharded_evaluation_equals_single_process(tmp_path):
     mp.spawn(_eval_worker, args=(2, free_port(), model_dir, str(p), str(tmp_path / "m")), nprocs=2, join=True)
     for r in range(2):
         assert json.loads((tmp_path / f"m.{r}").read_text()) == json.loads(json.dumps(want))
+
+
+def _launch_two(tmp_path):
+    """`train ner --devices 2` on enough data to be training when a test signals its launcher;
+    returns the launcher once a rank has started its steps, and the run's --out."""
+    import subprocess
+    import sys
+
+    from spanflow.data.formats.jsonl import write_jsonl_record
+
+    train = tmp_path / "train.jsonl"
+    with open(train, "w") as f:
+        for e in synthetic_ner(400, seed=2):
+            write_jsonl_record(f, e.text, e.spans)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "spanflow", "train", "ner", "--train", str(train), "--out", str(out),
+                             "--epochs", "5000", "--max-tokens", "256", "--max-length", "64", "--log-every", "1",
+                             "--devices", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in proc.stdout:  # rank 0's step lines: both ranks are in the loop
+        if line.startswith("step "):
+            return proc, out
+    raise AssertionError(f"the run ended before training: rc {proc.wait()}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_the_ranks_in_one_line(tmp_path):
+    import signal
+
+    proc, out = _launch_two(tmp_path)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in rest and rest.strip().splitlines()[-1] == "terminated"
+    assert not (out / ".lock").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_leaves_no_rank_training(tmp_path):
+    import signal
+    import time
+
+    proc, out = _launch_two(tmp_path)
+    rank0 = int((out / ".lock").read_text())  # rank 0 holds --out
+    proc.send_signal(signal.SIGKILL)  # as a scheduler does: the launcher cannot stop its ranks itself
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{rank0}") and \
+            open(f"/proc/{rank0}/stat").read().split()[2] != "Z":
+        time.sleep(0.1)
+    alive = os.path.exists(f"/proc/{rank0}") and open(f"/proc/{rank0}/stat").read().split()[2] != "Z"
+    if alive:
+        os.kill(rank0, signal.SIGKILL)
+    assert not alive, "rank 0 trained on after its launcher was killed"
+    assert not (out / ".lock").exists()  # it stopped as on SIGTERM, releasing --out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ def init_from_env() -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
+    die_with_parent()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available() and os.environ.get("SPANFLOW_DEVICE", "auto") != "cpu"
     if cuda:
@@ -47,6 +49,21 @@ def init_from_env() -> Dist:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     return Dist(dist.get_rank(), dist.get_world_size(), local)
+
+
+def die_with_parent() -> None:
+    """A SIGTERM to this rank when its launcher (torchrun's agent) dies: a launcher killed with
+    SIGKILL, as a scheduler does, left its ranks training on, holding --out's lock. Linux only."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the line above could take effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def all_sum(values: list[float], d: Dist) -> list[float]:
@@ -115,6 +132,7 @@ def relaunch(argv: list[str], devices: int) -> int:
     """Run `spanflow <argv>` under torch.distributed.run with `devices` processes on this node;
     the exit code of the first rank that failed (its own error line said why), 0 when all finished."""
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = ["--nproc-per-node", str(devices), "-m", "spanflow", *argv]
@@ -129,6 +147,9 @@ def relaunch(argv: list[str], devices: int) -> int:
             print(f"error: rank {rank} was killed by signal {-failure.exitcode}", file=sys.stderr)
             return 1
         return failure.exitcode or 1
+    except SignalException as e:  # SIGTERM/SIGINT to the launcher: its agent has stopped the ranks
+        print("terminated" if e.sigval == signal.SIGTERM else "interrupted", file=sys.stderr)
+        return 128 + int(e.sigval)
     return 0
 
 
