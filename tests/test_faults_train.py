@@ -320,6 +320,13 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path,
     assert main(["train", "ner", "--train", str(tmp_path / "fewer.jsonl"), "--dev", str(files / "dev.jsonl"), *ARGS,
                  "--out", str(out), "--resume"]) == 2
     assert "training data of 60 items" in capsys.readouterr().err
+    state_file = out / "checkpoint" / "state.json"  # as a run of --devices 2 records it
+    state = json.loads(state_file.read_text())
+    assert state["run"]["processes"] == 1
+    state_file.write_text(json.dumps({**state, "run": {**state["run"], "processes": 2}}))
+    assert train(files, out, "--resume") == 2
+    assert "is of a run with 2 processes (now 1: --devices, or torchrun's --nproc-per-node)" in capsys.readouterr().err
+    state_file.write_text(json.dumps(state))
     assert train(files, out, "--resume", "--epochs", "4") == 0  # more epochs extend the same run
     assert "resumed from" in capsys.readouterr().out
     assert train(files, out, "--max-steps", "1") == 0  # no --resume: a new run, and it says what it replaces

@@ -83,10 +83,11 @@ COURSE = ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "gra
           "stride", "seed", "label_smoothing", "class_weights", "llrd", "pack", "pack_span", "oversample")
 
 
-def run_identity(items: list, opts, origin: str | None) -> dict:
+def run_identity(items: list, opts, origin: str | None, processes: int = 1) -> dict:
     """What a checkpoint's run was: the model it started from (`origin` as given, and what its
     files are: the same encoder copied elsewhere is the same model), its training items (how many,
-    their tokens, a digest of their lengths) and the options that set its course, as JSON holds them."""
+    their tokens, a digest of their lengths), the options that set its course, as JSON holds them, and
+    its processes (the global batch, and the learning rate scaled to it, follow their number)."""
     import hashlib
 
     import numpy as np
@@ -94,7 +95,7 @@ def run_identity(items: list, opts, origin: str | None) -> dict:
     lengths = np.fromiter((len(it) for it in items), dtype=np.int64, count=len(items))
     options = json.loads(json.dumps({k: getattr(opts, k) for k in COURSE}, default=_plain))  # numpy scalars too
     return {"model": origin, "model_files": _model_files(origin), "items": len(items), "tokens": int(lengths.sum()),
-            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "options": options}
+            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "options": options, "processes": processes}
 
 
 def _plain(value):
@@ -127,6 +128,9 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     if not isinstance(saved, dict):
         return
     changed = []
+    if saved.get("processes", now["processes"]) != now["processes"]:  # first: it changes the update and its lr
+        changed.append(f"{saved['processes']} processes (now {now['processes']}: --devices, or torchrun's "
+                       "--nproc-per-node)")
     if saved.get("model") != now["model"] and saved.get("model_files", "") != now["model_files"]:
         changed.append(f"--model {saved.get('model')} (now {now['model']}, another model)")
     if (saved.get("items"), saved.get("tokens"), saved.get("digest")) != (now["items"], now["tokens"], now["digest"]):
