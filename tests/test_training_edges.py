@@ -108,3 +108,16 @@ def test_a_relation_list_beside_the_data_that_lacks_its_relations_is_refused(tmp
     assert err == [f"error: {tmp_path / 'rel2id.json'}: the relation list (2) lacks 1 relations of the training "
                    "data, whose 1 triples would be left out: lives_in (1) (the relation list read beside --train)"]
     assert not (tmp_path / "out" / "model").exists()
+
+
+def test_embedding_training_counts_the_texts_it_cuts(tmp_path):
+    from spanflow import train_embedder
+    from spanflow.tasks.embed.pairs import Pair
+
+    long = " ".join(["word"] * 80)
+    pairs = [Pair(f"{long} {i}", f"short text {i}", float(i % 5)) for i in range(12)]
+    lines = []
+    train_embedder(pairs, None, model="tiny", out_dir=str(tmp_path), log_fn=lines.append,
+                   options=TrainOptions(epochs=1, max_length=32, max_tokens=512, log_every=0))
+    said = next(x for x in lines if "scored training pairs" in x)
+    assert said.endswith("max length 32 (12 texts longer, cut there)"), said

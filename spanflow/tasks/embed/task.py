@@ -148,7 +148,7 @@ def _train_workload(model: str, data: str, *, policy, sample: int, seed: int) ->
     name = choose_loss(pairs, EmbedTraining())
     texts = [t for p in pairs for t in (p.a, p.b, p.negative) if t is not None]
     emb = start_embedder(model, texts, TrainOptions(seed=seed), policy)
-    items = items_of(emb, pairs, scored=name != "ranking")
+    items, _ = items_of(emb, pairs, scored=name != "ranking")
     k = len(items[0].sides)
 
     def at_length(L: int) -> list[PairItem]:

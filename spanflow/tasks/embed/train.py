@@ -225,12 +225,12 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                               f"(the model's {emb.dim}{f', --matryoshka-dims {list(dims)}' if dims else ''})",
                               field="loss")
         fn = matryoshka(loss, sorted(set(dims), reverse=True)) if dims else loss
-        items = items_of(emb, train, scored=name in SCORED_LOSSES)
+        items, cut = items_of(emb, train, scored=name in SCORED_LOSSES)
         what = "scored training pairs" if name in SCORED_LOSSES else (
             "training triplets" if train[0].negative is not None else "training pairs")
         run.log(f"{len(train)} {what}; {NAMES[name]}{' (symmetric)' if config.symmetric else ''}"
                 f"{f', Matryoshka dims {list(dims)}' if dims else ''}; {emb.module.pooling.mode} pooling, "
-                f"max length {emb.max_length}")
+                f"max length {emb.max_length}" + (f" ({cut} texts longer, cut there)" if cut else ""))
         table = DEFAULTS if name in SCORED_LOSSES else RANKING_DEFAULTS
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
@@ -263,8 +263,13 @@ def _texts(p: Pair) -> tuple[str, ...]:
     return (p.a, p.b) if p.negative is None else (p.a, p.b, p.negative)
 
 
-def items_of(emb: Embedder, train: list[Pair], scored: bool) -> list[PairItem]:
-    """Token ids of every side; a scored pair keeps its score."""
+def items_of(emb: Embedder, train: list[Pair], scored: bool) -> tuple[list[PairItem], int]:
+    """Token ids of every side, and how many texts were cut at the max length; a scored pair keeps
+    its score."""
     k = 3 if not scored and all(p.negative is not None for p in train) else 2
-    sides = [emb.tokenize([_texts(p)[j] for p in train])[0] for j in range(k)]
-    return [PairItem(tuple(s[i] for s in sides), p.score if scored else None) for i, p in enumerate(train)]
+    sides, cut = [], 0
+    for j in range(k):
+        ids, n = emb.tokenize([_texts(p)[j] for p in train])
+        sides.append(ids)
+        cut += n
+    return [PairItem(tuple(s[i] for s in sides), p.score if scored else None) for i, p in enumerate(train)], cut
