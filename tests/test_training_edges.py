@@ -121,3 +121,19 @@ def test_embedding_training_counts_the_texts_it_cuts(tmp_path):
                    options=TrainOptions(epochs=1, max_length=32, max_tokens=512, log_every=0))
     said = next(x for x in lines if "scored training pairs" in x)
     assert said.endswith("max length 32 (12 texts longer, cut there)"), said
+
+
+def test_a_resume_into_another_tasks_run_names_what_differs_not_a_damaged_checkpoint(tmp_path, capsys):
+    from spanflow.cli.main import main
+
+    (tmp_path / "p.csv").write_text("sentence1,sentence2,score\na b,c d,1\ne f,g h,3\ni j,k l,4\nm n,o p,2\n")
+    (tmp_path / "re.json").write_text(json.dumps([{"text": "Ann lives in Rome .",
+                                                    "triple_list": [["Ann", "lives_in", "Rome"]]}]))
+    out = str(tmp_path / "O")
+    assert main(["train", "embed", "--train", str(tmp_path / "p.csv"), "--model", "tiny", "--out", out,
+                 "--max-steps", "1"]) == 0
+    capsys.readouterr()
+    assert main(["train", "re", "--train", str(tmp_path / "re.json"), "--model", "tiny", "--out", out,
+                 "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is of a run with training data of 4 items" in err and "unreadable" not in err and "remove" not in err

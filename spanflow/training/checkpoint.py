@@ -55,12 +55,24 @@ def has_checkpoint(ckpt_dir: str) -> bool:
     return os.path.exists(os.path.join(ckpt_dir, STATE)) and os.path.exists(os.path.join(ckpt_dir, TRAINER))
 
 
-def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 0) -> dict:
-    """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict."""
+def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 0,
+                    identity: dict | None = None) -> dict:
+    """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict. `identity`
+    (run_identity of the run resuming): a checkpoint of another run is refused before its state
+    is applied, naming what differs."""
     try:
         trainer = torch.load(os.path.join(ckpt_dir, TRAINER), map_location="cpu", weights_only=True)
         with open(os.path.join(ckpt_dir, STATE), encoding="utf-8") as f:
             state = json.load(f)
+    except Exception as e:  # truncated by a full disk or a copy; torch and json each fail their own way
+        raise ModelDirError(f"the checkpoint in {ckpt_dir} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
+                            "remove it to start over, or run without --resume") from None
+    if not isinstance(state, dict):
+        raise ModelDirError(f"{os.path.join(ckpt_dir, STATE)} is not a JSON object; remove the checkpoint to start "
+                            "over")
+    if identity is not None:
+        check_same_run(state.get("run"), identity, ckpt_dir)
+    try:
         optimizer.load_state_dict(trainer["optimizer"])
         scheduler.load_state_dict(trainer["scheduler"])
         if scaler is not None and trainer["scaler"]:
@@ -69,12 +81,10 @@ def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 
         torch.set_rng_state(ranks[rank] if rank < len(ranks) else trainer["torch_rng"])
         if "cuda_rng" in trainer and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(trainer["cuda_rng"])
-    except Exception as e:  # truncated by a full disk or a copy; torch and json each fail their own way
-        raise ModelDirError(f"the checkpoint in {ckpt_dir} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
-                            "remove it to start over, or run without --resume") from None
-    if not isinstance(state, dict):
-        raise ModelDirError(f"{os.path.join(ckpt_dir, STATE)} is not a JSON object; remove the checkpoint to start "
-                            "over")
+    except Exception as e:  # read whole, but of another model: another task's run, or one from before the record
+        raise ModelDirError(f"the checkpoint in {ckpt_dir} does not fit this run's model ({type(e).__name__}: "
+                            f"{str(e)[:200]}): it is of another run; start a new run (another --out, or no --resume)"
+                            ) from None
     return state
 
 

@@ -13,8 +13,7 @@ from torch import nn
 from spanflow.atomic import recover_dir, writing
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
-from spanflow.training.checkpoint import (check_same_run, has_checkpoint, load_checkpoint, run_identity,
-                                          save_checkpoint)
+from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, run_identity, save_checkpoint
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
 from spanflow.training.plan import epoch_plan
@@ -116,8 +115,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
     if resumed:
-        r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank)
-        check_same_run(r.st.get("run"), identity, r.ckpt_dir)
+        r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank,
+                               identity=identity)
         r.st["run"] = identity
         # --patience may change on resume: an early stop is decided again by the one given now
         r.st["stopped"] = bool(r.st["stopped"] and opts.patience and r.st["bad_evals"] >= opts.patience)
