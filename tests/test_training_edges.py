@@ -137,3 +137,17 @@ def test_a_resume_into_another_tasks_run_names_what_differs_not_a_damaged_checkp
                  "--resume"]) == 2
     err = capsys.readouterr().err
     assert "is of a run with training data of 4 items" in err and "unreadable" not in err and "remove" not in err
+
+
+def test_a_positive_listed_twice_is_one_candidate_in_retrieval(tmp_path):
+    from spanflow.models.encoder import build_tiny
+    from spanflow.tasks.embed import Embedder
+    from spanflow.tasks.embed.pairs import Pair
+    from spanflow.tasks.embed.pooling import Pooling
+
+    texts = [f"text number {w} here" for w in ("one", "two", "three", "four", "five")]
+    enc, tok = build_tiny(texts, hidden=16, embedding=16, bigram_buckets=101)
+    emb = Embedder(encoder=enc, tokenizer=tok, pooling=Pooling(), device="cpu")
+    same = [Pair(t, t) for t in texts]  # each query is its own positive: a perfect ranking
+    assert emb.evaluate(same)["mrr@10"] == pytest.approx(1.0)
+    assert emb.evaluate(same + same)["mrr@10"] == pytest.approx(1.0)  # twice over: still one candidate each

@@ -44,6 +44,18 @@ class _Pooled(nn.Module):
         return self.pooling({"token_embeddings": h, "attention_mask": attention_mask})  # (B, H)
 
 
+def distinct_positives(texts: list[str]) -> tuple[list[int], list[int]]:
+    """The corpus rows of the distinct positive texts (first occurrences), and each pair's row in
+    them: a text listed twice is one candidate, not a twin ranked ahead of its own positive."""
+    rows, at, positive = [], {}, []
+    for i, t in enumerate(texts):
+        if t not in at:
+            at[t] = len(rows)
+            rows.append(i)
+        positive.append(at[t])
+    return rows, positive
+
+
 class Embedder:
     """A sentence embedder: encoder + pooling (+ normalisation), batched by token budget.
 
@@ -176,7 +188,8 @@ class Embedder:
         if all(e.score is not None for e in examples):
             m = similarity_metrics(a, b, [e.score for e in examples])
             return {"f1": m["spearman"], **m}
-        m = retrieval_metrics(a, b, list(range(len(examples))))
+        rows, positive = distinct_positives([e.b for e in examples])
+        m = retrieval_metrics(a, b[rows], positive)
         return {"f1": m["mrr@10"], **m}
 
     @staticmethod
