@@ -231,7 +231,8 @@ def load_services(a):
     print("loading", flush=True)
     threading.Event().wait()  # a load or compile that has not ended when the signal comes
 serve.load_services = load_services
-sys.exit(cli.main(["serve", "--model", "m", "--port", sys.argv[1]]))
+sys.argv = ["spanflow", "serve", "--model", "m", "--port", sys.argv[1]]
+sys.exit(cli.main())  # as the command line calls it
 """
 
 

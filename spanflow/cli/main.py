@@ -83,13 +83,14 @@ def _leave_group(rc: int) -> int:
     return rc
 
 
-def _leave_now(rc: int) -> int:
+def _leave_now(rc: int, entry: bool) -> int:
     """rc; or, where the model thread still runs the work the signal interrupted (a load or a
     compile, tens of seconds), the process ends now: exiting normally would wait for that work.
-    Nothing it writes is at a final path until renamed there (atomic.py)."""
+    Nothing it writes is at a final path until renamed there (atomic.py). `entry`: main() is the
+    process's command line (not a call from a program or a test, whose process goes on)."""
     from spanflow.runtime.threads import model_thread_busy
 
-    if model_thread_busy():
+    if entry and model_thread_busy():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)  # serve's uvicorn installs its own to drain requests
+    entry = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
@@ -120,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         return _stdout_gone()
     except Terminated:
         print("terminated", file=sys.stderr)
-        return _leave_now(143)
+        return _leave_now(143, entry)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return _leave_now(130)
+        return _leave_now(130, entry)
     except Exception as e:
         line = write_error_line(e)
         if line is None:

@@ -34,7 +34,12 @@ def on_model_thread(fn, *args, **kwargs):
             _count(-1)
 
     _count(1)
-    return model_thread().submit(run).result()
+    try:
+        future = model_thread().submit(run)
+    except BaseException:
+        _count(-1)  # never ran: nothing to wait for
+        raise
+    return future.result()
 
 
 def _count(step: int) -> None:

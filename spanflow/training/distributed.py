@@ -58,16 +58,17 @@ def die_with_parent() -> None:
         return
     import ctypes
 
+    parent = os.getppid()  # not 1 as such: a container's entrypoint launcher is pid 1, and alive
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the launcher died before the line above could take effect
+    if os.getppid() != parent:  # the launcher died before the line above could take effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 
 def all_sum(values: list[float], d: Dist) -> list[float]:
-    """Element-wise sum over ranks (host floats; called at epoch ends, not per step)."""
+    """Element-wise sum over ranks (host floats; at epoch ends and log points, not per step)."""
     if not d.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64)

@@ -19,8 +19,8 @@ from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linea
 from spanflow.training.plan import epoch_plan
 from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
-from spanflow.training.progress import (check_finite, learning_check, loss_window, lr_now, mean_loss, progress_bar,
-                                        report_period)
+from spanflow.training.progress import (check_finite, learning_check, loss_window, lr_now, progress_bar,
+                                        report_period, window_loss)
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.state import LoopState, TaskHooks
@@ -71,7 +71,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 learning_check(r, f1, left=opts.epochs - epoch - 1)
                 r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
                 _checkpoint(r)
-        if opts.eval_every and r.st.get("last_eval_step") != r.st["global_step"] and not r.st["stopped"]:
+        if (opts.eval_every and hooks.evaluate is not None and r.st.get("last_eval_step") != r.st["global_step"]
+                and not r.st["stopped"]):
             f1 = _evaluate(r)  # the steps after the last --eval-every (all of them, in a run shorter than it)
             r.log(f"step {r.st['global_step']} (the last): dev {hooks.metric} {f1:.4f}" if f1 is not None
                   else f"step {r.st['global_step']}")
@@ -152,7 +153,7 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
         r.n_running += 1
         r.recent.append(loss.detach())
         if st.get("first_loss") is None and len(r.recent) == r.recent.maxlen:
-            st["first_loss"] = mean_loss(r.recent)  # host sync, once per run: the baseline of learning_check
+            st["first_loss"] = window_loss(r)  # host sync, once per run: the baseline of learning_check
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
         meter.end_phase("compute")

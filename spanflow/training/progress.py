@@ -10,7 +10,7 @@ import torch
 
 from spanflow.atomic import writing
 from spanflow.monitor.report import append_jsonl, format_report, report_scalars
-from spanflow.training.distributed import on_main
+from spanflow.training.distributed import all_sum, on_main
 
 if TYPE_CHECKING:
     from spanflow.training.state import LoopState
@@ -38,12 +38,12 @@ def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial
         rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
     if partial:
         rep["partial"] = True
+    if r.recent:  # the step lines' loss, averaged over their window: one host sync a period
+        rep["loss"] = window_loss(r)
     on_main(lambda: _write(r, rep, epoch), r.dist)
 
 
 def _write(r: LoopState, rep: dict, epoch: int) -> None:
-    if r.recent:  # the step lines' loss, averaged over their window: one host sync a period, on rank 0
-        rep["loss"] = mean_loss(r.recent)
     with writing("the training report", r.report_path):
         append_jsonl(r.report_path, rep)
     r.log(format_report(rep))
@@ -70,12 +70,19 @@ def mean_loss(losses) -> float:
     return float(torch.stack(list(losses)).mean())  # host sync
 
 
+def window_loss(r: LoopState) -> float:
+    """The step lines' loss over the last window: each rank holds its share of a step's loss, the
+    sum is the loss. Every rank calls it (a collective under torchrun)."""
+    return all_sum([mean_loss(r.recent)], r.dist)[0]
+
+
 def check_finite(r: LoopState) -> None:
     """A ConfigError when the loss of the last steps is not finite: the weights have diverged, and
-    no later step brings them back (one host sync an epoch)."""
-    if not r.recent:
+    no later step brings them back (one host sync an epoch; every rank reads the same sum, so all
+    stop together). Under fp16's loss scaler an overflowing step is skipped, not applied: no check."""
+    if not r.recent or r.scaler is not None:
         return
-    loss = mean_loss(r.recent)
+    loss = window_loss(r)
     if not math.isfinite(loss):
         from spanflow.errors import ConfigError
 
@@ -88,9 +95,11 @@ def learning_check(r: LoopState, f1: float | None, left: int) -> None:
     (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
     the same number of steps: the first steps of the run, and the last ones before this check."""
     first, w = r.st.get("first_loss"), r.recent.maxlen
-    if f1 is None or f1 > 0 or not first or not r.dist.is_main or len(r.recent) < w:
+    if f1 is None or f1 > 0 or not first or len(r.recent) < w:  # the same on every rank: f1 is broadcast
         return
-    loss = mean_loss(r.recent)  # host sync, only at an epoch that ended at dev F1 0
+    loss = window_loss(r)  # host sync, only at an epoch that ended at dev F1 0
+    if not r.dist.is_main:
+        return
     steps = r.st["global_step"]
     moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
     if loss > 0.8 * first:

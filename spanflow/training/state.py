@@ -30,7 +30,8 @@ class TaskHooks:
     targets: Callable[[object], int] | None = None  # loss targets of one item: global step normalisation
     metric: str = "F1"  # what evaluate's "f1" is, in the lines printed (embeddings: Spearman)
     # a step's forward and backward over its micro-batches, (model, micro, policy, scaler, meter, world)
-    # -> loss; None: forward_backward with loss_fn, each micro-batch's loss on its own
+    # -> this rank's share of the step's loss (the ranks' sum is the loss, as the lines print it);
+    # None: forward_backward with loss_fn, each micro-batch's loss on its own
     step: Callable[..., torch.Tensor] | None = None
 
 

@@ -91,7 +91,7 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
     grads = torch.autograd.grad(scaler.scale(value) if scaler is not None else value, leaves, allow_unused=True)
     if keep_graph:  # one backward through every micro-batch's graph
         torch.autograd.backward(outs, [g if g is not None else torch.zeros_like(e) for e, g in zip(outs, grads)])
-        return value.detach() / world
+        return value.detach() / world**2  # this rank's share: every rank computed the whole pool's loss
     for i, b in enumerate(batches):
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
@@ -104,4 +104,4 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
             # the blocks of each: resident memory would grow past that of one micro-batch
             release_freed()
     _set_rng_state(after, device)
-    return value.detach() / world
+    return value.detach() / world**2

@@ -197,7 +197,7 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     if not data:
         return []
     # the first data row with a third field decides its kind (an empty one is that row's error)
-    third = idx[-1]
+    third = idx[2] if len(idx) == 3 else idx[-1]
     filled = next((row for _, row in data if len(row) > third and row[third].strip()), data[0][1])
     third_kind = _table_third_kind(rows[0][1], filled, idx, header)
     width = len(rows[0][1])

@@ -8,6 +8,7 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from spanflow.batching.collate import pad_rows
@@ -61,7 +62,7 @@ class EmbedTraining:
         def whole(v) -> bool:
             return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
-        if not isinstance(self.symmetric, bool):
+        if not isinstance(self.symmetric, (bool, np.bool_)):
             raise ConfigError(f"EmbedTraining.symmetric must be True or False, got {self.symmetric!r}",
                               field="symmetric")
         if self.pairs_per_step is not None and not whole(self.pairs_per_step):
@@ -71,7 +72,8 @@ class EmbedTraining:
         if dims is not None and not (isinstance(dims, (tuple, list)) and all(whole(d) for d in dims)):
             raise ConfigError(f"EmbedTraining.matryoshka_dims must be a tuple of whole sizes or None, got {dims!r}",
                               field="matryoshka_dims")
-        if self.pairs_per_step is not None:  # frozen: set as the dataclass's own __init__ does
+        object.__setattr__(self, "symmetric", bool(self.symmetric))  # frozen: set as the dataclass's __init__ does
+        if self.pairs_per_step is not None:
             object.__setattr__(self, "pairs_per_step", int(self.pairs_per_step))
         if dims is not None:
             object.__setattr__(self, "matryoshka_dims", tuple(int(d) for d in dims))

@@ -28,9 +28,10 @@ def check_relations(train: list[ReExample], relations: list[str]) -> None:
     """A ConfigError when `relations` lacks some of the training data's: their triples would be
     dropped (the relation list is the model's output layer)."""
     counts: dict[str, int] = {}
+    known = set(relations)
     for e in train:
         for _, r, _ in e.triples:
-            if r not in relations:
+            if r not in known:
                 counts[r] = counts.get(r, 0) + 1
     if counts:
         named = ", ".join(f"{r} ({n})" for r, n in sorted(counts.items())[:5]) + (", ..." if len(counts) > 5 else "")
