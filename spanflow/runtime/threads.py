@@ -34,10 +34,12 @@ def on_model_thread(fn, *args, **kwargs):
             _count(-1)
 
     _count(1)
+    # not undone on a signal's exception: the first submit starts the thread, which may run `run`
+    # before submit() returns, and the signal must then find it busy
     try:
         future = model_thread().submit(run)
-    except BaseException:
-        _count(-1)  # never ran: nothing to wait for
+    except Exception:  # refused (a pool shut down): it never runs
+        _count(-1)
         raise
     return future.result()
 
