@@ -151,3 +151,14 @@ def test_a_positive_listed_twice_is_one_candidate_in_retrieval(tmp_path):
     same = [Pair(t, t) for t in texts]  # each query is its own positive: a perfect ranking
     assert emb.evaluate(same)["mrr@10"] == pytest.approx(1.0)
     assert emb.evaluate(same + same)["mrr@10"] == pytest.approx(1.0)  # twice over: still one candidate each
+
+
+def test_a_max_length_above_what_the_encoder_reads_is_refused_not_cut(tmp_path):
+    from spanflow.models.encoder import build_tiny
+
+    enc, tok = build_tiny([e.text for e in DATA], hidden=16, embedding=16, bigram_buckets=101, max_length=64)
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    with pytest.raises(ConfigError, match=f"^--max-length 128 is above what {tmp_path / 'enc'} reads: 64 tokens"):
+        train_ner(DATA, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / "o"), log_fn=lambda s: None,
+                  options=opts(max_length=128))
