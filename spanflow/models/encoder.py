@@ -256,8 +256,8 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
     if max_length is not None and max_length > limit:  # it was cut to the limit without a word
         from spanflow.errors import ConfigError
 
-        raise ConfigError(f"--max-length {max_length} is above what {source} reads: {limit} tokens (its position "
-                          "embeddings); give at most that, or leave --max-length unset for it")
+        raise ConfigError(f"--max-length {max_length} is above what {source} reads: {limit} tokens (its limit, "
+                          "from its config and tokenizer); give at most that, or leave --max-length unset for it")
     return encoder, tokenizer, min(max_length or limit, limit)
 
 
