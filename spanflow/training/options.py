@@ -76,7 +76,7 @@ class TrainOptions:
         from spanflow.errors import ConfigError
         from spanflow.training.report_to import check_installed, parse_report_to
 
-        _check_types(self)
+        check_types(self)
         self.report_to = parse_report_to(self.report_to)
         check_installed(self.report_to)  # here, so a missing extra stops the run before any model loads
         checks = [
@@ -115,25 +115,26 @@ _KINDS = {"int": (numbers.Integral, "a whole number"), "float": (numbers.Real, "
           "bool": (bool, "True or False"), "str": (str, "a string"), "dict": (dict, "a dict")}
 
 
-def _check_types(opts: TrainOptions) -> None:
-    """A ConfigError naming the first field whose value is not of its type (`epochs=1.5`,
-    `lr="1e-4"`): the Python API's values are checked as the CLI's parsers check theirs. A
-    number of another kind (numpy's) becomes Python's int or float, as configs and checkpoints
-    write JSON."""
+def check_types(opts, skip: tuple[str, ...] = ("report_to",)) -> None:
+    """A ConfigError naming the first field of the dataclass `opts` whose value is not of its type
+    (`epochs=1.5`, `lr="1e-4"`): the Python API's values are checked as the CLI's parsers check
+    theirs. A number of another kind (numpy's) becomes Python's int or float, as configs and
+    checkpoints write JSON. `skip`: fields of other types, checked by their readers (report_to: a
+    string or a list of names)."""
     from spanflow.errors import ConfigError, quote
 
     for f in dataclasses.fields(opts):
-        if f.name == "report_to":  # a string or a list of names: parse_report_to reads either
+        if f.name in skip:
             continue
         v, names = getattr(opts, f.name), [t.strip() for t in str(f.type).split("|")]
         if v is None and "None" in names:
             continue
         kinds = [_KINDS[n] for n in names if n in _KINDS]
         if not any(isinstance(v, k) and (k is bool or not isinstance(v, bool)) for k, _ in kinds):
-            raise ConfigError(f"TrainOptions.{f.name} must be {' or '.join(w for _, w in kinds)}"
-                              f"{' or None' if 'None' in names else ''}, got {quote(v, 60)}")
-        if isinstance(v, numbers.Number) and not isinstance(v, bool):
-            setattr(opts, f.name, int(v) if isinstance(v, numbers.Integral) else float(v))
+            raise ConfigError(f"{type(opts).__name__}.{f.name} must be {' or '.join(w for _, w in kinds)}"
+                              f"{' or None' if 'None' in names else ''}, got {quote(v, 60)}", field=f.name)
+        if isinstance(v, numbers.Number) and not isinstance(v, bool):  # object's: a frozen dataclass too
+            object.__setattr__(opts, f.name, int(v) if isinstance(v, numbers.Integral) else float(v))
 
 
 def check_options(options) -> None:

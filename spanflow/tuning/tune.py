@@ -93,11 +93,10 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                                                                         plan.per_run), log_fn)
     out_dir = out or "."
     path = os.path.join(out_dir, "profile.json")
+    log_fn(format_table(profile))
     if best is None:  # a profile no command can run: an earlier one at `path` stays
-        log_fn(format_table(profile))
         raise NoBestPoint(_missed(points, max_memory_gb, latency_slo_ms), path)
     write_profile(path, profile)
-    log_fn(format_table(profile))
     if any(p.quality is not None for p in points):
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
                f"only within {QUALITY_TOLERANCE} of the best")

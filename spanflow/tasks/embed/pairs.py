@@ -59,6 +59,7 @@ FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query", "question"}
 SECOND_NAMES = {"sentence2", "s2", "text2", "positive", "document", "passage", "answer", "response"}
 SCORE_NAMES = {"score", "label", "similarity"}
 NEGATIVE_NAMES = {"negative"}
+THIRD_KEYS = ("score", "label", "negative")  # a JSONL record's third field, tried in this order
 # JSONL key pairs for the two texts, tried in this order on the first record
 JSON_TEXT_KEYS = [("sentence1", "sentence2"), ("s1", "s2"), ("text1", "text2"),
                   ("anchor", "positive"), ("query", "positive")]
@@ -196,9 +197,9 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     data = rows[1:] if header else rows
     if not data:
         return []
-    # the first data row with a third field decides its kind (an empty one is that row's error)
-    third = idx[2] if len(idx) == 3 else idx[-1]
-    filled = next((row for _, row in data if len(row) > third and row[third].strip()), data[0][1])
+    filled = data[0][1]
+    if len(idx) == 3:  # the first data row with a third field decides its kind (an empty one is that row's error)
+        filled = next((row for _, row in data if len(row) > idx[2] and row[idx[2]].strip()), filled)
     third_kind = _table_third_kind(rows[0][1], filled, idx, header)
     width = len(rows[0][1])
     pairs = []
@@ -259,7 +260,7 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
             third_kind = _json_third_kind(rec, keys)
             first = line
         elif cols is None and len(keys) == 2:  # the first record set the keys: a third one here would be dropped
-            extra = next((k for k in ("score", "label", "negative") if k in rec), None)
+            extra = next((k for k in THIRD_KEYS if k in rec), None)
             if extra:
                 raise DataError(f"record has a {quote(extra)} key that the first record (line {first}) lacks: give "
                                 "every record one, or none", path=path, line=line)
@@ -274,7 +275,7 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
 def _json_keys(rec: dict, path: str, line: int) -> list[str]:
     for a, b in JSON_TEXT_KEYS:
         if a in rec and b in rec:
-            third = next((k for k in ("score", "label", "negative") if k in rec), None)
+            third = next((k for k in THIRD_KEYS if k in rec), None)
             return [a, b] + ([third] if third else [])
     raise DataError(f"expected keys sentence1/sentence2[/score], s1/s2, text1/text2, anchor/positive"
                     f"[/negative] or query/positive[/negative]; got {quote(sorted(rec))}", path=path, line=line)

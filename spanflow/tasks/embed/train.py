@@ -8,7 +8,6 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from spanflow.batching.collate import pad_rows
@@ -23,7 +22,7 @@ from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
 from spanflow.training.defaults import TaskDefaults, for_encoder, update_tokens
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions, check_options
+from spanflow.training.options import TrainOptions, check_options, check_types
 from spanflow.training.setup import Run
 
 # the rates are at REFERENCE_TOKENS padded tokens per update and follow the update size
@@ -47,7 +46,14 @@ class EmbedTraining:
     pairs_per_step: int | None = None  # ranking: pairs per optimizer update (the negatives' pool)
 
     def __post_init__(self):
-        self._check_types()
+        check_types(self, skip=("matryoshka_dims",))
+        dims = self.matryoshka_dims
+        if dims is not None and not (isinstance(dims, (tuple, list)) and all(
+                isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in dims)):
+            raise ConfigError(f"EmbedTraining.matryoshka_dims must be a tuple of whole sizes or None, got {dims!r}",
+                              field="matryoshka_dims")
+        if dims is not None:  # frozen: set as the dataclass's own __init__ does
+            object.__setattr__(self, "matryoshka_dims", tuple(int(d) for d in dims))
         if self.loss not in ("auto", *LOSSES):
             raise ConfigError(f"--loss must be one of auto, {', '.join(LOSSES)}, got {self.loss!r}", field="loss")
         if self.pairs_per_step is not None and self.pairs_per_step < 2:
@@ -55,28 +61,6 @@ class EmbedTraining:
         if self.matryoshka_dims is not None and (not self.matryoshka_dims or min(self.matryoshka_dims) < 1):
             raise ConfigError(f"--matryoshka-dims must be positive sizes, got {self.matryoshka_dims}",
                               field="matryoshka_dims")
-
-
-    def _check_types(self) -> None:
-        """Types as the fields say (a str 'no' is truthy; a float size fails mid-run), numpy's ints taken."""
-        def whole(v) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-        if not isinstance(self.symmetric, (bool, np.bool_)):
-            raise ConfigError(f"EmbedTraining.symmetric must be True or False, got {self.symmetric!r}",
-                              field="symmetric")
-        if self.pairs_per_step is not None and not whole(self.pairs_per_step):
-            raise ConfigError(f"EmbedTraining.pairs_per_step must be a whole number or None, got "
-                              f"{self.pairs_per_step!r}", field="pairs_per_step")
-        dims = self.matryoshka_dims
-        if dims is not None and not (isinstance(dims, (tuple, list)) and all(whole(d) for d in dims)):
-            raise ConfigError(f"EmbedTraining.matryoshka_dims must be a tuple of whole sizes or None, got {dims!r}",
-                              field="matryoshka_dims")
-        object.__setattr__(self, "symmetric", bool(self.symmetric))  # frozen: set as the dataclass's __init__ does
-        if self.pairs_per_step is not None:
-            object.__setattr__(self, "pairs_per_step", int(self.pairs_per_step))
-        if dims is not None:
-            object.__setattr__(self, "matryoshka_dims", tuple(int(d) for d in dims))
 
 
 def parse_dims(text: str | None) -> tuple[int, ...] | None:
