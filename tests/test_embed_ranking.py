@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from spanflow.cli.main import main
 from spanflow.runtime.policy import resolve_policy
 from spanflow.tasks.embed import Embedder
-from spanflow.tasks.embed.cached import gathered_step
+from spanflow.tasks.embed.cached import gathered_step, side_inputs
 from spanflow.tasks.embed.losses import angle, cosent, matryoshka, ranking
 from spanflow.tasks.embed.pairs import Pair
 from spanflow.tasks.embed.train import EmbedTraining, PairItem, default_pairs_per_step, make_collate, train_embedder
@@ -32,6 +32,8 @@ class Bag(torch.nn.Module):
         self.emb, self.drop, self.proj = torch.nn.Embedding(vocab, dim), torch.nn.Dropout(p), torch.nn.Linear(dim, dim)
 
     def forward(self, input_ids, attention_mask):
+        if isinstance(input_ids, tuple):  # a batch's sides, padded apart (as the embedding module takes them)
+            return torch.cat([self(i, m) for i, m in zip(input_ids, attention_mask)])
         h = self.drop(self.emb(input_ids)) * attention_mask[..., None]
         return self.proj(h.sum(1) / attention_mask.sum(1, keepdim=True))
 
@@ -55,7 +57,7 @@ def reference(model, groups, loss=ranking) -> tuple[torch.Tensor, dict]:
     """The loss of all groups as one batch, in one forward, divided by the anchors; its gradient."""
     model.zero_grad()
     one = micro([[it for g in groups for it in g]])[0]
-    emb = model(one["input_ids"], one["attention_mask"])
+    emb = model(*side_inputs(one))
     value = loss(emb, {k: one[k] for k in ("n_pairs", "scores") if k in one}) / one["n_pairs"]
     value.backward()
     return value.detach(), grads(model)
@@ -95,7 +97,7 @@ def test_cached_step_replays_dropout(cache):
     torch.manual_seed(7)
     model.zero_grad()
     mbs = micro(groups)
-    embs = [model(b["input_ids"], b["attention_mask"]) for b in mbs]
+    embs = [model(*side_inputs(b)) for b in mbs]
     pool = torch.cat([torch.cat([e[j * b["n_pairs"]:(j + 1) * b["n_pairs"]] for e, b in zip(embs, mbs)])
                       for j in range(3)])
     (ranking(pool, {"n_pairs": 10}) / 10).backward()
@@ -248,7 +250,7 @@ def test_matryoshka_training_keeps_truncated_vectors_useful():
             opt.step()
         one = micro([data])[0]
         with torch.no_grad():
-            e = model(one["input_ids"], one["attention_mask"])
+            e = model(*side_inputs(one))
         return [float(ranking(e[:, :d], {"n_pairs": 64})) / 64 for d in (4, 16)]
 
     plain, nested = train(ranking), train(matryoshka(ranking, [16, 4]))
@@ -352,7 +354,7 @@ def test_angle_training_orders_pairs_as_their_scores():
     def rho() -> float:
         one = micro([data])[0]
         with torch.no_grad():
-            e = model(one["input_ids"], one["attention_mask"])
+            e = model(*side_inputs(one))
         cos = torch.nn.functional.cosine_similarity(e[:48], e[48:]).numpy()
         return spearman(cos, np.array([it.score for it in data]))
 
@@ -363,3 +365,57 @@ def test_angle_training_orders_pairs_as_their_scores():
         gathered_step(model, micro([data[:24], data[24:]]), POLICY, loss=angle)
         opt.step()
     assert rho() > max(0.8, before + 0.3), (before, rho())
+
+
+def test_a_cpu_keeps_an_updates_graphs_while_they_fit_in_memory(monkeypatch):
+    """Unset --max-tokens on a CPU is a speed choice: an update larger than it keeps its graphs
+    (no second forward pass) while they take at most a third of the memory available."""
+    from spanflow.tasks.embed import train as t
+
+    o = TrainOptions(max_tokens=4096, grad_accum=5)
+    monkeypatch.setattr(t, "available_bytes", lambda: 12 * 2**30)
+    assert not t.needs_cache(o, None, "cpu", 1, graph=2 * 2**30)
+    assert t.needs_cache(o, None, "cpu", 1, graph=5 * 2**30)  # over a third of what is available
+    assert t.needs_cache(o, None, "cpu", 1, graph=None)  # an encoder of unknown shape
+    assert t.needs_cache(o, 4096, "cpu", 1, graph=2**20)  # --max-tokens given: the update's memory as asked
+    assert t.needs_cache(o, None, "cpu", 2, graph=2**20)  # several processes gather through the cache
+    big = TrainOptions(max_tokens=16384, grad_accum=4)  # past an accelerator's 32768
+    assert t.needs_cache(big, None, "cuda", 1, graph=2**20)  # an accelerator's budget is its memory's
+    assert not t.needs_cache(TrainOptions(max_tokens=1024, grad_accum=2), None, "cpu", 1)  # within the budget
+    monkeypatch.setattr(t, "available_bytes", lambda: None)
+    assert t.needs_cache(o, None, "cpu", 1, graph=2**20)  # memory unknown: the cache, as before
+
+
+def test_graph_estimate_follows_the_encoders_shape():
+    from types import SimpleNamespace
+
+    from spanflow.runtime.policy import Policy
+    from spanflow.tasks.embed.train import graph_bytes
+
+    enc = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=6, hidden_size=384, num_attention_heads=12))
+    bf16 = Policy(device=torch.device("cpu"), amp_dtype=torch.bfloat16, use_scaler=False)
+    b = graph_bytes(enc, 1000, 40, bf16)
+    assert graph_bytes(enc, 2000, 40, bf16) == 2 * b and graph_bytes(enc, 1000, 120, bf16) > b
+    assert graph_bytes(enc, 1000, 40, POLICY) == 2 * b  # fp32 activations: twice autocast's
+    # MiniLM's shape at 40 tokens a row: 108 KiB a token measured in bf16; the estimate is above it
+    assert 108 * 1024 < b / 1000 < 1.5 * 108 * 1024
+    assert graph_bytes(SimpleNamespace(config=SimpleNamespace(hidden_size=8)), 1000, 40, bf16) is None  # no attention
+
+
+def test_a_default_ranking_run_on_a_cpu_says_whether_it_keeps_graphs(tmp_path, monkeypatch):
+    from spanflow.tasks.embed import train as t
+    from tests.helpers import tiny_bert
+
+    train = codes(1024, 4)
+    enc, tok = tiny_bert([x for p in train for x in (p.a, p.b)])
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    opts = TrainOptions(max_steps=2, log_every=0, patience=0)
+    config = EmbedTraining(pairs_per_step=1024)  # more padded tokens than the CPU's 4096 a micro-batch
+    for avail, want in ((16 * 2**30, "no gradient cache: the update's graphs (about "), (2**20, "gradient cache on")):
+        monkeypatch.setattr(t, "available_bytes", lambda: avail)
+        lines = []
+        train_embedder(train, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / str(avail)), options=opts,
+                       config=config, log_fn=lines.append)
+        line = next(x for x in lines if x.startswith("ranking update:"))
+        assert "micro-batches of" in line and want in line, line

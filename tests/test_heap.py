@@ -64,3 +64,23 @@ def test_growth_trim_releases_every_time_where_memory_cannot_be_read(monkeypatch
     trim = heap.GrowthTrim()
     trim(), trim()
     assert len(released) == 2
+
+
+def test_available_memory_is_the_systems_or_a_containers_if_less(tmp_path):
+    from spanflow.inference.heap import available_bytes
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n")
+    cg = tmp_path / "cgroup"
+    cg.mkdir()
+    assert available_bytes(str(meminfo), str(cg)) == 20000000 * 1024  # no cgroup files: the system's
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("123\n")
+    assert available_bytes(str(meminfo), str(cg)) == 20000000 * 1024  # no limit
+    (cg / "memory.max").write_text(f"{8 * 2**30}\n")
+    (cg / "memory.current").write_text(f"{3 * 2**30}\n")
+    assert available_bytes(str(meminfo), str(cg)) == 5 * 2**30  # a container's 8 GiB, 3 in use
+    assert available_bytes(str(tmp_path / "none"), str(cg)) == 5 * 2**30
+    assert available_bytes(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    live = available_bytes()
+    assert live is None or live > 0

@@ -55,6 +55,28 @@ def resident_bytes() -> int | None:
         return None
 
 
+def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Memory this process can still take: Linux's MemAvailable, or less where a cgroup (v2) limit
+    (a container's) leaves less; None where neither can be read."""
+    avail = None
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    try:
+        with open(os.path.join(cgroup, "memory.max"), encoding="ascii") as f:
+            limit = f.read().strip()
+        with open(os.path.join(cgroup, "memory.current"), encoding="ascii") as f:
+            used = int(f.read())
+        if limit != "max":
+            left = max(0, int(limit) - used)
+            avail = left if avail is None else min(avail, left)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
 class GrowthTrim:
     """release_freed, but only once resident memory has grown `slack` bytes past what it was
     after the last release: memory stays within `slack` of what the work holds, and the cost

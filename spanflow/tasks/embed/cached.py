@@ -22,6 +22,7 @@ size as in training/step.forward_backward.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 from torch import nn
@@ -50,9 +51,16 @@ def _set_rng_state(state, device: torch.device) -> None:
         torch.mps.set_rng_state(state[1])
 
 
+def side_inputs(batch: dict) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """(token ids, attention masks) of a collated batch's sides: the embedding module takes the
+    two tuples in one call (one forward under DDP) and returns the rows of every side."""
+    k = next(j for j in itertools.count() if f"side{j}_ids" not in batch)
+    return tuple(batch[f"side{j}_ids"] for j in range(k)), tuple(batch[f"side{j}_mask"] for j in range(k))
+
+
 def _embed(model: nn.Module, batch: dict, policy: Policy) -> torch.Tensor:
     with policy.autocast():
-        return model(batch["input_ids"], batch["attention_mask"]).float()
+        return model(*side_inputs(batch)).float()
 
 
 def _pool(parts: list[torch.Tensor], counts: list[int], k: int) -> torch.Tensor:

@@ -138,6 +138,7 @@ class EmbedTask:
 def _train_workload(model: str, data: str, *, policy, sample: int, seed: int) -> Workload:
     """Training's items at each max length and its loss on one batch (a ranking loss's negatives
     are then the batch's: tune measures speed and memory, not the update size)."""
+    from spanflow.tasks.embed.cached import side_inputs
     from spanflow.tasks.embed.losses import LOSSES
     from spanflow.tasks.embed.pairs import read_pairs
     from spanflow.tasks.embed.train import EmbedTraining, PairItem, choose_loss, items_of, make_collate, \
@@ -155,7 +156,7 @@ def _train_workload(model: str, data: str, *, policy, sample: int, seed: int) ->
         return [PairItem(tuple(s[:L] for s in it.sides), it.score) for it in items]
 
     def loss_fn(module, batch: dict) -> torch.Tensor:
-        e = module(batch["input_ids"], batch["attention_mask"]).float()
+        e = module(*side_inputs(batch)).float()
         return LOSSES[name](e, {**batch, "n_pairs": e.shape[0] // k})
 
     # the longest training input: the directory's max_seq_length when it has one, else the encoder's limit

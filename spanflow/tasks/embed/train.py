@@ -12,9 +12,10 @@ import torch
 
 from spanflow.batching.collate import pad_rows
 from spanflow.errors import ConfigError
+from spanflow.inference.heap import available_bytes
 from spanflow.models.encoder import start_encoder
 from spanflow.runtime.budget import default_budget
-from spanflow.tasks.embed.cached import gathered_step
+from spanflow.tasks.embed.cached import gathered_step, side_inputs
 from spanflow.tasks.embed.losses import LOSSES, NAMES, SCORED_LOSSES, matryoshka
 from spanflow.tasks.embed.model import Embedder
 from spanflow.tasks.embed.pairs import SCORED, Pair, check_pairs
@@ -34,6 +35,10 @@ RANKING_DEFAULTS = {"pretrained": TaskDefaults(lr=2e-5, head_lr=None, epochs=4, 
 MIXED_MICRO_BATCHES = 2  # a scored-pair update: this many length buckets ranked together
 MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in-batch negatives
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
+# what a training graph holds per padded token and layer (MiniLM, bf16 autocast on a CPU: 48 and
+# 8 measured, rounded up): bytes per hidden unit, and per attention head and key
+GRAPH_BYTES_PER_UNIT, GRAPH_BYTES_PER_SCORE = 56, 8
+GRAPH_MEMORY_SHARE = 1 / 3  # of the memory available, the most an update's graphs may take on a CPU
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def parse_dims(text: str | None) -> tuple[int, ...] | None:
 
 class PairItem:
     """One example's token ids, a tuple of its sides (two, or three with a hard negative); len() is
-    what the batcher counts: every side padded to the longest."""
+    what the batcher counts: every side as long as the longest (an upper bound on its padded tokens)."""
 
     __slots__ = ("sides", "score")
 
@@ -88,15 +93,18 @@ class PairItem:
 
 
 def make_collate(pad_id: int) -> Callable[[list], dict]:
-    """Every side of n examples as one (k n, T) batch, side by side (all first sides, then all
-    second sides, then the negatives), so one forward encodes them all."""
+    """Every side of n examples, each side padded to its own longest (a question need not be
+    padded to its passage's length): side j's rows are `side{j}_ids`, `side{j}_mask`, and
+    cached.side_inputs hands them to the model, whose rows come back side by side (all first
+    sides, then all second sides, then the negatives)."""
     def collate(items: list[PairItem]) -> dict:
         k = len(items[0].sides)
-        rows = [it.sides[j] for j in range(k) for it in items]
-        x, m = pad_rows(rows, pad_id)
-        out = {"input_ids": torch.from_numpy(x), "attention_mask": torch.from_numpy(m), "sides": k,
-               "n_pairs": len(items), "n_targets": len(items), "real_tokens": sum(len(r) for r in rows),
-               "padded_tokens": int(x.size)}
+        out = {"sides": k, "n_pairs": len(items), "n_targets": len(items), "real_tokens": 0, "padded_tokens": 0}
+        for j in range(k):
+            x, m = pad_rows([it.sides[j] for it in items], pad_id)
+            out[f"side{j}_ids"], out[f"side{j}_mask"] = torch.from_numpy(x), torch.from_numpy(m)
+            out["real_tokens"] += sum(len(it.sides[j]) for it in items)
+            out["padded_tokens"] += int(x.size)
         if items[0].score is not None:
             out["scores"] = torch.tensor([it.score for it in items], dtype=torch.float32)
         return out
@@ -106,7 +114,7 @@ def make_collate(pad_id: int) -> Callable[[list], dict]:
 def _batch_loss(loss) -> Callable:
     """A loss of embeddings as the loop's loss of (module, batch): a scored-pair loss works per batch."""
     def loss_fn(module, batch: dict) -> torch.Tensor:
-        return loss(module(batch["input_ids"], batch["attention_mask"]).float(), batch)
+        return loss(module(*side_inputs(batch)).float(), batch)
     return loss_fn
 
 
@@ -177,11 +185,43 @@ def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world:
     return dataclasses.replace(opts, max_tokens=micro, grad_accum=max(1, update // micro))
 
 
-def needs_cache(opts: TrainOptions, asked: int | None, device, world: int) -> bool:
+def graph_bytes(encoder: torch.nn.Module, tokens: int, length: float, policy) -> float | None:
+    """About what the graphs of `tokens` padded tokens, in rows `length` long, hold for the
+    backward pass (fp32 twice autocast's); None where the encoder's shape is unknown."""
+    cfg = getattr(encoder, "config", None)
+    layers, hidden, heads = (getattr(cfg, k, None) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
+    if not (layers and hidden and heads):
+        return None
+    per_token = layers * (GRAPH_BYTES_PER_UNIT * hidden + GRAPH_BYTES_PER_SCORE * heads * length)
+    return tokens * per_token * (1 if policy.amp_dtype is not None else 2)
+
+
+def needs_cache(opts: TrainOptions, asked: int | None, device, world: int, graph: float | None = None) -> bool:
     """A gradient cache when the update's micro-batches hold more tokens than --max-tokens (`asked`)
     or, unset, the device's budget, or run on several processes; otherwise each micro-batch keeps
-    its graph until the loss is taken."""
-    return world > 1 or opts.max_tokens * opts.grad_accum > (asked or default_budget("train", device))
+    its graph until the loss is taken. On a CPU with --max-tokens unset, the budget is a speed
+    choice, not memory's: there the graphs are kept while they (`graph` bytes) fit in a share of
+    the memory available, and the cache's second forward pass is saved."""
+    if world > 1:
+        return True
+    if opts.max_tokens * opts.grad_accum <= (asked or default_budget("train", device)):
+        return False
+    if asked is None and graph is not None and torch.device(device).type == "cpu":
+        avail = available_bytes()
+        return avail is None or graph > avail * GRAPH_MEMORY_SHARE
+    return True
+
+
+def cache_words(o: TrainOptions, cache: bool, graph: float | None, asked: int | None, device) -> str:
+    """What the run line says of the gradient cache."""
+    if o.grad_accum == 1:
+        return "no gradient cache needed"
+    if cache:
+        return "gradient cache on"
+    if asked is None and o.max_tokens * o.grad_accum > default_budget("train", device):
+        size = f"{graph / 2**30:.1f} GiB" if graph >= 2**30 else f"{graph / 2**20:.0f} MiB"
+        return f"no gradient cache: the update's graphs (about {size}) fit in the memory available"
+    return "no gradient cache needed"
 
 
 def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out_dir: str,
@@ -223,23 +263,28 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
                     metric=metric)
         world, device = run.dist.world, run.policy.device
+        length = sum(len(it) / len(it.sides) for it in items) / max(1, len(items))  # the longer side's mean
+
+        def cache_for(o: TrainOptions) -> tuple[bool, float | None]:
+            graph = graph_bytes(emb.module.encoder, o.max_tokens * o.grad_accum, length, run.policy)
+            return needs_cache(o, run.opts.max_tokens, device, world, graph), graph
+
         if name in SCORED_LOSSES:
             plan.options = o = size_scored_update(run.opts, items, device, world)
             if o.grad_accum > 1 or world > 1:
-                plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist,
-                                              cache=needs_cache(o, run.opts.max_tokens, device, world))
+                plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist, cache=cache_for(o)[0])
             if o is not run.opts:
                 run.log(f"{NAMES[name]} over each update: {o.grad_accum} micro-batches of {o.max_tokens} tokens "
                         "from different length buckets, ranked together")
         else:
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
-            cache = needs_cache(o, run.opts.max_tokens, device, world)
+            cache, graph = cache_for(o)
             plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist, cache=cache)
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
-                    + ("gradient cache on" if cache and o.grad_accum > 1 else "no gradient cache needed"))
+                    + cache_words(o, cache, graph, run.opts.max_tokens, device))
         return plan
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=Embedder.load, log_fn=log_fn)
