@@ -36,7 +36,7 @@ def test_cosent_is_low_when_cosines_follow_the_scores():
 
     a = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
     b = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])  # cosines 1, 0.71, 0
-    batch = {"side0_ids": None, "side0_mask": None, "side1_ids": None, "side1_mask": None}
+    batch = {"part0_ids": None, "part0_mask": None}
     good = cosent_loss(Fixed(torch.cat([a, b])), {**batch, "scores": torch.tensor([1.0, 0.5, 0.0])})
     bad = cosent_loss(Fixed(torch.cat([a, b])), {**batch, "scores": torch.tensor([0.0, 0.5, 1.0])})
     assert good < 0.1 * 3 < bad  # summed over 3 pairs; ordered cosines cost next to nothing
@@ -44,24 +44,27 @@ def test_cosent_is_low_when_cosines_follow_the_scores():
     assert tied == 0  # no ordered pair, nothing to learn
 
 
-def test_pairs_batch_each_side_padded_to_its_own_longest():
-    """A short side is not padded to the other side's length: the padded tokens counted are the
-    tensors' own, and the budget's count (len) stays an upper bound on them."""
-    items = [PairItem(([1, 5, 2], [1, 6, 7, 8, 2]), 0.3), PairItem(([1, 9, 2], [1, 2]), 1.0)]
-    assert [len(i) for i in items] == [10, 6]
+def test_pairs_batch_their_sides_apart_where_that_saves_padding():
+    """A short side is padded to the other side's length only where splitting saves little: a
+    question pads to questions, not to its passage; sides of one length stay one tensor (larger
+    products). The padded tokens counted are the tensors' own; the budget's count (len) bounds them."""
+    items = [PairItem(([1, 5, 2], [1, 6, 7, 8, 2, 3, 4]), 0.3), PairItem(([1, 9, 2], [1, 2]), 1.0)]
+    assert [len(i) for i in items] == [14, 6]
     b = make_collate(0)(items)
-    assert b["side0_ids"].tolist() == [[1, 5, 2], [1, 9, 2]]
-    assert b["side1_ids"].tolist() == [[1, 6, 7, 8, 2], [1, 2, 0, 0, 0]]
-    assert b["side1_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
-    assert b["padded_tokens"] == 6 + 10 <= 2 * max(len(i) for i in items) and b["real_tokens"] == 13
+    assert b["part0_ids"].tolist() == [[1, 5, 2], [1, 9, 2]]
+    assert b["part1_ids"].tolist() == [[1, 6, 7, 8, 2, 3, 4], [1, 2, 0, 0, 0, 0, 0]]
+    assert b["part1_mask"].tolist() == [[1] * 7, [1, 1, 0, 0, 0, 0, 0]]
+    assert b["padded_tokens"] == 6 + 14 <= 2 * max(len(i) for i in items) and b["real_tokens"] == 15
     assert b["scores"].tolist() == pytest.approx([0.3, 1.0]) and b["n_targets"] == 2
     ids, masks = side_inputs(b)
-    assert [t.shape for t in ids] == [(2, 3), (2, 5)] and masks[1] is b["side1_mask"]
+    assert [t.shape for t in ids] == [(2, 3), (2, 7)] and masks[1] is b["part1_mask"]
+    even = make_collate(0)([PairItem(([1, 5, 2], [1, 6, 2])), PairItem(([1, 9, 2], [1, 2]))])
+    assert "part1_ids" not in even and even["part0_ids"].tolist() == [[1, 5, 2], [1, 9, 2], [1, 6, 2], [1, 2, 0]]
+    assert even["padded_tokens"] == 12 and even["real_tokens"] == 11
     triplets = make_collate(0)([PairItem(([1, 2], [3], [4, 5, 6]))])
     assert len(PairItem(([1, 2], [3], [4, 5, 6]))) == 9 and triplets["sides"] == 3 and "scores" not in triplets
     assert [t.tolist() for t in side_inputs(triplets)[0]] == [[[1, 2]], [[3]], [[4, 5, 6]]]
     assert triplets["padded_tokens"] == triplets["real_tokens"] == 6
-
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +82,15 @@ def test_an_embedding_model_takes_padded_sides_in_one_call(trained):
     """The sides of a batch, each padded apart, embed in one call as each text would alone, the
     rows in side order (one forward: DDP's gradient hooks fire once)."""
     model = trained[2]
-    texts = ["a short one", "a somewhat longer text than the first of them", "mid length text"]
+    texts = ["a short one", "a somewhat longer text than the first of them with more words", "hi",
+             "another rather long text with many words in it"]
     ids, _ = model.tokenize(texts)
-    b = make_collate(model.tokenizer.pad_token_id or 0)([PairItem((ids[0], ids[1])), PairItem((ids[2], ids[2]))])
-    assert b["side0_ids"].shape[1] < b["side1_ids"].shape[1]
+    b = make_collate(model.tokenizer.pad_token_id or 0)([PairItem((ids[0], ids[1])), PairItem((ids[2], ids[3]))])
+    assert b["part0_ids"].shape[1] < b["part1_ids"].shape[1]  # padded apart
     module = model.module.eval()
     with torch.inference_mode():
         rows = module(*side_inputs(b))
-        alone = [module(torch.tensor([i]), torch.ones(1, len(i), dtype=torch.int64)) for i in (ids[0], ids[2], ids[1], ids[2])]
+        alone = [module(torch.tensor([i]), torch.ones(1, len(i), dtype=torch.int64)) for i in (ids[0], ids[2], ids[1], ids[3])]
     torch.testing.assert_close(rows, torch.cat(alone), rtol=1e-4, atol=1e-5)
 
 

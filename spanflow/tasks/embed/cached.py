@@ -52,10 +52,11 @@ def _set_rng_state(state, device: torch.device) -> None:
 
 
 def side_inputs(batch: dict) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """(token ids, attention masks) of a collated batch's sides: the embedding module takes the
-    two tuples in one call (one forward under DDP) and returns the rows of every side."""
-    k = next(j for j in itertools.count() if f"side{j}_ids" not in batch)
-    return tuple(batch[f"side{j}_ids"] for j in range(k)), tuple(batch[f"side{j}_mask"] for j in range(k))
+    """(token ids, attention masks) of a collated pair batch's parts (train.make_collate): the
+    embedding module takes the two tuples in one call (one forward under DDP) and returns the
+    rows of every part, in side order."""
+    k = next(j for j in itertools.count() if f"part{j}_ids" not in batch)
+    return tuple(batch[f"part{j}_ids"] for j in range(k)), tuple(batch[f"part{j}_mask"] for j in range(k))
 
 
 def _embed(model: nn.Module, batch: dict, policy: Policy) -> torch.Tensor:

@@ -40,7 +40,7 @@ class _Pooled(nn.Module):
         self.encoder, self.pooling = encoder, pooling
 
     def forward(self, input_ids, attention_mask):
-        if isinstance(input_ids, tuple):  # sides padded apart (training's pairs): their rows in order
+        if isinstance(input_ids, tuple):  # parts padded apart (training's pairs): their rows in order
             return torch.cat([self(i, m) for i, m in zip(input_ids, attention_mask)])
         h = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
         return self.pooling({"token_embeddings": h, "attention_mask": attention_mask})  # (B, H)
