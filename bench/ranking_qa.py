@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,7 @@ def write_questions(src: str, dst: str) -> int:
 def run(tree: str, args: list[str], work: str) -> dict:
     """One training run of `tree`'s spanflow in a fresh wrapper process."""
     out, stats = os.path.join(work, "out"), os.path.join(work, "stats.json")
-    subprocess.run(["rm", "-rf", out], check=True)
+    shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "spanflow", "train", "embed", *args, "--out", out]
     env = dict(os.environ, PYTHONPATH=tree, TOKENIZERS_PARALLELISM="false")
     p = subprocess.run([sys.executable, "-c", WRAPPER, stats, *cmd], capture_output=True, text=True, env=env,

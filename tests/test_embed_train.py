@@ -1,4 +1,5 @@
 """Training embeddings on scored pairs: CoSENT learns, the saved directory round-trips, the CLI trains."""
+import copy
 import json
 import os
 import random
@@ -10,8 +11,8 @@ import torch
 from spanflow.cli.main import main
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.tasks.embed import Embedder
-from spanflow.tasks.embed.pairs import Pair
 from spanflow.tasks.embed.cached import side_inputs
+from spanflow.tasks.embed.pairs import Pair
 from spanflow.tasks.embed.train import PairItem, cosent_loss, make_collate, train_embedder
 from spanflow.training.options import TrainOptions
 
@@ -87,10 +88,11 @@ def test_an_embedding_model_takes_padded_sides_in_one_call(trained):
     ids, _ = model.tokenize(texts)
     b = make_collate(model.tokenizer.pad_token_id or 0)([PairItem((ids[0], ids[1])), PairItem((ids[2], ids[3]))])
     assert b["part0_ids"].shape[1] < b["part1_ids"].shape[1]  # padded apart
-    module = model.module.eval()
+    module = copy.deepcopy(model.module).cpu().eval()
     with torch.inference_mode():
         rows = module(*side_inputs(b))
-        alone = [module(torch.tensor([i]), torch.ones(1, len(i), dtype=torch.int64)) for i in (ids[0], ids[2], ids[1], ids[3])]
+        alone = [module(torch.tensor([i]), torch.ones(1, len(i), dtype=torch.int64))
+                 for i in (ids[0], ids[2], ids[1], ids[3])]
     torch.testing.assert_close(rows, torch.cat(alone), rtol=1e-4, atol=1e-5)
 
 
@@ -127,6 +129,16 @@ def test_spanflow_train_embed_and_evaluate_from_the_command_line(tmp_path, capsy
     assert "12 scored training pairs; CoSENT loss" in said and "a sentence-transformers directory" in said
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(data), "--device", "cpu"]) == 0
     assert "spearman" in capsys.readouterr().out
+
+
+def test_scored_pairs_train_with_grad_accum_and_no_max_tokens(tmp_path, capsys):
+    """--grad-accum without --max-tokens: each micro-batch takes the device's budget (a TypeError
+    traceback before)."""
+    data = tmp_path / "pairs.csv"
+    data.write_text("".join(f'"{p.a}","{p.b}",{p.score * 5:.2f}\n' for p in random_pairs(12, seed=3)), encoding="utf-8")
+    assert main(["train", "embed", "--train", str(data), "--model", "tiny", "--out", str(tmp_path / "run"),
+                 "--grad-accum", "2", "--epochs", "1", "--device", "cpu"]) == 0
+    assert (tmp_path / "run" / "model" / "modules.json").exists()
 
 
 def test_pairs_without_scores_train_with_the_ranking_loss(tmp_path):

@@ -66,21 +66,35 @@ def test_growth_trim_releases_every_time_where_memory_cannot_be_read(monkeypatch
     assert len(released) == 2
 
 
-def test_available_memory_is_the_systems_or_a_containers_if_less(tmp_path):
+def test_available_memory_is_the_systems_or_a_cgroups_if_less(tmp_path):
+    """MemAvailable, or what a cgroup limit leaves (v2 or v1; the process's own group or the
+    mount's root), reclaimable page cache not counted as used."""
     from spanflow.inference.heap import available_bytes
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24683000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n")
-    cg = tmp_path / "cgroup"
-    cg.mkdir()
-    assert available_bytes(str(meminfo), str(cg)) == 20000000 * 1024  # no cgroup files: the system's
-    (cg / "memory.max").write_text("max\n")
-    (cg / "memory.current").write_text("123\n")
-    assert available_bytes(str(meminfo), str(cg)) == 20000000 * 1024  # no limit
-    (cg / "memory.max").write_text(f"{8 * 2**30}\n")
-    (cg / "memory.current").write_text(f"{3 * 2**30}\n")
-    assert available_bytes(str(meminfo), str(cg)) == 5 * 2**30  # a container's 8 GiB, 3 in use
-    assert available_bytes(str(tmp_path / "none"), str(cg)) == 5 * 2**30
-    assert available_bytes(str(tmp_path / "none"), str(tmp_path / "none")) is None
-    live = available_bytes()
-    assert live is None or live > 0
+    root, own = tmp_path / "cgroup", tmp_path / "own"
+    root.mkdir()
+    own.write_text("0::/job/step\n")
+    system = 20000000 * 1024
+
+    def group(folder, limit, used, stat=""):
+        """A cgroup folder: v2's files under the mount, v1's under memory/."""
+        folder.mkdir(parents=True, exist_ok=True)
+        v1 = "memory" in folder.relative_to(root).parts[:1]
+        (folder / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+        (folder / ("memory.usage_in_bytes" if v1 else "memory.current")).write_text(f"{used}\n")
+        (folder / "memory.stat").write_text(stat)
+
+    assert available_bytes(str(meminfo), str(root), str(own)) == system  # no cgroup files: the system's
+    group(root / "job" / "step", "max", 123)
+    assert available_bytes(str(meminfo), str(root), str(own)) == system  # no limit
+    group(root / "job" / "step", 8 * 2**30, 3 * 2**30, f"anon 5\ninactive_file {2**30}\n")
+    assert available_bytes(str(meminfo), str(root), str(own)) == 6 * 2**30  # 8 GiB, 3 used of which 1 cache
+    assert available_bytes(str(tmp_path / "none"), str(root), str(own)) == 6 * 2**30
+    own.write_text("4:memory:/batch/42\n3:cpu,cpuacct:/\n")  # cgroup v1
+    group(root / "memory" / "batch" / "42", 4 * 2**30, 2**30)
+    assert available_bytes(str(meminfo), str(root), str(own)) == 3 * 2**30
+    group(root / "memory" / "batch" / "42", 9223372036854771712, 2**30)
+    assert available_bytes(str(meminfo), str(root), str(own)) == system  # v1's "no limit"
+    assert available_bytes(str(tmp_path / "none"), str(tmp_path / "none"), str(tmp_path / "none")) is None

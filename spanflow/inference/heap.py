@@ -55,26 +55,64 @@ def resident_bytes() -> int | None:
         return None
 
 
-def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
-    """Memory this process can still take: Linux's MemAvailable, or less where a cgroup (v2) limit
-    (a container's) leaves less; None where neither can be read."""
+def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup",
+                    own: str = "/proc/self/cgroup") -> int | None:
+    """Memory this process can still take: Linux's MemAvailable, or less where a cgroup limit (a
+    container's, a batch scheduler's; v2 or v1, the process's own group or the mount's root)
+    leaves less; None where nothing can be read. Reclaimable page cache is not counted as used."""
     avail = None
     try:
         with open(meminfo, encoding="ascii") as f:
             avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, ValueError, IndexError, StopIteration):
         pass
+    for left in _cgroup_room(cgroup, own):
+        avail = left if avail is None else min(avail, left)
+    return avail
+
+
+# (folder under the mount, limit file, usage file, the page cache's line in memory.stat)
+_CGROUP_FILES = (("", "memory.max", "memory.current", "inactive_file"),
+                 ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+
+
+def _cgroup_room(root: str, own: str) -> list[int]:
+    """What each memory cgroup limit that applies leaves, v2 and v1, in the process's own group and
+    at the mount's root (inside a container's namespace the two are one)."""
+    paths = {"": "/", "memory": "/"}
     try:
-        with open(os.path.join(cgroup, "memory.max"), encoding="ascii") as f:
-            limit = f.read().strip()
-        with open(os.path.join(cgroup, "memory.current"), encoding="ascii") as f:
-            used = int(f.read())
-        if limit != "max":
-            left = max(0, int(limit) - used)
-            avail = left if avail is None else min(avail, left)
+        with open(own, encoding="ascii") as f:
+            for line in f:
+                _, kinds, path = line.rstrip("\n").split(":", 2)
+                for kind in ("", "memory"):
+                    if kinds == kind or kind in kinds.split(","):
+                        paths[kind] = path
     except (OSError, ValueError):
         pass
-    return avail
+    room = []
+    for sub, limit_file, used_file, cache_key in _CGROUP_FILES:
+        for path in {paths[sub], "/"}:
+            folder = os.path.join(root, sub, path.lstrip("/"))
+            try:
+                with open(os.path.join(folder, limit_file), encoding="ascii") as f:
+                    limit = f.read().strip()
+                with open(os.path.join(folder, used_file), encoding="ascii") as f:
+                    used = int(f.read())
+            except (OSError, ValueError):
+                continue
+            if limit == "max" or int(limit) >= 1 << 60:  # no limit (v1 writes a huge number)
+                continue
+            room.append(max(0, int(limit) - used + _stat(os.path.join(folder, "memory.stat"), cache_key)))
+    return room
+
+
+def _stat(path: str, key: str) -> int:
+    """One counter of a cgroup's memory.stat, 0 when unread."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return next((int(line.split()[1]) for line in f if line.split()[0] == key), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class GrowthTrim:

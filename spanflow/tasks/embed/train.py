@@ -35,9 +35,10 @@ RANKING_DEFAULTS = {"pretrained": TaskDefaults(lr=2e-5, head_lr=None, epochs=4, 
 MIXED_MICRO_BATCHES = 2  # a scored-pair update: this many length buckets ranked together
 MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in-batch negatives
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
-# what a training graph holds per padded token and layer (MiniLM, bf16 autocast on a CPU: 48 and
-# 8 measured, rounded up): bytes per hidden unit, and per attention head and key
-GRAPH_BYTES_PER_UNIT, GRAPH_BYTES_PER_SCORE = 56, 8
+# what a training graph holds per padded token and layer: bytes per unit of width (hidden plus
+# intermediate), and per attention head and key. Fitted above MiniLM's measured graphs in bf16 on
+# a CPU at 16, 40 and 128 tokens a row (119, 109, 159 KiB a token); fp32 taken as twice that
+GRAPH_BYTES_PER_UNIT, GRAPH_BYTES_PER_SCORE = 10, 8
 GRAPH_MEMORY_SHARE = 1 / 3  # of the memory available, the most an update's graphs may take on a CPU
 SPLIT_SAVING = 0.8  # a batch's sides are padded apart when that leaves at most this share of the padded tokens
 
@@ -199,36 +200,38 @@ def graph_bytes(encoder: torch.nn.Module, tokens: int, length: float, policy) ->
     layers, hidden, heads = (getattr(cfg, k, None) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads"))
     if not (layers and hidden and heads):
         return None
-    per_token = layers * (GRAPH_BYTES_PER_UNIT * hidden + GRAPH_BYTES_PER_SCORE * heads * length)
+    width = hidden + (getattr(cfg, "intermediate_size", None) or 4 * hidden)
+    per_token = layers * (GRAPH_BYTES_PER_UNIT * width + GRAPH_BYTES_PER_SCORE * heads * length)
     return tokens * per_token * (1 if policy.amp_dtype is not None else 2)
 
 
-def needs_cache(opts: TrainOptions, asked: int | None, device, world: int, graph: float | None = None) -> bool:
+def needs_cache(opts: TrainOptions, asked: int | None, device, world: int, graph: float | None = None,
+                avail: int | None = None) -> bool:
     """A gradient cache when the update's micro-batches hold more tokens than --max-tokens (`asked`)
     or, unset, the device's budget, or run on several processes; otherwise each micro-batch keeps
     its graph until the loss is taken. On a CPU with --max-tokens unset, the budget is a speed
     choice, not memory's: there the graphs are kept while they (`graph` bytes) fit in a share of
-    the memory available, and the cache's second forward pass is saved."""
+    the memory available (`avail` bytes), and the cache's second forward pass is saved."""
     if world > 1:
         return True
-    if opts.max_tokens * opts.grad_accum <= (asked or default_budget("train", device)):
+    budget = asked or default_budget("train", device)
+    if (opts.max_tokens or budget) * opts.grad_accum <= budget:
         return False
-    if asked is None and graph is not None and torch.device(device).type == "cpu":
-        avail = available_bytes()
-        return avail is None or graph > avail * GRAPH_MEMORY_SHARE
+    if asked is None and graph is not None and avail is not None and torch.device(device).type == "cpu":
+        return graph > avail * GRAPH_MEMORY_SHARE
     return True
 
 
-def cache_words(o: TrainOptions, cache: bool, graph: float | None, asked: int | None, device) -> str:
-    """What the run line says of the gradient cache."""
+def cache_words(o: TrainOptions, cache: bool, graph: float | None, avail: int | None) -> str:
+    """What the run line says of the gradient cache, and of the memory that decided it."""
     if o.grad_accum == 1:
         return "no gradient cache needed"
+    if graph is None or avail is None:
+        return "gradient cache on" if cache else "no gradient cache needed"
+    size = f"{graph / 2**30:.1f} GiB" if graph >= 2**30 else f"{graph / 2**20:.0f} MiB"
     if cache:
-        return "gradient cache on"
-    if asked is None and o.max_tokens * o.grad_accum > default_budget("train", device):
-        size = f"{graph / 2**30:.1f} GiB" if graph >= 2**30 else f"{graph / 2**20:.0f} MiB"
-        return f"no gradient cache: the update's graphs (about {size}) fit in the memory available"
-    return "no gradient cache needed"
+        return f"gradient cache on: the update's graphs (about {size}) would take over a third of the memory available"
+    return f"no gradient cache: the update's graphs (about {size}) fit in the memory available"
 
 
 def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out_dir: str,
@@ -270,11 +273,17 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
                     metric=metric)
         world, device = run.dist.world, run.policy.device
-        length = sum(len(it) / len(it.sides) for it in items) / max(1, len(items))  # the longer side's mean
+        longer = [len(it) / len(it.sides) for it in items]
+        length = sum(x * x for x in longer) / max(1, sum(longer))  # a token's row length, on average
 
-        def cache_for(o: TrainOptions) -> tuple[bool, float | None]:
-            graph = graph_bytes(emb.module.encoder, o.max_tokens * o.grad_accum, length, run.policy)
-            return needs_cache(o, run.opts.max_tokens, device, world, graph), graph
+        def cache_for(o: TrainOptions) -> tuple[bool, float | None, int | None]:
+            """(the cache, and where memory decides it: the update's graphs and the memory available)."""
+            per = o.max_tokens or default_budget("train", device)
+            if (run.opts.max_tokens is not None or world > 1 or device.type != "cpu"
+                    or per * o.grad_accum <= default_budget("train", device)):
+                return needs_cache(o, run.opts.max_tokens, device, world), None, None
+            graph, avail = graph_bytes(emb.module.encoder, per * o.grad_accum, length, run.policy), available_bytes()
+            return needs_cache(o, None, device, world, graph, avail), graph, avail
 
         if name in SCORED_LOSSES:
             plan.options = o = size_scored_update(run.opts, items, device, world)
@@ -286,12 +295,12 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         else:
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
-            cache, graph = cache_for(o)
+            cache, graph, avail = cache_for(o)
             plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist, cache=cache)
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
-                    + cache_words(o, cache, graph, run.opts.max_tokens, device))
+                    + cache_words(o, cache, graph, avail))
         return plan
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=Embedder.load, log_fn=log_fn)
