@@ -407,9 +407,10 @@ def test_graph_estimate_follows_the_encoders_shape():
     b = graph_bytes(enc, 1000, 40, bf16)
     assert graph_bytes(enc, 2000, 40, bf16) == 2 * b and graph_bytes(enc, 1000, 120, bf16) > b
     assert graph_bytes(enc, 1000, 40, POLICY) == 2 * b  # fp32 activations: twice autocast's
-    # MiniLM's graphs measured in bf16 (KiB a token at 16, 40, 128 tokens a row): the estimate is above each
-    for length, kib in ((16, 119), (40, 109), (128, 159)):
-        assert kib * 1024 < graph_bytes(enc, 1, length, bf16) < 1.5 * kib * 1024, length
+    # MiniLM's graphs measured in bf16 (KiB a token at 16, 40, 128 tokens a row; spanflow's encoder,
+    # then transformers'): the estimate is above each, and within 1.5x of the smaller
+    for length, native, hf in ((16, 119, 135), (40, 109, 121), (128, 159, 159)):
+        assert max(native, hf) * 1024 < graph_bytes(enc, 1, length, bf16) < 1.5 * native * 1024, length
     assert graph_bytes(SimpleNamespace(config=SimpleNamespace(hidden_size=8)), 1000, 40, bf16) is None  # no attention
 
 

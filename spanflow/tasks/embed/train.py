@@ -37,8 +37,9 @@ MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
 # what a training graph holds per padded token and layer: bytes per unit of width (hidden plus
 # intermediate), and per attention head and key. Fitted above MiniLM's measured graphs in bf16 on
-# a CPU at 16, 40 and 128 tokens a row (119, 109, 159 KiB a token); fp32 taken as twice that
-GRAPH_BYTES_PER_UNIT, GRAPH_BYTES_PER_SCORE = 10, 8
+# a CPU at 16, 40 and 128 tokens a row, spanflow's encoder and transformers' (whose residual
+# stream stays fp32): 119-135, 109-121, 159 KiB a token; fp32 taken as twice that
+GRAPH_BYTES_PER_UNIT, GRAPH_BYTES_PER_SCORE = 12, 8
 GRAPH_MEMORY_SHARE = 1 / 3  # of the memory available, the most an update's graphs may take on a CPU
 SPLIT_SAVING = 0.8  # a batch's sides are padded apart when that leaves at most this share of the padded tokens
 
