@@ -129,6 +129,8 @@ def test_a_scored_update_is_cut_into_micro_batches_of_different_lengths():
     assert not needs_cache(o, None, "cpu", 1) and needs_cache(o, None, "cpu", 2)
     asked = TrainOptions(max_tokens=512)
     assert size_scored_update(asked, its, "cpu", 1) is asked  # --max-tokens given: one micro-batch, as asked
+    accum = size_scored_update(TrainOptions(grad_accum=3), its, "cpu", 1)  # --grad-accum alone: sized as defaults do
+    assert (accum.grad_accum, accum.max_tokens) == (3, update_tokens([len(it) for it in its], "cpu"))
     assert needs_cache(TrainOptions(max_tokens=512, grad_accum=4), 512, "cpu", 1)
 
 
@@ -390,7 +392,7 @@ def test_a_cpu_keeps_an_updates_graphs_while_they_fit_in_memory(monkeypatch):
     assert t.needs_cache(big, None, "cuda", 1, graph=2**20, avail=avail)  # an accelerator's budget is its memory's
     assert not t.needs_cache(TrainOptions(max_tokens=1024, grad_accum=2), None, "cpu", 1)  # within the budget
     assert t.needs_cache(o, None, "cpu", 1, graph=2**20, avail=None)  # memory unknown: the cache, as before
-    # --grad-accum without --max-tokens (a scored loss keeps them as given): the device's budget a micro-batch
+    # no micro-batch size (the trainer sizes one before this is asked): the device's budget
     assert t.needs_cache(TrainOptions(grad_accum=2), None, "cpu", 1)
     assert not t.needs_cache(TrainOptions(grad_accum=1), None, "cpu", 1)
 
@@ -432,3 +434,8 @@ def test_a_default_ranking_run_on_a_cpu_says_whether_it_keeps_graphs(tmp_path, m
                        config=config, log_fn=lines.append)
         line = next(x for x in lines if x.startswith("ranking update:"))
         assert "micro-batches of" in line and want in line, line
+    lines = []  # --max-tokens given: the cache as asked, memory not consulted nor named
+    train_embedder(train, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / "asked"),
+                   options=TrainOptions(max_steps=1, log_every=0, patience=0, device="cpu", max_tokens=4096),
+                   config=config, log_fn=lines.append)
+    assert next(x for x in lines if x.startswith("ranking update:")).endswith("; gradient cache on")

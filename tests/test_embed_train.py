@@ -132,8 +132,8 @@ def test_spanflow_train_embed_and_evaluate_from_the_command_line(tmp_path, capsy
 
 
 def test_scored_pairs_train_with_grad_accum_and_no_max_tokens(tmp_path, capsys):
-    """--grad-accum without --max-tokens: each micro-batch takes the device's budget (a TypeError
-    traceback before)."""
+    """--grad-accum without --max-tokens: each micro-batch as training's defaults size it (a
+    TypeError traceback before)."""
     data = tmp_path / "pairs.csv"
     data.write_text("".join(f'"{p.a}","{p.b}",{p.score * 5:.2f}\n' for p in random_pairs(12, seed=3)), encoding="utf-8")
     assert main(["train", "embed", "--train", str(data), "--model", "tiny", "--out", str(tmp_path / "run"),

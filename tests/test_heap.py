@@ -92,9 +92,14 @@ def test_available_memory_is_the_systems_or_a_cgroups_if_less(tmp_path):
     group(root / "job" / "step", 8 * 2**30, 3 * 2**30, f"anon 5\ninactive_file {2**30}\n")
     assert available_bytes(str(meminfo), str(root), str(own)) == 6 * 2**30  # 8 GiB, 3 used of which 1 cache
     assert available_bytes(str(tmp_path / "none"), str(root), str(own)) == 6 * 2**30
-    own.write_text("4:memory:/batch/42\n3:cpu,cpuacct:/\n")  # cgroup v1
-    group(root / "memory" / "batch" / "42", 4 * 2**30, 2**30)
-    assert available_bytes(str(meminfo), str(root), str(own)) == 3 * 2**30
+    group(root / "job" / "step", "max", 2**30)  # the limit on the parent (a job, a slice): the leaf reads max
+    group(root / "job", 4 * 2**30, 3 * 2**30)
+    assert available_bytes(str(meminfo), str(root), str(own)) == 2**30
+    own.write_text("garbage\n4:cpu,memory:/batch/42\n3:cpu,cpuacct:/\n")  # cgroup v1, controllers combined
+    group(root / "memory" / "batch" / "42", 4 * 2**30, 2**30, f"cache 9\ntotal_inactive_file {2**29}\n")
+    assert available_bytes(str(meminfo), str(root), str(own)) == 3 * 2**30 + 2**29
     group(root / "memory" / "batch" / "42", 9223372036854771712, 2**30)
-    assert available_bytes(str(meminfo), str(root), str(own)) == system  # v1's "no limit"
+    assert available_bytes(str(tmp_path / "none"), str(root), str(own)) is None  # v1's "no limit"
+    (root / "memory" / "batch" / "42" / "memory.limit_in_bytes").write_text("")  # unreadable: no limit known
+    assert available_bytes(str(tmp_path / "none"), str(root), str(own)) is None
     assert available_bytes(str(tmp_path / "none"), str(tmp_path / "none"), str(tmp_path / "none")) is None

@@ -58,8 +58,8 @@ def resident_bytes() -> int | None:
 def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup",
                     own: str = "/proc/self/cgroup") -> int | None:
     """Memory this process can still take: Linux's MemAvailable, or less where a cgroup limit (a
-    container's, a batch scheduler's; v2 or v1, the process's own group or the mount's root)
-    leaves less; None where nothing can be read. Reclaimable page cache is not counted as used."""
+    container's, a batch scheduler's; v2 or v1, on the process's own group or a parent) leaves
+    less; None where nothing can be read. Reclaimable page cache is not counted as used."""
     avail = None
     try:
         with open(meminfo, encoding="ascii") as f:
@@ -77,33 +77,47 @@ _CGROUP_FILES = (("", "memory.max", "memory.current", "inactive_file"),
 
 
 def _cgroup_room(root: str, own: str) -> list[int]:
-    """What each memory cgroup limit that applies leaves, v2 and v1, in the process's own group and
-    at the mount's root (inside a container's namespace the two are one)."""
+    """What each memory cgroup limit that applies leaves, v2 and v1: the process's own group's and
+    every parent's up to the mount's root (a limit set on a slice or a job holds for the groups
+    below it, which read "max")."""
     paths = {"": "/", "memory": "/"}
     try:
         with open(own, encoding="ascii") as f:
-            for line in f:
-                _, kinds, path = line.rstrip("\n").split(":", 2)
-                for kind in ("", "memory"):
-                    if kinds == kind or kind in kinds.split(","):
-                        paths[kind] = path
+            lines = f.read().splitlines()
     except (OSError, ValueError):
-        pass
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        for kind in ("", "memory"):
+            if len(parts) == 3 and (parts[1] == kind or kind in parts[1].split(",")):
+                paths[kind] = parts[2]
     room = []
     for sub, limit_file, used_file, cache_key in _CGROUP_FILES:
-        for path in {paths[sub], "/"}:
-            folder = os.path.join(root, sub, path.lstrip("/"))
-            try:
-                with open(os.path.join(folder, limit_file), encoding="ascii") as f:
-                    limit = f.read().strip()
-                with open(os.path.join(folder, used_file), encoding="ascii") as f:
-                    used = int(f.read())
-            except (OSError, ValueError):
-                continue
-            if limit == "max" or int(limit) >= 1 << 60:  # no limit (v1 writes a huge number)
-                continue
-            room.append(max(0, int(limit) - used + _stat(os.path.join(folder, "memory.stat"), cache_key)))
+        path = paths[sub].strip("/")
+        while True:
+            folder = os.path.join(root, sub, path)
+            left = _room(folder, limit_file, used_file, cache_key)
+            if left is not None:
+                room.append(left)
+            if not path:
+                break
+            path = os.path.dirname(path)
     return room
+
+
+def _room(folder: str, limit_file: str, used_file: str, cache_key: str) -> int | None:
+    """What one cgroup's memory limit leaves, its reclaimable page cache counted as free; None
+    without a limit or its files."""
+    try:
+        with open(os.path.join(folder, limit_file), encoding="ascii") as f:
+            limit = f.read().strip()
+        with open(os.path.join(folder, used_file), encoding="ascii") as f:
+            used = int(f.read())
+        if limit == "max" or int(limit) >= 1 << 60:  # no limit (v1 writes a huge number)
+            return None
+        return max(0, int(limit) - used + _stat(os.path.join(folder, "memory.stat"), cache_key))
+    except (OSError, ValueError):
+        return None
 
 
 def _stat(path: str, key: str) -> int:

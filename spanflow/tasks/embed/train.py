@@ -186,10 +186,13 @@ def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world:
     cut into MIXED_MICRO_BATCHES micro-batches. The batcher sorts pairs by length within a bucket
     so a micro-batch pads little but holds pairs of one length (in STS-B, mostly of one genre);
     CoSENT ranked within it never learns to order short pairs against long ones. Ranked over
-    micro-batches of different buckets, it does."""
-    if opts.max_tokens is not None or opts.grad_accum != 1:
+    micro-batches of different buckets, it does. With --grad-accum alone, each micro-batch is
+    what training's defaults would size (said here, so the cache is decided on it)."""
+    if opts.max_tokens is not None:
         return opts
     update = update_tokens([len(it) for it in items], device, world)
+    if opts.grad_accum != 1:
+        return dataclasses.replace(opts, max_tokens=update)
     micro = max(max(len(it) for it in items), update // MIXED_MICRO_BATCHES)
     return dataclasses.replace(opts, max_tokens=micro, grad_accum=max(1, update // micro))
 
