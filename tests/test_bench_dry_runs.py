@@ -1,7 +1,8 @@
 """The benchmark scripts CI cannot time still run: bench/gpu_check.sh --dry-run (the roofline
 jobs, a few steps each) on this machine's CPU, with a from-scratch model and synthetic data, and
 bench/train_step_profile.py, bench/step_levers.py, bench/tiny_recurrence.py,
-bench/device_step_profile.py and bench/crf_likelihood.py on short runs."""
+bench/device_step_profile.py and bench/crf_likelihood.py on short runs; bench/time_to_accuracy.py
+on retrieval pairs that bench/ranking_qa.py writes."""
 from __future__ import annotations
 
 import json
@@ -141,3 +142,50 @@ def test_crf_likelihood_bench_compares_the_three_ways(tmp_path):
     assert all(r["grad_diff"] < 1e-4 and r["loss_rel_diff"] < 1e-5 and r["ms"] > 0 for r in rows.values()), rows
     # fewer operators a position than autograd's recursion, and fewer positions over the words
     assert rows["words"]["aten_ops"] < rows["closed_form"]["aten_ops"] < rows["autograd"]["aten_ops"], rows
+
+
+def _qa_data(folder, n: int) -> None:
+    """A CasRel file pair whose triples ranking_qa.py turns into question -> passage pairs."""
+    folder.mkdir()
+    for part, count in (("train", n), ("dev", n // 3)):
+        data = [{"text": f"Port {i} airport serves the town of Vale {i} in region {i % 5} .",
+                 "triple_list": [[f"Port_{i}", "cityServed", f"Vale_{i}"], [f"Port_{i}", "regionName", f"R{i % 5}"]]}
+                for i in range(count)]
+        (folder / f"{part}_triples.json").write_text(json.dumps(data))
+
+
+def test_time_to_accuracy_scores_pairs_without_scores_by_retrieval(tmp_path):
+    _qa_data(tmp_path / "webnlg", 48)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "ranking_qa.py"), "--data", str(tmp_path / "webnlg"),
+                        "--write-pairs", str(tmp_path / "qa")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    pairs = [json.loads(x) for x in open(tmp_path / "qa" / "train.jsonl")]
+    assert len(pairs) == 96 and pairs[0] == {"query": "Port 0 city served",
+                                             "positive": "Port 0 airport serves the town of Vale 0 in region 0 ."}
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "time_to_accuracy.py"), "--task", "embed",
+                        "--train", str(tmp_path / "qa" / "train.jsonl"), "--dev", str(tmp_path / "qa" / "dev.jsonl"),
+                        "--runs", "spanflow", "--model", "tiny", "--epochs", "1", "--out", str(tmp_path),
+                        "--name", "qa"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.load(open(tmp_path / "time_to_accuracy_qa.json"))
+    assert result["metric"] == "MRR@10" and "dev MRR@10" in result["description"]
+    assert 0 < result["rows"][0]["final_f1"] <= 1
+    md = open(tmp_path / "time_to_accuracy_qa.md").read()
+    assert "| final_mrr@10 |" in md and "| dev MRR@10 |" in md and "Spearman" not in md
+
+
+def test_time_to_accuracy_counts_sentence_transformers_padding_over_its_masks_only():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        from time_to_accuracy import st_padding_efficiency
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+
+    class Trainer:  # two batches of the shape sentence-transformers' collator gives: each column padded on its own
+        def get_train_dataloader(self):
+            return [{"anchor_input_ids": torch.ones(2, 3), "anchor_attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
+                     "positive_attention_mask": torch.tensor([[1, 1], [1, 1]])},
+                    {"anchor_attention_mask": torch.tensor([[1, 1]]), "positive_attention_mask": torch.tensor([[1, 0]]),
+                     "label": torch.tensor([0.5])}]
+
+    assert st_padding_efficiency(Trainer()) == (3 + 4 + 2 + 1) / (6 + 4 + 2 + 2)
