@@ -8,7 +8,8 @@ the cosine against the gold score, and sentence-transformers trains CoSENTLoss a
 STS-B example); on pairs without scores it is MRR@10 of each anchor's positive among the dev's
 distinct positives (spanflow's retrieval evaluation), and sentence-transformers trains
 MultipleNegativesRankingLoss at batch 128 with its no-duplicates batch sampler, as its docs advise
-for in-batch negatives (`--st-batch` sets either). Same data, model and epochs, in one run.
+for in-batch negatives (`--st-batch` sets either; no test covers this side, which needs
+sentence-transformers installed). Same data, model and epochs, in one run.
 Evaluation time is excluded from every clock. Prints each run's final score, the seconds spanflow
 needs to reach the other runs' final score, and their ratio.
 
@@ -24,7 +25,7 @@ needs to reach the other runs' final score, and their ratio.
         --dev ../shared/data/stsb/stsb-en-dev.csv --name stsb
     python bench/ranking_qa.py --write-pairs /tmp/qa    # WebNLG question -> passage pairs
     python bench/time_to_accuracy.py --task embed --train /tmp/qa/train.jsonl --dev /tmp/qa/dev.jsonl \
-        --runs st,st_bf16,spanflow --epochs 2 --name webnlg_qa
+        --runs spanflow,st_bf16,st --epochs 2 --name webnlg_qa
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from common import default_minilm, model_name, write_results  # noqa: E402
 from ner_train_vs_hf_trainer import hf_dev_f1, hf_features  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
-METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}  # embed on pairs without scores: MRR@10
+METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}  # embed on dev pairs without scores: MRR@10 (main)
 ST_BATCH = {"scored": 16, "pairs": 128}
 DEFAULT_RUNS = {"ner": "hf_b32,hf_b8,spanflow", "re": "hf_b32,hf_b8,spanflow", "embed": "st,spanflow"}
 
@@ -122,11 +123,11 @@ def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int |
     from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
     from spanflow.tasks.embed.model import distinct_positives
 
-    scored = scored_pairs(dev)
+    scored = scored_pairs(train)  # the loss follows the training pairs and the dev figure the dev pairs, as spanflow's
 
     def dev_figure(model) -> float:
         a = model.encode([p.a for p in dev], convert_to_numpy=True)
-        if scored:
+        if scored_pairs(dev):
             return similarity_metrics(a, model.encode([p.b for p in dev], convert_to_numpy=True),
                                       [p.score for p in dev])["spearman"]
         rows, positive = distinct_positives([p.b for p in dev])
@@ -231,7 +232,8 @@ def read_data(task: str, train_path: str, dev_path: str):
 
 
 def run_one(run: str, a, model: str, train, dev, relations) -> dict:
-    """One run's curve; hf_bN: the HF Trainer at batch N, st: sentence-transformers, spanflow."""
+    """One run's curve; hf_bN: the HF Trainer at batch N, st / st_bf16: sentence-transformers in fp32 /
+    bf16, spanflow."""
     if run.startswith("hf_b"):
         return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(run[4:]), seed=a.seed)
     if run in ("st", "st_bf16"):
