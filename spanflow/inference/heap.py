@@ -60,15 +60,20 @@ def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgrou
     """Memory this process can still take: Linux's MemAvailable, or less where a cgroup limit (a
     container's, a batch scheduler's; v2 or v1, on the process's own group or a parent) leaves
     less; None where nothing can be read. Reclaimable page cache is not counted as used."""
-    avail = None
-    try:
-        with open(meminfo, encoding="ascii") as f:
-            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        pass
+    avail = _mem_available(meminfo)
     for left in _cgroup_room(cgroup, own):
         avail = left if avail is None else min(avail, left)
     return avail
+
+
+def _mem_available(meminfo: str) -> int | None:
+    """MemAvailable in bytes; None where the file or its line cannot be read (not Linux, an old
+    kernel): the memory is then unknown, which callers treat as no figure, not as an error."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 # (folder under the mount, limit file, usage file, the page cache's line in memory.stat)

@@ -221,9 +221,17 @@ def needs_cache(opts: TrainOptions, asked: int | None, device, world: int, graph
     budget = asked or default_budget("train", device)
     if (opts.max_tokens or budget) * opts.grad_accum <= budget:
         return False
-    if asked is None and graph is not None and avail is not None and torch.device(device).type == "cpu":
+    if memory_decides(opts, asked, device, world) and graph is not None and avail is not None:
         return graph > avail * GRAPH_MEMORY_SHARE
     return True
+
+
+def memory_decides(opts: TrainOptions, asked: int | None, device, world: int) -> bool:
+    """Whether memory, not the device's budget, decides the cache: one process on a CPU, with
+    --max-tokens unset (`asked`), and an update over the budget."""
+    budget = default_budget("train", device)
+    return (asked is None and world == 1 and torch.device(device).type == "cpu"
+            and (opts.max_tokens or budget) * opts.grad_accum > budget)
 
 
 def cache_words(o: TrainOptions, cache: bool, graph: float | None, avail: int | None) -> str:
@@ -282,11 +290,10 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
 
         def cache_for(o: TrainOptions) -> tuple[bool, float | None, int | None]:
             """(the cache, and where memory decides it: the update's graphs and the memory available)."""
-            per = o.max_tokens or default_budget("train", device)
-            if (run.opts.max_tokens is not None or world > 1 or device.type != "cpu"
-                    or per * o.grad_accum <= default_budget("train", device)):
+            if not memory_decides(o, run.opts.max_tokens, device, world):
                 return needs_cache(o, run.opts.max_tokens, device, world), None, None
-            graph, avail = graph_bytes(emb.module.encoder, per * o.grad_accum, length, run.policy), available_bytes()
+            tokens = (o.max_tokens or default_budget("train", device)) * o.grad_accum
+            graph, avail = graph_bytes(emb.module.encoder, tokens, length, run.policy), available_bytes()
             return needs_cache(o, None, device, world, graph, avail), graph, avail
 
         if name in SCORED_LOSSES:
