@@ -117,6 +117,21 @@ def test_cached_step_replays_dropout(cache):
         torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_an_update_that_keeps_its_graphs_trims_the_heap_once_they_are_freed(cache):
+    """The trim runs once an update's kept graphs are freed (after its backward), once per update;
+    the cache's path frees each micro-batch's graph as it goes and does not take it."""
+    model, groups, seen = Bag(p=0.0), [items(5, 1), items(7, 2)], []
+
+    def trim():
+        seen.append(all(p.grad is not None for p in model.parameters()))
+
+    gathered_step(model, micro(groups), POLICY, loss=ranking, cache=cache, trim=trim)
+    assert seen == ([] if cache else [True])
+    gathered_step(model, micro(groups[:1]), POLICY, loss=ranking, cache=cache, trim=trim)  # one micro-batch
+    assert len(seen) == (0 if cache else 1)
+
+
 def test_a_scored_update_is_cut_into_micro_batches_of_different_lengths():
     from spanflow.tasks.embed.train import MIXED_MICRO_BATCHES, needs_cache, size_scored_update
 
@@ -426,6 +441,17 @@ def test_a_default_ranking_run_on_a_cpu_says_whether_it_keeps_graphs(tmp_path, m
     tok.save_pretrained(tmp_path / "enc")
     opts = TrainOptions(max_steps=2, log_every=0, patience=0, device="cpu")
     config = EmbedTraining(pairs_per_step=1024)  # more padded tokens than the CPU's 4096 a micro-batch
+    trims = []
+
+    class Trim:  # records the heap trims the run makes, and their slack
+        def __init__(self, slack):
+            self.slack, self.calls = slack, 0
+            trims.append(self)
+
+        def __call__(self):
+            self.calls += 1
+
+    monkeypatch.setattr(t, "GrowthTrim", Trim)
     for avail, want in ((16 * 2**30, "no gradient cache: the update's graphs (about "),
                         (2**20, "gradient cache on: the update's graphs (about ")):
         monkeypatch.setattr(t, "available_bytes", lambda: avail)
@@ -434,6 +460,12 @@ def test_a_default_ranking_run_on_a_cpu_says_whether_it_keeps_graphs(tmp_path, m
                        config=config, log_fn=lines.append)
         line = next(x for x in lines if x.startswith("ranking update:"))
         assert "micro-batches of" in line and want in line, line
+        # graphs kept: the heap is trimmed each update, past one update's graphs (the estimate named);
+        # the cache frees each micro-batch's graph as it goes: no trimmer
+        (trim,) = trims
+        assert trim.calls == 2, trim.calls
+        if avail > 2**30:
+            assert f"(about {trim.slack / 2**20:.0f} MiB)" in line, line
     lines = []  # --max-tokens given: the cache as asked, memory not consulted nor named
     train_embedder(train, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / "asked"),
                    options=TrainOptions(max_steps=1, log_every=0, patience=0, device="cpu", max_tokens=4096),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -71,9 +72,11 @@ def _pool(parts: list[torch.Tensor], counts: list[int], k: int) -> torch.Tensor:
 
 
 def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=None, meter: Meter | None = None,
-                  world: int = 1, *, loss: EmbeddingLoss, dist: Dist = Dist(), cache: bool = True) -> torch.Tensor:
+                  world: int = 1, *, loss: EmbeddingLoss, dist: Dist = Dist(), cache: bool = True,
+                  trim: Callable[[], object] | None = None) -> torch.Tensor:
     """Forward and backward of `loss` over every micro-batch of the step on every rank as one
-    batch; returns the loss (normalised by the global number of anchors), detached."""
+    batch; returns the loss (normalised by the global number of anchors), detached. `trim` is
+    called once the graphs kept across micro-batches are freed (a heap trim: heap.GrowthTrim)."""
     device = policy.device
     batches = [{key: v.to(device, non_blocking=True) for key, v in b.items() if torch.is_tensor(v)} for b in micro]
     counts = [b["n_pairs"] if b["weight"] else 0 for b in micro]  # a stand-in batch (weight 0) adds no rows
@@ -100,6 +103,8 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
     grads = torch.autograd.grad(scaler.scale(value) if scaler is not None else value, leaves, allow_unused=True)
     if keep_graph:  # one backward through every micro-batch's graph
         torch.autograd.backward(outs, [g if g is not None else torch.zeros_like(e) for e, g in zip(outs, grads)])
+        if trim is not None and len(micro) > 1:
+            trim()
         return value.detach() / world**2  # this rank's share: every rank computed the whole pool's loss
     for i, b in enumerate(batches):
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")

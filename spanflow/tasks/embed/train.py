@@ -12,7 +12,7 @@ import torch
 
 from spanflow.batching.collate import pad_rows
 from spanflow.errors import ConfigError
-from spanflow.inference.heap import available_bytes
+from spanflow.inference.heap import GrowthTrim, available_bytes
 from spanflow.models.encoder import start_encoder
 from spanflow.runtime.budget import default_budget
 from spanflow.tasks.embed.cached import gathered_step, side_inputs
@@ -234,6 +234,16 @@ def memory_decides(opts: TrainOptions, asked: int | None, device, world: int) ->
             and (opts.max_tokens or budget) * opts.grad_accum > budget)
 
 
+def step_of(loss: Callable, run: Run, cache: bool, graph: float | None) -> Callable:
+    """The update's step. Where memory let it keep its graphs, the heap is trimmed once it holds
+    more than one update's graphs past what it held after the last trim: glibc keeps the freed
+    blocks of micro-batches whose shapes change, and resident memory would otherwise grow with
+    the run (bench/results/ranking_qa_trim.md). A trim after every update would fault the next
+    update's pages in again each time: the slack lets the heap keep what the next update reuses."""
+    trim = GrowthTrim(int(graph)) if not cache and graph is not None else None
+    return functools.partial(gathered_step, loss=loss, dist=run.dist, cache=cache, trim=trim)
+
+
 def cache_words(o: TrainOptions, cache: bool, graph: float | None, avail: int | None) -> str:
     """What the run line says of the gradient cache, and of the memory that decided it."""
     if o.grad_accum == 1:
@@ -299,7 +309,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         if name in SCORED_LOSSES:
             plan.options = o = size_scored_update(run.opts, items, device, world)
             if o.grad_accum > 1 or world > 1:
-                plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist, cache=cache_for(o)[0])
+                plan.step = step_of(fn, run, *cache_for(o)[:2])
             if o is not run.opts:
                 run.log(f"{NAMES[name]} over each update: {o.grad_accum} micro-batches of {o.max_tokens} tokens "
                         "from different length buckets, ranked together")
@@ -307,7 +317,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
             cache, graph, avail = cache_for(o)
-            plan.step = functools.partial(gathered_step, loss=fn, dist=run.dist, cache=cache)
+            plan.step = step_of(fn, run, cache, graph)
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
