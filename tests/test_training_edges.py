@@ -48,6 +48,39 @@ def test_a_resumed_early_stop_follows_the_patience_given_now(tmp_path):
     assert not any(x.startswith("early stop") for x in lines)
 
 
+def test_a_resume_with_a_patience_already_spent_stops_before_training_further(tmp_path):
+    still = dict(lr=1e-12, head_lr=1e-12)  # dev F1 cannot change: the second evaluation is one without gain
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=0, **still), log_fn=lambda s: None)
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["bad_evals"] == 1 and not state["stopped"]
+    lines = []
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=1, resume=True, epochs=3, **still),
+              log_fn=lines.append)
+    resumed = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert resumed["global_step"] == state["global_step"]  # no step of epoch 3 ran
+    assert any(x.startswith("early stop after epoch 2: dev F1 did not improve for 1 evaluations") for x in lines)
+
+
+def test_an_early_stop_mid_epoch_leaves_the_epochs_other_steps_to_a_resume(tmp_path):
+    still = dict(lr=1e-12, head_lr=1e-12, max_tokens=128)  # several steps an epoch; dev F1 cannot change
+    full = tmp_path / "full"
+    train_ner(DATA, DATA, model="tiny", out_dir=str(full), options=opts(patience=0, **still), log_fn=lambda s: None)
+    steps = json.loads((full / "checkpoint" / "state.json").read_text())["global_step"]
+    assert steps > 4  # else the stop below would not fall mid-epoch
+    lines = []
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=1, eval_every=1, **still),
+              log_fn=lines.append)
+    assert any(x.startswith("early stop after step 2 (epoch 1): dev F1") for x in lines), lines
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (0, 2, 2)
+    report = [json.loads(x) for x in (tmp_path / "train_report.jsonl").read_text().splitlines()]
+    assert [(x["epoch"], x["step"], x.get("partial")) for x in report] == [(1, 2, True)]
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=0, eval_every=1, resume=True,
+                                                                             **still), log_fn=lambda s: None)
+    resumed = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert (resumed["epoch"], resumed["global_step"]) == (2, steps)  # the rest of epoch 1 ran, then epoch 2
+
+
 def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):
     from spanflow import train_embedder
     from spanflow.tasks.embed.pairs import Pair

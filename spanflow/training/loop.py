@@ -64,6 +64,13 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 final = _summary(r, completed=False)
                 return final
             rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
+            if r.st["stopped"] and r.st["step_in_epoch"] < per_epoch[epoch]:
+                # an --eval-every evaluation stopped the run mid-epoch: the epoch is not done, and a
+                # resume with more patience runs its remaining steps
+                with r.meter.excluded():
+                    report_period(r, epoch, rep, r.st.get("last_f1"), partial=True)
+                    _checkpoint(r)
+                break
             check_finite(r)  # a diverged run ends here, before its weights are evaluated or checkpointed
             f1 = _evaluate(r) if opts.eval_every is None else r.st.get("last_f1")
             with r.meter.excluded():  # and the epoch's report and checkpoint
@@ -86,7 +93,9 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         if r.bar is not None:
             r.bar.close()
     if r.st["stopped"] and r.st["epoch"] < opts.epochs:  # stopped at the last epoch: the run simply ended
-        log(f"early stop after epoch {r.st['epoch']}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
+        where = (f"epoch {r.st['epoch']}" if not r.st["step_in_epoch"]
+                 else f"step {r.st['global_step']} (epoch {r.st['epoch'] + 1})")
+        log(f"early stop after {where}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
     if hooks.evaluate is None:
         on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
@@ -119,8 +128,9 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank,
                                identity=identity)
         r.st["run"] = identity
-        # --patience may change on resume: an early stop is decided again by the one given now
-        r.st["stopped"] = bool(r.st["stopped"] and opts.patience and r.st["bad_evals"] >= opts.patience)
+        # --patience may change on resume: an early stop is decided again by the one given now, also
+        # for a run that was cut off before the evaluations without gain reached the old one
+        r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
         log(f"resumed from {r.ckpt_dir}: epoch {r.st['epoch'] + 1}, step {r.st['global_step']}")
     else:
         if opts.resume:
