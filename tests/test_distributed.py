@@ -2,6 +2,7 @@
 import json
 import os
 import socket
+import signal
 import time
 
 import pytest
@@ -381,3 +382,19 @@ def test_a_killed_launcher_leaves_no_rank_training(tmp_path):
         os.kill(rank0, signal.SIGKILL)
     assert not alive, "rank 0 trained on after its launcher was killed"
     assert not (out / ".lock").exists()  # it stopped as on SIGTERM, releasing --out
+
+
+@pytest.mark.parametrize("sig,word", [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted"),
+                                      (signal.SIGHUP, "stopped by SIGHUP"), (signal.SIGQUIT, "stopped by SIGQUIT")])
+def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatch, capsys, sig, word):
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from spanflow.training.distributed import relaunch
+
+    def stopped(_args):
+        raise SignalException(f"Process got signal: {sig}", sigval=sig)
+
+    monkeypatch.setattr(run, "run", stopped)
+    assert relaunch(["train", "ner"], 2) == 128 + int(sig)
+    assert capsys.readouterr().err.splitlines()[-1] == word

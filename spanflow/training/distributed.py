@@ -148,8 +148,9 @@ def relaunch(argv: list[str], devices: int) -> int:
             print(f"error: rank {rank} was killed by signal {-failure.exitcode}", file=sys.stderr)
             return 1
         return failure.exitcode or 1
-    except SignalException as e:  # SIGTERM/SIGINT to the launcher: its agent has stopped the ranks
-        print("terminated" if e.sigval == signal.SIGTERM else "interrupted", file=sys.stderr)
+    except SignalException as e:  # a signal to the launcher (TERM, INT, HUP, QUIT): its agent has stopped the ranks
+        words = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupted"}
+        print(words.get(e.sigval) or f"stopped by {signal.Signals(e.sigval).name}", file=sys.stderr)
         return 128 + int(e.sigval)
     return 0
 
