@@ -460,7 +460,7 @@ def test_a_default_ranking_run_on_a_cpu_says_whether_it_keeps_graphs(tmp_path, m
                        config=config, log_fn=lines.append)
         line = next(x for x in lines if x.startswith("ranking update:"))
         assert "micro-batches of" in line and want in line, line
-        # graphs kept: the heap is trimmed each update, past one update's graphs (the estimate named);
+        # graphs kept: the trimmer is called each update, its slack one update's graphs (the estimate named);
         # the cache frees each micro-batch's graph as it goes: no trimmer
         (trim,) = trims
         assert trim.calls == 2, trim.calls

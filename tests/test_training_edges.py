@@ -9,6 +9,7 @@ from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError
 from spanflow.tasks.ner import train_ner
 from spanflow.training.options import TrainOptions
+from spanflow.training.outcome import next_command
 
 DATA = synthetic_ner(40, seed=7, max_clauses=1)
 
@@ -66,7 +67,8 @@ def test_an_early_stop_mid_epoch_leaves_the_epochs_other_steps_to_a_resume(tmp_p
     full = tmp_path / "full"
     train_ner(DATA, DATA, model="tiny", out_dir=str(full), options=opts(patience=0, **still), log_fn=lambda s: None)
     steps = json.loads((full / "checkpoint" / "state.json").read_text())["global_step"]
-    assert steps > 4  # else the stop below would not fall mid-epoch
+    first = [json.loads(x) for x in (full / "train_report.jsonl").read_text().splitlines()][0]["step"]
+    assert first > 2  # epoch 1's steps: else the stop below would not fall mid-epoch
     lines = []
     train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=1, eval_every=1, **still),
               log_fn=lines.append)
@@ -74,11 +76,20 @@ def test_an_early_stop_mid_epoch_leaves_the_epochs_other_steps_to_a_resume(tmp_p
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (0, 2, 2)
     report = [json.loads(x) for x in (tmp_path / "train_report.jsonl").read_text().splitlines()]
-    assert [(x["epoch"], x["step"], x.get("partial")) for x in report] == [(1, 2, True)]
+    assert [(x["epoch"], x["step"], x.get("partial"), x.get("early_stop")) for x in report] == [(1, 2, True, True)]
+    assert next_command(str(tmp_path), "spanflow predict --model {model}")  # the run ended: its model is the one
     train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=0, eval_every=1, resume=True,
                                                                              **still), log_fn=lambda s: None)
     resumed = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert (resumed["epoch"], resumed["global_step"]) == (2, steps)  # the rest of epoch 1 ran, then epoch 2
+
+
+def test_a_run_that_diverges_and_stops_mid_epoch_ends_in_the_divergence_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"^the training loss is nan by step \d+: training diverged"):
+        train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                  options=opts(lr=1e6, head_lr=1e6, max_grad_norm=0.0, warmup_ratio=0.0, max_tokens=128,
+                               eval_every=1, patience=2))  # 5 steps an epoch: the stop is at step 3
+    assert not (tmp_path / "checkpoint").exists()  # no diverged weights to resume from
 
 
 def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):

@@ -67,8 +67,9 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             if r.st["stopped"] and r.st["step_in_epoch"] < per_epoch[epoch]:
                 # an --eval-every evaluation stopped the run mid-epoch: the epoch is not done, and a
                 # resume with more patience runs its remaining steps
+                check_finite(r)  # a diverged run ends in its error here too, not in a checkpoint
                 with r.meter.excluded():
-                    report_period(r, epoch, rep, r.st.get("last_f1"), partial=True)
+                    report_period(r, epoch, rep, r.st.get("last_f1"), partial=True, early_stop=True)
                     _checkpoint(r)
                 break
             check_finite(r)  # a diverged run ends here, before its weights are evaluated or checkpointed
@@ -92,7 +93,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         r.reporters.close(final)
         if r.bar is not None:
             r.bar.close()
-    if r.st["stopped"] and r.st["epoch"] < opts.epochs:  # stopped at the last epoch: the run simply ended
+    # stopped at the last epoch's end: the run simply ended; inside it (--eval-every), steps were left
+    if r.st["stopped"] and r.st["epoch"] < opts.epochs:
         where = (f"epoch {r.st['epoch']}" if not r.st["step_in_epoch"]
                  else f"step {r.st['global_step']} (epoch {r.st['epoch'] + 1})")
         log(f"early stop after {where}: dev {hooks.metric} did not improve for {opts.patience} evaluations "

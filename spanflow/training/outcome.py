@@ -38,11 +38,11 @@ def next_command(out_dir: str, command: str) -> str:
 
 def _ran_to_the_end(report: str) -> bool:
     """Whether the run whose report this is ended whole: its last period is no --max-steps stop's
-    (a fresh run starts a fresh report, training/loop.py)."""
+    (an early stop's partial epoch ends the run; a fresh run starts a fresh report, training/loop.py)."""
     try:
         with open(report, encoding="utf-8") as f:
             last = f.read().strip().splitlines()[-1:]
-        return bool(last) and not json.loads(last[0]).get("partial", False)
+        return bool(last) and (not json.loads(last[0]).get("partial", False) or json.loads(last[0]).get("early_stop"))
     except (OSError, ValueError):
         return False
 

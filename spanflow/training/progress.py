@@ -29,15 +29,19 @@ def progress_bar(r: LoopState):
     return bar
 
 
-def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial: bool = False) -> None:
+def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial: bool = False,
+                  early_stop: bool = False) -> None:
     """A period's report (Meter.report) with its epoch, step and dev score: a line of
-    train_report.jsonl, a printed line and the dashboards' scalars, from rank 0."""
+    train_report.jsonl, a printed line and the dashboards' scalars, from rank 0. `partial`: the
+    epoch did not end (--max-steps; or an early stop inside it, `early_stop`, which ends the run)."""
     rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
            "device": str(r.policy.device), "dev_f1": f1}
     if r.hooks.metric != "F1":
         rep["dev_metric"] = r.hooks.metric  # dev_f1 holds this task's dev score
     if partial:
         rep["partial"] = True
+    if early_stop:
+        rep["early_stop"] = True
     if r.recent:  # the step lines' loss, averaged over their window: one host sync a period
         rep["loss"] = window_loss(r)
     on_main(lambda: _write(r, rep, epoch), r.dist)
