@@ -73,6 +73,7 @@ def test_an_early_stop_mid_epoch_leaves_the_epochs_other_steps_to_a_resume(tmp_p
     train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), options=opts(patience=1, eval_every=1, **still),
               log_fn=lines.append)
     assert any(x.startswith("early stop after step 2 (epoch 1): dev F1") for x in lines), lines
+    assert any(x.startswith("epoch 1 (partial) step 2 (") for x in lines), lines  # the epoch line says so
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (0, 2, 2)
     report = [json.loads(x) for x in (tmp_path / "train_report.jsonl").read_text().splitlines()]

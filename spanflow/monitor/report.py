@@ -153,7 +153,7 @@ def format_report(r: dict) -> str:
     time went, MFU against the peak it names, and the dev score."""
     mfu = f"{r['mfu'] * 100:.1f}% {PEAK_BASIS.get(r.get('mfu_basis'), '')}".rstrip() if r.get("mfu") is not None \
         else "n/a"
-    head = f"epoch {r.get('epoch', '-')} step {r.get('step', '-')}"
+    head = f"epoch {r.get('epoch', '-')}{' (partial)' if r.get('partial') else ''} step {r.get('step', '-')}"
     if r.get("wall_s") is not None:
         head += f" ({r['wall_s']:.{1 if r['wall_s'] < 10 else 0}f} s training)"
     parts = [head] + ([f"loss {r['loss']:.4f}"] if r.get("loss") is not None else []) + [
