@@ -42,7 +42,8 @@ def _ran_to_the_end(report: str) -> bool:
     try:
         with open(report, encoding="utf-8") as f:
             last = f.read().strip().splitlines()[-1:]
-        return bool(last) and (not json.loads(last[0]).get("partial", False) or json.loads(last[0]).get("early_stop"))
+        period = json.loads(last[0]) if last else None
+        return bool(period) and (not period.get("partial", False) or bool(period.get("early_stop")))
     except (OSError, ValueError):
         return False
 
