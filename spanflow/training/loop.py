@@ -64,15 +64,14 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 final = _summary(r, completed=False)
                 return final
             rep = _close_period(r.meter, dist)  # the next period's clock leaves this evaluation out
+            check_finite(r)  # a diverged run ends here, before its weights are evaluated or checkpointed
             if r.st["stopped"] and r.st["step_in_epoch"] < per_epoch[epoch]:
                 # an --eval-every evaluation stopped the run mid-epoch: the epoch is not done, and a
                 # resume with more patience runs its remaining steps
-                check_finite(r)  # a diverged run ends in its error here too, not in a checkpoint
                 with r.meter.excluded():
                     report_period(r, epoch, rep, r.st.get("last_f1"), partial=True, early_stop=True)
                     _checkpoint(r)
                 break
-            check_finite(r)  # a diverged run ends here, before its weights are evaluated or checkpointed
             f1 = _evaluate(r) if opts.eval_every is None else r.st.get("last_f1")
             with r.meter.excluded():  # and the epoch's report and checkpoint
                 report_period(r, epoch, rep, f1)
