@@ -116,3 +116,56 @@ def test_the_epoch_line_names_a_datasheet_peak_and_gpu_utilisation():
     assert line.startswith("epoch 1 step 10 (12 s training) | loss 0.2500 | 900 real tok/s")
     assert "MFU 42.0% of the datasheet peak | GPU util 87%" in line
     assert report.format_report({**rep, "wall_s": 1.34}).startswith("epoch 1 step 10 (1.3 s training)")  # tenths
+
+
+MIB = 2**20
+
+
+def _touched(mib: int):
+    import numpy as np
+
+    return np.ones(mib * MIB, dtype=np.uint8)  # written: resident, not just reserved
+
+
+def test_a_cpu_periods_memory_peak_is_its_own_not_the_process_high_water_mark():
+    meter = report.Meter(torch.device("cpu"), "fp32")
+    try:
+        meter.report()  # the first period holds the peak's measurement at the start
+        base = meter.report()["peak_memory_bytes"]
+        big = _touched(256)
+        meter.rss.sample()  # what the sampling thread reads every 20 ms
+        del big
+        first = meter.report()["peak_memory_bytes"]
+        second = meter.report()["peak_memory_bytes"]
+        with meter.excluded():  # an evaluation's memory is not the period's
+            big = _touched(256)
+            meter.rss.sample()
+            del big
+        third = meter.report()["peak_memory_bytes"]
+    finally:
+        meter.close()
+    assert first >= base + 250 * MIB
+    assert second < first - 200 * MIB, (first, second)  # a high-water mark cannot fall
+    assert third < first - 200 * MIB, (first, third)
+
+
+def test_the_epoch_report_leaves_out_the_evaluations_memory(tmp_path, monkeypatch):
+    nm, windows, hooks = setup_task()
+    samplers: list = []
+    made = report.RssPeak
+    monkeypatch.setattr(report, "RssPeak", lambda: samplers.append(made()) or samplers[-1])
+    eval_peaks = []
+
+    def heavy_eval(model):  # an evaluation that holds far more than a training step of this model
+        big = _touched(256)
+        eval_peaks.append(samplers[-1].peek())
+        del big
+        return {"f1": 0.5}
+
+    hooks.evaluate = heavy_eval
+    opts = TrainOptions(epochs=2, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lambda s: None)
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    assert len(samplers) == 1 and len(eval_peaks) == 2 and len(reps) == 2
+    # epoch 2's period follows epoch 1's evaluation: its peak is its training's
+    assert all(r["peak_memory_bytes"] < min(eval_peaks) - 200 * MIB for r in reps), (reps, eval_peaks)

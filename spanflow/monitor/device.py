@@ -11,14 +11,17 @@ import platform
 import resource
 import threading
 import time
+from collections.abc import Callable
 
+import psutil
 import torch
 
 log = logging.getLogger("spanflow")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """CUDA max allocated since the last reset, or the process RSS high-water mark on CPU."""
+    """CUDA max allocated since the last reset, or the process RSS high-water mark on CPU (its whole
+    life: a CPU period's own peak is RssPeak's)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
@@ -27,6 +30,51 @@ def peak_memory_bytes(device: torch.device) -> int:
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+class RssPeak:
+    """The process's highest resident memory since the last reset, sampled in a thread every
+    `interval_s` (None: no thread; `sample()` by hand). A CPU period's own peak: the kernel's
+    high-water mark covers the whole process, and resetting it (/proc/self/clear_refs) would also
+    reset what an outside measure reads (`time -v`, a parent's getrusage)."""
+
+    def __init__(self, interval_s: float | None = 0.02, read: Callable[[], int] | None = None):
+        proc = psutil.Process()
+        self._read = read or (lambda: proc.memory_info().rss)
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._peak = self._read()
+        self._thread = None
+        if interval_s is not None:
+            self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+            self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """Read resident memory now into the peak."""
+        now = self._read()
+        with self._lock:
+            self._peak = max(self._peak, now)
+
+    def peek(self) -> int:
+        """The peak since the last reset, now included."""
+        self.sample()
+        return self._peak
+
+    def reset(self) -> None:
+        """Start the next peak from resident memory now."""
+        now = self._read()
+        with self._lock:
+            self._peak = now
+
+    def close(self) -> int:
+        """Stop sampling; the peak since the last reset."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.peek()
 
 
 class GpuUtilSampler:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spanflow.monitor.device import GpuUtilSampler, peak_flops, peak_memory_bytes, reset_peak_memory
+from spanflow.monitor.device import GpuUtilSampler, RssPeak, peak_flops, peak_memory_bytes, reset_peak_memory
 from spanflow.monitor.spans import StreamSpans
 
 
@@ -38,7 +38,7 @@ class Meter:
     real: int = 0
     padded: int = 0
     steps: int = 0
-    held_peak: int = 0  # the period's memory peak before an excluded evaluation (GPU)
+    held_peak: int = 0  # the period's memory peak before an excluded evaluation
     times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0})
     started: float = field(init=False)  # set once the peak is measured (__post_init__)
 
@@ -46,7 +46,10 @@ class Meter:
         self.gpu = GpuUtilSampler(self.device)
         # on a GPU, compute and optimizer are timed on the stream (monitor/spans.py), not by the host
         self.spans = StreamSpans(self.device) if self.device.type == "cuda" else None
-        reset_peak_memory(self.device)
+        # a CPU period's memory peak is sampled: the process's high-water mark would carry every
+        # earlier period's (and evaluation's) peak into this one
+        self.rss = RssPeak() if self.device.type == "cpu" else None
+        self._reset_peak()
         # the peak now, before the run's threads start (measured beside them it reads low) and
         # outside the first period's clock (a CPU training run measures it first, its ranks in turn)
         measure_peak(self.device, self.precision)
@@ -62,12 +65,11 @@ class Meter:
     @contextmanager
     def excluded(self) -> Iterator[None]:
         """Leave what runs inside (an evaluation) out of the period: its wall time, its GPU
-        utilisation samples and, on a GPU, its memory peak (the CPU's peak is the process's
-        high-water mark, which no reset lowers)."""
+        utilisation samples and its memory peak."""
         cuda = self.device.type == "cuda"
         if cuda:  # the steps queued before it are the period's work: their time and their peak
             torch.cuda.synchronize(self.device)
-            self.held_peak = max(self.held_peak, peak_memory_bytes(self.device))
+        self.held_peak = max(self.held_peak, self._peak())
         t = time.perf_counter()
         self.gpu.paused = True
         try:
@@ -76,7 +78,7 @@ class Meter:
             self.gpu.paused = False
             if cuda:
                 torch.cuda.synchronize(self.device)
-                reset_peak_memory(self.device)
+            self._reset_peak()
             self.started += time.perf_counter() - t
 
     def begin_step(self) -> None:
@@ -105,7 +107,7 @@ class Meter:
             "data_wait_frac": self.times["data_wait"] / total,
             "compute_frac": self.times["compute"] / total,
             "optimizer_frac": self.times["optimizer"] / total,
-            "peak_memory_bytes": max(self.held_peak, peak_memory_bytes(self.device)),
+            "peak_memory_bytes": max(self.held_peak, self._peak()),
             "mfu": achieved / (peak * devices) if peak and self.flops_per_token else None,
             "mfu_basis": basis,
             "gpu_util": self.gpu.take(),
@@ -115,11 +117,23 @@ class Meter:
         self.real = self.padded = self.steps = self.held_peak = 0
         self.times = {k: 0.0 for k in self.times}
         self.started = time.perf_counter()
-        reset_peak_memory(self.device)
+        self._reset_peak()
         return out
+
+    def _peak(self) -> int:
+        """The memory peak since the last reset: the CUDA allocator's, or the sampled resident set."""
+        return self.rss.peek() if self.rss is not None else peak_memory_bytes(self.device)
+
+    def _reset_peak(self) -> None:
+        if self.rss is not None:
+            self.rss.reset()
+        else:
+            reset_peak_memory(self.device)
 
     def close(self) -> None:
         self.gpu.close()
+        if self.rss is not None:
+            self.rss.close()
 
 
 def measure_peak(device: torch.device, precision: str) -> None:

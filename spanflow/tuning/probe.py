@@ -3,16 +3,14 @@ as every long run (tokens/s, padding, latency percentiles, peak memory, utilizat
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
-import psutil
 import torch
 
 from spanflow.inference.heap import release_freed
-from spanflow.monitor.device import GpuUtilSampler, reset_peak_memory
+from spanflow.monitor.device import GpuUtilSampler, RssPeak, reset_peak_memory
 
 
 def _sync(device: torch.device) -> None:
@@ -29,24 +27,6 @@ def _release_free_memory() -> None:
     shows what it uses, not what earlier points left cached."""
     gc.collect()
     release_freed()
-
-
-class _RssPeak:
-    """The highest RSS of the process while it runs, sampled in a thread (CPU memory per point)."""
-
-    def __init__(self, interval_s: float = 0.005):
-        self.proc, self.peak, self._stop = psutil.Process(), psutil.Process().memory_info().rss, threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def close(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, self.proc.memory_info().rss)
 
 
 def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, device: torch.device,
@@ -68,7 +48,7 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
         _release_free_memory()
     reset_peak_memory(device)
     gpu = GpuUtilSampler(device, interval_s=0.05)
-    rss = _RssPeak() if device.type == "cpu" else None
+    rss = RssPeak(interval_s=0.005) if device.type == "cpu" else None
     lat, real, padded = [], 0, 0
     k = 0
     try:
