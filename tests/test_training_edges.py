@@ -93,6 +93,44 @@ def test_a_run_that_diverges_and_stops_mid_epoch_ends_in_the_divergence_error(tm
     assert not (tmp_path / "checkpoint").exists()  # no diverged weights to resume from
 
 
+def test_a_run_that_diverges_before_its_max_steps_ends_in_the_error_not_a_checkpoint(tmp_path):
+    diverging = dict(lr=1e6, head_lr=1e6, max_grad_norm=0.0, warmup_ratio=0.0, max_tokens=128)
+    with pytest.raises(ConfigError, match=r"^the training loss is nan by step 3: training diverged"):
+        train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                  options=opts(max_steps=3, **diverging))
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_weights_that_step_went_non_finite_never_replace_the_last_checkpoint(tmp_path, monkeypatch):
+    from spanflow.training import loop
+
+    real, steps = loop.optimizer_step, []
+
+    def step_then_break_at_3(model, *a, **k):  # step 3's update leaves a NaN that no loss has seen yet
+        real(model, *a, **k)
+        steps.append(1)
+        if len(steps) == 3:
+            next(model.parameters()).data.view(-1)[0] = float("nan")
+
+    monkeypatch.setattr(loop, "optimizer_step", step_then_break_at_3)
+    with pytest.raises(ConfigError, match=r"^the weights are not finite by step 3: training diverged"):
+        train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                  options=opts(save_every=1, max_tokens=128))
+    assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("seed", -1, "--seed must be >= 0, got -1"),
+    ("lr", float("inf"), "--lr must be a finite number, got inf"),
+    ("weight_decay", float("inf"), "--weight-decay must be a finite number, got inf"),
+    ("oversample", float("inf"), "--oversample must be a finite number, got inf"),
+])
+def test_options_out_of_every_range_are_refused_when_made(field, value, message):
+    with pytest.raises(ConfigError) as e:
+        TrainOptions(**{field: value})
+    assert str(e.value) == message
+
+
 def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):
     from spanflow import train_embedder
     from spanflow.tasks.embed.pairs import Pair

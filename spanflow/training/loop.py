@@ -191,6 +191,7 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
             if st["stopped"]:
                 return True
         if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
+            check_finite(r)  # diverged weights never replace the last checkpoint a resume would start from
             _checkpoint(r)
         if gs == opts.max_steps:
             report_period(r, epoch, _close_period(meter, r.dist), st["best_f1"], partial=True)  # the partial epoch too

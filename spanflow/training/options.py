@@ -101,6 +101,11 @@ class TrainOptions:
         for name in ("lr", "head_lr"):
             v = getattr(self, name)
             checks.append((v is None or v > 0, f"--{name.replace('_', '-')} must be > 0, got {v}"))
+        checks.append((self.seed >= 0, f"--seed must be >= 0, got {self.seed}"))
+        for f in dataclasses.fields(self):  # an infinite rate, weight or share passes every bound above
+            v = getattr(self, f.name)
+            if isinstance(v, float) and math.isinf(v):
+                checks.append((False, f"--{f.name.replace('_', '-')} must be a finite number, got {v}"))
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)

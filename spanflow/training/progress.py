@@ -81,17 +81,25 @@ def window_loss(r: LoopState) -> float:
 
 
 def check_finite(r: LoopState) -> None:
-    """A ConfigError when the loss of the last steps is not finite: the weights have diverged, and
-    no later step brings them back (one host sync an epoch; every rank reads the same sum, so all
-    stop together). Under fp16's loss scaler an overflowing step is skipped, not applied: no check."""
-    if not r.recent or r.scaler is not None:
+    """A ConfigError when the loss of the last steps or the weights are not finite: training has
+    diverged, and no later step brings it back. Called before every checkpoint and evaluation (one
+    host sync each); every rank reads the same figures, so all stop together. The weights are
+    checked too because the last step's update is in them and in no loss yet. Under fp16's loss
+    scaler an overflowing step is skipped, not applied: its loss is no sign."""
+    loss = window_loss(r) if r.recent and r.scaler is None else 0.0
+    if math.isfinite(loss) and _finite(r.model):
         return
-    loss = window_loss(r)
-    if not math.isfinite(loss):
-        from spanflow.errors import ConfigError
+    from spanflow.errors import ConfigError
 
-        raise ConfigError(f"the training loss is {loss} by step {r.st['global_step']}: training diverged; lower --lr "
-                          f"({lr_now(r):.2e} now) or --head-lr, keep --max-grad-norm above 0, or try --precision fp32")
+    what = f"the training loss is {loss}" if not math.isfinite(loss) else "the weights are not finite"
+    raise ConfigError(f"{what} by step {r.st['global_step']}: training diverged; lower --lr "
+                      f"({lr_now(r):.2e} now) or --head-lr, keep --max-grad-norm above 0, or try --precision fp32")
+
+
+def _finite(model) -> bool:
+    """Whether every floating-point weight is finite (one host sync)."""
+    flags = [torch.isfinite(p).all() for p in model.parameters() if p.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def learning_check(r: LoopState, f1: float | None, left: int) -> None:
