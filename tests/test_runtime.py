@@ -117,6 +117,19 @@ def test_a_profile_cached_by_predict_is_found_by_serve(model_dirs, bf16_cpu, ser
     assert len(measured) == 1  # found, not measured again
 
 
+def test_predict_max_tokens_auto_measures_on_the_inputs_own_texts(model_dirs, tmp_path, monkeypatch, capsys):
+    """No profile cached: predict measures one on its --input, read as predict reads it (here
+    JSONL texts under --field body), though it holds no labels."""
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(TEXTS)))
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", "--model", model_dirs["ner"], "--input", str(src), "--field", "body", "--output", str(out),
+                 "--max-tokens", "auto", "--precision", "fp32"]) == 0
+    assert "(auto: measured now, cached at" in capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == len(TEXTS)
+
+
 def test_one_cache_key_of_resolved_choices():
     cpu = torch.device("cpu")
     key = {"model": "m", "device": cpu, "task": "ner", "mode": "infer", "precision": "bf16"}

@@ -5,7 +5,7 @@ import torch
 
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.synthetic import synthetic_ner
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, DataError
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tasks.registry import get
 from spanflow.tuning.doctor import diagnose, doctor, environment
@@ -103,6 +103,24 @@ def test_tune_infer_measures_the_windows_predict_reads(ner_file, tmp_path):
     prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=ner_file, mode="infer", budgets=[512],
                 budget_seconds=20, sample=32, out=str(tmp_path), backends=False, plot=False, log_fn=lambda s: None)
     assert {p["max_length"] for p in prof["points"]} == {model.max_length}
+
+
+def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_path):
+    """Inference needs no labels: a file of text lines is measured for speed alone."""
+    from spanflow.data.io import read_ner
+    from spanflow.tasks.ner import train_ner
+    from spanflow.training.options import TrainOptions
+
+    train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=1, max_tokens=1024, max_length=64, log_every=0))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(e.text for e in read_ner(ner_file)[:40]) + "\n")
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=str(texts), mode="infer", budgets=[512],
+                budget_seconds=20, sample=32, out=str(tmp_path), backends=False, plot=False, log_fn=lambda s: None)
+    assert prof["points"] and all(p["quality"] is None and p["real_tokens_per_s"] > 0 for p in prof["points"])
+    with pytest.raises(DataError, match="plain text lines"):  # training still needs labels
+        tune(task="ner", model="tiny", data=str(texts), mode="train", budgets=[512], budget_seconds=20, sample=32,
+             out=str(tmp_path / "t"), backends=False, plot=False, log_fn=lambda s: None)
 
 
 FILLER = "the a of and to in on at for with from by as was is it that this".split()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 from spanflow.cli.common import (
@@ -81,7 +82,8 @@ def _run(a: argparse.Namespace) -> int:
     loads = Loads(task, a.model)
     texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=texts, data=a.input, field=a.field,
-                         column=a.column, loads=loads, measure=quick_profile)
+                         column=a.column, loads=loads,
+                         measure=functools.partial(quick_profile, texts=texts or None))  # the input's texts
     emb = loads.take(rt)
     settle()
     print(f"device {emb.policy.device}, precision {emb.policy.name}"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args, warn_if_empty
 from spanflow.ray.cli import add_ray_args, run_ray
@@ -60,7 +61,8 @@ def _run(a: argparse.Namespace, task) -> int:
     loads = Loads(task, a.model)
     texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=texts, data=a.input, field=a.field, column=a.column,
-                         loads=loads, measure=quick_profile)
+                         loads=loads,
+                         measure=functools.partial(quick_profile, texts=texts or None))  # the input's texts
     model = loads.take(rt)
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()

@@ -222,8 +222,12 @@ def sample_texts(path: str, n: int, *, field: str = "text", column: Column | Non
     return [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
 
 
-def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column | None = None) -> list[str] | None:
+def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column | None = None,
+                      infer: bool = False) -> list[str] | None:
     """sample_texts of `path` when it can hold only texts to run, no labels (a Parquet/Arrow
-    table, as `predict --max-tokens auto` measures on); None for any other file, which a task
-    reads as its labelled data."""
-    return sample_texts(path, n, field=field, column=column) if is_table(path) else None
+    table; for inference (`infer`), plain text lines or JSONL texts too, which tune measures speed
+    on without a quality column); None for any other file, which a task reads as its labelled data."""
+    from spanflow.data.formats.sniff import sniff
+
+    texts = is_table(path) or (infer and getattr(sniff(path), "use", None) == "texts")
+    return sample_texts(path, n, field=field, column=column) if texts else None

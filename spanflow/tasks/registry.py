@@ -97,9 +97,11 @@ class Task(Protocol):
         """Labelled examples from a file (evaluate, tune)."""
 
     def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
-                 field: str = "text", column: int | None = None, seed: int = 0) -> Workload:
+                 field: str = "text", column: int | None = None, seed: int = 0,
+                 texts: list[str] | None = None) -> Workload:
         """What tune and doctor run: the module and a sample of `data` as batches (mode "train": the
-        model training would start from; "infer": the trained model in `model`)."""
+        model training would start from; "infer": the trained model in `model`). `texts`: inference's
+        sample given instead of reading `data` (an inference command's input: no labels)."""
 
     trains: bool  # whether `spanflow train TASK` exists
 

@@ -32,7 +32,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", quantize: str | None = None,
          force: bool = False, device: str = "auto", out: str | None = None, field: str = "text",
          column: int | None = None, plot: bool = True, repeats: int = 2, backends: bool = True,
-         log_fn: Callable[[str], None] = print, started: float | None = None) -> dict:
+         log_fn: Callable[[str], None] = print, started: float | None = None, texts: list[str] | None = None) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
     `mode` None: train, or infer for a task that does not train. Device, precision and
     quantization are resolved first, as the command that runs the model resolves them
@@ -40,7 +40,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     with `backends`, also the encoder compiled against eager at the best point
     (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`.
     `budget_seconds` holds all of it from `started` (time.time(); None: now), as tuning/timing.py
-    says: the sweep's runs get what the set-up leaves."""
+    says: the sweep's runs get what the set-up leaves. `texts` (infer mode): the sample to measure
+    on instead of reading `data`, for a command whose input holds texts only (no quality column)."""
     from spanflow.tasks.registry import check_model_for, get
 
     clock = TimeBudget(budget_seconds, time.time() if started is None else started)
@@ -59,6 +60,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
     policy = resolve_policy(rt.precision, rt.device)
     extra = {"quantize": rt.quantize} if rt.quantize else {}  # only tasks that quantize take it
+    if texts is not None and mode == "infer":
+        extra["texts"] = texts
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=rt.precision, sample=sample, field=field,
                            column=column, **extra)
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit

@@ -75,7 +75,8 @@ class EmbedTask:
         return pairs
 
     def workload(self, model: str, data: str, *, mode: str, policy, precision: str, sample: int,
-                 field: str = "text", column: int | None = None, quantize: str | None = None, seed: int = 0, **_):
+                 field: str = "text", column: int | None = None, quantize: str | None = None, seed: int = 0,
+                 texts: list[str] | None = None, **_):
         """Inference: quality(L) is the mean cosine to the embeddings at the model's full length.
         Training: a pairs file's items and the loss its kind trains with (training's defaults)."""
         check_model_for(model, self.name, start=mode == "train")
@@ -86,8 +87,9 @@ class EmbedTask:
         from spanflow.data.formats.sniff import refuse_labelled_input
         from spanflow.data.records import sample_texts
 
-        refuse_labelled_input(data)  # CoNLL columns or CasRel JSON are no texts to embed, as `embed` says
-        texts = sample_texts(data, sample, field=field, column=column)
+        if texts is None:
+            refuse_labelled_input(data)  # CoNLL columns or CasRel JSON are no texts to embed, as `embed` says
+            texts = sample_texts(data, sample, field=field, column=column)
         if not texts:
             raise ConfigError(f"{data}: no usable records to tune on")
         emb = Embedder.load(model, precision=precision, quantize=quantize, device=str(policy.device))

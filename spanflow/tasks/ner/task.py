@@ -68,13 +68,14 @@ class NerTask:
         return NerModel.read_labelled(path, fmt=fmt, scheme=scheme)
 
     def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0,
-                 field: str = "text", column: int | str | None = None, **_):
+                 field: str = "text", column: int | str | None = None, texts: list[str] | None = None, **_):
         from spanflow.data.examples import NerExample
         from spanflow.data.io import read_ner
         from spanflow.data.records import unlabelled_sample
 
         check_model_for(model, self.name, start=mode == "train")
-        texts = unlabelled_sample(data, sample, field=field, column=column)  # a table: texts, no labels
+        if texts is None:  # a table (or, for inference, plain texts): no labels
+            texts = unlabelled_sample(data, sample, field=field, column=column, infer=mode == "infer")
         examples = read_ner(data)[:sample] if texts is None else [NerExample(t) for t in texts]
         labels = sorted({lab for e in examples for *_, lab in e.spans})
         if mode == "train":

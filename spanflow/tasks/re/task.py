@@ -56,13 +56,14 @@ class ReTask:
         return ReModel.read_labelled(path)
 
     def workload(self, model: str, data: str, *, mode: str, policy: Policy, sample: int, seed: int = 0,
-                 field: str = "text", column: int | str | None = None, **_):
+                 field: str = "text", column: int | str | None = None, texts: list[str] | None = None, **_):
         from spanflow.data.examples import ReExample
         from spanflow.data.io import read_re
         from spanflow.data.records import unlabelled_sample
 
         check_model_for(model, self.name, start=mode == "train")
-        texts = unlabelled_sample(data, sample, field=field, column=column)  # a table: texts, no labels
+        if texts is None:  # a table (or, for inference, plain texts): no labels
+            texts = unlabelled_sample(data, sample, field=field, column=column, infer=mode == "infer")
         examples = read_re(data)[:sample] if texts is None else [ReExample(t) for t in texts]
         if mode == "train":
             rels = sorted({r for e in examples for _, r, _ in e.triples})
