@@ -237,8 +237,14 @@ def writing(what: str, path: str) -> Iterator[None]:
     except Exception as e:
         err = as_os_error(e)
         if err is not None and err.errno in WRITE_ERRNOS:
-            raise WriteError(what, getattr(err, "filename", None) or path, err) from None
+            named = getattr(err, "filename", None)
+            # a temporary of an atomic write is no name the user gave: the output it stands for is
+            temp = isinstance(named, str) and _TEMP.match(os.path.basename(named))
+            raise WriteError(what, path if temp or not named else named, err) from None
         raise
+
+
+_TEMP = re.compile(r"^\.[\w-]+?-\d+-")  # temp_file's names, .KIND-PID-XXXX
 
 
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how Rust's std::io::Error shows an errno

@@ -21,16 +21,30 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    import os
+
     from spanflow.data.io import check_output_file, output_format, read_ner, write_ner
+    from spanflow.errors import ConfigError
 
     check_output_file(a.output)  # before reading: the input may be large
+    if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.output, a.input):
+        raise ConfigError(f"{a.output} is the input: convert would write over what it reads (and a CoNLL file "
+                          "keeps only tokens and tags); give the output another name")
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
     fmt = a.dst or output_format(a.output)
     if fmt == "conll":
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens
 
-        changed = sum(join_tokens(conll_tokens(e.text, e.spans))[0] != e.text for e in examples)
+        tokens = [conll_tokens(e.text, e.spans) for e in examples]
+        empty = [i for i, t in enumerate(tokens) if not t]
+        if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
+            shown = ", ".join(str(i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
+            print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}): CoNLL has no line "
+                  "for them, so they are left out")
+            examples = [e for e, t in zip(examples, tokens) if t]
+            tokens = [t for t in tokens if t]
+        changed = sum(join_tokens(t)[0] != e.text for e, t in zip(examples, tokens))
         if changed:
             print(f"note: {changed} text(s) have spacing CoNLL cannot keep (tokens are kept, offsets shift)")
     write_ner(examples, a.output, fmt=fmt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from spanflow.atomic import atomic_open
+from spanflow.atomic import atomic_open, writing
 from spanflow.data.examples import NerExample, ReExample, check_examples
 from spanflow.data.formats.common import kind_of, read_lines
 from spanflow.data.formats.conll import read_conll
@@ -87,7 +87,8 @@ def check_output_file(path: str) -> None:
 
 
 def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str | None = None) -> None:
-    """Write NER examples as CoNLL (BIO), JSONL or a spaCy DocBin; atomic (temp file + rename)."""
+    """Write NER examples as CoNLL (BIO), JSONL or a spaCy DocBin; atomic (temp file + rename). A
+    full disk or a file system that refuses the write: a WriteError naming `path`."""
     path = as_path(path, "write_ner")
     check_output_file(path)
     check_examples(examples, NerExample, "examples")  # a span past its text would be written as another
@@ -95,14 +96,15 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
     if fmt == "docbin":
         from spanflow.data.formats.docbin import examples_to_docbin
 
-        examples_to_docbin(examples, path)
+        with writing("the data", path):
+            examples_to_docbin(examples, path)
         return
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
     from spanflow.data.formats.conll import write_conll_sentence
     from spanflow.data.formats.jsonl import write_jsonl_record
 
-    with atomic_open(path) as f:
+    with writing("the data", path), atomic_open(path) as f:
         for ex in examples:
             (write_conll_sentence if fmt == "conll" else write_jsonl_record)(f, ex.text, ex.spans)
 

@@ -1,0 +1,55 @@
+"""`spanflow convert` and write_ner on input a user gets wrong: the output named as the input,
+texts CoNLL cannot hold, a token column left empty, a file system that refuses the write."""
+import errno
+import os
+
+import pytest
+
+from spanflow.cli.main import main
+from spanflow.data.examples import NerExample
+from spanflow.data.io import read_ner, write_ner
+from spanflow.errors import DataError, WriteError
+
+CONLL = "Ada\tB-PER\nLovelace\tI-PER\nwrote\tO\n\n"
+
+
+def test_converting_a_file_onto_itself_is_refused_and_leaves_it_whole(tmp_path, capsys):
+    src = tmp_path / "data.txt"
+    src.write_text("-DOCSTART- -X- -X- O\n\nAda NNP B-NP B-PER\nwrote VBD B-VP O\n\n")
+    before = src.read_text()
+    assert main(["convert", str(src), str(src)]) == 2
+    assert "is the input: convert would write over what it reads" in capsys.readouterr().err
+    assert src.read_text() == before
+
+
+def test_texts_conll_has_no_line_for_are_named_and_not_counted_as_written(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    write_ner([NerExample("Ada Lovelace wrote", [(0, 12, "PER")]), NerExample(""), NerExample("   "),
+               NerExample("Bob ran")], str(src))
+    out = tmp_path / "out.conll"
+    assert main(["convert", str(src), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: 2 text(s) are empty or only whitespace (texts 2, 3)" in printed
+    assert "wrote 2 texts, 1 entities" in printed
+    assert [e.text for e in read_ner(str(out))] == ["Ada Lovelace wrote", "Bob ran"]
+
+
+def test_a_conll_line_with_a_tag_and_no_token_names_its_line(tmp_path):
+    src = tmp_path / "in.conll"
+    src.write_text("The\tO\n\tO\nGrace\tB-PER\n\n")
+    with pytest.raises(DataError, match=r"in\.conll:2: no token before the tag"):
+        read_ner(str(src))
+
+
+def test_a_refused_write_names_the_output_not_its_temporary(tmp_path, monkeypatch):
+    import spanflow.atomic as atomic
+
+    def read_only(prefix="", suffix="", dir=None):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.path.join(dir, f"{prefix}x1y2{suffix}"))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", read_only)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(WriteError) as e:
+        write_ner([NerExample("Ada wrote", [(0, 3, "PER")])], str(out))
+    assert str(e.value) == f"cannot write the data to {out}: Read-only file system"
+    assert not out.exists()
