@@ -82,21 +82,74 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
 
 
 def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataError]]:
+    """(line, row or DataError) of each CSV/TSV record, `line` the record's last line. A quote that
+    is never closed would take every line after it into one field (to the file's end, or until
+    the field outgrows csv's limit): that record is an error naming the line it opened on, and the
+    lines after that one are read again as records of their own."""
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
     with open(path, "rb") as raw:
         f = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
-        reader = csv.reader(f, delimiter=delimiter)
+        replay: list[str] = []  # lines to read again, after a record that could not be closed
+        first = 1  # the line the next record starts on
         while True:
-            try:
-                row = next(reader)
-            except StopIteration:
+            taken: list[str] = []  # the lines the reader has taken since the last record
+            ended = [False]
+            reader = csv.reader(_lines(replay, f, taken, ended), delimiter=delimiter)
+            replay = []
+            for row, error in _csv_reads(reader):
+                if error is None and len(taken) > 1 and ended[0] and _unclosed(taken, delimiter):
+                    error = "unexpected end of data"
+                if error is not None and len(taken) > 1:  # to the end, or past the limit: a quote left open
+                    yield first, DataError(f"unreadable CSV record: a quoted field opened on this line is never "
+                                           f"closed ({error}); the lines after it are read on their own",
+                                           path=path, line=first)
+                    replay, first = taken[1:], first + 1
+                    break
+                line = first + len(taken) - 1
+                if error is not None:
+                    yield line, DataError(f"unreadable CSV record: {error}", path=path, line=line)
+                else:
+                    bad = _invalid_utf8(row)
+                    yield line, DataError(bad, path=path, line=line) if bad else row
+                first += len(taken)
+                taken.clear()
+            else:
                 return
-            except csv.Error as e:
-                yield reader.line_num, DataError(f"unreadable CSV record: {e}", path=path, line=reader.line_num)
-                continue
-            bad = _invalid_utf8(row)
-            yield reader.line_num, DataError(bad, path=path, line=reader.line_num) if bad else row
+
+
+def _lines(replay: list[str], f, taken: list[str], ended: list[bool]) -> Iterator[str]:
+    """The lines to read again, then the file's; each also appended to `taken`, and `ended` set once
+    the file has no more."""
+    for line in replay:
+        taken.append(line)
+        yield line
+    for line in f:
+        taken.append(line)
+        yield line
+    ended[0] = True
+
+
+def _csv_reads(reader) -> Iterator[tuple[list[str] | None, str | None]]:
+    """(row, None) or (None, csv's error) for each record of `reader`."""
+    while True:
+        try:
+            yield next(reader), None
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield None, str(e)
+
+
+def _unclosed(lines: list[str], delimiter: str) -> bool:
+    """Whether these lines end inside a quoted field (read strictly, csv says so; leniently, the
+    field runs to the end)."""
+    try:
+        for _ in csv.reader(lines, delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as e:
+        return "unexpected end of data" in str(e)
+    return False
 
 
 Column = int | str  # a 0-based CSV/TSV index, or a column name (a table's, a CSV/TSV header's)
