@@ -230,21 +230,12 @@ def check_input(a) -> None:
     refuse_labelled_input(a.input)
 
 
-# the byte-order marks of the encodings a text file may be in that are not UTF-8
-WIDE_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
-             b"\xfe\xff": "UTF-16"}
-
-
 def refuse_utf16(path: str) -> None:
     """A DataError for a text input in UTF-16 or UTF-32 (told by its byte-order mark): read as
     UTF-8 its every other byte is a NUL, and each line would come out garbled, not as an error."""
-    from spanflow.errors import DataError
+    from spanflow.data.formats.common import refuse_wide
 
     if not os.path.isfile(path):  # a pipe's first bytes, read here, would be gone for the job
         return
     with open(path, "rb") as f:
-        head = f.read(4)
-    for bom, name in WIDE_BOMS.items():
-        if head.startswith(bom):
-            raise DataError(f"is {name} text (it starts with a {name} byte-order mark); spanflow reads UTF-8: "
-                            f"convert it first, e.g. iconv -f {name} -t UTF-8", path=path)
+        refuse_wide(f.read(4), path)

@@ -20,9 +20,27 @@ from spanflow.errors import ConfigError, DataError
 
 
 def input_kind(path: str) -> str:
-    """How texts are read from `path`: jsonl (a field), csv/tsv (a column), else text lines."""
+    """How texts are read from `path`: jsonl (a field), csv/tsv (a column), else text lines. A
+    .json file of one object a line is JSONL; one JSON list is a DataError (no job reads a list
+    whole: a bulk job streams its records)."""
     kind = kind_of(path)
+    if kind == "json":
+        return _json_kind(path)
     return kind if kind in ("jsonl", "csv", "tsv") else "text"
+
+
+def _json_kind(path: str) -> str:
+    """jsonl for a .json file whose first non-blank line opens an object; a DataError for one
+    that opens a list; text lines otherwise (as any other file)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = next((line.lstrip("\ufeff \t\r\n") for line in f if line.strip()), "")
+    except OSError:
+        return "text"  # the reader names what is wrong with the file
+    if first.startswith("["):
+        raise DataError("is one JSON list; predict and embed read JSONL, one object a line (convert it with "
+                        f"jq -c '.[]' {path} > {os.path.splitext(path)[0]}.jsonl)", path=path)
+    return "jsonl" if first.startswith("{") else "text"
 
 
 # errors="surrogateescape" turns each invalid byte into one of these lone surrogates, which

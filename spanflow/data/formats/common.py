@@ -15,7 +15,28 @@ def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
     if os.path.isdir(path):
         raise DataError("is a directory, expected a file", path=path)
     with open(path, "rb") as f:
-        yield from enumerate(f, start=1)
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                refuse_wide(raw, path)
+            yield lineno, raw
+
+
+# the byte-order marks of the encodings a text file may be in that are not UTF-8
+WIDE_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
+             b"\xfe\xff": "UTF-16"}
+
+
+def refuse_wide(head: bytes, path: str, *, nuls: bool = False) -> None:
+    """A DataError for text in UTF-16 or UTF-32, told by its byte-order mark (or, with `nuls`, by the
+    NUL bytes every character of Latin text has in them: a file known to be no binary format):
+    read as UTF-8 each line would come out garbled or as an error about its first byte."""
+    name = next((n for bom, n in WIDE_BOMS.items() if head.startswith(bom)), None)
+    if name is not None:
+        raise DataError(f"is {name} text (it starts with a {name} byte-order mark); spanflow reads UTF-8: "
+                        f"convert it first, e.g. iconv -f {name} -t UTF-8", path=path)
+    if nuls and len(head) >= 16 and head.count(0) * 4 >= len(head):
+        raise DataError("holds NUL bytes between its characters: UTF-16 or UTF-32 text without a byte-order mark? "
+                        "spanflow reads UTF-8: convert it first, e.g. iconv -f UTF-16LE -t UTF-8", path=path)
 
 
 def _decode(raw: bytes, lineno: int, path: str) -> str | DataError:
@@ -63,7 +84,8 @@ def parse_json(text: str, path: str, line: int | None = None):
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"invalid JSON: {e.msg} at column {e.colno}", path=path,
+        where = "column" if e.msg.endswith(" at") else "at column"  # "Unterminated string starting at"
+        raise DataError(f"invalid JSON: {e.msg} {where} {e.colno}", path=path,
                         line=e.lineno if line is None else line) from None
     except RecursionError:
         raise DataError("invalid JSON: nested too deeply", path=path, line=line) from None

@@ -16,7 +16,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from spanflow.data.formats.common import is_cjk
+from spanflow.data.formats.common import is_cjk, refuse_wide
 from spanflow.data.schemes import split_tag
 from spanflow.errors import DataError
 
@@ -98,6 +98,7 @@ def sniff(path: str | os.PathLike) -> Format | None:
         return FORMATS["arrow"]
     if head.startswith(_ZLIB) and _inflates(head):
         return FORMATS["docbin"]
+    refuse_wide(head, os.fspath(path), nuls=True)  # no binary format above: NULs mean wide text
     text = head.decode("utf-8", errors="replace").removeprefix("\ufeff")
     lines = text.splitlines()
     if len(head) == HEAD_BYTES and len(lines) > 1:

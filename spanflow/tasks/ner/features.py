@@ -1,6 +1,8 @@
 """NER as token classification: BIO labels on first subwords, cross-entropy, span decoding."""
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -121,9 +123,13 @@ def class_weight_tensor(spec, windows: list, id2label: list[str]) -> torch.Tenso
         spec = parse_weights(spec)
     weights = torch.ones(C)
     for key, value in spec.items():
+        if not (isinstance(value, numbers.Real) and 0 < value < float("inf")):  # 0 or less: the loss turns away
+            raise ConfigError(f"--class-weights: the weight of {key!r} must be a finite number above 0, got {value!r}")
         hits = [i for i, lab in enumerate(id2label) if lab == key or lab[2:] == key]
         if not hits:
-            raise ConfigError(f"class weight for unknown label {key!r}; labels: {', '.join(id2label)}")
+            types = sorted({lab[2:] for lab in id2label if lab != "O"})
+            raise ConfigError(f"class weight for unknown label {key!r}; entity labels: {', '.join(types)} (or a BIO "
+                              f"tag: {', '.join(id2label)})")
         weights[hits] = float(value)
     return weights
 
