@@ -149,6 +149,24 @@ def test_the_learning_check_quotes_the_loss_the_step_lines_print(tmp_path):
     assert f"({steps[5]} -> {steps[20]}: " in second
 
 
+def test_no_learning_check_after_an_evaluation_scored_above_zero(tmp_path):
+    """Under --eval-every the epoch can end on a 0 after a score above it: the run has learned
+    something, and 'still 0' would be false."""
+    items = [[0] * 8 for _ in range(40)]
+    scores = iter([0.25] + [0.0] * 20)
+    hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
+                                          "padded_tokens": 8 * len(ws)},
+                      loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=lambda m: {"f1": next(scores)},
+                      save_model=lambda p: os.makedirs(p, exist_ok=True))
+    lines = []
+    opts = TrainOptions(epochs=2, lr=0.05, max_tokens=32, patience=0, log_every=5, eval_every=5, warmup_ratio=0.0,
+                        weight_decay=0.0, max_grad_norm=0.0)
+    train_loop(_Weight(), items, hooks, opts=opts, policy=resolve_policy("fp32", "cpu"), out_dir=str(tmp_path),
+               log=lines.append)
+    assert any(x.startswith("step 10: dev F1 0.0000") for x in lines), lines  # the epoch ended on a 0
+    assert not [x for x in lines if "still 0" in x or "the loss fell" in x], lines
+
+
 class _Model:
     """A task model stand-in: an encoder, a fixed dev score, a save that writes a directory."""
 

@@ -46,3 +46,33 @@ def test_a_class_weight_that_is_not_a_finite_number_above_zero_is_refused(weight
     assert class_weight_tensor("PER=2", [], ["O", "B-PER", "I-PER"]).tolist() == [1.0, 2.0, 2.0]
     with pytest.raises(ConfigError, match=r"unknown label 'per'; entity labels: PER \(or a BIO tag"):
         class_weight_tensor("per=2", [], ["O", "B-PER", "I-PER"])
+
+
+@pytest.mark.parametrize("argv, left, said", [
+    (["embed", "--model", "m", "--input", "in.txt", "--output", "{d}/v.npy"], "v.npy.progress.json",
+     "terminated; the same command with --resume goes on from the last chunk written"),
+    (["train", "ner", "--train", "t.conll", "--out", "{d}/run"], "run/checkpoint/state.json",
+     "terminated; the same command with --resume goes on from {d}/run/checkpoint"),
+    (["embed", "--model", "m", "--input", "in.txt", "--output", "{d}/w.npy"], None, "terminated"),
+])
+def test_a_stopped_job_says_how_it_goes_on_where_it_left_something(tmp_path, monkeypatch, capsys, argv, left, said):
+    from spanflow.cli import main as cli
+
+    if left:
+        (tmp_path / left).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / left).write_text("{}")
+    module = cli.COMMANDS[argv[0]]
+
+    def stopped(a):
+        raise cli.Terminated()
+
+    monkeypatch.setattr(module, "run", stopped)
+    assert cli.main([x.format(d=tmp_path) for x in argv]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == said.format(d=tmp_path)
+
+
+def test_a_short_row_names_the_text_column_as_it_was_asked(tmp_path):
+    p = tmp_path / "in.csv"
+    p.write_text("doc,body\na1,Ada wrote\na2\n")
+    _, error = list(read_records(str(p), column="body", id_column="doc"))[1]
+    assert str(error).endswith("in.csv:3: record has 1 columns, --column body (column 1) asked"), str(error)

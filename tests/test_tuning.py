@@ -170,8 +170,8 @@ def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys, mo
     out = capsys.readouterr().out
     assert "runtime: device cpu (as asked), precision fp32 (as asked)" in out
     profile = tmp_path / "profile.json"  # the file it wrote is named, with how to use it
-    assert (f"profile: {profile}; run it with --profile {profile} (the commands that run this model: predict or "
-            "embed, evaluate, serve)") in out
+    assert (f"profile: {profile}; run it with --profile {profile} (the commands that run this model: predict, "
+            "evaluate, serve)") in out  # an NER model's: embed refuses it
     assert "quality: entity F1 on the labelled sample, read at that max length" in out
     quality = {p["max_length"]: p["quality"] for p in json.loads((tmp_path / "profile.json").read_text())["points"]}
     for L in (16, 64):

@@ -39,6 +39,19 @@ def add_parser(sub) -> None:
     add_ray_args(p)
 
 
+def after_stop(a: argparse.Namespace) -> str | None:
+    """What a stopped job left to go on from: its journal, which the same command with --resume
+    takes up (docs/embeddings.md)."""
+    import os
+
+    from spanflow.tasks.embed.journal import job_paths
+
+    output = getattr(a, "output", None)
+    if output and os.path.exists(job_paths(output).journal):
+        return "; the same command with --resume goes on from the last chunk written"
+    return None
+
+
 def run(a: argparse.Namespace) -> int:
     import os
     from contextlib import ExitStack

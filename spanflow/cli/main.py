@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except Terminated:
-        print("terminated", file=sys.stderr)
+        then = getattr(COMMANDS[args.command], "after_stop", None)  # how the command goes on, where it can
+        print("terminated" + ((then(args) or "") if then else ""), file=sys.stderr)
         return _leave_now(143, entry)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

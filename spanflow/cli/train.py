@@ -50,6 +50,19 @@ def _add_common(p, task: str) -> None:
     add_runtime_args(p, job="train")
 
 
+def after_stop(a: argparse.Namespace) -> str | None:
+    """Where a stopped run goes on from: its checkpoint, which the same command with --resume
+    takes up (docs/training.md)."""
+    import os
+
+    from spanflow.training.checkpoint import STATE
+
+    out = getattr(a, "out", None)
+    if out and os.path.exists(os.path.join(out, "checkpoint", STATE)):
+        return f"; the same command with --resume goes on from {os.path.join(out, 'checkpoint')}"
+    return None
+
+
 def run(a: argparse.Namespace) -> int:
     import os
 

@@ -242,13 +242,15 @@ def _csv_records(path: str, delimiter: str, column: Column | None, skip_header: 
     col = _index(header, 0 if column is None else column, "--column", path)
     ident = None if id_column is None else _index(header, id_column, "--id-column", path)
     kept = [_index(header, k, "--keep-columns", path) for k in keep]
-    return _csv_cells(path, delimiter, col, (id_column, ident), kept, skip_header or named)
+    asked = f"--column {col}" if not isinstance(column, str) else f"--column {column} (column {col})"
+    return _csv_cells(path, delimiter, (asked, col), (id_column, ident), kept, skip_header or named)
 
 
-def _csv_cells(path: str, delimiter: str, col: int, ident: tuple[str | None, int | None], kept: list[int],
-               skip_header: bool) -> Iterator[TableRecord]:
-    """The records of the rows; `ident`: the id column's (name, index), or (None, None)."""
-    name, at = ident
+def _csv_cells(path: str, delimiter: str, text: tuple[str, int], ident: tuple[str | None, int | None],
+               kept: list[int], skip_header: bool) -> Iterator[TableRecord]:
+    """The records of the rows; `text`: the text column as asked, and its index; `ident`: the id
+    column's (name, index), or (None, None)."""
+    (asked, col), (name, at) = text, ident
     for k, (lineno, row) in enumerate(_csv_rows(path, delimiter)):
         if skip_header and k == 0:
             continue
@@ -262,7 +264,7 @@ def _csv_cells(path: str, delimiter: str, col: int, ident: tuple[str | None, int
             continue
         rid = row[at] if at is not None else str(lineno)
         if col >= len(row):
-            yield TableRecord(rid, DataError(f"record has {len(row)} columns, --column {col} asked", path=path,
+            yield TableRecord(rid, DataError(f"record has {len(row)} columns, {asked} asked", path=path,
                                              line=lineno), values)
         else:
             yield TableRecord(rid, row[col], values)

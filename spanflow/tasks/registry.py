@@ -108,7 +108,8 @@ class Task(Protocol):
     # optional members: claims(path) -> bool, for directories without spanflow.json that the task
     # loads (checked before they are taken for encoders); request_params(model, body) -> dict for
     # the server; export(model, to, out, log_fn) and `exports`, the formats `spanflow export` writes
-    # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`)
+    # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`);
+    # `bulk_command`, the command that runs the task's models over a file (default "predict")
 
     def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int,
                  params: dict) -> dict:

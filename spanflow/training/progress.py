@@ -107,7 +107,8 @@ def learning_check(r: LoopState, f1: float | None, left: int) -> None:
     (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
     the same number of steps: the first steps of the run, and the last ones before this check."""
     first, w = r.st.get("first_loss"), r.recent.maxlen
-    if f1 is None or f1 > 0 or not first or len(r.recent) < w:  # the same on every rank: f1 is broadcast
+    best = r.st.get("best_f1") or 0.0  # an --eval-every evaluation may have scored above 0 before this one
+    if f1 is None or f1 > 0 or best > 0 or not first or len(r.recent) < w:  # the same on every rank: broadcast
         return
     loss = window_loss(r)  # host sync, only at an epoch that ended at dev F1 0
     if not r.dist.is_main:

@@ -104,8 +104,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
                f"only within {QUALITY_TOLERANCE} of the best")
     log_fn(f"profile: {path}; run it with --profile {path} ("
-           + ("spanflow train" if mode == "train" else "the commands that run this model: predict or embed, "
-              "evaluate, serve") + ")")
+           + ("spanflow train" if mode == "train" else "the commands that run this model: "
+              f"{getattr(t, 'bulk_command', 'predict')}, evaluate, serve") + ")")
     if plot:
         from spanflow.tuning.plot import plot_profile
 

@@ -22,6 +22,7 @@ class EmbedTask:
 
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
+    bulk_command = "embed"
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
     export_instead = ("it is a Hugging Face encoder (or sentence-transformers) directory already, which those "
                       "libraries load as it is")
