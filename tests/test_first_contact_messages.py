@@ -68,8 +68,8 @@ def test_content_wins_over_the_extension(tmp_path):
     assert read_ner(write(tmp_path, "d.json", CONLL))[0].entities() == [("Ann", "PER"), ("Rome", "LOC")]
     (ex,) = read_re(write(tmp_path, "r.json", RE_JSONL))  # JSONL relations named .json
     assert ex.triples == [((0, 3), "lives_in", (13, 17))]
-    with pytest.raises(DataError, match="format 'jsonl' was asked .*, but this is CoNLL columns .*: leave --format "
-                                        "out, or ask for 'conll'"):
+    with pytest.raises(DataError, match=r"format 'jsonl' was asked \(--format; convert's --from\), but this is "
+                                        "CoNLL columns .*: leave it out, or ask for 'conll'"):
         read_ner(write(tmp_path, "e.conll", CONLL), fmt="jsonl")
 
 

@@ -34,8 +34,8 @@ def _format_of(path: str, fmt: str | None, sniffed: dict[str, str], takes: str, 
     if fmt is None:
         return seen or fallback(path)
     if seen not in (None, fmt) and fmt in sniffed.values():
-        raise DataError(f"format {fmt!r} was asked (--format), but this is {found.what}: leave --format out, or "
-                        f"ask for {seen!r}", path=path)
+        raise DataError(f"format {fmt!r} was asked (--format; convert's --from), but this is {found.what}: leave "
+                        f"it out, or ask for {seen!r}", path=path)
     return fmt
 
 

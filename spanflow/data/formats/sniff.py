@@ -171,9 +171,10 @@ def _columns(lines: list[str]) -> Format | None:
 
 
 def _table(lines: list[str]) -> Format | None:
-    """Rows of two or more columns of one width, split by tabs or commas, their first cells sentences."""
+    """Rows of two or more columns of one width, split by tabs or commas, their first cells sentences
+    (a row of another width here and there is the reader's to name, with its line)."""
     for delimiter, name in (("\t", "TSV"), (",", "CSV")):
-        if not all(delimiter in line for line in lines):
+        if sum(delimiter in line for line in lines) < 0.8 * len(lines):
             continue
         quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
         try:
