@@ -92,3 +92,14 @@ def test_a_pairs_file_with_one_short_row_names_that_row(tmp_path):
                              f"Nothing happened on day {i} at all.\n" for i in range(30)))
     with pytest.raises(DataError, match="this is plain text lines"):
         read_pairs(str(prose))
+
+
+def test_ner_jsonl_whose_spans_sit_under_another_key_names_that_key(tmp_path):
+    p = tmp_path / "doccano.jsonl"
+    p.write_text('{"id": 1, "text": "Ada wrote", "label": [[0, 3, "PER"]]}\n{"id": 2, "text": "Bob ran", "label": []}\n')
+    with pytest.raises(DataError, match=r"doccano\.jsonl:1: no record has \"entities\" \(or \"spans\"\), but 'label' "
+                                        "holds spans"):
+        read_ner(str(p))
+    texts = tmp_path / "texts.jsonl"  # texts with no labels at all are still read, each without entities
+    texts.write_text('{"id": 1, "text": "Ada wrote", "label": "news"}\n')
+    assert [(e.text, e.spans) for e in read_ner(str(texts))] == [("Ada wrote", [])]

@@ -31,11 +31,14 @@ def parse_record(line: str, path: str, lineno: int) -> dict:
 def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
     """Read NER examples; spans out of range or overlapping are DataErrors naming the line."""
     path = os.fspath(path)
-    examples = []
+    examples, keyed, elsewhere = [], False, {}
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
         rec = parse_record(line, path, lineno)
+        keyed = keyed or "entities" in rec or "spans" in rec
+        if not keyed:
+            elsewhere.update((k, lineno) for k, v in rec.items() if k not in elsewhere and _span_like(v))
         raw = rec.get("entities", rec.get("spans", []))
         if not isinstance(raw, list):
             raise DataError('"entities" must be a list', path=path, line=lineno)
@@ -46,7 +49,20 @@ def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
         examples.append(NerExample(rec["text"], sorted(spans)))
     if not examples:
         raise DataError("file is empty: no records found", path=path)
+    if not keyed and elsewhere:  # read on, every text would be one without entities
+        key, lineno = next(iter(elsewhere.items()))
+        raise DataError(f'no record has "entities" (or "spans"), but {key!r} holds spans: spanflow reads each '
+                        f'text\'s entities from "entities": [[start, end, label], ...]; rename the key (a doccano '
+                        'export\'s "label" is such a list)', path=path, line=lineno)
     return examples
+
+
+def _span_like(value) -> bool:
+    """A list whose first item looks like a span: [start, end, label, ...] or {"start", "end", ...}."""
+    first = value[0] if isinstance(value, list) and value else None
+    if isinstance(first, (list, tuple)):
+        return len(first) >= 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in first[:2])
+    return isinstance(first, dict) and any(k in first for k in ("start", "start_offset"))
 
 
 def write_jsonl_record(f, text: str, spans, **extra) -> None:
