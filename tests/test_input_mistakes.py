@@ -3,7 +3,7 @@ wide text, a weight that would turn the loss away, JSON cut off inside a string.
 import pytest
 
 from spanflow.data.io import read_ner
-from spanflow.data.records import read_records
+from spanflow.data.records import read_records, read_rows
 from spanflow.errors import ConfigError, DataError
 from spanflow.tasks.ner.features import class_weight_tensor
 
@@ -103,3 +103,11 @@ def test_ner_jsonl_whose_spans_sit_under_another_key_names_that_key(tmp_path):
     texts = tmp_path / "texts.jsonl"  # texts with no labels at all are still read, each without entities
     texts.write_text('{"id": 1, "text": "Ada wrote", "label": "news"}\n')
     assert [(e.text, e.spans) for e in read_ner(str(texts))] == [("Ada wrote", [])]
+
+
+def test_a_column_number_past_the_first_rows_width_is_one_error_before_any_record(tmp_path):
+    p = tmp_path / "in.csv"
+    p.write_text("Ada wrote,1\nBob ran,2\n")
+    with pytest.raises(ConfigError, match=r"^--column 5: the first row of .*in\.csv has 2 columns, numbered from 0$"):
+        read_rows(str(p), column=5)  # as a job checks its input before loading its model
+    assert list(read_records(str(p), column=1)) == [("1", "1"), ("2", "2")]

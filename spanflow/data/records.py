@@ -242,6 +242,10 @@ def _csv_records(path: str, delimiter: str, column: Column | None, skip_header: 
     col = _index(header, 0 if column is None else column, "--column", path)
     ident = None if id_column is None else _index(header, id_column, "--id-column", path)
     kept = [_index(header, k, "--keep-columns", path) for k in keep]
+    if header is None and col > 0:  # a column the file's rows do not reach: each would be an error record
+        first = next((row for _, row in _csv_rows(path, delimiter) if not isinstance(row, DataError)), None)
+        if first is not None and col >= len(first):
+            raise ConfigError(f"--column {col}: the first row of {path} has {len(first)} columns, numbered from 0")
     asked = f"--column {col}" if not isinstance(column, str) else f"--column {column} (column {col})"
     return _csv_cells(path, delimiter, (asked, col), (id_column, ident), kept, skip_header or named)
 
