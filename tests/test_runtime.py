@@ -130,6 +130,14 @@ def test_predict_max_tokens_auto_measures_on_the_inputs_own_texts(model_dirs, tm
     assert len(out.read_text().splitlines()) == len(TEXTS)
 
 
+def test_evaluate_checks_precision_on_the_texts_of_its_pairs(model_dirs, bf16_cpu, tmp_path, capsys):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{a}\t{b}\t{i % 5}\n" for i, (a, b) in enumerate(zip(TEXTS, TEXTS[1:]))))
+    assert main(["evaluate", "--model", model_dirs["emb"], "--data", str(pairs)]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("runtime: "))
+    assert f"on {2 * (len(TEXTS) - 1)} input texts" in line, line  # both sides of each pair, not built-in ones
+
+
 def test_one_cache_key_of_resolved_choices():
     cpu = torch.device("cpu")
     key = {"model": "m", "device": cpu, "task": "ner", "mode": "infer", "precision": "bf16"}

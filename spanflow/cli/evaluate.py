@@ -40,7 +40,7 @@ def run(a: argparse.Namespace) -> int:
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
     loads = Loads(task, a.model)
-    rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=[getattr(e, "text", None) for e in examples],
+    rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=_texts(examples),
                          data=a.data, loads=loads, measure=quick_profile)
     model = loads.take(rt)
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
@@ -53,3 +53,18 @@ def run(a: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0
+
+
+def _texts(examples: list) -> list[str]:
+    """The texts of labelled examples, which --precision auto checks on: an example's `text`, or
+    each text of a pair or triplet (its string fields)."""
+    import dataclasses
+
+    out = []
+    for e in examples:
+        text = getattr(e, "text", None)
+        if isinstance(text, str):
+            out.append(text)
+        elif dataclasses.is_dataclass(e):
+            out += [v for v in (getattr(e, f.name) for f in dataclasses.fields(e)) if isinstance(v, str)]
+    return out
