@@ -83,22 +83,40 @@ def test_csv_bad_rows_in_order(tmp_path):
     assert shape(t, column=1) == [("1", "b"), ("2", err(t, 2, "invalid UTF-8 at byte 1 of column 0")), ("3", "f")]
 
 
-def test_a_quote_never_closed_is_one_error_and_every_row_after_it_is_read(tmp_path):
+def test_a_quote_never_closed_is_one_error_and_every_row_after_it_is_read(tmp_path, monkeypatch):
     """The reader would take every line after an unclosed quote into one field: to the file's end
-    (no error at all), or past csv's field limit (one error for thousands of rows)."""
+    (no error at all), or past the field limit (one error for thousands of rows)."""
+    import csv
+
+    from spanflow.data import csvrows
+
     unclosed = "unreadable CSV record: a quoted field opened on this line is never closed"
     short = write(tmp_path, "short.csv", b'text,id\nAda wrote,1\n"Unclosed quote,2\nAlan flew,3\nBea ran,4\n')
     got = shape(short, skip_header=True)
     assert [g for g in got if isinstance(g[1], str)] == [("2", "Ada wrote"), ("4", "Alan flew"), ("5", "Bea ran")]
     rid, (_, line, message) = got[1]
     assert (rid, line) == ("3", 3) and message.startswith(f"{short}:3: {unclosed} (unexpected end of data)")
+    last = write(tmp_path, "last.csv", b'Ada wrote,1\n"Bea ran,2\n')  # on the last line: no line after it
+    assert shape(last)[1][1][2].startswith(f"{last}:2: {unclosed} (unexpected end of data)")
     rows = ["text,id"] + [f"row {i} {'x' * 40},{i}" for i in range(1, 6001)]
     rows[4] = '"Unclosed quote,4'
     long = write(tmp_path, "long.csv", ("\n".join(rows) + "\n").encode())
-    got = shape(long, skip_header=True)
+    limit = csv.field_size_limit()
+    monkeypatch.setattr(csvrows, "FIELD_LIMIT", 100_000)  # the field outgrows it long before the file ends
+    try:
+        csv.field_size_limit(100_000)
+        got = shape(long, skip_header=True)
+    finally:
+        csv.field_size_limit(limit)
     assert len(got) == 6000 and got[5] == ("7", f"row 6 {'x' * 40}")
     assert [g[0] for g in got if not isinstance(g[1], str)] == ["5"]
     assert got[3][1][1] == 5 and got[3][1][2].startswith(f"{long}:5: {unclosed} (field larger than field limit")
+
+
+def test_a_long_document_in_one_quoted_field_is_one_record(tmp_path):
+    doc = "\n".join(f"Paragraph {i}, with a comma, and some words after it." for i in range(4000))  # ~220 KB
+    p = write(tmp_path, "docs.csv", f'"{doc}",1\nshort one,2\n'.encode())
+    assert shape(p) == [("4000", doc), ("4001", "short one")]
 
 
 def test_labelled_data_stays_strict(tmp_path):

@@ -39,10 +39,12 @@ def test_json_cut_off_inside_a_string_reads_as_one_sentence(tmp_path):
     assert "Unterminated string starting at column 10" in str(e.value) and " at at " not in str(e.value)
 
 
-@pytest.mark.parametrize("weights", ["PER=-1", "PER=0", {"PER": float("inf")}, {"PER": "2"}])
-def test_a_class_weight_that_is_not_a_finite_number_above_zero_is_refused(weights):
+@pytest.mark.parametrize("weights", ["PER=-1", "PER=0", {"PER": float("inf")}, {"PER": "2"}, {"PER": True}])
+def test_a_class_weight_that_is_not_a_finite_number_above_zero_is_refused_with_the_options(weights):
+    from spanflow.training.options import TrainOptions
+
     with pytest.raises(ConfigError, match="--class-weights: the weight of 'PER' must be a finite number above 0"):
-        class_weight_tensor(weights, [], ["O", "B-PER", "I-PER"])
+        TrainOptions(class_weights=weights)  # before any model loads
     assert class_weight_tensor("PER=2", [], ["O", "B-PER", "I-PER"]).tolist() == [1.0, 2.0, 2.0]
     with pytest.raises(ConfigError, match=r"unknown label 'per'; entity labels: PER \(or a BIO tag"):
         class_weight_tensor("per=2", [], ["O", "B-PER", "I-PER"])
@@ -69,6 +71,32 @@ def test_a_stopped_job_says_how_it_goes_on_where_it_left_something(tmp_path, mon
     monkeypatch.setattr(module, "run", stopped)
     assert cli.main([x.format(d=tmp_path) for x in argv]) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == said.format(d=tmp_path)
+
+    def interrupted(a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "run", interrupted)  # Ctrl-C: the same line, its own word
+    assert cli.main([x.format(d=tmp_path) for x in argv]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == said.format(d=tmp_path).replace("terminated",
+                                                                                                 "interrupted")
+
+
+def test_an_earlier_runs_checkpoint_is_not_offered_to_go_on_from(tmp_path, monkeypatch, capsys):
+    import os
+
+    from spanflow.cli import main as cli
+
+    state = tmp_path / "run" / "checkpoint" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text("{}")
+    os.utime(state, (1_000_000_000, 1_000_000_000))  # written long before this process started
+
+    def stopped(a):
+        raise cli.Terminated()
+
+    monkeypatch.setattr(cli.COMMANDS["train"], "run", stopped)
+    assert cli.main(["train", "ner", "--train", "t.conll", "--out", str(tmp_path / "run")]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "terminated"
 
 
 def test_a_short_row_names_the_text_column_as_it_was_asked(tmp_path):
@@ -111,3 +139,14 @@ def test_a_column_number_past_the_first_rows_width_is_one_error_before_any_recor
     with pytest.raises(ConfigError, match=r"^--column 5: the first row of .*in\.csv has 2 columns, numbered from 0$"):
         read_rows(str(p), column=5)  # as a job checks its input before loading its model
     assert list(read_records(str(p), column=1)) == [("1", "1"), ("2", "2")]
+
+
+def test_the_line_readers_refuse_wide_text_themselves(tmp_path):
+    from spanflow.data.formats.common import read_lines
+
+    p = tmp_path / "texts.txt"
+    p.write_bytes("Ada wrote\nBob ran\n".encode("utf-16"))
+    with pytest.raises(DataError, match="is UTF-16 text"):
+        list(read_lines(str(p)))
+    with pytest.raises(DataError, match="is UTF-16 text"):
+        list(read_records(str(p)))  # a bulk job's reader: one error for the file, not one per garbled line

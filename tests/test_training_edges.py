@@ -86,7 +86,8 @@ def test_an_early_stop_mid_epoch_leaves_the_epochs_other_steps_to_a_resume(tmp_p
 
 
 def test_a_run_that_diverges_and_stops_mid_epoch_ends_in_the_divergence_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"^the training loss is nan by step \d+: training diverged"):
+    with pytest.raises(ConfigError, match=r"^the (training loss is nan|weights are not finite) by step \d+: training "
+                                          "diverged"):
         train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
                   options=opts(lr=1e6, head_lr=1e6, max_grad_norm=0.0, warmup_ratio=0.0, max_tokens=128,
                                eval_every=1, patience=2))  # 5 steps an epoch: the stop is at step 3
@@ -119,8 +120,24 @@ def test_weights_that_step_went_non_finite_never_replace_the_last_checkpoint(tmp
     assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["global_step"] == 2
 
 
+def test_weights_gone_non_finite_before_the_first_evaluation_are_never_kept_as_the_best(tmp_path, monkeypatch):
+    from spanflow.training import loop
+
+    real = loop.optimizer_step
+
+    def step_then_break(model, *a, **k):  # the first update leaves a NaN that no loss has seen yet
+        real(model, *a, **k)
+        next(model.parameters()).data.view(-1)[0] = float("nan")
+
+    monkeypatch.setattr(loop, "optimizer_step", step_then_break)
+    with pytest.raises(ConfigError, match=r"^the weights are not finite by step 1: training diverged"):
+        train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                  options=opts(eval_every=1, max_tokens=128))
+    assert not (tmp_path / "model").exists()  # a diverged model scores 0, not NaN: it would be the first best
+
+
 @pytest.mark.parametrize("field, value, message", [
-    ("seed", -1, "--seed must be >= 0, got -1"),
+    ("seed", -1, "--seed must be between 0 and 2**63 - 1, got -1"),
     ("lr", float("inf"), "--lr must be a finite number, got inf"),
     ("weight_decay", float("inf"), "--weight-decay must be a finite number, got inf"),
     ("oversample", float("inf"), "--oversample must be a finite number, got inf"),

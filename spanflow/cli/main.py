@@ -83,6 +83,12 @@ def _leave_group(rc: int) -> int:
     return rc
 
 
+def _after_stop(args) -> str:
+    """How a stopped command goes on, where it left something to go on from (its after_stop)."""
+    then = getattr(COMMANDS[args.command], "after_stop", None)
+    return (then(args) or "") if then else ""
+
+
 def _leave_now(rc: int, entry: bool) -> int:
     """rc; or, where the model thread still runs the work the signal interrupted (a load or a
     compile, tens of seconds), the process ends now: exiting normally would wait for that work.
@@ -121,11 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except Terminated:
-        then = getattr(COMMANDS[args.command], "after_stop", None)  # how the command goes on, where it can
-        print("terminated" + ((then(args) or "") if then else ""), file=sys.stderr)
+        print("terminated" + _after_stop(args), file=sys.stderr)
         return _leave_now(143, entry)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted" + _after_stop(args), file=sys.stderr)
         return _leave_now(130, entry)
     except Exception as e:
         line = write_error_line(e)

@@ -51,14 +51,17 @@ def _add_common(p, task: str) -> None:
 
 
 def after_stop(a: argparse.Namespace) -> str | None:
-    """Where a stopped run goes on from: its checkpoint, which the same command with --resume
-    takes up (docs/training.md)."""
+    """Where a stopped run goes on from: the checkpoint it wrote (not an earlier run's), which the
+    same command with --resume takes up (docs/training.md)."""
     import os
+
+    import psutil
 
     from spanflow.training.checkpoint import STATE
 
     out = getattr(a, "out", None)
-    if out and os.path.exists(os.path.join(out, "checkpoint", STATE)):
+    state = os.path.join(out, "checkpoint", STATE) if out else None
+    if state and os.path.exists(state) and os.path.getmtime(state) >= psutil.Process().create_time():
         return f"; the same command with --resume goes on from {os.path.join(out, 'checkpoint')}"
     return None
 

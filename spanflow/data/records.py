@@ -6,15 +6,15 @@ write an error record and go on: every input record gives one output record.
 """
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterator, Sequence
 
 from spanflow.data.formats.common import kind_of, parse_json, read_lines_or_errors
+from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
 from spanflow.errors import ConfigError, DataError
 
@@ -30,35 +30,25 @@ def input_kind(path: str) -> str:
 
 
 def _json_kind(path: str) -> str:
-    """jsonl for a .json file whose first non-blank line opens an object; a DataError for one
-    that opens a list; text lines otherwise (as any other file)."""
+    """jsonl for a .json file that opens with an object; a DataError for one that opens a list;
+    text lines otherwise (as any other file, and a pipe, whose first bytes read here would be gone)."""
+    if not os.path.isfile(path):
+        return "text"
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = next((line.lstrip("\ufeff \t\r\n") for line in f if line.strip()), "")
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
     except OSError:
         return "text"  # the reader names what is wrong with the file
-    if first.startswith("["):
+    if head.startswith("["):
+        out = shlex.quote(os.path.splitext(path)[0] + ".jsonl")
         raise DataError("is one JSON list; predict and embed read JSONL, one object a line (convert it with "
-                        f"jq -c '.[]' {path} > {os.path.splitext(path)[0]}.jsonl)", path=path)
-    return "jsonl" if first.startswith("{") else "text"
+                        f"jq -c '.[]' {shlex.quote(path)} > {out})", path=path)
+    return "jsonl" if head.startswith("{") else "text"
 
 
-# errors="surrogateescape" turns each invalid byte into one of these lone surrogates, which
-# valid UTF-8 can never produce: the file reads on, and the rows that held one are known
-_ESCAPED = re.compile("[\udc80-\udcff]")
 # a JSON string can still spell a lone surrogate (an escape such as \ud800): no character, so no tokenizer
 # takes it and no UTF-8 output can hold it
 SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _invalid_utf8(row: list[str]) -> str | None:
-    """Where the first invalid UTF-8 byte of a row is, or None when the row is clean."""
-    for i, cell in enumerate(row):
-        m = _ESCAPED.search(cell)
-        if m:
-            at = len(cell[:m.start()].encode("utf-8", "surrogateescape"))
-            return f"invalid UTF-8 at byte {at} of column {i}"
-    return None
 
 
 def _kept_value(value) -> str | None:
@@ -97,77 +87,6 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
         return TableRecord(rid, DataError(f'"{field}" holds a lone surrogate {m.group()!a} at character '
                                           f"{m.start()}, not a character", path=path, line=lineno), kept)
     return TableRecord(rid, rec[field], kept)
-
-
-def _csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataError]]:
-    """(line, row or DataError) of each CSV/TSV record, `line` the record's last line. A quote that
-    is never closed would take every line after it into one field (to the file's end, or until
-    the field outgrows csv's limit): that record is an error naming the line it opened on, and the
-    lines after that one are read again as records of their own."""
-    if not os.path.exists(path):
-        raise DataError("file not found", path=path)
-    with open(path, "rb") as raw:
-        f = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
-        replay: list[str] = []  # lines to read again, after a record that could not be closed
-        first = 1  # the line the next record starts on
-        while True:
-            taken: list[str] = []  # the lines the reader has taken since the last record
-            ended = [False]
-            reader = csv.reader(_lines(replay, f, taken, ended), delimiter=delimiter)
-            replay = []
-            for row, error in _csv_reads(reader):
-                if error is None and len(taken) > 1 and ended[0] and _unclosed(taken, delimiter):
-                    error = "unexpected end of data"
-                if error is not None and len(taken) > 1:  # to the end, or past the limit: a quote left open
-                    yield first, DataError(f"unreadable CSV record: a quoted field opened on this line is never "
-                                           f"closed ({error}); the lines after it are read on their own",
-                                           path=path, line=first)
-                    replay, first = taken[1:], first + 1
-                    break
-                line = first + len(taken) - 1
-                if error is not None:
-                    yield line, DataError(f"unreadable CSV record: {error}", path=path, line=line)
-                else:
-                    bad = _invalid_utf8(row)
-                    yield line, DataError(bad, path=path, line=line) if bad else row
-                first += len(taken)
-                taken.clear()
-            else:
-                return
-
-
-def _lines(replay: list[str], f, taken: list[str], ended: list[bool]) -> Iterator[str]:
-    """The lines to read again, then the file's; each also appended to `taken`, and `ended` set once
-    the file has no more."""
-    for line in replay:
-        taken.append(line)
-        yield line
-    for line in f:
-        taken.append(line)
-        yield line
-    ended[0] = True
-
-
-def _csv_reads(reader) -> Iterator[tuple[list[str] | None, str | None]]:
-    """(row, None) or (None, csv's error) for each record of `reader`."""
-    while True:
-        try:
-            yield next(reader), None
-        except StopIteration:
-            return
-        except csv.Error as e:
-            yield None, str(e)
-
-
-def _unclosed(lines: list[str], delimiter: str) -> bool:
-    """Whether these lines end inside a quoted field (read strictly, csv says so; leniently, the
-    field runs to the end)."""
-    try:
-        for _ in csv.reader(lines, delimiter=delimiter, strict=True):
-            pass
-    except csv.Error as e:
-        return "unexpected end of data" in str(e)
-    return False
 
 
 Column = int | str  # a 0-based CSV/TSV index, or a column name (a table's, a CSV/TSV header's)
@@ -220,7 +139,7 @@ def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column
 
 
 def _header(path: str, delimiter: str) -> list[str]:
-    for lineno, row in _csv_rows(path, delimiter):
+    for lineno, row in csv_rows(path, delimiter):
         if isinstance(row, DataError):
             raise ConfigError(f"{path}: its header row is unreadable ({row.reason})")
         return row
@@ -243,7 +162,7 @@ def _csv_records(path: str, delimiter: str, column: Column | None, skip_header: 
     ident = None if id_column is None else _index(header, id_column, "--id-column", path)
     kept = [_index(header, k, "--keep-columns", path) for k in keep]
     if header is None and col > 0:  # a column the file's rows do not reach: each would be an error record
-        first = next((row for _, row in _csv_rows(path, delimiter) if not isinstance(row, DataError)), None)
+        first = next((row for _, row in csv_rows(path, delimiter) if not isinstance(row, DataError)), None)
         if first is not None and col >= len(first):
             raise ConfigError(f"--column {col}: the first row of {path} has {len(first)} columns, numbered from 0")
     asked = f"--column {col}" if not isinstance(column, str) else f"--column {column} (column {col})"
@@ -255,7 +174,7 @@ def _csv_cells(path: str, delimiter: str, text: tuple[str, int], ident: tuple[st
     """The records of the rows; `text`: the text column as asked, and its index; `ident`: the id
     column's (name, index), or (None, None)."""
     (asked, col), (name, at) = text, ident
-    for k, (lineno, row) in enumerate(_csv_rows(path, delimiter)):
+    for k, (lineno, row) in enumerate(csv_rows(path, delimiter)):
         if skip_header and k == 0:
             continue
         if isinstance(row, DataError):
@@ -306,5 +225,5 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
     on without a quality column); None for any other file, which a task reads as its labelled data."""
     from spanflow.data.formats.sniff import sniff
 
-    texts = is_table(path) or (infer and getattr(sniff(path), "use", None) == "texts")
+    texts = is_table(path) or (infer and getattr(sniff(path), "name", None) in ("text", "texts-jsonl"))
     return sample_texts(path, n, field=field, column=column) if texts else None

@@ -53,10 +53,10 @@ class RssPeak:
             self.sample()
 
     def sample(self) -> None:
-        """Read resident memory now into the peak."""
-        now = self._read()
+        """Read resident memory now into the peak (under the lock: a reading taken before a reset
+        and stored after it would carry the last period's peak into the next)."""
         with self._lock:
-            self._peak = max(self._peak, now)
+            self._peak = max(self._peak, self._read())
 
     def peek(self) -> int:
         """The peak since the last reset, now included."""
@@ -65,9 +65,8 @@ class RssPeak:
 
     def reset(self) -> None:
         """Start the next peak from resident memory now."""
-        now = self._read()
         with self._lock:
-            self._peak = now
+            self._peak = self._read()
 
     def close(self) -> int:
         """Stop sampling; the peak since the last reset."""

@@ -186,6 +186,7 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
+            check_finite(r)  # a diverged model scores 0, not NaN: it would be kept as the first best
             f1 = _evaluate(r)
             r.log(f"step {gs}: dev {r.hooks.metric} {f1:.4f}" if f1 is not None else f"step {gs}")
             if st["stopped"]:

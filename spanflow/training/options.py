@@ -101,7 +101,7 @@ class TrainOptions:
         for name in ("lr", "head_lr"):
             v = getattr(self, name)
             checks.append((v is None or v > 0, f"--{name.replace('_', '-')} must be > 0, got {v}"))
-        checks.append((self.seed >= 0, f"--seed must be >= 0, got {self.seed}"))
+        checks.append((0 <= self.seed < 2**63, f"--seed must be between 0 and 2**63 - 1, got {self.seed}"))
         for f in dataclasses.fields(self):  # an infinite rate, weight or share passes every bound above
             v = getattr(self, f.name)
             if isinstance(v, float) and math.isinf(v):
@@ -109,10 +109,41 @@ class TrainOptions:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if isinstance(self.class_weights, str) and self.class_weights != "auto":
+            parse_weights(self.class_weights)
+        elif isinstance(self.class_weights, dict):
+            _check_weights(self.class_weights)
 
     def to_dict(self) -> dict:
         """Every field by name (the run parameters reporters such as MLflow log)."""
         return asdict(self)
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """'person=2,corporation=3' -> {'person': 2.0, 'corporation': 3.0}, each a finite number above 0."""
+    from spanflow.errors import ConfigError
+
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.rpartition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise ConfigError(f"--class-weights: expected LABEL=WEIGHT pairs or 'auto', got {part!r}")
+    return _check_weights(out)
+
+
+def _check_weights(weights: dict) -> dict:
+    """The weights as given, where each is a finite number above 0 (at 0 or below the loss turns away
+    from its label); else a ConfigError naming the first that is not."""
+    from spanflow.errors import ConfigError
+
+    for key, value in weights.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            raise ConfigError(f"--class-weights: the weight of {key!r} must be a finite number above 0, got {value!r}")
+    return weights
 
 
 # what a value of each annotated type may be (bool is an int to Python, but no count or rate)

@@ -93,7 +93,13 @@ def check_finite(r: LoopState) -> None:
 
     what = f"the training loss is {loss}" if not math.isfinite(loss) else "the weights are not finite"
     raise ConfigError(f"{what} by step {r.st['global_step']}: training diverged; lower --lr "
-                      f"({lr_now(r):.2e} now) or --head-lr, keep --max-grad-norm above 0, or try --precision fp32")
+                      f"({lr_now(r):.2e} now){_or_head(r)}, keep --max-grad-norm above 0, or try --precision fp32")
+
+
+def _or_head(r: LoopState, joined: str = " or ") -> str:
+    """' or --head-lr' where the model has a head of its own to give a learning rate (the embedding
+    task trains its encoder alone, and has no such flag)."""
+    return f"{joined}--head-lr" if any(n.startswith("head.") for n, _ in r.model.named_parameters()) else ""
 
 
 def _finite(model) -> bool:
@@ -117,7 +123,7 @@ def learning_check(r: LoopState, f1: float | None, left: int) -> None:
     moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
     if loss > 0.8 * first:
         r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
-              "give it more updates (a smaller --max-tokens, more --epochs) or a higher --lr/--head-lr")
+              f"give it more updates (a smaller --max-tokens, more --epochs) or a higher --lr{_or_head(r, '/')}")
     elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
         r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({moved}) in {steps} optimizer steps: "
               f"still learning, {left} epoch{'s' if left > 1 else ''} to go")

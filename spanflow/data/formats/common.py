@@ -28,13 +28,14 @@ WIDE_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xf
 
 def refuse_wide(head: bytes, path: str, *, nuls: bool = False) -> None:
     """A DataError for text in UTF-16 or UTF-32, told by its byte-order mark (or, with `nuls`, by the
-    NUL bytes every character of Latin text has in them: a file known to be no binary format):
+    NUL byte every character of Latin text has at one of its two positions, in at least 4 of 5 of
+    them: a file known to be no binary format sniff reads):
     read as UTF-8 each line would come out garbled or as an error about its first byte."""
     name = next((n for bom, n in WIDE_BOMS.items() if head.startswith(bom)), None)
     if name is not None:
         raise DataError(f"is {name} text (it starts with a {name} byte-order mark); spanflow reads UTF-8: "
                         f"convert it first, e.g. iconv -f {name} -t UTF-8", path=path)
-    if nuls and len(head) >= 16 and head.count(0) * 4 >= len(head):
+    if nuls and len(head) >= 16 and max(head[0::2].count(0), head[1::2].count(0)) * 5 >= 2 * len(head):
         raise DataError("holds NUL bytes between its characters: UTF-16 or UTF-32 text without a byte-order mark? "
                         "spanflow reads UTF-8: convert it first, e.g. iconv -f UTF-16LE -t UTF-8", path=path)
 
@@ -61,8 +62,8 @@ def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
 
 def read_lines_or_errors(path: str | os.PathLike) -> Iterator[tuple[int, str | DataError]]:
     """read_lines for bulk input: a line of invalid UTF-8 yields its DataError in place of the
-    text and reading goes on (one stray byte costs one record, not the file). A missing file
-    still raises."""
+    text and reading goes on (one stray byte costs one record, not the file). A missing file,
+    or one in UTF-16 or UTF-32 (its byte-order mark), still raises."""
     path = os.fspath(path)
     for lineno, raw in _numbered_raw(path):
         yield lineno, _decode(raw, lineno, path)

@@ -32,8 +32,8 @@ def _sentences(path: str):
         cols = line.split("\t") if "\t" in line else line.split()
         if cols[0] == "-DOCSTART-":
             continue
-        if not cols[0]:  # the line starts with its tab: a tag and no token
-            raise DataError(f"no token before the tag: the line starts with a tab, got {quote(line)}",
+        if not cols[0].strip():  # the line starts with its tab: a tag and no token
+            raise DataError(f"no token before the tag, got {quote(line)}",
                             path=path, line=lineno)
         if len(cols) < 2:
             raise DataError(f"expected a token and a tag separated by a tab or space, got {quote(line)}",

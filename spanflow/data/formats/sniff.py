@@ -88,7 +88,8 @@ def _inflates(head: bytes) -> bool:
 
 
 def sniff(path: str | os.PathLike) -> Format | None:
-    """The format of the file at `path` from its first 64 KiB, or None when unsure (or unreadable)."""
+    """The format of the file at `path` from its first 64 KiB, or None when unsure (or unreadable);
+    a DataError for text in UTF-16 or UTF-32, which no reader takes (common.refuse_wide)."""
     head = _head(os.fspath(path))
     if not head:
         return None

@@ -1,8 +1,6 @@
 """NER as token classification: BIO labels on first subwords, cross-entropy, span decoding."""
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,6 +9,7 @@ from spanflow.batching.align import IGNORE, encode_texts, windows_for
 from spanflow.batching.collate import collate
 from spanflow.data.examples import NerExample, join_examples
 from spanflow.tasks.ner.bio import bio_labels
+from spanflow.training.options import parse_weights
 
 
 def bio_label_list(entity_labels: list[str]) -> list[str]:
@@ -120,11 +119,9 @@ def class_weight_tensor(spec, windows: list, id2label: list[str]) -> torch.Tenso
         weights = weights * n / (weights * counts).sum()
         return torch.where(counts > 0, weights, torch.ones(C))  # unseen labels never reach the loss
     if isinstance(spec, str):
-        spec = parse_weights(spec)
+        spec = parse_weights(spec)  # checked when the options were made
     weights = torch.ones(C)
     for key, value in spec.items():
-        if not (isinstance(value, numbers.Real) and 0 < value < float("inf")):  # 0 or less: the loss turns away
-            raise ConfigError(f"--class-weights: the weight of {key!r} must be a finite number above 0, got {value!r}")
         hits = [i for i, lab in enumerate(id2label) if lab == key or lab[2:] == key]
         if not hits:
             types = sorted({lab[2:] for lab in id2label if lab != "O"})
@@ -132,22 +129,6 @@ def class_weight_tensor(spec, windows: list, id2label: list[str]) -> torch.Tenso
                               f"tag: {', '.join(id2label)})")
         weights[hits] = float(value)
     return weights
-
-
-def parse_weights(text: str) -> dict[str, float]:
-    """'person=2,corporation=3' -> {'person': 2.0, 'corporation': 3.0}."""
-    from spanflow.errors import ConfigError
-
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.rpartition("=")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or not key.strip():
-            raise ConfigError(f"--class-weights: expected LABEL=WEIGHT pairs or 'auto', got {part!r}")
-    return out
 
 
 def window_kinds(windows: list, id2label: list[str]) -> list[set[str]]:
