@@ -155,6 +155,12 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     assert rec["text"] == data[0].text and isinstance(rec["relations"], list)
     for r in rec["relations"]:
         assert rec["text"][r["head"][0]:r["head"][1]] == r["head_text"]
+    assert "note:" not in capsys.readouterr().out  # a short text is read whole
+    src.write_text(data[0].text + "\n" + " ".join([data[1].text] * 40) + "\n")  # the second past 64 tokens
+    assert main(["predict", "--model", str(out / "model"), "--input", str(src), "--output",
+                 str(tmp_path / "o.jsonl")]) == 0
+    assert "note: 1 text(s) were longer than the 64 tokens the model reads: only their start was read" in \
+        capsys.readouterr().out
 
 
 def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):

@@ -114,10 +114,15 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
         # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
         bar = tqdm(total=total, unit="text", disable=None if progress else True, dynamic_ncols=True, mininterval=0.5)
         try:
+            cut = getattr(model, "truncated", None)  # a model that cuts long texts counts them
             preds = _predictions(model, rows, bar, max_tokens)
             if fmt == "parquet":
-                return _write_parquet(model, preds, dst, keep, types, rows_per_group)
-            return _write_jsonl(model, preds, dst, keep, with_id=id_column is not None)
+                stats = _write_parquet(model, preds, dst, keep, types, rows_per_group)
+            else:
+                stats = _write_jsonl(model, preds, dst, keep, with_id=id_column is not None)
+            if cut is not None:
+                stats["truncated"] = model.truncated - cut
+            return stats
         finally:
             bar.close()
 

@@ -51,6 +51,7 @@ class ReModel:
         # limit: the length trained at; max_length: what inference reads (at most the limit)
         self.limit, self.threshold = limit, threshold
         self.max_length = min(max_length or limit, limit)
+        self.truncated = 0  # texts cut at max_length so far (RE reads no windows): bulk predict says how many
         head = head or CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(self.relations))
         self.module = CasRelModel(encoder, head)
         self.policy = policy or resolve_policy()
@@ -116,6 +117,7 @@ class ReModel:
         it also rounds padded lengths up to `pad_multiple`)."""
         thr = self.threshold if threshold is None else check_threshold(threshold)
         feats = input_features(encs, self.tokenizer, self.max_length)
+        self.truncated += sum(len(e.ids) > self.max_length - 2 for e in encs)  # [CLS] and [SEP] take two
         collate = make_collate(self.tokenizer.pad_token_id or 0, len(self.relations), pad_multiple=pad_multiple,
                                limit=self.max_length)
         out: list[list[Triple]] = [[] for _ in feats]
