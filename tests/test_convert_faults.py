@@ -53,3 +53,11 @@ def test_a_refused_write_names_the_output_not_its_temporary(tmp_path, monkeypatc
         write_ner([NerExample("Ada wrote", [(0, 3, "PER")])], str(out))
     assert str(e.value) == f"cannot write the data to {out}: Read-only file system"
     assert not out.exists()
+
+
+def test_write_ner_says_which_texts_conll_cannot_hold(tmp_path, caplog):
+    out = tmp_path / "out.conll"
+    with caplog.at_level("WARNING", logger="spanflow"):
+        write_ner([NerExample("Ada wrote", [(0, 3, "PER")]), NerExample("  ")], str(out))
+    assert f"{out}: 1 empty or whitespace-only text(s) have no line in CoNLL: left out" in caplog.text
+    assert [e.text for e in read_ner(str(out))] == ["Ada wrote"]

@@ -2,6 +2,7 @@
 read_ner, write_ner and read_re. Texts to predict or embed are read by data/records.py."""
 from __future__ import annotations
 
+import logging
 import os
 
 from spanflow.atomic import atomic_open, writing
@@ -101,8 +102,15 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
         return
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
-    from spanflow.data.formats.conll import write_conll_sentence
+    from spanflow.data.formats.conll import conll_token_bounds, write_conll_sentence
     from spanflow.data.formats.jsonl import write_jsonl_record
+
+    if fmt == "conll":  # a sentence of no lines is none: reading the file back would not find it
+        kept = [e for e in examples if conll_token_bounds(e.text, e.spans)]
+        if len(kept) < len(examples):
+            logging.getLogger("spanflow").warning("%s: %d empty or whitespace-only text(s) have no line in CoNLL: "
+                                                  "left out", path, len(examples) - len(kept))
+        examples = kept
 
     with writing("the data", path), atomic_open(path) as f:
         for ex in examples:
