@@ -292,7 +292,8 @@ def test_predict_to_parquet_holds_the_jsonl_records(ner_model, re_model, tmp_pat
     kw = dict(column="body", id_column="uid", keep=["score"], progress=False)
     s = predict_file(model, src, str(tmp_path / "p.parquet"), rows_per_group=4, **kw)
     predict_file(model, src, str(tmp_path / "p.jsonl"), **kw)
-    assert s == {"records": 11, "errors": 1}
+    # a relation model reads no windows: it also counts the texts it cut (none of these)
+    assert s == {"records": 11, "errors": 1, **({"truncated": 0} if task == "re" else {})}
     f = pq.ParquetFile(tmp_path / "p.parquet")
     assert f.metadata.num_row_groups == 3  # 4 + 4 + 3 rows, written as they came
     assert f.schema_arrow.names == ["id", "score", column, "error"]
