@@ -83,12 +83,10 @@ def test_csv_bad_rows_in_order(tmp_path):
     assert shape(t, column=1) == [("1", "b"), ("2", err(t, 2, "invalid UTF-8 at byte 1 of column 0")), ("3", "f")]
 
 
-def test_a_quote_never_closed_is_one_error_and_every_row_after_it_is_read(tmp_path, monkeypatch):
+def test_a_quote_never_closed_is_one_error_and_every_row_after_it_is_read(tmp_path):
     """The reader would take every line after an unclosed quote into one field: to the file's end
     (no error at all), or past the field limit (one error for thousands of rows)."""
     import csv
-
-    from spanflow.data import csvrows
 
     unclosed = "unreadable CSV record: a quoted field opened on this line is never closed"
     short = write(tmp_path, "short.csv", b'text,id\nAda wrote,1\n"Unclosed quote,2\nAlan flew,3\nBea ran,4\n')
@@ -102,15 +100,31 @@ def test_a_quote_never_closed_is_one_error_and_every_row_after_it_is_read(tmp_pa
     rows[4] = '"Unclosed quote,4'
     long = write(tmp_path, "long.csv", ("\n".join(rows) + "\n").encode())
     limit = csv.field_size_limit()
-    monkeypatch.setattr(csvrows, "FIELD_LIMIT", 100_000)  # the field outgrows it long before the file ends
     try:
-        csv.field_size_limit(100_000)
+        csv.field_size_limit(100_000)  # the field outgrows it long before the file ends
         got = shape(long, skip_header=True)
     finally:
         csv.field_size_limit(limit)
     assert len(got) == 6000 and got[5] == ("7", f"row 6 {'x' * 40}")
     assert [g[0] for g in got if not isinstance(g[1], str)] == ["5"]
     assert got[3][1][1] == 5 and got[3][1][2].startswith(f"{long}:5: {unclosed} (field larger than field limit")
+
+
+def test_a_quote_that_opens_mid_cell_and_never_closes_costs_one_record(tmp_path):
+    """A strict reader fails on such a row for another reason first: only the lenient reader's own
+    signal (it asked past the last line) tells an open quote."""
+    p = write(tmp_path, "mid.csv", b'text,id\n"Nice" phone,"great\nAlan flew,3\nBea ran,4\n')
+    got = shape(p, column="text")
+    assert [g for g in got if isinstance(g[1], str)] == [("3", "Alan flew"), ("4", "Bea ran")]
+    assert got[0][0] == "2" and "a quoted field opened on this line is never closed" in got[0][1][2]
+
+
+def test_a_csv_header_after_a_byte_order_mark_names_its_column(tmp_path):
+    p = write(tmp_path, "bom.csv", "\ufefftext,id\nAda wrote,1\n".encode())
+    assert shape(p, column="text") == [("2", "Ada wrote")]
+    wide = write(tmp_path, "wide.csv", "text,id\nAda wrote,1\n".encode("utf-16"))
+    with pytest.raises(DataError, match="is UTF-16 text"):
+        shape(wide)
 
 
 def test_a_long_document_in_one_quoted_field_is_one_record(tmp_path):

@@ -39,7 +39,8 @@ def test_json_cut_off_inside_a_string_reads_as_one_sentence(tmp_path):
     assert "Unterminated string starting at column 10" in str(e.value) and " at at " not in str(e.value)
 
 
-@pytest.mark.parametrize("weights", ["PER=-1", "PER=0", {"PER": float("inf")}, {"PER": "2"}, {"PER": True}])
+@pytest.mark.parametrize("weights", ["PER=-1", "PER=0", {"PER": float("inf")}, {"PER": "2"}, {"PER": True},
+                                     {"PER": 10**400}])
 def test_a_class_weight_that_is_not_a_finite_number_above_zero_is_refused_with_the_options(weights):
     from spanflow.training.options import TrainOptions
 
@@ -97,6 +98,10 @@ def test_an_earlier_runs_checkpoint_is_not_offered_to_go_on_from(tmp_path, monke
     monkeypatch.setattr(cli.COMMANDS["train"], "run", stopped)
     assert cli.main(["train", "ner", "--train", "t.conll", "--out", str(tmp_path / "run")]) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == "terminated"
+    # the checkpoint a --resume run started from is its own to go on from
+    assert cli.main(["train", "ner", "--train", "t.conll", "--out", str(tmp_path / "run"), "--resume"]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"terminated; the same command with --resume goes on from {tmp_path / 'run' / 'checkpoint'}")
 
 
 def test_a_short_row_names_the_text_column_as_it_was_asked(tmp_path):
@@ -150,3 +155,15 @@ def test_the_line_readers_refuse_wide_text_themselves(tmp_path):
         list(read_lines(str(p)))
     with pytest.raises(DataError, match="is UTF-16 text"):
         list(read_records(str(p)))  # a bulk job's reader: one error for the file, not one per garbled line
+
+
+def test_class_weights_changed_after_the_options_were_made_are_checked_again():
+    from spanflow.training.options import TrainOptions
+
+    given = {"PER": 2}
+    opts = TrainOptions(class_weights=given)
+    given["PER"] = -1  # the options hold their own copy
+    assert class_weight_tensor(opts.class_weights, [], ["O", "B-PER", "I-PER"]).tolist() == [1.0, 2.0, 2.0]
+    opts.class_weights = {"PER": -1}
+    with pytest.raises(ConfigError, match="the weight of 'PER' must be a finite number above 0"):
+        class_weight_tensor(opts.class_weights, [], ["O", "B-PER", "I-PER"])

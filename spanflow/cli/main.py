@@ -84,9 +84,13 @@ def _leave_group(rc: int) -> int:
 
 
 def _after_stop(args) -> str:
-    """How a stopped command goes on, where it left something to go on from (its after_stop)."""
+    """How a stopped command goes on, where it left something to go on from (its after_stop); ""
+    where it cannot tell: a hint never stands between a signal and the exit."""
     then = getattr(COMMANDS[args.command], "after_stop", None)
-    return (then(args) or "") if then else ""
+    try:
+        return (then(args) or "") if then else ""
+    except Exception:
+        return ""
 
 
 def _leave_now(rc: int, entry: bool) -> int:

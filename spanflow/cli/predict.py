@@ -69,8 +69,8 @@ def _run(a: argparse.Namespace, task) -> int:
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens)
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
-    if stats.get("truncated"):  # a model that reads no windows (relations) reads a long text's start only
+    if stats.get("truncated"):  # a model that reads no windows reads a long text's start only
         print(f"note: {stats['truncated']} text(s) were longer than the {model.max_length} tokens the model reads: "
-              "only their start was read (--max-length, up to the length it was trained at)")
+              "only their start was read (--max-length raises it, up to the model's limit)")
     warn_if_empty(a.input, stats["records"], stats["errors"])
     return 0

@@ -60,8 +60,12 @@ def after_stop(a: argparse.Namespace) -> str | None:
     from spanflow.training.checkpoint import STATE
 
     out = getattr(a, "out", None)
-    state = os.path.join(out, "checkpoint", STATE) if out else None
-    if state and os.path.exists(state) and os.path.getmtime(state) >= psutil.Process().create_time():
+    try:
+        written = os.stat(os.path.join(out, "checkpoint", STATE)).st_mtime if out else None
+    except OSError:  # none, or a checkpoint between its two renames
+        return None
+    # this run's own, or the one it resumed from: an earlier run's may be refused by a resume
+    if written is not None and (getattr(a, "resume", False) or written >= psutil.Process().create_time()):
         return f"; the same command with --resume goes on from {os.path.join(out, 'checkpoint')}"
     return None
 

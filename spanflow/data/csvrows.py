@@ -9,11 +9,13 @@ import os
 import re
 from collections.abc import Iterator
 
+from spanflow.data.formats.common import refuse_wide
 from spanflow.errors import DataError
 
 # a quoted field may hold a long document (csv's own limit is 128 Ki characters); one past this is taken for
 # a quote never closed, and its lines are read again one by one
 FIELD_LIMIT = 16 << 20
+csv.field_size_limit(max(csv.field_size_limit(), FIELD_LIMIT))  # once, for every reader of the process
 
 
 # errors="surrogateescape" turns each invalid byte into one of these lone surrogates, which
@@ -26,11 +28,13 @@ def csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataE
     is never closed would take every line after it into one field (to the file's end, or until
     the field outgrows FIELD_LIMIT): that record is an error naming the line it opened on, and the
     lines after that one are read again as records of their own."""
-    csv.field_size_limit(max(csv.field_size_limit(), FIELD_LIMIT))
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
     with open(path, "rb") as raw:
-        f = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+        refuse_wide(raw.read(4), path)  # UTF-16 would read as rows of NULs
+        raw.seek(0)
+        # utf-8-sig: a byte-order mark is no part of the first cell (a header's name)
+        f = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
         replay: list[str] = []  # lines to read again, after a record that could not be closed
         first = 1  # the line the next record starts on
         while True:
@@ -39,9 +43,12 @@ def csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataE
             reader = csv.reader(_lines(replay, f, taken, ended), delimiter=delimiter)
             replay = []
             for row, error in _csv_reads(reader):
-                if error is None and ended[0] and _unclosed(taken, delimiter):
+                # a row that came after the file's end: the reader asks past the last line only from
+                # inside a quoted field
+                unclosed = error is None and ended[0]
+                if unclosed:
                     error = "unexpected end of data"
-                if error is not None and (len(taken) > 1 or ended[0]):  # to the end, or past the limit
+                if error is not None and (len(taken) > 1 or unclosed):  # to the end, or past the limit
                     yield first, DataError(f"unreadable CSV record: a quoted field opened on this line is never "
                                            f"closed ({error}); the lines after it are read on their own",
                                            path=path, line=first)
@@ -80,17 +87,6 @@ def _csv_reads(reader) -> Iterator[tuple[list[str] | None, str | None]]:
             return
         except csv.Error as e:
             yield None, str(e)
-
-
-def _unclosed(lines: list[str], delimiter: str) -> bool:
-    """Whether these lines end inside a quoted field (read strictly, csv says so; leniently, the
-    field runs to the end)."""
-    try:
-        for _ in csv.reader(lines, delimiter=delimiter, strict=True):
-            pass
-    except csv.Error as e:
-        return "unexpected end of data" in str(e)
-    return False
 
 
 def _invalid_utf8(row: list[str]) -> str | None:

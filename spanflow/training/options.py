@@ -111,8 +111,8 @@ class TrainOptions:
                 raise ConfigError(message)
         if isinstance(self.class_weights, str) and self.class_weights != "auto":
             parse_weights(self.class_weights)
-        elif isinstance(self.class_weights, dict):
-            _check_weights(self.class_weights)
+        elif isinstance(self.class_weights, dict):  # a copy: the caller's dict may change after
+            object.__setattr__(self, "class_weights", check_weights(self.class_weights))
 
     def to_dict(self) -> dict:
         """Every field by name (the run parameters reporters such as MLflow log)."""
@@ -132,18 +132,24 @@ def parse_weights(text: str) -> dict[str, float]:
             sep = ""
         if not sep or not key.strip():
             raise ConfigError(f"--class-weights: expected LABEL=WEIGHT pairs or 'auto', got {part!r}")
-    return _check_weights(out)
+    return check_weights(out)
 
 
-def _check_weights(weights: dict) -> dict:
-    """The weights as given, where each is a finite number above 0 (at 0 or below the loss turns away
-    from its label); else a ConfigError naming the first that is not."""
+def check_weights(weights: dict) -> dict[str, float]:
+    """The weights as {label: float}, where each is a finite number above 0 (at 0 or below the loss
+    turns away from its label); else a ConfigError naming the first that is not."""
     from spanflow.errors import ConfigError
 
+    out = {}
     for key, value in weights.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        try:
+            ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and 0 < float(value) < math.inf
+        except OverflowError:  # an int past a float's range
+            ok = False
+        if not ok:
             raise ConfigError(f"--class-weights: the weight of {key!r} must be a finite number above 0, got {value!r}")
-    return weights
+        out[str(key)] = float(value)
+    return out
 
 
 # what a value of each annotated type may be (bool is an int to Python, but no count or rate)

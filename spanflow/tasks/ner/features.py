@@ -9,7 +9,7 @@ from spanflow.batching.align import IGNORE, encode_texts, windows_for
 from spanflow.batching.collate import collate
 from spanflow.data.examples import NerExample, join_examples
 from spanflow.tasks.ner.bio import bio_labels
-from spanflow.training.options import parse_weights
+from spanflow.training.options import check_weights, parse_weights
 
 
 def bio_label_list(entity_labels: list[str]) -> list[str]:
@@ -119,7 +119,8 @@ def class_weight_tensor(spec, windows: list, id2label: list[str]) -> torch.Tenso
         weights = weights * n / (weights * counts).sum()
         return torch.where(counts > 0, weights, torch.ones(C))  # unseen labels never reach the loss
     if isinstance(spec, str):
-        spec = parse_weights(spec)  # checked when the options were made
+        spec = parse_weights(spec)
+    spec = check_weights(spec)  # as the options checked them: a dict may have changed since
     weights = torch.ones(C)
     for key, value in spec.items():
         hits = [i for i, lab in enumerate(id2label) if lab == key or lab[2:] == key]
