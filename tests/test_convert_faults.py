@@ -61,3 +61,15 @@ def test_write_ner_says_which_texts_conll_cannot_hold(tmp_path, caplog):
         write_ner([NerExample("Ada wrote", [(0, 3, "PER")]), NerExample("  ")], str(out))
     assert f"{out}: 1 empty or whitespace-only text(s) have no line in CoNLL: left out" in caplog.text
     assert [e.text for e in read_ner(str(out))] == ["Ada wrote"]
+
+
+def test_texts_that_are_all_empty_make_no_empty_conll_file(tmp_path, capsys):
+    out = tmp_path / "out.conll"
+    with pytest.raises(DataError, match="none of the 2 texts has a token: CoNLL has no line"):
+        write_ner([NerExample(""), NerExample("  ")], str(out))
+    src = tmp_path / "in.jsonl"
+    write_ner([NerExample(""), NerExample("  ")], str(src))  # JSONL holds them
+    assert main(["convert", str(src), str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.startswith(f"error: {src}: none of its 2 texts has a token")
+    assert not out.exists()

@@ -24,7 +24,7 @@ def run(a: argparse.Namespace) -> int:
     import os
 
     from spanflow.data.io import check_output_file, output_format, read_ner, write_ner
-    from spanflow.errors import ConfigError
+    from spanflow.errors import ConfigError, DataError
 
     check_output_file(a.output)  # before reading: the input may be large
     if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.output, a.input):
@@ -38,6 +38,9 @@ def run(a: argparse.Namespace) -> int:
 
         tokens = [conll_tokens(e.text, e.spans) for e in examples]
         empty = [i for i, t in enumerate(tokens) if not t]
+        if empty and len(empty) == len(examples):  # the file would be empty, and no reader takes one
+            raise DataError(f"none of its {len(examples)} texts has a token: CoNLL has no line for an empty or "
+                            "whitespace-only text; convert to JSONL to keep them", path=a.input)
         if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
             shown = ", ".join(str(i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
             print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}): CoNLL has no line "

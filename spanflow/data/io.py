@@ -107,6 +107,9 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
 
     if fmt == "conll":  # a sentence of no lines is none: reading the file back would not find it
         kept = [e for e in examples if conll_token_bounds(e.text, e.spans)]
+        if examples and not kept:  # an empty file, which no reader takes back
+            raise DataError(f"none of the {len(examples)} texts has a token: CoNLL has no line for an empty or "
+                            "whitespace-only text; write JSONL to keep them", path=path)
         if len(kept) < len(examples):
             logging.getLogger("spanflow").warning("%s: %d empty or whitespace-only text(s) have no line in CoNLL: "
                                                   "left out", path, len(examples) - len(kept))
