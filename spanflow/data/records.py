@@ -225,5 +225,9 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
     on without a quality column); None for any other file, which a task reads as its labelled data."""
     from spanflow.data.formats.sniff import sniff
 
-    texts = is_table(path) or (infer and getattr(sniff(path), "name", None) in ("text", "texts-jsonl"))
-    return sample_texts(path, n, field=field, column=column) if texts else None
+    if not (is_table(path) or (infer and getattr(sniff(path), "name", None) in ("text", "texts-jsonl"))):
+        return None
+    texts = sample_texts(path, n, field=field, column=column)
+    if not texts:  # a sample of nothing measures nothing
+        raise ConfigError(f"{path}: no usable records to tune on")
+    return texts

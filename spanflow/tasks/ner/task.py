@@ -76,10 +76,6 @@ class NerTask:
         check_model_for(model, self.name, start=mode == "train")
         if texts is None:  # a table (or, for inference, plain texts): no labels
             texts = unlabelled_sample(data, sample, field=field, column=column, infer=mode == "infer")
-        if texts is not None and not texts:
-            from spanflow.errors import ConfigError
-
-            raise ConfigError(f"{data}: no usable records to tune on")
         examples = read_ner(data)[:sample] if texts is None else [NerExample(t) for t in texts]
         labels = sorted({lab for e in examples for *_, lab in e.spans})
         if mode == "train":

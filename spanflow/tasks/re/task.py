@@ -64,10 +64,6 @@ class ReTask:
         check_model_for(model, self.name, start=mode == "train")
         if texts is None:  # a table (or, for inference, plain texts): no labels
             texts = unlabelled_sample(data, sample, field=field, column=column, infer=mode == "infer")
-        if texts is not None and not texts:
-            from spanflow.errors import ConfigError
-
-            raise ConfigError(f"{data}: no usable records to tune on")
         examples = read_re(data)[:sample] if texts is None else [ReExample(t) for t in texts]
         if mode == "train":
             rels = sorted({r for e in examples for _, r, _ in e.triples})
