@@ -188,3 +188,25 @@ def test_the_step_gives_the_loss_the_batch_host_values_as_they_are():
     batch = {"x": torch.ones(2, 3), "labelled_width": 4, "n_targets": 2, "real_tokens": 6, "padded_tokens": 6}
     forward_backward(model, [as_micro(batch)], loss_fn, resolve_policy("fp32", "cpu"))
     assert seen == [(4, "cpu")] and model.weight.grad is not None
+
+
+def test_continued_model_takes_given_window_and_stride(tmp_path):
+    from spanflow.errors import ConfigError
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.tasks.ner.train import start_model
+
+    data, policy = synthetic_ner(20, seed=1, max_clauses=1), resolve_policy("fp32", "cpu")
+    labels = sorted({lab for e in data for *_, lab in e.spans})
+
+    def start(model, **kw):
+        return start_model(model, data, labels, TrainOptions(**kw), policy)
+
+    assert start("tiny", max_length=16).stride == 32  # the default, which make_windows caps at half a short window
+    start("tiny", max_length=48, stride=8).save(str(tmp_path / "m"))
+    m = str(tmp_path / "m")
+    assert (start(m).limit, start(m).stride) == (48, 8)  # unset: as it was trained
+    assert (start(m, max_length=24, stride=4).limit, start(m, max_length=24, stride=4).stride) == (24, 4)
+    with pytest.raises(ConfigError, match="--max-length 64 is above"):
+        start(m, max_length=64)  # the tiny encoder was built for 48 positions
+    with pytest.raises(ConfigError, match="--stride must be between 0 and max length - 3"):
+        start(m, stride=46)  # windows of 46 tokens would advance by none

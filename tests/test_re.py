@@ -189,3 +189,18 @@ def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
     with torch.no_grad():
         plain, smooth = (make_casrel_loss(label_smoothing=e)(model.module, batch) for e in (0.0, 0.1))
     assert smooth > plain
+
+
+def test_continued_model_takes_given_max_length(tmp_path):
+    from spanflow.errors import ConfigError
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.tasks.re.train import start_model
+
+    data, policy = synthetic_re(20, seed=1), resolve_policy("fp32", "cpu")
+    relations = sorted({r for e in data for _, r, _ in e.triples})
+    start_model("tiny", data, relations, TrainOptions(max_length=48), policy).save(str(tmp_path / "m"))
+    m = str(tmp_path / "m")
+    assert start_model(m, data, relations, TrainOptions(), policy).limit == 48  # unset: as it was trained
+    assert start_model(m, data, relations, TrainOptions(max_length=24), policy).limit == 24
+    with pytest.raises(ConfigError, match="--max-length 64 is above"):
+        start_model(m, data, relations, TrainOptions(max_length=64), policy)

@@ -59,7 +59,7 @@ BUDGET_DEFAULTS = {
 MAX_TOKENS_HELP = "padded tokens per batch (longest x count), or 'auto'"
 AUTO_HELP = {  # serve has no data of its own to measure on
     "serve": "the profile an earlier run cached for this model and device, else the default",
-    "infer": "measured once per model and device on the input, then cached",
+    "infer": "measured once per model and device on a sample of the texts to run, then cached",
     "train": "measured once per model and device on the training data, then cached",
 }
 SCHEME_HELP = "tag scheme of CoNLL input, any case [detected from the tags]"
@@ -93,8 +93,8 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
     """--precision, one of PRECISIONS; `--precision int8` is answered by the runtime with a line that names
     --quantize, not with argparse's list of choices."""
     p.add_argument("--precision", default="auto", choices=Precisions(PRECISIONS),
-                   help="auto: a reduced precision where the hardware runs it and the model's results agree with "
-                        "fp32 (docs/precision.md), else fp32; int8 is a quantization: --quantize of embed, serve "
+                   help="auto: a reduced precision where the hardware runs it (inference: and the model's results "
+                        "agree with fp32; training: by the device alone, docs/precision.md), else fp32; int8 is a quantization: --quantize of embed, serve "
                         "and tune [%(default)s]")
 
 
@@ -182,7 +182,7 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                    help="the column (JSONL field) whose values are the output's ids [Parquet/Arrow: the row number "
                         "from 0; JSONL: its \"id\" field, else the line number; CSV/TSV: the line number]")
     p.add_argument("--keep-columns", type=names_arg, default=[], metavar="A,B",
-                   help=f"input columns (JSONL fields, CSV/TSV header names) carried into the output ({kept_into}) "
+                   help=f"input columns (JSONL fields, CSV/TSV header names, Parquet/Arrow columns) carried into the output ({kept_into}) "
                         "[none]")
 
 

@@ -252,13 +252,20 @@ def start_encoder(source: str, texts: list[str], *, max_length: int | None, seed
         encoder, tokenizer = build_tiny(texts, seed=seed, max_length=max(max_length or 512, 16))
     else:
         encoder, tokenizer = load_encoder(source)
+    return encoder, tokenizer, window_limit(source, encoder, tokenizer, max_length)
+
+
+def window_limit(source: str, encoder: nn.Module, tokenizer, max_length: int | None,
+                 trained: int | None = None) -> int:
+    """The longest window to train on: `max_length` where given (a ConfigError above what the
+    encoder reads), else the length a continued model was trained at, else the encoder's limit."""
     limit = encoder_max_length(encoder, tokenizer)
     if max_length is not None and max_length > limit:  # it was cut to the limit without a word
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--max-length {max_length} is above what {source} reads: {limit} tokens (its limit, "
                           "from its config and tokenizer); give at most that, or leave --max-length unset for it")
-    return encoder, tokenizer, min(max_length or limit, limit)
+    return min(max_length or trained or limit, limit)
 
 
 def is_tiny(encoder: nn.Module) -> bool:

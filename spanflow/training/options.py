@@ -38,8 +38,10 @@ class TrainOptions:
     max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")
     grad_accum: int = opt(1, "micro-batches per optimizer step")
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
-    max_length: int | None = opt(None, "most tokens per training window", unset="the encoder's limit")
-    stride: int = opt(32, "tokens shared by neighbouring windows of a long text", tasks=NER)
+    max_length: int | None = opt(None, "most tokens per training window",
+                                 unset="the encoder's limit; a model continued: its own")
+    stride: int | None = opt(None, "tokens shared by neighbouring windows of a long text", tasks=NER,
+                             unset="32; a model continued: its own")
     precision: str = "auto"  # runtime flag
     device: str = "auto"  # runtime flag
     seed: int = opt(0, "seed of initialisation, shuffling and dropout")
@@ -63,13 +65,13 @@ class TrainOptions:
     llrd: float = opt(1.0, "layer-wise lr decay: each encoder layer takes LLRD x the lr of the one above (1: off)",
                       **RECIPES)
     pack: float | None = opt(None, "NER: share of training texts joined with the texts after them into "
-                                   "multi-sentence sequences", unset="per task", tasks=NER, **RECIPES)
+                                   "multi-sentence sequences", unset="0: off", tasks=NER, **RECIPES)
     pack_span: float = opt(1.0, "NER: the longest joined training text, in multiples of the longest single text "
                                 "(longer packs: docs/defaults.md, long documents)", tasks=NER, **RECIPES)
     oversample: float = opt(0.0, "entity-aware sampling: draw examples of rare types (f_max/f)^X times as often "
                                  "(0: off)", tasks=SPANS, **RECIPES)
     grad_checkpointing: bool = opt(False, "recompute layer activations in backward: far less memory on long "
-                                          "inputs, about a third slower", **RECIPES)
+                                          "inputs, about a quarter slower", **RECIPES)
 
     def __post_init__(self):
         """Every value checked here, once, whether it came from the CLI or the Python API."""
@@ -87,7 +89,7 @@ class TrainOptions:
             (self.pack is None or 0.0 <= self.pack <= 1.0, f"--pack must be in [0, 1], got {self.pack}"),
             (self.pack_span >= 1.0, f"--pack-span must be >= 1, got {self.pack_span}"),
             (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
-            (self.stride >= 0, f"--stride must be >= 0, got {self.stride}"),
+            (self.stride is None or self.stride >= 0, f"--stride must be >= 0, got {self.stride}"),
             (0.0 <= self.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}"),
             (self.max_length is None or self.max_length >= MIN_LENGTH,
              f"--max-length must be >= {MIN_LENGTH} (two special tokens and the text's), got {self.max_length}"),

@@ -40,12 +40,15 @@ from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
 
 
+DEFAULT_STRIDE = 32  # tokens shared by neighbouring windows of a long text
+
+
 class NerModel:
     """An encoder with a token-tagging head (softmax or CRF), its tokenizer and label set."""
 
     task = "ner"
 
-    def __init__(self, *, encoder, tokenizer, labels: list[str], limit: int, stride: int = 32,
+    def __init__(self, *, encoder, tokenizer, labels: list[str], limit: int, stride: int = DEFAULT_STRIDE,
                  head=None, head_type: str = "softmax", policy: Policy | None = None, max_length: int | None = None,
                  id2label: list[str] | None = None, lines: bool = True, words: str = TOKENIZER,
                  word_edges: dict | None = None):
@@ -90,7 +93,7 @@ class NerModel:
         old = "limit" not in cfg
         limit = config_int(cfg, "max_length" if old else "limit", path)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit,
-                   stride=config_int(cfg, "stride", path, 32), head=fill_head(head, head_state, path),
+                   stride=config_int(cfg, "stride", path, DEFAULT_STRIDE), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
                    lines=cfg.get("lines", True) is not False, words=config_words(cfg, path),

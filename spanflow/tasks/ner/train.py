@@ -7,7 +7,8 @@ from spanflow.batching.collate import round_up
 from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import NerExample, check_examples
 from spanflow.errors import ConfigError
-from spanflow.models.encoder import start_encoder
+from spanflow.batching.align import check_window
+from spanflow.models.encoder import start_encoder, window_limit
 from spanflow.tasks.ner.features import (
     bio_label_list,
     class_weight_tensor,
@@ -20,7 +21,7 @@ from spanflow.tasks.ner.features import (
     window_targets,
 )
 from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
-from spanflow.tasks.ner.model import NerModel
+from spanflow.tasks.ner.model import DEFAULT_STRIDE, NerModel
 from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
@@ -65,15 +66,24 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
         head, bio = start.module.head, bio_label_list(start.labels)
         if start.id2label != bio:  # an imported classifier's label order: its rows onto spanflow's BIO labels
             head.proj = select_rows(head.proj, bio_rows(start.id2label, bio))
-        return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels, limit=start.limit,
-                        stride=start.stride, head=head, head_type=start.head_type, policy=policy)
+        limit = window_limit(model, start.module.encoder, start.tokenizer, opts.max_length, trained=start.limit)
+        return NerModel(encoder=start.module.encoder, tokenizer=start.tokenizer, labels=labels, limit=limit,
+                        stride=_stride(opts, limit, start.stride), head=head, head_type=start.head_type, policy=policy)
     encoder, tokenizer, limit = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
     if opts.max_tokens is not None and opts.max_tokens < limit:
         raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {limit}: "
                           "one full window must fit in a batch")
-    return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit, stride=opts.stride,
-                    head_type=head_type or fresh_head, policy=policy)
+    return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit,
+                    stride=_stride(opts, limit, DEFAULT_STRIDE), head_type=head_type or fresh_head, policy=policy)
+
+
+def _stride(opts: TrainOptions, limit: int, otherwise: int) -> int:
+    """--stride where given (a ConfigError where it leaves a window no new token), else `otherwise`:
+    a continued model's own, or the default (make_windows caps either at half a short window)."""
+    if opts.stride is None:
+        return otherwise
+    return check_window(limit, opts.stride, limit)[1]
 
 
 def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import ReExample, check_examples
 from spanflow.errors import ConfigError
-from spanflow.models.encoder import start_encoder
+from spanflow.models.encoder import start_encoder, window_limit
 from spanflow.tasks.re.features import (
     feature_relations,
     make_casrel_loss,
@@ -46,7 +46,8 @@ def start_model(source: str, train: list[ReExample], relations: list[str], opts:
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has")
         return ReModel(encoder=start.module.encoder, tokenizer=start.tokenizer, relations=relations,
-                       limit=start.limit, head=start.module.head, policy=policy)
+                       limit=window_limit(source, start.module.encoder, start.tokenizer, opts.max_length,
+                                          trained=start.limit), head=start.module.head, policy=policy)
     encoder, tokenizer, limit = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
     return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit, policy=policy)
