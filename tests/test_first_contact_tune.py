@@ -66,5 +66,6 @@ def test_tune_ends_within_its_budget(tmp_path):
     said, started = [], time.time()
     prof = tune(task="ner", model="tiny", data=str(data), mode="train", budget_seconds=8, sample=64, plot=False,
                 device="cpu", precision="fp32", out=str(tmp_path), log_fn=said.append)
-    assert time.time() - started <= 8 + 1.0 and prof["best"] is not None
+    # the margin is a shared machine's stalls; a tune that ignored its budget runs for minutes
+    assert time.time() - started <= 8 + 2.0 and prof["best"] is not None
     assert any(x.startswith("time: ") for x in said) and said[-1].startswith("tune took ")

@@ -167,3 +167,26 @@ def test_class_weights_changed_after_the_options_were_made_are_checked_again():
     opts.class_weights = {"PER": -1}
     with pytest.raises(ConfigError, match="the weight of 'PER' must be a finite number above 0"):
         class_weight_tensor(opts.class_weights, [], ["O", "B-PER", "I-PER"])
+
+
+def test_ner_jsonl_labelled_with_tags_is_refused_at_the_line_that_shows_it(tmp_path):
+    p = tmp_path / "tags.jsonl"
+    p.write_text('{"text": "Ann met Bob Smith", "entities": [[0, 3, "B-PER"]]}\n{"text": "x", "entities": []}\n'
+                 '{"text": "Bob Smith", "entities": [[0, 3, "B-PER"], [4, 9, "I-PER"]]}\n')
+    with pytest.raises(DataError, match=r"tags\.jsonl:3: labels 'B-PER' and 'I-PER' are tags, not entity types.*"
+                                        r"\('PER'\)"):
+        read_ner(str(p))
+    p.write_text('{"text": "Ann met Bob", "entities": [[0, 3, "PER"], [4, 7, "O"]]}\n')
+    with pytest.raises(DataError, match=r"tags\.jsonl:1: a span labelled \"O\" marks no entity"):
+        read_ner(str(p))
+    p.write_text('{"text": "I-95 and B-52", "entities": [[0, 4, "I-95"], [9, 13, "B-52"]]}\n')
+    assert [lab for *_, lab in read_ner(str(p))[0].spans] == ["I-95", "B-52"]  # a prefix alone is a type's name
+
+
+def test_examples_labelled_with_tags_are_refused_by_the_python_api(tmp_path):
+    from spanflow.data.examples import NerExample
+    from spanflow.tasks.ner import train_ner
+
+    data = [NerExample("Bob Smith", [(0, 3, "B-PER"), (4, 9, "I-PER")])]
+    with pytest.raises(ConfigError, match="^train: labels 'B-PER' and 'I-PER' are tags"):
+        train_ner(data, None, out_dir=str(tmp_path))

@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--train-size", type=int, default=1500,
                    help="synthetic training texts; the dev set is a fifth of it, at least 100 [%(default)s]")
     p.add_argument("--epochs", type=int, default=6,
-                   help="most epochs (the demo's own; `spanflow train` with `tiny` takes up to 20) [%(default)s]")
+                   help="most epochs; with a pretrained encoder early stopping on dev often ends sooner "
+                        "[%(default)s]")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of training [%(default)s]")
     p.add_argument("--write-data", metavar="DIR", default=None,
                    help="only write the synthetic data the documentation's examples read (NER CoNLL, CasRel JSON, "

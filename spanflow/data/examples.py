@@ -127,6 +127,29 @@ def example_problem(ex) -> str | None:
     return problem
 
 
+TAG_PREFIXES = ("B", "I", "E", "S", "L", "U")  # BIO, BIOES and BILOU tags are a type behind a position prefix
+
+
+def tag_labels(labels) -> tuple[str, str] | None:
+    """(the label, why) where span `labels`, in the order met, are tags rather than entity types:
+    "O" (no entity), or one type behind two position prefixes ("B-PER" and "I-PER"), which would
+    train as two types; None where they are types."""
+    seen: dict[str, str] = {}
+    for lab in labels:
+        if lab == "O":
+            return lab, ('a span labelled "O" marks no entity: leave such spans out (a span is one whole entity, '
+                    '[start, end, TYPE])')
+        prefix, sep, kind = lab.partition("-")
+        if not sep or prefix not in TAG_PREFIXES or not kind:
+            continue
+        other = seen.setdefault(kind, lab)
+        if other != lab:
+            return lab, (f"labels {other!r} and {lab!r} are tags, not entity types: give each entity one span over "
+                    f"all its tokens, labelled with its type ({kind!r}); spanflow convert turns a CoNLL file "
+                    "of tags into such JSONL")
+    return None
+
+
 def check_examples(examples, kind: type, what: str) -> None:
     """A ConfigError naming the first item of `examples` (a list) that is not a `kind` whose spans
     fit its text; `what` names the argument ("train", "dev", "examples")."""
@@ -140,3 +163,7 @@ def check_examples(examples, kind: type, what: str) -> None:
         problem = example_problem(ex)
         if problem:
             raise ConfigError(f"{what}[{i}]: {problem}")
+    if kind is NerExample:
+        tagged = tag_labels(dict.fromkeys(lab for ex in examples for *_, lab in ex.spans))
+        if tagged:
+            raise ConfigError(f"{what}: {tagged[1]}")

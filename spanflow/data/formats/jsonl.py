@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from spanflow.data.examples import NerExample, check_spans
+from spanflow.data.examples import NerExample, check_spans, tag_labels
 from spanflow.data.formats.common import parse_json, read_lines
 from spanflow.errors import DataError, quote
 
@@ -31,7 +31,7 @@ def parse_record(line: str, path: str, lineno: int) -> dict:
 def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
     """Read NER examples; spans out of range or overlapping are DataErrors naming the line."""
     path = os.fspath(path)
-    examples, keyed, elsewhere = [], False, {}
+    examples, keyed, elsewhere, first = [], False, {}, {}  # first: the line each label is first on
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
@@ -47,8 +47,13 @@ def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
         if problem:
             raise DataError(problem, path=path, line=lineno)
         examples.append(NerExample(rec["text"], sorted(spans)))
+        for *_, lab in spans:
+            first.setdefault(lab, lineno)
     if not examples:
         raise DataError("file is empty: no records found", path=path)
+    tagged = tag_labels(first)
+    if tagged:
+        raise DataError(tagged[1], path=path, line=first[tagged[0]])
     if not keyed and elsewhere:  # read on, every text would be one without entities
         key, lineno = next(iter(elsewhere.items()))
         raise DataError(f'no record has "entities" (or "spans"), but {key!r} holds spans: spanflow reads each '
