@@ -2,13 +2,13 @@
 from spanflow.data.examples import NerExample, ReExample
 from spanflow.data.io import read_ner, read_re, write_ner
 from spanflow.data.records import read_texts
-from spanflow.errors import ConfigError, DataError, ModelDirError, SpanflowError
+from spanflow.errors import ConfigError, DataError, ModelDirError, SpanflowError, WriteError
 from spanflow.training.options import TrainOptions
 
 __version__ = "0.1.0"
 
 __all__ = ["NerExample", "ReExample", "read_ner", "read_re", "read_texts", "write_ner", "TrainOptions", "SpanflowError",
-           "DataError", "ModelDirError", "ConfigError", "NerModel", "train_ner", "ReModel", "train_re", "Embedder",
+           "DataError", "ModelDirError", "ConfigError", "WriteError", "NerModel", "train_ner", "ReModel", "train_re", "Embedder",
            "train_embedder", "EmbedTraining", "read_pairs"]
 _MODELS = {"NerModel": "spanflow.tasks.ner", "train_ner": "spanflow.tasks.ner", "ReModel": "spanflow.tasks.re",
            "train_re": "spanflow.tasks.re", "Embedder": "spanflow.tasks.embed",
@@ -23,3 +23,8 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_MODELS[name]), name)
     raise AttributeError(name)
+
+
+def __dir__() -> list[str]:
+    # the lazily imported names too, so a notebook's completion offers them
+    return sorted(set(globals()) | set(__all__))

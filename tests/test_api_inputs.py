@@ -209,3 +209,61 @@ def test_numpy_option_values_train_and_checkpoint(tmp_path):
     train_ner(good, None, model="tiny", out_dir=str(tmp_path / "run"), options=opts, log_fn=lambda line: None)
     state = json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())  # written as JSON
     assert state["run"]["options"]["max_tokens"] == 256 and state["global_step"] == 2
+
+
+def test_pairs_given_in_code_are_checked_as_a_file_is(tmp_path, emb):
+    from spanflow.tasks.embed.pairs import read_pairs
+    from spanflow.tasks.embed.train import EmbedTraining
+
+    with pytest.raises(ConfigError, match=r"examples\[1\] .* a finite number"):  # NaN: a Pearson of nan, no error
+        emb.evaluate([Pair("a", "b", 0.2), Pair("c", "d", float("nan")), Pair("e", "f", 0.9)])
+    with pytest.raises(ConfigError, match=r"mixes scored pairs \(train\[0\]\) and pairs without a score \(train\[1\]\)"):
+        train_embedder([Pair("a", "b", 0.5), Pair("c", "d")], None, model="tiny", out_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"mixes triplets \(train\[0\]\) and pairs without"):
+        train_embedder([Pair("a", "b", negative="x"), Pair("c", "d")], None, model="tiny", out_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="^config takes an EmbedTraining .*; TrainOptions go to options=$"):
+        train_embedder([Pair("a", "b")], None, model="tiny", out_dir=str(tmp_path), config=TrainOptions())
+    EmbedTraining()  # the right kind passes
+    p = tmp_path / "p.csv"
+    p.write_text("s1,s2,score\nAnn ran,Bob ran,0.5\nAnn sat,Bob ran,0.1\n")
+    assert read_pairs(str(p), columns=["s1", "s2", "score"]) == read_pairs(str(p), columns="s1,s2,score")
+    assert read_pairs(str(p), columns=[0, 1]) == read_pairs(str(p), columns="0,1")
+
+
+def test_a_wrong_argument_is_a_config_error_not_a_python_one(tmp_path, rel, emb):
+    from spanflow.data.records import read_texts
+
+    with pytest.raises(ConfigError, match="^read_texts takes a path, got NoneType"):
+        read_texts(None)
+    (tmp_path / "t.txt").write_text("a\n")
+    with pytest.raises(ConfigError, match="errors must be 'raise' or 'record', got 'skip'"):
+        read_texts(str(tmp_path / "t.txt"), errors="skip")  # silently meant "raise"
+    with pytest.raises(ConfigError, match="--grad-compression must be one of none, fp16, got 'int8'"):
+        TrainOptions(grad_compression="int8")
+    ex = [ReExample("Ann lives in Rome .", [((0, 3), "lives_in", (13, 17))])]
+    with pytest.raises(ConfigError, match="^relations takes a list of relation names, got 'lives_in'"):
+        train_re(ex, None, out_dir=str(tmp_path), relations="lives_in")  # read as its letters
+    with pytest.raises(ConfigError, match="^all_subjects takes True or False, got 'no'"):
+        train_re(ex, None, out_dir=str(tmp_path), all_subjects="no")
+    for size in (0, "2"):  # would hold the whole input in one chunk
+        with pytest.raises(ConfigError, match="chunk_size must be a whole number of texts >= 1"):
+            next(iter(emb.encode_stream(TEXTS, chunk_size=size)))
+        with pytest.raises(ConfigError, match="chunk_size must be a whole number of texts >= 1"):
+            next(rel.predict_stream(TEXTS, chunk_size=size))
+    f = tmp_path / "train.conll"
+    f.write_text("Ann B-PER\n")
+    with pytest.raises(Exception, match=r"train\.conll is a file; a model is a directory"):
+        NerModel.load(str(f))
+
+
+def test_training_with_log_fn_none_is_quiet(tmp_path, capsys):
+    data = [NerExample("Ann lives in Rome .", [(0, 3, "PER"), (13, 17, "LOC")])] * 4
+    train_ner(data, None, out_dir=str(tmp_path), log_fn=None, options=TrainOptions(epochs=1, log_every=0))
+    assert capsys.readouterr().out == ""
+
+
+def test_the_package_lists_what_it_imports_lazily():
+    import spanflow
+
+    assert {"NerModel", "train_ner", "Embedder", "WriteError"} <= set(dir(spanflow))
+    assert issubclass(spanflow.WriteError, spanflow.SpanflowError)

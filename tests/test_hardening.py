@@ -121,6 +121,12 @@ def test_damaged_model_directories_are_one_error_line(trained, tmp_path, capsys)
             fh.truncate(os.path.getsize(f) // 2)
         fails(["predict", "--model", m, *pred], capsys, "truncated or corrupt")
 
+    m = copy_model(model, tmp_path / "no_tokenizer_config")  # tokenizer.json alone names no special token
+    os.remove(os.path.join(m, "encoder", "tokenizer_config.json"))
+    fails(["predict", "--model", m, *pred], capsys, "names no CLS, SEP or PAD token", "tokenizer_config.json")
+    fails(["train", "ner", "--train", train, "--model", os.path.join(m, "encoder"), "--out", str(tmp_path / "o")],
+          capsys, "names no CLS, SEP or PAD token")
+
 
 def test_pickled_weights_are_refused_with_how_to_convert(tmp_path, capsys):
     from spanflow.models.encoder import build_tiny

@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 
+from spanflow.data.examples import NerExample
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.tasks.ner.heads import TokenClassificationHead
 from spanflow.tasks.ner import NerModel, train_ner
@@ -210,3 +211,20 @@ def test_continued_model_takes_given_window_and_stride(tmp_path):
         start(m, max_length=64)  # the tiny encoder was built for 48 positions
     with pytest.raises(ConfigError, match="--stride must be between 0 and max length - 3"):
         start(m, stride=46)  # windows of 46 tokens would advance by none
+
+
+def test_entities_off_the_words_are_named_when_training_starts():
+    from spanflow.models.encoder import build_tiny
+    from spanflow.tasks.ner.features import bio_label_list, prepare_windows
+
+    good = NerExample("Grace Hopper works at Hooli", [(0, 12, "PER"), (22, 27, "ORG")])
+    bad = [NerExample("xGrace works", [(1, 6, "PER")]),  # inside a word: trains as the word
+           NerExample("GraceHopper works", [(0, 5, "PER"), (5, 11, "ORG")])]  # two in one word: one
+    _, tok = build_tiny([e.text for e in [good, *bad]])
+    l2i = {lab: i for i, lab in enumerate(bio_label_list(["ORG", "PER"]))}
+    said = []
+    prepare_windows([good, good], tok, l2i, max_length=32, stride=8, log=said.append)
+    assert said == []
+    prepare_windows([good, *bad], tok, l2i, max_length=32, stride=8, log=said.append)
+    assert len(said) == 1 and said[0].startswith("warning: 3 of 5 training entities do not start and end on the words")
+    assert "'Grace' (PER, characters 1-6) in 'xGrace works' trains as 'xGrace' (PER)" in said[0]

@@ -1,6 +1,7 @@
 """Run a producer (collate, tokenization) in a background thread, a few items ahead."""
 from __future__ import annotations
 
+import numbers
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -48,7 +49,12 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:
-    """Lists of `size` consecutive items (the last may be shorter)."""
+    """Lists of `size` consecutive items (the last may be shorter); a ConfigError where `size` is
+    not a whole number >= 1 (0 or "2" would hold the whole input in one list)."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        from spanflow.errors import ConfigError, quote
+
+        raise ConfigError(f"chunk_size must be a whole number of texts >= 1, got {quote(size, 40)}")
     buf = []
     for x in items:
         buf.append(x)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from spanflow.data.formats.common import kind_of, parse_json, read_lines_or_errors
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
-from spanflow.errors import ConfigError, DataError
+from spanflow.errors import ConfigError, DataError, as_path, quote
 
 
 def input_kind(path: str) -> str:
@@ -204,9 +204,17 @@ def read_texts(path: str, *, field: str = "text", column: Column | None = None, 
                errors: str = "raise") -> Iterator[str | DataError]:
     """The texts of read_records, one item per record in input order (an empty line yields "").
     A record that cannot be read raises, or with `errors="record"` yields its DataError in its
-    place, so a bulk job can write an error record and go on."""
-    for _, item in read_records(path, field=field, column=column, skip_header=skip_header):
-        if isinstance(item, DataError) and errors != "record":
+    place, so a bulk job can write an error record and go on. The path and `errors` are checked
+    at the call, the file as it is read."""
+    path = as_path(path, "read_texts")
+    if errors not in ("raise", "record"):
+        raise ConfigError(f"read_texts: errors must be 'raise' or 'record', got {quote(errors, 40)}", field="errors")
+    return _texts(read_records(path, field=field, column=column, skip_header=skip_header), errors == "record")
+
+
+def _texts(records: Iterator[tuple[str, str | DataError]], keep_errors: bool) -> Iterator[str | DataError]:
+    for _, item in records:
+        if isinstance(item, DataError) and not keep_errors:
             raise item
         yield item
 

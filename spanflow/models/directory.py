@@ -150,8 +150,9 @@ def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:
 def load_model_dir(path: str, task: str) -> tuple[dict, nn.Module, object, dict]:
     """(config, encoder, tokenizer, head tensors) of a spanflow model directory of `task` (the
     encoder as models.encoder.load_encoder loads it)."""
-    from spanflow.models.encoder import load_encoder
+    from spanflow.models.encoder import load_encoder, require_special_tokens
 
     cfg = read_model_config(path, task=task)
     encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
+    require_special_tokens(tokenizer, os.path.join(path, "encoder"))
     return cfg, encoder, tokenizer, load_head_state(path)

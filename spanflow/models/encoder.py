@@ -75,6 +75,8 @@ def run_hint(out: str) -> str | None:
 
 def missing_dir(path: str) -> str:
     """The message for a model directory that is not there (OUT/model of a run that has not saved one says so)."""
+    if os.path.isfile(path):
+        return not_a_model(path)
     path_ = os.path.normpath(path)
     unsaved = _unsaved(os.path.dirname(path_) or ".") if os.path.basename(path_) == "model" else None
     return f"model directory not found: {path}" + (f"; {unsaved}" if unsaved else "")
@@ -137,6 +139,17 @@ def load_tokenizer(path: str):
         raise ModelDirError(f"{path}: a fast tokenizer (tokenizer.json) is needed for character offsets; this one "
                             "is slow-only")
     return tokenizer
+
+
+def require_special_tokens(tokenizer, path: str) -> None:
+    """A ModelDirError where `tokenizer` lacks the [CLS], [SEP] or [PAD] token a model input is
+    built with (a directory without tokenizer_config.json loads tokenizer.json's vocabulary only)."""
+    missing = [name.upper() for name in ("cls", "sep", "pad") if getattr(tokenizer, f"{name}_token_id", None) is None]
+    if missing:
+        names = " or ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+        raise ModelDirError(f"{path}: its tokenizer names no {names} token, which "
+                            "every model input starts, ends or is padded with (tokenizer_config.json and "
+                            "special_tokens_map.json name them: missing or incomplete?)")
 
 
 def require_safetensors(path: str) -> None:

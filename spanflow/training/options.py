@@ -19,6 +19,7 @@ def opt(default, help: str | None = None, **meta):
 RECIPES = {"group": "recipes", "group_help": "options for rare types and small data (docs/recipes.md has their "
                                              "measured effect)"}
 LR_SCALINGS = ("none", "sqrt", "linear")
+GRAD_COMPRESSIONS = ("none", "fp16")
 # the `spanflow train TASK` commands that get a field's flag, where not every one does
 NER, SPANS = ("ner",), ("ner", "re")
 
@@ -58,7 +59,7 @@ class TrainOptions:
     lr_scaling: str = opt("none", "scale --lr for the larger global batch of several processes",
                           choices=LR_SCALINGS)
     grad_compression: str = opt("none", "all-reduce DDP gradients in fp16 (CUDA, several processes)",
-                                choices=("none", "fp16"))
+                                choices=GRAD_COMPRESSIONS)
     label_smoothing: float = opt(0.0, "spread this much target probability over all labels", tasks=SPANS, **RECIPES)
     class_weights: str | dict | None = opt(None, "NER loss weights: 'auto' (inverse sqrt label frequency) or "
                                                  "'person=2,product=3'", tasks=NER, **RECIPES)
@@ -83,6 +84,8 @@ class TrainOptions:
         check_installed(self.report_to)  # here, so a missing extra stops the run before any model loads
         checks = [
             (self.lr_scaling in LR_SCALINGS, f"--lr-scaling must be one of {', '.join(LR_SCALINGS)}"),
+            (self.grad_compression in GRAD_COMPRESSIONS,
+             f"--grad-compression must be one of {', '.join(GRAD_COMPRESSIONS)}, got {self.grad_compression!r}"),
             (0.0 <= self.label_smoothing < 1.0, f"--label-smoothing must be in [0, 1), got {self.label_smoothing}"),
             (0.0 < self.llrd <= 1.0, f"--llrd must be in (0, 1], got {self.llrd}"),
             (self.oversample >= 0, f"--oversample must be >= 0, got {self.oversample}"),

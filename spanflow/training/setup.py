@@ -36,10 +36,10 @@ def warn_unseen(trained: list[str], dev: set[str], what: str, log: Callable[[str
             f"{', '.join(unseen[:10])}{', ...' if len(unseen) > 10 else ''}")
 
 
-def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None]) -> Run:
+def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None] | None) -> Run:
     dist = init_from_env()
     opts = options or TrainOptions()  # unset values are filled from the data later (training/defaults.py)
-    log = log_fn if dist.is_main else (lambda s: None)
+    log = log_fn if dist.is_main and log_fn is not None else (lambda s: None)  # None: quiet
     torch.manual_seed(opts.seed)
     policy = resolve_policy(opts.precision, opts.device, cpu_bf16=True)
     log(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))

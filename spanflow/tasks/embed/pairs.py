@@ -14,7 +14,7 @@ import io
 import math
 import numbers
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from spanflow.data.formats.common import kind_of, parse_json, read_lines
@@ -47,12 +47,25 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
         if not isinstance(p, Pair):
             raise ConfigError(f"{what}[{i}] is {type(p).__name__} {quote(p, 60)}, not a Pair (read_pairs makes them)")
         if not (isinstance(p.a, str) and isinstance(p.b, str) and (p.negative is None or isinstance(p.negative, str))
-                and (p.score is None or (isinstance(p.score, numbers.Real) and not isinstance(p.score, bool)))):
-            raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a number (or None) "
-                              "for its score")
+                and (p.score is None or (isinstance(p.score, numbers.Real) and not isinstance(p.score, bool)
+                                         and math.isfinite(p.score)))):
+            raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a finite number (or "
+                              "None) for its score")
+    kinds = {}  # scored, with a negative, or neither: a mix would train and score as only one of them
+    for i, p in enumerate(pairs):
+        kinds.setdefault(_kind(p), i)
+    if len(kinds) > 1:
+        (first, i), (other, j) = list(kinds.items())[:2]
+        raise ConfigError(f"{what} mixes {first} ({what}[{i}]) and {other} ({what}[{j}]): every pair is of one "
+                          "kind: all scored, all with a negative, or all plain")
     if least == 2 and len({p.score for p in pairs}) == 1:  # a rank correlation against one value is undefined
         raise ConfigError(f"{what}: every pair has the same score; a correlation (Spearman) needs scores that "
                           "vary (without the score column, the pairs are scored as retrieval: MRR@10)")
+
+
+def _kind(p: Pair) -> str:
+    return ("scored pairs with negatives" if p.negative is not None else "scored pairs") if p.score is not None \
+        else "triplets" if p.negative is not None else "pairs without a score"
 
 
 FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query", "question"}
@@ -68,10 +81,10 @@ SNIFFED = {"pairs", "scored-pairs", "triplets", "pairs-jsonl", "table"}
 TAKES = "embedding data is pairs, scored pairs or triplets in CSV, TSV or JSONL"
 
 
-def read_pairs(path: str, *, columns: str | None = None) -> list[Pair]:
+def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None) -> list[Pair]:
     """Every pair in `path` (.csv, .tsv, .txt with tabs, .jsonl/.json one object a line).
-    `columns` names the 2 or 3 columns to read, by index ("0,1,2") or by header name / JSONL
-    key ("s1,s2,score"). Any unreadable row is a DataError naming the file and line."""
+    `columns` names the 2 or 3 columns to read, by index ("0,1,2", [0, 1, 2]) or by header name /
+    JSONL key ("s1,s2,score", ["s1", "s2", "score"]). Any unreadable row is a DataError naming the file and line."""
     path = as_path(path, "read_pairs")
     cols = _parse_columns(columns)
     refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
@@ -87,10 +100,16 @@ def read_pairs(path: str, *, columns: str | None = None) -> list[Pair]:
     return _normalise(pairs)
 
 
-def _parse_columns(columns: str | None) -> list[str] | None:
+def _parse_columns(columns: str | Sequence[str | int] | None) -> list[str] | None:
     if columns is None:
         return None
-    cols = [c.strip() for c in columns.split(",")]
+    if isinstance(columns, (list, tuple)) and all(isinstance(c, (str, int)) and not isinstance(c, bool)
+                                                  for c in columns):
+        cols = [str(c).strip() for c in columns]
+    elif isinstance(columns, str):
+        cols = [c.strip() for c in columns.split(",")]
+    else:
+        cols = []
     if len(cols) not in (2, 3) or not all(cols):
         raise ConfigError(f"columns: expected 2 or 3 comma-separated names or indices, got {quote(columns)}",
                           field="columns")

@@ -258,11 +258,14 @@ def cache_words(o: TrainOptions, cache: bool, graph: float | None, avail: int | 
 
 def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out_dir: str,
                    options: TrainOptions | None = None, config: EmbedTraining | None = None,
-                   log_fn: Callable[[str], None] = print) -> Embedder:
+                   log_fn: Callable[[str], None] | None = print) -> Embedder:
     """Fine-tune a sentence embedder: CoSENT (or AnglE) on scored pairs, an in-batch-negatives
     ranking loss on pairs and triplets. The best by dev score (Spearman for scored dev pairs,
     MRR@10 for pairs) is saved to `<out_dir>/model` as a sentence-transformers directory."""
     check_options(options)
+    if config is not None and not isinstance(config, EmbedTraining):
+        raise ConfigError(f"config takes an EmbedTraining (the loss and its settings), got {type(config).__name__}"
+                          + ("; TrainOptions go to options=" if isinstance(config, TrainOptions) else ""))
     check_pairs(train, "train")
     if dev is not None:
         check_pairs(dev, "dev", SCORED)

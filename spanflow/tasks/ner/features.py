@@ -1,6 +1,8 @@
 """NER as token classification: BIO labels on first subwords, cross-entropy, span decoding."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -8,7 +10,7 @@ from torch import nn
 from spanflow.batching.align import IGNORE, encode_texts, windows_for
 from spanflow.batching.collate import collate
 from spanflow.data.examples import NerExample, join_examples
-from spanflow.tasks.ner.bio import bio_labels
+from spanflow.tasks.ner.bio import bio_labels, decode_spans
 from spanflow.training.options import check_weights, parse_weights
 
 
@@ -46,13 +48,39 @@ def pack_examples(examples: list[NerExample], share: float, *, span: float = 1.0
 
 
 def prepare_windows(examples: list[NerExample], tokenizer, label2id: dict[str, int], *, max_length: int,
-                    stride: int, lines: bool = False) -> list:
+                    stride: int, lines: bool = False, log: Callable[[str], None] | None = None) -> list:
     """Labelled model windows for every example (long texts become several windows;
-    `lines`: see batching.align.windows_for)."""
+    `lines`: see batching.align.windows_for). `log` gets a warning where entities do not
+    start and end on the words the model tags, and so train as other spans."""
     encs = encode_texts(tokenizer, [e.text for e in examples], [e.words for e in examples])
     labels = [bio_labels(enc, e.spans, label2id) for enc, e in zip(encs, examples)]
+    if log is not None:
+        warn_moved(examples, encs, labels, label2id, log)
     return windows_for(encs, max_length=max_length, stride=stride, cls_id=tokenizer.cls_token_id,
                        sep_id=tokenizer.sep_token_id, labels=labels, lines=lines)
+
+
+def warn_moved(examples: list[NerExample], encs: list, labels: list[list[int]], label2id: dict[str, int],
+               log: Callable[[str], None]) -> None:
+    """One warning line where tags on words do not give an example's spans back: a span that
+    starts or ends inside a word (it trains as the whole words it touches), two in one word
+    (they train as one) or one across a line break; with the first such entity."""
+    id2label = sorted(label2id, key=label2id.get)
+    moved, first = 0, None
+    for e, enc, lab in zip(examples, encs, labels):
+        got = set(decode_spans(enc, lab, id2label))
+        lost = [s for s in e.spans if s not in got]
+        if lost:
+            moved += len(lost)
+            if first is None:
+                s, t, kind = lost[0]
+                near = sorted(got, key=lambda g: abs(g[0] - s) + abs(g[1] - t))[:1]
+                first = (f"{e.text[s:t]!r} ({kind}, characters {s}-{t}) in {e.text[:80]!r} trains as "
+                         + (f"{e.text[near[0][0]:near[0][1]]!r} ({near[0][2]})" if near else "no entity"))
+    if moved:
+        total = sum(len(e.spans) for e in examples)
+        log(f"warning: {moved} of {total} training entities do not start and end on the words the model tags (the "
+            f"tokenizer's, or the input's own tokens), and train as other spans; the first: {first}")
 
 
 def make_collate(pad_id: int):

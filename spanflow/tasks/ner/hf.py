@@ -70,6 +70,7 @@ def load_token_classifier(path: str):
         load_tokenizer,
         quiet_transformers,
         require_safetensors,
+        require_special_tokens,
     )
 
     quiet_transformers()
@@ -79,6 +80,7 @@ def load_token_classifier(path: str):
                             "...ForTokenClassification architecture)")
     tags = bio_tags(path, cfg.get("id2label"))
     tokenizer = load_tokenizer(path)
+    require_special_tokens(tokenizer, path)
     require_safetensors(path)
     try:
         full = AutoModelForTokenClassification.from_pretrained(path, local_files_only=True, use_safetensors=True)

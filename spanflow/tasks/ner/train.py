@@ -1,6 +1,7 @@
 """train_ner: NER's part of training (start model, windows with BIO targets, loss); fit() does the rest."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from spanflow.batching.collate import round_up
@@ -8,7 +9,7 @@ from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import NerExample, check_examples
 from spanflow.errors import ConfigError
 from spanflow.batching.align import check_window
-from spanflow.models.encoder import start_encoder, window_limit
+from spanflow.models.encoder import require_special_tokens, start_encoder, window_limit
 from spanflow.tasks.ner.features import (
     bio_label_list,
     class_weight_tensor,
@@ -60,7 +61,10 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
         start = (NerModel.load(model, device=str(policy.device), precision="fp32") if is_model_dir(model)
                  else NerModel.from_hf(model, device=str(policy.device), bio=True))
         if start.labels != sorted(labels):
-            raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}")
+            start_from = (f"its encoder (--model {os.path.join(model, 'encoder')})" if is_model_dir(model)
+                          else "an encoder")
+            raise ConfigError(f"{model} was trained on labels {start.labels}, the data has {sorted(labels)}: to train "
+                              f"a model of these labels, start from {start_from}")
         if head_type is not None and start.head_type != head_type:
             raise ConfigError(f"{model} has a {start.head_type} head; --head {head_type} was asked for")
         head, bio = start.module.head, bio_label_list(start.labels)
@@ -71,6 +75,7 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
                         stride=_stride(opts, limit, start.stride), head=head, head_type=start.head_type, policy=policy)
     encoder, tokenizer, limit = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
+    require_special_tokens(tokenizer, model)
     if opts.max_tokens is not None and opts.max_tokens < limit:
         raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {limit}: "
                           "one full window must fit in a batch")
@@ -88,8 +93,9 @@ def _stride(opts: TrainOptions, limit: int, otherwise: int) -> int:
 
 def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: str = "tiny", out_dir: str,
               options: TrainOptions | None = None, head: str | None = None,
-              log_fn: Callable[[str], None] = print) -> NerModel:
-    """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned.
+              log_fn: Callable[[str], None] | None = print) -> NerModel:
+    """Train an NER model; the best one (by dev F1) is saved to `<out_dir>/model` and returned (a
+    run stopped by `max_steps` returns its last weights, kept in `<out_dir>/checkpoint`).
 
     `head` is "crf" (BIO-constrained CRF, Viterbi decoding) or "softmax" (per-token
     cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
@@ -124,7 +130,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         nm.words = words_of(train)  # plain text is cut as the training data's tokens were, when it can be
         nm.word_edges = edge_rules(train) if nm.words == WHITESPACE else None
         windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
-                                  lines=nm.lines)
+                                  lines=nm.lines, log=log)
         nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "

@@ -1,12 +1,13 @@
 """train_re: CasRel's part of training (start model, features, cascade loss); fit() does the rest."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import ReExample, check_examples
-from spanflow.errors import ConfigError
-from spanflow.models.encoder import start_encoder, window_limit
+from spanflow.errors import ConfigError, quote
+from spanflow.models.encoder import require_special_tokens, start_encoder, window_limit
 from spanflow.tasks.re.features import (
     feature_relations,
     make_casrel_loss,
@@ -44,23 +45,33 @@ def start_model(source: str, train: list[ReExample], relations: list[str], opts:
     if is_model_dir(source):
         start = ReModel.load(source, device=str(policy.device), precision="fp32")
         if start.relations != relations:
-            raise ConfigError(f"{source} was trained on other relations than the data has")
+            raise ConfigError(f"{source} was trained on other relations than the data has: to train a model of these "
+                              f"relations, start from its encoder (--model {os.path.join(source, 'encoder')})")
         return ReModel(encoder=start.module.encoder, tokenizer=start.tokenizer, relations=relations,
                        limit=window_limit(source, start.module.encoder, start.tokenizer, opts.max_length,
                                           trained=start.limit), head=start.module.head, policy=policy)
     encoder, tokenizer, limit = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
+    require_special_tokens(tokenizer, source)
     return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit, policy=policy)
 
 
 def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str = "tiny", out_dir: str,
              options: TrainOptions | None = None, relations: list[str] | None = None, all_subjects: bool = True,
-             log_fn: Callable[[str], None] = print) -> ReModel:
-    """Train a CasRel model; the best by dev exact F1 is saved to `<out_dir>/model` and returned.
+             log_fn: Callable[[str], None] | None = print) -> ReModel:
+    """Train a CasRel model; the best by dev exact F1 is saved to `<out_dir>/model` and returned
+    (a run stopped by `max_steps` returns its last weights, kept in `<out_dir>/checkpoint`).
 
-    The object stage trains on every gold subject of a text; `all_subjects=False` samples one
-    per text and step, as the CasRel paper does (slower to learn, docs/defaults.md)."""
+    `relations`: the relation list the model extracts, in its order (None: the training data's,
+    sorted); one the data has but the list lacks is a ConfigError. The object stage trains on
+    every gold subject of a text; `all_subjects=False` samples one per text and step, as the
+    CasRel paper does (slower to learn, docs/defaults.md)."""
     check_options(options)
+    if relations is not None and (isinstance(relations, str) or not isinstance(relations, (list, tuple))
+                                  or not all(isinstance(r, str) and r for r in relations)):
+        raise ConfigError(f"relations takes a list of relation names, got {quote(relations, 60)}")
+    if not isinstance(all_subjects, bool):
+        raise ConfigError(f"all_subjects takes True or False, got {quote(all_subjects, 40)}")
     check_examples(train, ReExample, "train")
     if dev is not None:
         check_examples(dev, ReExample, "dev")
