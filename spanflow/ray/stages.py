@@ -16,9 +16,8 @@ An unreadable record runs through the model as the empty text, as in the single-
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -165,10 +164,8 @@ def measured_budget(task: str, model: str, asked: Asked, sample: list[str], meas
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
 
-    with tempfile.TemporaryDirectory(prefix="spanflow-ray-budget-") as tmp:
-        data = os.path.join(tmp, "sample.jsonl")
-        with open(data, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps({"text": t}) + "\n" for t in sample)
-        rt = resolve_runtime(get(task), model, asked, texts=sample, data=data, field="text",
-                             measure=measure or quick_profile, name="the job's token budget")
+    # measured on the sample itself, as predict and embed measure on theirs (`data` only names it)
+    rt = resolve_runtime(get(task), model, asked, texts=sample, data="the job's input", field="text",
+                         measure=functools.partial(measure or quick_profile, texts=sample),
+                         name="the job's token budget")
     return rt.max_tokens
