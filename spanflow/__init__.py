@@ -8,8 +8,8 @@ from spanflow.training.options import TrainOptions
 __version__ = "0.1.0"
 
 __all__ = ["NerExample", "ReExample", "read_ner", "read_re", "read_texts", "write_ner", "TrainOptions", "SpanflowError",
-           "DataError", "ModelDirError", "ConfigError", "WriteError", "NerModel", "train_ner", "ReModel", "train_re", "Embedder",
-           "train_embedder", "EmbedTraining", "read_pairs"]
+           "DataError", "ModelDirError", "ConfigError", "WriteError", "NerModel", "train_ner", "ReModel", "train_re",
+           "Embedder", "train_embedder", "EmbedTraining", "read_pairs"]
 _MODELS = {"NerModel": "spanflow.tasks.ner", "train_ner": "spanflow.tasks.ner", "ReModel": "spanflow.tasks.re",
            "train_re": "spanflow.tasks.re", "Embedder": "spanflow.tasks.embed",
            "train_embedder": "spanflow.tasks.embed.train", "EmbedTraining": "spanflow.tasks.embed.train",

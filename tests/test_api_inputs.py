@@ -217,7 +217,8 @@ def test_pairs_given_in_code_are_checked_as_a_file_is(tmp_path, emb):
 
     with pytest.raises(ConfigError, match=r"examples\[1\] .* a finite number"):  # NaN: a Pearson of nan, no error
         emb.evaluate([Pair("a", "b", 0.2), Pair("c", "d", float("nan")), Pair("e", "f", 0.9)])
-    with pytest.raises(ConfigError, match=r"mixes scored pairs \(train\[0\]\) and pairs without a score \(train\[1\]\)"):
+    with pytest.raises(ConfigError, match=r"mixes scored pairs \(train\[0\]\) and pairs without a score "
+                                          r"\(train\[1\]\)"):
         train_embedder([Pair("a", "b", 0.5), Pair("c", "d")], None, model="tiny", out_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"mixes triplets \(train\[0\]\) and pairs without"):
         train_embedder([Pair("a", "b", negative="x"), Pair("c", "d")], None, model="tiny", out_dir=str(tmp_path))

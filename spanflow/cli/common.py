@@ -94,8 +94,8 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
     --quantize, not with argparse's list of choices."""
     p.add_argument("--precision", default="auto", choices=Precisions(PRECISIONS),
                    help="auto: a reduced precision where the hardware runs it (inference: and the model's results "
-                        "agree with fp32; training: by the device alone, docs/precision.md), else fp32; int8 is a quantization: --quantize of embed, serve "
-                        "and tune [%(default)s]")
+                        "agree with fp32; training: by the device alone, docs/precision.md), else fp32; int8 is a "
+                        "quantization: --quantize of embed, serve and tune [%(default)s]")
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
@@ -182,8 +182,8 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                    help="the column (JSONL field) whose values are the output's ids [Parquet/Arrow: the row number "
                         "from 0; JSONL: its \"id\" field, else the line number; CSV/TSV: the line number]")
     p.add_argument("--keep-columns", type=names_arg, default=[], metavar="A,B",
-                   help=f"input columns (JSONL fields, CSV/TSV header names, Parquet/Arrow columns) carried into the output ({kept_into}) "
-                        "[none]")
+                   help=f"input columns (JSONL fields, CSV/TSV header names, Parquet/Arrow columns) carried into the "
+                        f"output ({kept_into}) [none]")
 
 
 def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:

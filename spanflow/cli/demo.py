@@ -25,8 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of training [%(default)s]")
     p.add_argument("--write-data", metavar="DIR", default=None,
                    help="only write the synthetic data the documentation's examples read (NER CoNLL, CasRel JSON, "
-                        "scored pairs, pairs, triplets, texts.txt; --train-size training records, dev sets a fifth of that, at least 100) into DIR, and train "
-                        "nothing [off: run the demo]")
+                        "scored pairs, pairs, triplets, texts.txt; --train-size training records, dev sets a fifth "
+                        "of that, at least 100) into DIR, and train nothing [off: run the demo]")
 
 
 def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) -> dict:

@@ -9,7 +9,8 @@ from spanflow.ray.cli import add_ray_args, run_ray
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("predict", help="run a model on texts: entities, triples or vectors as JSONL or Parquet, in input order",
+    p = sub.add_parser("predict", help="run a model on texts: entities, triples or vectors as JSONL or Parquet, "
+                                       "in input order",
                        description="Run a model on every record of the input and write one output record per "
                                    "input record, in input order: character-offset entities (NER), triples (RE) "
                                    "or embeddings. An unreadable record becomes an error record, never a gap.")

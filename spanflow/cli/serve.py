@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
                                    "and Retry-After, never a hang. docs/serving.md lists the routes.")
     p.add_argument("--model", action="append", required=True,
                    help="DIR or NAME=DIR (a spanflow model, or an encoder directory for embeddings); repeat for "
-                        "several models [NAME: the run's name for OUT/model (runs/ner/model: ner), else the directory's]")
+                        "several models [NAME: the run's name for OUT/model (runs/ner/model: ner), else the "
+                        "directory's]")
     p.add_argument("--host", default="127.0.0.1", help="bind address [%(default)s: loopback only]")
     p.add_argument("--port", type=int, default=8080, help="TCP port to listen on [%(default)s]")
     p.add_argument("--api-key", default=None,

@@ -84,7 +84,8 @@ TAKES = "embedding data is pairs, scored pairs or triplets in CSV, TSV or JSONL"
 def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None) -> list[Pair]:
     """Every pair in `path` (.csv, .tsv, .txt with tabs, .jsonl/.json one object a line).
     `columns` names the 2 or 3 columns to read, by index ("0,1,2", [0, 1, 2]) or by header name /
-    JSONL key ("s1,s2,score", ["s1", "s2", "score"]). Any unreadable row is a DataError naming the file and line."""
+    JSONL key ("s1,s2,score", ["s1", "s2", "score"]). Any unreadable row is a DataError naming the
+    file and line."""
     path = as_path(path, "read_pairs")
     cols = _parse_columns(columns)
     refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
