@@ -644,3 +644,68 @@ def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_a
         assert lines[HELD_MAX:] == ["... and 7 more error records (Ray Data's log file has them)"]
     finally:
         ray_data.removeHandler(terminal)
+
+
+def test_files_whose_kept_columns_differ_in_encoding_read_as_one_type(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    body = ["Ann ran", "Bob sat"]
+    # as writers differ: one file dictionary-encodes a column or holds it all null, another not
+    pq.write_table(pa.table({"body": body, "cat": pa.array(["x", "y"]).dictionary_encode(), "url": pa.nulls(2),
+                             "k": pa.array([1, 2], pa.int32())}), d / "a.parquet")
+    pq.write_table(pa.table({"body": body, "cat": ["z", "x"], "url": ["u1", None], "k": pa.array([3, 4], pa.int64())}),
+                   d / "b.parquet")
+    src = Source(path=str(d), column="body", id_column="k", keep=("cat", "url")).for_workers()
+    pieces, types, total = S.plan_parquet(src)
+    assert (str(types.field("id").type), str(types.field("cat").type), str(types.field("url").type)) == \
+        ("int64", "string", "string") and total == 4
+    blocks = list(S.read_task({"task": pa.array([0])}, tasks=[pieces], src=src, types=types))
+    joined = pa.concat_tables(blocks)  # one schema over the files: Ray's blocks concatenate
+    assert joined.column(S.ID).to_pylist() == [1, 2, 3, 4]
+    assert joined.column(S.KEEP + "cat").to_pylist() == ["x", "y", "z", "x"]
+    assert joined.column(S.KEEP + "url").to_pylist() == [None, None, "u1", None]
+    pq.write_table(pa.table({"body": body, "cat": [1, 2], "url": ["u", "v"], "k": [5, 6]}), d / "c.parquet")
+    with pytest.raises(ConfigError, match=r"^--keep-columns cat: the column holds string in .*a\.parquet and int64 "
+                                          r"in .*c\.parquet; an output column takes one type"):
+        S.plan_parquet(src)  # before any work, as a column a file lacks is
+
+
+def test_an_object_store_that_cannot_be_reached_is_one_error_naming_the_uri(monkeypatch):
+    import types
+
+    from spanflow.errors import DataError
+
+    def unreachable(uri):  # what pyarrow raises with no network, no such bucket or no credentials
+        raise OSError("When resolving region for bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket")
+
+    fs = types.SimpleNamespace(FileSystem=types.SimpleNamespace(from_uri=unreachable))
+    monkeypatch.setitem(sys.modules, "pyarrow.fs", fs)  # pyarrow's own class takes no patch
+    with pytest.raises(DataError, match=r"^s3://b/in/: cannot reach it \(When resolving region .*NETWORK_CONNECTION"):
+        S.is_parquet_input("s3://b/in/")
+    with pytest.raises(DataError, match=r"^s3://b/out/: cannot reach it"):
+        check_target("s3://b/out/")
+
+
+def test_joining_ray_keeps_the_commands_sigterm_handler(monkeypatch):
+    import spanflow.ray.job as J
+
+    class JoinedRay:  # ray.init installs its own SIGTERM handler in the driver, as Ray does
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            signal.signal(signal.SIGTERM, lambda *a: None)
+
+        def shutdown(self):
+            pass
+
+    def ours(signum, frame):
+        raise SystemExit(143)
+
+    was = signal.signal(signal.SIGTERM, ours)
+    try:
+        monkeypatch.setattr(J, "ray_module", JoinedRay)
+        with J.connected("local"):
+            assert signal.getsignal(signal.SIGTERM) is ours  # ended as Ctrl-C: exit 143, staging removed
+    finally:
+        signal.signal(signal.SIGTERM, was)

@@ -107,6 +107,17 @@ def test_a_table_gives_its_rows_ids_and_kept_columns_with_a_null_as_an_error(tmp
     assert sample_texts(src, 3, column="body") == TEXTS[:2] + [TEXTS[3]]
 
 
+@pytest.mark.parametrize("name", ["in.parquet", "in.arrow", "in.ipc"])
+def test_a_table_saved_without_its_extension_is_read_as_the_table_it_is(tmp_path, name):
+    src = write_table(tmp_path / name, docs_table(5))
+    named = [(rid, str(t)) for rid, t in read_records(src, field="body", id_column="uid")]
+    bare = str(tmp_path / "export.data")  # read as text lines before: binary rows of garbage, exit 0
+    os.rename(src, bare)
+    assert tables.is_table(bare) and not tables.is_table(str(tmp_path / "absent.data"))
+    assert [(rid, str(t).replace(bare, src)) for rid, t in read_records(bare, field="body", id_column="uid")] == named
+    assert named[0] == ("u0", TEXTS[0])
+
+
 def test_a_text_column_that_is_not_strings_is_one_error_before_any_row_is_read(tmp_path, monkeypatch):
     t = pa.table({"n": [5, None], "b": pa.array([b"\x00", None]), "d": pa.array(["x", None]).dictionary_encode(),
                   "l": pa.array(["y", None], pa.large_string())})

@@ -92,12 +92,29 @@ def pyarrow():
 
 
 def is_table(path: str) -> bool:
-    """True for a Parquet (.parquet, .pq) or Arrow IPC (.arrow, .feather, .ipc) path."""
-    return os.path.splitext(os.fspath(path))[1].lower() in PARQUET + IPC
+    """True for a Parquet (.parquet, .pq) or Arrow IPC (.arrow, .feather, .ipc) path, or an existing
+    file of another name that opens as one (Parquet's or Arrow's magic bytes)."""
+    return _table_kind(os.fspath(path)) is not None
 
 
 def _is_parquet(path: str) -> bool:
-    return os.path.splitext(path)[1].lower() in PARQUET
+    return _table_kind(path) == "parquet"
+
+
+def _table_kind(path: str) -> str | None:
+    """parquet, ipc or None: by the name's extension, else by a regular file's first bytes (a table
+    saved without its extension would otherwise be read as lines of text)."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext in PARQUET + IPC:
+        return "parquet" if ext in PARQUET else "ipc"
+    try:
+        if not os.path.isfile(path):  # a pipe's first bytes, read here, would be gone
+            return None
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None
+    return "parquet" if head.startswith(b"PAR1") else "ipc" if head.startswith((b"ARROW1", b"\xff" * 4)) else None
 
 
 def one_line(e: BaseException) -> str:

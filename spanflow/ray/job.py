@@ -87,8 +87,14 @@ def connected(address: str) -> Iterator[object]:
         yield ray
         return
     answering(address)
+    import signal
+    import threading
+
+    ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         ray.init(address=None if address == "local" else address, include_dashboard=False)
+        if ours is not None:  # ray.init puts its own in (a stack dump, exit 15): SIGTERM ends the job as Ctrl-C
+            signal.signal(signal.SIGTERM, ours)
     except (ConnectionError, ValueError) as e:  # no cluster there; an address Ray cannot parse
         raise ConfigError(f"--ray {address}: cannot join the Ray cluster ({e})") from None
     except RuntimeError as e:
@@ -317,7 +323,7 @@ def _read(ray, plan: _Plan, src: S.Source, rows: int):
         tasks = S.pack(plan.pieces, rows)
         items = [{"task": k} for k in range(len(tasks))]
         return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            S.read_task, batch_size=1, batch_format="pyarrow", fn_kwargs={"tasks": tasks, "src": src})
+            S.read_task, batch_size=1, batch_format="pyarrow", fn_kwargs={"tasks": tasks, "src": src, "types": plan.types})
     # no CPU reserved: it must run on this node whatever the actors hold there, and the
     # tokenizing after it, of other resources, is not fused into it but spread over the cluster
     here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}

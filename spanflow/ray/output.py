@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from spanflow.atomic import writing
 from spanflow.data.tables import pyarrow
 from spanflow.errors import ConfigError
-from spanflow.ray.source import filesystem, footers, is_remote, parquet_files
+from spanflow.ray.source import filesystem, footers, is_remote, parquet_files, reaching
 
 MANIFEST = "_spanflow.json"
 FORMAT = "spanflow-ray-output.v1"  # the manifest's "format": what marks a directory as this job's
@@ -55,9 +55,11 @@ def check_target(path: str) -> Target:
         import pyarrow.fs as pafs
 
         fs, where = filesystem(path)
-        info = fs.get_file_info(where)
-        if info.type.name == "File" or (info.type.name == "Directory"
-                                        and fs.get_file_info(pafs.FileSelector(where))):
+        with reaching(path):
+            info = fs.get_file_info(where)
+            taken = info.type.name == "File" or (info.type.name == "Directory"
+                                                 and fs.get_file_info(pafs.FileSelector(where)))
+        if taken:
             raise ConfigError(f"--output {path} exists: under --ray it names a new (or empty) prefix for Parquet "
                               "files, and an object store cannot replace one whole", field="output")
         return Target(path, False)

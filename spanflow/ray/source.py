@@ -75,13 +75,33 @@ def is_remote(path: str) -> bool:
 
 
 def filesystem(path: str):
-    """(pyarrow file system, path in it)."""
+    """(pyarrow file system, path in it); a URI whose store cannot be reached is a DataError."""
     pyarrow()
     import pyarrow.fs as pafs
 
     if is_remote(path):
-        return pafs.FileSystem.from_uri(path)
+        with reaching(path):
+            return pafs.FileSystem.from_uri(path)
     return pafs.LocalFileSystem(), path
+
+
+@contextmanager
+def reaching(path: str) -> Iterator[None]:
+    """An object store's failure to answer (no network, an unknown bucket, no credentials: pyarrow's
+    OSError or ArrowException) as one DataError naming the URI, not a traceback."""
+    pa = pyarrow()
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        if not is_remote(path):
+            raise
+        raise DataError(f"cannot reach it ({one_line(e)[:300]})", path=path) from None
+
+
+def file_info(fs, where: str, path: str):
+    """`fs.get_file_info(where)`, `path` being what the command was given (see reaching)."""
+    with reaching(path):
+        return fs.get_file_info(where)
 
 
 def is_parquet_input(path: str) -> bool:
@@ -91,7 +111,7 @@ def is_parquet_input(path: str) -> bool:
     if not is_remote(path) and is_table(path):
         return False
     fs, where = filesystem(path)
-    return fs.get_file_info(where).type.name == "Directory"
+    return file_info(fs, where, path).type.name == "Directory"
 
 
 def parquet_files(path: str, *, required: bool = True) -> tuple[object, list[str]]:
@@ -100,14 +120,15 @@ def parquet_files(path: str, *, required: bool = True) -> tuple[object, list[str
     import pyarrow.fs as pafs
 
     fs, where = filesystem(path)
-    info = fs.get_file_info(where)
+    info = file_info(fs, where, path)
     if info.type.name == "NotFound":
         if not required:
             return fs, []
         raise DataError("file not found", path=path)
     if info.type.name != "Directory":
         return fs, [where]
-    found = fs.get_file_info(pafs.FileSelector(where, recursive=True))
+    with reaching(path):
+        found = fs.get_file_info(pafs.FileSelector(where, recursive=True))
     files = sorted(f.path for f in found if f.type.name == "File" and f.path.lower().endswith(PARQUET)
                    and not any(p.startswith((".", "_")) for p in f.path[len(where):].split("/") if p))
     if not files and required:
@@ -136,23 +157,61 @@ def footers(fs, files: Sequence[str], shown=lambda f: f) -> list:
 def plan_parquet(src: Source) -> tuple[list[Piece], object, int]:
     """(every row group, in input order; the types of the output's id and kept columns; rows in
     all). Every file's footer is read here, on the driver: a column a file lacks, or a text
-    column of anything but strings, is a ConfigError before any work."""
+    column of anything but strings, is a ConfigError before any work. The id and kept columns
+    take one type over every file (read_groups casts to it): the widest of theirs (an all-null
+    column's null, int32 under int64, dictionary-encoded strings as strings), or a ConfigError
+    naming two files whose types no one type holds."""
     pa = pyarrow()
     fs, files = parquet_files(src.path)
     base = filesystem(src.path)[1]
-    pieces, row, types = [], 0, None
+    pieces, row, carried = [], 0, []
     for f, meta in zip(files, footers(fs, files, lambda f: _shown(src, f, base))):
         schema = meta.schema.to_arrow_schema()
         text, ident = _columns(schema, src, _shown(src, f, base))
-        if types is None:
-            types = pa.schema([("id", schema.field(ident).type if ident else pa.int64())]
-                              + [(k, schema.field(k).type) for k in src.keep])
+        carried.append((_shown(src, f, base), pa.schema([("id", schema.field(ident).type if ident else pa.int64())]
+                                                        + [(k, schema.field(k).type) for k in src.keep])))
         in_file = 0
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
             pieces.append(Piece(f, g, n, row, in_file))
             row, in_file = row + n, in_file + n
-    return pieces, types, row
+    return pieces, _one_type(carried, src), row
+
+
+def _plain(t):
+    """A column type as the output holds it: dictionary-encoded values as the values, string views
+    as strings (files of one data set differ in these as their writers chose)."""
+    pa = pyarrow()
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.string() if pa.types.is_string_view(t) else t
+
+
+def _one_type(carried: list, src: Source):
+    """The schema that holds every file's id and kept columns (see plan_parquet): their own types
+    where one holds them all, else as the output holds them (_plain), widened."""
+    pa = pyarrow()
+    for plain in (False, True):
+        try:
+            return pa.unify_schemas([pa.schema([(f.name, _plain(f.type)) for f in s]) if plain else s
+                                     for _, s in carried], promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as e:
+            error = e
+    carried = [(shown, pa.schema([(f.name, _plain(f.type)) for f in s])) for shown, s in carried]
+    for name in carried[0][1].names:  # the column at fault, and the first file whose type does not fit
+        first, s0 = carried[0]
+        types = s0.field(name).type
+        for shown, s in carried[1:]:
+            try:
+                types = pa.unify_schemas([pa.schema([(name, types)]), pa.schema([(name, s.field(name).type)])],
+                                         promote_options="permissive").field(name).type
+            except (pa.ArrowTypeError, pa.ArrowInvalid):
+                flag = "--id-column" if name == "id" else "--keep-columns"
+                column = src.id_column if name == "id" else name
+                raise ConfigError(f"{flag} {column}: the column holds {s0.field(name).type} in {first} and "
+                                  f"{s.field(name).type} in {shown}; an output column takes one type (cast it in "
+                                  "the files, or leave it out)") from None
+    raise ConfigError(f"the id and kept columns differ in type between the input's files ({one_line(error)})")
 
 
 def pack(pieces: list[Piece], at_least: int) -> list[list[Piece]]:
@@ -186,17 +245,18 @@ def _columns(schema, src: Source, shown: str) -> tuple[str, str | None]:
     return text, ident
 
 
-def read_task(batch, *, tasks: list[list[Piece]], src: Source) -> Iterator:
+def read_task(batch, *, tasks: list[list[Piece]], src: Source, types=None) -> Iterator:
     """The blocks of the read tasks whose indices `batch` holds (column "task"): Ray's read stage.
     The file system is made once per task, and each file opened once for its row groups."""
     fs, base = filesystem(src.path)
     for k in batch["task"].to_pylist():
         for path, pieces in itertools.groupby(tasks[k], key=lambda p: p.path):
-            yield from read_groups(fs, path, list(pieces), src, _shown(src, path, base))
+            yield from read_groups(fs, path, list(pieces), src, _shown(src, path, base), types)
 
 
-def read_groups(fs, path: str, pieces: list[Piece], src: Source, shown: str) -> Iterator:
-    """The blocks of some row groups of one file, READ_ROWS rows at a time."""
+def read_groups(fs, path: str, pieces: list[Piece], src: Source, shown: str, types=None) -> Iterator:
+    """The blocks of some row groups of one file, READ_ROWS rows at a time; the id and kept columns
+    cast to `types` (plan_parquet's), so every block of the job has one schema."""
     pa = pyarrow()
     with fs.open_input_file(path) as stream:
         f = pa.parquet.ParquetFile(stream)
@@ -208,9 +268,13 @@ def read_groups(fs, path: str, pieces: list[Piece], src: Source, shown: str) -> 
                 for b in f.iter_batches(batch_size=READ_ROWS, row_groups=[p.group], columns=cols, use_threads=False):
                     rows = pa.array(range(p.first + at, p.first + at + b.num_rows), pa.int64())
                     texts, errors = texts_and_errors(b.column(text), p.in_file + at, text, shown)
-                    yield block(rows, b.column(ident) if ident else rows, texts, errors,
-                                {k: b.column(k) for k in src.keep})
+                    yield block(rows, _cast(b.column(ident), types, "id") if ident else rows, texts, errors,
+                                {k: _cast(b.column(k), types, k) for k in src.keep})
                     at += b.num_rows
+
+
+def _cast(col, types, name: str):
+    return col if types is None or col.type == types.field(name).type else col.cast(types.field(name).type)
 
 
 @contextmanager
