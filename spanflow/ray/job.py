@@ -323,7 +323,8 @@ def _read(ray, plan: _Plan, src: S.Source, rows: int):
         tasks = S.pack(plan.pieces, rows)
         items = [{"task": k} for k in range(len(tasks))]
         return ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            S.read_task, batch_size=1, batch_format="pyarrow", fn_kwargs={"tasks": tasks, "src": src, "types": plan.types})
+            S.read_task, batch_size=1, batch_format="pyarrow",
+            fn_kwargs={"tasks": tasks, "src": src, "types": plan.types})
     # no CPU reserved: it must run on this node whatever the actors hold there, and the
     # tokenizing after it, of other resources, is not fused into it but spread over the cluster
     here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
