@@ -326,8 +326,12 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path,
     state_file.write_text(json.dumps({**state, "run": {**state["run"], "processes": 2}}))
     assert train(files, out, "--resume") == 2
     assert "is of a run with 2 processes (now 1: --devices, or torchrun's --nproc-per-node)" in capsys.readouterr().err
-    state_file.write_text(json.dumps(state))
-    assert train(files, out, "--resume", "--epochs", "4") == 0  # more epochs extend the same run
+    # a checkpoint of a run before --stride could be left unset recorded its default, 32
+    options = {**state["run"]["options"], "stride": 32}
+    state_file.write_text(json.dumps({**state, "run": {**state["run"], "options": options}}))
+    assert train(files, out, "--resume", "--stride", "16") == 2
+    assert "--stride 32 (now 16)" in capsys.readouterr().err
+    assert train(files, out, "--resume", "--epochs", "4") == 0  # unset: the checkpoint model's own; more epochs
     assert "resumed from" in capsys.readouterr().out
     assert train(files, out, "--max-steps", "1") == 0  # no --resume: a new run, and it says what it replaces
     assert f"note: {out} holds an earlier run's model and checkpoint; this run starts over" in capsys.readouterr().out

@@ -116,6 +116,9 @@ def test_a_table_saved_without_its_extension_is_read_as_the_table_it_is(tmp_path
     assert tables.is_table(bare) and not tables.is_table(str(tmp_path / "absent.data"))
     assert [(rid, str(t).replace(bare, src)) for rid, t in read_records(bare, field="body", id_column="uid")] == named
     assert named[0] == ("u0", TEXTS[0])
+    text = tmp_path / "codes.txt"  # a text that only starts like a table stays text
+    text.write_text("PAR1 results are in\nARROW1 is next\n")
+    assert not tables.is_table(str(text)) and [t for _, t in read_records(str(text))][0] == "PAR1 results are in"
 
 
 def test_a_text_column_that_is_not_strings_is_one_error_before_any_row_is_read(tmp_path, monkeypatch):

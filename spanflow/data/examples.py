@@ -1,6 +1,7 @@
 """The example types every format converts to: text plus character-offset spans."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from spanflow.errors import quote
@@ -127,7 +128,8 @@ def example_problem(ex) -> str | None:
     return problem
 
 
-TAG_PREFIXES = ("B", "I", "E", "S", "L", "U")  # BIO, BIOES and BILOU tags are a type behind a position prefix
+# BIO, BIOES and BILOU tags: a type behind a position prefix, in any case, after - or _
+_TAG = re.compile(r"^([BIESLU])[-_](.+)$", re.IGNORECASE)
 
 
 def tag_labels(labels) -> tuple[str, str] | None:
@@ -138,15 +140,16 @@ def tag_labels(labels) -> tuple[str, str] | None:
     for lab in labels:
         if lab == "O":
             return lab, ('a span labelled "O" marks no entity: leave such spans out (a span is one whole entity, '
-                    '[start, end, TYPE])')
-        prefix, sep, kind = lab.partition("-")
-        if not sep or prefix not in TAG_PREFIXES or not kind:
+                         '[start, end, TYPE]; a type of yours named "O" needs another name)')
+        tag = _TAG.match(lab)
+        if tag is None:
             continue
+        kind = tag.group(2)
         other = seen.setdefault(kind, lab)
         if other != lab:
             return lab, (f"labels {other!r} and {lab!r} are tags, not entity types: give each entity one span over "
-                    f"all its tokens, labelled with its type ({kind!r}); spanflow convert turns a CoNLL file "
-                    "of tags into such JSONL")
+                         f"all its tokens, labelled with its type ({kind!r}); spanflow convert turns a CoNLL file "
+                         "of tags into such JSONL")
     return None
 
 

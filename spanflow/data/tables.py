@@ -102,19 +102,27 @@ def _is_parquet(path: str) -> bool:
 
 
 def _table_kind(path: str) -> str | None:
-    """parquet, ipc or None: by the name's extension, else by a regular file's first bytes (a table
-    saved without its extension would otherwise be read as lines of text)."""
+    """parquet, ipc or None: by the name's extension, else by a regular file's first and last
+    bytes, both the format's marks (a table saved without its extension would otherwise be read
+    as lines of text; a text that only starts like one stays text)."""
     ext = os.path.splitext(path)[1].lower()
     if ext in PARQUET + IPC:
         return "parquet" if ext in PARQUET else "ipc"
     try:
-        if not os.path.isfile(path):  # a pipe's first bytes, read here, would be gone
+        if not os.path.isfile(path) or os.path.getsize(path) < 12:  # a pipe's bytes, read here, would be gone
             return None
         with open(path, "rb") as f:
-            head = f.read(6)
+            head = f.read(8)
+            f.seek(-8, os.SEEK_END)
+            tail = f.read(8)
     except OSError:
         return None
-    return "parquet" if head.startswith(b"PAR1") else "ipc" if head.startswith((b"ARROW1", b"\xff" * 4)) else None
+    if head.startswith(b"PAR1") and tail.endswith(b"PAR1"):
+        return "parquet"
+    if (head.startswith(b"ARROW1") and tail.endswith(b"ARROW1")) or (  # an IPC file; a stream, with its end mark
+            head.startswith(b"\xff" * 4) and tail == b"\xff" * 4 + b"\0" * 4):
+        return "ipc"
+    return None
 
 
 def one_line(e: BaseException) -> str:

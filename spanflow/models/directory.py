@@ -147,12 +147,14 @@ def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:
     return head
 
 
-def load_model_dir(path: str, task: str) -> tuple[dict, nn.Module, object, dict]:
+def load_model_dir(path: str, task: str,
+                   special: tuple[str, ...] = ("cls", "sep")) -> tuple[dict, nn.Module, object, dict]:
     """(config, encoder, tokenizer, head tensors) of a spanflow model directory of `task` (the
-    encoder as models.encoder.load_encoder loads it)."""
+    encoder as models.encoder.load_encoder loads it, its tokenizer holding the `special` tokens
+    the task's inputs are built with)."""
     from spanflow.models.encoder import load_encoder, require_special_tokens
 
     cfg = read_model_config(path, task=task)
     encoder, tokenizer = load_encoder(os.path.join(path, "encoder"))
-    require_special_tokens(tokenizer, os.path.join(path, "encoder"))
+    require_special_tokens(tokenizer, os.path.join(path, "encoder"), special)
     return cfg, encoder, tokenizer, load_head_state(path)

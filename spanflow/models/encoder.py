@@ -141,10 +141,10 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def require_special_tokens(tokenizer, path: str) -> None:
-    """A ModelDirError where `tokenizer` lacks the [CLS], [SEP] or [PAD] token a model input is
-    built with (a directory without tokenizer_config.json loads tokenizer.json's vocabulary only)."""
-    missing = [name.upper() for name in ("cls", "sep", "pad") if getattr(tokenizer, f"{name}_token_id", None) is None]
+def require_special_tokens(tokenizer, path: str, names: tuple[str, ...] = ("cls", "sep", "pad")) -> None:
+    """A ModelDirError where `tokenizer` lacks one of the special tokens `names` a task builds its
+    inputs with (a directory without tokenizer_config.json loads tokenizer.json's vocabulary only)."""
+    missing = [name.upper() for name in names if getattr(tokenizer, f"{name}_token_id", None) is None]
     if missing:
         names = " or ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
         raise ModelDirError(f"{path}: its tokenizer names no {names} token, which "

@@ -81,8 +81,15 @@ def filesystem(path: str):
 
     if is_remote(path):
         with reaching(path):
-            return pafs.FileSystem.from_uri(path)
+            return store(path)
     return pafs.LocalFileSystem(), path
+
+
+def store(uri: str):
+    """(the object store's pyarrow file system, the path in it) that `uri` names."""
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(uri)
 
 
 @contextmanager
@@ -178,40 +185,55 @@ def plan_parquet(src: Source) -> tuple[list[Piece], object, int]:
     return pieces, _one_type(carried, src), row
 
 
+def _one_type(carried: list, src: Source):
+    """The schema that holds every file's id and kept columns (see plan_parquet): their own types
+    where every file has the same, else each column's types merged without loss (_merged), or a
+    ConfigError naming the column and the file whose type no merge holds."""
+    pa = pyarrow()
+    if all(s.equals(carried[0][1]) for _, s in carried):
+        return carried[0][1]
+    fields = []
+    for name in carried[0][1].names:
+        since, first = carried[0]  # since: the file that last set the column's type
+        t = _plain(first.field(name).type)
+        for shown, s in carried[1:]:
+            other = _plain(s.field(name).type)
+            merged = _merged(t, other)
+            if merged is None:
+                flag, column = ("--id-column", src.id_column) if name == "id" else ("--keep-columns", name)
+                raise ConfigError(f"{flag} {column}: the column holds {t} in {since} and {other} in {shown}; an "
+                                  "output column takes one type (cast it in the files, or leave it out)")
+            if merged != t:
+                since, t = shown, merged
+        fields.append((name, t))
+    return pa.schema(fields)
+
+
 def _plain(t):
     """A column type as the output holds it: dictionary-encoded values as the values, string views
     as strings (files of one data set differ in these as their writers chose)."""
     pa = pyarrow()
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return pa.string() if pa.types.is_string_view(t) else t
+    view = getattr(pa.types, "is_string_view", None)  # pyarrow 16 and newer
+    return pa.string() if view is not None and view(t) else t
 
 
-def _one_type(carried: list, src: Source):
-    """The schema that holds every file's id and kept columns (see plan_parquet): their own types
-    where one holds them all, else as the output holds them (_plain), widened."""
+def _merged(a, b):
+    """The type that holds every value of `a` and of `b` exactly, or None: the same type; either
+    beside an all-null column; the wider of two integers of one signedness; a string beside a
+    large string. A float beside an integer, or a coarser time unit, could not hold them all."""
     pa = pyarrow()
-    for plain in (False, True):
-        try:
-            return pa.unify_schemas([pa.schema([(f.name, _plain(f.type)) for f in s]) if plain else s
-                                     for _, s in carried], promote_options="permissive")
-        except (pa.ArrowTypeError, pa.ArrowInvalid) as e:
-            error = e
-    carried = [(shown, pa.schema([(f.name, _plain(f.type)) for f in s])) for shown, s in carried]
-    for name in carried[0][1].names:  # the column at fault, and the first file whose type does not fit
-        first, s0 = carried[0]
-        types = s0.field(name).type
-        for shown, s in carried[1:]:
-            try:
-                types = pa.unify_schemas([pa.schema([(name, types)]), pa.schema([(name, s.field(name).type)])],
-                                         promote_options="permissive").field(name).type
-            except (pa.ArrowTypeError, pa.ArrowInvalid):
-                flag = "--id-column" if name == "id" else "--keep-columns"
-                column = src.id_column if name == "id" else name
-                raise ConfigError(f"{flag} {column}: the column holds {s0.field(name).type} in {first} and "
-                                  f"{s.field(name).type} in {shown}; an output column takes one type (cast it in "
-                                  "the files, or leave it out)") from None
-    raise ConfigError(f"the id and kept columns differ in type between the input's files ({one_line(error)})")
+    if a == b or pa.types.is_null(b):
+        return a
+    if pa.types.is_null(a):
+        return b
+    for same in (pa.types.is_signed_integer, pa.types.is_unsigned_integer):
+        if same(a) and same(b):
+            return a if a.bit_width >= b.bit_width else b
+    if {a, b} == {pa.string(), pa.large_string()}:
+        return pa.large_string()
+    return None
 
 
 def pack(pieces: list[Piece], at_least: int) -> list[list[Piece]]:

@@ -93,6 +93,10 @@ COURSE = ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "gra
           "stride", "seed", "label_smoothing", "class_weights", "llrd", "pack", "pack_span", "oversample")
 
 
+# options a continued model keeps as it was trained where they are unset (None)
+MODEL_OWN = ("max_length", "stride")
+
+
 def run_identity(items: list, opts, origin: str | None, processes: int = 1) -> dict:
     """What a checkpoint's run was: the model it started from (`origin` as given, and what its
     files are: the same encoder copied elsewhere is the same model), its training items (how many,
@@ -147,6 +151,8 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
         changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens "
                        f"(now {now['items']}, {now['tokens']})")
     for k, v in (saved.get("options") or {}).items():
+        if k in MODEL_OWN and now["options"].get(k) is None:
+            continue  # unset: the checkpoint's model's own, which the resumed run continues with
         if k in now["options"] and now["options"][k] != v:
             changed.append(f"--{k.replace('_', '-')} {v} (now {now['options'][k]})")
     if changed:

@@ -64,8 +64,9 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
 
 
 def _kind(p: Pair) -> str:
-    return ("scored pairs with negatives" if p.negative is not None else "scored pairs") if p.score is not None \
-        else "triplets" if p.negative is not None else "pairs without a score"
+    if p.score is not None:
+        return "scored pairs with negatives" if p.negative is not None else "scored pairs"
+    return "triplets" if p.negative is not None else "pairs without a score"
 
 
 FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query", "question"}

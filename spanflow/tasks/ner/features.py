@@ -69,14 +69,14 @@ def warn_moved(examples: list[NerExample], encs: list, labels: list[list[int]], 
     moved, first = 0, None
     for e, enc, lab in zip(examples, encs, labels):
         got = set(decode_spans(enc, lab, id2label))
-        lost = [s for s in e.spans if s not in got]
+        lost = [tuple(s) for s in e.spans if tuple(s) not in got]  # the API takes spans as lists too
         if lost:
             moved += len(lost)
             if first is None:
                 s, t, kind = lost[0]
-                near = sorted(got, key=lambda g: abs(g[0] - s) + abs(g[1] - t))[:1]
-                first = (f"{e.text[s:t]!r} ({kind}, characters {s}-{t}) in {e.text[:80]!r} trains as "
-                         + (f"{e.text[near[0][0]:near[0][1]]!r} ({near[0][2]})" if near else "no entity"))
+                over = [g for g in got if g[0] < t and s < g[1]]  # what the words it touches train as
+                first = (f"{e.text[s:t]!r} ({kind}) in {e.text[max(0, s - 30):t + 30]!r} trains as "
+                         + (" and ".join(f"{e.text[a:b]!r} ({k})" for a, b, k in sorted(over)) or "no entity"))
     if moved:
         total = sum(len(e.spans) for e in examples)
         log(f"warning: {moved} of {total} training entities do not start and end on the words the model tags (the "

@@ -82,7 +82,7 @@ class NerModel:
             return load_auto(get_task(cls.task), path, device=device)
         if token_classification_config(path) is not None:
             return cls.from_hf(path, device=device, precision=precision)
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner")
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", ("cls", "sep", "pad"))
         labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
         if head_type not in HEAD_TYPES:
             raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "

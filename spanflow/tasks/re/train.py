@@ -52,7 +52,7 @@ def start_model(source: str, train: list[ReExample], relations: list[str], opts:
                                           trained=start.limit), head=start.module.head, policy=policy)
     encoder, tokenizer, limit = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
-    require_special_tokens(tokenizer, source)
+    require_special_tokens(tokenizer, source, ("cls", "sep"))  # padding falls back to id 0
     return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit, policy=policy)
 
 
