@@ -44,11 +44,11 @@ def bf16_cpu(monkeypatch, tmp_path):
 def served(monkeypatch):
     """`spanflow serve` up to the point it would listen: the app and options it would serve."""
     pytest.importorskip("fastapi")
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     import spanflow.cli.serve as serve_cli
 
     seen = {"models": []}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr("spanflow.serving.address.serve_on", lambda sock, app, **kw: seen.update(app=app, **kw))
     # compiling is test_backend.py's; here: the models that would be served
     monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: seen["models"].append(model) or "eager")
     return seen

@@ -280,15 +280,13 @@ def _batches(metrics: str, model: str) -> int:
 
 
 def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeypatch, capsys, tmp_path):
-    import uvicorn
-
     import spanflow.cli.serve as serve_cli
     from spanflow.cli.main import main
     from spanflow.runtime.budget import default_budget
 
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))  # no cached profiles
     started = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append((app, kw)))
+    monkeypatch.setattr("spanflow.serving.address.serve_on", lambda sock, app, **kw: started.append((app, kw)))
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
     monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: asked.append(name) or "eager")
     text = min(TEXTS, key=len)

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from spanflow.cli.main import main  # noqa: E402
 from spanflow.errors import ConfigError  # noqa: E402
 from spanflow.models.encoder import build_tiny  # noqa: E402
-from spanflow.serving.address import check_address  # noqa: E402
+from spanflow.serving.address import bind_address  # noqa: E402
 from spanflow.serving.app import ServeOptions, create_app  # noqa: E402
 from spanflow.serving.requests import InvalidRequest, Limits, read_body  # noqa: E402
 from spanflow.serving.services import Service  # noqa: E402
@@ -95,8 +95,14 @@ def test_a_port_in_use_is_a_config_error():
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(ConfigError, match=f"--port {port}: 127.0.0.1:{port} is already in use"):
-            check_address("127.0.0.1", port)
-    check_address("127.0.0.1", port)  # free again
+            bind_address("127.0.0.1", port)
+    with bind_address("127.0.0.1", port):  # free again; held (while models load), no other server takes it
+        with pytest.raises(ConfigError, match="is already in use"):
+            bind_address("127.0.0.1", port)
+        with socket.socket() as other:  # as http.server and uvicorn bind
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError, match="in use"):
+                other.bind(("127.0.0.1", port))
 
 
 def test_serve_checks_the_port_before_loading_any_model(tmp_path, monkeypatch, capsys):

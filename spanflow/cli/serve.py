@@ -63,7 +63,7 @@ def load_services(a: argparse.Namespace) -> tuple[list, dict[str, int]]:
 
 def run(a: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (serving.address.serve_on runs it)
 
         from spanflow.serving.app import api_key_from_env, create_app
         from spanflow.serving.guard import deadline_protocol
@@ -72,20 +72,21 @@ def run(a: argparse.Namespace) -> int:
 
         raise ConfigError(f"serving needs the 'serve' extra (pip install 'spanflow[serve]'): {e}") from None
     from spanflow.runtime.budget import default_budget
-    from spanflow.serving.address import check_address
+    from spanflow.serving.address import bind_address, serve_on
     from spanflow.serving.options import check_limits
 
-    check_limits(vars(a))
-    check_address(a.host, a.port)  # a port in use is told now, not after every model has loaded
     from spanflow.runtime.threads import on_model_thread
 
-    # loaded (and --precision auto checked) on the thread that runs their batches: one OpenMP team
-    services, per_model = on_model_thread(load_services, a)
-    fallback = default_budget("serve", services[0].model.policy.device)  # every model has its own budget
-    opts = options_from(ServeOptions, a, max_tokens=fallback, model_max_tokens=per_model,
-                        batching=not a.no_batching, api_key=api_key_from_env(a.api_key))
-    budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model[s.name]})" for s in services)
-    print(f"serving {budgets} on http://{a.host}:{a.port} (batching {'on' if opts.batching else 'off'})")
-    uvicorn.run(create_app(services, opts), host=a.host, port=a.port, log_level="warning",
-                http=deadline_protocol(opts.read_timeout), timeout_graceful_shutdown=int(opts.timeout))
+    check_limits(vars(a))
+    with bind_address(a.host, a.port) as sock:  # a port in use is told now, and held while the models load
+        # loaded (and --precision auto checked) on the thread that runs their batches: one OpenMP team
+        services, per_model = on_model_thread(load_services, a)
+        fallback = default_budget("serve", services[0].model.policy.device)  # every model has its own budget
+        opts = options_from(ServeOptions, a, max_tokens=fallback, model_max_tokens=per_model,
+                            batching=not a.no_batching, api_key=api_key_from_env(a.api_key))
+        budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model[s.name]})" for s in services)
+        port = sock.getsockname()[1]  # --port 0: the one the system gave
+        print(f"serving {budgets} on http://{a.host}:{port} (batching {'on' if opts.batching else 'off'})")
+        serve_on(sock, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
+                 timeout_graceful_shutdown=int(opts.timeout))
     return 0

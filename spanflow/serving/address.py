@@ -1,5 +1,6 @@
-"""The address the server will listen on, tried before any model loads: loading and compiling
-every model only to find the port taken wastes the start-up and ends in uvicorn's own error."""
+"""The address the server will listen on, bound before any model loads and held until the server
+listens on it: loading and compiling every model only to find the port taken (or taken meanwhile)
+wastes the start-up and ends in uvicorn's own error."""
 from __future__ import annotations
 
 import errno
@@ -8,9 +9,11 @@ import socket
 from spanflow.errors import ConfigError
 
 
-def check_address(host: str, port: int) -> None:
-    """Bind `host:port` once and let it go, as uvicorn binds it (SO_REUSEADDR: a port whose last
-    connections are in TIME_WAIT is free); a ConfigError saying why the server could not listen there."""
+def bind_address(host: str, port: int) -> socket.socket:
+    """A socket listening on `host:port`, bound as uvicorn binds one (SO_REUSEADDR: a port whose
+    last connections are in TIME_WAIT is free); listening, it is the server's alone (a socket only
+    bound would let another bind the port too, and lose it at its own listen). Connections made
+    before the server accepts wait in its backlog. A ConfigError says why it could not listen."""
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: a port is a number from 0 to 65535")
     try:
@@ -18,12 +21,23 @@ def check_address(host: str, port: int) -> None:
                                                           flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as e:
         raise ConfigError(f"--host {host}: not a name or address this machine can listen on ({e.strerror})") from None
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as e:
-            raise ConfigError(_why(host, port, e)) from None
+    s = socket.socket(family, kind, proto)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(addr)
+        s.listen(2048)  # uvicorn's default backlog
+    except OSError as e:
+        s.close()
+        raise ConfigError(_why(host, port, e)) from None
+    return s
+
+
+def serve_on(sock: socket.socket, app, **config) -> None:
+    """Run `app` under uvicorn on the bound `sock` (uvicorn.Config's other settings in `config`)
+    until it is stopped."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, **config)).run(sockets=[sock])
 
 
 def _why(host: str, port: int, e: OSError) -> str:

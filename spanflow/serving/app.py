@@ -104,8 +104,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready():
-        if not state["ready"]:
-            raise HttpError(503, "models are loading")
+        if not state["ready"]:  # the server stops: what is queued is finished, nothing new is taken
+            raise HttpError(503, "the server is stopping")
         return {"status": "ready", "models": {s.name: s.task.name for s in services}}
 
     @app.get("/v1/models")
