@@ -92,6 +92,13 @@ def cases(host: str, port: int, key: str | None, read_timeout: float):
         took = time.monotonic() - t0
         return None if took <= read_timeout * 2 + 5 else f"held open {took:.1f}s"
 
+    def answered(status_wanted: int, path: str, body: bytes, headers: dict, said: bytes):
+        def check():
+            status, raw = request(host, port, "POST", path, body, {**auth, **headers})
+            ok = status == status_wanted and said in raw
+            return None if ok else f"status {status}: {raw[-200:]!r} (want {status_wanted} saying {said!r})"
+        return check
+
     def docs_need_the_key():
         if not key:
             return None
@@ -112,6 +119,9 @@ def cases(host: str, port: int, key: str | None, read_timeout: float):
         ("Content-Length over the body", short_body),
         ("connection that never finishes its headers", idle_connection),
         ("docs and schema need the key", docs_need_the_key),
+        ("a compressed body", answered(415, "/v1/ner", b"\x1f\x8b\x08\x00", {"Content-Encoding": "gzip"},
+                                       b"unsupported Content-Encoding 'gzip'")),
+        ("a trailing slash", answered(404, "/v1/ner/", b'{"texts": ["a"]}', {}, b"POST /v1/ner")),
     ]
 
 

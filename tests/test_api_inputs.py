@@ -225,6 +225,10 @@ def test_pairs_given_in_code_are_checked_as_a_file_is(tmp_path, emb):
     with pytest.raises(ConfigError, match="^config takes an EmbedTraining .*; TrainOptions go to options=$"):
         train_embedder([Pair("a", "b")], None, model="tiny", out_dir=str(tmp_path), config=TrainOptions())
     EmbedTraining()  # the right kind passes
+    with pytest.raises(ConfigError, match="examples holds 1 pair; it needs at least 2"):
+        emb.evaluate([Pair("a", "b")])  # a retrieval among one answer: every figure 1
+    assert emb.evaluate([Pair("Ann ran", "Bob sat"), Pair("Cat", "Dog")])["warnings"] == [
+        "only 2 distinct answers to rank: recall@10 is 1 whatever the model"]
     p = tmp_path / "p.csv"
     p.write_text("s1,s2,score\nAnn ran,Bob ran,0.5\nAnn sat,Bob ran,0.1\n")
     assert read_pairs(str(p), columns=["s1", "s2", "score"]) == read_pairs(str(p), columns="s1,s2,score")
@@ -268,3 +272,16 @@ def test_the_package_lists_what_it_imports_lazily():
 
     assert {"NerModel", "train_ner", "Embedder", "WriteError"} <= set(dir(spanflow))
     assert issubclass(spanflow.WriteError, spanflow.SpanflowError)
+
+
+def test_doctor_takes_the_task_of_a_spanflow_model(rel, tmp_path, monkeypatch):
+    from spanflow.cli.main import main
+    from spanflow.tuning import doctor
+
+    rel.save(str(tmp_path / "re"))
+    asked = []
+    monkeypatch.setattr(doctor, "doctor", lambda **kw: asked.append(kw["task"]))
+    assert main(["doctor", "--model", str(tmp_path / "re"), "--data", "triples.json"]) == 0
+    assert main(["doctor", "--model", "tiny", "--data", "train.conll"]) == 0
+    assert main(["doctor", "--model", str(tmp_path / "re"), "--data", "x", "--task", "ner"]) == 0
+    assert asked == ["re", "ner", "ner"]  # was ner, and an error naming the model's own task

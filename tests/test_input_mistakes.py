@@ -190,3 +190,16 @@ def test_examples_labelled_with_tags_are_refused_by_the_python_api(tmp_path):
     data = [NerExample("Bob Smith", [(0, 3, "B-PER"), (4, 9, "I-PER")])]
     with pytest.raises(ConfigError, match="^train: labels 'B-PER' and 'I-PER' are tags"):
         train_ner(data, None, out_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("signal_, rc, said", [("KeyboardInterrupt", 130, "interrupted"), ("Terminated", 143,
+                                                                                           "terminated")])
+def test_a_stop_while_the_commands_load_is_one_line_not_a_traceback(monkeypatch, capsys, signal_, rc, said):
+    from spanflow.cli import main as cli
+
+    def loading():  # Ctrl-C or SIGTERM in the second the command modules (torch) are imported
+        raise KeyboardInterrupt if signal_ == "KeyboardInterrupt" else cli.Terminated()
+
+    monkeypatch.setattr(cli, "build_parser", loading)
+    assert cli.main(["predict", "--help"]) == rc
+    assert capsys.readouterr().err == said + "\n"

@@ -5,6 +5,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -125,9 +126,14 @@ def test_api_key(model_dirs):
     with client({"emb": model_dirs["emb"]}, api_key="s3cret") as c:
         assert c.get("/health").status_code == 200
         assert c.head("/health").status_code == 200  # a load balancer's probe
+        assert c.head("/ready", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
         ok = c.post("/v1/embeddings", json={"input": "a"}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and c.get("/metrics").status_code == 401
+    with client({"emb": model_dirs["emb"]}) as c, warnings.catch_warnings():
+        warnings.simplefilter("error")  # the schema's operation ids are unique: no warning at the first /docs
+        paths = c.get("/openapi.json").json()["paths"]
+        assert set(paths["/health"]) == {"get"} and set(paths["/ready"]) == {"get"}
 
 
 def test_served_crf_model_decodes_like_predict(tmp_path):
@@ -205,7 +211,8 @@ def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs
 
     second, first, third = gate.run(main())
     assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
-    assert "queue full" in second.json()["error"]["message"]
+    # the body says the header's wait (it rounded 1.4 s to 1 where the header said 2)
+    assert second.json()["error"]["message"] == f"queue full; retry after {second.headers['retry-after']}s"
     assert first.status_code == 200 and len(first.json()["data"]) == 3  # admitted work is still served
     assert third.status_code == 200  # the queue drained: admitted again
 

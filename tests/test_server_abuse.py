@@ -88,9 +88,23 @@ def test_an_internal_error_is_one_json_500_counted_in_metrics(server, monkeypatc
     logged.clear()
 
 
+def _count(metrics: bytes, route: str, status: int) -> float:
+    import re
+
+    m = re.search(rb'spanflow_requests_total\{route="' + re.escape(route.encode()) + rb'",status="'
+                  + str(status).encode() + rb'"\} ([0-9.]+)', metrics)
+    return float(m.group(1)) if m else 0.0
+
+
 def test_unknown_paths_share_one_metrics_label(server):
     auth = {"Authorization": f"Bearer {KEY}"}
+    before = abuse.request("127.0.0.1", server["port"], "GET", "/metrics", headers=auth)[1]  # other tests' too
     for i in range(5):
         assert abuse.request("127.0.0.1", server["port"], "GET", f"/nope{i}", headers=auth)[0] == 404
+    for name in ("ner", "nothere", "nothere2"):  # a route with a parameter is counted under its template
+        abuse.request("127.0.0.1", server["port"], "GET", f"/v1/models/{name}", headers=auth)
     _, m = abuse.request("127.0.0.1", server["port"], "GET", "/metrics", headers=auth)
-    assert b'route="other",status="404"} 5.0' in m and b"/nope" not in m
+    assert _count(m, "other", 404) - _count(before, "other", 404) == 5 and b"/nope" not in m
+    models = "/v1/models/{name:path}"
+    assert _count(m, models, 404) - _count(before, models, 404) == 2 and b"nothere" not in m
+    assert _count(m, models, 200) - _count(before, models, 200) == 1

@@ -329,6 +329,20 @@ def test_tune_refuses_values_it_cannot_measure_with(ner_file, tmp_path, kw, said
         tune(**{**args, **kw})
 
 
+def test_tune_refuses_what_it_would_find_only_after_measuring(ner_file, tmp_path, monkeypatch):
+    from spanflow.tuning import tune as tune_module
+
+    args = dict(task="ner", model="tiny", data=ner_file, mode="train", budget_seconds=20, sample=16,
+                log_fn=lambda s: None)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr(tune_module, "resolve_runtime", lambda *a, **kw: pytest.fail("a model was set up"))
+    with pytest.raises(ConfigError, match="afile: a file stands where a directory should be"):
+        tune(**args, max_lengths=[64], out=str(tmp_path / "afile"))  # was told after the whole sweep
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="--max-lengths must each be at most the model's limit 512, got 2000"):
+        tune(**args, max_lengths=[64, 2000], out=str(tmp_path))  # was measured at 512 without a word
+
+
 def test_tune_with_limits_no_point_meets_keeps_the_earlier_profile(ner_file, tmp_path):
     earlier = tmp_path / "profile.json"
     earlier.write_text('{"earlier": true}')

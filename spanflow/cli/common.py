@@ -112,9 +112,10 @@ def add_quantize_args(p: argparse.ArgumentParser, *, gate: str, forced: str = "a
     p.add_argument("--force", action="store_true", help=f"run {forced} that fails its cosine check against fp32")
 
 
-def add_task_arg(p: argparse.ArgumentParser, names: list[str], **kw) -> None:
-    """--task, one of the registered tasks; `kw`: required or default."""
-    shown = " [%(default)s]" if kw.get("default") else ""
+def add_task_arg(p: argparse.ArgumentParser, names: list[str], shown: str | None = None, **kw) -> None:
+    """--task, one of the registered tasks; `kw`: required or default; `shown`: the default as
+    the help says it, where it is no value."""
+    shown = f" [{shown}]" if shown else " [%(default)s]" if kw.get("default") else ""
     p.add_argument("--task", choices=names, help=f"the task of --model and --data{shown}", **kw)
 
 

@@ -113,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _on_sigterm)  # serve's uvicorn installs its own to drain requests
     entry = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports every command's module: a second or so
+    except Terminated:  # a KeyboardInterrupt of its own: first
+        print("terminated", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
     try:
         rc = COMMANDS[args.command].run(args) or 0

@@ -81,7 +81,9 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         if state["gpu"]:
             state["gpu"].close()
 
-    app = FastAPI(title="spanflow", lifespan=lifespan)
+    # no redirect from /v1/ner/ to /v1/ner: a 307 with an empty body, which clients posting JSON
+    # rarely follow; a 404 naming the routes instead
+    app = FastAPI(title="spanflow", lifespan=lifespan, redirect_slashes=False)
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, exc: HttpError):
@@ -98,11 +100,15 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
         return _error(422, f"{where or 'request'}: {first.get('msg', 'invalid')}", param=where)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what load balancers' probes often send
+    # HEAD: what load balancers' probes often send; left out of the schema, where it would repeat
+    # GET's operation id (a warning at the first /docs)
+    @app.head("/health", include_in_schema=False)
+    @app.get("/health")
     async def health():
         return {"status": "ok"}
 
-    @app.api_route("/ready", methods=["GET", "HEAD"])
+    @app.head("/ready", include_in_schema=False)
+    @app.get("/ready")
     async def ready():
         if not state["ready"]:  # the server stops: what is queued is finished, nothing new is taken
             raise HttpError(503, "the server is stopping")
@@ -175,7 +181,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 results = await batcher.submit(units, lengths, opts.timeout)
                 t3 = time.perf_counter()
             except Overloaded as e:
-                raise HttpError(429, str(e), {"Retry-After": str(int(e.retry_after_s + 0.999))}) from None
+                raise HttpError(429, str(e), {"Retry-After": str(e.retry_after)}) from None
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
@@ -236,6 +242,9 @@ def _plain(x):
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # read as JSON, a compressed body was "malformed JSON: 'utf-8' codec ..."
+        raise HttpError(415, f"unsupported Content-Encoding {encoding[:40]!r}: send the JSON body uncompressed")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, f"request body over the {limit}-byte limit (--max-request-bytes)")

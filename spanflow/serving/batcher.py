@@ -4,6 +4,7 @@ request's future. Bounded by queued tokens; a request's units may span several b
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,8 +19,13 @@ class Overloaded(Exception):
     the client should retry later."""
 
     def __init__(self, retry_after_s: float):
-        super().__init__(f"queue full; retry after {retry_after_s:.0f}s")
         self.retry_after_s = retry_after_s
+        super().__init__(f"queue full; retry after {self.retry_after}s")
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds, rounded up (the Retry-After header's and the message's: the same)."""
+        return max(1, math.ceil(self.retry_after_s))
 
 
 @dataclass

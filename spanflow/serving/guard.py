@@ -27,13 +27,24 @@ class Guard:
     """
 
     def __init__(self, app, *, api_key: str | None, count, routes: set[str]):
-        self.app, self.api_key, self.count, self.routes = app, api_key, count, routes
+        self.app, self.api_key, self.count = app, api_key, count
+        self.routes = {r for r in routes if "{" not in r}
+        # a route with a parameter ("/v1/models/{name:path}") is one label: its path up to the parameter
+        self.prefixes = sorted(((r[:r.index("{")], r) for r in routes if "{" in r), key=lambda p: -len(p[0]))
+
+    def label(self, path: str) -> str:
+        """The route `path` is counted under: itself, its route's template, or "other" (unknown
+        paths share one label, so a scan of made-up paths cannot grow the metrics without bound)."""
+        if path in self.routes:
+            return path
+        return next((r for prefix, r in self.prefixes if path.startswith(prefix) and len(path) > len(prefix)),
+                    "other")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        route = path if path in self.routes else "other"
+        route = self.label(path)
         if self.api_key and path not in OPEN_PATHS:
             headers = dict(scope.get("headers") or [])
             header = headers.get(b"authorization", b"").decode("latin-1")

@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable
 
+from spanflow.atomic import make_dirs
 from spanflow.batching.align import MIN_LENGTH
 from spanflow.errors import ConfigError
 from spanflow.runtime.cache import device_name
@@ -56,6 +57,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     check_ranges(budgets=budgets, sample=sample, repeats=repeats, budget_seconds=budget_seconds,
                  max_memory_gb=max_memory_gb, latency_slo_ms=latency_slo_ms)
     check_model_for(model, task, start=mode == "train")  # before any model loads
+    if out:
+        make_dirs(out)  # a file in the way is told now, not after the sweep
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
     policy = resolve_policy(rt.precision, rt.device)
@@ -65,7 +68,11 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=rt.precision, sample=sample, field=field,
                            column=column, **extra)
     measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
-    lengths = sorted({min(L, limit) for L in (max_lengths or [w.length or limit])})
+    long = [L for L in max_lengths or () if L > limit]
+    if long:  # measured at the limit instead, the profile would name a length no run can take
+        raise ConfigError(f"--max-lengths must each be at most the model's limit {limit}, got "
+                          f"{', '.join(map(str, long))}")
+    lengths = sorted(set(max_lengths or [min(w.length or limit, limit)]))
     lo = max(256, min(lengths))  # a long-context encoder's one sequence may exceed the usual top budget
     budgets = budgets or geometric(lo, max(lo, 16384 if policy.device.type == "cpu" else 262144))
     below = [b for b in budgets if b < lengths[0]]  # one whole sequence must fit a batch

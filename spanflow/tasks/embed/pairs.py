@@ -31,7 +31,7 @@ class Pair:
     negative: str | None = None   # triplets: a hard negative
 
 
-SCORED = -1  # check_pairs' `least` for pairs that are evaluated: two if they are scored, else one
+SCORED = -1  # check_pairs' `least` for pairs that are evaluated: two
 
 
 def check_pairs(pairs, what: str, least: int = 1) -> None:
@@ -39,10 +39,9 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
     Pair of strings (a number or None for its score, a string or None for its negative)."""
     if isinstance(pairs, (str, bytes, dict)) or not isinstance(pairs, (list, tuple)):
         raise ConfigError(f"{what} takes a list of Pair, got {type(pairs).__name__}")
-    if least == SCORED:  # a correlation over fewer than two scored pairs is undefined
-        least = 2 if pairs and all(isinstance(p, Pair) and p.score is not None for p in pairs) else 1
-    if len(pairs) < least:
-        raise ConfigError(f"{what} holds {len(pairs)} pair{'s' * (len(pairs) != 1)}; it needs at least {least}")
+    evaluated = least == SCORED
+    if evaluated:  # a correlation over fewer than two pairs is undefined; a retrieval among one, certain
+        least = 2
     for i, p in enumerate(pairs):
         if not isinstance(p, Pair):
             raise ConfigError(f"{what}[{i}] is {type(p).__name__} {quote(p, 60)}, not a Pair (read_pairs makes them)")
@@ -51,6 +50,8 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                                          and math.isfinite(p.score)))):
             raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a finite number (or "
                               "None) for its score")
+    if len(pairs) < least:
+        raise ConfigError(f"{what} holds {len(pairs)} pair{'s' * (len(pairs) != 1)}; it needs at least {least}")
     kinds = {}  # scored, with a negative, or neither: a mix would train and score as only one of them
     for i, p in enumerate(pairs):
         kinds.setdefault(_kind(p), i)
@@ -58,7 +59,7 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
         (first, i), (other, j) = list(kinds.items())[:2]
         raise ConfigError(f"{what} mixes {first} ({what}[{i}]) and {other} ({what}[{j}]): every pair is of one "
                           "kind: all scored, all with a negative, or all plain")
-    if least == 2 and len({p.score for p in pairs}) == 1:  # a rank correlation against one value is undefined
+    if evaluated and pairs[0].score is not None and len({p.score for p in pairs}) == 1:  # no ranks to correlate
         raise ConfigError(f"{what}: every pair has the same score; a correlation (Spearman) needs scores that "
                           "vary (without the score column, the pairs are scored as retrieval: MRR@10)")
 
