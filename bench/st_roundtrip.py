@@ -116,7 +116,7 @@ def wait_ready(base: str, proc: subprocess.Popen, deadline_s: float, log_path: s
         try:
             return http(base + "/ready", timeout=5)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.2)  # a poll interval: not yet listening, or 503 while loading
+            time.sleep(0.2)  # a poll interval: not yet listening (a connection made while it loads waits)
     sys.exit(f"spanflow serve not ready within {deadline_s:.0f}s:\n{_tail(log_path)}")
 
 

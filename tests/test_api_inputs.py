@@ -228,7 +228,9 @@ def test_pairs_given_in_code_are_checked_as_a_file_is(tmp_path, emb):
     with pytest.raises(ConfigError, match="examples holds 1 pair; it needs at least 2"):
         emb.evaluate([Pair("a", "b")])  # a retrieval among one answer: every figure 1
     assert emb.evaluate([Pair("Ann ran", "Bob sat"), Pair("Cat", "Dog")])["warnings"] == [
-        "only 2 distinct answers to rank: recall@10 is 1 whatever the model"]
+        "only 2 distinct answers to rank: recall@10 is 1 whatever the model (evaluate on more pairs)"]
+    with pytest.raises(ConfigError, match="^examples: every pair has the same answer"):
+        emb.evaluate([Pair("Ann ran", "x"), Pair("Bob sat", "x")])
     p = tmp_path / "p.csv"
     p.write_text("s1,s2,score\nAnn ran,Bob ran,0.5\nAnn sat,Bob ran,0.1\n")
     assert read_pairs(str(p), columns=["s1", "s2", "score"]) == read_pairs(str(p), columns="s1,s2,score")

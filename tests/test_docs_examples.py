@@ -331,7 +331,7 @@ class Page:
         self.apps: list = []
         self.client = None
         self.stack = contextlib.ExitStack()
-        monkeypatch.setattr("spanflow.serving.address.serve_on", lambda sock, app, **kw: self.apps.append(app))
+        monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: self.apps.append(app))
         monkeypatch.chdir(work)
 
     def spanflow(self, argv: list[str]) -> None:

@@ -48,7 +48,7 @@ def served(monkeypatch):
     import spanflow.cli.serve as serve_cli
 
     seen = {"models": []}
-    monkeypatch.setattr("spanflow.serving.address.serve_on", lambda sock, app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: seen.update(app=app, **kw))
     # compiling is test_backend.py's; here: the models that would be served
     monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: seen["models"].append(model) or "eager")
     return seen

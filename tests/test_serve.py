@@ -293,7 +293,7 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
 
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path))  # no cached profiles
     started = []
-    monkeypatch.setattr("spanflow.serving.address.serve_on", lambda sock, app, **kw: started.append((app, kw)))
+    monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: started.append((app, kw)))
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
     monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: asked.append(name) or "eager")
     text = min(TEXTS, key=len)

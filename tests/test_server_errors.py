@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from spanflow.cli.main import main  # noqa: E402
 from spanflow.errors import ConfigError  # noqa: E402
 from spanflow.models.encoder import build_tiny  # noqa: E402
-from spanflow.serving.address import bind_address  # noqa: E402
+from spanflow.serving.address import listening  # noqa: E402
 from spanflow.serving.app import ServeOptions, create_app  # noqa: E402
 from spanflow.serving.requests import InvalidRequest, Limits, read_body  # noqa: E402
 from spanflow.serving.services import Service  # noqa: E402
@@ -81,7 +81,12 @@ def test_unknown_paths_and_wrong_methods_answer_in_the_error_shape(client):
     err = error_of(r, 405)
     assert err["message"] == "GET is not allowed on /v1/embeddings; it takes POST"
     assert r.headers["allow"] == "POST"
-    assert error_of(client.post("/health"), 405)["param"] is None
+    r = client.post("/health")
+    assert error_of(r, 405)["param"] is None and r.headers["allow"] == "GET, HEAD"  # a probe's HEAD too
+    r = client.post("/v1/ner", content=b"\x1f\x8b", headers={"Content-Encoding": "Identity, GZIP"})
+    assert error_of(r, 415)["message"].startswith("unsupported Content-Encoding 'gzip'")
+    r = client.post("/v1/ner", json={"texts": ["Ann ran"]}, headers={"Content-Encoding": "identity, "})
+    assert r.status_code == 200
 
 
 def test_fastapi_validation_errors_answer_in_the_error_shape(client):
@@ -95,10 +100,12 @@ def test_a_port_in_use_is_a_config_error():
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(ConfigError, match=f"--port {port}: 127.0.0.1:{port} is already in use"):
-            bind_address("127.0.0.1", port)
-    with bind_address("127.0.0.1", port):  # free again; held (while models load), no other server takes it
+            with listening("127.0.0.1", port):
+                pass
+    with listening("127.0.0.1", port):  # free again; held (while models load), no other server takes it
         with pytest.raises(ConfigError, match="is already in use"):
-            bind_address("127.0.0.1", port)
+            with listening("127.0.0.1", port):
+                pass
         with socket.socket() as other:  # as http.server and uvicorn bind
             other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             with pytest.raises(OSError, match="in use"):
@@ -162,3 +169,55 @@ def test_two_models_of_one_name_are_refused_and_a_directory_may_hold_an_equals_s
     twins = [Service("m", get("embed"), Embedder(encoder=enc, tokenizer=tok, pooling=Pooling(), device="cpu"))] * 2
     with pytest.raises(ConfigError, match="^two models are named 'm', the embed model and the embed model "):
         create_app(twins, ServeOptions())
+
+
+def test_a_connection_made_while_the_models_load_is_answered_once_they_are(tmp_path, monkeypatch, capsys):
+    import contextlib
+    import threading
+
+    import uvicorn
+
+    from spanflow.cli import serve
+    from spanflow.serving import address
+    from spanflow.runtime.policy import resolve_policy
+
+    enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101)
+    NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=32,
+             policy=resolve_policy("fp32", "cpu")).save(str(tmp_path / "ner"))
+    bound, loading, servers = threading.Event(), threading.Event(), []
+    real_listening, real_load = address.listening, serve.load_services
+
+    @contextlib.contextmanager
+    def held(host, port):
+        with real_listening(host, port) as socks:
+            servers.append(socks)
+            bound.set()
+            yield socks
+
+    def load(a):
+        assert loading.wait(60), "the test never let the models load"
+        return real_load(a)
+
+    def run(socks, app, **kw):  # the real server, stoppable from here (signals are the main thread's)
+        servers.append(uvicorn.Server(uvicorn.Config(app, **kw)))
+        servers[-1].run(sockets=socks)
+
+    monkeypatch.setattr(address, "listening", held)
+    monkeypatch.setattr(serve, "load_services", load)
+    monkeypatch.setattr(address, "serve_on", run)
+    rc = []
+    t = threading.Thread(target=lambda: rc.append(main(["serve", "--model", f"ner={tmp_path / 'ner'}", "--port", "0",
+                                                        "--device", "cpu", "--backend", "eager"])))
+    t.start()
+    assert bound.wait(60)
+    port = servers[0][0].getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as c:  # while the models have not loaded
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        loading.set()
+        answer = b""
+        while chunk := c.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"status":"ok"}')
+    servers[-1].should_exit = True
+    t.join(60)
+    assert rc == [0] and f"on http://127.0.0.1:{port} (batching on)" in capsys.readouterr().out  # --port 0's

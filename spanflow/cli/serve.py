@@ -72,21 +72,22 @@ def run(a: argparse.Namespace) -> int:
 
         raise ConfigError(f"serving needs the 'serve' extra (pip install 'spanflow[serve]'): {e}") from None
     from spanflow.runtime.budget import default_budget
-    from spanflow.serving.address import bind_address, serve_on
+    from spanflow.serving.address import listening, serve_on
     from spanflow.serving.options import check_limits
 
     from spanflow.runtime.threads import on_model_thread
 
     check_limits(vars(a))
-    with bind_address(a.host, a.port) as sock:  # a port in use is told now, and held while the models load
+    with listening(a.host, a.port) as socks:  # a port in use is told now, and held while the models load
         # loaded (and --precision auto checked) on the thread that runs their batches: one OpenMP team
         services, per_model = on_model_thread(load_services, a)
         fallback = default_budget("serve", services[0].model.policy.device)  # every model has its own budget
         opts = options_from(ServeOptions, a, max_tokens=fallback, model_max_tokens=per_model,
                             batching=not a.no_batching, api_key=api_key_from_env(a.api_key))
         budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model[s.name]})" for s in services)
-        port = sock.getsockname()[1]  # --port 0: the one the system gave
-        print(f"serving {budgets} on http://{a.host}:{port} (batching {'on' if opts.batching else 'off'})")
-        serve_on(sock, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
+        port = socks[0].getsockname()[1]  # --port 0: the one the system gave
+        print(f"serving {budgets} on http://{a.host}:{port} (batching {'on' if opts.batching else 'off'})",
+              flush=True)  # a supervisor's pipe reads the port now
+        serve_on(socks, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
                  timeout_graceful_shutdown=int(opts.timeout))
     return 0

@@ -5,39 +5,55 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from spanflow.errors import ConfigError
 
 
-def bind_address(host: str, port: int) -> socket.socket:
-    """A socket listening on `host:port`, bound as uvicorn binds one (SO_REUSEADDR: a port whose
-    last connections are in TIME_WAIT is free); listening, it is the server's alone (a socket only
-    bound would let another bind the port too, and lose it at its own listen). Connections made
-    before the server accepts wait in its backlog. A ConfigError says why it could not listen."""
+@contextmanager
+def listening(host: str, port: int) -> Iterator[list[socket.socket]]:
+    """Sockets listening on every address `host` resolves to (as uvicorn would listen: IPv6 ones
+    IPv6 only, SO_REUSEADDR so that a port whose last connections are in TIME_WAIT is free), on
+    `port` (0: the one the system gives the first, taken on the others too); closed on leaving.
+    Listening, the port is the server's alone (a socket only bound would let another server bind
+    it too); connections made before the server accepts wait in the backlog. A ConfigError says
+    why it could not listen."""
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port {port}: a port is a number from 0 to 65535")
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
         raise ConfigError(f"--host {host}: not a name or address this machine can listen on ({e.strerror})") from None
-    s = socket.socket(family, kind, proto)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    socks: list[socket.socket] = []
     try:
-        s.bind(addr)
-        s.listen(2048)  # uvicorn's default backlog
+        for family, kind, proto, _, addr in dict.fromkeys((i[0], i[1], i[2], None, i[4]) for i in infos):
+            s = socket.socket(family, kind, proto)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(socks) > 1:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            s.bind(addr)
+            s.listen(2048)  # uvicorn's default backlog
     except OSError as e:
-        s.close()
+        for s in socks:
+            s.close()
         raise ConfigError(_why(host, port, e)) from None
-    return s
+    try:
+        yield socks
+    finally:
+        for s in socks:
+            s.close()
 
 
-def serve_on(sock: socket.socket, app, **config) -> None:
-    """Run `app` under uvicorn on the bound `sock` (uvicorn.Config's other settings in `config`)
-    until it is stopped."""
+def serve_on(socks: list[socket.socket], app, **config) -> None:
+    """Run `app` under uvicorn on the listening `socks` (uvicorn.Config's other settings in
+    `config`) until it is stopped."""
     import uvicorn
 
-    uvicorn.Server(uvicorn.Config(app, **config)).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, **config)).run(sockets=socks)
 
 
 def _why(host: str, port: int, e: OSError) -> str:

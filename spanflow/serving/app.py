@@ -92,7 +92,13 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _routing_error(request: Request, exc: StarletteHTTPException):
         # unknown paths (404) and wrong methods (405) in the shape of every other error
-        return _error(exc.status_code, _routing_message(request, exc, app), dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path (the router names its first route's: GET, not HEAD)
+            methods = {m for r in app.routes if getattr(r, "path", None) == request.url.path
+                       for m in getattr(r, "methods", None) or ()}
+            headers = {k: v for k, v in headers.items() if k.lower() != "allow"} | (
+                {"Allow": ", ".join(sorted(methods))} if methods else {})
+        return _error(exc.status_code, _routing_message(request, exc, app, headers), headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -212,10 +218,10 @@ def _error(status: int, message: str, headers: dict | None = None, param: str | 
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
-def _routing_message(request: Request, exc, app: FastAPI) -> str:
+def _routing_message(request: Request, exc, app: FastAPI, headers: dict) -> str:
     path = request.url.path[:200]
     if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow") or ""
+        allowed = headers.get("Allow") or headers.get("allow") or ""
         return f"{request.method} is not allowed on {path}" + (f"; it takes {allowed}" if allowed else "")
     if exc.status_code == 404:
         routes = sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", None) or ()
@@ -242,9 +248,10 @@ def _plain(x):
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):  # read as JSON, a compressed body was "malformed JSON: 'utf-8' codec ..."
-        raise HttpError(415, f"unsupported Content-Encoding {encoding[:40]!r}: send the JSON body uncompressed")
+    codings = {c.strip() for c in request.headers.get("content-encoding", "").lower().split(",")} - {"", "identity"}
+    if codings:  # read as JSON, a compressed body was "malformed JSON: 'utf-8' codec ..."
+        raise HttpError(415, f"unsupported Content-Encoding {', '.join(sorted(codings))[:40]!r}: send the JSON body "
+                             "uncompressed")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, f"request body over the {limit}-byte limit (--max-request-bytes)")

@@ -57,8 +57,10 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     check_ranges(budgets=budgets, sample=sample, repeats=repeats, budget_seconds=budget_seconds,
                  max_memory_gb=max_memory_gb, latency_slo_ms=latency_slo_ms)
     check_model_for(model, task, start=mode == "train")  # before any model loads
-    if out:
-        make_dirs(out)  # a file in the way is told now, not after the sweep
+    if out:  # a file in the way, or a directory this process cannot write, is told now, not after the sweep
+        make_dirs(out)
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise ConfigError(f"--out {out}: not writable by this user")
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
     policy = resolve_policy(rt.precision, rt.device)

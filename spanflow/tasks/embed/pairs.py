@@ -52,6 +52,8 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                               "None) for its score")
     if len(pairs) < least:
         raise ConfigError(f"{what} holds {len(pairs)} pair{'s' * (len(pairs) != 1)}; it needs at least {least}")
+    if evaluated and pairs[0].score is None and len({p.b for p in pairs}) < 2:
+        raise ConfigError(f"{what}: every pair has the same answer; a retrieval needs at least 2 to rank")
     kinds = {}  # scored, with a negative, or neither: a mix would train and score as only one of them
     for i, p in enumerate(pairs):
         kinds.setdefault(_kind(p), i)
