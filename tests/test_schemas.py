@@ -219,14 +219,14 @@ class Stub:
     dim, precision_name = 8, "fp32"
 
 
-def start_a_job(tmp_path, chunk_size=4):
+def start_a_job(tmp_path, chunk_size=4, model=""):
     """The files an interrupted job leaves, written by this job's own code path."""
     from spanflow.tasks.embed.job import _open_job
     from spanflow.tasks.embed.journal import job_paths
 
     src = tmp_path / "in.txt"
     src.write_text("a\nb\nc\n")
-    spec = EmbedSpec(input=str(src), output=str(tmp_path / "out.npy"), chunk_size=chunk_size)
+    spec = EmbedSpec(input=str(src), output=str(tmp_path / "out.npy"), chunk_size=chunk_size, model=model)
     ident = JobIdentity(**spec.model_dump(), format="npy", dim=8, precision="fp32")
     _open_job(spec, "npy", ident, job_paths(spec.output), 8, False)
     return spec
@@ -241,6 +241,26 @@ def test_embed_resume_refuses_a_journal_of_other_settings_naming_the_setting(tmp
                    log=lambda m: None)
     assert str(e.value) == (f"{spec.output}.progress.json belongs to a job with other settings (chunk_size 4 then, "
                             "2 now); remove it or drop --resume")
+
+
+def test_embed_resume_of_another_job_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from spanflow.cli.main import main
+    from spanflow.models.encoder import build_tiny
+
+    enc, tok = build_tiny(["a b c"], hidden=16, embedding=16, bigram_buckets=101)
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    spec = start_a_job(tmp_path, chunk_size=4, model=str(tmp_path / "enc"))
+    monkeypatch.setattr("spanflow.runtime.resolve.resolve_runtime",
+                        lambda *a, **kw: pytest.fail("the model was set up before the journal was checked"))
+    run = ["embed", "--model", str(tmp_path / "enc"), "--input", spec.input, "--output", spec.output, "--resume"]
+    assert main(run + ["--chunk-size", "2"]) == 2
+    assert capsys.readouterr().err == (f"error: {spec.output}.progress.json belongs to a job with other settings "
+                                       "(chunk_size 4 then, 2 now); remove it or drop --resume\n")
+    with open(spec.input, "a") as f:
+        f.write("d\n")
+    assert main(run + ["--chunk-size", "4"]) == 2
+    assert "in.txt changed since the interrupted job began (6 -> 8 bytes)" in capsys.readouterr().err
 
 
 def test_embed_resume_refuses_a_corrupt_journal(tmp_path):

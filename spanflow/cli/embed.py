@@ -84,13 +84,15 @@ def _run(a: argparse.Namespace) -> int:
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.precision import SAMPLE
     from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.tasks.embed.job import EmbedSpec, check_spec, embed_file
+    from spanflow.tasks.embed.job import EmbedSpec, check_resumable, check_spec, embed_file
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
 
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                      id_column=a.id_column, keep=a.keep_columns, chunk_size=a.chunk_size, dtype=a.dtype, model=a.model)
     check_spec(spec)  # formats, columns and kept columns: one error before a model loads
+    if a.resume:
+        check_resumable(spec)  # another job's journal, or a changed input, told before the model loads
     task = get("embed")
     loads = Loads(task, a.model)
     texts = sample_texts(a.input, SAMPLE, field=a.field, column=a.column, skip_header=a.skip_header)

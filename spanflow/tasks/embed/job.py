@@ -148,23 +148,46 @@ def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
 def _resumed_job(P: JobPaths, ident: JobIdentity, source: Fingerprint) -> Job:
     """The journal of the interrupted job, checked to be this job's, on the same input."""
     job = read_journal(P.journal, Job)
-    was, now = job.spec.model_dump(), ident.model_dump()
-    if was != now:
-        key = next(k for k in now if was[k] != now[k])
+    _same_job(P, job, ident.model_dump(), ident.input, source.size, source.sha256)
+    return job
+
+
+def check_resumable(spec: EmbedSpec) -> None:
+    """With --resume, what an interrupted job's journal can be checked against before the model
+    loads (its settings, the output's format, the input's size), each a ConfigError as
+    _resumed_job says it; the model's dimension and precision, and the input's content, are
+    checked once the model has loaded."""
+    fmt, P = _out_format(spec.output), job_paths(spec.output)
+    if not _resumes(P, fmt):
+        return
+    job = read_journal(P.journal, Job)
+    now = {**spec.model_dump(), "format": fmt}
+    _same_job(P, job, now, spec.input, os.path.getsize(spec.input), None)
+
+
+def _resumes(P: JobPaths, fmt: str) -> bool:
+    """Whether a --resume finds an interrupted job to go on with (an npy job needs its partial file)."""
+    return os.path.exists(P.journal) and (fmt != "npy" or os.path.exists(P.partial))
+
+
+def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: str | None) -> None:
+    """A ConfigError where `job` (the journal's) was run with other settings than `now` (a subset
+    of its spec's), or on an input of another size or, where `sha256` is given, content."""
+    was = job.spec.model_dump()
+    key = next((k for k in now if was[k] != now[k]), None)
+    if key is not None:
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); remove it or drop --resume")
-    if (job.input.size, job.input.sha256) != (source.size, source.sha256):
-        change = (f"{job.input.size} -> {source.size} bytes" if job.input.size != source.size
-                  else "same size, other content")
-        raise ConfigError(f"{ident.input} changed since the interrupted job began ({change}): its finished "
+    if job.input.size != size or (sha256 is not None and job.input.sha256 != sha256):
+        change = f"{job.input.size} -> {size} bytes" if job.input.size != size else "same size, other content"
+        raise ConfigError(f"{path} changed since the interrupted job began ({change}): its finished "
                           "rows would not match the file; drop --resume to start over")
-    return job
 
 
 def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool) -> Job:
     """Reuse the journal of an interrupted job, or count the input and lay out the output."""
     source = fingerprint(spec.input)
-    if resume and os.path.exists(P.journal) and (fmt != "npy" or os.path.exists(P.partial)):
+    if resume and _resumes(P, fmt):
         job = _resumed_job(P, ident, source)
         with writing(WHAT, P.out):
             P.adopt_legacy()
