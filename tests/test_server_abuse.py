@@ -101,7 +101,7 @@ def test_unknown_paths_share_one_metrics_label(server):
     before = abuse.request("127.0.0.1", server["port"], "GET", "/metrics", headers=auth)[1]  # other tests' too
     for i in range(5):
         assert abuse.request("127.0.0.1", server["port"], "GET", f"/nope{i}", headers=auth)[0] == 404
-    for name in ("ner", "nothere", "nothere2"):  # a route with a parameter is counted under its template
+    for name in ("ner", "nothere", ""):  # a route with a parameter is counted under its template
         abuse.request("127.0.0.1", server["port"], "GET", f"/v1/models/{name}", headers=auth)
     _, m = abuse.request("127.0.0.1", server["port"], "GET", "/metrics", headers=auth)
     assert _count(m, "other", 404) - _count(before, "other", 404) == 5 and b"/nope" not in m

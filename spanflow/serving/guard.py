@@ -37,8 +37,7 @@ class Guard:
         paths share one label, so a scan of made-up paths cannot grow the metrics without bound)."""
         if path in self.routes:
             return path
-        return next((r for prefix, r in self.prefixes if path.startswith(prefix) and len(path) > len(prefix)),
-                    "other")
+        return next((r for prefix, r in self.prefixes if path.startswith(prefix)), "other")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
