@@ -147,8 +147,7 @@ def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:
     return head
 
 
-def load_model_dir(path: str, task: str,
-                   special: tuple[str, ...] = ("cls", "sep")) -> tuple[dict, nn.Module, object, dict]:
+def load_model_dir(path: str, task: str, special: tuple[str, ...] = ()) -> tuple[dict, nn.Module, object, dict]:
     """(config, encoder, tokenizer, head tensors) of a spanflow model directory of `task` (the
     encoder as models.encoder.load_encoder loads it, its tokenizer holding the `special` tokens
     the task's inputs are built with)."""

@@ -141,7 +141,7 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def require_special_tokens(tokenizer, path: str, names: tuple[str, ...] = ("cls", "sep", "pad")) -> None:
+def require_special_tokens(tokenizer, path: str, names: tuple[str, ...]) -> None:
     """A ModelDirError where `tokenizer` lacks one of the special tokens `names` a task builds its
     inputs with (a directory without tokenizer_config.json loads tokenizer.json's vocabulary only)."""
     missing = [name.upper() for name in names if getattr(tokenizer, f"{name}_token_id", None) is None]

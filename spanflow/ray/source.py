@@ -186,16 +186,18 @@ def plan_parquet(src: Source) -> tuple[list[Piece], object, int]:
 
 
 def _one_type(carried: list, src: Source):
-    """The schema that holds every file's id and kept columns (see plan_parquet): their own types
-    where every file has the same, else each column's types merged without loss (_merged), or a
+    """The schema that holds every file's id and kept columns (see plan_parquet): a column's own
+    type where every file has the same, else its types merged without loss (_merged), or a
     ConfigError naming the column and the file whose type no merge holds."""
     pa = pyarrow()
-    if all(s.equals(carried[0][1]) for _, s in carried):
-        return carried[0][1]
     fields = []
     for name in carried[0][1].names:
         since, first = carried[0]  # since: the file that last set the column's type
-        t = _plain(first.field(name).type)
+        t = first.field(name).type
+        if all(s.field(name).type == t for _, s in carried):
+            fields.append((name, t))
+            continue
+        t = _plain(t)
         for shown, s in carried[1:]:
             other = _plain(s.field(name).type)
             merged = _merged(t, other)

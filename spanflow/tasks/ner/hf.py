@@ -72,6 +72,7 @@ def load_token_classifier(path: str):
         require_safetensors,
         require_special_tokens,
     )
+    from spanflow.tasks.ner.tagging import SPECIAL_TOKENS
 
     quiet_transformers()
     cfg = token_classification_config(path)
@@ -80,7 +81,7 @@ def load_token_classifier(path: str):
                             "...ForTokenClassification architecture)")
     tags = bio_tags(path, cfg.get("id2label"))
     tokenizer = load_tokenizer(path)
-    require_special_tokens(tokenizer, path)
+    require_special_tokens(tokenizer, path, SPECIAL_TOKENS)
     require_safetensors(path)
     try:
         full = AutoModelForTokenClassification.from_pretrained(path, local_files_only=True, use_safetensors=True)

@@ -33,7 +33,7 @@ from spanflow.tasks.ner.hf import (
     token_classification_config,
 )
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
-from spanflow.tasks.ner.tagging import paired, tag_texts, tag_windows, text_words, word_starts
+from spanflow.tasks.ner.tagging import SPECIAL_TOKENS, paired, tag_texts, tag_windows, text_words, word_starts
 from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
@@ -82,7 +82,7 @@ class NerModel:
             return load_auto(get_task(cls.task), path, device=device)
         if token_classification_config(path) is not None:
             return cls.from_hf(path, device=device, precision=precision)
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", ("cls", "sep", "pad"))
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "ner", SPECIAL_TOKENS)
         labels, head_type = check_names(cfg, "labels", path), cfg.get("head", "softmax")
         if head_type not in HEAD_TYPES:
             raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "

@@ -16,6 +16,8 @@ from spanflow.errors import ConfigError
 from spanflow.tasks.ner.bio import decode_spans
 from spanflow.runtime.policy import Policy
 
+SPECIAL_TOKENS = ("cls", "sep", "pad")  # what a window is built and padded with: its tokenizer must name them
+
 
 def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: list[str], max_length: int,
               stride: int, max_tokens: int, policy: Policy, chunk_size: int = 8192,

@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from spanflow.batching.align import check_window
 from spanflow.batching.collate import round_up
 from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import NerExample, check_examples
 from spanflow.errors import ConfigError
-from spanflow.batching.align import check_window
 from spanflow.models.encoder import require_special_tokens, start_encoder, window_limit
 from spanflow.tasks.ner.features import (
     bio_label_list,
@@ -23,6 +23,7 @@ from spanflow.tasks.ner.features import (
 )
 from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
 from spanflow.tasks.ner.model import DEFAULT_STRIDE, NerModel
+from spanflow.tasks.ner.tagging import SPECIAL_TOKENS
 from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
@@ -75,7 +76,7 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
                         stride=_stride(opts, limit, start.stride), head=head, head_type=start.head_type, policy=policy)
     encoder, tokenizer, limit = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
-    require_special_tokens(tokenizer, model)
+    require_special_tokens(tokenizer, model, SPECIAL_TOKENS)
     if opts.max_tokens is not None and opts.max_tokens < limit:
         raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {limit}: "
                           "one full window must fit in a batch")

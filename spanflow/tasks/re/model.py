@@ -39,6 +39,9 @@ def check_threshold(threshold) -> float:
     return float(threshold)
 
 
+SPECIAL_TOKENS = ("cls", "sep")  # what an input starts and ends with (padding falls back to id 0)
+
+
 class ReModel:
     """An encoder with a CasRel head, its tokenizer and relation set."""
 
@@ -64,7 +67,7 @@ class ReModel:
         path = as_path(path, "ReModel.load")
         if precision == "auto":
             return load_auto(get_task(cls.task), path, device=device)
-        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re")
+        cfg, encoder, tokenizer, head_state = load_model_dir(path, "re", SPECIAL_TOKENS)
         relations = check_names(cfg, "relations", path)
         head = CasRelHead(hidden_size=encoder.config.hidden_size, num_relations=len(relations))
         limit = config_int(cfg, "limit" if "limit" in cfg else "max_length", path)  # format 1: max_length

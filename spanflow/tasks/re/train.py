@@ -14,7 +14,7 @@ from spanflow.tasks.re.features import (
     make_collate,
     prepare_features,
 )
-from spanflow.tasks.re.model import ReModel
+from spanflow.tasks.re.model import SPECIAL_TOKENS, ReModel
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_options
@@ -52,7 +52,7 @@ def start_model(source: str, train: list[ReExample], relations: list[str], opts:
                                           trained=start.limit), head=start.module.head, policy=policy)
     encoder, tokenizer, limit = start_encoder(source, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
-    require_special_tokens(tokenizer, source, ("cls", "sep"))  # padding falls back to id 0
+    require_special_tokens(tokenizer, source, SPECIAL_TOKENS)
     return ReModel(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit, policy=policy)
 
 
