@@ -52,8 +52,6 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                               "None) for its score")
     if len(pairs) < least:
         raise ConfigError(f"{what} holds {len(pairs)} pair{'s' * (len(pairs) != 1)}; it needs at least {least}")
-    if evaluated and pairs[0].score is None and len({p.b for p in pairs}) < 2:
-        raise ConfigError(f"{what}: every pair has the same answer; a retrieval needs at least 2 to rank")
     kinds = {}  # scored, with a negative, or neither: a mix would train and score as only one of them
     for i, p in enumerate(pairs):
         kinds.setdefault(_kind(p), i)
@@ -61,9 +59,14 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
         (first, i), (other, j) = list(kinds.items())[:2]
         raise ConfigError(f"{what} mixes {first} ({what}[{i}]) and {other} ({what}[{j}]): every pair is of one "
                           "kind: all scored, all with a negative, or all plain")
-    if evaluated and pairs[0].score is not None and len({p.score for p in pairs}) == 1:  # no ranks to correlate
+    if not evaluated:
+        return
+    scored = pairs[0].score is not None  # one kind, from here
+    if scored and len({p.score for p in pairs}) == 1:  # no ranks to correlate
         raise ConfigError(f"{what}: every pair has the same score; a correlation (Spearman) needs scores that "
                           "vary (without the score column, the pairs are scored as retrieval: MRR@10)")
+    if not scored and len({p.b for p in pairs}) < 2:
+        raise ConfigError(f"{what}: every pair has the same answer; a retrieval needs at least 2 to rank")
 
 
 def _kind(p: Pair) -> str:
