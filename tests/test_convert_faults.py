@@ -73,3 +73,12 @@ def test_texts_that_are_all_empty_make_no_empty_conll_file(tmp_path, capsys):
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err.startswith(f"error: {src}: none of its 2 texts has a token")
     assert not out.exists()
+
+
+def test_another_tasks_data_is_named_as_what_convert_does_not_read(tmp_path, capsys):
+    src = tmp_path / "rel.json"
+    src.write_text('[{"text": "Ann lives in Oslo", "triple_list": [["Ann", "lives_in", "Oslo"]]}]\n')
+    assert main(["convert", str(src), str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "CasRel JSON" in err and "convert reads NER data only" in err
+    assert not (tmp_path / "out.jsonl").exists()

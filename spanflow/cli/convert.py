@@ -23,13 +23,16 @@ def add_parser(sub) -> None:
 def run(a: argparse.Namespace) -> int:
     import os
 
-    from spanflow.data.io import check_output_file, output_format, read_ner, write_ner
+    from spanflow.data.formats.sniff import refuse_other, sniff
+    from spanflow.data.io import NER_SNIFFED, NER_TAKES, check_output_file, output_format, read_ner, write_ner
     from spanflow.errors import ConfigError, DataError
 
     check_output_file(a.output)  # before reading: the input may be large
     if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.output, a.input):
         raise ConfigError(f"{a.output} is the input: convert would write over what it reads (and a CoNLL file "
                           "keeps only tokens and tags); give the output another name")
+    # another task's data is named as what it is, and as what convert does not read
+    refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
     fmt = a.dst or output_format(a.output)
     if fmt == "conll":
