@@ -287,3 +287,18 @@ def test_doctor_takes_the_task_of_a_spanflow_model(rel, tmp_path, monkeypatch):
     assert main(["doctor", "--model", "tiny", "--data", "train.conll"]) == 0
     assert main(["doctor", "--model", str(tmp_path / "re"), "--data", "x", "--task", "ner"]) == 0
     assert asked == ["re", "ner", "ner"]  # was ner, and an error naming the model's own task
+
+
+def test_doctor_on_an_encoder_takes_the_task_its_data_is_for(tmp_path, monkeypatch):
+    from spanflow.cli.main import main
+    from spanflow.tuning import doctor
+
+    pairs, triples = tmp_path / "pairs.csv", tmp_path / "rel.json"
+    pairs.write_text("".join(f"a cat sat on mat {i},a cat lay on a mat {i},{i % 5}.0\n" for i in range(12)))
+    triples.write_text('[{"text": "Ann lives in Oslo", "triple_list": [["Ann", "lives_in", "Oslo"]]}]\n')
+    asked = []
+    monkeypatch.setattr(doctor, "doctor", lambda **kw: asked.append(kw["task"]))
+    assert main(["doctor", "--model", "tiny", "--data", str(pairs)]) == 0
+    assert main(["doctor", "--model", "tiny", "--data", str(triples)]) == 0
+    assert main(["doctor", "--model", "tiny", "--data", str(tmp_path / "missing.conll")]) == 0
+    assert asked == ["embed", "re", "ner"]  # an encoder's doctor was a NER probe of any data

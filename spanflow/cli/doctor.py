@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
                                    "(padding, small batches, preparing data, the optimizer) and what to change.")
     p.add_argument("--model", help="encoder directory or 'tiny' [none: the machine report only]")
     p.add_argument("--data", help="training data of --task [none: the machine report only]")
-    add_task_arg(p, names(), shown="a spanflow model's own, else ner")
+    add_task_arg(p, names(), shown="a spanflow model's own, else the task --data is for (told from its content), else ner")
     p.add_argument("--batch-size", type=int, default=None,
                    help="probe fixed batches of N random texts (your current setup), and compare them with "
                         "token-budget batches [token-budget batches only]")
@@ -31,20 +31,25 @@ def add_parser(sub) -> None:
 def run(a: argparse.Namespace) -> int:
     from spanflow.tuning.doctor import doctor
 
-    doctor(model=a.model, data=a.data, task=a.task or _task_of(a.model), batch_size=a.batch_size,
+    doctor(model=a.model, data=a.data, task=a.task or _task_of(a.model, a.data), batch_size=a.batch_size,
            max_tokens=a.max_tokens, precision=a.precision, device=a.device, steps=a.steps)
     return 0
 
 
-def _task_of(model: str | None) -> str:
-    """The task a spanflow model directory was trained for (it continues training as that), else ner."""
+def _task_of(model: str | None, data: str | None) -> str:
+    """The task a spanflow model directory was trained for (it continues training as that); for an
+    encoder from elsewhere, the task whose training data --data holds (pairs: embed); else ner."""
     import os
 
+    from spanflow.data.formats.sniff import sniff
     from spanflow.models.directory import CONFIG
-    from spanflow.tasks.registry import task_of_dir
+    from spanflow.tasks.registry import get, names, task_of_dir
 
     if model and os.path.isfile(os.path.join(model, CONFIG)):
         task = task_of_dir(model)
         if task.trains:
             return task.name
+    found = sniff(data) if data else None
+    if found is not None and found.use in names() and get(found.use).trains:
+        return found.use
     return "ner"
