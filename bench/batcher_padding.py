@@ -1,4 +1,6 @@
-"""Padding efficiency of the token-budget batcher vs random batches of 32 (HF Trainer default).
+"""Padding efficiency of the token-budget batcher vs the Hugging Face Trainer's batches: random
+batches of 8 (its default batch size) and 32, and `group_by_length` (its LengthGroupedSampler:
+batches drawn from length-sorted groups of 50 batches) at 8 and 32.
 
     python bench/batcher_padding.py --data ../shared/data/wnut17/train.conll
 """
@@ -17,6 +19,18 @@ from spanflow.batching.batcher import padding_efficiency, token_budget_batches  
 from spanflow.data.io import read_ner  # noqa: E402
 
 
+def chunks(order: list[int], size: int) -> list[list[int]]:
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def grouped_order(lengths: list[int], size: int, seed: int) -> list[int]:
+    """The order the Trainer's `group_by_length` draws texts in (transformers' own sampler)."""
+    import torch
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    return list(LengthGroupedSampler(size, lengths=lengths, generator=torch.Generator().manual_seed(seed)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
@@ -30,12 +44,18 @@ def main() -> None:
     ex = read_ner(a.data)
     lengths = [len(e.ids) + 2 for e in encode_texts(tok, [e.text for e in ex])]
     rows = []
-    rand = []
-    for seed in range(5):
-        perm = np.random.default_rng(seed).permutation(len(lengths)).tolist()
-        rand.append(padding_efficiency([perm[i:i + 32] for i in range(0, len(perm), 32)], lengths))
-    rows.append({"batching": "random, 32 per batch (HF Trainer default)", "padding_efficiency": median(rand),
-                 "batches": -(-len(lengths) // 32)})
+    for size in (8, 32):
+        rand = []
+        for seed in range(5):
+            perm = np.random.default_rng(seed).permutation(len(lengths)).tolist()
+            rand.append(padding_efficiency(chunks(perm, size), lengths))
+        rows.append({"batching": f"HF Trainer, random batches of {size}" + (" (its default)" if size == 8 else ""),
+                     "padding_efficiency": median(rand), "batches": -(-len(lengths) // size),
+                     "mean_texts_per_batch": len(lengths) / -(-len(lengths) // size)})
+        grouped = [padding_efficiency(chunks(grouped_order(lengths, size, s), size), lengths) for s in range(5)]
+        rows.append({"batching": f"HF Trainer, group_by_length, batches of {size}",
+                     "padding_efficiency": median(grouped), "batches": -(-len(lengths) // size),
+                     "mean_texts_per_batch": len(lengths) / -(-len(lengths) // size)})
     for b in map(int, a.budgets.split(",")):
         effs = [padding_efficiency(token_budget_batches(lengths, b, seed=s), lengths) for s in range(5)]
         n = len(token_budget_batches(lengths, b, seed=0))

@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -33,7 +34,31 @@ def machine() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_description(),
             "cpu_threads": torch.get_num_threads(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+            "date": time.strftime("%Y-%m-%d %H:%M"), "command": "python " + " ".join(sys.argv),
+            "libraries": libraries()}
+
+
+def libraries() -> dict:
+    """The versions of the libraries the benches compare with (a default can change between
+    releases: transformers' warmup_steps took a ratio below 1 only from some version on)."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("transformers", "tokenizers", "sentence-transformers", "spacy", "numpy"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def warm_up(ratio: float) -> dict:
+    """Hugging Face TrainingArguments for a warm-up over `ratio` of the steps: transformers 5 takes
+    the ratio as warmup_steps below 1 (and deprecates warmup_ratio); 4 reads warmup_steps as a count."""
+    from importlib import metadata
+
+    major = int(metadata.version("transformers").split(".")[0])
+    return {"warmup_steps": ratio} if major >= 5 else {"warmup_ratio": ratio}
 
 
 def median(xs):

@@ -1,5 +1,7 @@
 """NER prediction: HF pipeline("token-classification", aggregation_strategy="simple"/"first",
-batch_size=32) on the model `spanflow export --to hf` wrote, vs spanflow on the same model and texts.
+batch_size=32) on the model `spanflow export --to hf` wrote, vs spanflow on the same model and texts,
+each precision against its like: spanflow in fp32 against the pipeline (fp32, its default), in
+bf16 against the pipeline under torch.autocast(bf16), and spanflow's defaults against both.
 
 Identity is checked on a softmax model only: a CRF model's export drops its transition scores, so
 the pipeline would decode other entities by design (docs/ner.md); such a model is refused. Every
@@ -42,6 +44,11 @@ def classify(text: str, hf: list, sf: list) -> str:
     return "other"
 
 
+def _spans(doc: list) -> list:
+    """A pipeline's entities of one text as spanflow lists them: sorted (start, end, label)."""
+    return sorted((d["start"], d["end"], d["entity_group"]) for d in doc)
+
+
 def _mid_word(text: str, span) -> bool:
     """True when a span starts or ends inside a whitespace-delimited word."""
     s, e = span[0], span[1]
@@ -72,6 +79,13 @@ def main() -> None:
     sf.predict(texts[:64])
     t_hf, hf_out = timed(lambda: pipe(texts), a.repeats)
     t_first, first_out = timed(lambda: first(texts), a.repeats)
+
+    def first_bf16():  # the pipeline under bf16 autocast: the like-for-like of spanflow in bf16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return first(texts)
+
+    first_bf16()
+    t_first16, first16_out = timed(first_bf16, a.repeats)
     t_sf, sf_out = timed(lambda: sf.predict(texts, max_tokens=a.max_tokens), a.repeats)
     sf16 = NerModel.load(a.model, device="cpu", precision="bf16")
     sf16.predict(texts[:64])
@@ -84,10 +98,10 @@ def main() -> None:
     sfd = NerModel.load(a.model, device="cpu", precision=auto)
     sfd.predict(texts[:64])
     t_sfd, _ = timed(lambda: sfd.predict(texts), a.repeats)
-    hf_spans = [sorted((d["start"], d["end"], d["entity_group"]) for d in doc) for doc in hf_out]
+    hf_spans = [_spans(doc) for doc in hf_out]
     same = sum(h == s for h, s in zip(hf_spans, sf_out))
     diffs = [(t, h, s) for t, h, s in zip(texts, hf_spans, sf_out) if h != s]
-    first_spans = [sorted((d["start"], d["end"], d["entity_group"]) for d in doc) for doc in first_out]
+    first_spans = [_spans(doc) for doc in first_out]
     same_first = sum(h == s for h, s in zip(first_spans, sf_out))
     kinds = {}
     for t, h, s_ in zip(texts, first_spans, sf_out):
@@ -98,35 +112,40 @@ def main() -> None:
     hf_eff = padding_efficiency([list(range(i, min(i + 32, len(texts)))) for i in range(0, len(texts), 32)], lengths)
     sf_eff = padding_efficiency(token_budget_batches(lengths, a.max_tokens, shuffle=False), lengths)
     n_tok = sum(lengths)
-    rows = [
-        {"run": "hf_pipeline_simple_bs32_fp32", "seconds": t_hf, "texts_per_s": len(texts) / t_hf,
-         "real_tokens_per_s": n_tok / t_hf, "padding_efficiency": hf_eff, "speedup": 1.0},
-        {"run": "hf_pipeline_first_bs32_fp32", "seconds": t_first, "texts_per_s": len(texts) / t_first,
-         "real_tokens_per_s": n_tok / t_first, "padding_efficiency": hf_eff, "speedup": t_hf / t_first},
-        {"run": "spanflow_fp32", "seconds": t_sf, "texts_per_s": len(texts) / t_sf, "real_tokens_per_s": n_tok / t_sf,
-         "padding_efficiency": sf_eff, "speedup": t_hf / t_sf},
-        {"run": "spanflow_bf16", "seconds": t_sf16, "texts_per_s": len(texts) / t_sf16,
-         "real_tokens_per_s": n_tok / t_sf16, "padding_efficiency": sf_eff, "speedup": t_hf / t_sf16},
-        {"run": f"spanflow_defaults_{auto}", "seconds": t_sfd, "texts_per_s": len(texts) / t_sfd,
-         "real_tokens_per_s": n_tok / t_sfd, "padding_efficiency": None, "speedup": t_hf / t_sfd},
-    ]
+    pipeline_s = {"fp32": t_first, "bf16": t_first16}  # what each precision's ratio is against
+
+    def row(run: str, seconds: float, precision: str, eff) -> dict:
+        return {"run": run, "precision": precision, "seconds": seconds, "texts_per_s": len(texts) / seconds,
+                "real_tokens_per_s": n_tok / seconds, "padding_efficiency": eff,
+                "x_pipeline_first_fp32": t_first / seconds, "x_pipeline_first_same_precision": pipeline_s[precision] / seconds}
+
+    rows = [row("hf_pipeline_simple_bs32", t_hf, "fp32", hf_eff), row("hf_pipeline_first_bs32", t_first, "fp32", hf_eff),
+            row("hf_pipeline_first_bs32_autocast", t_first16, "bf16", hf_eff),
+            row("spanflow", t_sf, "fp32", sf_eff), row("spanflow", t_sf16, "bf16", sf_eff),
+            row("spanflow_defaults", t_sfd, auto, None)]
     simple_inside = sum(classify(t, h, s_) == "pipeline_inside_a_word" for t, h, s_ in diffs)
     summary = (f"identical entity lists (fp32) vs pipeline 'first': {same_first}/{len(texts)} texts (the others: "
                f"{', '.join(f'{v} {k}' for k, v in sorted(kinds.items())) or 'none'}); vs 'simple': {same}/{len(texts)} "
                f"({simple_inside} with an entity inside a word, {len(diffs) - simple_inside} other); spanflow bf16 vs "
-               f"fp32 identical: {sum(a_ == b for a_, b in zip(sf_out, sf16_out))}/{len(texts)}")
+               f"fp32 identical: {sum(a_ == b for a_, b in zip(sf_out, sf16_out))}/{len(texts)}; the pipeline 'first' under bf16 "
+               f"autocast vs fp32 identical: {sum(_spans(x) == _spans(y) for x, y in zip(first16_out, first_out))}/"
+               f"{len(texts)}")
     print(summary)
     for t, h, s_ in unexplained[:10]:
         print("DIFF", repr(t[:120]), "\n  hf:", [(t[x:y], lab) for x, y, lab in h], "\n  sf:",
               [(t[x:y], lab) for x, y, lab in s_])
     write_results(a.out, "ner_predict_vs_hf_pipeline",
                   {"description": f"{len(texts)} texts of {a.data}, model {a.model} (words: {sf.words}), exported "
-                                  f"with `spanflow export --to hf`, CPU; medians of {a.repeats}. {summary}",
+                                  f"with `spanflow export --to hf`, CPU; medians of {a.repeats}; x_pipeline_first_fp32: "
+                                  "the pipeline 'first' (fp32, its default) in seconds over the run's; "
+                                  "x_pipeline_first_same_precision: the same over the pipeline 'first' in the run's "
+                                  f"precision (bf16: under autocast). {summary}",
                    "identical_texts": same, "identical_texts_first": same_first, "n_texts": len(texts),
                    "differences_first": kinds, "unexplained_differences": len(unexplained),
                    "differences": [{"text": t, "hf_first": h, "spanflow": s_, "kind": classify(t, h, s_)}
                                    for t, h, s_ in zip(texts, first_spans, sf_out) if h != s_]},
-                  rows, ["run", "seconds", "texts_per_s", "real_tokens_per_s", "padding_efficiency", "speedup"])
+                  rows, ["run", "precision", "seconds", "texts_per_s", "real_tokens_per_s", "padding_efficiency",
+                         "x_pipeline_first_fp32", "x_pipeline_first_same_precision"])
 
 
 if __name__ == "__main__":

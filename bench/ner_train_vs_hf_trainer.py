@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import default_minilm, write_results  # noqa: E402
+from common import default_minilm, warm_up, write_results  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
 from spanflow.tasks.metrics import span_prf  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
@@ -96,7 +96,7 @@ def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     args = TrainingArguments(output_dir="/tmp/hf_bench", per_device_train_batch_size=32, learning_rate=lr,
-                             num_train_epochs=epochs, warmup_steps=0.1, weight_decay=0.01, seed=seed,
+                             num_train_epochs=epochs, **warm_up(0.1), weight_decay=0.01, seed=seed,
                              train_sampling_strategy=strategy, save_strategy="no", eval_strategy="no",
                              logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
                              bf16=(precision == "bf16"))

@@ -1,7 +1,8 @@
 """Time to accuracy: the dev score after each epoch against cumulative training wall time.
 
 NER and relations (dev F1): the Hugging Face Trainer (batch 32, and its library default batch 8;
-its default learning rate 5e-5) and spanflow with its defaults. Embeddings: sentence-transformers'
+its default learning rate 5e-5; `hf_bN` in fp32, its default, `hf_bN_bf16` with bf16=True) and
+spanflow with its defaults (bf16 autocast where the device runs bf16 natively). Embeddings: sentence-transformers'
 SentenceTransformerTrainer (learning rate 2e-5, warm-up 10%; `st` in fp32, its default, `st_bf16`
 with bf16=True) and spanflow with its defaults. On scored pairs the dev figure is the Spearman of
 the cosine against the gold score, and sentence-transformers trains CoSENTLoss at batch 16 (its
@@ -33,6 +34,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -41,7 +43,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import default_minilm, model_name, write_results  # noqa: E402
+from common import default_minilm, model_name, warm_up, write_results  # noqa: E402
 from ner_train_vs_hf_trainer import hf_dev_f1, hf_features  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
@@ -81,8 +83,9 @@ def epoch_eval(score) -> tuple[list[dict], object]:
     return curve, EpochEval()
 
 
-def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) -> dict:
-    """Stock Trainer + DataCollatorForTokenClassification; dev F1 at each epoch end, off the clock."""
+def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int, bf16: bool = False) -> dict:
+    """Stock Trainer + DataCollatorForTokenClassification (its defaults: fp32; `bf16`: bf16=True, the
+    flag a user sets for bf16 autocast); dev F1 at each epoch end, off the clock."""
     from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
                               Trainer, TrainingArguments)
 
@@ -94,13 +97,13 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int) 
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     out = tempfile.mkdtemp(prefix="hf-tta-")
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs,
-                             seed=seed, **quiet_args())
+                             seed=seed, bf16=bf16, **quiet_args())
     try:
         Trainer(model=model, args=args, train_dataset=train_f, data_collator=DataCollatorForTokenClassification(tok),
                 callbacks=[callback]).train()
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return {"curve": curve}
+    return {"curve": curve, "precision": "bf16" if bf16 else "fp32", "batch": batch}
 
 
 def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int | None = None,
@@ -142,10 +145,9 @@ def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int |
         columns["score"] = [p.score for p in train]  # read_pairs scales scores to [0, 1]
     batch = batch or ST_BATCH["scored" if scored else "pairs"]
     out = tempfile.mkdtemp(prefix="st-tta-")
-    # warmup_steps below 1 is a ratio of the total steps: warmup_ratio 0.1 (that name is deprecated)
     args = SentenceTransformerTrainingArguments(
         output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs, learning_rate=2e-5,
-        warmup_steps=0.1, seed=seed, bf16=bf16,
+        **warm_up(0.1), seed=seed, bf16=bf16,
         batch_sampler=BatchSamplers.BATCH_SAMPLER if scored else BatchSamplers.NO_DUPLICATES, **quiet_args())
     loss = CoSENTLoss(model) if scored else MultipleNegativesRankingLoss(model)
     try:
@@ -232,17 +234,18 @@ def read_data(task: str, train_path: str, dev_path: str):
 
 
 def run_one(run: str, a, model: str, train, dev, relations) -> dict:
-    """One run's curve; hf_bN: the HF Trainer at batch N, st / st_bf16: sentence-transformers in fp32 /
-    bf16, spanflow."""
-    if run.startswith("hf_b"):
-        return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(run[4:]), seed=a.seed)
+    """One run's curve; hf_bN / hf_bN_bf16: the HF Trainer at batch N in fp32 / bf16, st / st_bf16:
+    sentence-transformers in fp32 / bf16, spanflow."""
+    hf = re.fullmatch(r"hf_b(\d+)(_bf16)?", run)
+    if hf:
+        return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(hf[1]), seed=a.seed, bf16=bool(hf[2]))
     if run in ("st", "st_bf16"):
         return st_curve(model, train, dev, epochs=a.epochs or 4, seed=a.seed, batch=a.st_batch,
                         bf16=run == "st_bf16")
     if run == "spanflow":
         return spanflow_curve(a.task, model, train, dev, epochs=a.epochs, seed=a.seed,
                               out=os.path.join(tempfile.gettempdir(), f"spanflow-tta-{a.name}"), relations=relations)
-    sys.exit(f"unknown run {run!r}: expected hf_bN, st, st_bf16 or spanflow")
+    sys.exit(f"unknown run {run!r}: expected hf_bN, hf_bN_bf16, st, st_bf16 or spanflow")
 
 
 def write_md_curves(path: str, rows: list[dict], metric: str) -> None:
@@ -267,7 +270,7 @@ def main() -> None:
     ap.add_argument("--dev", required=True)
     ap.add_argument("--model", default=None, help="encoder directory or 'tiny' [the offline all-MiniLM-L6-v2]")
     ap.add_argument("--epochs", type=int, default=None, help="all runs [spanflow: its default; HF: 3; st: 4]")
-    ap.add_argument("--runs", default=None, help="comma-separated hf_bN, st, st_bf16, spanflow "
+    ap.add_argument("--runs", default=None, help="comma-separated hf_bN, hf_bN_bf16, st, st_bf16, spanflow "
                                                  "[ner, re: hf_b32,hf_b8,spanflow; embed: st,spanflow]")
     ap.add_argument("--st-batch", type=int, default=None,
                     help="sentence-transformers' batch [16 on scored pairs, 128 on pairs]")
