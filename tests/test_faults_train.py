@@ -335,3 +335,67 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path,
     assert "resumed from" in capsys.readouterr().out
     assert train(files, out, "--max-steps", "1") == 0  # no --resume: a new run, and it says what it replaces
     assert f"note: {out} holds an earlier run's model and checkpoint; this run starts over" in capsys.readouterr().out
+
+
+# --resume at the edges of a run: a checkpoint older than the report, one taken at an epoch's end by
+# --max-steps, one of a finished run, a --max-steps the checkpoint has passed, and the learning
+# check's first loss window cut by the stop
+
+def report_lines(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_report.jsonl").read_text().splitlines()]
+
+
+def checkpoint_state(out) -> dict:
+    return json.loads((out / "checkpoint" / "state.json").read_text())
+
+
+def test_report_lines_past_the_checkpoint_are_not_repeated_after_a_resume(files, tmp_path):
+    out = tmp_path / "run"
+    assert train(files, out, "--epochs", "1") == 0
+    step = report_lines(out)[0]["step"]
+    with open(out / "train_report.jsonl", "a") as f:  # written before a full disk refused the next checkpoint
+        f.write(json.dumps({"epoch": 2, "step": step * 2, "dev_f1": 0.5}) + "\n")
+    assert train(files, out, "--epochs", "2", "--resume") == 0
+    assert [(r["epoch"], r["step"]) for r in report_lines(out)] == [(1, step), (2, step * 2)]
+    assert report_lines(out)[1]["dev_f1"] != 0.5  # the resumed run's own line, not the one it replaced
+
+
+def test_a_resume_at_an_epochs_end_reports_no_empty_throughput(files, tmp_path, capsys):
+    probe = tmp_path / "probe"
+    assert train(files, probe, "--epochs", "1") == 0
+    per_epoch = report_lines(probe)[0]["step"]
+    out = tmp_path / "run"
+    assert train(files, out, "--max-steps", str(per_epoch)) == 0  # stops at the first epoch's last step
+    capsys.readouterr()
+    assert train(files, out, "--resume") == 0
+    said = capsys.readouterr().out
+    line = next(x for x in said.splitlines() if x.startswith(f"epoch 1 step {per_epoch}"))
+    assert "no steps left in this epoch (resumed at its end)" in line and "tok/s" not in line and "dev F1" in line
+    first = next(r for r in report_lines(out) if r["epoch"] == 1 and not r.get("partial"))
+    assert first["steps"] == 0 and first["real_tokens_per_s"] is None and first["mfu"] is None
+
+
+def test_a_resume_of_a_finished_run_says_so(files, reference, capsys):
+    capsys.readouterr()
+    assert train(files, reference, "--resume") == 0
+    assert f"resumed from {reference / 'checkpoint'}: the run finished its 3 epochs" in capsys.readouterr().out
+
+
+def test_a_max_steps_the_checkpoint_has_passed_is_refused(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(files, out, "--max-steps", "4") == 0
+    capsys.readouterr()
+    assert train(files, out, "--max-steps", "2", "--resume") == 2
+    assert capsys.readouterr().err.strip() == (f"error: --max-steps 2: the checkpoint in {out / 'checkpoint'} is at "
+                                               "step 4 already; give a larger --max-steps, or leave it out to train "
+                                               "on to the end")
+
+
+def test_the_first_loss_window_survives_a_stop_before_it_fills(files, reference, tmp_path):
+    out = tmp_path / "run"
+    assert train(files, out, "--max-steps", "2") == 0
+    assert checkpoint_state(out)["first_loss"] is None and len(checkpoint_state(out)["first_window"]) == 2
+    assert train(files, out, "--resume") == 0
+    # the same steps' losses as the uninterrupted run's first window, not the window after the resume
+    assert abs(checkpoint_state(out)["first_loss"] - checkpoint_state(reference)["first_loss"]) < 1e-6
+    assert "first_window" not in checkpoint_state(out)

@@ -170,13 +170,16 @@ def format_report(r: dict) -> str:
     head = f"epoch {r.get('epoch', '-')}{' (partial)' if r.get('partial') else ''} step {r.get('step', '-')}"
     if r.get("wall_s") is not None:
         head += f" ({r['wall_s']:.{1 if r['wall_s'] < 10 else 0}f} s training)"
-    parts = [head] + ([f"loss {r['loss']:.4f}"] if r.get("loss") is not None else []) + [
-        f"{r['real_tokens_per_s']:.0f} real tok/s ({r['padded_tokens_per_s']:.0f} padded)",
-        f"padding eff {r['padding_efficiency']:.2f}",
-        f"time: data {r['data_wait_frac']:.0%} compute {r['compute_frac']:.0%} optim {r['optimizer_frac']:.0%}",
-        f"peak mem {r['peak_memory_bytes'] / 2**20:.0f} MiB",
-        f"MFU {mfu}",
-    ]
+    parts = [head] + ([f"loss {r['loss']:.4f}"] if r.get("loss") is not None else [])
+    if r.get("steps") == 0:  # a resume at the end of an epoch: no step was trained in this period
+        parts.append("no steps left in this epoch (resumed at its end)")
+    else:
+        parts += [f"{r['real_tokens_per_s']:.0f} real tok/s ({r['padded_tokens_per_s']:.0f} padded)",
+                  f"padding eff {r['padding_efficiency']:.2f}",
+                  f"time: data {r['data_wait_frac']:.0%} compute {r['compute_frac']:.0%} "
+                  f"optim {r['optimizer_frac']:.0%}",
+                  f"peak mem {r['peak_memory_bytes'] / 2**20:.0f} MiB",
+                  f"MFU {mfu}"]
     if r.get("gpu_util") is not None:  # NVML's figure; a CPU run has none to show
         parts.append(f"GPU util {r['gpu_util']:.0f}%")
     if r.get("dev_f1") is not None:

@@ -48,6 +48,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
                total_steps=sum(per_epoch), origin=origin)
     r.recent = deque(maxlen=loss_window(opts.log_every, per_epoch[0] if per_epoch else 1))
+    for v in r.st.pop("first_window", None) or []:  # a resume before the first window filled: its steps so far
+        r.recent.append(torch.tensor(v if dist.is_main else 0.0, device=policy.device))  # each rank holds a share
     model.train()
     r.bar = progress_bar(r)
     final = None  # the summary the reporters close with; None when training failed
@@ -132,7 +134,12 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         # --patience may change on resume: an early stop is decided again by the one given now, also
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
-        log(f"resumed from {r.ckpt_dir}: epoch {r.st['epoch'] + 1}, step {r.st['global_step']}")
+        _check_steps_left(r, opts, r.st)
+        log(f"resumed from {r.ckpt_dir}: " + (f"epoch {r.st['epoch'] + 1}, step {r.st['global_step']}"
+                                              if r.st["epoch"] < opts.epochs else
+                                              f"the run finished its {opts.epochs} epochs (step "
+                                              f"{r.st['global_step']}); a larger --epochs trains on"))
+        on_main(lambda: _trim_report(r.report_path, r.st["global_step"]), dist)  # lines past the checkpoint repeat
     else:
         if opts.resume:
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
@@ -146,6 +153,44 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         in_turn(lambda: measure_peak(device, policy.name), dist)
     r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
     return r
+
+
+def _check_steps_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
+    """A ConfigError when --max-steps is behind the checkpoint's step: the run could not stop
+    there, and would train on to the end. At the checkpoint's step it is the command that
+    stopped there, given again with --resume: that trains on to the end (outcome.py says so)."""
+    if opts.max_steps and st["global_step"] > opts.max_steps:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--max-steps {opts.max_steps}: the checkpoint in {r.ckpt_dir} is at step "
+                          f"{st['global_step']} already; give a larger --max-steps, or leave it out to train on "
+                          "to the end")
+
+
+def _trim_report(path: str, step: int) -> None:
+    """Drop train_report.jsonl's lines of steps after `step` (the checkpoint's): the resumed run
+    reports them again. Lines that are no report are kept as they are."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = [line for line in lines if not _after(line, step)]
+    if len(kept) == len(lines):
+        return
+    from spanflow.atomic import atomic_open
+
+    with writing("the training report", path), atomic_open(path, "report") as f:
+        f.writelines(kept)
+
+
+def _after(line: str, step: int) -> bool:
+    import json
+
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step
 
 
 def _run_steps(r: LoopState, groups, epoch: int) -> bool:
@@ -212,6 +257,8 @@ def _log_step(r: LoopState, gs: int, loss_now: float) -> None:
 
 def _checkpoint(r: LoopState) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
+    if r.st.get("first_loss") is None and r.recent:  # the learning check's first window, not yet full
+        r.st["first_window"] = all_sum([float(x) for x in r.recent], r.dist)  # host syncs, at checkpoints only
 
     def save_model(path: str) -> None:  # a model to run as it is; the optimizer's state keeps the table as it stands
         with paid(r.optimizer):
@@ -219,6 +266,7 @@ def _checkpoint(r: LoopState) -> None:
 
     on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=save_model, optimizer=r.optimizer,
                                     scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
+    r.st.pop("first_window", None)
 
 
 def _evaluate(r: LoopState) -> float | None:

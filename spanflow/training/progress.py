@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spanflow.atomic import writing
-from spanflow.monitor.report import append_jsonl, format_report, report_scalars
+from spanflow.monitor.report import SCALARS, append_jsonl, format_report, report_scalars
 from spanflow.training.distributed import all_sum, on_main
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial
     """A period's report (Meter.report) with its epoch, step and dev score: a line of
     train_report.jsonl, a printed line and the dashboards' scalars, from rank 0. `partial`: the
     epoch did not end (--max-steps; or an early stop inside it, `early_stop`, which ends the run)."""
+    if not rep.get("steps", 1):  # no step in the period (a resume at the end of an epoch): nothing was measured
+        rep = {k: (None if k in SCALARS or k == "wall_s" else v) for k, v in rep.items()}
     rep = {"epoch": epoch + 1, "step": r.st["global_step"], **rep, "precision": r.policy.name,
            "device": str(r.policy.device), "dev_f1": f1}
     if r.hooks.metric != "F1":
