@@ -360,7 +360,9 @@ def test_sigterm_to_the_launcher_stops_the_ranks_in_one_line(tmp_path):
         rest = proc.communicate(timeout=120)[0]
     finally:
         proc.kill()
-    assert proc.returncode == 143 and "Traceback" not in rest and rest.strip().splitlines()[-1] == "terminated"
+    lines = rest.strip().splitlines()
+    assert proc.returncode == 143 and "Traceback" not in rest and lines[-1].startswith("terminated")
+    assert sum(x.startswith("terminated") for x in lines) == 1  # rank 0's line alone, not one per process
     assert not (out / ".lock").exists()
 
 
@@ -384,7 +386,7 @@ def test_a_killed_launcher_leaves_no_rank_training(tmp_path):
     assert not (out / ".lock").exists()  # it stopped as on SIGTERM, releasing --out
 
 
-@pytest.mark.parametrize("sig,word", [(signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted"),
+@pytest.mark.parametrize("sig,word", [(signal.SIGTERM, None), (signal.SIGINT, None),
                                       (signal.SIGHUP, "stopped by SIGHUP"), (signal.SIGQUIT, "stopped by SIGQUIT")])
 def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatch, capsys, sig, word):
     from torch.distributed import run
@@ -397,4 +399,55 @@ def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatc
 
     monkeypatch.setattr(run, "run", stopped)
     assert relaunch(["train", "ner"], 2) == 128 + int(sig)
-    assert capsys.readouterr().err.splitlines()[-1] == word
+    said = capsys.readouterr().err.splitlines()[1:]  # after the launching line
+    assert said == ([word] if word else [])  # TERM and INT reach the ranks too: rank 0 says so, with its hint
+
+
+def test_a_lost_peer_is_one_line_from_rank_0_and_none_from_the_others(monkeypatch, capsys):
+    import torch.distributed as dist
+
+    from spanflow.cli import doctor
+    from spanflow.cli.main import main
+    from spanflow.training import distributed
+
+    def lost(_args):  # what gloo raises in the backward's all-reduce when the other rank was killed
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                           "[127.0.0.1]:45455")
+
+    monkeypatch.setattr(doctor, "run", lost)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed, "exit_now", lambda rc: None)  # the process would end here
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["doctor"]) == 1
+    assert capsys.readouterr().err.strip() == ("error: another process of this training job stopped (its own line, "
+                                               "or the launcher's, says why)")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["doctor"]) == 1 and capsys.readouterr().err == ""
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(doctor, "run", interrupted)
+    assert main(["doctor"]) == 130 and capsys.readouterr().err == ""  # every rank met the Ctrl-C: rank 0 says it
+    monkeypatch.setenv("RANK", "0")
+    assert main(["doctor"]) == 130 and capsys.readouterr().err.strip() == "interrupted"
+    monkeypatch.setattr(doctor, "run", lost)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # outside a job the same error is a bug: traceback
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        main(["doctor"])
+
+
+def test_a_rank_killed_by_a_signal_is_named_whichever_rank_failed_first(monkeypatch, capsys):
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from spanflow.training.distributed import relaunch
+
+    def failed(_args):  # rank 1 killed; rank 0 then stopped on the lost peer (exit 1), and its failure came first
+        raise ChildFailedError("spanflow", {0: ProcessFailure(local_rank=0, pid=11, exitcode=1, error_file=""),
+                                            1: ProcessFailure(local_rank=1, pid=12, exitcode=-9, error_file="")})
+
+    monkeypatch.setattr(run, "run", failed)
+    assert relaunch(["train", "ner"], 2) == 1
+    assert capsys.readouterr().err.splitlines()[1:] == ["error: rank 1 was killed by signal 9"]

@@ -7,7 +7,11 @@ library's error reporting one). Those exit 2 like the WriteError of the writes t
 were writing, because they are the same fault: the same full disk gives the same exit whichever write
 met it, and it is the user's to fix (free space, another --out), not a bug to report. 1: stdout was
 closed by its reader (`spanflow evaluate --json | head -c 10`), quietly, as Python's documentation
-of SIGPIPE recommends. 130: Ctrl-C; 143: SIGTERM. Any other error is a bug and keeps its traceback.
+of SIGPIPE recommends; also a training process whose peer in the job (torchrun) stopped. 130:
+Ctrl-C; 143: SIGTERM. Any other error is a bug and keeps its traceback.
+
+Under torchrun a signal reaches every rank, and a stopped peer every survivor: rank 0 alone
+says so, in one line.
 """
 from __future__ import annotations
 
@@ -44,6 +48,33 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum, frame):
     raise Terminated()
+
+
+# how a collective fails when a peer of the job has gone (gloo's TCP pairs, NCCL's watchdog)
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
+             "NCCL communicator was aborted")
+
+
+def _rank() -> int:
+    """This process's rank under torchrun; 0 outside a job."""
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except ValueError:
+        return 0
+
+
+def _say(line: str) -> None:
+    """A stop line, from rank 0 alone: every rank of a job meets the same signal or lost peer."""
+    if _rank() == 0:
+        print(line, file=sys.stderr)
+
+
+def _peer_lost(e: BaseException) -> bool:
+    """Whether `e` is a collective that failed because another process of the job has gone."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or not isinstance(e, RuntimeError):
+        return False
+    return isinstance(e, getattr(dist, "DistBackendError", ())) or any(p in str(e) for p in PEER_LOST)
 
 
 def write_error_line(e: BaseException) -> str | None:
@@ -116,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)  # imports every command's module: a second or so
     except Terminated:  # a KeyboardInterrupt of its own: first
-        print("terminated", file=sys.stderr)
+        _say("terminated")
         return 143
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
     try:
@@ -138,12 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except Terminated:
-        print("terminated" + _after_stop(args), file=sys.stderr)
+        _say("terminated" + _after_stop(args))
         return _leave_now(143, entry)
     except KeyboardInterrupt:
-        print("interrupted" + _after_stop(args), file=sys.stderr)
+        _say("interrupted" + _after_stop(args))
         return _leave_now(130, entry)
     except Exception as e:
+        if _peer_lost(e):  # its own error line, if it had one, came from the process that stopped
+            _say("error: another process of this training job stopped (its own line, or the launcher's, says "
+                 "why)" + _after_stop(args))
+            return _leave_group(1)
         line = write_error_line(e)
         if line is None:
             raise

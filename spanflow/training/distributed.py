@@ -143,14 +143,15 @@ def relaunch(argv: list[str], devices: int) -> int:
     try:
         run.run(run.parse_args(args))
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        if failure.exitcode < 0:  # killed by a signal: nothing of its own was printed
-            print(f"error: rank {rank} was killed by signal {-failure.exitcode}", file=sys.stderr)
+        killed = sorted((rank, -f.exitcode) for rank, f in e.failures.items() if f.exitcode < 0)
+        if killed:  # killed by a signal: nothing of its own was printed (the survivors' line says a peer went)
+            print("error: " + ", ".join(f"rank {rank} was killed by signal {sig}" for rank, sig in killed),
+                  file=sys.stderr)
             return 1
-        return failure.exitcode or 1
+        return e.get_first_failure()[1].exitcode or 1
     except SignalException as e:  # a signal to the launcher (TERM, INT, HUP, QUIT): its agent has stopped the ranks
-        words = {signal.SIGTERM: "terminated", signal.SIGINT: "interrupted"}
-        print(words.get(e.sigval) or f"stopped by {signal.Signals(e.sigval).name}", file=sys.stderr)
+        if e.sigval not in (signal.SIGTERM, signal.SIGINT):  # those reached rank 0 too, which said so
+            print(f"stopped by {signal.Signals(e.sigval).name}", file=sys.stderr)
         return 128 + int(e.sigval)
     return 0
 
