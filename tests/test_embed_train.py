@@ -126,9 +126,44 @@ def test_spanflow_train_embed_and_evaluate_from_the_command_line(tmp_path, capsy
     assert main(["train", "embed", "--train", str(data), "--dev", str(data), "--model", "tiny", "--out", str(out),
                  "--epochs", "2", "--log-every", "0"]) == 0
     said = capsys.readouterr().out
-    assert "12 scored training pairs; CoSENT loss" in said and "a sentence-transformers directory" in said
+    assert "12 scored training pairs; CoSENT loss" in said
+    # a tiny encoder is spanflow's own: the model is not said to load in sentence-transformers (it does not)
+    assert "its encoder is spanflow's own `tiny`" in said and "a sentence-transformers directory" not in said
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(data), "--device", "cpu"]) == 0
     assert "spearman" in capsys.readouterr().out
+    assert main(["export", "--model", str(out / "model"), "--to", "hf", str(tmp_path / "exp")]) == 2
+    assert "its encoder is spanflow's own `tiny`" in capsys.readouterr().err
+
+
+def test_training_that_cannot_compare_pairs_is_refused_naming_the_file(tmp_path, capsys):
+    one, two = tmp_path / "one.csv", tmp_path / "pairs.csv"
+    one.write_text('"a cat sat","a cat lay",4.0\n')
+    pairs = random_pairs(12, seed=2)
+    two.write_text("".join(f'"{p.a}","{p.b}",{p.score * 5:.2f}\n' for p in pairs))
+    base = ["--model", "tiny", "--out", str(tmp_path / "run"), "--epochs", "1", "--device", "cpu"]
+    assert main(["train", "embed", "--train", str(one), *base]) == 2  # was "every pair has the same score"
+    assert capsys.readouterr().err.strip() == f"error: {one} holds 1 pair; it needs at least 2"
+    assert main(["train", "embed", "--train", str(two), "--dev", str(one), *base]) == 2  # was "dev holds 1 pair"
+    assert capsys.readouterr().err.strip() == f"error: {one} holds 1 pair; it needs at least 2"
+    assert main(["train", "embed", "--train", str(two), "--max-tokens", "8", *base]) == 2  # one pair an update: loss 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: --max-tokens 8: an update holds 0 pairs of a typical") and "so it needs at least 2" in err
+
+
+def test_evaluate_takes_the_columns_training_took(tmp_path, capsys):
+    from spanflow.errors import ConfigError
+
+    wide = tmp_path / "wide.csv"  # an id column first: training reads it with --columns 1,2,3
+    wide.write_text("".join(f'{i},"{p.a}","{p.b}",{p.score * 5:.2f}\n' for i, p in enumerate(random_pairs(12, seed=2))))
+    out = tmp_path / "run"
+    assert main(["train", "embed", "--train", str(wide), "--columns", "1,2,3", "--model", "tiny", "--out", str(out),
+                 "--epochs", "1", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out / "model"), "--data", str(wide), "--columns", "1,2,3"]) == 0
+    assert "spearman" in capsys.readouterr().out
+    emb = Embedder.load(str(out / "model"))
+    with pytest.raises(ConfigError, match=f"the model's limit {emb.limit}, got 100000"):  # was cut to the limit unsaid
+        emb.set_max_length(100000)
 
 
 def test_scored_pairs_train_with_grad_accum_and_no_max_tokens(tmp_path, capsys):

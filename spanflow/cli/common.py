@@ -133,9 +133,10 @@ def add_scheme_arg(p: argparse.ArgumentParser, *, strict: bool = False) -> None:
 
 def add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=None,
-                   help="tokens per window, special tokens included [the longest window the model was trained "
-                        "on, which loses far less F1 on long documents than the encoder's full window; an encoder "
-                        "directory: its max_seq_length]")
+                   help="tokens per input, special tokens included: NER reads longer texts in windows of it, "
+                        "relations and embeddings cut there [NER and relations: the longest window the model "
+                        "was trained on (NER: on long documents it loses far less F1 than the encoder's full "
+                        "window); an encoder directory: its max_seq_length]")
     p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows [as trained]")
 
 

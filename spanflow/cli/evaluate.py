@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
                                                  "(embeddings)")
     add_format_arg(p)
     add_scheme_arg(p)
+    p.add_argument("--columns", default=None,
+                   help="embeddings: the columns or JSONL keys of s1, s2 and score, e.g. 0,1,2 (as train embed's "
+                        "--columns) [detected]")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_runtime_args(p)
     add_window_args(p)
@@ -36,7 +39,7 @@ def run(a: argparse.Namespace) -> int:
 
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
-    examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme)
+    examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
     loads = Loads(task, a.model)

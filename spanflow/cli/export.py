@@ -58,6 +58,7 @@ def _check(task, a: argparse.Namespace) -> None:
     exports = getattr(task, "exports", ())
     if not exports:
         instead = getattr(task, "export_instead", "")
+        instead = instead(a.model) if callable(instead) else instead
         raise ConfigError(f"{task.name} models have no export format ({a.model} is one)"
                           + (f": {instead}" if instead else ""))
     if a.to not in exports:

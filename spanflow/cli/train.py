@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     for task in trained:
         tp = by_task.add_parser(task.name, help=task.summary,
                                 description=f"Train a model for {task.summary}; the best is saved to OUT/model.")
-        _add_common(tp, task.name)
+        _add_common(tp, task.name, getattr(task, "data_help", None))
         task.add_train_args(tp.add_argument_group(f"{task.name} options"))
         parsers[task.name] = tp
     owners: dict[str, list[str]] = {}  # each flag -> the train commands that take it
@@ -33,12 +33,10 @@ def add_parser(sub) -> None:
         tp.elsewhere = {flag: who for flag, who in owners.items() if flag not in tp._option_string_actions}
 
 
-def _add_common(p, task: str) -> None:
-    p.add_argument("--train", required=True,
-                   help="training data: NER CoNLL, JSONL or spaCy .spacy; RE CasRel JSON or JSONL; embed pairs, "
-                        "scored pairs or triplets in CSV, TSV or JSONL")
-    p.add_argument("--dev", help="development data, evaluated every epoch (or --eval-every steps) "
-                                 "[none: no evaluation; the final model is saved]")
+def _add_common(p, task: str, data: str | None) -> None:
+    p.add_argument("--train", required=True, help=f"training data{f': {data}' if data else ''}")
+    p.add_argument("--dev", help=f"development data{f' ({data})' if data else ''}, evaluated every epoch (or "
+                                 "--eval-every steps) [none: no evaluation; the final model is saved]")
     p.add_argument("--model", default="tiny", help=f"a local encoder directory, a spanflow {task} model "
                                                   "(to train further), or 'tiny' (a small encoder built "
                                                   "from the training texts) [%(default)s]")

@@ -108,8 +108,10 @@ class Task(Protocol):
     # optional members: claims(path) -> bool, for directories without spanflow.json that the task
     # loads (checked before they are taken for encoders); request_params(model, body) -> dict for
     # the server; export(model, to, out, log_fn) and `exports`, the formats `spanflow export` writes
-    # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`);
-    # `bulk_command`, the command that runs the task's models over a file (default "predict")
+    # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`: a
+    # string, or a function of the model's path);
+    # `bulk_command`, the command that runs the task's models over a file (default "predict");
+    # `data_help`, the formats its training data comes in, for the help of `train TASK --train`
 
     def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int,
                  params: dict) -> dict:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spanflow.batching.align import check_window_floor
+from spanflow.batching.align import check_window
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
@@ -120,13 +120,14 @@ class Embedder:
     task = "embed"
 
     def set_max_length(self, max_length: int | None = None, stride: int | None = None) -> None:
-        """Truncate future inputs at `max_length` tokens (at most the encoder's limit; texts are
-        embedded whole: no windows, no stride)."""
+        """Truncate future inputs at `max_length` tokens (a ConfigError above the encoder's limit, as
+        for NER: the model reads no further whatever is asked; texts are embedded whole: no windows,
+        no stride)."""
         if stride is not None:
             raise ConfigError("--stride applies to NER; an embedding model reads each text up to --max-length")
         if max_length is not None:
-            check_window_floor(max_length, None)
-            self.max_length = min(max_length, self.limit)
+            check_window(max_length, 0, self.limit)
+            self.max_length = max_length
             self._backend = self._fast_backend()
 
     def units(self, texts: list[str]):

@@ -16,6 +16,18 @@ from spanflow.tasks.registry import Workload, check_model_for
 from spanflow.training.outcome import next_command
 
 
+TINY_ONLY = ("its encoder is spanflow's own `tiny`: spanflow's commands run it, sentence-transformers and "
+             "transformers do not load it; train from a Hugging Face encoder for a model they load")
+
+
+def _tiny(path: str) -> bool:
+    """Whether the model at `path` is built on spanflow's `tiny` encoder (a sentence-transformers
+    directory keeps its encoder at the top)."""
+    from spanflow.models.tiny import is_tiny_dir
+
+    return is_tiny_dir(path)
+
+
 class EmbedTask:
     """Sentence embeddings from an encoder directory: the `embed` entry of the task registry.
     A directory without spanflow.json is loaded as this task."""
@@ -23,9 +35,17 @@ class EmbedTask:
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
     bulk_command = "embed"
+    data_help = "pairs, scored pairs or triplets in CSV, TSV or JSONL"
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
-    export_instead = ("it is a Hugging Face encoder (or sentence-transformers) directory already, which those "
-                      "libraries load as it is")
+
+    @staticmethod
+    def export_instead(path: str) -> str:
+        """What `spanflow export` says of an embedding model: it is another library's format already,
+        unless its encoder is spanflow's own `tiny`, which no other library loads."""
+        if _tiny(path):
+            return TINY_ONLY
+        return ("it is a Hugging Face encoder (or sentence-transformers) directory already, which those libraries "
+                "load as it is")
     tune_modes = ("infer", "train")  # infer first: most users of an embedding model only run it
 
     @staticmethod
@@ -49,29 +69,35 @@ class EmbedTask:
                             "holds memory to one micro-batch [256, fewer for a small data set]")
 
     def train_from_args(self, a, options) -> str:
-        from spanflow.tasks.embed.pairs import read_pairs
+        from spanflow.tasks.embed.pairs import SCORED, check_pairs, read_pairs
         from spanflow.tasks.embed.train import EmbedTraining, parse_dims, train_embedder
 
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         config = EmbedTraining(loss=a.loss, symmetric=a.symmetric, matryoshka_dims=parse_dims(a.matryoshka_dims),
                                pairs_per_step=a.pairs_per_step)
         train = read_pairs(a.train, columns=a.columns)
+        check_pairs(train, a.train, 2)  # named by their files here (the API names them train and dev)
         dev = read_pairs(a.dev, columns=a.columns) if a.dev else None
+        if dev is not None:
+            check_pairs(dev, a.dev, SCORED)
         model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options, config=config)
         # fit() said where the model is
-        return (f"embeddings of {model.dim} dimensions (a sentence-transformers directory)"
+        import os
+
+        layout = TINY_ONLY if _tiny(os.path.join(a.out, "model")) else "a sentence-transformers directory"
+        return (f"embeddings of {model.dim} dimensions ({layout})"
                 + next_command(a.out, "spanflow embed --model {model} --input texts.txt --output vectors.npy"))
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto",
              quantize: str | None = None) -> Embedder:
         return Embedder.load(path, precision=precision, quantize=quantize, device=device)
 
-    def read_labelled(self, path: str, **_) -> list:
+    def read_labelled(self, path: str, columns: str | None = None, **_) -> list:
         """Scored pairs or pairs (tasks/embed/pairs.py) for evaluate, as many as it needs (checked
-        here, before a model loads, and named by the file)."""
+        here, before a model loads, and named by the file); `columns` as training's --columns."""
         from spanflow.tasks.embed.pairs import SCORED, check_pairs, read_pairs
 
-        pairs = read_pairs(path)
+        pairs = read_pairs(path, columns=columns)
         check_pairs(pairs, path, SCORED)
         return pairs
 

@@ -162,6 +162,20 @@ def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
     return name
 
 
+def check_update(opts: TrainOptions, items: list[PairItem], world: int) -> None:
+    """A ConfigError when an update's tokens hold fewer than two pairs of a typical length: both
+    losses compare each pair with the others of its update, and one alone gives a loss of 0."""
+    lengths = sorted(len(it) for it in items)
+    typical = lengths[len(lengths) // 2]
+    per_update = opts.max_tokens * opts.grad_accum * world
+    if per_update < 2 * typical:
+        need = math.ceil(2 * typical / (opts.grad_accum * world))
+        raise ConfigError(f"--max-tokens {opts.max_tokens}: an update holds {per_update // typical} pair"
+                          f"{'s' * (per_update // typical != 1)} of a typical {typical} tokens; the loss compares each "
+                          f"pair with the others of its update, so it needs at least 2: give --max-tokens {need} or "
+                          "more", field="max_tokens")
+
+
 def default_pairs_per_step(n_pairs: int) -> int:
     """The ranking loss's update: MAX_PAIRS_PER_STEP in-batch negatives, fewer on a small data set so
     an epoch still has MIN_STEPS_PER_EPOCH updates (a power of two, at least 16 pairs)."""
@@ -266,7 +280,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
     if config is not None and not isinstance(config, EmbedTraining):
         raise ConfigError(f"config takes an EmbedTraining (the loss and its settings), got {type(config).__name__}"
                           + ("; TrainOptions go to options=" if isinstance(config, TrainOptions) else ""))
-    check_pairs(train, "train")
+    check_pairs(train, "train", 2)  # both losses compare a pair with others
     if dev is not None:
         check_pairs(dev, "dev", SCORED)
     config = config or EmbedTraining()
@@ -321,10 +335,12 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
             cache, graph, avail = cache_for(o)
             plan.step = step_of(fn, run, cache, graph)
+            pairs = min(pairs, len(items))
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
                     + cache_words(o, cache, graph, avail))
+        check_update(plan.options, items, world)
         return plan
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=Embedder.load, log_fn=log_fn)

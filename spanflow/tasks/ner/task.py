@@ -20,6 +20,7 @@ class NerTask:
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
     exports = ("hf",)
+    data_help = "CoNLL columns, JSONL spans or a spaCy .spacy file"
     # --precision auto keeps a reduced precision whose entities agree with fp32's to this F1
     agreement_name, precision_gate = "entity F1", 0.98
 
