@@ -49,6 +49,18 @@ def test_native_bert_saves_what_transformers_loads(bert_dir, tmp_path):
     assert torch.allclose(outputs(again, tok), outputs(ref, tok), atol=1e-5)
 
 
+def test_a_directorys_pooler_is_written_back(tmp_path):
+    """A pretrained BERT's pooler, which no task runs, is saved again: sentence-transformers loads
+    BertModel with its pooler, and reported a missing one as newly initialised weights."""
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    ref = BertModel(cfg)  # with its pooler, as all-MiniLM-L6-v2 has one
+    ref.save_pretrained(str(tmp_path / "src"))
+    load_native(str(tmp_path / "src")).save_pretrained(str(tmp_path / "out"))
+    whole, info = BertModel.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
+    assert not info["missing_keys"] and torch.equal(whole.pooler.dense.weight, ref.pooler.dense.weight)
+
+
 def test_prefixed_weights_load_and_other_encoders_fall_back(bert_dir, tmp_path):
     d, ref, tok = bert_dir
     cfg = BertConfig.from_pretrained(str(d))

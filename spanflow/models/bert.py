@@ -177,6 +177,10 @@ class NativeBert(nn.Module):
         self.embeddings = Embeddings(config)
         self.encoder = Stack(config)
         self.gradient_checkpointing = False
+        # the directory's pooler, which no spanflow task runs, written back on save so that
+        # transformers' BertModel loads the directory whole (it reports a missing pooler as
+        # newly initialised weights)
+        self.kept: dict[str, torch.Tensor] = {}
         self._ckpt_kwargs: dict = {}
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
@@ -232,9 +236,11 @@ def load_native(path: str) -> NativeBert | None:
     state = load_file(os.path.join(path, WEIGHTS))
     prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
     state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    kept = {k: v for k, v in state.items() if k.startswith("pooler.")}
     state = {k: v for k, v in state.items() if not k.startswith("pooler.") and not k.endswith("position_ids")}
     if set(state) != set(model.state_dict()):
         return None
+    model.kept = kept
     # weights load as fp32: the precision policy decides the compute precision
     model.load_state_dict({k: v.float() for k, v in state.items()}, assign=True)
     return model.eval()

@@ -70,10 +70,10 @@ def apply_umask(root: str) -> None:
 
 def write_encoder(path: str, module: nn.Module) -> None:
     """config.json (the module's `config.to_dict()`) and model.safetensors: the save_pretrained
-    of spanflow's plain-PyTorch encoders."""
+    of spanflow's plain-PyTorch encoders, with the tensors it keeps unused (`kept`: a pooler)."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(module.config.to_dict(), f, indent=2)
-    write_safetensors(os.path.join(path, WEIGHTS),
-                      {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
+    tensors = {**getattr(module, "kept", {}), **module.state_dict()}
+    write_safetensors(os.path.join(path, WEIGHTS), {k: v.detach().contiguous().cpu() for k, v in tensors.items()},
                       metadata={"format": "pt"})
