@@ -181,3 +181,18 @@ def test_pairs_without_scores_train_with_the_ranking_loss(tmp_path):
     train_embedder([Pair("a b", "c d"), Pair("e f", "g h")], None, model="tiny", out_dir=str(tmp_path / "x"),
                    options=TrainOptions(epochs=1, log_every=0), log_fn=lines.append)
     assert any("2 training pairs; ranking loss" in x for x in lines), lines
+
+
+def test_a_run_says_what_its_starting_model_scored_and_warns_when_never_beaten(tmp_path, capsys):
+    data = tmp_path / "pairs.csv"
+    data.write_text("".join(f'"{p.a}","{p.b}",{p.score * 5:.2f}\n' for p in random_pairs(12, seed=2)))
+    base = ["--train", str(data), "--dev", str(data), "--epochs", "1", "--precision", "fp32", "--device", "cpu"]
+    assert main(["train", "embed", *base, "--model", "tiny", "--out", str(tmp_path / "a")]) == 0
+    assert "the starting model" not in capsys.readouterr().out  # a tiny encoder from scratch scores nothing yet
+    start = str(tmp_path / "a" / "model")
+    # an update too small to move fp32 weights: the run ends where it started, and says so
+    assert main(["train", "embed", *base, "--model", start, "--out", str(tmp_path / "b"), "--lr", "1e-20"]) == 0
+    said = capsys.readouterr().out
+    line = next(x for x in said.splitlines() if x.startswith("the starting model, untrained: dev Spearman "))
+    score = line.rsplit(" ", 1)[1]
+    assert f"warning: training did not beat the starting model's dev Spearman {score} (the best {score})" in said

@@ -38,6 +38,7 @@ class Plan:
     targets: Callable[[Any], int] | None = None  # loss targets of one item (global step normalisation)
     weights: list[float] | None = None  # per-item sampling weights (batching.sampling), None: uniform
     metric: str = "F1"  # the name of evaluate's "f1" in what training prints (embeddings: Spearman)
+    scores_untrained: bool = False  # a pretrained start scores on dev as it is (embeddings; a new head scores 0)
     options: TrainOptions | None = None  # the run's options as the task sized them (None: the run's own)
     step: Callable[..., Any] | None = None  # a step's forward and backward (None: training/step.forward_backward)
 
@@ -60,6 +61,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
                              device=run.policy.device, world=run.dist.world, log=run.log,
                              tiny=model == "tiny" and run.source == model, dev=bool(dev))
         evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist)) if dev else None
+        start = _start_score(plan, dev, run, model)
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
                           step=plan.step)
@@ -74,7 +76,31 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         rescored = best.evaluate(dev, dist=run.dist)["f1"] if dev and encoders else None
         run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
                              encoders=encoders))
+        if start is not None and not (summary["best_f1"] or 0.0) > start:
+            run.log(unbeaten_line(start, summary["best_f1"], plan.metric, model))
         return best
+
+
+def _start_score(plan: Plan, dev: list | None, run: Run, model: str) -> float | None:
+    """The dev score of the model training starts from, as it is, said before the first step: where
+    it scores untrained (a pretrained embedding model), on a fresh run from a directory."""
+    if not (plan.scores_untrained and dev) or model == "tiny" or run.source != model:
+        return None
+    module = plan.model.module
+    module.eval()
+    try:
+        score = plan.model.evaluate(dev, dist=run.dist)["f1"]
+    finally:
+        module.train()
+    run.log(f"the starting model, untrained: dev {plan.metric} {score:.4f}")
+    return score
+
+
+def unbeaten_line(start: float, best: float | None, metric: str, model: str) -> str:
+    """The warning of a run whose evaluations never beat the model it started from."""
+    got = f"the best {best:.4f}" if best is not None else "no evaluation"
+    return (f"warning: training did not beat the starting model's dev {metric} {start:.4f} ({got}): {model} as it is "
+            "may serve this data better; a lower --lr or more training pairs may help")
 
 
 def _encoders(trained, saved) -> tuple[str, str] | None:

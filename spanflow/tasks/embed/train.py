@@ -310,7 +310,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
-                    metric=metric)
+                    metric=metric, scores_untrained=True)
         world, device = run.dist.world, run.policy.device
         longer = [len(it) / len(it.sides) for it in items]
         length = sum(x * x for x in longer) / max(1, sum(longer))  # a token's row length, on average
