@@ -1,6 +1,6 @@
 """Padding efficiency of the token-budget batcher vs the Hugging Face Trainer's batches: random
 batches of 8 (its default batch size) and 32, and `group_by_length` (its LengthGroupedSampler:
-batches drawn from length-sorted groups of 50 batches) at 8 and 32.
+random megabatches of up to 50 batches, each sorted by length) at 8 and 32.
 
     python bench/batcher_padding.py --data ../shared/data/wnut17/train.conll
 """

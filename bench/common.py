@@ -54,7 +54,7 @@ def libraries() -> dict:
 
 def warm_up(ratio: float) -> dict:
     """Hugging Face TrainingArguments for a warm-up over `ratio` of the steps: transformers 5 takes
-    the ratio as warmup_steps below 1 (and deprecates warmup_ratio); 4 reads warmup_steps as a count."""
+    the ratio as warmup_steps below 1 (warmup_ratio is gone); 4 reads warmup_steps as a count."""
     from importlib import metadata
 
     major = int(metadata.version("transformers").split(".")[0])

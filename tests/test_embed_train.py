@@ -196,3 +196,21 @@ def test_a_run_says_what_its_starting_model_scored_and_warns_when_never_beaten(t
     line = next(x for x in said.splitlines() if x.startswith("the starting model, untrained: dev Spearman "))
     score = line.rsplit(" ", 1)[1]
     assert f"warning: training did not beat the starting model's dev Spearman {score} (the best {score})" in said
+    # a run cut short before any evaluation has nothing to compare: no warning
+    assert main(["train", "embed", *base, "--model", start, "--out", str(tmp_path / "c"), "--max-steps", "1"]) == 0
+    assert "did not beat" not in capsys.readouterr().out
+
+
+def test_the_default_scored_update_holds_two_pairs_of_a_typical_length():
+    from spanflow.tasks.embed.train import size_scored_update, typical_pair
+
+    class Sized:  # a pair item as the sizing reads it: its padded tokens
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+    items = [Sized(200)] + [Sized(150)] * 149  # a small set of long pairs: 256 tokens an update by the table
+    o = size_scored_update(TrainOptions(), items, torch.device("cpu"), 1)
+    assert o.max_tokens * o.grad_accum >= 2 * typical_pair(items) == 300

@@ -366,19 +366,28 @@ def test_a_resume_at_an_epochs_end_reports_no_empty_throughput(files, tmp_path, 
     per_epoch = report_lines(probe)[0]["step"]
     out = tmp_path / "run"
     assert train(files, out, "--max-steps", str(per_epoch)) == 0  # stops at the first epoch's last step
+    with open(out / "train_report.jsonl", "a") as f:  # the epoch's line, written before its checkpoint failed
+        f.write(json.dumps({"epoch": 1, "step": per_epoch, "dev_f1": 0.5}) + "\n")
     capsys.readouterr()
     assert train(files, out, "--resume") == 0
     said = capsys.readouterr().out
     line = next(x for x in said.splitlines() if x.startswith(f"epoch 1 step {per_epoch}"))
     assert "no steps left in this epoch (resumed at its end)" in line and "tok/s" not in line and "dev F1" in line
-    first = next(r for r in report_lines(out) if r["epoch"] == 1 and not r.get("partial"))
-    assert first["steps"] == 0 and first["real_tokens_per_s"] is None and first["mfu"] is None
+    ends = [r for r in report_lines(out) if r["epoch"] == 1 and not r.get("partial")]
+    assert len(ends) == 1 and ends[0]["dev_f1"] != 0.5  # the epoch is reported once, by the resumed run
+    assert ends[0]["steps"] == 0 and ends[0]["real_tokens_per_s"] is None and ends[0]["mfu"] is None
 
 
 def test_a_resume_of_a_finished_run_says_so(files, reference, capsys):
     capsys.readouterr()
-    assert train(files, reference, "--resume") == 0
-    assert f"resumed from {reference / 'checkpoint'}: the run finished its 3 epochs" in capsys.readouterr().out
+    for epochs in ("3", "2"):  # the epochs the run did, not the ones given now
+        assert train(files, reference, "--resume", "--epochs", epochs) == 0
+        assert (f"resumed from {reference / 'checkpoint'}: the run finished its 3 epochs (step"
+                in capsys.readouterr().out)
+    # --columns picks the columns of embedding pairs: for a NER model it is refused, not ignored
+    assert main(["evaluate", "--model", str(reference / "model"), "--data", str(files / "dev.jsonl"),
+                 "--columns", "0,1"]) == 2
+    assert "--columns picks the columns of embedding pairs; a ner model's data has none" in capsys.readouterr().err
 
 
 def test_a_max_steps_the_checkpoint_has_passed_is_refused(files, tmp_path, capsys):

@@ -39,6 +39,7 @@ def run(a: argparse.Namespace) -> int:
 
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
+    _check_columns(task, a.columns)
     examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
@@ -56,6 +57,17 @@ def run(a: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     print(json.dumps(m) if a.json else model.format_metrics(m))
     return 0
+
+
+def _check_columns(task, columns: str | None) -> None:
+    """--columns for a task whose labelled data has no columns to pick (CoNLL, JSON) is refused,
+    not ignored."""
+    import inspect
+
+    from spanflow.errors import ConfigError
+
+    if columns is not None and "columns" not in inspect.signature(task.read_labelled).parameters:
+        raise ConfigError(f"--columns picks the columns of embedding pairs; a {task.name} model's data has none")
 
 
 def _texts(examples: list) -> list[str]:

@@ -56,9 +56,15 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 
 
 def _rank() -> int:
-    """This process's rank under torchrun; 0 outside a job."""
+    """This process's rank in its torchrun job (the group's, or torchrun's environment before the
+    group is joined); 0 outside one, whatever RANK a cluster's pod environment sets."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return 0
     try:
-        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+        return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
 
@@ -74,7 +80,7 @@ def _peer_lost(e: BaseException) -> bool:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized() or not isinstance(e, RuntimeError):
         return False
-    return isinstance(e, getattr(dist, "DistBackendError", ())) or any(p in str(e) for p in PEER_LOST)
+    return any(p in str(e) for p in PEER_LOST)  # other backend errors keep their traceback: a bug or the device's
 
 
 def write_error_line(e: BaseException) -> str | None:
@@ -176,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         return _leave_now(130, entry)
     except Exception as e:
         if _peer_lost(e):  # its own error line, if it had one, came from the process that stopped
-            _say("error: another process of this training job stopped (its own line, or the launcher's, says "
-                 "why)" + _after_stop(args))
+            _say("error: another process of this training job stopped" + _after_stop(args))
             return _leave_group(1)
         line = write_error_line(e)
         if line is None:

@@ -131,7 +131,8 @@ def on_main(fn: Callable[[], T], d: Dist) -> T | None:
 
 def relaunch(argv: list[str], devices: int) -> int:
     """Run `spanflow <argv>` under torch.distributed.run with `devices` processes on this node;
-    the exit code of the first rank that failed (its own error line said why), 0 when all finished."""
+    0 when all finished; 1, naming them, when ranks were killed by a signal (they said nothing);
+    else the exit code of the first rank that failed (its own error line said why)."""
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -38,7 +38,9 @@ class Plan:
     targets: Callable[[Any], int] | None = None  # loss targets of one item (global step normalisation)
     weights: list[float] | None = None  # per-item sampling weights (batching.sampling), None: uniform
     metric: str = "F1"  # the name of evaluate's "f1" in what training prints (embeddings: Spearman)
-    scores_untrained: bool = False  # a pretrained start scores on dev as it is (embeddings; a new head scores 0)
+    # a pretrained start scores on dev as it is (embeddings; a new head scores 0): what to try where
+    # training never beat it (None: the start is not scored)
+    untrained_hint: str | None = None
     options: TrainOptions | None = None  # the run's options as the task sized them (None: the run's own)
     step: Callable[..., Any] | None = None  # a step's forward and backward (None: training/step.forward_backward)
 
@@ -76,15 +78,15 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         rescored = best.evaluate(dev, dist=run.dist)["f1"] if dev and encoders else None
         run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
                              encoders=encoders))
-        if start is not None and not (summary["best_f1"] or 0.0) > start:
-            run.log(unbeaten_line(start, summary["best_f1"], plan.metric, model))
+        if start is not None and summary["best_f1"] is not None and not summary["best_f1"] > start:
+            run.log(unbeaten_line(start, summary["best_f1"], plan.metric, model, plan.untrained_hint))
         return best
 
 
 def _start_score(plan: Plan, dev: list | None, run: Run, model: str) -> float | None:
     """The dev score of the model training starts from, as it is, said before the first step: where
     it scores untrained (a pretrained embedding model), on a fresh run from a directory."""
-    if not (plan.scores_untrained and dev) or model == "tiny" or run.source != model:
+    if plan.untrained_hint is None or not dev or model == "tiny" or run.source != model:
         return None
     module = plan.model.module
     module.eval()
@@ -96,11 +98,10 @@ def _start_score(plan: Plan, dev: list | None, run: Run, model: str) -> float | 
     return score
 
 
-def unbeaten_line(start: float, best: float | None, metric: str, model: str) -> str:
+def unbeaten_line(start: float, best: float, metric: str, model: str, hint: str) -> str:
     """The warning of a run whose evaluations never beat the model it started from."""
-    got = f"the best {best:.4f}" if best is not None else "no evaluation"
-    return (f"warning: training did not beat the starting model's dev {metric} {start:.4f} ({got}): {model} as it is "
-            "may serve this data better; a lower --lr or more training pairs may help")
+    return (f"warning: training did not beat the starting model's dev {metric} {start:.4f} (the best {best:.4f}): "
+            f"{model} as it is may serve this data better; {hint}")
 
 
 def _encoders(trained, saved) -> tuple[str, str] | None:

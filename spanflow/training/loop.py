@@ -135,11 +135,9 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
         _check_steps_left(r, opts, r.st)
-        log(f"resumed from {r.ckpt_dir}: " + (f"epoch {r.st['epoch'] + 1}, step {r.st['global_step']}"
-                                              if r.st["epoch"] < opts.epochs else
-                                              f"the run finished its {opts.epochs} epochs (step "
-                                              f"{r.st['global_step']}); a larger --epochs trains on"))
-        on_main(lambda: _trim_report(r.report_path, r.st["global_step"]), dist)  # lines past the checkpoint repeat
+        log(f"resumed from {r.ckpt_dir}: " + _resumed_at(r.st, opts))
+        # lines past the checkpoint are reported again by this run
+        on_main(lambda: _trim_report(r.report_path, r.st), dist)
     else:
         if opts.resume:
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
@@ -167,14 +165,25 @@ def _check_steps_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
                           "to the end")
 
 
-def _trim_report(path: str, step: int) -> None:
-    """Drop train_report.jsonl's lines of steps after `step` (the checkpoint's): the resumed run
-    reports them again. Lines that are no report are kept as they are."""
+def _resumed_at(st: dict, opts: TrainOptions) -> str:
+    """Where a resumed run goes on: its epoch and step, or that its epochs are done."""
+    if st["epoch"] < opts.epochs:
+        return f"epoch {st['epoch'] + 1}, step {st['global_step']}"
+    more = "a larger --epochs" + (" and --patience" if st["stopped"] else "")  # stopped: patience is decided again
+    return f"the run finished its {st['epoch']} epochs (step {st['global_step']}); {more} trains on"
+
+
+def _trim_report(path: str, st: dict) -> None:
+    """Drop train_report.jsonl's lines that the run resumed from checkpoint state `st` reports
+    again: those of later steps, and the line of the epoch the checkpoint is inside of (taken at
+    that epoch's last step by --save-every or --max-steps, with its end's report written after
+    it). Lines that are no report are kept as they are."""
     if not os.path.exists(path):
         return
     with open(path, encoding="utf-8") as f:
         lines = f.readlines()
-    kept = [line for line in lines if not _after(line, step)]
+    inside = st["epoch"] + 1 if st["step_in_epoch"] else None  # the epoch the resumed run ends and reports
+    kept = [line for line in lines if not _again(line, st["global_step"], inside)]
     if len(kept) == len(lines):
         return
     from spanflow.atomic import atomic_open
@@ -183,14 +192,16 @@ def _trim_report(path: str, step: int) -> None:
         f.writelines(kept)
 
 
-def _after(line: str, step: int) -> bool:
+def _again(line: str, step: int, inside: int | None) -> bool:
     import json
 
     try:
         rec = json.loads(line)
     except ValueError:
         return False
-    return isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step
+    if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+        return False
+    return rec["step"] > step or (rec["step"] == step and rec.get("epoch") == inside and not rec.get("partial"))
 
 
 def _run_steps(r: LoopState, groups, epoch: int) -> bool:

@@ -82,9 +82,9 @@ class EmbedTask:
             check_pairs(dev, a.dev, SCORED)
         model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options, config=config)
         # fit() said where the model is
-        import os
+        from spanflow.models.encoder import is_tiny
 
-        layout = TINY_ONLY if _tiny(os.path.join(a.out, "model")) else "a sentence-transformers directory"
+        layout = TINY_ONLY if is_tiny(model.module.encoder) else "a sentence-transformers directory"
         return (f"embeddings of {model.dim} dimensions ({layout})"
                 + next_command(a.out, "spanflow embed --model {model} --input texts.txt --output vectors.npy"))
 

@@ -162,15 +162,23 @@ def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
     return name
 
 
-def check_update(opts: TrainOptions, items: list[PairItem], world: int) -> None:
-    """A ConfigError when an update's tokens hold fewer than two pairs of a typical length: both
-    losses compare each pair with the others of its update, and one alone gives a loss of 0."""
+def typical_pair(items: list[PairItem]) -> int:
+    """Padded tokens of a pair of median length (sides x the longer side)."""
     lengths = sorted(len(it) for it in items)
-    typical = lengths[len(lengths) // 2]
+    return lengths[len(lengths) // 2]
+
+
+def check_update(opts: TrainOptions, items: list[PairItem], world: int, given: int | None) -> None:
+    """A ConfigError when the update `given` --max-tokens (None: training sized it, always to hold
+    two) makes holds fewer than two pairs of a typical length: both losses compare each pair with
+    the others of its update, and one alone gives a loss of 0."""
+    if given is None:
+        return
+    typical = typical_pair(items)
     per_update = opts.max_tokens * opts.grad_accum * world
     if per_update < 2 * typical:
         need = math.ceil(2 * typical / (opts.grad_accum * world))
-        raise ConfigError(f"--max-tokens {opts.max_tokens}: an update holds {per_update // typical} pair"
+        raise ConfigError(f"--max-tokens {given}: an update holds {per_update // typical} pair"
                           f"{'s' * (per_update // typical != 1)} of a typical {typical} tokens; the loss compares each "
                           f"pair with the others of its update, so it needs at least 2: give --max-tokens {need} or "
                           "more", field="max_tokens")
@@ -204,11 +212,13 @@ def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world:
     what training's defaults would size (said here, so the cache is decided on it)."""
     if opts.max_tokens is not None:
         return opts
-    update = update_tokens([len(it) for it in items], device, world)
+    # at least two pairs of a typical length: the loss ranks a pair against the others of its update
+    two = math.ceil(2 * typical_pair(items) / world)
+    update = max(update_tokens([len(it) for it in items], device, world), two)
     if opts.grad_accum != 1:
         return dataclasses.replace(opts, max_tokens=update)
     micro = max(max(len(it) for it in items), update // MIXED_MICRO_BATCHES)
-    return dataclasses.replace(opts, max_tokens=micro, grad_accum=max(1, update // micro))
+    return dataclasses.replace(opts, max_tokens=micro, grad_accum=max(1, update // micro, math.ceil(two / micro)))
 
 
 def graph_bytes(encoder: torch.nn.Module, tokens: int, length: float, policy) -> float | None:
@@ -310,7 +320,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
-                    metric=metric, scores_untrained=True)
+                    metric=metric, untrained_hint="a lower --lr or more training pairs may help")
         world, device = run.dist.world, run.policy.device
         longer = [len(it) / len(it.sides) for it in items]
         length = sum(x * x for x in longer) / max(1, sum(longer))  # a token's row length, on average
@@ -340,7 +350,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
                     + cache_words(o, cache, graph, avail))
-        check_update(plan.options, items, world)
+        check_update(plan.options, items, world, run.opts.max_tokens)
         return plan
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=Embedder.load, log_fn=log_fn)
