@@ -169,8 +169,8 @@ def _resumed_at(st: dict, opts: TrainOptions) -> str:
     """Where a resumed run goes on: its epoch and step, or that its epochs are done."""
     if st["epoch"] < opts.epochs:
         return f"epoch {st['epoch'] + 1}, step {st['global_step']}"
-    more = "a larger --epochs" + (" and --patience" if st["stopped"] else "")  # stopped: patience is decided again
-    return f"the run finished its {st['epoch']} epochs (step {st['global_step']}); {more} trains on"
+    more = "larger --epochs and --patience train" if st["stopped"] else "a larger --epochs trains"  # patience decided again
+    return f"the run finished its {st['epoch']} epochs (step {st['global_step']}); {more} on"
 
 
 def _trim_report(path: str, st: dict) -> None:
