@@ -253,6 +253,7 @@ def test_doctor_names_starvation(ner_file):
     # its MFU as training's report computes it, printed; a budget asked for is not explained
     assert 0 < healthy["probe"]["mfu"] < 1 and f"MFU {healthy['probe']['mfu']:.1%}" in "\n".join(lines)
     assert "probe: 4 updates of token-budget batches, max_tokens 768" in lines
+    assert any(x.startswith("probing `spanflow train ner` (--task), device ") for x in lines)  # the task it probed
     lines.clear()
     doctor(model="tiny", data=ner_file, steps=2, log_fn=lines.append)  # the default: said what it stands for
     assert any(x.startswith("probe: 2 updates of token-budget batches, max_tokens ")

@@ -130,7 +130,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
     from spanflow.tasks.registry import get
 
     policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in
-    log_fn(policy.describe())
+    log_fn(f"probing `spanflow train {task}` (--task), {policy.describe()}")
     asked = max_tokens is not None
     max_tokens = max_tokens or default_budget("train", policy.device)
     w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
