@@ -10,8 +10,9 @@ The sample is sized so that the verdict means something: up to SAMPLE texts of t
 at least MIN_SAMPLE (an input with fewer is topped up with built-in sentences, and the line
 says so). Where fp32 finds nothing at all on the sample (no entity, no triple), there is
 nothing to agree on: no pass, fp32. The verdict is cached per model, device and precision
-beside the tune profiles; a later run takes it unless its input is more than GROWTH times the
-input texts the verdict was checked on. Without input to check on (serve, the Python API's
+beside the tune profiles; a later run takes it unless its sample (up to SAMPLE texts of its
+input) is more than GROWTH times the input texts the verdict was checked on: a verdict checked
+on SAMPLE / GROWTH texts or more stands for any input, whose check would take SAMPLE again. Without input to check on (serve, the Python API's
 load), built-in sentences stand in, and the next run on real input checks again.
 
 The models the check runs come from a `Loads`, so the command then runs the chosen one
@@ -32,7 +33,7 @@ from spanflow.runtime.policy import pick_device, resolve_policy
 
 SAMPLE = 256  # texts of the input the check runs on, at most
 MIN_SAMPLE = 64  # texts it runs on, at least: fewer input texts are topped up with built-in sentences
-GROWTH = 4  # a verdict stands for an input of up to this many times the input texts it was checked on
+GROWTH = 4  # a verdict stands for a sample of up to this many times the input texts it was checked on
 logger = logging.getLogger("spanflow")
 
 
