@@ -20,14 +20,6 @@ TINY_ONLY = ("its encoder is spanflow's own `tiny`: spanflow's commands run it, 
              "transformers do not load it; train from a Hugging Face encoder for a model they load")
 
 
-def _tiny(path: str) -> bool:
-    """Whether the model at `path` is built on spanflow's `tiny` encoder (a sentence-transformers
-    directory keeps its encoder at the top)."""
-    from spanflow.models.tiny import is_tiny_dir
-
-    return is_tiny_dir(path)
-
-
 class EmbedTask:
     """Sentence embeddings from an encoder directory: the `embed` entry of the task registry.
     A directory without spanflow.json is loaded as this task."""
@@ -37,16 +29,18 @@ class EmbedTask:
     bulk_command = "embed"
     data_help = "pairs, scored pairs or triplets in CSV, TSV or JSONL"
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
+    tune_modes = ("infer", "train")  # infer first: most users of an embedding model only run it
 
     @staticmethod
     def export_instead(path: str) -> str:
         """What `spanflow export` says of an embedding model: it is another library's format already,
         unless its encoder is spanflow's own `tiny`, which no other library loads."""
-        if _tiny(path):
+        from spanflow.models.tiny import is_tiny_dir
+
+        if is_tiny_dir(path):
             return TINY_ONLY
         return ("it is a Hugging Face encoder (or sentence-transformers) directory already, which those libraries "
                 "load as it is")
-    tune_modes = ("infer", "train")  # infer first: most users of an embedding model only run it
 
     @staticmethod
     def agreement(ref: list, got: list) -> float:
