@@ -1,7 +1,5 @@
 """`spanflow tune --budget-seconds N` holds the whole command: what the set-up took is said up front,
 the sweep's runs share what is left, and runs that would end past it are left out, said in one line."""
-import time
-
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.tuning import timing
@@ -44,7 +42,7 @@ def test_a_deadline_already_past_still_measures_each_length_once():
 def test_the_set_up_is_said_up_front_and_a_compile_that_cannot_fit_is_left_out():
     said = []
     plan = timing.plan_time(timing.TimeBudget(15, stopped_clock() - 5.0, clock=stopped_clock), 12, compare=True,
-                            log=said.append, clock=stopped_clock)
+                            log=said.append)
     assert not plan.compare and said[0].startswith("backend comparison left out: compiling the encoder takes about 30 s")
     assert said[0].endswith("(--budget-seconds 70 compares it)")
     # 5 s of set-up before the call, on the stopped clock: the line is the budget's arithmetic, exactly
@@ -52,8 +50,20 @@ def test_the_set_up_is_said_up_front_and_a_compile_that_cannot_fit_is_left_out()
                        "the sample (not cut by the budget); 12 runs of about 0.7 s each share the 8 s left")
     assert plan.deadline - stopped_clock() <= 8.5
     roomy = timing.plan_time(timing.TimeBudget(120, stopped_clock() - 5.0, clock=stopped_clock), 12, compare=True,
-                             log=said.append, clock=stopped_clock)
+                             log=said.append)
     assert roomy.compare and said[-1].endswith(", then about 30 s to compile the encoder")
+
+
+class TickingClock:
+    """A clock that moves `tick` seconds each time it is read, whatever this machine's speed: a probe
+    step reads it a fixed number of times, so time passes with the steps taken, never otherwise."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
 
 
 def test_tune_ends_within_its_budget(tmp_path):
@@ -63,9 +73,11 @@ def test_tune_ends_within_its_budget(tmp_path):
     with open(data, "w") as f:
         for e in synthetic_ner(64, seed=3):
             write_jsonl_record(f, e.text, e.spans)
-    said, started = [], time.time()
-    prof = tune(task="ner", model="tiny", data=str(data), mode="train", budget_seconds=8, sample=64, plot=False,
-                device="cpu", precision="fp32", out=str(tmp_path), log_fn=said.append)
-    # the margin is a shared machine's stalls; a tune that ignored its budget runs for minutes
-    assert time.time() - started <= 8 + 2.0 and prof["best"] is not None
+    said, clock = [], TickingClock(0.1)
+    prof = tune(task="ner", model="tiny", data=str(data), mode="train", budget_seconds=5, sample=64, plot=False,
+                device="cpu", precision="fp32", out=str(tmp_path), log_fn=said.append, clock=clock,
+                max_lengths=[64], budgets=[256, 512, 1024, 2048])
+    # no more runs than the budget's clock holds: a sweep that ignored its deadline ran all eight to 6.2 s
+    assert clock.now <= 5 and prof["best"] is not None
+    assert any(x.startswith("out of --budget-seconds: ") for x in said)
     assert any(x.startswith("time: ") for x in said) and said[-1].startswith("tune took ")

@@ -202,6 +202,17 @@ def test_outputs_and_model_dirs_follow_the_umask(trained, tmp_path, capsys):
         assert os.stat(tmp_path / p).st_mode & 0o777 == 0o755, p
 
 
+def _written(paths) -> bool:
+    """Whether any of `paths` holds bytes (one removed meanwhile holds none)."""
+    sizes = []
+    for p in paths:
+        try:
+            sizes.append(p.stat().st_size)
+        except FileNotFoundError:
+            pass
+    return any(sizes)
+
+
 def test_predict_cleans_up_after_sigterm_and_after_a_killed_run(trained, tmp_path):
     _, train, model = trained
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -213,10 +224,9 @@ def test_predict_cleans_up_after_sigterm_and_after_a_killed_run(trained, tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "spanflow", "predict", "--model", model, "--input", str(big),
                              "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(tmp_path.glob(f".predict-{proc.pid}-*")):
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not _written(tmp_path.glob(f".predict-{proc.pid}-*")):
+        time.sleep(0.05)  # polls for the event: records in the run's temporary output
     assert not stale.exists()  # removed as the run began: its process is gone
-    time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err

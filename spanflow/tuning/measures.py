@@ -3,6 +3,8 @@ training steps or forward passes over token-budget batches, timed by the probe."
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -20,9 +22,9 @@ def _train_step(module, items, collate, loss_fn, policy, optimizer, scaler):
     return step
 
 
-def measure_of(w: Workload, *, mode: str, policy, seed: int = 0):
+def measure_of(w: Workload, *, mode: str, policy, seed: int = 0, clock: Callable[[], float] = time.perf_counter):
     """measure(budget, max_length, seconds) over a task's workload: the training loop's steps
-    (loss scaling and clipping included) or forward passes, timed by the probe."""
+    (loss scaling and clipping included) or forward passes, timed by the probe on `clock`."""
     module = w.module
     items_at = functools.lru_cache(maxsize=None)(w.items_at)  # once per length, not once per budget
     opt = build_optimizer(module, TrainOptions(lr=1e-5), policy.device) if mode == "train" else None
@@ -43,7 +45,7 @@ def measure_of(w: Workload, *, mode: str, policy, seed: int = 0):
                 with torch.inference_mode(), policy.autocast():
                     module(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
             batches = token_budget_batches(lengths, b, shuffle=False)
-        out = run_probe(step, batches, lengths, device=policy.device, max_seconds=seconds)
+        out = run_probe(step, batches, lengths, device=policy.device, max_seconds=seconds, clock=clock)
         out["quality"] = w.quality(L) if mode == "infer" and w.quality else None
         return out
 

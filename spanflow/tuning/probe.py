@@ -30,17 +30,19 @@ def _release_free_memory() -> None:
 
 
 def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, device: torch.device,
-              warmup: int = 2, max_steps: int = 10, max_seconds: float = 20.0) -> dict:
+              warmup: int = 2, max_steps: int = 10, max_seconds: float = 20.0,
+              clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run `step(batch)` over batches (cycling), warm-up first; return the measured figures.
 
     `step` does one unit of work (a training step, or one inference batch) for a list of
     item indices. `max_seconds` counts the warm-up too (tune's time budget holds every second of
-    a run), and at least two steps are measured whatever it is.
+    a run), and at least two steps are measured whatever it is. `clock` times the steps and the
+    run (tune gives its budget's clock, so that a run and the budget read the same time).
     """
     batches = [b for b in batches if b]
     if not batches:
         raise ValueError("no batches to probe")
-    t_start = time.perf_counter()
+    t_start = clock()
     for k in range(warmup):
         step(batches[k % len(batches)])
     _sync(device)
@@ -52,12 +54,12 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
     lat, real, padded = [], 0, 0
     k = 0
     try:
-        while k < max_steps and (k < 2 or time.perf_counter() - t_start < max_seconds):
+        while k < max_steps and (k < 2 or clock() - t_start < max_seconds):
             b = batches[(warmup + k) % len(batches)]
-            t = time.perf_counter()
+            t = clock()
             step(b)
             _sync(device)
-            lat.append(time.perf_counter() - t)
+            lat.append(clock() - t)
             ls = [lengths[i] for i in b]
             real += sum(ls)
             padded += max(ls) * len(ls)

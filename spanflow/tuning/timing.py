@@ -20,11 +20,12 @@ COMPARE_RUNS = 3  # runs of the best point the comparison takes: eager, compilin
 
 @dataclass
 class TimeBudget:
-    """`seconds` from `started` (time.time()): the command's budget."""
+    """`seconds` from `started`, a reading of `clock`: the command's budget. The sweep's deadline
+    is read from the same clock (a test gives its own, one that moves only as it says)."""
 
     seconds: float
     started: float
-    clock: Callable[[], float] = time.time  # what `started` was read from (a test gives its own)
+    clock: Callable[[], float] = time.monotonic
 
     def spent(self) -> float:
         return self.clock() - self.started
@@ -38,12 +39,11 @@ class Plan:
     """How the sweep spends what the budget has left."""
 
     per_run: float  # seconds of one run of a point
-    deadline: float  # clock() (time.monotonic) by which the sweep ends
+    deadline: float  # the budget's clock() by which the sweep ends
     compare: bool  # whether the backend comparison runs after it
 
 
-def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[str], None],
-              clock: Callable[[], float] = time.monotonic) -> Plan:
+def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[str], None]) -> Plan:
     """Spread what is left of `budget` over the sweep's `runs` (and the backend comparison where
     `compare` and it fits), saying in one line what went before and what each part gets."""
     left = budget.left() - FINISH_SECONDS
@@ -62,7 +62,7 @@ def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[st
         log(said + f"{runs} runs of about {per_run:.1f} s each share the {sweep_s:.0f} s left"
             + (f", then about {COMPILE_SECONDS:.0f} s to compile the encoder" if compare else ""))
     sweep_end = sweep_s - (COMPARE_RUNS * per_run if compare else 0.0)
-    return Plan(per_run=per_run, deadline=clock() + max(0.0, sweep_end), compare=compare)
+    return Plan(per_run=per_run, deadline=budget.clock() + max(0.0, sweep_end), compare=compare)
 
 
 def compile_fits(budget: TimeBudget, log: Callable[[str], None]) -> bool:

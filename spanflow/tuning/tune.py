@@ -33,7 +33,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", quantize: str | None = None,
          force: bool = False, device: str = "auto", out: str | None = None, field: str = "text",
          column: int | None = None, plot: bool = True, repeats: int = 2, backends: bool = True,
-         log_fn: Callable[[str], None] = print, started: float | None = None, texts: list[str] | None = None) -> dict:
+         log_fn: Callable[[str], None] = print, started: float | None = None, texts: list[str] | None = None,
+         clock: Callable[[], float] = time.monotonic) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
     `mode` None: train, or infer for a task that does not train. Device, precision and
     quantization are resolved first, as the command that runs the model resolves them
@@ -42,10 +43,12 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     (inference.backend.compare_backends): what `serve --profile` runs with `--backend auto`.
     `budget_seconds` holds all of it from `started` (time.time(); None: now), as tuning/timing.py
     says: the sweep's runs get what the set-up leaves. `texts` (infer mode): the sample to measure
-    on instead of reading `data`, for a command whose input holds texts only (no quality column)."""
+    on instead of reading `data`, for a command whose input holds texts only (no quality column).
+    `clock` reads every time the budget holds: the set-up, each run's steps, the deadline."""
     from spanflow.tasks.registry import check_model_for, get
 
-    clock = TimeBudget(budget_seconds, time.time() if started is None else started)
+    now = clock()  # `started` is a wall-clock reading (the process's start), put on `clock`
+    budget = TimeBudget(budget_seconds, now if started is None else now - (time.time() - started), clock=clock)
 
     t = get(task)  # a task that tunes only some modes says which (tune_modes); the first is the default
     mode = mode or getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))[0]
@@ -69,7 +72,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         extra["texts"] = texts
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=rt.precision, sample=sample, field=field,
                            column=column, **extra)
-    measure, limit = measure_of(w, mode=mode, policy=policy), w.limit
+    measure, limit = measure_of(w, mode=mode, policy=policy, clock=clock), w.limit
     long = [L for L in max_lengths or () if L > limit]
     if long:  # measured at the limit instead, the profile would name a length no run can take
         raise ConfigError(f"--max-lengths must each be at most the model's limit {limit}, got "
@@ -89,16 +92,16 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
            f"{dataclasses.replace(policy, why='').describe(training=mode == 'train')}")
     _warm_up(measure, w, budgets, lengths, mode, log_fn)
     runs = sum(b >= L for L in lengths for b in budgets) * max(1, repeats)
-    plan = plan_time(clock, runs, compare=mode == "infer" and backends, log=log_fn)
+    plan = plan_time(budget, runs, compare=mode == "infer" and backends, log=log_fn)
     points = sweep(lambda b, L: measure(b, L, plan.per_run), budgets, lengths, log_fn=log_fn, repeats=repeats,
-                   deadline=plan.deadline, per_run=plan.per_run)
+                   deadline=plan.deadline, per_run=plan.per_run, clock=clock)
     best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
                      latency_slo_ms=latency_slo_ms, min_quality=quality_floor(points))
     profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
                "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
                "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
-    if best and plan.compare and compile_fits(clock, log_fn):
+    if best and plan.compare and compile_fits(budget, log_fn):
         from spanflow.inference.backend import compare_backends
 
         profile["backend"] = compare_backends(w.module, lambda: measure(best.max_tokens, best.max_length,
@@ -120,7 +123,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
 
         png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
         log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
-    log_fn(f"tune took {clock.spent():.1f} s of --budget-seconds {budget_seconds:g}")
+    log_fn(f"tune took {budget.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
 
 
