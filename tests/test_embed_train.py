@@ -161,6 +161,9 @@ def test_evaluate_takes_the_columns_training_took(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(wide), "--columns", "1,2,3"]) == 0
     assert "spearman" in capsys.readouterr().out
+    for flag in (["--format", "conll"], ["--scheme", "bio"]):  # NER's reading flags: refused, not ignored
+        assert main(["evaluate", "--model", str(out / "model"), "--data", str(wide), "--columns", "1,2,3", *flag]) == 2
+        assert f"{flag[0]} names the " in capsys.readouterr().err
     emb = Embedder.load(str(out / "model"))
     with pytest.raises(ConfigError, match=f"the model's limit {emb.limit}, got 100000"):  # was cut to the limit unsaid
         emb.set_max_length(100000)

@@ -39,7 +39,7 @@ def run(a: argparse.Namespace) -> int:
 
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
-    _check_columns(task, a.columns)
+    _check_read_flags(task, a)
     examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
@@ -59,15 +59,24 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _check_columns(task, columns: str | None) -> None:
-    """--columns for a task whose labelled data has no columns to pick (CoNLL, JSON) is refused,
-    not ignored."""
+# what each reading flag is for, by read_labelled's parameter: a task whose reader lacks it refuses it
+_READ_FLAGS = (("columns", "--columns", "picks the columns of embedding pairs"),
+               ("fmt", "--format", "names the format of NER data"),
+               ("scheme", "--scheme", "names the tag scheme of NER CoNLL data"))
+
+
+def _check_read_flags(task, a: argparse.Namespace) -> None:
+    """A reading flag the model's task does not read its data with (--columns for NER, --format
+    or --scheme for embeddings or RE) is refused, not ignored."""
     import inspect
 
     from spanflow.errors import ConfigError
 
-    if columns is not None and "columns" not in inspect.signature(task.read_labelled).parameters:
-        raise ConfigError(f"--columns picks the columns of embedding pairs; a {task.name} model's data has none")
+    takes = inspect.signature(task.read_labelled).parameters
+    given = {"columns": a.columns, "fmt": a.format, "scheme": a.scheme}
+    for param, flag, purpose in _READ_FLAGS:
+        if given[param] is not None and param not in takes:
+            raise ConfigError(f"{flag} {purpose}, which a {task.name} model's data does not take")
 
 
 def _texts(examples: list) -> list[str]:
