@@ -252,6 +252,9 @@ def test_a_wrong_argument_is_a_config_error_not_a_python_one(tmp_path, rel, emb)
         train_re(ex, None, out_dir=str(tmp_path), relations="lives_in")  # read as its letters
     with pytest.raises(ConfigError, match="^all_subjects takes True or False, got 'no'"):
         train_re(ex, None, out_dir=str(tmp_path), all_subjects="no")
+    blank = [ReExample("Ann lives in Rome .", [((0, 3), " ", (13, 17))])]  # a name of spaces only is no name
+    with pytest.raises(Exception, match=r"train\[0\]: triple .* needs a relation name"):
+        train_re(blank, None, out_dir=str(tmp_path))
     for size in (0, "2"):  # would hold the whole input in one chunk
         with pytest.raises(ConfigError, match="chunk_size must be a whole number of texts >= 1"):
             next(iter(emb.encode_stream(TEXTS, chunk_size=size)))

@@ -164,6 +164,9 @@ def test_commands_check_model_and_data_before_loading(tmp_path, capsys, monkeypa
     conll = write(tmp_path, "d.conll", CONLL)
     err = one_error(["predict", "--model", model, "--input", conll, "--output", str(tmp_path / "o.jsonl")], capsys)
     assert "this is CoNLL columns" in err and "texts to run a model on are plain text lines" in err
+    casrel = write(tmp_path, "d.json", CASREL)  # a JSON list: the command that writes its texts one a line
+    err = one_error(["predict", "--model", model, "--input", casrel, "--output", str(tmp_path / "o.jsonl")], capsys)
+    assert err.endswith(f"(its texts, one a line: jq -c '.[] | {{text}}' {casrel} > {tmp_path / 'd.texts.jsonl'})")
     err = one_error(["train", "ner", "--train", conll, "--model", out, "--out", str(tmp_path / "t")], capsys)
     assert err.endswith(f"did you mean {model}?")
     err = one_error(["tune", "--task", "ner", "--model", out, "--data", conll, "--mode", "infer"], capsys)
@@ -172,7 +175,7 @@ def test_commands_check_model_and_data_before_loading(tmp_path, capsys, monkeypa
     _, re_model = fake_run(tmp_path / "re", task="re")
     empty = write(tmp_path, "empty.json", [])
     assert one_error(["evaluate", "--model", re_model, "--data", empty], capsys) == \
-        f"error: {empty}: holds no examples to evaluate on"
+        f"error: {empty}: is an empty list: no records found"
     encoder = tmp_path / "enc"
     encoder.mkdir()
     (encoder / "config.json").write_text("{}")

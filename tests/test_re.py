@@ -27,10 +27,21 @@ def test_casrel_json_locates_closest_pair_and_keeps_unlocated(tmp_path, caplog):
     t = ex[0].text
     got = [(t[s[0]:s[1]], s[0], r, t[o[0]:o[1]]) for s, r, o in ex[0].triples]
     assert got == [("Bob", 20, "met", "Carl"), ("Ann", 0, "met", "Bob")]  # the Bob next to Carl
-    assert ex[1].triples == [((0, 14), "ingredient", (0, 5))] or ex[1].triples == [((0, 14), "ingredient", (19, 24))]
+    assert ex[1].triples == [((0, 14), "ingredient", (19, 24))]  # the Bacon that stands alone
     assert ex[1].unlocated == [("Ham", "ingredient", "Bacon")]
     assert ("Ham", "ingredient", "Bacon") in ex[1].string_triples()
     assert "1 of 4 triples" in caplog.text
+
+
+def test_locate_places_an_object_outside_its_subject_where_the_text_allows():
+    # the closest occurrence would be the one inside the subject: the model would learn that as the object
+    assert locate("The Texas Rangers play in Texas .", "Texas Rangers", "Texas") == ((4, 17), (26, 31))
+    # no exact occurrence apart from the subject, a case-blind one is
+    assert locate("Bacon explosion is made with bacon", "Bacon explosion", "Bacon") == ((0, 15), (29, 34))
+    assert locate("Bacon explosion is made with bacon", "Bacon", "Bacon") == ((0, 5), (29, 34))
+    # nowhere else: inside the subject, but never the subject's own span
+    assert locate("Bacon sandwich", "Bacon sandwich", "Bacon") == ((0, 14), (0, 5))
+    assert locate("Bacon is eaten", "Bacon", "Bacon") is None
 
 
 def test_locate_prefers_whole_words():
@@ -43,6 +54,9 @@ def test_re_jsonl_and_errors(tmp_path):
                                                                          "tail": [14, 18]}]}) + "\n")
     ex = read_re(str(p))
     assert ex[0].string_triples() == {("Ann", "works_for", "Acme")}
+    p.write_text(json.dumps({"text": "Ann works for Acme", "relations": [{"head": [0, 3], "type": "works_for",
+                                                                         "tail": [14, 18]}] * 2}) + "\n")
+    assert read_re(str(p))[0].triples == [((0, 3), "works_for", (14, 18))]  # given twice: one triple
     p.write_text(json.dumps({"text": "Ann", "relations": [{"head": [0, 9], "type": "x", "tail": [0, 1]}]}) + "\n")
     with pytest.raises(DataError, match="out of range") as e:
         read_re(str(p))
@@ -51,6 +65,37 @@ def test_re_jsonl_and_errors(tmp_path):
     q.write_text("[{\"text\": 1}]")
     with pytest.raises(DataError, match="no string"):
         read_re(str(q))
+    for rel in ("", "  "):  # no relation name: refused naming the file and record, in either format
+        q.write_text(json.dumps([{"text": "Ann met Bob", "triple_list": [["Ann", "met", "Bob"]]},
+                                 {"text": "Ann met Bob", "triple_list": [["Ann", rel, "Bob"]]}]))
+        with pytest.raises(DataError, match="record 2 .*has no relation name") as e:
+            read_re(str(q))
+        assert e.value.path == str(q)
+        p.write_text(json.dumps({"text": "Ann", "relations": [{"head": [0, 1], "type": rel, "tail": [1, 2]}]}) + "\n")
+        with pytest.raises(DataError, match='"type" must be a non-empty string') as e:
+            read_re(str(p))
+        assert e.value.line == 1
+
+
+def test_a_span_the_cut_crosses_is_lost_not_trained_in_part(caplog):
+    from spanflow.batching.align import Encoded
+    from spanflow.data.examples import ReExample
+    from spanflow.tasks.re.features import prepare_features, token_span
+
+    # "a b c d e": five one-letter tokens; a limit of 3 keeps "a b c"
+    enc = Encoded(ids=[5, 6, 7, 8, 9], offsets=[(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)], first=[True] * 5)
+    assert token_span(enc, (2, 5), 3) == (2, 3)  # "b c": kept whole (positions count [CLS])
+    assert token_span(enc, (4, 7), 3) is None  # "c d": crosses the cut
+    assert token_span(enc, (8, 9), 3) is None  # "e": beyond it
+
+    class Tok:
+        cls_token_id, sep_token_id = 1, 2
+
+    ex = [ReExample("a b c d e", [((0, 1), "r", (4, 7)), ((0, 1), "r", (2, 3))])]
+    with caplog.at_level("WARNING", logger="spanflow"):
+        f = prepare_features(ex, Tok(), {"r": 0}, max_length=5, encs=[enc])[0]
+    assert f.subjects == {(1, 1): [(0, 2, 2)]} and "1 triples fell outside the tokens kept" in caplog.text
+    assert "outside the model's set" not in caplog.text  # no relation unknown: not said
 
 
 def test_next_true():
@@ -164,6 +209,12 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
                  str(tmp_path / "o.jsonl")]) == 0
     assert "note: 1 text(s) were longer than the 64 tokens the model reads: only their start was read" in \
         capsys.readouterr().out
+    long = tmp_path / "long.jsonl"  # evaluate says so too: the triples past the cut count as misses
+    long.write_text(train.read_text().splitlines()[0] + "\n" + json.dumps({"text": " ".join([data[1].text] * 40)})
+                    + "\n")
+    assert main(["evaluate", "--model", str(out / "model"), "--data", str(long), "--json"]) == 0
+    assert ("warning: 1 text(s) were longer than the 64 tokens the model reads: only their start was scored"
+            in capsys.readouterr().err)
 
 
 def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
@@ -207,3 +258,37 @@ def test_continued_model_takes_given_max_length(tmp_path):
     assert start_model(m, data, relations, TrainOptions(max_length=24), policy).limit == 24
     with pytest.raises(ConfigError, match="--max-length 64 is above"):
         start_model(m, data, relations, TrainOptions(max_length=64), policy)
+
+
+def test_a_resume_on_data_of_other_relations_is_told_as_a_resume(tmp_path):
+    from spanflow.errors import ConfigError
+
+    data = synthetic_re(20, seed=1)
+    opts = dict(epochs=1, max_tokens=256, max_length=64, log_every=0)
+    train_re(data, None, model="tiny", out_dir=str(tmp_path), options=TrainOptions(max_steps=1, **opts),
+             log_fn=lambda s: None)
+    other = [e for e in data if all(r != data[0].triples[0][1] for _, r, _ in e.triples)]
+    with pytest.raises(ConfigError, match=r"^--resume: the checkpoint in .*checkpoint is of a run with other "
+                                          r"relations \(\d+; the data has \d+\); resume with what it was started"):
+        train_re(other, None, model="tiny", out_dir=str(tmp_path), options=TrainOptions(resume=True, **opts),
+                 log_fn=lambda s: None)
+
+
+def test_training_data_with_no_placed_triple_is_named_with_the_logged_warning(tmp_path):
+    import subprocess
+    import sys
+
+    data = tmp_path / "t.json"
+    data.write_text(json.dumps([{"text": "a b", "triple_list": [["x", "r", "y"]]}]))
+    got = subprocess.run([sys.executable, "-m", "spanflow", "train", "re", "--train", str(data), "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True)
+    assert got.returncode == 2 and not (tmp_path / "run").exists()
+    # the logged warning reads as the command's own lines: `warning:`, not `WARNING:`
+    assert got.stderr.splitlines() == [
+        f"warning: {data}: 1 of 1 triples cannot be placed in their text; 1 name a subject or object not found in "
+        "the text (e.g. record 1: ['x', 'r', 'y']); they are kept as gold for evaluation but not trained on",
+        f"error: {data}: holds no triples to train on: its 1 could not be placed in their texts (the warning above "
+        "says why)"]
+    data.write_text("[]")
+    with pytest.raises(DataError, match="is an empty list: no records found"):
+        read_re(str(data))

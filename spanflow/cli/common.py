@@ -189,6 +189,15 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                         f"output ({kept_into}) [none]")
 
 
+def cut_line(model, count: int, read: str = "read") -> str:
+    """What a model that reads no windows did with `count` texts longer than its max length:
+    only their start was `read` (predict) or scored (evaluate)."""
+    limit = getattr(model, "limit", None)  # what --max-length may raise it to, where the model says
+    more = f" (--max-length raises it, up to {limit})" if limit and limit > model.max_length else ""
+    return (f"{count} text(s) were longer than the {model.max_length} tokens the model reads: only their start was "
+            f"{read}{more}")
+
+
 def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:
     """The stderr line of a job whose input held no texts (it ran, and wrote an empty output), or
     none that could be read: every record an error record, which a wrong --field or --column makes."""

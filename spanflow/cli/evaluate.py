@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from spanflow.cli.common import add_format_arg, add_runtime_args, add_scheme_arg, add_window_args
+from spanflow.cli.common import add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, cut_line
 
 
 def add_parser(sub) -> None:
@@ -49,7 +49,10 @@ def run(a: argparse.Namespace) -> int:
     model = loads.take(rt)
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
+    cut = getattr(model, "truncated", None)  # a model that reads no windows counts the texts it cuts
     m = model.evaluate(examples, max_tokens=rt.max_tokens)
+    if cut is not None and model.truncated > cut:
+        m.setdefault("warnings", []).append(cut_line(model, model.truncated - cut, "scored"))
     if m.get("support") == 0:  # entities or triples: none in the data, so no score can be earned
         m.setdefault("warnings", []).append(f"{a.data} holds no gold entities or triples: recall and F1 are 0 "
                                             "whatever the model finds")

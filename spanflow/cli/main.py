@@ -144,8 +144,20 @@ def _leave_now(rc: int, entry: bool) -> int:
     return rc
 
 
+class _LowerLevel(logging.Formatter):
+    """`warning: ...`: a logged line in the form of the lines the commands print."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {super().format(record)}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig: a program that set up logging keeps its own
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_LowerLevel())
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)  # serve's uvicorn installs its own to drain requests
     entry = argv is None

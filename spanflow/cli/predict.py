@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args, warn_if_empty
+from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args, cut_line, warn_if_empty
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -71,9 +71,6 @@ def _run(a: argparse.Namespace, task) -> int:
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens)
     print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
     if stats.get("truncated"):  # a model that reads no windows reads a long text's start only
-        limit = getattr(model, "limit", None)  # what --max-length may raise it to, where the model says
-        more = f" (--max-length raises it, up to {limit})" if limit and limit > model.max_length else ""
-        print(f"note: {stats['truncated']} text(s) were longer than the {model.max_length} tokens the model reads: "
-              f"only their start was read{more}")
+        print(f"note: {cut_line(model, stats['truncated'])}")
     warn_if_empty(a.input, stats["records"], stats["errors"])
     return 0

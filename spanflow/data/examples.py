@@ -90,8 +90,8 @@ def _triple_problem(text: str, triple) -> str | None:
         (s, e), rel, (os_, oe) = triple
     except (TypeError, ValueError):
         return f"triple {quote(triple)} is not ((start, end), relation, (start, end))"
-    if not isinstance(rel, str) or not rel:
-        return f"triple {quote(triple)} needs a relation that is a non-empty string"
+    if not isinstance(rel, str) or not rel.strip():
+        return f"triple {quote(triple)} needs a relation name (a string with some text)"
     for a, b in ((s, e), (os_, oe)):
         if not (is_offset(a) and is_offset(b) and 0 <= a < b <= len(text)):
             return f"triple {quote(triple)} has a span out of range for a text of {len(text)} characters"

@@ -12,37 +12,41 @@ from spanflow.errors import DataError, quote
 log = logging.getLogger("spanflow")
 
 
-def _occurrences(text: str, s: str) -> list[int]:
-    """Start offsets of `s` in `text`, whole-word matches first, then any, then case-blind."""
-    if not s:
-        return []
+def _whole_first(text: str, s: str) -> list[int]:
+    """Start offsets of `s` in `text`, the whole-word ones if any."""
     found, i = [], text.find(s)
     while i >= 0:
         found.append(i)
         i = text.find(s, i + 1)
     whole = [i for i in found if (i == 0 or not text[i - 1].isalnum()) and
              (i + len(s) == len(text) or not text[i + len(s)].isalnum())]
-    if whole or found:
-        return whole or found
-    low, ls = text.lower(), s.lower()
-    i = low.find(ls)
-    while i >= 0:
-        found.append(i)
-        i = low.find(ls, i + 1)
-    return found
+    return whole or found
+
+
+def _occurrences(text: str, s: str) -> list[int]:
+    """Start offsets of `s` in `text`, whole-word matches first, then any, then case-blind."""
+    if not s:
+        return []
+    return _whole_first(text, s) or _whole_first(text.lower(), s.lower())
 
 
 def locate(text: str, subj: str, obj: str):
-    """Character spans of subject and object, choosing the closest pair of occurrences."""
-    ss, os_ = _occurrences(text, subj), _occurrences(text, obj)
-    if not ss or not os_:
+    """Character spans of subject and object: the closest pair of occurrences that do not overlap,
+    the exact strings' before their case-blind ones ("Texas Rangers ... in Texas", "Bacon explosion
+    ... bacon"); else the closest pair that are not the same span ("Bacon sandwich" / "Bacon"
+    where "Bacon" stands nowhere else)."""
+    if not subj or not obj:
         return None
-    # subject and object may overlap ("Bacon sandwich" / "Bacon"), but not be the same span
-    best = min(((abs(a - b), a, b) for a in ss for b in os_ if (a, len(subj)) != (b, len(obj))), default=None)
-    if best is None:
-        return None
-    _, a, b = best
-    return (a, a + len(subj)), (b, b + len(obj))
+    low = text.lower()
+    tiers = [(_occurrences(text, subj), _occurrences(text, obj)),
+             (_whole_first(low, subj.lower()), _whole_first(low, obj.lower()))]
+    pairs = [[(abs(a - b), a, b) for a in ss for b in os_ if (a, len(subj)) != (b, len(obj))] for ss, os_ in tiers]
+    apart = [[p for p in ps if p[1] + len(subj) <= p[2] or p[2] + len(obj) <= p[1]] for ps in pairs]
+    for found in (*apart, *pairs):
+        if found:
+            _, a, b = min(found)
+            return (a, a + len(subj)), (b, b + len(obj))
+    return None
 
 
 def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
@@ -54,6 +58,8 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
     data = parse_json(raw, path)
     if not isinstance(data, list):
         raise DataError("expected a JSON list of {\"text\", \"triple_list\"} records", path=path)
+    if not data:
+        raise DataError("is an empty list: no records found", path=path)
     out, total = [], 0
     unplaced: dict[bool, list] = {False: [], True: []}  # same span? -> (record number, triple)
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
@@ -66,6 +72,9 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
             if not (isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(x, str) for x in t)):
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} is not "
                                 "[subject, relation, object]", path=path)
+            if not t[1].strip():
+                raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} has no relation name",
+                                path=path)
             total += 1
             spans = locate(ex.text, t[0], t[2])
             if spans is None:
@@ -104,7 +113,9 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
         if not isinstance(relations, list):
             raise DataError('"relations" must be a list', path=path, line=lineno)
         for r in relations:
-            ex.triples.append(_relation(r, ex.text, path, lineno))
+            t = _relation(r, ex.text, path, lineno)
+            if t not in ex.triples:  # a triple given twice is one, as in CasRel JSON
+                ex.triples.append(t)
         out.append(ex)
     if not out:
         raise DataError("file is empty: no records found", path=path)
@@ -126,7 +137,7 @@ def _relation(r, text: str, path: str, lineno: int):
             raise DataError(f'"{key}" span {v} is out of range for a text of {len(text)} characters', path=path,
                             line=lineno)
         spans.append((v[0], v[1]))
-    if not isinstance(r["type"], str) or not r["type"]:
+    if not isinstance(r["type"], str) or not r["type"].strip():
         raise DataError(f'"type" must be a non-empty string, got {quote(r["type"])}', path=path, line=lineno)
     return spans[0], r["type"], spans[1]
 

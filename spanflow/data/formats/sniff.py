@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shlex
 import zlib
 from dataclasses import dataclass
 
@@ -238,5 +239,11 @@ TEXTS_TAKE = "texts to run a model on are plain text lines, JSONL (--field), CSV
 
 def refuse_labelled_input(path: str | os.PathLike) -> None:
     """For the --input of predict and embed: a DataError when the file is labelled data that holds
-    no texts line by line (CoNLL columns, CasRel JSON, a JSON list, a DocBin)."""
-    refuse_other(path, sniff(path), set(FORMATS) - NOT_TEXTS, TEXTS_TAKE)
+    no texts line by line (CoNLL columns, CasRel JSON, a JSON list, a DocBin); for a JSON list, the
+    command that writes its texts one a line."""
+    fmt, path = sniff(path), os.fspath(path)
+    hint = ""
+    if fmt is not None and fmt.name in ("casrel", "json-spans"):
+        out = shlex.quote(os.path.splitext(path)[0] + ".texts.jsonl")
+        hint = f" (its texts, one a line: jq -c '.[] | {{text}}' {shlex.quote(path)} > {out})"
+    refuse_other(path, fmt, set(FORMATS) - NOT_TEXTS, TEXTS_TAKE + hint)

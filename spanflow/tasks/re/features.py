@@ -30,9 +30,11 @@ class ReFeature:
 
 
 def token_span(enc: Encoded, span: tuple[int, int], limit: int) -> tuple[int, int] | None:
-    """First and last token (input positions, +1 for [CLS]) overlapping a char span."""
-    toks = [j for j, (a, b) in enumerate(enc.offsets[:limit]) if a < span[1] and b > span[0]]
-    return (toks[0] + 1, toks[-1] + 1) if toks else None
+    """First and last token (input positions, +1 for [CLS]) overlapping a char span; None where
+    the span is not all within the first `limit` tokens (a span the cut crosses would train the
+    model on the part of it that is left)."""
+    toks = [j for j, (a, b) in enumerate(enc.offsets) if a < span[1] and b > span[0]]
+    return (toks[0] + 1, toks[-1] + 1) if toks and toks[-1] < limit else None
 
 
 def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFeature]:
@@ -59,9 +61,11 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
                 lost += 1
                 continue
             f.subjects.setdefault(ts, []).append((rel2id[rel], *to))
-    if cut or lost or unknown:
-        log.warning("%d texts longer than %d tokens were cut; %d triples fell outside the tokens kept; "
-                    "%d triples have a relation outside the model's set", cut, max_length, lost, unknown)
+    said = ([f"{cut} texts longer than {max_length} tokens were cut; {lost} triples fell outside the tokens kept"]
+            if cut or lost else [])
+    said += [f"{unknown} triples have a relation outside the model's set"] if unknown else []
+    if said:
+        log.warning("; ".join(said))
     return feats
 
 

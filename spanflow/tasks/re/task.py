@@ -37,6 +37,11 @@ class ReTask:
 
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         train = read_re(a.train)
+        if not any(e.triples for e in train):  # said of the file here; train_re can name none
+            unplaced = sum(len(e.unlocated) for e in train)
+            raise DataError("holds no triples to train on" + (f": its {unplaced} could not be placed in their texts "
+                                                              "(the warning above says why)" if unplaced else ""),
+                            path=a.train)
         dev = read_re(a.dev) if a.dev else None
         relations = read_relations_vocab(a.train)
         if relations is not None:

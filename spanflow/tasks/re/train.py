@@ -40,10 +40,16 @@ def check_relations(train: list[ReExample], relations: list[str]) -> None:
                           f"whose {sum(counts.values())} triples would be left out: {named}")
 
 
-def start_model(source: str, train: list[ReExample], relations: list[str], opts: TrainOptions, policy) -> ReModel:
-    """The model to train: a spanflow RE model to continue, or a fresh CasRel head on an encoder or `tiny`."""
+def start_model(source: str, train: list[ReExample], relations: list[str], opts: TrainOptions, policy, *,
+                resuming: bool = False) -> ReModel:
+    """The model to train: a spanflow RE model to continue (`resuming`: a checkpoint's), or a fresh
+    CasRel head on an encoder or `tiny`."""
     if is_model_dir(source):
         start = ReModel.load(source, device=str(policy.device), precision="fp32")
+        if start.relations != relations and resuming:
+            raise ConfigError(f"--resume: the checkpoint in {os.path.dirname(source)} is of a run with "
+                              f"other relations ({len(start.relations)}; the data has {len(relations)}); resume "
+                              "with what it was started with, or start a new run (another --out, or no --resume)")
         if start.relations != relations:
             raise ConfigError(f"{source} was trained on other relations than the data has: to train a model of these "
                               f"relations, start from its encoder (--model {os.path.join(source, 'encoder')})")
@@ -88,7 +94,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         if dev:
             warn_unseen(relations, {r for e in dev for _, r, _ in e.triples}
                         | {r for e in dev for _, r, _ in e.unlocated}, "relations", log)
-        rm = start_model(run.source, train, relations, opts, run.policy)
+        rm = start_model(run.source, train, relations, opts, run.policy, resuming=run.source != model)
         feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
         log(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
             + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
