@@ -10,6 +10,7 @@ from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError
 from spanflow.tasks.ner import train_ner
 from spanflow.training import report_to
+from spanflow.training.optim import warmup_linear
 from spanflow.training.options import TrainOptions
 
 
@@ -45,7 +46,9 @@ def test_tensorboard_scalars_match_the_report(tmp_path):
     loss = scalars(ea, "train/loss")
     assert [s for s, _ in loss] == list(range(1, last + 1))  # log_every=1: one point per optimizer step
     assert all(math.isfinite(v) and v > 0 for _, v in loss) and loss[-1][1] < loss[0][1]
-    assert len(scalars(ea, "train/lr")) == last
+    # the rate each step trained at: the first step's is the warm-up's first, not the second's
+    f = warmup_linear(last, 0.05)
+    assert [v for _, v in scalars(ea, "train/lr")] == pytest.approx([2e-2 * f(k) for k in range(last)], rel=1e-5)
     dev = scalars(ea, "dev/f1")
     assert [s for s, _ in dev] == [r["step"] for r in reps]
     assert [v for _, v in dev] == pytest.approx([r["dev_f1"] for r in reps], abs=1e-6)
@@ -146,6 +149,13 @@ def test_mlflow_uses_the_tracking_uri_and_experiment_set(tmp_path, local_mlflow,
     assert run.data.params == {"seed": "3", "class_weights": '{"PER": 2.0}', "pack": "null"}
     assert run.data.metrics == {"train/loss": 0.5}
     assert not (tmp_path / "out" / "mlruns").exists()
+
+
+def test_a_log_directory_that_cannot_be_made_is_a_config_error(tmp_path):
+    pytest.importorskip("tensorboard")
+    (tmp_path / "runs").write_text("")  # a file where OUT/runs goes
+    with pytest.raises(ConfigError, match=r"^--report-to tensorboard cannot write .*runs: File exists"):
+        report_to.build_reporters("tensorboard", out_dir=str(tmp_path), resumed_step=None, log=lambda s: None)
 
 
 def test_unknown_reporter_names_the_known_ones():

@@ -3,6 +3,8 @@ spanflow model with token-budget batching, for English and Chinese tokenizers.""
 import json
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -46,6 +48,17 @@ def test_english_pipe_sets_the_entities_predict_finds(tmp_path, capsys):
     got = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in docs]
     assert got == want and comp.expanded == 0 and comp.overlapping == 0
     assert [(e.start_char, e.end_char) for e in nlp(texts[0]).ents] == [s[:2] for s in want[0]]
+    # nlp.evaluate scores the entities, as with spaCy's own ner (here against the model's own: all found)
+    from spacy.training import Example
+
+    scores = nlp.evaluate([Example.from_dict(nlp.make_doc(t), {"entities": w}) for t, w in zip(texts, want)])
+    assert scores["ents_f"] == 1.0 and {w[2] for ws in want for w in ws} == set(scores["ents_per_type"])
+    # worker processes forked after the model ran (its thread pool started) answer as one process does
+    code = (f"import json, spacy; nlp = spacy.blank('en'); nlp.add_pipe('spanflow_ner', config={{'model': {model!r}, "
+            f"'precision': 'fp32'}}); nlp({texts[0]!r}); print(json.dumps([[[e.start_char, e.end_char, e.label_] "
+            f"for e in d.ents] for d in nlp.pipe({texts[:4]!r}, batch_size=2, n_process=2)]))")
+    forked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 0 and json.loads(forked.stdout) == [[list(x) for x in w] for w in want[:4]]
     # entities an earlier component set stay; the model's that overlap one are left out, and counted
     first = next(k for k, w in enumerate(want) if w)
     text, (s, e, _) = texts[first], want[first][0]
@@ -77,3 +90,11 @@ def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, c
     found = sum(len(d.ents) for d in out)
     assert comp.expanded + comp.overlapping > 0 and found + comp.overlapping >= comp.expanded
     assert "expanded" in caplog.text
+    caplog.clear()  # nlp(text) says it too, of its one doc
+    before = comp.expanded + comp.overlapping
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        for t in glued:
+            en(t)
+            if comp.expanded + comp.overlapping > before:
+                break
+    assert comp.expanded + comp.overlapping > before and caplog.text.count("expanded") == 1

@@ -224,6 +224,7 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
         t_comp = time.perf_counter()
         meter.add_time("compute", t_comp - t_data)
         meter.end_phase("compute")
+        lr_used = lr_now(r)  # this step's rate: the schedule moves on in the optimizer step
         optimizer_step(r.model, r.optimizer, r.scheduler, r.scaler, opts.max_grad_norm)
         meter.add_time("optimizer", time.perf_counter() - t_comp)
         meter.end_phase("optimizer")
@@ -238,7 +239,7 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
             # host sync, log points only; each rank holds its share of the global loss: their sum is the loss
             loss_now = all_sum([r.running.item() / r.n_running], r.dist)[0]
             if r.dist.is_main:
-                _log_step(r, gs, loss_now)
+                _log_step(r, gs, loss_now, lr_used)
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
@@ -257,13 +258,14 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
     return True
 
 
-def _log_step(r: LoopState, gs: int, loss_now: float) -> None:
+def _log_step(r: LoopState, gs: int, loss_now: float, lr: float) -> None:
+    """Step `gs`'s loss and the rate it trained at (--lr as the schedule stood), printed and reported alike."""
     if r.bar is not None:
         tok_s = r.bar_tokens / max(r.bar.format_dict["elapsed"], 1e-9)
         r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
     else:
-        r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {r.scheduler.get_last_lr()[0]:.2e}")
-    r.reporters.log_metrics({"train/loss": loss_now, "train/lr": lr_now(r)}, gs)
+        r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {lr:.2e}")
+    r.reporters.log_metrics({"train/loss": loss_now, "train/lr": lr}, gs)
 
 
 def _checkpoint(r: LoopState) -> None:

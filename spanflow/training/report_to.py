@@ -138,7 +138,11 @@ class TensorBoardReporter:
             for path in glob.glob(os.path.join(self.log_dir, "events.out.tfevents.*")):
                 os.remove(path)
         purge = resumed_step + 1 if resumed_step is not None else None  # steps up to the checkpoint's stay
-        self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge)
+        try:
+            self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge)
+        except OSError as e:  # a file where OUT/runs should be, a read-only OUT, a full disk
+            raise ConfigError(f"--report-to tensorboard cannot write {self.log_dir}: "
+                              f"{e.strerror or e.__class__.__name__}") from None
         log(f"reporting to TensorBoard: tensorboard --logdir {self.log_dir}")
 
     def log_params(self, params: dict) -> None:

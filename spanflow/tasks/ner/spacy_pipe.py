@@ -16,10 +16,21 @@ never dropped in silence.
 from __future__ import annotations
 
 import logging
+import os
 
 from spacy.language import Language
 
 log = logging.getLogger("spanflow")
+_forked_on_one_thread = False
+
+
+def _one_thread_after_fork() -> None:
+    """`nlp.pipe(n_process=N)` forks workers from a process whose torch has run: the thread pool
+    the parent started is not in the child, and the child's first parallel product waits for it
+    for ever. On one thread a product never enters the pool; N processes are N threads."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 class SpanflowNer:
@@ -31,6 +42,10 @@ class SpanflowNer:
         from spanflow.runtime.resolve import Asked, resolve_runtime
         from spanflow.tasks.registry import task_of_dir
 
+        global _forked_on_one_thread
+        if not _forked_on_one_thread and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_one_thread_after_fork)
+            _forked_on_one_thread = True
         self.name = name
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)
@@ -45,7 +60,14 @@ class SpanflowNer:
         self.expanded = self.overlapping = 0
 
     def __call__(self, doc):
-        return next(iter(self.pipe([doc])))
+        (doc,) = self.pipe([doc])  # the whole batch: its warning is said after the last doc
+        return doc
+
+    def score(self, examples, **kwargs) -> dict:
+        """`nlp.evaluate`'s entity scores (ents_p, ents_r, ents_f, ents_per_type), as spaCy's ner gives."""
+        from spacy.scorer import get_ner_prf
+
+        return get_ner_prf(examples, **kwargs)
 
     def pipe(self, docs, batch_size: int = 1000):
         from spanflow.batching.prefetch import chunked
