@@ -4,6 +4,7 @@ import logging
 import pytest
 
 from spanflow.data.formats.conll import join_tokens
+from spanflow.data.examples import NerExample
 from spanflow.data.io import read_ner
 from spanflow.data.records import read_texts
 from spanflow.errors import DataError
@@ -131,3 +132,20 @@ def test_read_texts_plain_and_error_records(tmp_path):
     assert items[0] == "a" and items[2] == "c" and isinstance(items[1], DataError) and items[1].line == 2
     with pytest.raises(DataError):
         list(read_texts(p))
+
+
+def test_tokens_written_for_a_text_without_them_do_not_tell_where_entities_are(tmp_path):
+    from spanflow.data.io import write_ner
+
+    # a mark after an entity and after any other word is cut off the same way (it was cut only at
+    # the entity's end: a model trained on the CoNLL learned the token boundary, not the words)
+    ex = [NerExample("Anna Berg. We had fun. (Paris) it's @ann's e-mail", [(0, 9, "PER"), (24, 29, "LOC")])]
+    write_ner(ex, tmp_path / "a.conll", fmt="conll")
+    lines = [x.split("\t") for x in (tmp_path / "a.conll").read_text().splitlines() if x]
+    assert lines == [["Anna", "B-PER"], ["Berg", "I-PER"], [".", "O"], ["We", "O"], ["had", "O"], ["fun", "O"],
+                     [".", "O"], ["(", "O"], ["Paris", "B-LOC"], [")", "O"], ["it's", "O"], ["@ann's", "O"],
+                     ["e-mail", "O"]]
+    # tokens a text came with are kept, entity edges or not: CoNLL -> CoNLL gives the same tokens
+    (tmp_path / "b.conll").write_text("U.S.\tB-LOC\nsaid\tO\n\n")
+    write_ner(read_ner(tmp_path / "b.conll"), tmp_path / "c.conll", fmt="conll")
+    assert (tmp_path / "c.conll").read_text() == "U.S.\tB-LOC\nsaid\tO\n\n"

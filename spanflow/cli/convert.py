@@ -39,7 +39,7 @@ def run(a: argparse.Namespace) -> int:
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens
 
-        tokens = [conll_tokens(e.text, e.spans) for e in examples]
+        tokens = [conll_tokens(e.text, e.spans, e.words) for e in examples]
         empty = [i for i, t in enumerate(tokens) if not t]
         if empty and len(empty) == len(examples):  # the file would be empty, and no reader takes one
             raise DataError(f"none of its {len(examples)} texts has a token: CoNLL has no line for an empty or "

@@ -106,7 +106,7 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
     from spanflow.data.formats.jsonl import write_jsonl_record
 
     if fmt == "conll":  # a sentence of no lines is none: reading the file back would not find it
-        kept = [e for e in examples if conll_token_bounds(e.text, e.spans)]
+        kept = [e for e in examples if conll_token_bounds(e.text, e.spans, e.words)]
         if examples and not kept:  # an empty file, which no reader takes back
             raise DataError(f"none of the {len(examples)} texts has a token: CoNLL has no line for an empty or "
                             "whitespace-only text; write JSONL to keep them", path=path)
@@ -117,7 +117,10 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
 
     with writing("the data", path), atomic_open(path) as f:
         for ex in examples:
-            (write_conll_sentence if fmt == "conll" else write_jsonl_record)(f, ex.text, ex.spans)
+            if fmt == "conll":
+                write_conll_sentence(f, ex.text, ex.spans, ex.words)
+            else:
+                write_jsonl_record(f, ex.text, ex.spans)
 
 
 def read_re(path: str | os.PathLike, *, fmt: str | None = None) -> list[ReExample]:

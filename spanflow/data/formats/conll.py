@@ -130,22 +130,23 @@ def _refused(entry: tuple[int, str, str], path: str) -> DataError:
                      "reported)", path=path, line=lineno)
 
 
-def conll_token_bounds(text: str, spans) -> list[tuple[int, int]]:
-    """How a text is cut into CoNLL tokens: words (split at entity bounds), or single
-    characters for unspaced CJK text (as BMES data is), so read_conll joins them back."""
-    if any(is_cjk(c) for c in text) and not any(c.isspace() for c in text):
+def conll_token_bounds(text: str, spans, words=None) -> list[tuple[int, int]]:
+    """How a text is cut into CoNLL tokens: the tokens it was read from (`words`), else single
+    characters for unspaced CJK text (as BMES data is), so read_conll joins them back, else
+    tokens/word_bounds's (split at entity bounds in either case)."""
+    if not words and any(is_cjk(c) for c in text) and not any(c.isspace() for c in text):
         return [(i, i + 1) for i in range(len(text))]
-    return word_bounds(text, spans)
+    return word_bounds(text, spans, words)
 
 
-def conll_tokens(text: str, spans) -> list[str]:
-    return [text[s:e] for s, e in conll_token_bounds(text, spans)]
+def conll_tokens(text: str, spans, words=None) -> list[str]:
+    return [text[s:e] for s, e in conll_token_bounds(text, spans, words)]
 
 
-def write_conll_sentence(f, text: str, spans) -> None:
+def write_conll_sentence(f, text: str, spans, words=None) -> None:
     """One sentence as `token<TAB>BIO-tag` lines and a blank line. CoNLL keeps tokens, not
     the whitespace between them: texts read back are joined as read_conll joins them."""
-    bounds = conll_token_bounds(text, spans)
+    bounds = conll_token_bounds(text, spans, words)
     for (s, e), tag in zip(bounds, bio_tags(bounds, spans)):
         f.write(f"{text[s:e]}\t{tag}\n")
     f.write("\n")

@@ -43,11 +43,12 @@ def read_docbin(path: str | os.PathLike) -> list[NerExample]:
     return out
 
 
-def _words_and_spaces(text: str, spans) -> tuple[list[str], list[bool]]:
-    """Tokens whose concatenation (with one space where `spaces` says) is exactly `text`;
-    whitespace other than one plain space becomes its own token, as spaCy does."""
+def _words_and_spaces(text: str, spans, tokens=None) -> tuple[list[str], list[bool]]:
+    """Tokens (`tokens`, the ones the text was read from, else tokens.word_bounds's) whose
+    concatenation (with one space where `spaces` says) is exactly `text`; whitespace other than
+    one plain space becomes its own token, as spaCy does."""
     words, spaces, pos = [], [], 0
-    for s, e in word_bounds(text, spans):
+    for s, e in word_bounds(text, spans, tokens):
         gap = text[pos:s]
         if gap:
             if words and gap[0] == " ":
@@ -73,7 +74,7 @@ def examples_to_docbin(examples: list[NerExample], path: str | os.PathLike) -> N
     Doc, DocBin, Vocab = _spacy()
     vocab, db = Vocab(), DocBin()
     for i, ex in enumerate(examples):
-        words, spaces = _words_and_spaces(ex.text, ex.spans)
+        words, spaces = _words_and_spaces(ex.text, ex.spans, ex.words)
         doc = Doc(vocab, words=words, spaces=spaces)
         ents = [doc.char_span(s, e, label=lab) for s, e, lab in ex.spans]
         if any(ent is None for ent in ents):  # cannot happen: tokens are cut at every span boundary

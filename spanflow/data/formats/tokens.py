@@ -1,29 +1,72 @@
 """Word tokens for formats that need them (CoNLL columns, spaCy Docs), cut so that every
-entity boundary is a token boundary: whitespace splits words, each CJK character is a
-token, and span starts and ends split words too. No character is ever dropped."""
+entity boundary is a token boundary. Examples read from tokens keep them; a text without
+tokens is cut the same way whatever its labels: whitespace splits words, each CJK character is
+a token, and sentence punctuation at a word's ends stands alone (`fun.` and `Berg.` alike, so
+that where a token ends never tells where an entity does). No character is ever dropped."""
 from __future__ import annotations
+
+import re
 
 from spanflow.data.examples import Span
 from spanflow.data.formats.common import is_cjk
 
+# marks cut off a word's ends (`Paris.`, `(Paris)`, `"Paris"`); those often part of a token
+# (`@user`, `#tag`, `$5`, `e-mail`, `a/b`, `'s`, `rock'n'roll`) stay
+EDGE_MARKS = frozenset('.,;:!?()[]{}"«»“”…')
+_NON_SPACE = re.compile(r"\S+")
 
-def word_bounds(text: str, spans: list[Span]) -> list[tuple[int, int]]:
-    """(start, end) of each non-space token of `text`."""
-    cuts = {b for s, e, _ in spans for b in (s, e)}
-    out, start = [], None
-    for i, ch in enumerate(text):
-        if ch.isspace():
-            if start is not None:
-                out.append((start, i))
-            start = None
-            continue
-        if start is not None and (i in cuts or is_cjk(ch) or is_cjk(text[i - 1])):
-            out.append((start, i))
-            start = None
-        if start is None:
-            start = i
-    if start is not None:
-        out.append((start, len(text)))
+
+def _cut_marks(text: str, s: int, e: int) -> list[tuple[int, int]]:
+    """A word's edge marks, one token each, around its core (a word of marks only stays whole)."""
+    if not any(c.isalnum() for c in text[s:e]):
+        return [(s, e)]
+    head, tail = [], []
+    while text[s] in EDGE_MARKS:
+        head.append((s, s + 1))
+        s += 1
+    while text[e - 1] in EDGE_MARKS:
+        e -= 1
+        tail.append((e, e + 1))
+    return head + [(s, e)] + tail[::-1]
+
+
+def plain_words(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each token of a text that came without tokens."""
+    out = []
+    for m in _NON_SPACE.finditer(text):
+        s, e = m.span()
+        run = s
+        for i in range(s, e):
+            if is_cjk(text[i]):
+                if run < i:
+                    out += _cut_marks(text, run, i)
+                out.append((i, i + 1))
+                run = i + 1
+        if run < e:
+            out += _cut_marks(text, run, e)
+    return out
+
+
+def _covers(text: str, words: list[tuple[int, int]]) -> bool:
+    """Whether `words`, in order and apart, hold every character of `text` but whitespace."""
+    pos = 0
+    for a, b in words:
+        if a < pos or b <= a or not text[pos:a].isspace() and pos < a:
+            return False
+        pos = b
+    return pos <= len(text) and (pos == len(text) or text[pos:].isspace())
+
+
+def word_bounds(text: str, spans: list[Span], words: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each non-space token of `text`: `words` (the tokens it was read from) or
+    plain_words, cut again where an entity starts or ends inside one."""
+    cuts = sorted({b for s, e, _ in spans for b in (s, e)})
+    if words and not _covers(text, words):  # tokens that leave characters out would lose them
+        words = None
+    out = []
+    for a, b in (words or plain_words(text)):
+        points = [a, *(c for c in cuts if a < c < b), b]
+        out += list(zip(points, points[1:]))
     return out
 
 
