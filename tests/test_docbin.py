@@ -97,3 +97,43 @@ def test_convert_to_a_directory_is_one_error_line_and_write_ner_a_typed_error(tm
     with pytest.raises(DataError, match="is a directory"):
         write_ner([NerExample("Ann", [(0, 3, "PER")])], tmp_path / "out", fmt="jsonl")
     assert list((tmp_path / "out").iterdir()) == []  # nothing written into it
+
+
+def test_docbin_annotation_spanflow_cannot_read_is_said_by_file_and_document(tmp_path, caplog, capsys):
+    from spacy.tokens import Doc, DocBin, Span
+    from spacy.vocab import Vocab
+
+    vocab = Vocab()
+
+    def doc(ents=None, group=None, missing=False):
+        d = Doc(vocab, words=["Ada", "met", "Bob", "."], spaces=[True, True, False, False])
+        if ents is not None:
+            d.set_ents([Span(d, s, e, label=lab) for s, e, lab in ents], missing=[d[3:4]] if missing else [],
+                       default="outside")
+        if group:
+            d.spans["sc"] = [Span(d, 0, 1, label="PER")]
+        return d
+
+    path = tmp_path / "d.spacy"
+    # entities in span groups only, as a span categorizer's data: named, not read as no entities
+    DocBin(docs=[doc(group=True), doc([])], store_user_data=True).to_disk(path)
+    with pytest.raises(DataError, match=r"no document has entities in doc.ents; its spans are in span groups "
+                                        r"\(doc.spans: 'sc' \(1\)\)"):
+        read_ner(path)
+    # a span labelled O: the file and the document
+    DocBin(docs=[doc([(0, 1, "PER")]), doc([(2, 3, "O")])]).to_disk(path)
+    with pytest.raises(DataError, match=r'd\.spacy: document 1: a span labelled "O" marks no entity'):
+        read_ner(path)
+    # tokens left unannotated (spaCy's missing) are read as outside any entity, and said
+    DocBin(docs=[doc([(0, 1, "PER")]), doc([(2, 3, "PER")], missing=True)]).to_disk(path)
+    with caplog.at_level("WARNING", logger="spanflow"):
+        back = read_ner(path)
+    assert [e.spans for e in back] == [[(0, 3, "PER")], [(8, 11, "PER")]]
+    assert "1 of 2 documents have tokens with no entity annotation (spaCy's missing value; first: document 1)" \
+        in caplog.text
+    # training data without one entity is named by its file
+    DocBin(docs=[doc([])]).to_disk(path)
+    capsys.readouterr()
+    assert main(["train", "ner", "--train", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == (f"error: {path}: holds no entities to train on (1 texts, every token outside "
+                                       "any entity)\n")

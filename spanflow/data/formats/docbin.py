@@ -4,12 +4,15 @@ Needs spaCy (`pip install 'spanflow[spacy]'`); nothing else in spanflow imports 
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from spanflow.atomic import atomic_path
-from spanflow.data.examples import NerExample, check_spans
+from spanflow.data.examples import NerExample, check_spans, tag_labels
 from spanflow.data.formats.tokens import word_bounds
 from spanflow.errors import ConfigError, DataError
+
+log = logging.getLogger("spanflow")
 
 
 def _spacy():
@@ -31,15 +34,30 @@ def read_docbin(path: str | os.PathLike) -> list[NerExample]:
         docs = list(DocBin().from_disk(path).get_docs(Vocab()))
     except Exception as e:  # zlib, msgpack or spaCy errors: the file is not a DocBin
         raise DataError(f"not a readable spaCy DocBin ({type(e).__name__}: {e})", path=path) from None
-    out = []
+    out, first_doc, unset, groups = [], {}, [], {}
     for i, doc in enumerate(docs):
         spans = [(ent.start_char, ent.end_char, ent.label_) for ent in doc.ents]
         problem = check_spans(doc.text, spans)
         if problem:
             raise DataError(f"document {i}: {problem}", path=path)
+        for *_, lab in spans:
+            first_doc.setdefault(lab, i)
+        unset += [i] if any(t.ent_iob == 0 for t in doc) else []  # spaCy's "missing": not annotated
+        for key, group in doc.spans.items():
+            groups[key] = groups.get(key, 0) + len(group)
         out.append(NerExample(doc.text, spans, words=[(t.idx, t.idx + len(t)) for t in doc if not t.text.isspace()]))
     if not out:
         raise DataError("file holds no documents", path=path)
+    tagged = tag_labels(first_doc)
+    if tagged:
+        raise DataError(f"document {first_doc[tagged[0]]}: {tagged[1]}", path=path)
+    if not first_doc and any(groups.values()):
+        held = ", ".join(f"{k!r} ({n})" for k, n in sorted(groups.items()))
+        raise DataError(f"no document has entities in doc.ents; its spans are in span groups (doc.spans: {held}), "
+                        "as a span categorizer's data: spanflow reads doc.ents", path=path)
+    if unset:
+        log.warning("%s: %d of %d documents have tokens with no entity annotation (spaCy's missing value; first: "
+                    "document %d): read as outside any entity", path, len(unset), len(out), unset[0])
     return out
 
 
