@@ -39,6 +39,22 @@ def test_token_without_pieces_shifts_nothing(tiny_tokenizer):
     assert firsts[-1] == 1 and set(firsts[:-1]) == {0}
 
 
+def test_a_character_the_tokenizer_drops_goes_to_one_side_only(tiny_tokenizer):
+    text = "Ann\u200bBob x"  # two entities side by side, a zero-width space between them
+    labels = ["O", "B-PER", "I-PER"]
+
+    def tagged(enc):  # B at each name's first token, I on through it
+        enc.first = [True] * len(enc.offsets)
+        return enc, [1 if s in (0, 4) else 2 if s < 8 else 0 for s, _ in enc.offsets]
+
+    enc, tags = tagged(encode_texts(tiny_tokenizer, [text])[0])
+    assert all(text[s:e] != "\u200b" for s, e in enc.offsets)  # the tokenizer drops it
+    assert [text[s:e] for s, e, _ in decode_spans(enc, tags, labels)] == ["Ann\u200b", "Bob"]  # not both claim it
+    # where the text's own words make it a word of its own, neither entity takes it
+    enc, tags = tagged(encode_texts(tiny_tokenizer, [text], words=[[(0, 3), (3, 4), (4, 7), (8, 9)]])[0])
+    assert [text[s:e] for s, e, _ in decode_spans(enc, tags, labels)] == ["Ann", "Bob"]
+
+
 def test_subword_labels_only_on_first_piece():
     enc = Encoded(ids=[1, 2, 3], offsets=[(0, 3), (3, 6), (7, 9)], first=[True, False, True])
     assert bio_labels(enc, [(0, 6, "X")], {"O": 0, "B-X": 1, "I-X": 2}) == [1, IGNORE, 0]

@@ -44,6 +44,20 @@ def test_strict_rejects_orphan_inside_tag(asset):
     assert e.value.line == 16 and "M-ORG" in str(e.value)
 
 
+def test_an_entity_without_its_closing_tag_is_reported_and_refused_when_strict(tmp_path, caplog):
+    # B M then O; B then S inside the run; B then the sentence's end: three entities with no E-
+    p = write(tmp_path, "u.bmes", "北 B-ORG\n京 M-ORG\n大 O\n学 B-LOC\n校 S-LOC\n\n上 B-LOC\n海 M-LOC\n\n")
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        ex = read_ner(p)
+    assert [e.entities() for e in ex] == [[("北京", "ORG"), ("学", "LOC"), ("校", "LOC")], [("上海", "LOC")]]
+    assert "3 entities have no closing E- tag and were read as ending at their last tag (lines 2, 4, 8)" in caplog.text
+    with pytest.raises(DataError, match="the ORG entity that ends at tag 'M-ORG' has no closing E- tag") as e:
+        read_ner(p, strict=True)
+    assert e.value.line == 2
+    assert read_ner(write(tmp_path, "ok.bmes", "北 B-ORG\n京 E-ORG\n大 S-LOC\n\n"), strict=True)[0].entities() == \
+        [("北京", "ORG"), ("大", "LOC")]
+
+
 def test_bioes_iob1_and_extra_columns(tmp_path):
     p = write(tmp_path, "x.conll", "John NNP x B-PER\nSmith NNP x E-PER\nin IN x O\nRome NNP x S-LOC\n")
     assert read_ner(p)[0].entities() == [("John Smith", "PER"), ("Rome", "LOC")]

@@ -59,7 +59,7 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
         text = texts[i]
-        starts, ends = _widen(text, offsets)
+        starts, ends = _widen(text, offsets, words[i] if words is not None else None)
         out.append(Encoded(ids, offsets, first, starts, ends, _breaks(text, offsets) if "\n" in text else None))
     return out
 
@@ -83,19 +83,29 @@ def first_of_words(offsets: list[tuple[int, int]], words: list[tuple[int, int]])
     return first
 
 
-def _widen(text: str, offsets: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+def _widen(text: str, offsets: list[tuple[int, int]],
+           words: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
     """Stretch token bounds over neighbouring non-space characters that produced no token.
 
     Characters such as U+FE0F or U+FEFF vanish in the tokenizer; when they are glued to a
-    word they belong to it, so a span decoded from tokens still covers them.
+    word they belong to it, so a span decoded from tokens still covers them. One between two
+    tokens goes to the one before (as a variation selector or joiner follows its character),
+    never to both: two entities side by side never share it. Where the text's own `words` are
+    given, a token stretches within its word only (a character that is a word of its own stays
+    outside the entities around it).
     """
+    owner: dict[int, tuple[int, int]] = {}
+    for a, b in words or ():
+        for c in range(a, b):
+            owner[c] = (a, b)
     starts, ends = [], []
     for j, (s, e) in enumerate(offsets):
-        lo = offsets[j - 1][1] if j else 0
+        lo = ends[j - 1] if j else 0
         hi = offsets[j + 1][0] if j + 1 < len(offsets) else len(text)
-        while s > lo and not text[s - 1].isspace():
+        wa, wb = owner.get(s, (0, len(text)))
+        while s > max(lo, wa) and not text[s - 1].isspace():
             s -= 1
-        while e < hi and not text[e].isspace():
+        while e < min(hi, wb) and not text[e].isspace():
             e += 1
         starts.append(s)
         ends.append(e)

@@ -12,6 +12,7 @@ class Repair:
 
     index: int
     message: str
+    unclosed: bool = False  # an entity with no closing tag (BIOES, BMES), read as ending where it stops
 
 
 def split_tag(tag: str) -> tuple[str, str | None]:
@@ -41,16 +42,21 @@ def decode_tags(tags: list[str], scheme: str) -> tuple[list[tuple[int, int, str]
 
     An inside tag (I-/M-/E-) with no open entity of the same label starts a new entity,
     the IOB1 reading; it is reported as a Repair unless the scheme is IOB1, where it is
-    the normal way an entity starts.
+    the normal way an entity starts. In BIOES and BMES an entity that stops without its E- tag
+    (at an O, a B-, an S-, another label or the sentence's end) is read as ending at its last
+    tag, and reported too (an `unclosed` Repair at that tag).
     """
     spans: list[tuple[int, int, str]] = []
     repairs: list[Repair] = []
     start, label = None, None
+    closing = scheme in ("bioes", "bmes")
 
-    def close(end: int) -> None:
+    def close(end: int, by_e: bool = False) -> None:
         nonlocal start, label
         if start is not None:
             spans.append((start, end, label))
+            if closing and not by_e:
+                repairs.append(Repair(end - 1, f"entity {label!r} ends without an E- tag", unclosed=True))
         start, label = None, None
 
     for i, tag in enumerate(tags):
@@ -74,7 +80,7 @@ def decode_tags(tags: list[str], scheme: str) -> tuple[list[tuple[int, int, str]
                     repairs.append(Repair(i, f"tag {tag!r} continues no open entity; read as its start"))
                 start, label = i, lab
             if p == "E":
-                close(i + 1)
+                close(i + 1, by_e=True)
         else:
             raise ValueError(f"tag {tag!r} is not valid in scheme {scheme}")
     close(len(tags))

@@ -72,7 +72,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
 
     `scheme` is one of bio, iob1, bioes, bmes (detected from the file when None). An inside
     tag that opens no entity is read as an entity start and reported as a warning (the
-    IOB1 repair); with `strict=True` it is an error instead.
+    IOB1 repair), as is an entity with no E- tag in BIOES or BMES (read as ending at its last
+    tag); with `strict=True` either is an error instead.
     """
     path = os.fspath(path)
     sentences = list(_sentences(path))
@@ -86,7 +87,7 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     detected = detect_scheme([t for s in sentences for _, _, t in s])
     scheme = _asked_scheme(scheme, detected, path) if scheme else detected
     allowed = _ALLOWED[scheme] + "O"
-    examples, repaired = [], []
+    examples, repaired, unclosed = [], [], []
     for sent in sentences:
         for lineno, _, tag in sent:
             if split_tag(tag)[0] not in allowed:
@@ -96,16 +97,23 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
         spans, repairs = decode_tags([tag for _, _, tag in sent], scheme)
         if repairs:
             if strict:
-                raise _refused(sent[repairs[0].index], path)
-            repaired += [sent[r.index][0] for r in repairs]
+                raise _refused(sent[repairs[0].index], path, repairs[0].unclosed)
+            repaired += [sent[r.index][0] for r in repairs if not r.unclosed]
+            unclosed += [sent[r.index][0] for r in repairs if r.unclosed]
         text, offsets = join_tokens(tokens)
         char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
         examples.append(NerExample(text, char_spans, words=offsets))
     if repaired:
-        shown = ", ".join(str(n) for n in repaired[:5]) + (" ..." if len(repaired) > 5 else "")
         log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",
-                    path, len(repaired), shown)
+                    path, len(repaired), _lines(repaired))
+    if unclosed:
+        log.warning("%s: %d entities have no closing E- tag and were read as ending at their last tag (lines %s)",
+                    path, len(unclosed), _lines(unclosed))
     return examples
+
+
+def _lines(numbers: list[int]) -> str:
+    return ", ".join(str(n) for n in numbers[:5]) + (" ..." if len(numbers) > 5 else "")
 
 
 def _asked_scheme(scheme: str, detected: str, path: str) -> str:
@@ -122,9 +130,13 @@ def _suggest(asked: str, detected: str) -> str:
     return f" (asked); this file's tags are {detected.upper()}: use --scheme {detected}, or leave --scheme out"
 
 
-def _refused(entry: tuple[int, str, str], path: str) -> DataError:
-    """Strict reading's error for an inside tag that opens no entity."""
+def _refused(entry: tuple[int, str, str], path: str, unclosed: bool = False) -> DataError:
+    """Strict reading's error for an inside tag that opens no entity, or an entity with no E- tag."""
     lineno, _, tag = entry
+    if unclosed:
+        return DataError(f"the {split_tag(tag)[1]} entity that ends at tag {quote(tag)} has no closing E- tag: strict "
+                         "reading (--strict) refuses it (without --strict it is read as ending here, and reported)",
+                         path=path, line=lineno)
     return DataError(f"tag {quote(tag)} follows no B-{split_tag(tag)[1]} tag: strict reading (--strict) refuses an "
                      "inside tag that opens no entity (without --strict it is read as the entity's start, and "
                      "reported)", path=path, line=lineno)
