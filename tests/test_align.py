@@ -55,6 +55,16 @@ def test_a_character_the_tokenizer_drops_goes_to_one_side_only(tiny_tokenizer):
     assert [text[s:e] for s, e, _ in decode_spans(enc, tags, labels)] == ["Ann", "Bob"]
 
 
+def test_an_entity_never_runs_across_a_line_break_of_any_kind(tiny_tokenizer):
+    labels = ["O", "B-ORG", "I-ORG"]
+    for br in ("\n", "\r\n", "\r", "\u2028", "\x85"):
+        text = f"Ann{br}Bob"
+        enc = encode_texts(tiny_tokenizer, [text])[0]
+        enc.first = [True] * len(enc.offsets)
+        tags = [1] + [2] * (len(enc.offsets) - 1)  # one entity tagged over both lines
+        assert [text[s:e] for s, e, _ in decode_spans(enc, tags, labels)] == ["Ann", "Bob"], repr(br)
+
+
 def test_subword_labels_only_on_first_piece():
     enc = Encoded(ids=[1, 2, 3], offsets=[(0, 3), (3, 6), (7, 9)], first=[True, False, True])
     assert bio_labels(enc, [(0, 6, "X")], {"O": 0, "B-X": 1, "I-X": 2}) == [1, IGNORE, 0]

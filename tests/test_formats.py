@@ -58,6 +58,19 @@ def test_an_entity_without_its_closing_tag_is_reported_and_refused_when_strict(t
         [("北京", "ORG"), ("大", "LOC")]
 
 
+def test_one_character_of_several_code_points_keeps_a_sentence_character_level(tmp_path):
+    p = write(tmp_path, "e.bmes", "生 O\n于 O\n1 O\n9 O\nA B-ORG\n公 M-ORG\n司 E-ORG\n\u2764\ufe0f O\n\n")
+    (ex,) = read_ner(p)
+    assert ex.text == "生于19A公司\u2764\ufe0f" and ex.entities() == [("A公司", "ORG")]  # a spaced join: 'A 公司'
+
+
+def test_an_ideographic_space_is_a_token_not_a_column_gap(tmp_path):
+    for sep in ("\t", " "):
+        p = write(tmp_path, "s.bmes", f"北{sep}B-ORG\n京{sep}E-ORG\n\u3000{sep}O\n大{sep}S-LOC\n\n")
+        (ex,) = read_ner(p)
+        assert ex.text == "北京\u3000大" and ex.entities() == [("北京", "ORG"), ("大", "LOC")], sep
+
+
 def test_bioes_iob1_and_extra_columns(tmp_path):
     p = write(tmp_path, "x.conll", "John NNP x B-PER\nSmith NNP x E-PER\nin IN x O\nRome NNP x S-LOC\n")
     assert read_ner(p)[0].entities() == [("John Smith", "PER"), ("Rome", "LOC")]

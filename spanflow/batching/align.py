@@ -7,6 +7,7 @@ offsets keep every other label in place. What the labels are is the task's (task
 from __future__ import annotations
 
 import numbers
+import re
 from dataclasses import dataclass
 
 
@@ -60,12 +61,18 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
         text = texts[i]
         starts, ends = _widen(text, offsets, words[i] if words is not None else None)
-        out.append(Encoded(ids, offsets, first, starts, ends, _breaks(text, offsets) if "\n" in text else None))
+        out.append(Encoded(ids, offsets, first, starts, ends,
+                           _breaks(text, offsets) if LINE_BREAK.search(text) else None))
     return out
 
 
+# what str.splitlines() breaks at: \r alone and U+2028 end a line as \n does
+LINE_BREAK = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
 def _breaks(text: str, offsets: list[tuple[int, int]]) -> list[bool]:
-    return [j > 0 and "\n" in text[offsets[j - 1][1]:offsets[j][0]] for j in range(len(offsets))]
+    return [j > 0 and LINE_BREAK.search(text, offsets[j - 1][1], offsets[j][0]) is not None
+            for j in range(len(offsets))]
 
 
 def first_of_words(offsets: list[tuple[int, int]], words: list[tuple[int, int]]) -> list[bool]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import unicodedata
 
 from spanflow.data.examples import NerExample
 from spanflow.data.formats.common import is_cjk, read_lines
@@ -28,11 +29,13 @@ def _sentences(path: str):
         if "\r" in line:  # lines end in CR alone: the file would read as one line of merged columns
             raise DataError("a carriage return (\\r) inside a line: the file's lines end in CR alone (old Mac "
                             "style)? Convert them to \\n line endings, e.g. tr '\\r' '\\n'", path=path, line=lineno)
-        line = line.rstrip()  # a tab or space after the last column ends it, as a newline does
-        cols = line.split("\t") if "\t" in line else line.split()
-        if cols[0] == "-DOCSTART-":
+        line = line.rstrip(" \t")  # a tab or space after the last column ends it, as a newline does
+        # columns are apart by tabs or ASCII spaces: a token of other white space (U+3000, the
+        # ideographic space of Chinese corpora) is a token
+        cols = line.split("\t") if "\t" in line else [c for c in line.split(" ") if c]
+        if cols and cols[0] == "-DOCSTART-":
             continue
-        if not cols[0].strip():  # the line starts with its tab: a tag and no token
+        if not cols or not cols[0]:  # the line starts with its tab: a tag and no token
             raise DataError(f"no token before the tag, got {quote(line)}",
                             path=path, line=lineno)
         if len(cols) < 2:
@@ -48,6 +51,17 @@ def _sentences(path: str):
         yield sent
 
 
+def _one_character(token: str) -> bool:
+    """Whether `token` is one character as a reader sees it: one code point, or one followed by
+    marks, a variation selector, a skin tone or a joiner's sequence (`❤️`, `é` decomposed)."""
+    joined = False
+    for c in token[1:]:
+        if not (joined or unicodedata.category(c) in ("Mn", "Me", "Cf", "Sk") or 0xFE00 <= ord(c) <= 0xFE0F):
+            return False
+        joined = c == "\u200d"  # a zero-width joiner takes the next code point into the character
+    return bool(token)
+
+
 def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     """Join tokens into text: spaces between words, none between CJK characters.
 
@@ -55,7 +69,7 @@ def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     sentence (one char per line, as in BMES data) and is joined without spaces, so
     '1 9 6 6 年' reads back as '1966年'.
     """
-    char_level = all(len(t) == 1 for t in tokens) and any(is_cjk(t) for t in tokens)
+    char_level = all(_one_character(t) for t in tokens) and any(is_cjk(t) for t in tokens)
     parts, offsets, pos = [], [], 0
     for i, tok in enumerate(tokens):
         if i and not char_level and not (is_cjk(tokens[i - 1][-1]) and is_cjk(tok[0])):
