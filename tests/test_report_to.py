@@ -122,6 +122,7 @@ def test_mlflow_params_and_metrics_in_the_local_store(tmp_path, local_mlflow):
     params = run.data.params
     assert params["seed"] == "0" and params["max_tokens"] == "512" and params["epochs"] == "2"
     assert params["precision"] == reps[0]["precision"] and params["device"] == reps[0]["device"]
+    assert params["model"] == "tiny" and params["train_items"] == "40"  # runs of other models or data told apart
     best = max(r["dev_f1"] for r in reps)
     assert run.data.metrics["best/dev_f1"] == pytest.approx(best, abs=1e-9)
 

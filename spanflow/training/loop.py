@@ -145,7 +145,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log) if dist.is_main else Reporters()
     r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
-                            "processes": dist.world})
+                            "processes": dist.world, "model": origin, "train_items": len(items)})
     mean_len = sum(len(it) for it in items) / max(1, len(items))
     if device.type == "cpu":  # a CPU's peak is measured (a GPU's is its datasheet's): ranks side by side read a share
         in_turn(lambda: measure_peak(device, policy.name), dist)
