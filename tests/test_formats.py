@@ -50,8 +50,9 @@ def test_an_entity_without_its_closing_tag_is_reported_and_refused_when_strict(t
     with caplog.at_level(logging.WARNING, logger="spanflow"):
         ex = read_ner(p)
     assert [e.entities() for e in ex] == [[("北京", "ORG"), ("学", "LOC"), ("校", "LOC")], [("上海", "LOC")]]
-    assert "3 entities have no closing E- tag and were read as ending at their last tag (lines 2, 4, 8)" in caplog.text
-    with pytest.raises(DataError, match="the ORG entity that ends at tag 'M-ORG' has no closing E- tag") as e:
+    assert ("3 entities have no closing E- (or L-) tag and were read as ending at their last tag (lines 2, 4, 8)"
+            in caplog.text)
+    with pytest.raises(DataError, match=r"the ORG entity that ends at tag 'M-ORG' has no closing E- \(or L-\) tag") as e:
         read_ner(p, strict=True)
     assert e.value.line == 2
     assert read_ner(write(tmp_path, "ok.bmes", "北 B-ORG\n京 E-ORG\n大 S-LOC\n\n"), strict=True)[0].entities() == \
@@ -64,11 +65,20 @@ def test_one_character_of_several_code_points_keeps_a_sentence_character_level(t
     assert ex.text == "生于19A公司\u2764\ufe0f" and ex.entities() == [("A公司", "ORG")]  # a spaced join: 'A 公司'
 
 
+def test_a_sentence_of_one_emoji_or_without_cjk_reads(tmp_path):
+    (ex,) = read_ner(write(tmp_path, "h.conll", "\u2764\ufe0f O\nN B-LOC\nY I-LOC\n\n"))
+    assert ex.text == "\u2764\ufe0f N Y" and ex.entities() == [("N Y", "LOC")]  # no CJK: joined with spaces
+    (ex,) = read_ner(write(tmp_path, "c.bmes", "\u2764\ufe0f O\n北 S-LOC\n\n"))
+    assert ex.text == "\u2764\ufe0f北" and ex.entities() == [("北", "LOC")]
+
+
 def test_an_ideographic_space_is_a_token_not_a_column_gap(tmp_path):
     for sep in ("\t", " "):
         p = write(tmp_path, "s.bmes", f"北{sep}B-ORG\n京{sep}E-ORG\n\u3000{sep}O\n大{sep}S-LOC\n\n")
         (ex,) = read_ner(p)
         assert ex.text == "北京\u3000大" and ex.entities() == [("北京", "ORG"), ("大", "LOC")], sep
+    with pytest.raises(DataError, match=r"other white space, such as U\+3000 or U\+00A0, is part of a token"):
+        read_ner(write(tmp_path, "n.conll", "New\u00a0B-LOC\n\n"))
 
 
 def test_bioes_iob1_and_extra_columns(tmp_path):

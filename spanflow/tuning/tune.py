@@ -34,7 +34,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
          force: bool = False, device: str = "auto", out: str | None = None, field: str = "text",
          column: int | None = None, plot: bool = True, repeats: int = 2, backends: bool = True,
          log_fn: Callable[[str], None] = print, started: float | None = None, texts: list[str] | None = None,
-         clock: Callable[[], float] = time.monotonic) -> dict:
+         clock: Callable[[], float] = time.perf_counter) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
     `mode` None: train, or infer for a task that does not train. Device, precision and
     quantization are resolved first, as the command that runs the model resolves them

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 from spanflow.data.examples import ReExample, is_offset
 from spanflow.data.formats.common import parse_json, read_lines
@@ -12,12 +13,12 @@ from spanflow.errors import DataError, quote
 log = logging.getLogger("spanflow")
 
 
-def _whole_first(text: str, s: str) -> list[int]:
-    """Start offsets of `s` in `text`, the whole-word ones if any."""
-    found, i = [], text.find(s)
-    while i >= 0:
-        found.append(i)
-        i = text.find(s, i + 1)
+def _whole_first(text: str, s: str, fold: bool = False) -> list[int]:
+    """Start offsets of `s` in `text` (overlapping ones too; `fold`: case-blind, the offsets still
+    the text's, where lowering would shift them: "İ" lowers to two characters), the whole-word
+    ones if any."""
+    pattern = re.compile(f"(?=({re.escape(s)}))", re.IGNORECASE if fold else 0)
+    found = [m.start() for m in pattern.finditer(text) if m.end(1) - m.start(1) == len(s)]
     whole = [i for i in found if (i == 0 or not text[i - 1].isalnum()) and
              (i + len(s) == len(text) or not text[i + len(s)].isalnum())]
     return whole or found
@@ -27,7 +28,7 @@ def _occurrences(text: str, s: str) -> list[int]:
     """Start offsets of `s` in `text`, whole-word matches first, then any, then case-blind."""
     if not s:
         return []
-    return _whole_first(text, s) or _whole_first(text.lower(), s.lower())
+    return _whole_first(text, s) or _whole_first(text, s, fold=True)
 
 
 def locate(text: str, subj: str, obj: str):
@@ -37,9 +38,8 @@ def locate(text: str, subj: str, obj: str):
     where "Bacon" stands nowhere else)."""
     if not subj or not obj:
         return None
-    low = text.lower()
     tiers = [(_occurrences(text, subj), _occurrences(text, obj)),
-             (_whole_first(low, subj.lower()), _whole_first(low, obj.lower()))]
+             (_whole_first(text, subj, fold=True), _whole_first(text, obj, fold=True))]
     pairs = [[(abs(a - b), a, b) for a in ss for b in os_ if (a, len(subj)) != (b, len(obj))] for ss, os_ in tiers]
     apart = [[p for p in ps if p[1] + len(subj) <= p[2] or p[2] + len(obj) <= p[1]] for ps in pairs]
     for found in (*apart, *pairs):

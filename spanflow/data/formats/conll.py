@@ -39,7 +39,9 @@ def _sentences(path: str):
             raise DataError(f"no token before the tag, got {quote(line)}",
                             path=path, line=lineno)
         if len(cols) < 2:
-            raise DataError(f"expected a token and a tag separated by a tab or space, got {quote(line)}",
+            other = any(c.isspace() and c not in " \t" for c in line)
+            raise DataError(f"expected a token and a tag separated by a tab or space, got {quote(line)}"
+                            + (" (other white space, such as U+3000 or U+00A0, is part of a token)" if other else ""),
                             path=path, line=lineno)
         if ncols is None:
             ncols, ncols_line = len(cols), lineno
@@ -53,10 +55,10 @@ def _sentences(path: str):
 
 def _one_character(token: str) -> bool:
     """Whether `token` is one character as a reader sees it: one code point, or one followed by
-    marks, a variation selector, a skin tone or a joiner's sequence (`❤️`, `é` decomposed)."""
+    marks (a variation selector is one), a skin tone or a joiner's sequence (`❤️`, `é` decomposed)."""
     joined = False
     for c in token[1:]:
-        if not (joined or unicodedata.category(c) in ("Mn", "Me", "Cf", "Sk") or 0xFE00 <= ord(c) <= 0xFE0F):
+        if not (joined or unicodedata.category(c) in ("Mn", "Me", "Cf") or 0x1F3FB <= ord(c) <= 0x1F3FF):
             return False
         joined = c == "\u200d"  # a zero-width joiner takes the next code point into the character
     return bool(token)
@@ -69,7 +71,7 @@ def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     sentence (one char per line, as in BMES data) and is joined without spaces, so
     '1 9 6 6 年' reads back as '1966年'.
     """
-    char_level = all(_one_character(t) for t in tokens) and any(is_cjk(t) for t in tokens)
+    char_level = all(_one_character(t) for t in tokens) and any(is_cjk(t[0]) for t in tokens)
     parts, offsets, pos = [], [], 0
     for i, tok in enumerate(tokens):
         if i and not char_level and not (is_cjk(tokens[i - 1][-1]) and is_cjk(tok[0])):
@@ -121,7 +123,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
         log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",
                     path, len(repaired), _lines(repaired))
     if unclosed:
-        log.warning("%s: %d entities have no closing E- tag and were read as ending at their last tag (lines %s)",
+        log.warning("%s: %d entities have no closing E- (or L-) tag and were read as ending at their last tag "
+                    "(lines %s)",
                     path, len(unclosed), _lines(unclosed))
     return examples
 
@@ -148,15 +151,16 @@ def _refused(entry: tuple[int, str, str], path: str, unclosed: bool = False) -> 
     """Strict reading's error for an inside tag that opens no entity, or an entity with no E- tag."""
     lineno, _, tag = entry
     if unclosed:
-        return DataError(f"the {split_tag(tag)[1]} entity that ends at tag {quote(tag)} has no closing E- tag: strict "
-                         "reading (--strict) refuses it (without --strict it is read as ending here, and reported)",
+        return DataError(f"the {split_tag(tag)[1]} entity that ends at tag {quote(tag)} has no closing E- (or L-) "
+                         "tag: strict reading (--strict) refuses it (without --strict it is read as ending here, and "
+                         "reported)",
                          path=path, line=lineno)
     return DataError(f"tag {quote(tag)} follows no B-{split_tag(tag)[1]} tag: strict reading (--strict) refuses an "
                      "inside tag that opens no entity (without --strict it is read as the entity's start, and "
                      "reported)", path=path, line=lineno)
 
 
-def conll_token_bounds(text: str, spans, words=None) -> list[tuple[int, int]]:
+def conll_token_bounds(text: str, spans, words: list[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
     """How a text is cut into CoNLL tokens: the tokens it was read from (`words`), else single
     characters for unspaced CJK text (as BMES data is), so read_conll joins them back, else
     tokens/word_bounds's (split at entity bounds in either case)."""
@@ -165,11 +169,11 @@ def conll_token_bounds(text: str, spans, words=None) -> list[tuple[int, int]]:
     return word_bounds(text, spans, words)
 
 
-def conll_tokens(text: str, spans, words=None) -> list[str]:
+def conll_tokens(text: str, spans, words: list[tuple[int, int]] | None = None) -> list[str]:
     return [text[s:e] for s, e in conll_token_bounds(text, spans, words)]
 
 
-def write_conll_sentence(f, text: str, spans, words=None) -> None:
+def write_conll_sentence(f, text: str, spans, words: list[tuple[int, int]] | None = None) -> None:
     """One sentence as `token<TAB>BIO-tag` lines and a blank line. CoNLL keeps tokens, not
     the whitespace between them: texts read back are joined as read_conll joins them."""
     bounds = conll_token_bounds(text, spans, words)

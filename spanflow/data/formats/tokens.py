@@ -5,13 +5,15 @@ a token, and sentence punctuation at a word's ends stands alone (`fun.` and `Ber
 that where a token ends never tells where an entity does). No character is ever dropped."""
 from __future__ import annotations
 
+import bisect
 import re
 
 from spanflow.data.examples import Span
 from spanflow.data.formats.common import is_cjk
 
 # marks cut off a word's ends (`Paris.`, `(Paris)`, `"Paris"`); those often part of a token
-# (`@user`, `#tag`, `$5`, `e-mail`, `a/b`, `'s`, `rock'n'roll`) stay
+# (`@user`, `#tag`, `$5`, `e-mail`, `a/b`, `'s`, `rock'n'roll`) stay, as does the last dot of
+# an abbreviation (`U.S.`, `e.g.`)
 EDGE_MARKS = frozenset('.,;:!?()[]{}"«»“”…')
 _NON_SPACE = re.compile(r"\S+")
 
@@ -24,7 +26,7 @@ def _cut_marks(text: str, s: int, e: int) -> list[tuple[int, int]]:
     while text[s] in EDGE_MARKS:
         head.append((s, s + 1))
         s += 1
-    while text[e - 1] in EDGE_MARKS:
+    while text[e - 1] in EDGE_MARKS and not (text[e - 1] == "." and "." in text[s:e - 1]):  # U.S., e.g.
         e -= 1
         tail.append((e, e + 1))
     return head + [(s, e)] + tail[::-1]
@@ -65,7 +67,7 @@ def word_bounds(text: str, spans: list[Span], words: list[tuple[int, int]] | Non
         words = None
     out = []
     for a, b in (words or plain_words(text)):
-        points = [a, *(c for c in cuts if a < c < b), b]
+        points = [a, *cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)], b]
         out += list(zip(points, points[1:]))
     return out
 

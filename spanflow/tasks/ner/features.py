@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spanflow.batching.align import IGNORE, encode_texts, windows_for
+from spanflow.batching.align import IGNORE, LINE_BREAK, encode_texts, windows_for
 from spanflow.batching.collate import collate
 from spanflow.data.examples import NerExample, join_examples
 from spanflow.tasks.ner.bio import bio_labels, decode_spans
@@ -173,4 +173,4 @@ def window_targets(window) -> int:
 def single_line(examples: list[NerExample]) -> bool:
     """Whether every training text is one line: a model trained so reads each line of a
     longer input on its own."""
-    return not any("\n" in e.text for e in examples)
+    return not any(LINE_BREAK.search(e.text) for e in examples)

@@ -21,7 +21,7 @@ import os
 from spacy.language import Language
 
 log = logging.getLogger("spanflow")
-_forked_on_one_thread = False
+_fork_hook_registered = False
 
 
 def _one_thread_after_fork() -> None:
@@ -42,10 +42,10 @@ class SpanflowNer:
         from spanflow.runtime.resolve import Asked, resolve_runtime
         from spanflow.tasks.registry import task_of_dir
 
-        global _forked_on_one_thread
-        if not _forked_on_one_thread and hasattr(os, "register_at_fork"):
+        global _fork_hook_registered
+        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_one_thread_after_fork)
-            _forked_on_one_thread = True
+            _fork_hook_registered = True
         self.name = name
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)
