@@ -73,14 +73,14 @@ class _Constant(nn.Module):
         self.w = nn.Parameter(torch.ones(()))
 
 
-def _loop(tmp_path, loss, lr):
-    items = [[0] * 8 for _ in range(16)]
+def _loop(tmp_path, loss, lr, n=16, **kw):
+    items = [[0] * 8 for _ in range(n)]
     hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
                                           "padded_tokens": 8 * len(ws)},
                       loss_fn=loss, evaluate=lambda m: {"f1": 0.0}, save_model=lambda p: os.makedirs(p, exist_ok=True))
     lines = []
-    opts = TrainOptions(epochs=2, lr=lr, max_tokens=32, patience=0, log_every=0, warmup_ratio=0.0,
-                        weight_decay=0.0, max_grad_norm=0.0)
+    opts = TrainOptions(**{**dict(epochs=2, lr=lr, max_tokens=32, patience=0, log_every=0, warmup_ratio=0.0,
+                                  weight_decay=0.0, max_grad_norm=0.0), **kw})
     train_loop(_Constant(), items, hooks, opts=opts, policy=precision.resolve_policy("fp32", "cpu"),
                out_dir=str(tmp_path), log=lines.append)
     return lines
@@ -94,6 +94,11 @@ def test_a_run_that_does_not_learn_says_so(tmp_path):
     # two epochs: after the first there is one to go, after the last the run names its fixes
     assert [x for x in falling if "loss fell" in x][0].endswith("still learning, 1 epoch to go")
     assert "--epochs" in [x for x in falling if "loss fell" in x][1]
+    # stopped early inside an epoch (--eval-every, --patience) at F1 0: said as at a last epoch
+    early = _loop(tmp_path / "c", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, n=32, eval_every=2,
+                  patience=1)
+    assert any(x.startswith("early stop after step 4 (epoch 1)") for x in early), early
+    assert sum("not learning" in x for x in early) == 1
 
 
 def test_training_auto_precision_is_bf16_only_on_native_bf16_cpus(monkeypatch):
