@@ -53,12 +53,19 @@ def temp_file(parent: str, kind: str, suffix: str = "") -> tuple[int, str]:
     return fd, path
 
 
+def aside_path(final: str) -> str:
+    """Where replace_dir keeps the old copy of `final` while the new one moves in: a hidden name
+    of spanflow's own (`.NAME.replaced`), so that no directory of the user's (`NAME.old`) is taken."""
+    parent, base = os.path.split(final.rstrip("/"))
+    return os.path.join(parent, f".{base}.replaced")
+
+
 def replace_dir(tmp: str, final: str) -> None:
     """Move a finished directory into place, replacing any older one atomically enough:
     the old copy is renamed aside first and removed only once the new one is in place."""
     old = None
     if os.path.exists(final):
-        old = final.rstrip("/") + ".old"
+        old = aside_path(final)
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
@@ -68,7 +75,7 @@ def replace_dir(tmp: str, final: str) -> None:
 
 def recover_dir(final: str) -> None:
     """Finish a replace_dir that was killed between its two renames."""
-    old = final.rstrip("/") + ".old"
+    old = aside_path(final)
     if not os.path.exists(final) and os.path.exists(old):
         os.replace(old, final)
 
@@ -234,6 +241,8 @@ def writing(what: str, path: str) -> Iterator[None]:
     library's error for one (as_os_error)."""
     try:
         yield
+    except WriteError as e:  # a save that names its own output (models.directory.write_aside) is part of this one
+        raise WriteError(what, path, e.err) from None
     except Exception as e:
         err = as_os_error(e)
         if err is not None and err.errno in WRITE_ERRNOS:

@@ -45,7 +45,7 @@ class WriteError(SpanflowError):
     written is left aside, never half-written at its final path."""
 
     def __init__(self, what: str, path: str, err: OSError):
-        self.what, self.path, self.errno = what, path, err.errno
+        self.what, self.path, self.errno, self.err = what, path, err.errno, err
         super().__init__(f"cannot write {what} to {path}: {err.strerror or err}")
 
 

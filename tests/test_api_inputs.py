@@ -159,6 +159,8 @@ def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb):
         emb.evaluate([Pair("a", "b", 0.5)])  # a correlation of one pair
     with pytest.raises(ConfigError, match="examples\\[0\\] is NerExample"):
         emb.evaluate([NerExample("a b")])
+    with pytest.raises(ConfigError, match=r"train\[1\] is not valid Unicode: a lone surrogate '\\ud800'"):
+        train_embedder([Pair("a", "b", 0.5), Pair("a \ud800", "b", 1.0)], None, model="tiny", out_dir="unused")
 
 
 @pytest.mark.parametrize("field, value, said", [

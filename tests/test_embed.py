@@ -65,6 +65,21 @@ def test_st_dir_config_is_read(st_dir, hf_dir):
     assert hf.module.pooling.mode == "mean" and not hf.module.pooling.normalize and hf.max_length == 512
 
 
+def test_a_sentence_transformers_6_directory_is_read(tmp_path):
+    # sentence-transformers 6 names the pooling mode, and keeps the max length in the tokenizer's config
+    d = make_dir(tmp_path / "st6", ST_MODULES)
+    (tmp_path / "st6" / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 32,
+                                                                            "pooling_mode": "max"}))
+    tok = json.loads((tmp_path / "st6" / "tokenizer_config.json").read_text())
+    (tmp_path / "st6" / "tokenizer_config.json").write_text(json.dumps({**tok, "model_max_length": 40}))
+    st6 = Embedder.load(d)
+    assert st6.module.pooling.mode == "max" and st6.max_length == 40 and st6.module.pooling.normalize
+    (tmp_path / "st6" / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "weightedmean"}))
+    with pytest.raises(ModelDirError, match="pooling 'weightedmean'; spanflow pools one of mean, cls, max or "
+                                            "lasttoken"):
+        Embedder.load(d)
+
+
 def test_unsupported_module_is_a_clear_error(tmp_path):
     mods = ST_MODULES + [{"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]
     d = make_dir(tmp_path, mods)

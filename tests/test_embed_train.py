@@ -217,3 +217,36 @@ def test_the_default_scored_update_holds_two_pairs_of_a_typical_length():
     items = [Sized(200)] + [Sized(150)] * 149  # a small set of long pairs: 256 tokens an update by the table
     o = size_scored_update(TrainOptions(), items, torch.device("cpu"), 1)
     assert o.max_tokens * o.grad_accum >= 2 * typical_pair(items) == 300
+
+
+def test_a_run_stopped_by_max_steps_returns_a_model_in_eval_mode_and_saves_take_no_other_files(tmp_path,
+                                                                                              monkeypatch):
+    from spanflow.errors import ConfigError, WriteError
+
+    pairs = random_pairs(24, seed=5)
+    emb = train_embedder(pairs, None, model="tiny", out_dir=str(tmp_path / "run"),
+                         options=TrainOptions(max_steps=2, precision="fp32"), log_fn=None)
+    texts = [p.a for p in pairs[:4]]
+    assert not emb.module.training and np.array_equal(emb.encode(texts), emb.encode(texts))  # dropout off
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    (tmp_path / "afile").write_text("mine")
+    for there, said in (("notes", "holds 1 other file"), ("afile", "is a file; a model is saved as a directory")):
+        with pytest.raises(ConfigError, match=said):
+            emb.save(str(tmp_path / there))
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine" and (tmp_path / "afile").read_text() == "mine"
+    (tmp_path / "m.old").mkdir()  # the user's own: a second save over m never takes it for its old copy
+    (tmp_path / "m.old" / "keep.txt").write_text("mine")
+    emb.save(str(tmp_path / "m"))
+    emb.save(str(tmp_path / "m"))
+    assert (tmp_path / "m.old" / "keep.txt").read_text() == "mine"
+    assert np.allclose(Embedder.load(str(tmp_path / "m"), precision="fp32").encode(texts), emb.encode(texts),
+                       atol=1e-5)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("spanflow.tasks.embed.st_dir.os.makedirs", full)
+    with pytest.raises(WriteError, match=r"cannot write the model to .*/m2: No space left on device"):
+        emb.save(str(tmp_path / "m2"))  # the API's own error type, naming the path given
+    assert not (tmp_path / "m2").exists()

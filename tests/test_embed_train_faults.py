@@ -63,8 +63,8 @@ def last_report(out) -> dict:
 
 def checkpoint_step(out) -> int:
     """The step of the checkpoint a killed run left (a kill between replace_dir's two renames
-    leaves it as checkpoint.old, which --resume puts back)."""
-    for name in ("checkpoint", "checkpoint.old"):
+    leaves it as .checkpoint.replaced, which --resume puts back)."""
+    for name in ("checkpoint", ".checkpoint.replaced"):
         state = out / name / "state.json"
         if state.exists():
             return json.loads(state.read_text())["global_step"]

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from spanflow.atomic import aside_path
 from spanflow.cli import evaluate as evaluate_cli
 from spanflow.cli.main import main
 from spanflow.data.formats.jsonl import write_jsonl_record
@@ -68,7 +69,7 @@ def first_epoch_step(reference) -> int:
 def assert_last_good_kept(out, reference, *, model_of_epoch: int = 1) -> None:
     """OUT/checkpoint is epoch 1's and OUT/model that of `model_of_epoch`, both whole and loadable,
     nothing half-written beside them."""
-    assert not any(os.path.exists(out / f"{name}.old") for name in ("model", "checkpoint"))
+    assert not any(os.path.exists(aside_path(str(out / name))) for name in ("model", "checkpoint"))
     assert has_checkpoint(str(out / "checkpoint"))
     state = json.loads((out / "checkpoint" / "state.json").read_text())
     assert (state["epoch"], state["global_step"]) == (1, first_epoch_step(reference))
@@ -84,7 +85,7 @@ def assert_resumes_to_reference(files, out, reference) -> None:
     assert train(files, out, "--resume") == 0
     assert_same_weights(reference / "model", out / "model")
     assert_same_weights(reference / "checkpoint" / "model", out / "checkpoint" / "model")
-    assert not [n for n in os.listdir(out) if n.startswith(TEMPORARIES) or n.endswith(".old")]
+    assert not [n for n in os.listdir(out) if n.startswith(TEMPORARIES) or n.endswith(".replaced")]
 
 
 def assert_one_full_disk_line(err: str, out) -> None:
@@ -210,7 +211,7 @@ def replace_dir(tmp, final):
         _replaced.append(final)
         if len(_replaced) == int(os.environ["SPANFLOW_TEST_KILL_AT"]):
             if os.environ["SPANFLOW_TEST_KILL"] == "between":
-                os.replace(final, final.rstrip("/") + ".old")
+                os.replace(final, atomic.aside_path(final))
             os._exit(137)
     _replace_dir(tmp, final)
 
@@ -236,7 +237,7 @@ def test_kill_during_a_model_save_keeps_the_last_good_one_then_resume(files, ref
     if when == "between":
         # the old best model is whole beside its final path, and nothing at that path
         assert not os.path.exists(out / "model"), os.listdir(out)
-        NerModel.load(str(out / "model.old"))
+        NerModel.load(aside_path(str(out / "model")))
     else:
         assert_last_good_kept(out, reference)
         assert [n for n in os.listdir(out) if n.startswith(TEMPORARIES)]  # the dead run's copy, left aside

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir
-from spanflow.errors import ModelDirError
+from spanflow.errors import ConfigError, ModelDirError, WriteError
 from spanflow.models.files import apply_umask, write_safetensors
 from spanflow.schemas import Names, PositiveInt, expect, explain
 
@@ -32,11 +32,13 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
     """A temporary directory to fill, put in place of `path` when the block ends (atomic_dir).
 
     A full disk, a quota, a read-only file system or a missing permission met while filling it
-    comes out as an OSError naming `path`, not the temporary file it happened in (removed as the
+    comes out as a WriteError naming `path`, not the temporary file it happened in (removed as the
     error leaves); a Rust library's error for one (safetensors' SafetensorError, tokenizers'
-    Exception, which transformers' save_pretrained passes on) as the OSError its message
-    reports. atomic.writing() and the CLI then tell it in one line. Every file and directory in
+    Exception, which transformers' save_pretrained passes on) as the errno its message reports.
+    A model (`kind` "model") is never saved over a file or a directory of other files. Every file and directory in
     it gets the modes of the umask, whichever library wrote it (files.apply_umask)."""
+    if kind == "model":
+        check_model_destination(path)
     try:
         with atomic_dir(path, kind) as tmp:
             yield tmp
@@ -45,7 +47,22 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
         err = as_os_error(e)
         if err is None or err.errno not in WRITE_ERRNOS:
             raise
-        raise OSError(err.errno, err.strerror, path) from e
+        raise WriteError(_WHAT.get(kind, kind), path, OSError(err.errno, err.strerror, path)) from e
+
+
+_WHAT = {"model": "the model", "ckpt": "the checkpoint", "export": "the export"}
+_MODEL_FILES = (CONFIG, "config.json", "modules.json")  # spanflow's, Hugging Face's, sentence-transformers'
+
+
+def check_model_destination(path: str) -> None:
+    """A ConfigError where saving a model at `path` would replace what is no model: a file, or a
+    directory of other files (a model directory, or an empty one, is replaced whole)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")
+    names = os.listdir(path) if os.path.isdir(path) else []
+    if names and not any(n in names for n in _MODEL_FILES):
+        raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no model: saving "
+                          "there would replace them; give a new or empty directory")
 
 
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:

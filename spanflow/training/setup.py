@@ -70,6 +70,10 @@ def prepare_encoder(encoder, opts: TrainOptions, log: Callable[[str], None]) -> 
 
 
 def best_model(summary: dict, out_dir: str, load: Callable[[str], object], last):
-    """The best model the run saved (OUT/model, reloaded), or `last` when the run stopped early."""
+    """The best model the run saved (OUT/model, reloaded), or `last` when the run stopped early,
+    in eval mode as a loaded one is (dropout off: the same text gives the same output)."""
     best = os.path.join(out_dir, "model")
-    return load(best) if summary["completed"] and os.path.isdir(best) else last
+    if summary["completed"] and os.path.isdir(best):
+        return load(best)
+    getattr(last, "module", last).eval()
+    return last

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from spanflow.data.formats.common import kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
+from spanflow.data.records import SURROGATE
 from spanflow.errors import ConfigError, DataError, as_path, quote
 
 
@@ -50,6 +51,9 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                                          and math.isfinite(p.score)))):
             raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a finite number (or "
                               "None) for its score")
+        bad = next((m for t in (p.a, p.b, p.negative or "") for m in [SURROGATE.search(t)] if m), None)
+        if bad:  # no tokenizer takes it: said here, not as a UnicodeEncodeError from inside one
+            raise ConfigError(f"{what}[{i}] is not valid Unicode: a lone surrogate {bad.group()!a}")
     if len(pairs) < least:
         raise ConfigError(f"{what} holds {len(pairs)} pair{'s' * (len(pairs) != 1)}; it needs at least {least}")
     kinds = {}  # scored, with a negative, or neither: a mix would train and score as only one of them

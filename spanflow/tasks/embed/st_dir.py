@@ -24,7 +24,9 @@ def read_embedding_config(path: str) -> dict:
     A plain Hugging Face encoder gets mean pooling, no normalisation and its own max length.
     """
     if not os.path.isdir(path):
-        raise ModelDirError(f"model directory not found: {path}")
+        from spanflow.models.encoder import missing_dir
+
+        raise ModelDirError(missing_dir(path))  # a file, or OUT/model of a run that has saved none yet
     modules_file = os.path.join(path, "modules.json")
     if not os.path.exists(modules_file):
         return {"encoder_dir": path, "pooling": "mean", "normalize": False, "max_seq_length": None}
@@ -37,11 +39,21 @@ def read_embedding_config(path: str) -> dict:
             sb = os.path.join(mod_dir, "sentence_bert_config.json")
             if os.path.exists(sb):
                 cfg["max_seq_length"] = _json(sb).get("max_seq_length")
+            tok = os.path.join(mod_dir, "tokenizer_config.json")
+            if cfg["max_seq_length"] is None and os.path.exists(tok):  # sentence-transformers 6 keeps it there
+                limit = _json(tok).get("model_max_length")
+                cfg["max_seq_length"] = limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
         elif kind == "Pooling":
             pc = _json(os.path.join(mod_dir, "config.json"))
-            modes = [name for key, name in _POOL_KEYS.items() if pc.get(key)]
-            if pc.get("pooling_mode_mean_sqrt_len_tokens") or len(modes) != 1:
-                raise ModelDirError(f"{mod_dir}: only one of mean, cls, max or last-token pooling is supported")
+            if "pooling_mode" in pc:  # sentence-transformers 6 names the one mode
+                modes = [pc["pooling_mode"]] if pc["pooling_mode"] in _POOL_KEYS.values() else []
+                asked = repr(pc["pooling_mode"])
+            else:  # earlier ones set a flag for each
+                modes = [name for key, name in _POOL_KEYS.items() if pc.get(key)]
+                modes += ["mean_sqrt_len_tokens"] if pc.get("pooling_mode_mean_sqrt_len_tokens") else []
+                asked = " and ".join(modes) or "no mode"
+            if len(modes) != 1 or modes[0] not in _POOL_KEYS.values():
+                raise ModelDirError(f"{mod_dir}: pooling {asked}; spanflow pools one of mean, cls, max or lasttoken")
             cfg["pooling"] = modes[0]
         elif kind == "Normalize":
             cfg["normalize"] = True
