@@ -254,6 +254,11 @@ def test_a_wrong_argument_is_a_config_error_not_a_python_one(tmp_path, rel, emb)
         train_re(ex, None, out_dir=str(tmp_path), relations="lives_in")  # read as its letters
     with pytest.raises(ConfigError, match="^all_subjects takes True or False, got 'no'"):
         train_re(ex, None, out_dir=str(tmp_path), all_subjects="no")
+    for opts, said in ((TrainOptions(stride=16), r"TrainOptions.stride \(--stride\) applies to NER training"),
+                       (TrainOptions(oversample=0.5), r"oversample \(--oversample\) applies to NER and RE training")):
+        with pytest.raises(ConfigError, match=said + "; embed training would ignore it"):  # not silently ignored
+            train_embedder([Pair("a", "b", 0.5), Pair("c", "d", 1.0)], None, model="tiny", out_dir="unused",
+                           options=opts)
     blank = [ReExample("Ann lives in Rome .", [((0, 3), " ", (13, 17))])]  # a name of spaces only is no name
     with pytest.raises(Exception, match=r"train\[0\]: triple .* needs a relation name"):
         train_re(blank, None, out_dir=str(tmp_path))

@@ -231,7 +231,8 @@ def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
 
     feats = prepare_features(data[:4], model.tokenizer, model.rel2id, max_length=64)
     assert all(rels for rels in feature_relations(feats))
-    with pytest.raises(ConfigError, match="--class-weights applies to NER"):
+    with pytest.raises(ConfigError, match=r"TrainOptions.class_weights \(--class-weights\) applies to NER training; "
+                                          "re training would ignore it"):
         train_re(data, None, model="tiny", out_dir=str(tmp_path / "b"),
                  options=TrainOptions(epochs=1, class_weights="auto", log_every=0), log_fn=lambda s: None)
     # smoothed targets: the loss of a batch is higher than with 0/1 targets for a confident model

@@ -184,13 +184,20 @@ def check_types(opts, skip: tuple[str, ...] = ("report_to",)) -> None:
             object.__setattr__(opts, f.name, int(v) if isinstance(v, numbers.Integral) else float(v))
 
 
-def check_options(options) -> None:
-    """A ConfigError where a train function's `options` is neither a TrainOptions nor None."""
+def check_options(options, task: str | None = None) -> None:
+    """A ConfigError where a train function's `options` is neither a TrainOptions nor None, or,
+    for `task`, sets a field of other tasks' (its `tasks`), which this one would ignore."""
     from spanflow.errors import ConfigError
 
     if options is not None and not isinstance(options, TrainOptions):
         raise ConfigError(f"options takes a TrainOptions (spanflow.TrainOptions(epochs=3, ...)), got "
                           f"{type(options).__name__}")
+    for f in dataclasses.fields(TrainOptions) if options is not None and task else ():
+        tasks = f.metadata.get("tasks")
+        if tasks and task not in tasks and getattr(options, f.name) != f.default:
+            raise ConfigError(f"TrainOptions.{f.name} (--{f.name.replace('_', '-')}) applies to "
+                              f"{' and '.join(t.upper() for t in tasks)} training; {task} training would ignore it",
+                              field=f.name)
 
 
 def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> TrainOptions:

@@ -286,7 +286,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
     """Fine-tune a sentence embedder: CoSENT (or AnglE) on scored pairs, an in-batch-negatives
     ranking loss on pairs and triplets. The best by dev score (Spearman for scored dev pairs,
     MRR@10 for pairs) is saved to `<out_dir>/model` as a sentence-transformers directory."""
-    check_options(options)
+    check_options(options, "embed")
     if config is not None and not isinstance(config, EmbedTraining):
         raise ConfigError(f"config takes an EmbedTraining (the loss and its settings), got {type(config).__name__}"
                           + ("; TrainOptions go to options=" if isinstance(config, TrainOptions) else ""))
@@ -295,8 +295,6 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         check_pairs(dev, "dev", SCORED)
     config = config or EmbedTraining()
     name = choose_loss(train, config)
-    if options is not None and (options.class_weights is not None or options.label_smoothing):
-        raise ConfigError("--class-weights and --label-smoothing apply to NER, not to embeddings")
     loss = LOSSES[name] if not config.symmetric else functools.partial(LOSSES[name], symmetric=True)
 
     def setup(run: Run) -> Plan:

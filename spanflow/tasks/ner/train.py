@@ -102,7 +102,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
     Options left unset take the task's DEFAULTS for the starting point, sized to the data.
     """
-    check_options(options)
+    check_options(options, "ner")
     check_examples(train, NerExample, "train")
     if dev is not None:
         check_examples(dev, NerExample, "dev")

@@ -72,7 +72,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     sorted); one the data has but the list lacks is a ConfigError. The object stage trains on
     every gold subject of a text; `all_subjects=False` samples one per text and step, as the
     CasRel paper does (slower to learn, docs/defaults.md)."""
-    check_options(options)
+    check_options(options, "re")
     if relations is not None and (isinstance(relations, str) or not isinstance(relations, (list, tuple))
                                   or not all(isinstance(r, str) and r for r in relations)):
         raise ConfigError(f"relations takes a list of relation names, got {quote(relations, 60)}")
@@ -86,8 +86,6 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")
-    if options is not None and options.class_weights is not None:
-        raise ConfigError("--class-weights applies to NER; relation extraction takes --oversample instead")
 
     def setup(run: Run) -> Plan:
         opts, log = run.opts, run.log
