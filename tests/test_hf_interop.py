@@ -58,9 +58,17 @@ def test_export_gives_the_pipeline_the_same_entities_as_predict(trained, capsys)
     ours = predicted(d / "ours.jsonl")
     assert sum(map(len, ours)) > 5  # the model found entities, so the comparison means something
     assert pipeline_entities(d / "hf", TEXTS) == ours
+    # spanflow runs the export as it ran the model: its words, word edges, window and stride come back
+    from spanflow.tasks.ner import NerModel
+
+    src, back = NerModel.load(str(d / "run" / "model")), NerModel.load(str(d / "hf"))
+    assert (back.words, back.word_edges, back.max_length, back.stride, back.lines) == \
+        (src.words, src.word_edges, src.max_length, src.stride, src.lines)
 
 
-def test_a_crf_model_is_exported_only_when_asked_to_drop_its_transitions(trained, capsys):
+def test_a_crf_model_is_exported_only_when_asked_to_drop_its_transitions(trained, capsys, caplog):
+    from spanflow.tasks.ner import NerModel
+
     d = trained
     train = str(d / "train.jsonl")
     assert main(["train", "ner", "--train", train, "--model", str(d / "enc"), "--out", str(d / "crf"), "--epochs", "1",
@@ -69,11 +77,20 @@ def test_a_crf_model_is_exported_only_when_asked_to_drop_its_transitions(trained
     assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", str(d / "crf_hf")]) == 2
     assert "--head softmax" in capsys.readouterr().err and not (d / "crf_hf").exists()
     assert main(["export", "--model", str(d / "crf" / "model"), "--to", "hf", "--lossy", str(d / "crf_hf")]) == 0
-    assert "transition scores are left out" in capsys.readouterr().out
+    assert "transition scores are left out" in capsys.readouterr().err  # a warning, on stderr
     assert (d / "crf_hf" / "model.safetensors").exists()
+    assert json.loads((d / "crf_hf" / "config.json").read_text())["spanflow_lossy_crf"] is True
+    with caplog.at_level("WARNING", logger="spanflow"):  # said again where spanflow runs it
+        NerModel.load(str(d / "crf_hf"))
+    assert "lossy export of a CRF model" in caplog.text
     # an earlier export is replaced by the next (the trained models never are: test_first_contact_messages)
     assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "crf_hf")]) == 0
     assert "crf_hf" in capsys.readouterr().out
+    # but not one that holds anything an export does not write (a model fine-tuned from it keeps its marks)
+    (d / "crf_hf" / "README.md").write_text("notes")
+    assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "crf_hf")]) == 2
+    assert "holds a model or encoder and files no export writes (README.md)" in capsys.readouterr().err
+    assert (d / "crf_hf" / "README.md").read_text() == "notes"
 
 
 def test_a_directory_saved_by_transformers_is_predicted_evaluated_and_served(trained, tmp_path, capsys):
@@ -133,6 +150,19 @@ def test_schemes_read_as_bio_and_unusable_directories_are_one_line(tmp_path, cap
                str(tmp_path / "o.jsonl")])
     err = capsys.readouterr().err
     assert rc == 2 and "id2label" in err and "Traceback" not in err
+
+
+def test_weights_saved_without_their_tokenizer_are_refused(trained, tmp_path, capsys):
+    import shutil
+
+    assert main(["export", "--model", str(trained / "run" / "model"), "--to", "hf", str(tmp_path / "hf")]) == 0
+    (tmp_path / "bare").mkdir()  # not run on a vocabulary of special tokens alone, every word [UNK]
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "bare" / name)
+    capsys.readouterr()
+    rc = main(["predict", "--model", str(tmp_path / "bare"), "--input", str(trained / "texts.txt"), "--output",
+               str(tmp_path / "o.jsonl")])
+    assert rc == 2 and "no tokenizer files (tokenizer.json, or vocab.txt and its config)" in capsys.readouterr().err
 
 
 def test_a_full_disk_at_export_is_one_line_and_leaves_nothing(trained, tmp_path, capsys):

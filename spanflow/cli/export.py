@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 
 
 def add_parser(sub) -> None:
@@ -31,7 +33,8 @@ def run(a: argparse.Namespace) -> int:
     _check(task, a)  # before the model loads
     model = task.load(a.model, device="cpu", precision="fp32")
     with writing("the exported model", a.out):
-        print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy)} ({a.to})")
+        said = lambda line: print(line, file=sys.stderr)  # noqa: E731 - warnings and notes, as every command's
+        print(f"wrote {task.export(model, a.to, a.out, lossy=a.lossy, log_fn=said)} ({a.to})")
     return 0
 
 
@@ -71,19 +74,29 @@ def _check(task, a: argparse.Namespace) -> None:
         raise ConfigError(f"{a.out} is a file; the export is a directory")
     if os.path.isdir(a.out) and os.listdir(a.out) and not _earlier_export(a.out):
         what = "a model or encoder" if holds_model(a.out) else "other files"
+        extra = sorted(n for n in os.listdir(a.out) if not _EXPORT_FILES.fullmatch(n))
+        hf_dir = os.path.exists(os.path.join(a.out, "config.json")) and not os.path.exists(
+            os.path.join(a.out, "spanflow.json"))  # an export's kind: what makes it no earlier export is named
+        what += f" and files no export writes ({', '.join(extra[:3])})" if extra and hf_dir else ""
         raise ConfigError(f"{a.out} holds {what}, which the export would replace; give a new directory (or "
-                          "an earlier export's; one made before exports were marked with spanflow_words in their "
-                          "config.json is not known as one: remove it first)")
+                          "an earlier export's, holding nothing the export did not write)")
+
+
+# what an export writes (transformers' save_pretrained and the tokenizer's): a directory holding
+# anything else (a README, a checkpoint folder, training_args.bin) is not one to replace
+_EXPORT_FILES = re.compile(r"config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|"
+                           r"tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(txt|json)|"
+                           r"merges\.txt|[\w.-]*\.model|chat_template\.jinja")
 
 
 def _earlier_export(path: str) -> bool:
-    """Whether `path` holds what an earlier `spanflow export` wrote: its config.json marked with a
-    spanflow_ field, and no spanflow model (a trained model, or the encoder one was trained from, is
-    never replaced)."""
+    """Whether `path` holds what an earlier `spanflow export` wrote and nothing else: its
+    config.json marked with a spanflow_ field, and only the files an export writes (a trained
+    model, a model fine-tuned from an export, or a folder of the user's files is never replaced)."""
     import json
     import os
 
-    if os.path.exists(os.path.join(path, "spanflow.json")) or os.path.exists(os.path.join(path, "modules.json")):
+    if any(not _EXPORT_FILES.fullmatch(n) or not os.path.isfile(os.path.join(path, n)) for n in os.listdir(path)):
         return False
     try:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:

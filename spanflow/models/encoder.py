@@ -125,8 +125,18 @@ def _load_weights(path: str) -> nn.Module:
         return AutoModel.from_pretrained(path, **kwargs)
 
 
+# a tokenizer's vocabulary: without one of these, transformers builds a tokenizer of a few special
+# tokens that reads every word as [UNK], and a model runs on it without a word
+# (a SentencePiece model is any `*.model`: spiece.model, spm.model, sentencepiece.bpe.model)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+
+
 def load_tokenizer(path: str):
     """The fast tokenizer of a local directory (character offsets need one)."""
+    if os.path.isdir(path) and not any(n in TOKENIZER_FILES or n.endswith(".model") for n in os.listdir(path)):
+        raise ModelDirError(f"{path}: no tokenizer files (tokenizer.json, or vocab.txt and its config): save the "
+                            "tokenizer beside the weights (tokenizer.save_pretrained(path)) or copy its files from "
+                            "the model it was trained from")
     quiet_transformers()
     from transformers import AutoTokenizer
 

@@ -141,6 +141,12 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     # kept for spanflow, which reads the directory back with the same words (and knows it for its own
     # export, which a later export may replace); the pipeline ignores it
     cfg.spanflow_words = model.words
+    # and how it reads text, so that spanflow runs the export as it ran the model
+    cfg.spanflow_max_length, cfg.spanflow_stride, cfg.spanflow_lines = model.max_length, model.stride, model.lines
+    if model.word_edges:
+        cfg.spanflow_word_edges = model.word_edges
+    if model.head_type == "crf":
+        cfg.spanflow_lossy_crf = True  # said again when spanflow runs the export
     if model.words == "whitespace":
         log_fn("note: this model labels whitespace-separated words; transformers' pipeline starts a word at every "
                "word of its tokenizer (after each punctuation mark inside a URL too), so its entities can start or "

@@ -1,6 +1,7 @@
 """NerModel: an encoder with a tagging head; load, predict, evaluate, save."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from spanflow.batching.align import (
@@ -40,6 +41,7 @@ from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
 
 
+log = logging.getLogger("spanflow")
 DEFAULT_STRIDE = 32  # tokens shared by neighbouring windows of a long text
 
 
@@ -105,16 +107,26 @@ class NerModel:
         label ids (any BIO-like scheme) for inference, or, with `bio`, its classifier carried over
         onto spanflow's BIO label rows (to continue training)."""
         encoder, tokenizer, classifier, tags = load_token_classifier(path)
-        words = config_words({"words": token_classification_config(path).get("spanflow_words")}, path)
+        hf = token_classification_config(path)  # a spanflow export's spanflow_ keys: how the model read text
+        words = config_words({"words": hf.get("spanflow_words")}, path)
+        edges = hf.get("spanflow_word_edges")
+        if edges is not None and not (isinstance(edges, dict) and all(isinstance(v, str) for v in edges.values())):
+            raise ModelDirError(f"{path}: spanflow_word_edges in config.json is not {{\"start\": ..., \"end\": ...}}")
+        if hf.get("spanflow_lossy_crf"):
+            log.warning("%s is a lossy export of a CRF model: each token is decoded by its own scores (argmax), so "
+                        "its entities differ from the CRF model's", path)
         labels = sorted({t[2:] for t in tags if t != "O"})
         id2label = bio_label_list(labels) if bio else tags
         head = make_tagging_head("softmax", hidden_size=encoder.config.hidden_size, id2label=id2label)
         if bio:
             classifier = select_rows(classifier, bio_rows(tags, id2label))
         head.proj.load_state_dict(classifier.state_dict())
-        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=encoder_max_length(encoder, tokenizer),
-                   head=head,
-                   head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label, words=words)
+        limit = encoder_max_length(encoder, tokenizer)
+        return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit, head=head,
+                   head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label, words=words,
+                   word_edges=edges, max_length=config_int(hf, "spanflow_max_length", path, limit),
+                   stride=config_int(hf, "spanflow_stride", path, DEFAULT_STRIDE),
+                   lines=hf.get("spanflow_lines", True) is not False)
 
     def save(self, path: str) -> None:
         """Write a self-contained model directory."""
