@@ -137,6 +137,10 @@ def test_schemes_read_as_bio_and_unusable_directories_are_one_line(tmp_path, cap
         ["O", "B-PER", "B-PER", "I-PER", "I-PER"]
     assert bio_tags("d", {0: "O", 1: "U-LOC", 2: "L-LOC"}) == ["O", "B-LOC", "I-LOC"]
     assert bio_tags("d", {0: "I-ORG", 1: "O", 2: "B-ORG"}) == ["I-ORG", "O", "B-ORG"]  # IOB1
+    from spanflow.tasks.ner.hf import bio_rows
+
+    # an IOB1 classifier's I-PER row starts PER entities: it is what B-PER continues training from
+    assert bio_rows(["O", "I-PER", "I-LOC", "B-LOC"], ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]) == [0, 3, 2, 1, 1]
     with pytest.raises(ModelDirError, match="LABEL_0"):
         bio_tags("d", {0: "LABEL_0", 1: "LABEL_1"})
     from transformers import BertConfig, BertForTokenClassification

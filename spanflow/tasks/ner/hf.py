@@ -95,10 +95,13 @@ def load_token_classifier(path: str):
 
 
 def bio_rows(tags: list[str], bio: list[str]) -> list[int]:
-    """For each BIO label, the label id of the source classifier to copy its row from."""
+    """For each BIO label, the label id of the source classifier to copy its row from: the one
+    that reads as it, else the other tag of its type (an IOB1 classifier has I-X and no B-X: its
+    I-X row starts entities, as B-X does)."""
     rows = []
     for t in bio:
-        same = [i for i, s in enumerate(tags) if s == t]
+        other = {"B": "I", "I": "B"}.get(t[:1], "") + t[1:] if t != "O" else t
+        same = [i for i, s in enumerate(tags) if s == t] or [i for i, s in enumerate(tags) if s == other]
         if not same:
             raise ConfigError(f"the model has no label that reads as {t}")
         rows.append(same[0])
@@ -121,7 +124,7 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     from transformers import AutoModelForTokenClassification
 
     from spanflow.models.directory import write_aside
-    from spanflow.models.encoder import is_tiny
+    from spanflow.models.encoder import is_tiny, quiet_transformers
 
     encoder = model.module.encoder
     if is_tiny(encoder):
@@ -152,6 +155,7 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
                "word of its tokenizer (after each punctuation mark inside a URL too), so its entities can start or "
                "end inside a whitespace token; spanflow reads this directory back with the model's words "
                "(docs/ner.md)")
+    quiet_transformers()  # no progress bar of its writing shards among the command's lines
     full = AutoModelForTokenClassification.from_config(cfg)
     missing, _ = getattr(full, full.base_model_prefix).load_state_dict(encoder.state_dict(), strict=False)
     if missing:
