@@ -74,10 +74,15 @@ def replace_dir(tmp: str, final: str) -> None:
 
 
 def recover_dir(final: str) -> None:
-    """Finish a replace_dir that was killed between its two renames."""
+    """Finish a replace_dir that was killed between its two renames (one of an older spanflow left
+    its copy at NAME.old: taken back only where it is a checkpoint or a model, never deleted)."""
     old = aside_path(final)
     if not os.path.exists(final) and os.path.exists(old):
         os.replace(old, final)
+    legacy = final.rstrip("/") + ".old"
+    if not os.path.exists(final) and any(os.path.exists(os.path.join(legacy, f))
+                                         for f in ("state.json", "spanflow.json", "modules.json")):
+        os.replace(legacy, final)
 
 
 @contextmanager

@@ -74,6 +74,8 @@ def test_a_sentence_transformers_6_directory_is_read(tmp_path):
     (tmp_path / "st6" / "tokenizer_config.json").write_text(json.dumps({**tok, "model_max_length": 40}))
     st6 = Embedder.load(d)
     assert st6.module.pooling.mode == "max" and st6.max_length == 40 and st6.module.pooling.normalize
+    (tmp_path / "st6" / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": ["cls"]}))
+    assert Embedder.load(d).module.pooling.mode == "cls"  # a list of one mode, as version 6 also takes
     (tmp_path / "st6" / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "weightedmean"}))
     with pytest.raises(ModelDirError, match="pooling 'weightedmean'; spanflow pools one of mean, cls, max or "
                                             "lasttoken"):

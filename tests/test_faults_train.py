@@ -410,3 +410,30 @@ def test_the_first_loss_window_survives_a_stop_before_it_fills(files, reference,
     # the same steps' losses as the uninterrupted run's first window, not the window after the resume
     assert abs(checkpoint_state(out)["first_loss"] - checkpoint_state(reference)["first_loss"]) < 1e-6
     assert "first_window" not in checkpoint_state(out)
+
+
+def test_out_model_that_is_no_model_is_refused_before_training_and_litter_is_not(tmp_path, capsys):
+    from spanflow.atomic import recover_dir
+    from spanflow.tasks.ner import train_ner
+    from spanflow.training.options import TrainOptions
+
+    data = synthetic_ner(12, seed=1)
+    out = tmp_path / "run"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "mine.txt").write_text("mine")
+    with pytest.raises(Exception, match=r"holds 1 other file\(s\) \(e.g. mine.txt\) and no model"):
+        train_ner(data, None, model="tiny", out_dir=str(out), options=TrainOptions(epochs=1, stride=0, max_length=32),
+                  log_fn=None)
+    assert not (out / "checkpoint").exists() and (out / "model" / "mine.txt").read_text() == "mine"
+    os.remove(out / "model" / "mine.txt")
+    (out / "model" / ".DS_Store").write_text("")  # a file browser's: no file of the user's to keep
+    model = train_ner(data, None, model="tiny", out_dir=str(out), options=TrainOptions(epochs=1, stride=0,
+                                                                                       max_length=32), log_fn=None)
+    assert NerModel.load(str(out / "model")).stride == 0 == model.stride  # a stride of 0 reloads
+    # an older spanflow, killed between its two renames, left its copy at NAME.old: taken back, as a model
+    os.replace(out / "model", out / "model.old")
+    recover_dir(str(out / "model"))
+    assert NerModel.load(str(out / "model")).stride == 0 and not (out / "model.old").exists()
+    (tmp_path / "notes.old").mkdir()  # but a NAME.old that is no model is never moved
+    recover_dir(str(tmp_path / "notes"))
+    assert (tmp_path / "notes.old").is_dir() and not (tmp_path / "notes").exists()

@@ -86,6 +86,11 @@ def test_a_crf_model_is_exported_only_when_asked_to_drop_its_transitions(trained
     # an earlier export is replaced by the next (the trained models never are: test_first_contact_messages)
     assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "crf_hf")]) == 0
     assert "crf_hf" in capsys.readouterr().out
+    # a model continued from the lossy export and exported again carries none of the earlier export's marks
+    assert main(["train", "ner", "--train", train, "--model", str(d / "crf_hf"), "--out", str(d / "again"),
+                 "--epochs", "1", "--max-tokens", "512", "--log-every", "0", "--head", "softmax"]) == 0
+    assert main(["export", "--model", str(d / "again" / "model"), "--to", "hf", str(d / "again_hf")]) == 0
+    assert "spanflow_lossy_crf" not in json.loads((d / "again_hf" / "config.json").read_text())
     # but not one that holds anything an export does not write (a model fine-tuned from it keeps its marks)
     (d / "crf_hf" / "README.md").write_text("notes")
     assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", str(d / "crf_hf")]) == 2

@@ -139,7 +139,7 @@ def test_the_spacy_component_sets_the_spans_predict_finds(conll_model):
 def test_the_hf_export_keeps_the_words_for_spanflow(conll_model, tmp_path, capsys):
     d, _ = conll_model
     assert main(["export", "--model", str(d / "run" / "model"), "--to", "hf", "--lossy", str(tmp_path / "hf")]) == 0
-    assert "labels whitespace-separated words" in capsys.readouterr().out
+    assert "labels whitespace-separated words" in capsys.readouterr().err  # a note, on stderr
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["spanflow_words"] == WHITESPACE
     back = NerModel.load(str(tmp_path / "hf"), precision="fp32")  # the emissions, decoded token by token
     assert back.words == WHITESPACE

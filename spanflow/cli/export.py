@@ -79,7 +79,9 @@ def _check(task, a: argparse.Namespace) -> None:
             os.path.join(a.out, "spanflow.json"))  # an export's kind: what makes it no earlier export is named
         what += f" and files no export writes ({', '.join(extra[:3])})" if extra and hf_dir else ""
         raise ConfigError(f"{a.out} holds {what}, which the export would replace; give a new directory (or "
-                          "an earlier export's, holding nothing the export did not write)")
+                          "an earlier export's, holding nothing the export did not write; one made before exports "
+                          "were marked with spanflow_words in their config.json is not known as one: remove it "
+                          "first)")
 
 
 # what an export writes (transformers' save_pretrained and the tokenizer's): a directory holding
@@ -96,7 +98,10 @@ def _earlier_export(path: str) -> bool:
     import json
     import os
 
-    if any(not _EXPORT_FILES.fullmatch(n) or not os.path.isfile(os.path.join(path, n)) for n in os.listdir(path)):
+    from spanflow.models.directory import LITTER
+
+    if any(n not in LITTER and (not _EXPORT_FILES.fullmatch(n) or not os.path.isfile(os.path.join(path, n)))
+           for n in os.listdir(path)):
         return False
     try:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:

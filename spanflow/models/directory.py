@@ -19,12 +19,12 @@ from torch import nn
 from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir
 from spanflow.errors import ConfigError, ModelDirError, WriteError
 from spanflow.models.files import apply_umask, write_safetensors
-from spanflow.schemas import Names, PositiveInt, expect, explain
+from spanflow.schemas import Names, NonNegativeInt, PositiveInt, expect, explain
 
 FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads
 CONFIG = "spanflow.json"
 TaskName = expect(Annotated[str, Field(strict=True, min_length=1)], "a task name")
-_NAMES, _POSITIVE = TypeAdapter(Names), TypeAdapter(PositiveInt)
+_NAMES, _POSITIVE, _COUNT = TypeAdapter(Names), TypeAdapter(PositiveInt), TypeAdapter(NonNegativeInt)
 
 
 @contextmanager
@@ -52,6 +52,8 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
 
 _WHAT = {"model": "the model", "ckpt": "the checkpoint", "export": "the export"}
 _MODEL_FILES = (CONFIG, "config.json", "modules.json")  # spanflow's, Hugging Face's, sentence-transformers'
+# what a file browser or a notebook leaves in any folder: no files of the user's to keep
+LITTER = frozenset({".DS_Store", ".gitkeep", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini"})
 
 
 def check_model_destination(path: str) -> None:
@@ -59,7 +61,7 @@ def check_model_destination(path: str) -> None:
     directory of other files (a model directory, or an empty one, is replaced whole)."""
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")
-    names = os.listdir(path) if os.path.isdir(path) else []
+    names = [n for n in os.listdir(path) if n not in LITTER] if os.path.isdir(path) else []
     if names and not any(n in names for n in _MODEL_FILES):
         raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no model: saving "
                           "there would replace them; give a new or empty directory")
@@ -152,6 +154,11 @@ def check_names(cfg: dict, key: str, path: str) -> list[str]:
 def config_int(cfg: dict, key: str, path: str, default: int | None = None) -> int:
     """cfg[key] as a positive integer (`default` when absent or null), or a ModelDirError."""
     return _config_value(cfg, key, path, _POSITIVE, default)
+
+
+def config_count(cfg: dict, key: str, path: str, default: int | None = None) -> int:
+    """cfg[key] as a non-negative integer (a stride of 0 is one), or a ModelDirError."""
+    return _config_value(cfg, key, path, _COUNT, default)
 
 
 def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:

@@ -72,7 +72,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 # resume with more patience runs its remaining steps
                 with r.meter.excluded():
                     report_period(r, epoch, rep, r.st.get("last_f1"), partial=True, early_stop=True)
-                    learning_check(r, r.st.get("last_f1"), left=0)  # the run ends here, as at its last epoch
+                    learning_check(r, r.st.get("last_f1"), left=0, stopped=True)  # the run ends here
                     _checkpoint(r)
                 break
             f1 = _evaluate(r) if opts.eval_every is None else r.st.get("last_f1")

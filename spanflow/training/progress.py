@@ -110,10 +110,11 @@ def _finite(model) -> bool:
     return bool(torch.stack(flags).all()) if flags else True
 
 
-def learning_check(r: LoopState, f1: float | None, left: int) -> None:
+def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = False) -> None:
     """One line when an epoch ends at dev F1 0: say whether the loss moved and what to try
     (`left`: epochs still to run). Both figures are the loss the step lines print, averaged over
-    the same number of steps: the first steps of the run, and the last ones before this check."""
+    the same number of steps: the first steps of the run, and the last ones before this check.
+    `stopped`: --patience ended the run inside an epoch, so more of it is what would train longer."""
     first, w = r.st.get("first_loss"), r.recent.maxlen
     best = r.st.get("best_f1") or 0.0  # an --eval-every evaluation may have scored above 0 before this one
     if f1 is None or f1 > 0 or best > 0 or not first or len(r.recent) < w:  # the same on every rank: broadcast
@@ -131,4 +132,5 @@ def learning_check(r: LoopState, f1: float | None, left: int) -> None:
               f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
     else:
         r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({moved}) in {steps} optimizer steps: "
-              "train longer (--epochs), or check that --dev holds the labels of --train")
+              f"train longer ({'a larger --patience' if stopped else '--epochs'}), or check that --dev holds the "
+              "labels of --train")

@@ -45,9 +45,11 @@ def read_embedding_config(path: str) -> dict:
                 cfg["max_seq_length"] = limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
         elif kind == "Pooling":
             pc = _json(os.path.join(mod_dir, "config.json"))
-            if "pooling_mode" in pc:  # sentence-transformers 6 names the one mode
-                modes = [pc["pooling_mode"]] if pc["pooling_mode"] in _POOL_KEYS.values() else []
-                asked = repr(pc["pooling_mode"])
+            if "pooling_mode" in pc:  # sentence-transformers 6 names the one mode (a list of one too)
+                mode = pc["pooling_mode"]
+                mode = mode[0] if isinstance(mode, list) and len(mode) == 1 else mode
+                modes = [mode] if isinstance(mode, str) and mode in _POOL_KEYS.values() else []
+                asked = repr(mode)
             else:  # earlier ones set a flag for each
                 modes = [name for key, name in _POOL_KEYS.items() if pc.get(key)]
                 modes += ["mean_sqrt_len_tokens"] if pc.get("pooling_mode_mean_sqrt_len_tokens") else []
@@ -66,7 +68,7 @@ def read_embedding_config(path: str) -> dict:
 def write_embedding_dir(path: str, *, encoder, tokenizer, pooling: str, normalize: bool, max_length: int) -> None:
     """A sentence-transformers directory (Transformer at the top, Pooling, optional Normalize) that
     sentence-transformers and spanflow load alike; written aside and renamed into place, a full
-    disk told as an OSError naming `path` (models.directory.write_aside)."""
+    disk told as a WriteError naming `path` (models.directory.write_aside)."""
     from spanflow.models.directory import write_aside
 
     with write_aside(path) as tmp:

@@ -143,6 +143,8 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     cfg.label2id = {t: i for i, t in enumerate(model.id2label)}
     # kept for spanflow, which reads the directory back with the same words (and knows it for its own
     # export, which a later export may replace); the pipeline ignores it
+    for key in [k for k in cfg.to_dict() if k.startswith("spanflow_")]:  # an earlier export's, carried through
+        delattr(cfg, key)
     cfg.spanflow_words = model.words
     # and how it reads text, so that spanflow runs the export as it ran the model
     cfg.spanflow_max_length, cfg.spanflow_stride, cfg.spanflow_lines = model.max_length, model.stride, model.lines

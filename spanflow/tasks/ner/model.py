@@ -15,6 +15,7 @@ from spanflow.data.examples import NerExample, Span, check_examples
 from spanflow.errors import ConfigError, ModelDirError, as_path
 from spanflow.models.directory import (
     check_names,
+    config_count,
     config_int,
     fill_head,
     load_model_dir,
@@ -95,7 +96,7 @@ class NerModel:
         old = "limit" not in cfg
         limit = config_int(cfg, "max_length" if old else "limit", path)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit,
-                   stride=config_int(cfg, "stride", path, DEFAULT_STRIDE), head=fill_head(head, head_state, path),
+                   stride=config_count(cfg, "stride", path, DEFAULT_STRIDE), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
                    lines=cfg.get("lines", True) is not False, words=config_words(cfg, path),
@@ -125,7 +126,7 @@ class NerModel:
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit, head=head,
                    head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label, words=words,
                    word_edges=edges, max_length=config_int(hf, "spanflow_max_length", path, limit),
-                   stride=config_int(hf, "spanflow_stride", path, DEFAULT_STRIDE),
+                   stride=config_count(hf, "spanflow_stride", path, DEFAULT_STRIDE),
                    lines=hf.get("spanflow_lines", True) is not False)
 
     def save(self, path: str) -> None:
