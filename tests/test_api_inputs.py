@@ -11,7 +11,7 @@ import pytest
 
 from spanflow.data.examples import NerExample, ReExample
 from spanflow.data.io import read_ner, write_ner
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, DataError
 from spanflow.models.encoder import build_tiny
 from spanflow.runtime.cache import cache_path
 from spanflow.runtime.policy import pick_device, resolve_policy
@@ -148,7 +148,7 @@ def test_write_ner_refuses_a_span_it_would_write_as_another(tmp_path):
     assert read_ner(str(out)) == [NerExample("ab cd", [(0, 5, "X")])]
 
 
-def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb):
+def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb, tmp_path):
     with pytest.raises(ConfigError, match="NerModel.load takes a path, got NoneType"):
         NerModel.load(None)
     with pytest.raises(ConfigError, match="read_ner takes a path, got NoneType"):
@@ -159,6 +159,13 @@ def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb):
         emb.evaluate([Pair("a", "b", 0.5)])  # a correlation of one pair
     with pytest.raises(ConfigError, match="examples\\[0\\] is NerExample"):
         emb.evaluate([NerExample("a b")])
+    from spanflow.tasks.embed.pairs import read_pairs
+
+    bad = tmp_path / "pairs.jsonl"  # from a file: its line
+    bad.write_text('{"sentence1": "a", "sentence2": "b"}\n{"sentence1": "a \\ud800", "sentence2": "b"}\n')
+    with pytest.raises(DataError, match=r"first text is not valid Unicode: a lone surrogate '\\ud800'") as e:
+        read_pairs(str(bad))
+    assert e.value.line == 2
     with pytest.raises(ConfigError, match=r"train\[1\] is not valid Unicode: a lone surrogate '\\ud800'"):
         train_embedder([Pair("a", "b", 0.5), Pair("a \ud800", "b", 1.0)], None, model="tiny", out_dir="unused")
 

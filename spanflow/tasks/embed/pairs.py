@@ -152,6 +152,9 @@ def _text(value, path: str, line: int, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"empty {what}" if isinstance(value, str) or value is None
                         else f"{what} is not a string: {quote(value)}", path=path, line=line)
+    bad = SURROGATE.search(value)  # a JSON escape such as \ud800: no character, so no tokenizer takes it
+    if bad:
+        raise DataError(f"{what} is not valid Unicode: a lone surrogate {bad.group()!a}", path=path, line=line)
     return value
 
 
