@@ -9,11 +9,11 @@ __version__ = "0.1.0"
 
 __all__ = ["NerExample", "ReExample", "read_ner", "read_re", "read_texts", "write_ner", "TrainOptions", "SpanflowError",
            "DataError", "ModelDirError", "ConfigError", "WriteError", "NerModel", "train_ner", "ReModel", "train_re",
-           "Embedder", "train_embedder", "EmbedTraining", "read_pairs"]
+           "Embedder", "train_embedder", "EmbedTraining", "read_pairs", "Pair"]
 _MODELS = {"NerModel": "spanflow.tasks.ner", "train_ner": "spanflow.tasks.ner", "ReModel": "spanflow.tasks.re",
            "train_re": "spanflow.tasks.re", "Embedder": "spanflow.tasks.embed",
            "train_embedder": "spanflow.tasks.embed.train", "EmbedTraining": "spanflow.tasks.embed.train",
-           "read_pairs": "spanflow.tasks.embed.pairs"}
+           "read_pairs": "spanflow.tasks.embed.pairs", "Pair": "spanflow.tasks.embed.pairs"}
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ from spanflow.runtime.cache import cache_path
 from spanflow.runtime.policy import pick_device, resolve_policy
 from spanflow.tasks.embed import Embedder
 from spanflow.tasks.embed.train import train_embedder
-from spanflow.tasks.embed.pairs import Pair
+from spanflow import Pair  # the public name
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.ner import NerModel, train_ner
 from spanflow.tasks.re import ReModel, train_re
