@@ -52,7 +52,8 @@ def test_an_entity_without_its_closing_tag_is_reported_and_refused_when_strict(t
     assert [e.entities() for e in ex] == [[("北京", "ORG"), ("学", "LOC"), ("校", "LOC")], [("上海", "LOC")]]
     assert ("3 entities have no closing E- (or L-) tag and were read as ending at their last tag (lines 2, 4, 8)"
             in caplog.text)
-    with pytest.raises(DataError, match=r"the ORG entity that ends at tag 'M-ORG' has no closing E- \(or L-\) tag") as e:
+    with pytest.raises(DataError, match=r"the ORG entity that ends at tag 'M-ORG' has no closing E- \(or L-\) "
+                                        r"tag") as e:
         read_ner(p, strict=True)
     assert e.value.line == 2
     assert read_ner(write(tmp_path, "ok.bmes", "北 B-ORG\n京 E-ORG\n大 S-LOC\n\n"), strict=True)[0].entities() == \

@@ -54,13 +54,14 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
     out = []
     for i, ids in enumerate(enc["input_ids"]):
         offsets = [tuple(o) for o in enc["offset_mapping"][i]]
-        if words is not None and words[i] is not None:
-            first = first_of_words(offsets, words[i])
+        owner = word_owner(words[i]) if words is not None and words[i] is not None else None
+        if owner is not None:
+            first = first_of_words(offsets, owner)
         else:
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
         text = texts[i]
-        starts, ends = _widen(text, offsets, words[i] if words is not None else None)
+        starts, ends = _widen(text, offsets, owner)
         out.append(Encoded(ids, offsets, first, starts, ends,
                            _breaks(text, offsets) if LINE_BREAK.search(text) else None))
     return out
@@ -75,13 +76,14 @@ def _breaks(text: str, offsets: list[tuple[int, int]]) -> list[bool]:
             for j in range(len(offsets))]
 
 
-def first_of_words(offsets: list[tuple[int, int]], words: list[tuple[int, int]]) -> list[bool]:
-    """Which tokens start one of the given words: the first token that begins inside each
-    word. A token outside every word (none should be) starts a word of its own."""
-    owner: dict[int, int] = {}
-    for w, (a, b) in enumerate(words):
-        for c in range(a, b):
-            owner[c] = w
+def word_owner(words: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """Each character of the given words -> its word's (start, end)."""
+    return {c: (a, b) for a, b in words for c in range(a, b)}
+
+
+def first_of_words(offsets: list[tuple[int, int]], owner: dict[int, tuple[int, int]]) -> list[bool]:
+    """Which tokens start one of the words `owner` maps (word_owner): the first token that begins
+    inside each word. A token outside every word (none should be) starts a word of its own."""
     first, prev = [], None
     for j, (s, _) in enumerate(offsets):
         w = owner.get(s, ("alone", j))
@@ -91,20 +93,17 @@ def first_of_words(offsets: list[tuple[int, int]], words: list[tuple[int, int]])
 
 
 def _widen(text: str, offsets: list[tuple[int, int]],
-           words: list[tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
+           owner: dict[int, tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
     """Stretch token bounds over neighbouring non-space characters that produced no token.
 
     Characters such as U+FE0F or U+FEFF vanish in the tokenizer; when they are glued to a
     word they belong to it, so a span decoded from tokens still covers them. One between two
     tokens goes to the one before (as a variation selector or joiner follows its character),
-    never to both: two entities side by side never share it. Where the text's own `words` are
-    given, a token stretches within its word only (a character that is a word of its own stays
-    outside the entities around it).
+    never to both: two entities side by side never share it. Where the text's own words are
+    given (`owner`, word_owner's), a token stretches within its word only (a character that is a
+    word of its own stays outside the entities around it).
     """
-    owner: dict[int, tuple[int, int]] = {}
-    for a, b in words or ():
-        for c in range(a, b):
-            owner[c] = (a, b)
+    owner = owner or {}
     starts, ends = [], []
     for j, (s, e) in enumerate(offsets):
         lo = ends[j - 1] if j else 0

@@ -12,8 +12,9 @@ says so). Where fp32 finds nothing at all on the sample (no entity, no triple), 
 nothing to agree on: no pass, fp32. The verdict is cached per model, device and precision
 beside the tune profiles; a later run takes it unless its sample (up to SAMPLE texts of its
 input) is more than GROWTH times the input texts the verdict was checked on: a verdict checked
-on SAMPLE / GROWTH texts or more stands for any input, whose check would take SAMPLE again. Without input to check on (serve, the Python API's
-load), built-in sentences stand in, and the next run on real input checks again.
+on SAMPLE / GROWTH texts or more stands for any input, whose check would take SAMPLE again.
+Without input to check on (serve, the Python API's load), built-in sentences stand in, and the
+next run on real input checks again.
 
 The models the check runs come from a `Loads`, so the command then runs the chosen one
 without loading it again.

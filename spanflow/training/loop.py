@@ -170,7 +170,8 @@ def _resumed_at(st: dict, opts: TrainOptions) -> str:
     """Where a resumed run goes on: its epoch and step, or that its epochs are done."""
     if st["epoch"] < opts.epochs:
         return f"epoch {st['epoch'] + 1}, step {st['global_step']}"
-    more = "larger --epochs and --patience train" if st["stopped"] else "a larger --epochs trains"  # patience decided again
+    # --patience is decided again on resume: a run it stopped needs more of it too
+    more = "larger --epochs and --patience train" if st["stopped"] else "a larger --epochs trains"
     return f"the run finished its {st['epoch']} epochs (step {st['global_step']}); {more} on"
 
 

@@ -61,7 +61,7 @@ def read_docbin(path: str | os.PathLike) -> list[NerExample]:
     return out
 
 
-def _words_and_spaces(text: str, spans, tokens=None) -> tuple[list[str], list[bool]]:
+def _words_and_spaces(text: str, spans, tokens: list[tuple[int, int]] | None = None) -> tuple[list[str], list[bool]]:
     """Tokens (`tokens`, the ones the text was read from, else tokens.word_bounds's) whose
     concatenation (with one space where `spaces` says) is exactly `text`; whitespace other than
     one plain space becomes its own token, as spaCy does."""

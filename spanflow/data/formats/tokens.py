@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Container
 
 from spanflow.data.examples import Span
 from spanflow.data.formats.common import is_cjk
@@ -15,27 +16,35 @@ from spanflow.data.formats.common import is_cjk
 # (`@user`, `#tag`, `$5`, `e-mail`, `a/b`, `'s`, `rock'n'roll`) stay, as does the last dot of
 # an abbreviation (`U.S.`, `e.g.`)
 EDGE_MARKS = frozenset('.,;:!?()[]{}"«»“”…')
-_NON_SPACE = re.compile(r"\S+")
+NON_SPACE = re.compile(r"\S+")  # \S is what str.isspace() is not, as str.split() splits
 
 
-def _cut_marks(text: str, s: int, e: int) -> list[tuple[int, int]]:
-    """A word's edge marks, one token each, around its core (a word of marks only stays whole)."""
+def cut_edges(text: str, s: int, e: int, start: Container[str], end: Container[str], *,
+              abbreviations: bool = False) -> list[tuple[int, int]]:
+    """The word text[s:e] with the marks in `start` cut off its start and those in `end` off its
+    end, one token each, around its core (a word without a letter or digit stays whole); with
+    `abbreviations`, a last dot whose word holds another dot stays (`U.S.`, `e.g.`)."""
     if not any(c.isalnum() for c in text[s:e]):
         return [(s, e)]
     head, tail = [], []
-    while text[s] in EDGE_MARKS:
+    while text[s] in start and not text[s].isalnum():
         head.append((s, s + 1))
         s += 1
-    while text[e - 1] in EDGE_MARKS and not (text[e - 1] == "." and "." in text[s:e - 1]):  # U.S., e.g.
+    while (text[e - 1] in end and not text[e - 1].isalnum()
+           and not (abbreviations and text[e - 1] == "." and "." in text[s:e - 1])):
         e -= 1
         tail.append((e, e + 1))
     return head + [(s, e)] + tail[::-1]
 
 
+def _cut_marks(text: str, s: int, e: int) -> list[tuple[int, int]]:
+    return cut_edges(text, s, e, EDGE_MARKS, EDGE_MARKS, abbreviations=True)
+
+
 def plain_words(text: str) -> list[tuple[int, int]]:
     """(start, end) of each token of a text that came without tokens."""
     out = []
-    for m in _NON_SPACE.finditer(text):
+    for m in NON_SPACE.finditer(text):
         s, e = m.span()
         run = s
         for i in range(s, e):

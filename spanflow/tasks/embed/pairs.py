@@ -45,7 +45,8 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
         least = 2
     for i, p in enumerate(pairs):
         if not isinstance(p, Pair):
-            raise ConfigError(f"{what}[{i}] is {type(p).__name__} {quote(p, 60)}, not a Pair (read_pairs makes them, or spanflow.Pair(a, b, score))")
+            raise ConfigError(f"{what}[{i}] is {type(p).__name__} {quote(p, 60)}, not a Pair (read_pairs makes them, "
+                              "or spanflow.Pair(a, b, score))")
         if not (isinstance(p.a, str) and isinstance(p.b, str) and (p.negative is None or isinstance(p.negative, str))
                 and (p.score is None or (isinstance(p.score, numbers.Real) and not isinstance(p.score, bool)
                                          and math.isfinite(p.score)))):

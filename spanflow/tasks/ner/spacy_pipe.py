@@ -15,13 +15,13 @@ never dropped in silence.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
 from spacy.language import Language
 
 log = logging.getLogger("spanflow")
-_fork_hook_registered = False
 
 
 def _one_thread_after_fork() -> None:
@@ -33,6 +33,13 @@ def _one_thread_after_fork() -> None:
     torch.set_num_threads(1)
 
 
+@functools.cache
+def _fork_on_one_thread() -> None:
+    """Register _one_thread_after_fork, once per process."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_one_thread_after_fork)
+
+
 class SpanflowNer:
     """Sets `doc.ents` from a spanflow NER model (any directory `spanflow predict` takes)."""
 
@@ -42,10 +49,7 @@ class SpanflowNer:
         from spanflow.runtime.resolve import Asked, resolve_runtime
         from spanflow.tasks.registry import task_of_dir
 
-        global _fork_hook_registered
-        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_one_thread_after_fork)
-            _fork_hook_registered = True
+        _fork_on_one_thread()
         self.name = name
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)

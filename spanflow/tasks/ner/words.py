@@ -15,10 +15,10 @@ one the data keeps attached stays (`@user`).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
+from spanflow.data.formats.tokens import NON_SPACE, cut_edges
 from spanflow.errors import ModelDirError
 
 TOKENIZER, WHITESPACE = "tokenizer", "whitespace"
@@ -28,30 +28,14 @@ KINDS = (TOKENIZER, WHITESPACE)
 # (punctuation split off, 10-20% of whitespace tokens) fall far below this share
 MATCH_SHARE = 0.99
 
-_NON_SPACE = re.compile(r"\S+")  # \S is what str.isspace() is not, as str.split() splits
-
-
 def whitespace_words(text: str, edges: dict | None = None) -> list[tuple[int, int]]:
     """(start, end) of each whitespace-separated token of `text`; with `edges` ({"start": chars,
     "end": chars}, see edge_rules) those punctuation marks are cut off a token's ends, one word
     each (a token of punctuation only stays whole)."""
-    spans = [m.span() for m in _NON_SPACE.finditer(text)]
+    spans = [m.span() for m in NON_SPACE.finditer(text)]
     if not edges or not (edges.get("start") or edges.get("end")):
         return spans
-    out = []
-    for s, e in spans:
-        if not any(c.isalnum() for c in text[s:e]):
-            out.append((s, e))
-            continue
-        head, tail = [], []
-        while text[s] in edges.get("start", "") and not text[s].isalnum():
-            head.append((s, s + 1))
-            s += 1
-        while text[e - 1] in edges.get("end", "") and not text[e - 1].isalnum():
-            e -= 1
-            tail.append((e, e + 1))
-        out += head + [(s, e)] + tail[::-1]
-    return out
+    return [w for s, e in spans for w in cut_edges(text, s, e, edges.get("start", ""), edges.get("end", ""))]
 
 
 def _is_mark(c: str) -> bool:
