@@ -177,12 +177,18 @@ def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb, tmp_path):
     ("max_tokens", "auto", "TrainOptions.max_tokens must be a whole number or None, got 'auto'"),
     ("resume", 1, "TrainOptions.resume must be True or False, got 1"),
     ("weight_decay", True, "TrainOptions.weight_decay must be a number, got True"),
+    ("precision", "bfloat16", "unknown precision 'bfloat16'; expected one of auto, fp32, bf16, fp16"),
+    ("precision", "int8", "int8 is a quantization, not a precision: use --quantize int8 (embed, serve and tune, "
+                          "CPU; Python: quantize=\"int8\")"),
+    ("device", "gpu", "--device gpu: not a device name; use auto, cpu, cuda, cuda:N or mps"),
+    ("device", "meta", "--device meta: spanflow runs on auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_train_options_check_their_types(field, value, said):
     with pytest.raises(ConfigError) as e:
         TrainOptions(**{field: value})
     assert str(e.value) == said
     assert TrainOptions(epochs=np.int64(3), lr=np.float32(1e-4), class_weights={"PER": 2.0}).epochs == 3
+    assert TrainOptions(precision="fp16", device="cuda:3").device == "cuda:3"  # names: found where it trains
 
 
 def test_a_relation_model_keeps_the_length_it_reads(tmp_path):
@@ -226,6 +232,12 @@ def test_pairs_given_in_code_are_checked_as_a_file_is(tmp_path, emb):
 
     with pytest.raises(ConfigError, match=r"examples\[1\] .* a finite number"):  # NaN: a Pearson of nan, no error
         emb.evaluate([Pair("a", "b", 0.2), Pair("c", "d", float("nan")), Pair("e", "f", 0.9)])
+    with pytest.raises(ConfigError, match=r"^train\[1\]\.b is empty; every text of a pair needs words"):
+        train_embedder([Pair("a", "b", 0.5), Pair("c", "", 1.0)], None, model="tiny", out_dir=str(tmp_path))
+    with pytest.raises(TypeError, match="batch_size"):  # as NerModel.evaluate: a misspelt keyword is no default
+        emb.evaluate([Pair("a", "b", 0.2), Pair("c", "d", 0.9)], batch_size=8)
+    with pytest.raises(ConfigError, match=r"^examples\[0\]\.negative is blank"):
+        emb.evaluate([Pair("a", "b", negative=" "), Pair("c", "d", negative="e")])
     with pytest.raises(ConfigError, match=r"mixes scored pairs \(train\[0\]\) and pairs without a score "
                                           r"\(train\[1\]\)"):
         train_embedder([Pair("a", "b", 0.5), Pair("c", "d")], None, model="tiny", out_dir=str(tmp_path))

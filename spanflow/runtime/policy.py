@@ -65,14 +65,32 @@ class Policy:
 DEVICES = "auto, cpu, cuda, cuda:N or mps"
 
 
+def check_names(precision: str = "auto", device: str = "auto") -> None:
+    """A ConfigError for a precision or device name spanflow does not run (whatever this machine
+    has: TrainOptions checks its names where it is made, the devices where it runs)."""
+    if precision == "int8":
+        raise ConfigError(INT8_IS_QUANTIZATION)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if device != "auto":
+        _device_named(device)
+
+
+def _device_named(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"--device {device}: not a device name; use {DEVICES}") from None
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {device}: spanflow runs on {DEVICES}")
+    return dev
+
+
 def pick_device(device: str = "auto") -> torch.device:
     """`device` as torch names it; "auto": a CUDA GPU, else Apple's MPS, else the CPU. A name
     torch does not know, or a device this machine lacks, is a ConfigError saying what it has."""
     if device != "auto":
-        try:
-            dev = torch.device(device)
-        except RuntimeError:
-            raise ConfigError(f"--device {device}: not a device name; use {DEVICES}") from None
+        dev = _device_named(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"--device {device} asked, but no CUDA device is available")
         if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -80,8 +98,6 @@ def pick_device(device: str = "auto") -> torch.device:
                               f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
         if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
             raise ConfigError("--device mps asked, but this machine has no MPS device")
-        if dev.type not in ("cpu", "cuda", "mps"):
-            raise ConfigError(f"--device {device}: spanflow runs on {DEVICES}")
         return dev
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -94,10 +110,7 @@ def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: b
     """bf16 where the accelerator has it, fp16 + GradScaler otherwise on CUDA; TF32 matmuls
     on Ampere and newer. On CPU `auto` is fp32, or bf16 when `cpu_bf16` and the CPU runs
     bf16 natively (training: dev F1 equal to fp32's within seed noise, docs/defaults.md)."""
-    if precision == "int8":
-        raise ConfigError(INT8_IS_QUANTIZATION)
-    if precision not in PRECISIONS:
-        raise ConfigError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    check_names(precision)
     dev = pick_device(device)
     why = "as asked" if precision != "auto" else ""
     if dev.type == "cuda":

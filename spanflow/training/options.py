@@ -80,6 +80,10 @@ class TrainOptions:
         from spanflow.training.report_to import check_installed, parse_report_to
 
         check_types(self)
+        if self.precision != "auto" or self.device != "auto":  # named here, run (and found) where it trains
+            from spanflow.runtime.policy import check_names  # (torch: only for a name to check)
+
+            check_names(self.precision, self.device)
         self.report_to = parse_report_to(self.report_to)
         check_installed(self.report_to)  # here, so a missing extra stops the run before any model loads
         checks = [

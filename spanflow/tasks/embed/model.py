@@ -173,7 +173,7 @@ class Embedder:
                                         children=[pa.array(rows.reshape(-1))])
         return pa.table({"embedding": vectors})
 
-    def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist(), **_) -> dict:
+    def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Scored pairs (tasks.embed.pairs.Pair with a score): Spearman and Pearson of the pairs'
         cosine against the scores; pairs without scores: retrieval of each `b` among all of them.
         "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""

@@ -52,6 +52,11 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                                          and math.isfinite(p.score)))):
             raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a finite number (or "
                               "None) for its score")
+        blank = next((f for f, t in (("a", p.a), ("b", p.b), ("negative", p.negative)) if t is not None
+                      and not t.strip()), None)
+        if blank:  # as read_pairs refuses an empty field: a blank text trains on nothing but special tokens
+            raise ConfigError(f"{what}[{i}].{blank} is {'empty' if not getattr(p, blank) else 'blank'}; every text "
+                              "of a pair needs words")
         bad = next((m for t in (p.a, p.b, p.negative or "") for m in [SURROGATE.search(t)] if m), None)
         if bad:  # no tokenizer takes it: said here, not as a UnicodeEncodeError from inside one
             raise ConfigError(f"{what}[{i}] is not valid Unicode: a lone surrogate {bad.group()!a}")
