@@ -337,7 +337,7 @@ class Embedder:
         if cal and cal["mean_cosine"] < cal["threshold"] and not force:
             raise ConfigError(f"{cal['precision']} embeddings reach a mean cosine of {cal['mean_cosine']:.5f} "
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
-                              "use a higher precision, or --force to accept")
+                              "use a higher precision, or --force to accept (Python: force=True)")
         return cal
 
 
