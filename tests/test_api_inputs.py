@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from spanflow.data.examples import NerExample, ReExample
 from spanflow.data.io import read_ner, write_ner
@@ -196,7 +197,11 @@ def test_a_relation_model_keeps_the_length_it_reads(tmp_path):
     rel = ReModel(encoder=enc, tokenizer=tok, relations=["r"], limit=32, policy=resolve_policy("fp32", "cpu"))
     rel.set_max_length(16)
     rel.save(str(tmp_path / "m"))
+    torch.manual_seed(0)
     assert ReModel.load(str(tmp_path / "m"), precision="fp32").max_length == 16
+    after_load = torch.rand(3)  # the head's and encoder's random init before their weights: not the caller's
+    torch.manual_seed(0)
+    assert torch.equal(after_load, torch.rand(3))
     cfg = json.loads((tmp_path / "m" / "spanflow.json").read_text())
     del cfg["max_length"]  # as models saved before it kept its own were
     (tmp_path / "m" / "spanflow.json").write_text(json.dumps(cfg))

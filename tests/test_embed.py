@@ -82,6 +82,21 @@ def test_a_sentence_transformers_6_directory_is_read(tmp_path):
         Embedder.load(d)
 
 
+def test_loading_leaves_the_random_state_and_names_a_broken_config(tmp_path):
+    d = make_dir(tmp_path / "hf")
+    torch.manual_seed(0)
+    Embedder.load(d, precision="fp32")  # builds the encoder (random init) before its weights replace it
+    after_load = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after_load, torch.rand(3))
+    (tmp_path / "hf" / "config.json").write_text('{"hidden_size": 32,\n')
+    with pytest.raises(ModelDirError, match=r"config\.json is unreadable: .*line 2"):  # not "the weights"
+        Embedder.load(d, precision="fp32")
+    (tmp_path / "hf" / "config.json").write_text("[]")
+    with pytest.raises(ModelDirError, match=r"config\.json holds a JSON list, not an object"):
+        Embedder.load(d, precision="fp32")
+
+
 def test_unsupported_module_is_a_clear_error(tmp_path):
     mods = ST_MODULES + [{"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]
     d = make_dir(tmp_path, mods)

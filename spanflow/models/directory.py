@@ -18,7 +18,7 @@ from torch import nn
 
 from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir
 from spanflow.errors import ConfigError, ModelDirError, WriteError
-from spanflow.models.files import apply_umask, write_safetensors
+from spanflow.models.files import apply_umask, config_object, write_safetensors
 from spanflow.schemas import Names, NonNegativeInt, PositiveInt, expect, explain
 
 FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads
@@ -111,11 +111,7 @@ def read_model_config(path: str, task: str | None = None) -> dict:
     if not os.path.exists(cfg_path):
         raise ModelDirError(run_hint(path) or f"{path} is not a spanflow model directory (no {CONFIG}); "
                             "train one with 'spanflow train'")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:
-        raise ModelDirError(f"{cfg_path} is unreadable: {str(e)[:200]}") from None
+    cfg = config_object(cfg_path)
     common = ModelConfig.check(cfg, cfg_path)
     if common.format_version > FORMAT_VERSION:
         raise ModelDirError(f"{path} was written by a newer spanflow (model format {common.format_version}; this "

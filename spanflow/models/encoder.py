@@ -4,6 +4,7 @@ Only local paths are read: spanflow never fetches weights from a hub.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from spanflow.errors import ModelDirError
+from spanflow.models.files import config_object
 
 log = logging.getLogger("spanflow")
 
@@ -20,6 +22,17 @@ def quiet_transformers() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+
+
+def keeps_rng(load):
+    """`load`, leaving the caller's random state as it was: building a model draws initial weights
+    from torch's generator before the saved ones replace them, and a seeded script would draw
+    other numbers after a load than without it."""
+    @functools.wraps(load)
+    def wrapped(*args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            return load(*args, **kwargs)
+    return wrapped
 
 
 def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
@@ -33,6 +46,7 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
         raise ModelDirError(missing_dir(path))
     if not os.path.exists(os.path.join(path, "config.json")):
         raise ModelDirError(not_an_encoder(path))
+    config_object(os.path.join(path, "config.json"))  # a broken config is said as one, not as unreadable weights
     require_safetensors(path)
     try:
         from spanflow.models import tokenizer as native_tokenizer

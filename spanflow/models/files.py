@@ -25,6 +25,21 @@ def json_object(path: str) -> dict | None:
     return d if isinstance(d, dict) else None
 
 
+def config_object(path: str) -> dict:
+    """A required JSON file holding an object (a model's config.json or spanflow.json); a
+    ModelDirError naming the file, and the line JSON stopped at, otherwise."""
+    from spanflow.errors import ModelDirError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise ModelDirError(f"{path} is unreadable: {str(e)[:200]}") from None
+    if not isinstance(d, dict):
+        raise ModelDirError(f"{path} holds a JSON {type(d).__name__}, not an object")
+    return d
+
+
 class Config(SimpleNamespace):
     """config.json as attributes, the way encoder code reads a transformers config (for
     spanflow's plain-PyTorch encoders)."""

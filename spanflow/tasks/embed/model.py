@@ -16,7 +16,7 @@ from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
 from spanflow.errors import ConfigError, as_path
-from spanflow.models.encoder import encoder_max_length, load_encoder
+from spanflow.models.encoder import encoder_max_length, keeps_rng, load_encoder
 from spanflow.models.linear import Linear, full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
@@ -95,6 +95,7 @@ class Embedder:
         return self.quantize or self.policy.name
 
     @classmethod
+    @keeps_rng
     def load(cls, path: str, *, precision: str = "auto", quantize: str | None = None,
              device: str = "auto") -> "Embedder":
         """A sentence-transformers directory (modules.json, pooling, Normalize, max_seq_length)

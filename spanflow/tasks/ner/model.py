@@ -21,7 +21,7 @@ from spanflow.models.directory import (
     load_model_dir,
     save_model_dir,
 )
-from spanflow.models.encoder import encoder_max_length
+from spanflow.models.encoder import encoder_max_length, keeps_rng
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
 from spanflow.tasks.metrics import format_table, span_prf, with_unknown
@@ -76,6 +76,7 @@ class NerModel:
         self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
+    @keeps_rng
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "NerModel":
         """Load a spanflow NER model directory, or a Hugging Face token-classification directory
         (no network, no pickle). precision "auto" picks what `--precision auto` picks
@@ -103,6 +104,7 @@ class NerModel:
                    word_edges=cfg.get("word_edges"))
 
     @classmethod
+    @keeps_rng
     def from_hf(cls, path: str, *, device: str = "auto", precision: str = "auto", bio: bool = False) -> "NerModel":
         """A Hugging Face AutoModelForTokenClassification directory as a softmax NER model: its own
         label ids (any BIO-like scheme) for inference, or, with `bio`, its classifier carried over

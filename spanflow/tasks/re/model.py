@@ -19,6 +19,7 @@ from spanflow.models.directory import (
     load_model_dir,
     save_model_dir,
 )
+from spanflow.models.encoder import keeps_rng
 from spanflow.models.linear import full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
@@ -61,6 +62,7 @@ class ReModel:
         self.module.to(self.policy.device).eval()  # inference mode until a training loop says otherwise
 
     @classmethod
+    @keeps_rng
     def load(cls, path: str, *, device: str = "auto", precision: str = "auto") -> "ReModel":
         """Load a spanflow RE model directory. precision "auto" picks what `--precision auto` picks
         (runtime.precision.load_auto); "fp32" skips the check."""
