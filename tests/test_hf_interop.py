@@ -159,6 +159,13 @@ def test_schemes_read_as_bio_and_unusable_directories_are_one_line(tmp_path, cap
                str(tmp_path / "o.jsonl")])
     err = capsys.readouterr().err
     assert rc == 2 and "id2label" in err and "Traceback" not in err
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())  # usable names, one short of the outputs
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "id2label": {"0": "O"}, "label2id": {"O": 0}}))
+    rc = main(["predict", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.txt"), "--output",
+               str(tmp_path / "o.jsonl")])
+    assert rc == 2 and capsys.readouterr().err.strip().endswith(
+        "config.json: id2label names 1 label, but the classifier's weights have 2 outputs; id2label (and num_labels) "
+        "must name one label per output")
 
 
 def test_weights_saved_without_their_tokenizer_are_refused(trained, tmp_path, capsys):

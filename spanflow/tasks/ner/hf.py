@@ -83,6 +83,11 @@ def load_token_classifier(path: str):
     tokenizer = load_tokenizer(path)
     require_special_tokens(tokenizer, path, SPECIAL_TOKENS)
     require_safetensors(path)
+    outputs = _classifier_outputs(path)
+    if outputs is not None and outputs != len(tags):  # said here: transformers refers to a report it never shows
+        raise ModelDirError(f"{path}/config.json: id2label names {len(tags)} label{'s' * (len(tags) != 1)}, but the "
+                            f"classifier's weights have {outputs} outputs; id2label (and num_labels) must name "
+                            "one label per output")
     try:
         full = AutoModelForTokenClassification.from_pretrained(path, local_files_only=True, use_safetensors=True)
     except Exception as e:  # an architecture transformers lacks, truncated weights, ...
@@ -92,6 +97,22 @@ def load_token_classifier(path: str):
     if not isinstance(classifier, nn.Linear) or classifier.out_features != len(tags):
         raise ModelDirError(f"{path}: expected a linear `classifier` with {len(tags)} outputs on the encoder")
     return getattr(full, full.base_model_prefix), tokenizer, classifier, tags
+
+
+def _classifier_outputs(path: str) -> int | None:
+    """Rows of the classifier's weight in a single model.safetensors (read from its header), or
+    None where that file or the weight is not there (sharded weights: transformers checks)."""
+    from safetensors import safe_open
+
+    f = os.path.join(path, "model.safetensors")
+    if not os.path.isfile(f):
+        return None
+    try:
+        with safe_open(f, framework="pt") as st:
+            key = next((k for k in st.keys() if k == "classifier.weight" or k.endswith(".classifier.weight")), None)
+            return None if key is None else int(st.get_slice(key).get_shape()[0])
+    except Exception:  # an unreadable file: loading it says so
+        return None
 
 
 def bio_rows(tags: list[str], bio: list[str]) -> list[int]:
