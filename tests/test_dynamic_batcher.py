@@ -137,13 +137,15 @@ def test_batcher_refuses_work_it_could_not_start_in_time_and_recovers():
         b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1, clock=lambda: now[0])
         b.start()
         await b.warm_up([0], [4])
-        assert b.tokens_per_s is None  # the warm-up does not count as the service rate
+        assert b.queue_wait_s() is None  # the warm-up does not count as the service time
         first = asyncio.ensure_future(b.submit(list(range(8)), [4] * 8))  # 4 batches of 2
-        await gate.running()  # [0, 1] ran at 80 tokens/s, [2, 3] runs, 16 tokens wait
-        assert b.tokens_per_s == pytest.approx(80) and b.queued_tokens == 16
+        await gate.running()  # [0, 1] ran in 0.1 s, [2, 3] runs, 16 tokens wait: two more calls
+        assert b.queue_wait_s() == pytest.approx(0.2) and b.queued_tokens == 16
         with pytest.raises(Overloaded) as e:
             await asyncio.wait_for(b.submit([99], [4]), 10)  # 0.2 s of queued work before it: over 0.1 s
         assert e.value.retry_after_s >= 1
+        assert str(e.value) == ("the queued work would start in about 0.2s, over the 100 ms queue wait bound; "
+                                "retry after 1s")
         gate.released.set()
         assert await first == list(range(8))  # admitted work is still served
         assert await b.submit([7], [4]) == [7]  # the queue drained: admitted again
@@ -206,3 +208,49 @@ def test_a_cancelled_request_leaves_the_queue_and_the_model_never_runs_it():
 
     assert gate.run(main()) == 0
     assert ran == [1, 3]
+
+
+def test_a_burst_one_call_serves_is_admitted_after_lone_requests():
+    """Lone requests show only the fixed cost of a call (0.1 s whatever its size, here); a rate
+    read from them (40 tokens/s) took a burst of ten 4-token requests for a second of work."""
+    now, gate = [0.0], Gate()
+
+    def run_batch(units):
+        now[0] += 0.1
+        if units == ["hold"]:
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=1, max_queue_wait_s=0.5, clock=lambda: now[0])
+        b.start()
+        for k in range(3):
+            assert await b.submit([k], [4]) == [k]
+        held = asyncio.ensure_future(b.submit(["hold"], [4]))
+        await gate.running()
+        burst = [asyncio.ensure_future(b.submit([k], [4])) for k in range(10)]
+        await asyncio.sleep(0)  # every one submitted (the sleep yields to them, it times nothing)
+        wait = b.queue_wait_s()
+        gate.released.set()
+        out = await asyncio.gather(held, *burst)
+        await b.close()
+        return wait, out
+
+    wait, out = gate.run(main())
+    assert wait == pytest.approx(0.1)  # 40 tokens: one call
+    assert out == [["hold"]] + [[k] for k in range(10)]  # none refused
+
+
+def test_service_time_separates_the_fixed_cost_of_a_call_from_its_tokens():
+    from spanflow.serving.batcher import ServiceTime
+
+    st = ServiceTime()
+    assert st.seconds(100, 64) is None
+    for n in (8, 64, 8, 64):
+        st.add(n, 0.1 + 0.01 * n)
+    fixed, per_token = st.fit()
+    assert fixed == pytest.approx(0.1) and per_token == pytest.approx(0.01)
+    assert st.seconds(128, 64) == pytest.approx(2 * 0.1 + 1.28)  # two calls
+    one = ServiceTime()
+    one.add(8, 0.2)
+    assert one.fit() == (0.2, 0.0)  # one size: all of it fixed, the least the queue can take

@@ -212,7 +212,9 @@ def test_http_429_with_retry_after_while_admitted_requests_are_served(model_dirs
     second, first, third = gate.run(main())
     assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
     # the body says the header's wait (it rounded 1.4 s to 1 where the header said 2)
-    assert second.json()["error"]["message"] == f"queue full; retry after {second.headers['retry-after']}s"
+    L = lengths[0]
+    assert second.json()["error"]["message"] == (f"queue full ({2 * L} tokens queued, {3 * L} asked, bound {3 * L}); "
+                                                  f"retry after {second.headers['retry-after']}s")
     assert first.status_code == 200 and len(first.json()["data"]) == 3  # admitted work is still served
     assert third.status_code == 200  # the queue drained: admitted again
 

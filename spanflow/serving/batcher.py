@@ -16,11 +16,11 @@ from spanflow.runtime.threads import model_thread
 
 class Overloaded(Exception):
     """The queue holds too many tokens, or more work than starts within the wait bound;
-    the client should retry later."""
+    the client should retry later. `why` names the bound that refused it."""
 
-    def __init__(self, retry_after_s: float):
+    def __init__(self, retry_after_s: float, why: str = "queue full"):
         self.retry_after_s = retry_after_s
-        super().__init__(f"queue full; retry after {self.retry_after}s")
+        super().__init__(f"{why}; retry after {self.retry_after}s")
 
     @property
     def retry_after(self) -> int:
@@ -39,6 +39,42 @@ class _Request:
     enqueued: float = 0.0  # the batcher's clock at submit
     cancelled: bool = False
     timed: bool = True  # its batches count in the measured service rate
+
+
+class ServiceTime:
+    """Seconds the model takes for a call on n tokens, fitted as fixed + n / rate to the last
+    calls it made. A rate alone (tokens over seconds) read from calls on a request or two, which
+    a fixed cost per call dominates, took a burst that one call would serve for seconds of work."""
+
+    def __init__(self, keep: int = 64):
+        self.calls: deque[tuple[int, float]] = deque(maxlen=keep)
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.calls.append((tokens, max(seconds, 0.0)))
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed seconds per call, seconds per token), or None before any call. Calls all of one
+        size cannot tell the two apart: their time counts as fixed, so the estimate is the least
+        the queue can take and is refined by the first calls of other sizes."""
+        if not self.calls:
+            return None
+        n = [c[0] for c in self.calls]
+        t = [c[1] for c in self.calls]
+        mn, mt = sum(n) / len(n), sum(t) / len(t)
+        var = sum((x - mn) ** 2 for x in n) / len(n)
+        if var <= (0.1 * mn) ** 2:
+            return mt, 0.0
+        per_token = sum((x - mn) * (y - mt) for x, y in zip(n, t)) / len(n) / var
+        per_token = min(max(per_token, 0.0), mt / max(mn, 1.0))  # between all fixed and no fixed cost
+        return mt - per_token * mn, per_token
+
+    def seconds(self, tokens: int, max_tokens: int) -> float | None:
+        """Estimated seconds to run `tokens` queued tokens in calls of at most `max_tokens`."""
+        fit = self.fit()
+        if fit is None:
+            return None
+        fixed, per_token = fit
+        return math.ceil(tokens / max(max_tokens, 1)) * fixed + tokens * per_token
 
 
 def _expire(req: _Request) -> None:
@@ -69,7 +105,7 @@ class DynamicBatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
-        self.tokens_per_s: float | None = None  # measured service rate: queue wait estimates
+        self.service = ServiceTime()  # the model's measured calls: queue wait estimates
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._worker())
@@ -89,15 +125,23 @@ class DynamicBatcher:
         """Run a request whose slow first call must not count in the service rate."""
         await self.submit(units, lengths, timed=False)
 
+    def queue_wait_s(self) -> float | None:
+        """Estimated seconds before work queued now starts (the calls on what is queued ahead of
+        it, at the measured service time), or None before the model has served a call."""
+        return self.service.seconds(self.queued_tokens, self.max_tokens)
+
     def admit(self, need: int) -> None:
         """Refuse work the queue cannot hold, or could not start within max_queue_wait_s at
-        the measured rate: the client hears 429 at once instead of waiting to time out."""
+        the measured service time: the client hears 429 at once instead of waiting to time out."""
         if not self.queued_tokens:
             return  # an empty queue takes anything (a single request may exceed the bound)
-        wait = self.queued_tokens / self.tokens_per_s if self.tokens_per_s else None
-        too_long = wait is not None and self.max_queue_wait_s is not None and wait > self.max_queue_wait_s
-        if too_long or self.queued_tokens + need > self.max_queue_tokens:
-            raise Overloaded(max(1.0, wait or 1.0))
+        wait = self.queue_wait_s()
+        if wait is not None and self.max_queue_wait_s is not None and wait > self.max_queue_wait_s:
+            raise Overloaded(max(1.0, wait), f"the queued work would start in about {wait:.1f}s, over the "
+                                             f"{self.max_queue_wait_s * 1000:.0f} ms queue wait bound")
+        if self.queued_tokens + need > self.max_queue_tokens:
+            raise Overloaded(max(1.0, wait or 1.0), f"queue full ({self.queued_tokens} tokens queued, "
+                                                    f"{need} asked, bound {self.max_queue_tokens})")
 
     async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None, *,
                      timed: bool = True) -> list:
@@ -156,7 +200,7 @@ class DynamicBatcher:
                 self._queue.remove(r)  # fully batched: it no longer counts as waiting
         return batch
 
-    def _run(self, batch: list[tuple[_Request, int]], t0: float, deliver: Callable) -> None:
+    def _run(self, batch: list[tuple[_Request, int]], t0: float, deliver: Callable, timed: bool) -> None:
         """Run what was taken, cut by the one token-budget batcher into sub-batches of
         similar length (worker thread). All waiting requests of different lengths often fit
         one budget; run as one batch they would be padded to the longest. Each part's
@@ -173,9 +217,11 @@ class DynamicBatcher:
             except Exception as e:  # a failing part fails its requests, not the server
                 deliver(items, e)
                 continue
+            seconds = self.clock() - start  # the model's own time, not a wait for the thread
+            if timed:  # a warm-up's first kernels are slow: not the service time
+                self.service.add(sum(lens[k] for k in part), seconds)
             if self.on_batch:
-                self.on_batch([lens[k] for k in part], self.clock() - start,
-                              [t0 - r.enqueued for r, _ in items])
+                self.on_batch([lens[k] for k in part], seconds, [t0 - r.enqueued for r, _ in items])
             deliver(items, res)
 
     def _resolve(self, items: list[tuple[_Request, int]], res) -> None:
@@ -218,12 +264,8 @@ class DynamicBatcher:
                 continue
             lone = len({id(r) for r, _ in batch}) == 1
             t0 = self.clock()
+            timed = all(r.timed for r, _ in batch)  # decided here: a warm-up's caller is answered mid-run
             try:
-                await loop.run_in_executor(model_thread(), self._run, batch, t0, deliver)
+                await loop.run_in_executor(model_thread(), self._run, batch, t0, deliver, timed)
             except Exception as e:  # not the model's failure (that is delivered per part): fail the batch
                 self._resolve(batch, e)
-                continue
-            if not all(r.timed for r, _ in batch):
-                continue  # a warm-up: decided here, since its caller is answered before this point
-            rate = sum(r.lengths[i] for r, i in batch) / max(self.clock() - t0, 1e-6)
-            self.tokens_per_s = rate if self.tokens_per_s is None else 0.8 * self.tokens_per_s + 0.2 * rate
