@@ -93,7 +93,7 @@ def test_loading_leaves_the_random_state_and_names_a_broken_config(tmp_path):
     with pytest.raises(ModelDirError, match=r"config\.json is unreadable: .*line 2"):  # not "the weights"
         Embedder.load(d, precision="fp32")
     (tmp_path / "hf" / "config.json").write_text("[]")
-    with pytest.raises(ModelDirError, match=r"config\.json holds a JSON list, not an object"):
+    with pytest.raises(ModelDirError, match=r"config\.json: must be a JSON object, got \[\]"):
         Embedder.load(d, precision="fp32")
 
 

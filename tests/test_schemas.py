@@ -290,7 +290,7 @@ LIMITS = Limits(max_texts=3, max_text_chars=10)
 
 
 def test_a_valid_body_passes_with_the_other_fields_kept():
-    r = read_body({"input": "a b", "model": "m", "encoding_format": "base64"}, "input", LIMITS)
+    r = read_body({"input": "a b", "model": "m", "encoding_format": "base64"}, "input", LIMITS, ("encoding_format",))
     assert (r.texts, r.model, r.model_extra) == (["a b"], "m", {"encoding_format": "base64"})
     assert read_body({"texts": ["a", "b"]}, "texts", LIMITS).texts == ["a", "b"]
     assert read_body({"texts": []}, "texts", LIMITS).texts == []
@@ -385,11 +385,16 @@ def server(tmp_path_factory):
     ({"input": "a", "model": ["emb"]}, 422, "model", "'model' must be a model name (a string), got ['emb']"),
     ({"input": "a", "dimensions": 0}, 422, "dimensions", "must be an integer from 1 to 16"),
     ({"input": "a", "encoding_format": "hex"}, 422, "encoding_format", "encoding_format"),
+    ({"input": "a", "encoding_format": 0}, 422, "encoding_format", "encoding_format"),  # no format, not float
+    ({"input": [True, False]}, 422, "input", "must be a string or a list of strings"),  # not token ids
+    ({"input": "a", "dimension": 8}, 422, "dimension", "unknown field 'dimension' (did you mean 'dimensions'?); "
+                                                      "this endpoint reads 'input', 'model', 'encoding_format', "
+                                                      "'dimensions', 'user'"),
 ])
 def test_the_server_answers_an_invalid_body_with_a_4xx_naming_the_field(server, body, status, field, expect):
     r = server.post("/v1/embeddings", json=body)
     err = r.json()["error"]
-    assert r.status_code == status and err["code"] == status and expect in err["message"], r.text
+    assert r.status_code == status and err["code"] == "invalid_request" and expect in err["message"], r.text
     assert err["param"] == field
 
 

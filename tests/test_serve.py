@@ -72,6 +72,23 @@ def test_routes_and_shapes(model_dirs):
             assert re.search(r'^spanflow_thread_cpu_\w+\{thread="model"\} ', m, re.MULTILINE)  # the split by role
 
 
+def test_metrics_count_served_batches_padded_as_they_ran(model_dirs):
+    svc = load_service(f"emb={model_dirs['emb']}", device="cpu")
+    length = svc.units(["Grace flew to Oslo"])[1][0]
+    padded = -(-length // 8) * 8  # run_batch pads to a multiple of 8
+
+    def metric(text, name):
+        found = re.search(rf'^{name}{{model="emb"}} (\S+)$', text, re.MULTILINE)
+        return float(found.group(1)) if found else None
+
+    with TestClient(create_app([svc], ServeOptions())) as c:
+        assert metric(c.get("/metrics").text, "spanflow_batch_size_count") in (None, 0.0)  # not the warm-up's
+        assert c.post("/v1/embeddings", json={"input": "Grace flew to Oslo"}).status_code == 200
+        m = c.get("/metrics").text
+    assert metric(m, "spanflow_batch_size_count") == 1 and metric(m, "spanflow_batch_tokens_sum") == padded
+    assert metric(m, "spanflow_padding_efficiency") == pytest.approx(length / padded)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_thread_cpu_is_split_by_role():
     from spanflow.serving.metrics import thread_cpu
@@ -103,6 +120,10 @@ def test_errors_are_4xx(model_dirs):
         assert c.post("/v1/ner", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
         r = c.post("/v1/embeddings", json={"input": ["a"], "model": "text-embedding-3-small"})
         assert r.status_code == 200 and r.json()["model"] == "emb"  # the one embedding model answers any name
+        r = c.post("/v1/embeddings", json={"input": ["a"], "model": "ner"})  # a served model of another task
+        assert r.status_code == 422 and r.json()["error"] == {
+            "message": "model 'ner' is a ner model; this route runs embed models: ['emb']",
+            "type": "invalid_request_error", "code": "invalid_request", "param": "model"}
         r = c.post("/v1/ner", json={"texts": ["a"] * 4})
         assert r.status_code == 422 and "limit is 3" in r.json()["error"]["message"]
         r = c.post("/v1/ner", json={"texts": ["x" * 51]})
@@ -130,6 +151,12 @@ def test_api_key(model_dirs):
         assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
         ok = c.post("/v1/embeddings", json={"input": "a"}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and c.get("/metrics").status_code == 401
+    from spanflow.serving.guard import key_matches
+
+    # the header's raw bytes (the test client re-encodes headers as latin-1; a server gets them as sent)
+    assert key_matches("bearer  schlüssel ".encode(), "schlüssel")  # UTF-8, as clients send a key
+    assert not key_matches("Bearer schlüssel".encode("latin-1"), "schlüssel")
+    assert not key_matches(b"Basic s3cret", "s3cret") and not key_matches(None, "s3cret")
     with client({"emb": model_dirs["emb"]}) as c, warnings.catch_warnings():
         warnings.simplefilter("error")  # the schema's operation ids are unique: no warning at the first /docs
         paths = c.get("/openapi.json").json()["paths"]
@@ -316,7 +343,7 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
             assert c.post("/v1/ner", json={"texts": [text] * n}).status_code == 200
             assert c.post("/v1/embeddings", json={"input": [text] * n}).status_code == 200
             metrics = c.get("/metrics").text
-        return {m: _batches(metrics, m) - 1 for m in ("ner", "emb")}, out  # less the warm-up
+        return {m: _batches(metrics, m) for m in ("ner", "emb")}, out  # (the warm-up is not counted)
 
     batches, out = serve("--max-tokens", "auto")
     assert batches == {"ner": 1, "emb": 1}  # the default budget holds all n

@@ -12,6 +12,7 @@ from spanflow.errors import ConfigError  # noqa: E402
 from spanflow.models.encoder import build_tiny  # noqa: E402
 from spanflow.serving.address import listening  # noqa: E402
 from spanflow.serving.app import ServeOptions, create_app  # noqa: E402
+from spanflow.serving.guard import CODES  # noqa: E402
 from spanflow.serving.requests import InvalidRequest, Limits, read_body  # noqa: E402
 from spanflow.serving.services import Service  # noqa: E402
 from spanflow.tasks.embed import Embedder  # noqa: E402
@@ -42,7 +43,7 @@ def client():
 def error_of(r, status: int) -> dict:
     assert r.status_code == status, r.text
     body = r.json()
-    assert set(body) == {"error"} and body["error"]["code"] == status, body
+    assert set(body) == {"error"} and body["error"]["code"] == CODES[status], body  # a string, as OpenAI's
     assert body["error"]["type"] == ("server_error" if status >= 500 else "invalid_request_error"), body
     return body["error"]
 
@@ -77,6 +78,9 @@ def test_unknown_paths_and_wrong_methods_answer_in_the_error_shape(client):
     err = error_of(client.post("/v1/embed", json={"inputs": ["a"]}), 404)
     assert err["message"].startswith("no route POST /v1/embed; the routes are ") and "POST /v1/embeddings, " in \
         err["message"] and "POST /v1/ner" in err["message"]
+    err = error_of(client.post("/v1/relations", json={"texts": ["a"]}), 404)  # a route of a task not loaded
+    assert err["message"] == ("no re model is loaded on this server, so /v1/relations is not served; loaded: "
+                              "ner (ner), emb (embed)")
     r = client.get("/v1/embeddings")
     err = error_of(r, 405)
     assert err["message"] == "GET is not allowed on /v1/embeddings; it takes POST"

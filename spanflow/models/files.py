@@ -28,7 +28,7 @@ def json_object(path: str) -> dict | None:
 def config_object(path: str) -> dict:
     """A required JSON file holding an object (a model's config.json or spanflow.json); a
     ModelDirError naming the file, and the line JSON stopped at, otherwise."""
-    from spanflow.errors import ModelDirError
+    from spanflow.errors import ModelDirError, quote
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -36,7 +36,7 @@ def config_object(path: str) -> dict:
     except (OSError, ValueError, RecursionError) as e:
         raise ModelDirError(f"{path} is unreadable: {str(e)[:200]}") from None
     if not isinstance(d, dict):
-        raise ModelDirError(f"{path} holds a JSON {type(d).__name__}, not an object")
+        raise ModelDirError(f"{path}: must be a JSON object, got {quote(d, 60)}")
     return d
 
 

@@ -26,6 +26,7 @@ from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
 from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body
 from spanflow.serving.services import Service, check_names
+from spanflow.tasks.registry import tasks as all_tasks
 
 log = logging.getLogger("spanflow.serve")
 
@@ -98,7 +99,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                        for m in getattr(r, "methods", None) or ()}
             headers = {k: v for k, v in headers.items() if k.lower() != "allow"} | (
                 {"Allow": ", ".join(sorted(methods))} if methods else {})
-        return _error(exc.status_code, _routing_message(request, exc, app, headers), headers)
+        return _error(exc.status_code, _routing_message(request, exc, app, headers, services), headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -170,7 +171,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         async def handle(request: Request) -> Response:
             t0 = time.perf_counter()
             body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
-            req = _check_body(body, task.request_field, opts)
+            req = _check_body(body, task.request_field, opts, getattr(task, "request_options", ()))
             service = _pick_service(services, task.name, req.model)
             texts = req.texts
             try:
@@ -218,11 +219,15 @@ def _error(status: int, message: str, headers: dict | None = None, param: str | 
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
-def _routing_message(request: Request, exc, app: FastAPI, headers: dict) -> str:
+def _routing_message(request: Request, exc, app: FastAPI, headers: dict, services: list[Service]) -> str:
     path = request.url.path[:200]
     if exc.status_code == 405:
         allowed = headers.get("Allow") or headers.get("allow") or ""
         return f"{request.method} is not allowed on {path}" + (f"; it takes {allowed}" if allowed else "")
+    unloaded = next((t for t in all_tasks() if t.route == path), None)
+    if exc.status_code == 404 and unloaded is not None:  # a task's route, of a task no served model is of
+        return (f"no {unloaded.name} model is loaded on this server, so {path} is not served; loaded: "
+                + ", ".join(f"{s.name} ({s.task.name})" for s in services))
     if exc.status_code == 404:
         routes = sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", None) or ()
                          if m != "HEAD" and not r.path.startswith("/docs/")}, key=lambda x: x.split()[::-1])
@@ -289,6 +294,10 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
         for s in of_task:
             if s.name == name:
                 return s
+        other = next((s for s in services if s.name == name), None)
+        if other is not None:  # a served model of another task: a mistake, not a hosted model's name
+            raise HttpError(422, f"model {name!r} is a {other.task.name} model; this route runs {task} models: "
+                                 f"{[s.name for s in of_task]}", param="model")
         if len(of_task) == 1:
             return of_task[0]
         raise HttpError(404, f"no {task} model named {str(name)[:100]!r}; loaded: {[s.name for s in of_task]}",
@@ -299,10 +308,10 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
     return of_task[0]
 
 
-def _check_body(body: dict, field: str, opts: ServeOptions) -> RequestBody:
+def _check_body(body: dict, field: str, opts: ServeOptions, options: tuple[str, ...]) -> RequestBody:
     """The body against its route's schema (serving/requests.py): a 422 naming the field otherwise."""
     try:
-        return read_body(body, field, Limits(opts.max_texts, opts.max_text_chars))
+        return read_body(body, field, Limits(opts.max_texts, opts.max_text_chars), options)
     except InvalidRequest as e:
         raise HttpError(422, e.message, param=e.field) from None
 

@@ -218,9 +218,9 @@ class DynamicBatcher:
                 deliver(items, e)
                 continue
             seconds = self.clock() - start  # the model's own time, not a wait for the thread
-            if timed:  # a warm-up's first kernels are slow: not the service time
+            if timed:  # a warm-up's first kernels are slow: not the service time, nor a served batch
                 self.service.add(sum(lens[k] for k in part), seconds)
-            if self.on_batch:
+            if self.on_batch and timed:
                 self.on_batch([lens[k] for k in part], seconds, [t0 - r.enqueued for r, _ in items])
             deliver(items, res)
 

@@ -11,10 +11,11 @@ log = logging.getLogger("spanflow.serve")
 OPEN_PATHS = ("/health",)
 
 
-def key_matches(header: str | None, key: str) -> bool:
-    """An `Authorization: Bearer KEY` header (scheme in any case) holding `key`, compared in constant time."""
-    scheme, _, token = (header or "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+def key_matches(header: bytes | None, key: str) -> bool:
+    """An `Authorization: Bearer KEY` header (its raw bytes; scheme in any case) holding `key` as
+    UTF-8, as clients send a key that is not ASCII, compared in constant time."""
+    scheme, _, token = (header or b"").strip().partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode("utf-8"))
 
 
 class Guard:
@@ -46,8 +47,7 @@ class Guard:
         route = self.label(path)
         if self.api_key and path not in OPEN_PATHS:
             headers = dict(scope.get("headers") or [])
-            header = headers.get(b"authorization", b"").decode("latin-1")
-            if not key_matches(header, self.api_key):
+            if not key_matches(headers.get(b"authorization"), self.api_key):
                 self.count(route, 401)
                 return await _send_json(send, 401, "missing or wrong API key (Authorization: Bearer ...)",
                                         [(b"www-authenticate", b"Bearer")])
@@ -68,11 +68,18 @@ class Guard:
                 await _send_json(send, 500, "internal server error")
 
 
+# OpenAI's `code` is a string (or null); typed clients refuse an error body with a number there
+CODES = {400: "bad_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
+         408: "request_timeout", 413: "request_too_large", 415: "unsupported_media_type", 422: "invalid_request",
+         429: "rate_limit_exceeded", 500: "server_error", 503: "not_ready", 504: "timeout"}
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     """Every error answer's body: {"error": {"message", "type", "code", "param"}}; `type` as
-    OpenAI's API names its kinds, which its clients read (`e.type`)."""
+    OpenAI's API names its kinds, which its clients read (`e.type`), `code` a string naming the
+    status's cause (the HTTP status itself is the response's)."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "code": status, "param": param}}
+    return {"error": {"message": message, "type": kind, "code": CODES.get(status, str(status)), "param": param}}
 
 
 async def _send_json(send, status: int, message: str, headers: list | None = None) -> None:

@@ -6,6 +6,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE
+
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKENS = (64, 256, 1024, 4096, 16384, 65536)
 _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -51,7 +53,7 @@ class ServerMetrics:
     def batch_observer(self, model: str):
         def observe(lengths: list[int], seconds: float, waits: list[float]) -> None:
             self.batch_size.labels(model).observe(len(lengths))
-            padded = max(lengths) * len(lengths)
+            padded = -(-max(lengths) // SERVE_PAD_MULTIPLE) * SERVE_PAD_MULTIPLE * len(lengths)  # as run_batch pads
             self.batch_tokens.labels(model).observe(padded)
             self.compute.labels(model).observe(seconds)
             for w in waits:

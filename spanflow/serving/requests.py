@@ -1,8 +1,10 @@
 """The body of a task route, as a pydantic schema: the texts, in the field the task names
 (`Task.request_field`), the model, and the server's limits on both. Other fields are the task's
-own options (its `request_params` reads them) and are kept."""
+own options (`Task.request_options`, which its `request_params` reads) and are kept; a field
+of neither is refused."""
 from __future__ import annotations
 
+import difflib
 import functools
 from dataclasses import dataclass
 from typing import Annotated
@@ -31,7 +33,11 @@ class InvalidRequest(Exception):
 
 def _token_ids(texts) -> bool:
     return isinstance(texts, list) and bool(texts) and all(
-        isinstance(t, int) or (isinstance(t, list) and t and all(isinstance(x, int) for x in t)) for t in texts)
+        _int(t) or (isinstance(t, list) and t and all(_int(x) for x in t)) for t in texts)
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # JSON's true is no token id
 
 
 def _texts(value, info: ValidationInfo) -> list[str]:
@@ -97,10 +103,25 @@ def _missing(body: dict, field: str) -> InvalidRequest:
     return InvalidRequest(f"'{field}' is missing: {takes}" + (f"; the body has {keys}" if body else ""), field)
 
 
-def read_body(body: dict, field: str, limits: Limits) -> RequestBody:
-    """`body` (a parsed JSON object) checked against its route's schema; an InvalidRequest otherwise."""
+def _unknown(body: dict, known: list[str]) -> InvalidRequest | None:
+    """The error for a field the route does not read (a misspelt option would be ignored)."""
+    extra = next((k for k in body if k not in known), None)
+    if extra is None:
+        return None
+    close = difflib.get_close_matches(str(extra), known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return InvalidRequest(f"unknown field {str(extra)[:40]!r}{hint}; this endpoint reads "
+                          f"{', '.join(repr(k) for k in known)}", str(extra)[:40])
+
+
+def read_body(body: dict, field: str, limits: Limits, options: tuple[str, ...] = ()) -> RequestBody:
+    """`body` (a parsed JSON object) checked against its route's schema: the texts in `field`, the
+    model and the task's `options`; an InvalidRequest otherwise."""
     if field not in body:
         raise _missing(body, field)
+    unknown = _unknown(body, [field, "model", *options])
+    if unknown:
+        raise unknown
     try:
         req = body_schema(field).model_validate(body, context=limits)
     except ValidationError as e:

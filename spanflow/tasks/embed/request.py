@@ -17,13 +17,14 @@ from pydantic_core.core_schema import ValidationInfo
 from spanflow.errors import ConfigError
 from spanflow.schemas import expect, expected, explain, first_field
 
-# absent, null or empty: float, as OpenAI's API reads it
-EncodingFormat = expect(Annotated[Literal["float", "base64"], BeforeValidator(lambda v: v or "float")],
-                        '"float" or "base64"')
+# absent, null or an empty string: float, as OpenAI's API reads it (a 0 or an empty list is no format)
+EncodingFormat = expect(Annotated[Literal["float", "base64"], BeforeValidator(lambda v: "float" if v in (None, "")
+                                                                              else v)], '"float" or "base64"')
 
 
 class EmbedOptions(BaseModel):
-    """What a body to /v1/embeddings may say beyond the texts and the model (the rest is ignored)."""
+    """What a body to /v1/embeddings may say beyond the texts and the model (serving/requests.py
+    refuses any other field before these are read)."""
 
     model_config = ConfigDict(extra="ignore")
 

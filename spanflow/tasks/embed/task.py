@@ -136,6 +136,8 @@ class EmbedTask:
                         functools.lru_cache(maxsize=None)(quality),
                         quality_means=f"mean cosine to the sample's embeddings at the model's max length ({limit})")
 
+    request_options = ("encoding_format", "dimensions", "user")  # OpenAI's; any other field is refused
+
     def request_params(self, model: Embedder, body: dict) -> dict:
         """OpenAI's embeddings options: `encoding_format` float|base64, `dimensions` (truncate, then
         renormalise), `user` (accepted, unused); the schema is tasks/embed/request.py."""
