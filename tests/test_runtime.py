@@ -198,3 +198,15 @@ def test_profile_errors_name_file_field_and_value(tmp_path):
     p.write_text(json.dumps({"task": "re", "mode": "infer", "best": {"max_tokens": 512}}))
     with pytest.raises(ConfigError, match="measured for task 're', not 'ner'"):
         read_profile(str(p), task="ner")
+
+
+def test_serve_names_its_routes_and_warns_of_an_open_port_without_a_key(model_dirs, served, capsys, monkeypatch):
+    monkeypatch.delenv("SPANFLOW_API_KEY", raising=False)
+    base = ["serve", "--model", f"emb={model_dirs['emb']}", "--device", "cpu", "--precision", "fp32", "--port", "0"]
+    assert main(base) == 0  # loopback: no warning
+    out, err = capsys.readouterr()
+    assert "routes: POST /v1/embeddings (embed); GET /ready, /metrics, /docs" in out and "--api-key" not in err
+    assert main(base + ["--host", "0.0.0.0"]) == 0
+    assert "warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches 0.0.0.0:" in capsys.readouterr().err
+    assert main(base + ["--host", "0.0.0.0", "--api-key", "k"]) == 0
+    assert "--api-key" not in capsys.readouterr().err

@@ -357,3 +357,16 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
     assert batches == {"ner": math.ceil(n / 3), "emb": 1}  # the NER model's budget is the profile's, 3 texts a batch
     assert f"max_tokens {budget}" in out
     assert asked == ["eager", "compile"]  # the profile's backend, for its task's model only
+
+
+def test_the_timeout_counts_from_the_start_of_the_request(model_dirs, monkeypatch):
+    import types
+
+    import spanflow.serving.app as app_module
+
+    ticks = iter(range(0, 10**6, 20))  # every clock reading 20 s on: reading and tokenizing take 40 s of 30
+    monkeypatch.setattr(app_module, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks)),
+                                                                  time=time.time))
+    with client({"emb": model_dirs["emb"]}, timeout=30) as c:
+        r = c.post("/v1/embeddings", json={"input": "Grace flew to Oslo"})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"

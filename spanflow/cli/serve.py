@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from spanflow.cli.common import add_budget_args, add_device_arg, add_precision_arg, add_quantize_args
 from spanflow.cli.options import add_options, options_from
@@ -88,6 +89,19 @@ def run(a: argparse.Namespace) -> int:
         port = socks[0].getsockname()[1]  # --port 0: the one the system gave
         print(f"serving {budgets} on http://{a.host}:{port} (batching {'on' if opts.batching else 'off'})",
               flush=True)  # a supervisor's pipe reads the port now
+        routes = {s.task.route: s.task.name for s in services if s.task.route}
+        print("routes: " + ", ".join(f"POST {r} ({t})" for r, t in routes.items()) + "; GET /ready, /metrics, /docs",
+              flush=True)
+        if not opts.api_key and not _loopback(socks):
+            print(f"warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches {a.host}:{port} can use "
+                  "these models", file=sys.stderr, flush=True)
         serve_on(socks, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
                  timeout_graceful_shutdown=int(opts.timeout))
     return 0
+
+
+def _loopback(socks) -> bool:
+    """Whether every socket listens on a loopback address only (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    return all(ipaddress.ip_address(s.getsockname()[0]).is_loopback for s in socks)

@@ -185,7 +185,10 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 small = len(texts) <= INLINE_TEXTS and sum(map(len, texts)) <= INLINE_CHARS
                 units, lengths, ctx = await units_of(service, texts, small)
                 t2 = time.perf_counter()
-                results = await batcher.submit(units, lengths, opts.timeout)
+                left = opts.timeout - (time.perf_counter() - t0)  # --timeout counts from the request's start
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                results = await batcher.submit(units, lengths, left)
                 t3 = time.perf_counter()
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(e.retry_after)}) from None
