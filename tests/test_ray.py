@@ -343,12 +343,18 @@ def test_a_string_that_is_not_utf8_is_an_error_row_as_in_one_process(enc_dir, tm
     texts = pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets.tobytes()),
                                                            pa.py_buffer(b"".join(raw))])
     src = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"text": texts, "n": list(range(len(TEXTS)))}), src, row_group_size=GROUP)
-    want = embed_single(enc_dir, str(src), str(tmp_path / "v.parquet"), column="text", keep=["n"])
-    s = run_job(embed_job(enc_dir, src, tmp_path / "out"), **QUIET)
+    notes = [b"n%d" % k for k in range(len(TEXTS))]
+    notes[3] = b"bad \xff bytes"  # a kept column's: carried backslash-escaped, as in one process
+    note = pa.Array.from_buffers(pa.string(), len(notes), [None, pa.py_buffer(np.cumsum(
+        [0] + [len(v) for v in notes]).astype(np.int32).tobytes()), pa.py_buffer(b"".join(notes))])
+    pq.write_table(pa.table({"text": texts, "n": list(range(len(TEXTS))), "note": note}), src, row_group_size=GROUP)
+    want = embed_single(enc_dir, str(src), str(tmp_path / "v.parquet"), column="text", keep=["n", "note"])
+    job = embed_job(enc_dir, src, tmp_path / "out", source=Source(path=str(src), column="text", keep=("n", "note")))
+    s = run_job(job, **QUIET)
     got = pq.read_table(tmp_path / "out")
     assert got.equals(want) and s["errors"] == 1
     assert got.column("error")[25].as_py() == f"{src}: row 25: column 'text' holds invalid UTF-8 at byte 3"
+    assert got.column("note")[3].as_py() == "bad \\xff bytes"
 
 
 def test_output_names_and_error_rows_are_as_the_command_gave_them(tmp_path, monkeypatch):

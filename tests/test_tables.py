@@ -678,6 +678,14 @@ def test_a_string_that_is_not_utf8_is_an_error_row_and_the_job_goes_on(ner_model
     assert (s["records"], s["errors"]) == (6, 1)
     lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert [k for k, x in enumerate(lines) if "error" in x] == [2]
+    nested = pa.table({"body": TEXTS[:2], "meta": pa.StructArray.from_arrays(
+        [strings_with_bytes([b"ok", b"t\xfe"]), pa.array([1, 2])], names=["name", "n"]),
+        "tags": pa.ListArray.from_arrays(pa.array([0, 1, 2], pa.int32()), strings_with_bytes([b"ok", b"t\xfe"]))})
+    recs = list(read_rows(write_table(tmp_path / "nested.parquet", nested), column="body", keep=["meta", "tags"]))
+    assert recs[1].kept == ({"name": "t\\xfe", "n": 2}, ["t\\xfe"])  # nested strings escaped too (it crashed)
+    empty = write_table(tmp_path / "nulls.parquet", pa.table({"body": pa.nulls(2), "n": [1, 2]}))  # typed null
+    assert [str(r.text) for r in read_rows(empty, column="body")] == [
+        f"{empty}: row {k}: column 'body' holds null, expected a string" for k in (0, 1)]  # error rows, not a refusal
     assert main(["predict", "--model", "x", "--input", src, "--column", "body", "--skip-header",
                  "--output", str(tmp_path / "q.jsonl")]) == 2  # no header line in a table
     assert "--skip-header: " in capsys.readouterr().err

@@ -208,11 +208,17 @@ def is_text(t) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or bool(is_view and is_view(t))
 
 
+def holds_texts(t) -> bool:
+    """A type a text column may have: strings, or Arrow's null type (a column with no value in
+    it, as a writer types one that is all None: each row is an error row, as a null text is)."""
+    return is_text(t) or pyarrow().types.is_null(t)
+
+
 def _text_name(schema, column: str | int, path: str) -> str:
     """The text column: in the file, and of strings (nulls are error rows, other types one error)."""
     name = column_name(schema, column, "--column", path)
     t = schema.field(name).type
-    if not is_text(t):
+    if not holds_texts(t):
         raise ConfigError(f"--column {name}: the column {name!r} of {path} holds {t}, not strings")
     return name
 
@@ -302,10 +308,45 @@ def _bad_rows(raw: list) -> dict[int, int]:
     return bad
 
 
+def escaped_utf8(col):
+    """`col` (an Arrow array) with every string in it, nested ones too, valid UTF-8: the bytes of
+    one that is not are backslash-escaped (an id or kept column is carried, not refused)."""
+    pa = pyarrow()
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([escaped_utf8(c) for c in col.chunks], type=col.type)
+    try:
+        col.validate(full=True)
+        return col
+    except pa.ArrowInvalid:
+        return _escaped(col)
+
+
+def _escaped(arr):
+    pa = pyarrow()
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        return pa.DictionaryArray.from_arrays(arr.indices, _escaped(arr.dictionary))
+    if is_text(t):
+        return pa.array([None if v is None else v.decode("utf-8", "backslashreplace") for v in _raw(arr)], type=t)
+    mask = arr.is_null() if arr.null_count else None
+    if pa.types.is_struct(t):
+        return pa.StructArray.from_arrays([_escaped(c) for c in arr.flatten()], fields=list(t), mask=mask)
+    if pa.types.is_map(t):
+        return pa.MapArray.from_arrays(arr.offsets, _escaped(arr.keys), _escaped(arr.items), type=t, mask=mask)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        kind = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
+        return kind.from_arrays(arr.offsets, _escaped(arr.values), type=t, mask=mask)
+    if pa.types.is_fixed_size_list(t):
+        return pa.FixedSizeListArray.from_arrays(_escaped(arr.flatten()), type=t, mask=mask)
+    return arr
+
+
 def _pylist(col) -> tuple[list, dict[int, int]]:
     """(the values of a column, {row: byte offset} of its strings that are not valid UTF-8: those
     come backslash-escaped, and as the text they are the row's error)."""
-    if not is_text(col.type) or _valid_utf8(col):
+    if not is_text(col.type):
+        return escaped_utf8(col).to_pylist(), {}
+    if _valid_utf8(col):
         return col.to_pylist(), {}
     raw = _raw(col)
     return [None if v is None else v.decode("utf-8", "backslashreplace") for v in raw], _bad_rows(raw)

@@ -25,8 +25,8 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from spanflow.data.records import read_rows
-from spanflow.data.tables import (PARQUET, RowError, carried_schema, column_name, invalid_utf8, is_table, is_text,
-                                   one_line, pyarrow)
+from spanflow.data.tables import (PARQUET, RowError, carried_schema, column_name, escaped_utf8, holds_texts,
+                                   invalid_utf8, is_table, one_line, pyarrow)
 from spanflow.errors import ConfigError, DataError
 
 ROW, ID, TEXT, ERROR = "__row", "__id", "__text", "__error"
@@ -260,7 +260,7 @@ def _shown(src: Source, path: str, base: str) -> str:
 def _columns(schema, src: Source, shown: str) -> tuple[str, str | None]:
     """(the text column, the id column or None), each checked as data.tables checks a table's."""
     text = column_name(schema, src.text_column, "--column", shown)
-    if not is_text(schema.field(text).type):
+    if not holds_texts(schema.field(text).type):
         raise ConfigError(f"--column {text}: the column {text!r} of {shown} holds {schema.field(text).type}, "
                           "not strings")
     ident = column_name(schema, src.id_column, "--id-column", shown) if src.id_column is not None else None
@@ -292,8 +292,8 @@ def read_groups(fs, path: str, pieces: list[Piece], src: Source, shown: str, typ
                 for b in f.iter_batches(batch_size=READ_ROWS, row_groups=[p.group], columns=cols, use_threads=False):
                     rows = pa.array(range(p.first + at, p.first + at + b.num_rows), pa.int64())
                     texts, errors = texts_and_errors(b.column(text), p.in_file + at, text, shown)
-                    yield block(rows, _cast(b.column(ident), types, "id") if ident else rows, texts, errors,
-                                {k: _cast(b.column(k), types, k) for k in src.keep})
+                    yield block(rows, _cast(escaped_utf8(b.column(ident)), types, "id") if ident else rows, texts,
+                                errors, {k: _cast(escaped_utf8(b.column(k)), types, k) for k in src.keep})
                     at += b.num_rows
 
 
