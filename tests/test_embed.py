@@ -333,6 +333,18 @@ def test_embed_cli(st_dir, tmp_path, capsys):
     assert "none.txt: file not found" in capsys.readouterr().err
     assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "o.csv")]) == 2
     assert main(["embed", "--model", str(tmp_path / "nomodel"), "--input", src, "--output", str(out)]) == 2
+    # side files are named by the stem: one that is the input, or another output's, is not written over
+    side = tmp_path / "o2.ids.txt"
+    side.write_text("\n".join(TEXTS[:5]) + "\n")
+    assert main(["embed", "--model", st_dir, "--input", str(side), "--output", str(tmp_path / "o2.npy")]) == 2
+    assert f"its side file {side} is the input" in capsys.readouterr().err and side.read_text().startswith(TEXTS[0])
+    bad = tmp_path / "bad.txt"  # one error record: o.errors.jsonl
+    bad.write_bytes(("\n".join(TEXTS[:2]) + "\n").encode() + b"\xff\n")
+    assert main(["embed", "--model", st_dir, "--input", str(bad), "--output", str(tmp_path / "o.parquet")]) == 0
+    errors = (tmp_path / "o.errors.jsonl").read_text()
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert f"o.errors.jsonl may belong to {out} or {tmp_path / 'o.parquet'}" in capsys.readouterr().err
+    assert (tmp_path / "o.errors.jsonl").read_text() == errors  # kept (a run without errors removed it)
 
 
 def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):

@@ -113,6 +113,7 @@ def check_spec(spec: EmbedSpec) -> str:
     _check_columns(spec, fmt)
     if os.path.isdir(spec.output):
         raise ConfigError(f"--output {spec.output} is a directory; give a file name ending in .{fmt}", field="output")
+    _check_side_files(spec, fmt)
     with writing(WHAT, spec.output):
         try:
             os.makedirs(os.path.dirname(os.path.abspath(spec.output)), exist_ok=True)
@@ -120,6 +121,30 @@ def check_spec(spec: EmbedSpec) -> str:
             raise ConfigError(f"--output {spec.output}: a file stands where its directory should be",
                               field="output") from None
     return fmt
+
+
+OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+
+
+def _check_side_files(spec: EmbedSpec, fmt: str) -> None:
+    """The side files (OUT.errors.jsonl, and OUT.ids.txt of an .npy) are named by the output's stem:
+    one that is the input, or that exists beside another output of the stem (vec.parquet and
+    vec.jsonl), which may own it, is a ConfigError; the job would write over it, or remove it as an
+    older run's."""
+    P = job_paths(spec.output)
+    sides = (P.errors, P.ids) if fmt == "npy" else (P.errors,)
+    for side in sides:
+        if os.path.exists(side) and os.path.samefile(side, spec.input):
+            raise ConfigError(f"--output {spec.output}: its side file {side} is the input; the job would write over "
+                              "what it reads; give the output another name", field="output")
+    stem = os.path.splitext(spec.output)[0]
+    others = [stem + x for x in OUTPUT_SUFFIXES
+              if os.path.exists(stem + x) and os.path.abspath(stem + x) != os.path.abspath(spec.output)]
+    shared = next((side for side in sides if os.path.exists(side)), None)
+    if others and shared:
+        raise ConfigError(f"--output {spec.output}: {shared} may belong to {' or '.join(others)} (outputs of one stem "
+                          "share their side files, which this job would replace); give this output another name",
+                          field="output")
 
 
 def _rows(spec: EmbedSpec):
