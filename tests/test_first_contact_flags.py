@@ -73,6 +73,11 @@ def test_training_values_out_of_range_are_refused(field, value, says):
      "spanflow train ner: error: unrecognized arguments: --epoch 1 (--epoch: did you mean --epochs?)"),
     (["train", "re", "--train", "t.json", "--out", "o", "--max_steps=2"],
      "spanflow train re: error: unrecognized arguments: --max_steps=2 (--max_steps: did you mean --max-steps?)"),
+    (["tune", "--task", "ner", "--model", "m", "--data", "d", "--budget", "30"],  # seconds, or token budgets
+     "spanflow tune: error: unrecognized arguments: --budget 30 (--budget: did you mean --budget-seconds or "
+     "--budgets?)"),
+    (["tune", "--task", "ner", "--model", "m", "--data", "d", "--budgets", "1.5"],
+     "spanflow tune: error: argument --budgets: expected whole numbers separated by commas, got '1.5'"),
     (["predict", "--model", "m", "--input", "i", "--output", "o", "--zzz"],
      "spanflow predict: error: unrecognized arguments: --zzz"),
     # a flag another task takes is that task's, not a misspelling of --head-lr

@@ -41,10 +41,13 @@ def unknown_flags(extras: list[str], known: list[str], elsewhere: dict[str, list
             hints.append(f"{name}: only {' and '.join(elsewhere[name])} take{'s' if len(elsewhere[name]) == 1 else ''} "
                          "it")
             continue
-        near = difflib.get_close_matches(name.replace("_", "-"), known, n=1, cutoff=0.75) \
+        flag = name.replace("_", "-")
+        # a flag it begins (--budget: --budget-seconds) as well as the closest spelling (--budgets)
+        near = list(dict.fromkeys([k for k in known if k.startswith(flag + "-")][:1]
+                                  + difflib.get_close_matches(flag, known, n=1, cutoff=0.75))) \
             if name.startswith("--") else []
         if near:
-            hints.append(f"{name}: did you mean {near[0]}?")
+            hints.append(f"{name}: did you mean {' or '.join(near)}?")
     return f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 _CPU = {job: b["cpu"] for job, b in DEFAULT_BUDGETS.items()}

@@ -7,7 +7,11 @@ from spanflow.cli.common import add_device_arg, add_precision_arg, add_quantize_
 
 
 def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x.strip()]
+    """N,N: whole numbers (argparse names the flag and the value where one is not)."""
+    values = [x.strip() for x in s.split(",") if x.strip()]
+    if not values or not all(x.isdigit() for x in values):
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {s!r}")
+    return [int(x) for x in values]
 
 
 def add_parser(sub) -> None:

@@ -59,6 +59,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         raise ConfigError(f"--max-lengths must each be >= {MIN_LENGTH}, got {', '.join(map(str, short))}")
     check_ranges(budgets=budgets, sample=sample, repeats=repeats, budget_seconds=budget_seconds,
                  max_memory_gb=max_memory_gb, latency_slo_ms=latency_slo_ms)
+    if quantize and mode == "train":  # training updates fp32 weights: there is no quantized training to measure
+        raise ConfigError(f"--quantize {quantize} is for inference (--mode infer); training runs in a precision "
+                          "(--precision)")
     check_model_for(model, task, start=mode == "train")  # before any model loads
     if out:  # a file in the way, or a directory this process cannot write, is told now, not after the sweep
         make_dirs(out)
