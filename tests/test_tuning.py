@@ -360,6 +360,14 @@ def test_tune_with_limits_no_point_meets_keeps_the_earlier_profile(ner_file, tmp
         doctor(model="tiny", log_fn=lambda s: None)
     with pytest.raises(ConfigError, match="--batch-size must be >= 1, got -4"):
         doctor(model="tiny", data=ner_file, batch_size=-4, log_fn=lambda s: None)
+    with pytest.raises(ConfigError, match="^--batch-size sets the training probe, which needs --model and --data$"):
+        doctor(batch_size=8, log_fn=lambda s: None)  # the machine report alone ignored it
+    with pytest.raises(ConfigError, match="^--device gpu: not a device name"):
+        doctor(device="gpu", log_fn=lambda s: None)
+    lines = []
+    doctor(log_fn=lines.append)  # the CPU its peaks are keyed on, and what training would run in
+    assert any(x.strip().startswith("cpu: ") for x in lines)
+    assert any(x.strip().startswith("training runs: device ") for x in lines)
 
 
 def test_why_no_point_was_picked_names_what_ruled_them_out(monkeypatch):

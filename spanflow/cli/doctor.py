@@ -32,7 +32,8 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tuning.doctor import doctor
 
     doctor(model=a.model, data=a.data, task=a.task or _task_of(a.model, a.data), batch_size=a.batch_size,
-           max_tokens=a.max_tokens, precision=a.precision, device=a.device, steps=a.steps)
+           max_tokens=a.max_tokens, precision=a.precision, device=a.device, steps=a.steps,
+           task_from="--task" if a.task else "told from --model and --data")
     return 0
 
 

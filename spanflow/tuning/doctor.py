@@ -15,6 +15,7 @@ from spanflow.monitor.report import device_peak, measure_peak, train_flops_per_t
 from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.budget import default_budget
+from spanflow.monitor.device import cpu_description
 from spanflow.runtime.policy import cpu_has_bf16, resolve_policy
 from spanflow.training.step import as_micro, forward_backward, optimizer_step
 
@@ -96,7 +97,8 @@ def diagnose(r: dict, healthy: dict | None = None, *, own: bool = False) -> list
     if r["texts_per_update"] < 8:
         loss = 1 - r["real_tokens_per_s"] / healthy["real_tokens_per_s"] if healthy else 0.5
         found.append((loss, f"batch of {r['texts_per_update']:.0f} text(s) per update: the device is underfed and "
-                            "the optimizer runs after every example; use --max-tokens 2048 or more"))
+                            "the optimizer runs after every few examples; batch by token budget (spanflow train "
+                            "sizes it to the data: docs/defaults.md)"))
     if r["data_frac"] > 0.2:
         found.append((r["data_frac"], f"{r['data_frac']:.0%} of step time goes to preparing data: pre-tokenize, "
                                       "and collate in a background thread (spanflow's loop prefetches)"))
@@ -109,9 +111,10 @@ def diagnose(r: dict, healthy: dict | None = None, *, own: bool = False) -> list
 
 def doctor(*, model: str | None = None, data: str | None = None, task: str = "ner", batch_size: int | None = None,
            max_tokens: int | None = None, precision: str = "auto", device: str = "auto", steps: int = 8,
-           log_fn: Callable[[str], None] = print) -> dict:
+           task_from: str = "--task", log_fn: Callable[[str], None] = print) -> dict:
     """Print the environment; with model and data, probe training and name the biggest losses.
-    `max_tokens` None: training's default budget for the device (runtime/budget.py)."""
+    `max_tokens` None: training's default budget for the device (runtime/budget.py); `task_from`:
+    where the task came from, as the probe's line says it."""
     from spanflow.errors import ConfigError
 
     if steps < 1:
@@ -122,15 +125,22 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
     if bool(model) != bool(data):  # half a probe: say so, rather than print the machine report alone
         raise ConfigError(f"{'--model' if model else '--data'} without {'--data' if model else '--model'}: the probe "
                           "trains --model on --data; give both, or neither for the machine report")
-    env = environment()
+    if not model:
+        given = next((f for f, v in (("--batch-size", batch_size), ("--max-tokens", max_tokens)) if v is not None),
+                     None)
+        if given:
+            raise ConfigError(f"{given} sets the training probe, which needs --model and --data")
+    policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in (a device it
+    env = environment()                                          # lacks is refused with the machine report too)
+    env["cpu"] = cpu_description()
     for k, v in env.items():
         log_fn(f"{k:>15}: {v}")
+    log_fn(f"{'training runs':>15}: {policy.describe(training=True)}")
     if not (model and data):
         return {"environment": env}
     from spanflow.tasks.registry import get
 
-    policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in
-    log_fn(f"probing `spanflow train {task}` (--task), {policy.describe()}")
+    log_fn(f"probing `spanflow train {task}` ({task_from}), {policy.describe()}")
     asked = max_tokens is not None
     max_tokens = max_tokens or default_budget("train", policy.device)
     w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
