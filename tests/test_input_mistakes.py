@@ -31,6 +31,27 @@ def test_labelled_data_in_utf16_is_named_as_such(tmp_path, encoding, said):
     assert said in str(e.value) and "iconv" in str(e.value)
 
 
+@pytest.mark.parametrize("pack, name, tool", [("gzip", "gzip", "gunzip"), ("bz2", "bzip2", "bunzip2"),
+                                              ("lzma", "xz", "unxz")])
+def test_a_compressed_input_is_named_as_such(tmp_path, pack, name, tool, capsys):
+    import importlib
+
+    from spanflow.cli.main import main
+
+    texts = tmp_path / "texts.jsonl.z"
+    texts.write_bytes(importlib.import_module(pack).compress(b'{"text": "Ada wrote"}\n' * 50))
+    assert main(["predict", "--model", "m", "--input", str(texts), "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {texts}: is {name}-compressed; spanflow reads uncompressed "
+                                               f"text: decompress it first, e.g. {tool} -k {texts}")
+    train = tmp_path / "train.conll"  # training data too: not one error per line
+    train.write_bytes(importlib.import_module(pack).compress(b"Ada\tB-PER\n\n" * 50))
+    with pytest.raises(DataError, match=f"is {name}-compressed"):
+        read_ner(str(train))
+    plain = tmp_path / "plain.txt"  # a text that begins as bzip2's magic does is text
+    plain.write_text("BZh is how the line begins\n")
+    assert [t for _, t in read_records(str(plain))] == ["BZh is how the line begins"]
+
+
 def test_json_cut_off_inside_a_string_reads_as_one_sentence(tmp_path):
     p = tmp_path / "in.jsonl"
     p.write_text('{"text": "Ada wrote", "entities": [[0, 3, "PER"]]}\n{"text": "Bob ran\n')

@@ -138,9 +138,10 @@ def test_a_text_column_that_is_not_strings_is_one_error_before_any_row_is_read(t
 
 
 def test_a_table_column_is_named_even_by_digits_and_never_numbered(tmp_path):
-    src = write_table(tmp_path / "in.parquet", pa.table({"a": ["no"], "2021": ["yes"]}))
+    src = write_table(tmp_path / "in.parquet", pa.table({"a": ["no"], "2021": ["yes"], "01": ["zero one"]}))
     assert [r.text for r in read_rows(src, column=column_arg("2021"))] == ["yes"]  # `--column 2021`
-    with pytest.raises(ConfigError, match=r"^--column 0: .*in\.parquet has no such column; it has a, 2021$"):
+    assert [r.text for r in read_rows(src, column=column_arg("01"))] == ["zero one"]  # not column 1's name "1"
+    with pytest.raises(ConfigError, match=r"^--column 0: .*in\.parquet has no such column; it has a, 2021, 01$"):
         read_rows(src, column=column_arg("0"))
 
 

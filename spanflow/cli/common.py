@@ -164,8 +164,8 @@ def add_text_args(p: argparse.ArgumentParser) -> None:
 
 def column_arg(value: str) -> int | str:
     """--column: digits are a 0-based CSV/TSV index (a table's column of that name: tables.py),
-    anything else a column name."""
-    return int(value) if value.isdigit() else value
+    anything else a column name; digits with a leading zero (01) are a name: no index is written so."""
+    return int(value) if value.isdigit() and (value == "0" or not value.startswith("0")) else value
 
 
 def names_arg(value: str) -> list[str]:
@@ -248,9 +248,9 @@ def check_input(a) -> None:
 def refuse_utf16(path: str) -> None:
     """A DataError for a text input in UTF-16 or UTF-32 (told by its byte-order mark): read as
     UTF-8 its every other byte is a NUL, and each line would come out garbled, not as an error."""
-    from spanflow.data.formats.common import refuse_wide
+    from spanflow.data.formats.common import MAGIC_BYTES, refuse_wide
 
     if not os.path.isfile(path):  # a pipe's first bytes, read here, would be gone for the job
         return
     with open(path, "rb") as f:
-        refuse_wide(f.read(4), path)
+        refuse_wide(f.read(MAGIC_BYTES), path)

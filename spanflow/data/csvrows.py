@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from spanflow.data.formats.common import refuse_wide
+from spanflow.data.formats.common import MAGIC_BYTES, refuse_wide
 from spanflow.errors import DataError
 
 # a quoted field may hold a long document (csv's own limit is 128 Ki characters); one past this is taken for
@@ -31,7 +31,7 @@ def csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataE
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
     with open(path, "rb") as raw:
-        refuse_wide(raw.read(4), path)  # UTF-16 would read as rows of NULs
+        refuse_wide(raw.read(MAGIC_BYTES), path)  # UTF-16 would read as rows of NULs
         raw.seek(0)
         # utf-8-sig: a byte-order mark is no part of the first cell (a header's name)
         f = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")

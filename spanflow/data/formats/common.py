@@ -26,11 +26,24 @@ WIDE_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xf
              b"\xfe\xff": "UTF-16"}
 
 
+# compressed files, by their magic bytes: read as text, every line is an error record about its bytes
+# (bzip2's with its first block's magic: "BZh" alone can begin a line of text)
+COMPRESSED = {b"\x1f\x8b": ("gzip", "gunzip -k"), b"\x28\xb5\x2f\xfd": ("zstd", "zstd -d"),
+              b"\xfd7zXZ\x00": ("xz", "unxz -k"), b"PK\x03\x04": ("zip", "unzip"),
+              **{b"BZh%d1AY&SY" % level: ("bzip2", "bunzip2 -k") for level in range(1, 10)}}
+MAGIC_BYTES = 10  # the longest above: what a caller reads of a file's head
+
+
 def refuse_wide(head: bytes, path: str, *, nuls: bool = False) -> None:
     """A DataError for text in UTF-16 or UTF-32, told by its byte-order mark (or, with `nuls`, by the
     NUL byte every character of Latin text has at one of its two positions, in at least 4 of 5 of
     them: a file known to be no binary format sniff reads):
-    read as UTF-8 each line would come out garbled or as an error about its first byte."""
+    read as UTF-8 each line would come out garbled or as an error about its first byte. A
+    compressed file (gzip, zstd, bzip2, xz, zip) is refused the same way, named."""
+    packed = next((v for magic, v in COMPRESSED.items() if head.startswith(magic)), None)
+    if packed is not None:
+        raise DataError(f"is {packed[0]}-compressed; spanflow reads uncompressed text: decompress it first, e.g. "
+                        f"{packed[1]} {path}", path=path)
     name = next((n for bom, n in WIDE_BOMS.items() if head.startswith(bom)), None)
     if name is not None:
         raise DataError(f"is {name} text (it starts with a {name} byte-order mark); spanflow reads UTF-8: "
