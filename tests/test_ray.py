@@ -365,6 +365,10 @@ def test_output_names_and_error_rows_are_as_the_command_gave_them(tmp_path, monk
             check_ray_output(name)
     for name in ("out", "out/", "vectors.parquet", "s3://bucket/entities/"):
         check_ray_output(name)
+    (tmp_path / "pq").mkdir()
+    with pytest.raises(ConfigError, match="is inside the input directory .*: the next run would read this output"):
+        check_ray_output(str(tmp_path / "pq" / "result"), str(tmp_path / "pq"))  # its files are all read
+    check_ray_output(str(tmp_path / "pq-out"), str(tmp_path / "pq"))  # beside it: fine
     monkeypatch.chdir(tmp_path)
     _jsonl(tmp_path / "in.jsonl")
     src = Source(path="in.jsonl").for_workers()  # the path made absolute, the name kept

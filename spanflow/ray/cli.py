@@ -63,20 +63,26 @@ def job_from_args(a: argparse.Namespace, task):
 FILE_NAMES = (".npy", ".jsonl", ".ndjson", ".json", ".txt", ".csv", ".tsv", ".arrow", ".feather")
 
 
-def check_ray_output(output: str) -> None:
+def check_ray_output(output: str, source: str | None = None) -> None:
     """Under --ray the output is a directory of Parquet files: a name the single-process job
-    writes as one file (OUT.npy, OUT.jsonl) is refused before Ray starts, not made a directory."""
+    writes as one file (OUT.npy, OUT.jsonl) is refused before Ray starts, not made a directory;
+    so is one inside the input directory `source`, whose files (subdirectories' too) are read."""
     ext = os.path.splitext(output.rstrip("/"))[1].lower()
     if ext in FILE_NAMES:
         raise ConfigError(f"--output {output}: under --ray the output is a directory of Parquet files, not one {ext} "
                           "file; name a directory (e.g. out/ or out.parquet), or drop --ray", field="output")
+    if source and "://" not in source and "://" not in output and os.path.isdir(source):
+        inside = os.path.commonpath([os.path.realpath(source), os.path.realpath(output)]) == os.path.realpath(source)
+        if inside:
+            raise ConfigError(f"--output {output} is inside the input directory {source}, whose files are all read: "
+                              "the next run would read this output as input; write it elsewhere", field="output")
 
 
 def run_ray(a: argparse.Namespace, task) -> dict:
     """Run the command's job on Ray; print one summary line; its summary."""
     from spanflow.ray.job import run_job
 
-    check_ray_output(a.output)
+    check_ray_output(a.output, a.input)
     summary = run_job(job_from_args(a, task))
     print(summary_line(summary))
     return summary
