@@ -6,6 +6,7 @@ the modes a plain open()/mkdir would (the user's umask), not tempfile's private 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -60,17 +61,33 @@ def aside_path(final: str) -> str:
     return os.path.join(parent, f".{base}.replaced")
 
 
+def _remove(path: str) -> None:
+    """Remove a directory, file or link at `path`, whatever is there (nothing: nothing to do)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def replace_dir(tmp: str, final: str) -> None:
     """Move a finished directory into place, replacing any older one atomically enough:
-    the old copy is renamed aside first and removed only once the new one is in place."""
+    the old copy is renamed aside first and removed only once the new one is in place; a
+    failure or a signal between the two renames puts the old copy back (a kill -9 there leaves
+    it aside, where recover_dir finds it)."""
     old = None
-    if os.path.exists(final):
-        old = aside_path(final)
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
+    try:
+        if os.path.exists(final):
+            old = aside_path(final)
+            _remove(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+    except BaseException:
+        if old and os.path.lexists(old) and not os.path.lexists(final):
+            os.replace(old, final)
+        raise
     if old:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
 
 
 def recover_dir(final: str) -> None:
@@ -85,11 +102,20 @@ def recover_dir(final: str) -> None:
         os.replace(legacy, final)
 
 
+def found_dir(path: str) -> bool:
+    """Whether `path` is a directory, once the copy a save killed between its two renames left
+    aside is taken back (a model or export read before the next save would be missing)."""
+    if not os.path.isdir(path) and not os.path.lexists(path):
+        with contextlib.suppress(OSError):  # a read-only file system: it stays aside, and is not found
+            recover_dir(path)
+    return os.path.isdir(path)
+
+
 @contextmanager
 def atomic_dir(path: str, kind: str) -> Iterator[str]:
     """A temporary directory beside `path` to fill; put in place of `path` (replace_dir) when the
     block ends without error, removed otherwise. Stale ones of killed runs are removed first."""
-    path = os.path.abspath(path)
+    path = os.path.realpath(path)  # a link is written through: its target replaced, the link kept
     parent = os.path.dirname(path)
     clean_stale(parent, kind)
     tmp = temp_dir(parent, kind)
@@ -105,7 +131,8 @@ def atomic_dir(path: str, kind: str) -> Iterator[str]:
 def atomic_path(path: str, kind: str = "write", suffix: str = "") -> Iterator[str]:
     """A temporary path beside `path` to write to; renamed onto `path` when the block ends
     without error, removed otherwise. Stale ones of killed runs are removed first."""
-    parent = os.path.dirname(os.path.abspath(path))
+    path = os.path.realpath(path)  # a link is written through: its target replaced, the link kept
+    parent = os.path.dirname(path)
     make_dirs(parent)
     clean_stale(parent, kind)
     fd, tmp = temp_file(parent, kind, suffix)

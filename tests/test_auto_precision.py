@@ -100,6 +100,15 @@ def test_predict_auto_checks_bf16_on_its_input(tmp_path, monkeypatch, capsys):
     assert (verdicts[0]["n"], verdicts[0]["inputs"]) == (MIN_SAMPLE, 40)
 
 
+def test_a_cache_that_cannot_be_written_is_a_warning_not_the_end_of_the_command(bf16_device, tmp_path,
+                                                                                   monkeypatch, caplog):
+    (tmp_path / "blocked").write_text("a file where the cache's directory would be")
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "blocked"))
+    assert check(tmp_path, FakeTask(0.95), ["a"], [])[0] == "bf16"  # the verdict holds for this run
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"could not cache the precision verdict at {tmp_path / 'blocked'}")
+
+
 def test_an_unreadable_cached_verdict_is_said_and_checked_again(bf16_device, tmp_path):
     said = []
     assert check(tmp_path, FakeTask(0.95), ["a"], said)[0] == "bf16"

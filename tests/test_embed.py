@@ -1,3 +1,4 @@
+import itertools
 import json
 import logging
 
@@ -292,6 +293,24 @@ def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     arr = np.load(out)
     assert arr.dtype == np.float16 and arr.shape[0] == 23
     np.testing.assert_allclose(arr.astype(np.float32), emb.encode(TEXTS[:23]), atol=2e-3)
+
+
+def test_an_input_cut_while_it_is_read_is_an_error_not_rows_of_zeros(st_dir, tmp_path, monkeypatch):
+    import spanflow.tasks.embed.job as job_module
+    from spanflow.errors import DataError
+
+    src = write_lines(tmp_path / "in.txt", TEXTS[:23])
+    spec = EmbedSpec(input=src, output=str(tmp_path / "out.npy"), chunk_size=5, model=st_dir)
+    real, reads = job_module._rows, []
+
+    def cut_after_counting(s):  # the job counts 23 records; the file is cut to 12 before its chunks are read
+        reads.append(s)
+        return itertools.islice(real(s), 12) if len(reads) == 3 else real(s)  # (checked, counted, read)
+
+    monkeypatch.setattr(job_module, "_rows", cut_after_counting)
+    with pytest.raises(DataError, match=r"in\.txt: holds fewer records than when this job began \(23\)"):
+        embed_file(Embedder.load(st_dir, precision="fp32"), spec, progress=False, log=lambda m: None)
+    assert not (tmp_path / "out.npy").exists()
 
 
 def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):

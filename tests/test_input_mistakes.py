@@ -224,3 +224,10 @@ def test_a_stop_while_the_commands_load_is_one_line_not_a_traceback(monkeypatch,
     monkeypatch.setattr(cli, "build_parser", loading)
     assert cli.main(["predict", "--help"]) == rc
     assert capsys.readouterr().err == said + "\n"
+
+
+def test_a_link_that_leads_nowhere_is_named_as_one(tmp_path):
+    (tmp_path / "a.conll").symlink_to(tmp_path / "b.conll")
+    (tmp_path / "b.conll").symlink_to(tmp_path / "a.conll")  # a loop: "file not found" sent the user looking
+    with pytest.raises(DataError, match=r"a\.conll: is a link that leads to no file"):
+        read_ner(str(tmp_path / "a.conll"))

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load_file
 from torch import nn
 
-from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir
+from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir, found_dir
 from spanflow.errors import ConfigError, ModelDirError, WriteError
 from spanflow.models.files import apply_umask, config_object, write_safetensors
 from spanflow.schemas import Names, NonNegativeInt, PositiveInt, expect, explain
@@ -59,8 +59,8 @@ LITTER = frozenset({".DS_Store", ".gitkeep", ".ipynb_checkpoints", "Thumbs.db", 
 def check_model_destination(path: str) -> None:
     """A ConfigError where saving a model at `path` would replace what is no model: a file, or a
     directory of other files (a model directory, or an empty one, is replaced whole)."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")
+    if os.path.lexists(path) and not os.path.isdir(path) and os.path.exists(path):  # (a dangling link: written
+        raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")  # through)
     names = [n for n in os.listdir(path) if n not in LITTER] if os.path.isdir(path) else []
     if names and not any(n in names for n in _MODEL_FILES):
         raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no model: saving "
@@ -105,7 +105,7 @@ def read_model_config(path: str, task: str | None = None) -> dict:
     """spanflow.json of a model directory, checked for existence, format and task."""
     from spanflow.models.encoder import missing_dir, run_hint
 
-    if not os.path.isdir(path):
+    if not found_dir(path):
         raise ModelDirError(missing_dir(path))  # OUT/model of a run that has not saved one says so
     cfg_path = os.path.join(path, CONFIG)
     if not os.path.exists(cfg_path):

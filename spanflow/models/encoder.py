@@ -11,6 +11,7 @@ import os
 import torch
 from torch import nn
 
+from spanflow.atomic import found_dir
 from spanflow.errors import ModelDirError
 from spanflow.models.files import config_object
 
@@ -42,7 +43,7 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
     models.tokenizer.FastTokenizer, which start without importing transformers and train
     without a device sync per forward; False: transformers' own classes.
     """
-    if not os.path.isdir(path):
+    if not found_dir(path):
         raise ModelDirError(missing_dir(path))
     if not os.path.exists(os.path.join(path, "config.json")):
         raise ModelDirError(not_an_encoder(path))

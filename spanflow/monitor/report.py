@@ -1,6 +1,7 @@
 """The throughput report every long run prints and writes the same way."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -188,8 +189,20 @@ def format_report(r: dict) -> str:
 
 
 def append_jsonl(path: str, record: dict) -> None:
-    """Append one JSON line and flush it to disk (a killed run keeps what it reported)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one JSON line and flush it to disk (a killed run keeps what it reported). A write
+    that fails (a full disk) is cut back off, so no half line is left for the next one to join."""
+    line = (json.dumps(record) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # unbuffered: nothing left to flush later
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)

@@ -5,6 +5,7 @@ and the value found there."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -108,3 +109,15 @@ def read_verdict(path: str) -> Verdict:
 def write_verdict(path: str, verdict: Verdict) -> None:
     with atomic_open(path) as f:
         f.write(verdict.model_dump_json(indent=2))
+
+
+def cache_write(write, path: str, value, what: str) -> bool:
+    """`write(path, value)` for a cache ($SPANFLOW_CACHE): best effort. A cache that cannot be
+    written (full, read-only) is one warning naming it; the command goes on without it."""
+    try:
+        write(path, value)
+        return True
+    except (OSError, ConfigError) as e:
+        logging.getLogger("spanflow").warning("could not cache the %s at %s (%s); it is measured again next time",
+                                              what, path, getattr(e, "strerror", None) or e)
+        return False

@@ -28,7 +28,7 @@ from typing import Any
 
 from spanflow.errors import ConfigError
 from spanflow.runtime.cache import cache_path
-from spanflow.runtime.files import Verdict, read_verdict, write_verdict
+from spanflow.runtime.files import Verdict, cache_write, read_verdict, write_verdict
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import pick_device, resolve_policy
 
@@ -89,7 +89,7 @@ def auto_precision(task, path: str, *, device: str, texts: list | None = None, l
     verdict = Verdict(precision=candidate, measure=task.agreement_name, score=score, gate=gate, n=len(sample),
                       passed=bool(compared) and score >= gate, source="input" if texts else "sample",
                       inputs=len(texts), compared=compared)
-    write_verdict(cached, verdict)
+    cache_write(write_verdict, cached, verdict, "precision verdict")
     return _said(verdict, "on ")
 
 

@@ -17,7 +17,7 @@ from spanflow.errors import ConfigError
 from spanflow.runtime.backend import choose_backend
 from spanflow.runtime.budget import default_budget
 from spanflow.runtime.cache import cache_path
-from spanflow.runtime.files import Profile, read_profile, write_profile
+from spanflow.runtime.files import Profile, cache_write, read_profile, write_profile
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import QUANTIZATIONS, check_quantize, pick_device, resolve_policy
 from spanflow.runtime.precision import auto_precision, builtin_sample, check_sample, sample_words, usable
@@ -183,5 +183,5 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
     log("max_tokens auto: no profile for this model and device yet; measuring one (about 30 s)")
     prof = measure(task=key["task"], model=key["model"], data=data, mode=key["mode"], precision=key["precision"],
                    quantize=key["quantize"], device=str(key["device"]), field=field, column=column)
-    write_profile(cached, prof)  # measure() raises where no point ran
-    return int(prof["best"]["max_tokens"]), f"auto: measured now, cached at {cached}"
+    kept = cache_write(write_profile, cached, prof, "measured profile")  # measure() raises where no point ran
+    return int(prof["best"]["max_tokens"]), "auto: measured now" + (f", cached at {cached}" if kept else "")

@@ -154,10 +154,11 @@ def tasks() -> list[Task]:
 def task_of_dir(path: str) -> Task:
     """The task a model directory holds: spanflow.json's "task", or ENCODER_TASK for a plain encoder.
     A path that holds neither (a training --out folder, a file) is a ModelDirError saying what it is."""
+    from spanflow.atomic import found_dir
     from spanflow.models.directory import CONFIG, read_model_config
     from spanflow.models.encoder import holds_model, missing_dir, not_a_model
 
-    if not os.path.isdir(path) or not holds_model(path):
+    if not found_dir(path) or not holds_model(path):
         raise ModelDirError(not_a_model(path) if os.path.exists(path) else missing_dir(path))
     if not os.path.exists(os.path.join(path, CONFIG)):
         for task in tasks():  # a directory from elsewhere that a task knows (a HF token classifier)

@@ -11,10 +11,16 @@ from spanflow.errors import DataError
 
 def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
     if not os.path.exists(path):
+        if os.path.islink(path):  # a loop of links, or a link to nothing: not "not found"
+            raise DataError(f"is a link that leads to no file ({os.readlink(path)})", path=path)
         raise DataError("file not found", path=path)
     if os.path.isdir(path):
         raise DataError("is a directory, expected a file", path=path)
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:  # no permission, say: the API's DataError, as the CLI's line says it
+        raise DataError(f"cannot be read: {e.strerror}", path=path) from None
+    with f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1:
                 refuse_wide(raw, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+from spanflow.atomic import found_dir
 from spanflow.errors import ModelDirError
 
 _POOL_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
@@ -23,7 +24,7 @@ def read_embedding_config(path: str) -> dict:
 
     A plain Hugging Face encoder gets mean pooling, no normalisation and its own max length.
     """
-    if not os.path.isdir(path):
+    if not found_dir(path):
         from spanflow.models.encoder import missing_dir
 
         raise ModelDirError(missing_dir(path))  # a file, or OUT/model of a run that has saved none yet
