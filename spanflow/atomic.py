@@ -1,7 +1,8 @@
 """Temporary files and directories for atomic writes (write aside, then rename into place).
 
-Their names carry the writer's pid (`.KIND-PID-XXXX`), so a later run can remove what a
-killed run left behind without touching the temporaries of a run still going. They get
+Their names carry the writer's pid (`.KIND-PID-XXXX`), and the writer holds a lock on each
+while it lives, so a later run can remove what a killed run left behind without touching the
+temporaries of a run still going, even one whose pid it cannot see (another container). They get
 the modes a plain open()/mkdir would (the user's umask), not tempfile's private 0600/0700.
 """
 from __future__ import annotations
@@ -119,12 +120,15 @@ def atomic_dir(path: str, kind: str) -> Iterator[str]:
     parent = os.path.dirname(path)
     clean_stale(parent, kind)
     tmp = temp_dir(parent, kind)
+    held = _hold(tmp)
     try:
         yield tmp
         replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _release(held)
 
 
 @contextmanager
@@ -136,13 +140,47 @@ def atomic_path(path: str, kind: str = "write", suffix: str = "") -> Iterator[st
     make_dirs(parent)
     clean_stale(parent, kind)
     fd, tmp = temp_file(parent, kind, suffix)
-    os.close(fd)
+    held = fd if try_lock(fd) else None  # open, and locked, until it is in place
+    if held is None:
+        os.close(fd)
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        _release(held)
+
+
+def _hold(path: str) -> int | None:
+    """An fd locking `path` (a file or a directory) for as long as this writer has it open: a
+    process that cannot see this one's pid (another PID namespace or container, another host of
+    a shared file system) still sees the temporary is in use. None where nothing is held."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    if try_lock(fd):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _release(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)  # the lock goes with it
+
+
+def _in_use(path: str) -> bool:
+    """Whether another process holds the lock of a temporary (see _hold)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return not try_lock(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -179,6 +217,8 @@ def clean_stale(parent: str, kind: str) -> list[str]:
         if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
             continue
         path = os.path.join(parent, name)
+        if _in_use(path):  # a live writer whose pid this process cannot see
+            continue
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         else:

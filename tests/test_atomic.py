@@ -80,3 +80,26 @@ def test_a_report_line_the_disk_cut_short_is_taken_back(tmp_path, monkeypatch):
     monkeypatch.undo()
     report.append_jsonl(str(path), {"epoch": 3})  # the resumed run's next line stands on its own
     assert [json.loads(x) for x in path.read_text().splitlines()] == [{"epoch": 1}, {"epoch": 3}]
+
+
+def test_a_temporary_whose_writer_holds_it_is_kept_though_its_pid_is_not_seen(tmp_path):
+    import fcntl
+
+    from spanflow.atomic import clean_stale
+
+    unseen = tmp_path / ".predict-999999999-abc.jsonl"  # a pid no process here has: another container's writer
+    unseen.write_text("half")
+    fd = os.open(unseen, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as its writer holds it while it lives
+    try:
+        assert clean_stale(str(tmp_path), "predict") == [] and unseen.exists()
+    finally:
+        os.close(fd)
+    assert clean_stale(str(tmp_path), "predict") == [str(unseen)]  # its writer gone: stale
+    with atomic_open(str(tmp_path / "out.jsonl"), "predict") as f:  # this process's own are held so
+        [tmp] = [n for n in os.listdir(tmp_path) if n.startswith(".predict-")]
+        probe = os.open(tmp_path / tmp, os.O_RDONLY)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(probe)
+        f.write("x")
