@@ -128,23 +128,19 @@ OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson", ".json", ".parquet", ".pq")
 
 def _check_side_files(spec: EmbedSpec, fmt: str) -> None:
     """The side files (OUT.errors.jsonl, and OUT.ids.txt of an .npy) are named by the output's stem:
-    one that is the input, or that exists beside another output of the stem (vec.parquet and
-    vec.jsonl), which may own it, is a ConfigError; the job would write over it, or remove it as an
-    older run's."""
+    one that is the input is a ConfigError (the job would write over what it reads)."""
     P = job_paths(spec.output)
-    sides = (P.errors, P.ids) if fmt == "npy" else (P.errors,)
-    for side in sides:
+    for side in (P.errors, P.ids) if fmt == "npy" else (P.errors,):
         if os.path.exists(side) and os.path.samefile(side, spec.input):
             raise ConfigError(f"--output {spec.output}: its side file {side} is the input; the job would write over "
                               "what it reads; give the output another name", field="output")
-    stem = os.path.splitext(spec.output)[0]
-    others = [stem + x for x in OUTPUT_SUFFIXES
-              if os.path.exists(stem + x) and os.path.abspath(stem + x) != os.path.abspath(spec.output)]
-    shared = next((side for side in sides if os.path.exists(side)), None)
-    if others and shared:
-        raise ConfigError(f"--output {spec.output}: {shared} may belong to {' or '.join(others)} (outputs of one stem "
-                          "share their side files, which this job would replace); give this output another name",
-                          field="output")
+
+
+def _other_outputs(out: str) -> list[str]:
+    """Outputs beside `out` of its stem (vec.parquet beside vec.npy), which share its side files."""
+    stem = os.path.splitext(out)[0]
+    return [stem + x for x in OUTPUT_SUFFIXES
+            if os.path.exists(stem + x) and os.path.abspath(stem + x) != os.path.abspath(out)]
 
 
 def _rows(spec: EmbedSpec):
@@ -301,8 +297,8 @@ def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, out: "_ChunkWriter"
         assemble(P, job.chunks, out.table([], np.zeros((0, out.dim), np.float32)), what=WHAT)
     if prog.stats.errors:
         _copy_into_place(P.errors_part, P.errors_partial, P.errors)
-    elif os.path.exists(P.errors):
-        os.remove(P.errors)  # an older run's: not this output's errors
+    elif os.path.exists(P.errors) and not _other_outputs(P.out):
+        os.remove(P.errors)  # an older run's: not this output's errors (another output's is kept)
     if fmt == "npy":
         older = os.path.splitext(P.out)[0] + ".ids.txt.partial"  # the name a job before this version used
         if not os.path.exists(P.ids_partial) and os.path.exists(older):
