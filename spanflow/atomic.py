@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -19,6 +21,11 @@ from contextlib import contextmanager
 from typing import IO
 
 from spanflow.errors import ConfigError, WriteError
+
+
+log = logging.getLogger("spanflow")
+LOCKS = importlib.util.find_spec("fcntl") is not None  # advisory locks (none on Windows)
+_TEMPORARY = re.compile(r"^\.[a-z]+-\d+-")  # temp_dir's and temp_file's names
 
 
 def _umask() -> int:
@@ -65,7 +72,7 @@ def aside_path(final: str) -> str:
 def _remove(path: str) -> None:
     """Remove a directory, file or link at `path`, whatever is there (nothing: nothing to do)."""
     if os.path.islink(path) or os.path.isfile(path):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # (one that stays is found by what comes next)
             os.unlink(path)
     else:
         shutil.rmtree(path, ignore_errors=True)
@@ -91,25 +98,43 @@ def replace_dir(tmp: str, final: str) -> None:
         _remove(old)
 
 
-def recover_dir(final: str) -> None:
-    """Finish a replace_dir that was killed between its two renames (one of an older spanflow left
-    its copy at NAME.old: taken back only where it is a checkpoint or a model, never deleted)."""
+def recover_dir(final: str, *, legacy: bool = True) -> bool:
+    """Finish a replace_dir that was killed between its two renames (through a link: its target's);
+    whether a copy was taken back. With `legacy`, an older spanflow's copy at NAME.old too: taken
+    back only where it is a checkpoint or a model, never deleted (training's own paths only: a
+    user's backup of that name is not a reader's to move)."""
+    final = os.path.realpath(final)
     old = aside_path(final)
     if not os.path.exists(final) and os.path.exists(old):
         os.replace(old, final)
-    legacy = final.rstrip("/") + ".old"
-    if not os.path.exists(final) and any(os.path.exists(os.path.join(legacy, f))
-                                         for f in ("state.json", "spanflow.json", "modules.json")):
-        os.replace(legacy, final)
+        return True
+    older = final.rstrip("/") + ".old"
+    if legacy and not os.path.exists(final) and any(os.path.exists(os.path.join(older, f))
+                                                    for f in ("state.json", "spanflow.json", "modules.json")):
+        os.replace(older, final)
+        return True
+    return False
 
 
 def found_dir(path: str) -> bool:
     """Whether `path` is a directory, once the copy a save killed between its two renames left
-    aside is taken back (a model or export read before the next save would be missing)."""
-    if not os.path.isdir(path) and not os.path.lexists(path):
+    aside is taken back (a model or export read before the next save would be missing); not while
+    a live writer's temporary is beside it (a save between its renames: its own to finish)."""
+    if not os.path.isdir(path) and not _writing_beside(os.path.realpath(path)):
         with contextlib.suppress(OSError):  # a read-only file system: it stays aside, and is not found
-            recover_dir(path)
+            if recover_dir(path, legacy=False):
+                log.warning("%s: took back the copy an interrupted save had left aside", path)
     return os.path.isdir(path)
+
+
+def _writing_beside(path: str) -> bool:
+    """Whether a live writer holds a temporary (`.KIND-PID-...`) in the directory of `path`."""
+    parent = os.path.dirname(path)
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return False
+    return any(_TEMPORARY.match(n) and _in_use(os.path.join(parent, n)) for n in names)
 
 
 @contextmanager
@@ -140,30 +165,36 @@ def atomic_path(path: str, kind: str = "write", suffix: str = "") -> Iterator[st
     make_dirs(parent)
     clean_stale(parent, kind)
     fd, tmp = temp_file(parent, kind, suffix)
-    held = fd if try_lock(fd) else None  # open, and locked, until it is in place
-    if held is None:
+    held = fd if LOCKS and try_lock(fd) else None  # open, and locked, until it is in place (where a
+    if held is None:                                # file held open cannot be renamed: closed now)
         os.close(fd)
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        _release(held)
+        try:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        finally:
+            _release(held)
 
 
 def _hold(path: str) -> int | None:
     """An fd locking `path` (a file or a directory) for as long as this writer has it open: a
-    process that cannot see this one's pid (another PID namespace or container, another host of
-    a shared file system) still sees the temporary is in use. None where nothing is held."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    process that cannot see this one's pid (another PID namespace or container on this machine)
+    still sees the temporary is in use. None where nothing is held."""
+    fd = _open_for_lock(path) if LOCKS else None
+    if fd is not None and not try_lock(fd):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _open_for_lock(path: str) -> int | None:
+    try:  # never through a link, never waiting on a pipe
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    if try_lock(fd):
-        return fd
-    os.close(fd)
-    return None
 
 
 def _release(fd: int | None) -> None:
@@ -173,9 +204,8 @@ def _release(fd: int | None) -> None:
 
 def _in_use(path: str) -> bool:
     """Whether another process holds the lock of a temporary (see _hold)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    fd = _open_for_lock(path) if LOCKS else None
+    if fd is None:
         return False
     try:
         return not try_lock(fd)
@@ -206,7 +236,7 @@ def _alive(pid: int) -> bool:
 
 def clean_stale(parent: str, kind: str) -> list[str]:
     """Remove the `.KIND-PID-*` temporaries in `parent` whose process is gone; the removed paths."""
-    pattern = re.compile(rf"^\.{re.escape(kind)}-(\d+)-")
+    pattern = re.compile(rf"^\.{re.escape(kind)}-(\d+)-")  # (a kind of _TEMPORARY's)
     removed = []
     try:
         names = os.listdir(parent or ".")
@@ -219,14 +249,9 @@ def clean_stale(parent: str, kind: str) -> list[str]:
         path = os.path.join(parent, name)
         if _in_use(path):  # a live writer whose pid this process cannot see
             continue
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.remove(path)
-            except OSError:
-                continue
-        removed.append(path)
+        _remove(path)
+        if not os.path.lexists(path):
+            removed.append(path)
     return removed
 
 
@@ -261,7 +286,7 @@ def claim_output(path: str) -> Iterator[None]:
     (`.NAME.lock`, removed at the end); the lock itself is the kernel's, so a killed job
     never leaves its output held. Nested claims of one path in one process are one claim (the
     CLI claims before loading a model, the job again when it starts)."""
-    parent, name = os.path.split(os.path.abspath(path))
+    parent, name = os.path.split(os.path.realpath(path))  # a link and its target: one output, one lock
     lock = os.path.join(parent, f".{name}.lock")
     key = (threading.get_ident(), lock)  # nested in one thread; another thread is another job
     if key in _HELD:

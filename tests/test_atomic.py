@@ -83,7 +83,7 @@ def test_a_report_line_the_disk_cut_short_is_taken_back(tmp_path, monkeypatch):
 
 
 def test_a_temporary_whose_writer_holds_it_is_kept_though_its_pid_is_not_seen(tmp_path):
-    import fcntl
+    fcntl = pytest.importorskip("fcntl")  # (advisory locks: none on Windows)
 
     from spanflow.atomic import clean_stale
 
@@ -103,3 +103,29 @@ def test_a_temporary_whose_writer_holds_it_is_kept_though_its_pid_is_not_seen(tm
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.close(probe)
         f.write("x")
+
+
+def test_a_copy_left_aside_through_a_link_is_taken_back_and_a_users_backup_is_not(tmp_path):
+    target = tmp_path / "big" / "model"
+    link = tmp_path / "run" / "model"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    filled(tmp_path / "big" / ".model.replaced", "old")  # a kill between the renames of a save through the link
+    assert found_dir(str(link)) and (target / "spanflow.json").read_text() == "old"
+    backup = filled(tmp_path / "mine.old", "a user's backup")  # `mv mine mine.old`: not a reader's to move
+    assert not found_dir(str(tmp_path / "mine")) and backup.exists()
+
+
+def test_a_copy_aside_is_left_while_its_writer_is_between_the_renames(tmp_path):
+    fcntl = pytest.importorskip("fcntl")  # (advisory locks: none on Windows)
+
+    filled(tmp_path / ".model.replaced", "old")
+    live = tmp_path / ".model-999999999-abc"  # the new copy, its writer alive (holding its lock)
+    live.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert not found_dir(str(tmp_path / "model"))  # its own to finish: taking the old back would fail it
+    finally:
+        os.close(fd)
+    assert found_dir(str(tmp_path / "model"))

@@ -136,8 +136,8 @@ def test_batcher_refuses_work_it_could_not_start_in_time_and_recovers():
     async def main():
         b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1, clock=lambda: now[0])
         b.start()
-        await b.warm_up([0], [4])
-        assert b.queue_wait_s() is None  # the warm-up does not count as the service time
+        await b.warm_up([0], [4])  # its first call is not timed; a full call (8 tokens) and a single one are
+        assert b.service.fit() == (pytest.approx(0.1), 0.0) and b.queue_wait_s() == 0  # 0.1 s a call, any size
         first = asyncio.ensure_future(b.submit(list(range(8)), [4] * 8))  # 4 batches of 2
         await gate.running()  # [0, 1] ran in 0.1 s, [2, 3] runs, 16 tokens wait: two more calls
         assert b.queue_wait_s() == pytest.approx(0.2) and b.queued_tokens == 16
@@ -254,3 +254,36 @@ def test_service_time_separates_the_fixed_cost_of_a_call_from_its_tokens():
     one = ServiceTime()
     one.add(8, 0.2)
     assert one.fit() == (0.2, 0.0)  # one size: all of it fixed, the least the queue can take
+
+
+def test_the_wait_counts_a_call_a_request_unbatched_and_the_work_of_models_on_its_thread():
+    now, gate = [0.0], Gate()
+
+    def run_batch(units):  # 0.1 s a call, whatever its size
+        now[0] += 0.1
+        if units == ["hold"]:
+            gate.hold()
+        return units
+
+    async def main():
+        one_thread: list = []
+        single = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=1, per_request=True, clock=lambda: now[0],
+                                peers=one_thread)
+        other = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=1, clock=lambda: now[0], peers=one_thread)
+        for b in (single, other):
+            b.start()
+            await b.warm_up([0], [4])
+        held = asyncio.ensure_future(single.submit(["hold"], [4]))
+        await gate.running()
+        queued = [asyncio.ensure_future(single.submit([k], [4])) for k in range(5)]
+        await asyncio.sleep(0)  # every one submitted (a yield, not a wait for time)
+        waits = single.queue_wait_s(), other.queue_wait_s()
+        gate.released.set()
+        await asyncio.gather(held, *queued)
+        for b in (single, other):
+            await b.close()
+        return waits, one_thread == [single, other]
+
+    (single_wait, other_wait), shared = gate.run(main())
+    # five requests not batched together: five calls (20 tokens would fit one), and the other model waits for them
+    assert single_wait == pytest.approx(0.5) and other_wait == pytest.approx(0.5) and shared

@@ -308,7 +308,7 @@ def test_an_input_cut_while_it_is_read_is_an_error_not_rows_of_zeros(st_dir, tmp
         return itertools.islice(real(s), 12) if len(reads) == 3 else real(s)  # (checked, counted, read)
 
     monkeypatch.setattr(job_module, "_rows", cut_after_counting)
-    with pytest.raises(DataError, match=r"in\.txt: holds fewer records than when this job began \(23\)"):
+    with pytest.raises(DataError, match=r"in\.txt: holds another number of records than when this job began \(23\)"):
         embed_file(Embedder.load(st_dir, precision="fp32"), spec, progress=False, log=lambda m: None)
     assert not (tmp_path / "out.npy").exists()
 

@@ -205,7 +205,7 @@ def test_serve_names_its_routes_and_warns_of_an_open_port_without_a_key(model_di
     base = ["serve", "--model", f"emb={model_dirs['emb']}", "--device", "cpu", "--precision", "fp32", "--port", "0"]
     assert main(base) == 0  # loopback: no warning
     out, err = capsys.readouterr()
-    assert "routes: POST /v1/embeddings (embed); GET /ready, /metrics, /docs" in out and "--api-key" not in err
+    assert "routes: POST /v1/embeddings (embed); GET /health, /ready, /v1/models, /metrics, /docs" in out and "--api-key" not in err
     assert main(base + ["--host", "0.0.0.0"]) == 0
     assert "warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches 0.0.0.0:" in capsys.readouterr().err
     assert main(base + ["--host", "0.0.0.0", "--api-key", "k"]) == 0

@@ -293,6 +293,9 @@ def test_a_valid_body_passes_with_the_other_fields_kept():
     r = read_body({"input": "a b", "model": "m", "encoding_format": "base64"}, "input", LIMITS, ("encoding_format",))
     assert (r.texts, r.model, r.model_extra) == (["a b"], "m", {"encoding_format": "base64"})
     assert read_body({"texts": ["a", "b"]}, "texts", LIMITS).texts == ["a", "b"]
+    assert read_body({"texts": ["a"], "k": 3}, "texts", LIMITS, None).model_extra == {"k": 3}  # options unnamed
+    with pytest.raises(InvalidRequest, match="unknown field 'k'"):
+        read_body({"texts": ["a"], "k": 3}, "texts", LIMITS)
     assert read_body({"texts": []}, "texts", LIMITS).texts == []
     assert body_schema("texts") is body_schema("texts")
 

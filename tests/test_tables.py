@@ -684,6 +684,11 @@ def test_a_string_that_is_not_utf8_is_an_error_row_and_the_job_goes_on(ner_model
         "tags": pa.ListArray.from_arrays(pa.array([0, 1, 2], pa.int32()), strings_with_bytes([b"ok", b"t\xfe"]))})
     recs = list(read_rows(write_table(tmp_path / "nested.parquet", nested), column="body", keep=["meta", "tags"]))
     assert recs[1].kept == ({"name": "t\\xfe", "n": 2}, ["t\\xfe"])  # nested strings escaped too (it crashed)
+    fixed = pa.FixedSizeListArray.from_arrays(strings_with_bytes([b"a", b"b", b"ok", b"t\xfe"]), 2,
+                                              mask=pa.array([True, False]))  # a null row keeps its slots
+    recs = list(read_rows(write_table(tmp_path / "fixed.parquet", pa.table({"body": TEXTS[:2], "pair": fixed})),
+                          column="body", keep=["pair"]))
+    assert [r.kept for r in recs] == [(None,), (["ok", "t\\xfe"],)]
     empty = write_table(tmp_path / "nulls.parquet", pa.table({"body": pa.nulls(2), "n": [1, 2]}))  # typed null
     assert [str(r.text) for r in read_rows(empty, column="body")] == [
         f"{empty}: row {k}: column 'body' holds null, expected a string" for k in (0, 1)]  # error rows, not a refusal

@@ -327,7 +327,7 @@ def _escaped(arr):
     if pa.types.is_dictionary(t):
         return pa.DictionaryArray.from_arrays(arr.indices, _escaped(arr.dictionary))
     if is_text(t):
-        return pa.array([None if v is None else v.decode("utf-8", "backslashreplace") for v in _raw(arr)], type=t)
+        return pa.array(_escape_bytes(_raw(arr)), type=t)
     mask = arr.is_null() if arr.null_count else None
     if pa.types.is_struct(t):
         return pa.StructArray.from_arrays([_escaped(c) for c in arr.flatten()], fields=list(t), mask=mask)
@@ -337,7 +337,9 @@ def _escaped(arr):
         kind = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
         return kind.from_arrays(arr.offsets, _escaped(arr.values), type=t, mask=mask)
     if pa.types.is_fixed_size_list(t):
-        return pa.FixedSizeListArray.from_arrays(_escaped(arr.flatten()), type=t, mask=mask)
+        size = t.list_size  # (flatten() would drop null rows' slots)
+        values = arr.values.slice(arr.offset * size, len(arr) * size)
+        return pa.FixedSizeListArray.from_arrays(_escaped(values), type=t, mask=mask)
     return arr
 
 
@@ -349,7 +351,12 @@ def _pylist(col) -> tuple[list, dict[int, int]]:
     if _valid_utf8(col):
         return col.to_pylist(), {}
     raw = _raw(col)
-    return [None if v is None else v.decode("utf-8", "backslashreplace") for v in raw], _bad_rows(raw)
+    return _escape_bytes(raw), _bad_rows(raw)
+
+
+def _escape_bytes(raw: list) -> list:
+    """Strings of the values' bytes, those that are not UTF-8 backslash-escaped (None kept)."""
+    return [None if v is None else v.decode("utf-8", "backslashreplace") for v in raw]
 
 
 def table_ids(path: str, id_column: str | None = None) -> Iterator:

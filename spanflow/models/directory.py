@@ -59,8 +59,8 @@ LITTER = frozenset({".DS_Store", ".gitkeep", ".ipynb_checkpoints", "Thumbs.db", 
 def check_model_destination(path: str) -> None:
     """A ConfigError where saving a model at `path` would replace what is no model: a file, or a
     directory of other files (a model directory, or an empty one, is replaced whole)."""
-    if os.path.lexists(path) and not os.path.isdir(path) and os.path.exists(path):  # (a dangling link: written
-        raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")  # through)
+    if os.path.exists(path) and not os.path.isdir(path):  # (a link to nothing is written through)
+        raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")
     names = [n for n in os.listdir(path) if n not in LITTER] if os.path.isdir(path) else []
     if names and not any(n in names for n in _MODEL_FILES):
         raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no model: saving "

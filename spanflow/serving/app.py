@@ -54,6 +54,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     async def lifespan(app: FastAPI):
         # large requests are tokenized and answered on one thread of their own, off the event loop
         state["pool"] = ThreadPoolExecutor(1, thread_name_prefix="spanflow-io")
+        on_one_thread: list = []  # every model runs on the one model thread: their queues add up
         for s in services:
             # what the queue gives is cut into parts of similar length once a part holds a quarter
             # of the budget (the batcher's default), on a CPU too: smaller parts paid more per call
@@ -63,7 +64,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                                max_queue_tokens=opts.max_queue_tokens,
                                max_queue_wait_s=opts.max_queue_wait_ms / 1000,
                                per_request=not opts.batching,
-                               on_batch=metrics.batch_observer(s.name))
+                               on_batch=metrics.batch_observer(s.name), peers=on_one_thread)
             b.start()
             state["batchers"][s.name] = b
             units, lengths, _ = s.units(["warm up the model"])
@@ -171,7 +172,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         async def handle(request: Request) -> Response:
             t0 = time.perf_counter()
             body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
-            req = _check_body(body, task.request_field, opts, getattr(task, "request_options", ()))
+            req = _check_body(body, task.request_field, opts, getattr(task, "request_options", None))
             service = _pick_service(services, task.name, req.model)
             texts = req.texts
             try:
@@ -311,7 +312,7 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
     return of_task[0]
 
 
-def _check_body(body: dict, field: str, opts: ServeOptions, options: tuple[str, ...]) -> RequestBody:
+def _check_body(body: dict, field: str, opts: ServeOptions, options: tuple[str, ...] | None) -> RequestBody:
     """The body against its route's schema (serving/requests.py): a 422 naming the field otherwise."""
     try:
         return read_body(body, field, Limits(opts.max_texts, opts.max_text_chars), options)

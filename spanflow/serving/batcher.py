@@ -48,16 +48,20 @@ class ServiceTime:
 
     def __init__(self, keep: int = 64):
         self.calls: deque[tuple[int, float]] = deque(maxlen=keep)
+        self._fit: tuple[float, float] | None = None
 
     def add(self, tokens: int, seconds: float) -> None:
+        """A call's size and time (the model thread); the fit is made here, and read as one value."""
         self.calls.append((tokens, max(seconds, 0.0)))
+        self._fit = self._fitted()
 
     def fit(self) -> tuple[float, float] | None:
         """(fixed seconds per call, seconds per token), or None before any call. Calls all of one
-        size cannot tell the two apart: their time counts as fixed, so the estimate is the least
-        the queue can take and is refined by the first calls of other sizes."""
-        if not self.calls:
-            return None
+        size cannot tell the two apart: their time counts as fixed (the server's warm-up measures a
+        full call and a single text, so both ends are known from the start)."""
+        return self._fit
+
+    def _fitted(self) -> tuple[float, float]:
         n = [c[0] for c in self.calls]
         t = [c[1] for c in self.calls]
         mn, mt = sum(n) / len(n), sum(t) / len(t)
@@ -68,13 +72,14 @@ class ServiceTime:
         per_token = min(max(per_token, 0.0), mt / max(mn, 1.0))  # between all fixed and no fixed cost
         return mt - per_token * mn, per_token
 
-    def seconds(self, tokens: int, max_tokens: int) -> float | None:
-        """Estimated seconds to run `tokens` queued tokens in calls of at most `max_tokens`."""
-        fit = self.fit()
+    def seconds(self, tokens: int, max_tokens: int, calls: int = 0) -> float | None:
+        """Estimated seconds to run `tokens` queued tokens in calls of at most `max_tokens` (at
+        least `calls` of them: one a request, where requests are not batched together)."""
+        fit = self._fit
         if fit is None:
             return None
         fixed, per_token = fit
-        return math.ceil(tokens / max(max_tokens, 1)) * fixed + tokens * per_token
+        return max(calls, math.ceil(tokens / max(max_tokens, 1))) * fixed + tokens * per_token
 
 
 def _expire(req: _Request) -> None:
@@ -89,12 +94,14 @@ class DynamicBatcher:
 
     `clock` (seconds) times queue waits and the measured service rate; a caller that
     advances a clock of its own gets waits and rates that do not depend on the machine's load.
+    `peers`: every batcher whose model runs on the same thread (this one among them; alone by
+    default): a request also waits for their queued work.
     """
 
     def __init__(self, run_batch: Callable[[list], list], *, max_tokens: int, max_wait_ms: float = 5.0,
                  max_queue_tokens: int = 1 << 20, max_queue_wait_s: float | None = None, per_request: bool = False,
                  on_batch: Callable | None = None, min_efficiency: float = 0.9, min_split_tokens: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, peers: list | None = None):
         self.run_batch, self.max_tokens, self.max_wait = run_batch, max_tokens, max_wait_ms / 1000
         self.clock = clock
         self.min_efficiency, self.min_split_tokens = min_efficiency, min_split_tokens
@@ -106,6 +113,9 @@ class DynamicBatcher:
         self._task: asyncio.Task | None = None
         self._closing = False
         self.service = ServiceTime()  # the model's measured calls: queue wait estimates
+        self.peers = peers if peers is not None else []
+        if self not in self.peers:
+            self.peers.append(self)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._worker())
@@ -122,13 +132,32 @@ class DynamicBatcher:
         return sum(len(r.todo) for r in self._queue)
 
     async def warm_up(self, units: list, lengths: list[int]) -> None:
-        """Run a request whose slow first call must not count in the service rate."""
+        """Run a request whose slow first call must not count in the service time; then time a
+        full call (the unit repeated up to the budget) and a single one, so that the fixed and
+        per-token costs are known before the first burst (served batches then refine them)."""
         await self.submit(units, lengths, timed=False)
+        full = max(1, self.max_tokens // max(lengths[0], 1))
+        for k in (full, 1):
+            await asyncio.get_running_loop().run_in_executor(model_thread(), self._time_call, units[:1] * k,
+                                                             lengths[0] * k)
+
+    def _time_call(self, units: list, tokens: int) -> None:
+        start = self.clock()
+        self.run_batch(units)
+        self.service.add(tokens, self.clock() - start)
 
     def queue_wait_s(self) -> float | None:
-        """Estimated seconds before work queued now starts (the calls on what is queued ahead of
-        it, at the measured service time), or None before the model has served a call."""
-        return self.service.seconds(self.queued_tokens, self.max_tokens)
+        """Estimated seconds before work queued now starts: the calls on what is queued ahead of it
+        here and at its peers (one thread runs their models), at each one's measured service time;
+        None before this model has served a call."""
+        if self.service.fit() is None:
+            return None
+        return sum(b._own_wait() or 0.0 for b in self.peers)
+
+    def _own_wait(self) -> float | None:
+        calls = sum(math.ceil(sum(r.lengths[i] for i in r.todo) / self.max_tokens) for r in self._queue) \
+            if self.per_request else 0  # one call a request at least
+        return self.service.seconds(self.queued_tokens, self.max_tokens, calls)
 
     def admit(self, need: int) -> None:
         """Refuse work the queue cannot hold, or could not start within max_queue_wait_s at

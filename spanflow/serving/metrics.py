@@ -6,7 +6,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from spanflow.batching.collate import SERVE_PAD_MULTIPLE
+from spanflow.batching.collate import SERVE_PAD_MULTIPLE, round_up
 
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKENS = (64, 256, 1024, 4096, 16384, 65536)
@@ -53,7 +53,7 @@ class ServerMetrics:
     def batch_observer(self, model: str):
         def observe(lengths: list[int], seconds: float, waits: list[float]) -> None:
             self.batch_size.labels(model).observe(len(lengths))
-            padded = -(-max(lengths) // SERVE_PAD_MULTIPLE) * SERVE_PAD_MULTIPLE * len(lengths)  # as run_batch pads
+            padded = round_up(max(lengths), SERVE_PAD_MULTIPLE) * len(lengths)  # as run_batch pads
             self.batch_tokens.labels(model).observe(padded)
             self.compute.labels(model).observe(seconds)
             for w in waits:

@@ -114,12 +114,13 @@ def _unknown(body: dict, known: list[str]) -> InvalidRequest | None:
                           f"{', '.join(repr(k) for k in known)}", str(extra)[:40])
 
 
-def read_body(body: dict, field: str, limits: Limits, options: tuple[str, ...] = ()) -> RequestBody:
+def read_body(body: dict, field: str, limits: Limits, options: tuple[str, ...] | None = ()) -> RequestBody:
     """`body` (a parsed JSON object) checked against its route's schema: the texts in `field`, the
-    model and the task's `options`; an InvalidRequest otherwise."""
+    model and the task's `options` (None: a task that names none keeps any other field); an
+    InvalidRequest otherwise."""
     if field not in body:
         raise _missing(body, field)
-    unknown = _unknown(body, [field, "model", *options])
+    unknown = None if options is None else _unknown(body, [field, "model", *options])
     if unknown:
         raise unknown
     try:

@@ -410,8 +410,8 @@ def _run_chunks(embedder, spec: EmbedSpec, job: Job, prog: Progress, out: _Chunk
             chunk = list(itertools.islice(recs, (w - pos) * W, (w - pos + 1) * W))
             pos = w + 1
             if len(chunk) != min(W, job.n - w * W):  # cut or rewritten while read: its rows would be zeros
-                raise DataError(f"holds fewer records than when this job began ({job.n}): it changed while it was "
-                                "read; run the job again on the finished file", path=spec.input)
+                raise DataError(f"holds another number of records than when this job began ({job.n}): it changed "
+                                "while it was read; run the job again on the finished file", path=spec.input)
             pending.append((w, chunk))
             yield from (r.text if isinstance(r.text, str) else "" for r in chunk)
 
