@@ -58,6 +58,8 @@ def test_tune_writes_profile(ner_file, tmp_path):
     assert "(as asked)" not in said and not any(x.startswith("quality:") for x in lines)  # training: no quality
     assert f"profile: {tmp_path / 'profile.json'}; run it with --profile {tmp_path / 'profile.json'} " \
            "(spanflow train)" in lines
+    assert "the best point reads 64 tokens a text: add --max-length 64 to that command (the profile sets the " \
+           "token budget only)" in lines  # --max-lengths was swept
     saved = json.loads((tmp_path / "profile.json").read_text())
     assert saved == prof and {"device", "model", "task", "mode", "best", "points"} <= set(saved)
     keys = {"max_tokens", "max_length", "real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency",
@@ -399,3 +401,10 @@ def test_a_tiny_folder_in_the_working_directory_does_not_hide_the_tiny_encoder(t
     assert check_model_for("tiny", "ner", start=True).name == "ner"
     with pytest.raises(ModelDirError):
         check_model_for("tiny", "ner")  # inference needs a trained model: this folder holds none
+
+
+def test_training_is_tuned_at_the_samples_longest_text_not_the_encoders_limit(ner_file, tmp_path):
+    # short texts: training's own budget (256) fits them; measured at the limit (512) it was refused
+    prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256], budget_seconds=20, sample=16,
+                repeats=1, out=str(tmp_path), log_fn=lambda s: None)
+    assert [p["max_tokens"] for p in prof["points"]] == [256] and 8 <= prof["points"][0]["max_length"] < 256

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--latency-slo", type=float, default=None, help="ms at p95; points above are not chosen [no limit]")
     p.add_argument("--max-lengths", type=_ints, default=None, metavar="N,N",
                    help="max lengths to try, e.g. 128,256,512 [infer: the length the model reads; train: the "
-                        "encoder's limit]")
+                        "sample's longest text, at most the encoder's limit]")
     p.add_argument("--budgets", type=_ints, default=None, metavar="N,N",
                    help="token budgets to try, e.g. 1024,4096 [doubling from 256, or the shortest max length, "
                         "up to 16384 on CPU and 262144 on GPU]")

@@ -172,7 +172,8 @@ def _resumed_at(st: dict, opts: TrainOptions) -> str:
         return f"epoch {st['epoch'] + 1}, step {st['global_step']}"
     # --patience is decided again on resume: a run it stopped needs more of it too
     more = "larger --epochs and --patience train" if st["stopped"] else "a larger --epochs trains"
-    return f"the run finished its {st['epoch']} epochs (step {st['global_step']}); {more} on"
+    n = st["epoch"]
+    return f"the run finished its {n} epoch{'s' * (n != 1)} (step {st['global_step']}); {more} on"
 
 
 def _trim_report(path: str, st: dict) -> None:

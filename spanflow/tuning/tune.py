@@ -80,7 +80,12 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     if long:  # measured at the limit instead, the profile would name a length no run can take
         raise ConfigError(f"--max-lengths must each be at most the model's limit {limit}, got "
                           f"{', '.join(map(str, long))}")
-    lengths = sorted(set(max_lengths or [min(w.length or limit, limit)]))
+    if max_lengths:
+        lengths = sorted(set(max_lengths))
+    elif mode == "train" and w.length is None:  # training reads each text whole up to the limit: the longest
+        lengths = [max(len(x) for x in w.items_at(limit))]  # of the sample bounds a batch, not the limit
+    else:
+        lengths = [min(w.length or limit, limit)]
     lo = max(256, min(lengths))  # a long-context encoder's one sequence may exceed the usual top budget
     budgets = budgets or geometric(lo, max(lo, 16384 if policy.device.type == "cpu" else 262144))
     below = [b for b in budgets if b < lengths[0]]  # one whole sequence must fit a batch
@@ -121,6 +126,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     log_fn(f"profile: {path}; run it with --profile {path} ("
            + ("spanflow train" if mode == "train" else "the commands that run this model: "
               f"{getattr(t, 'bulk_command', 'predict')}, evaluate, serve") + ")")
+    if max_lengths:  # a profile sets the token budget only: the length swept for is the command's to give
+        log_fn(f"the best point reads {best.max_length} tokens a text: add --max-length {best.max_length} to that "
+               "command (the profile sets the token budget only)")
     if plot:
         from spanflow.tuning.plot import plot_profile
 
