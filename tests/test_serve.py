@@ -120,6 +120,8 @@ def test_errors_are_4xx(model_dirs):
         assert c.post("/v1/ner", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
         r = c.post("/v1/embeddings", json={"input": ["a"], "model": "text-embedding-3-small"})
         assert r.status_code == 200 and r.json()["model"] == "emb"  # the one embedding model answers any name
+        r = c.post("/v1/ner", json={"texts": ["a"], "max_lenght": 3})  # a misspelt option is not ignored
+        assert r.status_code == 422 and r.json()["error"]["param"] == "max_lenght"
         r = c.post("/v1/embeddings", json={"input": ["a"], "model": "ner"})  # a served model of another task
         assert r.status_code == 422 and r.json()["error"] == {
             "message": "model 'ner' is a ner model; this route runs embed models: ['emb']",

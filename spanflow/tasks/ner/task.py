@@ -19,6 +19,7 @@ class NerTask:
     """Named entities as character-offset spans: the `ner` entry of the task registry."""
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
+    request_options = ()  # a body holds the texts and the model: any other field is refused
     exports = ("hf",)
     data_help = "CoNLL columns, JSONL spans or a spaCy .spacy file"
     # --precision auto keeps a reduced precision whose entities agree with fp32's to this F1

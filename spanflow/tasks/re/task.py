@@ -15,6 +15,7 @@ class ReTask:
     """Relation triples between character spans (CasRel): the `re` entry of the task registry."""
 
     name, summary, route, request_field, trains = "re", "relation triples (CasRel)", "/v1/relations", "texts", True
+    request_options = ()  # a body holds the texts and the model: any other field is refused
     data_help = "CasRel JSON or JSONL relations"
     export_instead = ("other tools have no CasRel head to load it into; run it with 'spanflow predict' or "
                       "'spanflow serve', or from Python (spanflow.tasks.re.ReModel.load)")
