@@ -287,3 +287,23 @@ def test_the_wait_counts_a_call_a_request_unbatched_and_the_work_of_models_on_it
     (single_wait, other_wait), shared = gate.run(main())
     # five requests not batched together: five calls (20 tokens would fit one), and the other model waits for them
     assert single_wait == pytest.approx(0.5) and other_wait == pytest.approx(0.5) and shared
+
+
+def test_a_warm_up_call_that_fails_leaves_the_server_to_measure_on_served_calls():
+    def run_batch(units):
+        if len(units) > 1:  # the full call of the warm-up runs out of memory, say
+            raise RuntimeError("out of memory")
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=1)
+        b.start()
+        await b.warm_up([0], [4])  # started all the same
+        fit = b.service.fit()
+        out = await b.submit([1], [4])
+        await b.close()
+        return fit, out, len(b.service.calls)
+
+    fit, out, calls = run(main())
+    assert out == [1] and calls == 2  # the single warm-up call and the served one
+    assert fit is not None and fit[1] == 0.0

@@ -143,7 +143,10 @@ class DynamicBatcher:
 
     def _time_call(self, units: list, tokens: int) -> None:
         start = self.clock()
-        self.run_batch(units)
+        try:
+            self.run_batch(units)
+        except Exception:  # (out of memory at the full budget, say): no point measured; served calls fit it
+            return
         self.service.add(tokens, self.clock() - start)
 
     def queue_wait_s(self) -> float | None:
