@@ -288,11 +288,15 @@ def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     seen = []
     real2 = emb2._embed_ids
     emb2._embed_ids = lambda ids, *a, **kw: seen.append(len(ids)) or real2(ids, *a, **kw)
-    embed_file(emb2, spec, resume=True, progress=False, log=lambda m: None)
+    said = []
+    embed_file(emb2, spec, resume=True, progress=False, log=said.append)
     assert seen == [5, 5, 3]  # chunks 3..5 only
+    assert not any(x.startswith("--resume: no interrupted job") for x in said)
     arr = np.load(out)
     assert arr.dtype == np.float16 and arr.shape[0] == 23
     np.testing.assert_allclose(arr.astype(np.float32), emb.encode(TEXTS[:23]), atol=2e-3)
+    embed_file(emb2, spec, resume=True, progress=False, log=said.append)  # finished: nothing to go on with
+    assert f"--resume: no interrupted job of {out} to go on with; embedding the whole input" in said
 
 
 def test_an_input_cut_while_it_is_read_is_an_error_not_rows_of_zeros(st_dir, tmp_path, monkeypatch):

@@ -278,6 +278,8 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
            log) -> tuple[Job, Stats]:
     """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, stats)."""
     ident = JobIdentity(**spec.model_dump(), format=fmt, dim=embedder.dim, precision=embedder.precision_name)
+    if resume and not _resumes(P, fmt):  # finished, or never begun: said, as the whole input is embedded again
+        log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume)
     prog = _progress(P, resume)
     if prog.done:
