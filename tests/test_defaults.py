@@ -55,6 +55,18 @@ def test_fill_defaults_fills_only_what_is_unset():
     assert (given.max_tokens, given.epochs, given.lr, given.head_lr) == (4096, 2, 1e-4, 2e-3)
 
 
+def test_options_of_several_processes_given_to_one_are_said():
+    lines = []
+    o = fill_defaults(TrainOptions(lr_scaling="sqrt", grad_compression="fp16"), D, lengths=[32] * 300, device=CPU,
+                      log=lines.append)
+    assert o.grad_compression == "none"  # its dense tables (compression's need) would only slow one process
+    assert lines[-1] == ("warning: --lr-scaling sqrt and --grad-compression fp16 apply to runs of several processes "
+                         "(torchrun); this one has one: nothing to scale or compress")
+    lines.clear()
+    fill_defaults(TrainOptions(lr_scaling="sqrt"), D, lengths=[32] * 300, device=CPU, world=2, log=lines.append)
+    assert not any(x.startswith("warning:") for x in lines)
+
+
 def test_default_rates_follow_the_update_size_by_square_root():
     o = fill_defaults(TrainOptions(max_tokens=4 * REFERENCE_TOKENS), D, lengths=[32] * 100, device=CPU,
                       log=lambda s: None)

@@ -99,6 +99,12 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         auto.append(f"early stop after {patience} evaluations without gain" if patience else "no early stop")
     if auto:
         log("defaults: " + ", ".join(auto))
+    alone = [f"--{f.replace('_', '-')} {getattr(opts, f)}" for f in ("lr_scaling", "grad_compression")
+             if world == 1 and getattr(opts, f) != "none"]
+    if alone:  # options of several processes, given to one: said, not silently nothing
+        log(f"warning: {' and '.join(alone)} apply to runs of several processes (torchrun); this one has one: "
+            "nothing to scale or compress")
     pack = opts.pack if opts.pack is not None else defaults.pack
     return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs,
-                               patience=patience, pack=pack)
+                               patience=patience, pack=pack,  # (one process compresses nothing: sparse tables stay)
+                               grad_compression="none" if world == 1 else checked.grad_compression)
