@@ -83,7 +83,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     if max_lengths:
         lengths = sorted(set(max_lengths))
     elif mode == "train" and w.length is None:  # training reads each text whole up to the limit: the longest
-        lengths = [max(len(x) for x in w.items_at(limit))]  # of the sample bounds a batch, not the limit
+        lengths = [max((len(x) for x in w.items_at(limit)), default=limit)]  # of the sample bounds a batch
     else:
         lengths = [min(w.length or limit, limit)]
     lo = max(256, min(lengths))  # a long-context encoder's one sequence may exceed the usual top budget
