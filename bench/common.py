@@ -83,7 +83,9 @@ def anonymise(text: str) -> str:
     minilm = default_minilm()
     if minilm:
         text = text.replace(minilm, "all-MiniLM-L6-v2")
-    return re.sub(r"(?<![\w.])/(?:[^/\s\"']+/)+([^/\s\"']+/[^/\s\"']+)", r"\1", text)
+    text = re.sub(r"(?<![\w.:/])/(?:[^/\s\"']+/)+([^/\s\"']+/[^/\s\"']+)", r"\1", text)
+    # a path of two parts (/tmp/before): its last; not inside a URL (s3://bucket/x, http://host/v1)
+    return re.sub(r"(?<![\w.:/])/[^/\s\"']+/([^/\s\"']+)", r"\1", text)
 
 
 def write_results(out_dir: str, name: str, payload: dict, rows: list[dict], columns: list[str]) -> str:

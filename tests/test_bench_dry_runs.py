@@ -189,3 +189,12 @@ def test_time_to_accuracy_counts_sentence_transformers_padding_over_its_masks_on
                      "label": torch.tensor([0.5])}]
 
     assert st_padding_efficiency(Trainer()) == (3 + 4 + 2 + 1) / (6 + 4 + 2 + 2)
+
+
+def test_results_name_no_path_of_this_machine():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from common import anonymise
+
+    assert anonymise("--server-tree /tmp/before --out /home/u/runs/out.json") == "--server-tree before --out runs/out.json"
+    assert anonymise("s3://bucket/entities/ http://127.0.0.1:8080/v1/ner ../shared/data/a.csv") == \
+        "s3://bucket/entities/ http://127.0.0.1:8080/v1/ner ../shared/data/a.csv"  # URLs and relative paths kept
