@@ -120,7 +120,8 @@ def found_dir(path: str) -> bool:
     """Whether `path` is a directory, once the copy a save killed between its two renames left
     aside is taken back (a model or export read before the next save would be missing); not while
     a live writer's temporary is beside it (a save between its renames: its own to finish)."""
-    if not os.path.isdir(path) and not _writing_beside(os.path.realpath(path)):
+    real = os.path.realpath(path)
+    if not os.path.isdir(path) and os.path.lexists(aside_path(real)) and not _writing_beside(real):
         with contextlib.suppress(OSError):  # a read-only file system: it stays aside, and is not found
             if recover_dir(path, legacy=False):
                 log.warning("%s: took back the copy an interrupted save had left aside", path)

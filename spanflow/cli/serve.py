@@ -90,8 +90,8 @@ def run(a: argparse.Namespace) -> int:
         print(f"serving {budgets} on http://{a.host}:{port} (batching {'on' if opts.batching else 'off'})",
               flush=True)  # a supervisor's pipe reads the port now
         routes = {s.task.route: s.task.name for s in services if s.task.route}
-        print("routes: " + ", ".join(f"POST {r} ({t})" for r, t in routes.items()) + "; GET /health, /ready, /v1/models, /metrics, /docs",
-              flush=True)
+        print("routes: " + ", ".join(f"POST {r} ({t})" for r, t in routes.items())
+              + "; GET /health, /ready, /v1/models, /metrics, /docs", flush=True)
         if not opts.api_key and not _loopback(socks):
             print(f"warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches {a.host}:{port} can use "
                   "these models", file=sys.stderr, flush=True)

@@ -17,12 +17,12 @@ WEIGHTS = "model.safetensors"  # an encoder directory's weights, as transformers
 def json_object(path: str) -> dict | None:
     """A JSON file holding an object, or None when it is missing, unreadable or not an object
     (for optional files whose absence leaves the choice to another loader)."""
+    from spanflow.errors import ModelDirError
+
     try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError):
+        return config_object(path)
+    except ModelDirError:
         return None
-    return d if isinstance(d, dict) else None
 
 
 def config_object(path: str) -> dict:

@@ -158,8 +158,7 @@ class DynamicBatcher:
         return sum(b._own_wait() or 0.0 for b in self.peers)
 
     def _own_wait(self) -> float | None:
-        calls = sum(math.ceil(sum(r.lengths[i] for i in r.todo) / self.max_tokens) for r in self._queue) \
-            if self.per_request else 0  # one call a request at least
+        calls = len(self._queue) if self.per_request else 0  # unbatched: one call a queued request at least
         return self.service.seconds(self.queued_tokens, self.max_tokens, calls)
 
     def admit(self, need: int) -> None:
