@@ -369,12 +369,64 @@ def test_embed_cli(st_dir, tmp_path, capsys):
     assert (tmp_path / "o.errors.jsonl").read_text() == errors  # o.parquet's, kept (a run without errors removed it)
 
 
+def test_embed_cli_max_length_cuts_texts_and_is_part_of_the_job(st_dir, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", TEXTS[:12])
+    out = str(tmp_path / "o.npy")
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--max-length", "8",
+                 "--precision", "fp32"]) == 0
+    said = capsys.readouterr().out
+    summary = json.loads(said.strip().splitlines()[-1])
+    assert "max length 8," in said and summary["truncated"] == 12  # every text is longer than 6 word pieces
+    emb = Embedder.load(st_dir, precision="fp32")
+    whole = emb.encode(TEXTS[:12])
+    emb.set_max_length(8)
+    np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:12]), atol=1e-5)
+    assert not np.allclose(np.load(out), whole, atol=1e-3)
+    # under the floor, or over the model's limit: one line, before any work
+    for n, said in (("4", "--max-length must be between"), ("100000", "100000")):
+        assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "x.npy"),
+                     "--max-length", n]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and not (tmp_path / "x.npy").exists()
+
+
+def test_embed_resume_refuses_another_max_length(st_dir, tmp_path, capsys):
+    src = write_lines(tmp_path / "in.txt", TEXTS[:23])
+    out = str(tmp_path / "out.npy")
+    emb = Embedder.load(st_dir, precision="fp32")
+    real, calls = emb._embed_ids, {"n": 0}
+
+    def dies_on_third(ids, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(ids, *a, **kw)
+
+    emb._embed_ids = dies_on_third
+    with pytest.raises(KeyboardInterrupt):
+        embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir, max_length=8), progress=False,
+                   log=lambda m: None)
+    assert emb.max_length == 8  # the spec's length is the embedder's
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
+                 "--precision", "fp32"]) == 2
+    assert "max_length 8 then, None now" in capsys.readouterr().err and not (tmp_path / "out.npy").exists()
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
+                 "--precision", "fp32", "--max-length", "8"]) == 0
+    emb._embed_ids = real
+    np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:23]), atol=1e-5)
+
+
 def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):
     """embed only infers: `spanflow tune --task embed` with the required flags tunes inference."""
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
     src = write_lines(tmp_path / "in.txt", TEXTS)
     assert main(["tune", "--task", "embed", "--model", st_dir, "--data", src, "--budgets", "256",
-                 "--budget-seconds", "1", "--repeats", "1", "--no-backends", "--out", str(tmp_path)]) == 0
+                 "--budget-seconds", "1", "--repeats", "1", "--no-backends", "--out", str(tmp_path),
+                 "--max-lengths", "16"]) == 0
     assert json.loads((tmp_path / "profile.json").read_text())["mode"] == "infer"
+    said = capsys.readouterr().out
     # its quality column is the cosine to the full-length embeddings, not an evaluate score
-    assert "quality: mean cosine to the sample's embeddings at the model's max length" in capsys.readouterr().out
+    assert "quality: mean cosine to the sample's embeddings at the model's max length" in said
+    # the length swept goes to a command that takes it (embed does)
+    assert "add --max-length 16 to that command (the profile sets the token budget only); serve reads the " \
+           "model's own length" in said

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     add_input_args(p, kept_into=".parquet or .jsonl; a .npy holds only vectors")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                    help=".npy and Parquet vector type [%(default)s]")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per text, special tokens included; longer texts are cut there (counted as "
+                        "truncated) [the model's max_seq_length]")
     p.add_argument("--chunk-size", type=int, default=8192,
                    help="texts read, sorted and written at a time (a Parquet row group) [%(default)s]")
     add_budget_args(p, job="infer")
@@ -57,6 +60,7 @@ def run(a: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
+    from spanflow.batching.align import check_window_floor
     from spanflow.cli.common import check_input
     from spanflow.errors import ConfigError
     from spanflow.inference.predict_job import check_output
@@ -67,6 +71,7 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError("spanflow embed runs as one process, not sharded over torchrun ranks; to spread a job "
                           "over devices or machines use --ray (docs/ray.md)")
     check_model_for(a.model, "embed")  # a model of another task is named, before any model loads
+    check_window_floor(a.max_length, None)  # the model's own limit is checked once it is loaded
     check_input(a)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         s = run_ray(a, get("embed"))
@@ -89,7 +94,8 @@ def _run(a: argparse.Namespace) -> int:
     from spanflow.tuning.auto import quick_profile
 
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
-                     id_column=a.id_column, keep=a.keep_columns, chunk_size=a.chunk_size, dtype=a.dtype, model=a.model)
+                     id_column=a.id_column, keep=a.keep_columns, chunk_size=a.chunk_size, dtype=a.dtype, model=a.model,
+                     max_length=a.max_length)
     check_spec(spec)  # formats, columns and kept columns: one error before a model loads
     if a.resume:
         check_resumable(spec)  # another job's journal, or a changed input, told before the model loads
@@ -100,6 +106,7 @@ def _run(a: argparse.Namespace) -> int:
                          column=a.column, loads=loads,
                          measure=functools.partial(quick_profile, texts=texts or None))  # the input's texts
     emb = loads.take(rt)
+    emb.set_max_length(a.max_length)  # None: the model's own
     settle()
     print(f"device {emb.policy.device}, precision {emb.policy.name}"
           + (f", quantize {emb.quantize}" if emb.quantize else "") + f", max length {emb.max_length}, dim {emb.dim}")

@@ -128,7 +128,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
               f"{getattr(t, 'bulk_command', 'predict')}, evaluate, serve") + ")")
     if max_lengths:  # a profile sets the token budget only: the length swept for is the command's to give
         log_fn(f"the best point reads {best.max_length} tokens a text: add --max-length {best.max_length} to that "
-               "command (the profile sets the token budget only)")
+               "command (the profile sets the token budget only)"
+               + ("; serve reads the model's own length" if mode != "train" else ""))
     if plot:
         from spanflow.tuning.plot import plot_profile
 

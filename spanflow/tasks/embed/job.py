@@ -250,9 +250,11 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     unless `force`); `calibrate=False` skips that where `--precision auto` just checked it.
     With `resume`, a killed run's finished chunks are kept and the rest embedded. A second
     job on the same output stops at once (OutputBusy, naming the first one's pid); a full or
-    read-only disk is a WriteError.
+    read-only disk is a WriteError. `spec.max_length`, where given, is the embedder's from here on.
     """
     fmt = check_spec(spec)
+    if spec.max_length is not None and spec.max_length != embedder.max_length:
+        embedder.set_max_length(spec.max_length)  # a ConfigError above the model's limit
     with ExitStack() as held:
         hold_output(held, spec.output, WHAT)
         types = carried_schema(spec.input, id_column=spec.id_column, keep=spec.keep) if fmt == "parquet" else None

@@ -41,6 +41,7 @@ class EmbedSpec(BaseModel):
     chunk_size: int = 8192  # texts read, sorted and written at a time
     dtype: str = "float32"  # npy output: float32 or float16
     model: str = ""
+    max_length: int | None = None  # tokens a text is cut at (None: the model's own limit)
 
 
 class JobIdentity(EmbedSpec):
