@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -60,6 +61,26 @@ def temp_file(parent: str, kind: str, suffix: str = "") -> tuple[int, str]:
     fd, path = tempfile.mkstemp(prefix=f".{kind}-{os.getpid()}-", suffix=suffix, dir=parent)
     os.chmod(path, 0o666 & ~_umask())
     return fd, path
+
+
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def check_output_path(path: str) -> None:
+    """A ConfigError for an output path no finished file or directory can be renamed onto: an empty
+    one (it would name the current directory), or a device, pipe or socket (`/dev/null`, a shell's
+    `/dev/stdout`): the rename would put a file in place of the device, or block on the pipe."""
+    if not str(path).strip():
+        raise ConfigError("the output path is empty; give the name of a file or directory to write", field="output")
+    try:
+        mode = os.stat(path).st_mode  # through links: what the write would replace
+    except OSError:
+        return
+    kind = next((name for test, name in _SPECIAL if test(mode)), None)
+    if kind:
+        raise ConfigError(f"{path} is {kind}: spanflow writes an output whole, then renames it into place; "
+                          "give the path of a file or directory", field="output")
 
 
 def aside_path(final: str) -> str:
@@ -142,6 +163,7 @@ def _writing_beside(path: str) -> bool:
 def atomic_dir(path: str, kind: str) -> Iterator[str]:
     """A temporary directory beside `path` to fill; put in place of `path` (replace_dir) when the
     block ends without error, removed otherwise. Stale ones of killed runs are removed first."""
+    check_output_path(path)
     path = os.path.realpath(path)  # a link is written through: its target replaced, the link kept
     parent = os.path.dirname(path)
     clean_stale(parent, kind)
@@ -161,6 +183,7 @@ def atomic_dir(path: str, kind: str) -> Iterator[str]:
 def atomic_path(path: str, kind: str = "write", suffix: str = "") -> Iterator[str]:
     """A temporary path beside `path` to write to; renamed onto `path` when the block ends
     without error, removed otherwise. Stale ones of killed runs are removed first."""
+    check_output_path(path)
     path = os.path.realpath(path)  # a link is written through: its target replaced, the link kept
     parent = os.path.dirname(path)
     make_dirs(parent)
@@ -287,6 +310,7 @@ def claim_output(path: str) -> Iterator[None]:
     (`.NAME.lock`, removed at the end); the lock itself is the kernel's, so a killed job
     never leaves its output held. Nested claims of one path in one process are one claim (the
     CLI claims before loading a model, the job again when it starts)."""
+    check_output_path(path)  # before a lock file is made beside a device
     parent, name = os.path.split(os.path.realpath(path))  # a link and its target: one output, one lock
     lock = os.path.join(parent, f".{name}.lock")
     key = (threading.get_ident(), lock)  # nested in one thread; another thread is another job

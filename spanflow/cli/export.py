@@ -55,6 +55,7 @@ def _check(task, a: argparse.Namespace) -> None:
     """The format against what the task exports, and the output directory against what it would replace."""
     import os
 
+    from spanflow.atomic import check_output_path
     from spanflow.errors import ConfigError
     from spanflow.models.encoder import holds_model
 
@@ -66,6 +67,7 @@ def _check(task, a: argparse.Namespace) -> None:
                           + (f": {instead}" if instead else ""))
     if a.to not in exports:
         raise ConfigError(f"a {task.name} model exports to {', '.join(exports)}, not {a.to!r}")
+    check_output_path(a.out)  # a device or pipe: refused before the model loads
     out, src = os.path.realpath(a.out), os.path.realpath(a.model)
     if out == src or src.startswith(out + os.sep) or out.startswith(src + os.sep):
         raise ConfigError(f"{a.out}: the export would replace the model it is made from ({a.model}); give another "

@@ -82,7 +82,11 @@ def output_format(path: str) -> str:
 
 
 def check_output_file(path: str) -> None:
-    """A DataError for an output path that names a directory (the file could not replace it)."""
+    """A DataError for an output path that names a directory (the file could not replace it); a
+    ConfigError for an empty one or a device, pipe or socket (atomic.check_output_path)."""
+    from spanflow.atomic import check_output_path
+
+    check_output_path(path)
     if os.path.isdir(path):
         raise DataError("is a directory; give the name of a file to write", path=path)
 
