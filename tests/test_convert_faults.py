@@ -82,3 +82,18 @@ def test_another_tasks_data_is_named_as_what_convert_does_not_read(tmp_path, cap
     err = capsys.readouterr().err
     assert "CasRel JSON" in err and "convert reads NER data only" in err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("example, said", [
+    (NerExample("John lives", [(0, 4, "P\tER")]), "its label 'P\\tER' holds a tab or line break"),
+    (NerExample("John lives", [(0, 4, "P\nER")]), "its label 'P\\nER' holds a tab or line break"),
+    (NerExample("a\tb c", [], words=[(0, 3), (4, 5)]), "its token 'a\\tb' holds a tab or line break"),
+    (NerExample("-DOCSTART- John lives", [(11, 15, "PER")]), "its token -DOCSTART- would read back"),
+])
+def test_texts_conll_would_read_back_otherwise_are_refused_naming_the_text(tmp_path, example, said):
+    out = tmp_path / "out.conll"
+    with pytest.raises(DataError, match="text 2 cannot be written as CoNLL: " + __import__("re").escape(said)):
+        write_ner([NerExample("Ada wrote", [(0, 3, "PER")]), example], str(out))
+    assert not out.exists()
+    write_ner([example], str(tmp_path / "out.jsonl"))  # JSONL keeps it
+    assert read_ner(str(tmp_path / "out.jsonl"))[0].spans == example.spans

@@ -106,10 +106,15 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
         return
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
-    from spanflow.data.formats.conll import conll_token_bounds, write_conll_sentence
+    from spanflow.data.formats.conll import conll_token_bounds, unwritable, write_conll_sentence
     from spanflow.data.formats.jsonl import write_jsonl_record
 
     if fmt == "conll":  # a sentence of no lines is none: reading the file back would not find it
+        for i, ex in enumerate(examples, 1):  # before a line is written: one reason, naming the text
+            why = unwritable(ex.text, ex.spans, ex.words)
+            if why:
+                raise DataError(f"text {i} cannot be written as CoNLL: {why}; write JSONL or a .spacy DocBin, "
+                                "which keep it", path=path)
         kept = [e for e in examples if conll_token_bounds(e.text, e.spans, e.words)]
         if examples and not kept:  # an empty file, which no reader takes back
             raise DataError(f"none of the {len(examples)} texts has a token: CoNLL has no line for an empty or "

@@ -173,6 +173,25 @@ def conll_tokens(text: str, spans, words: list[tuple[int, int]] | None = None) -
     return [text[s:e] for s, e in conll_token_bounds(text, spans, words)]
 
 
+_BREAKS = ("\t", "\n", "\r")  # what ends a CoNLL column or line as read back
+
+
+def unwritable(text: str, spans, words: list[tuple[int, int]] | None = None) -> str | None:
+    """Why a text cannot be written as CoNLL and read back as it is, or None: a tag or token
+    holding a tab or line break (it would read as more columns or lines), a token that is the
+    `-DOCSTART-` mark (read_conll skips that line)."""
+    for label in sorted({sp[2] for sp in spans}):
+        if any(b in label for b in _BREAKS):
+            return f"its label {label!r} holds a tab or line break, which would end the tag's column"
+    for s, e in conll_token_bounds(text, spans, words):
+        token = text[s:e]
+        if any(b in token for b in _BREAKS):
+            return f"its token {token!r} holds a tab or line break, which would end the token's column"
+        if token == "-DOCSTART-":
+            return "its token -DOCSTART- would read back as a document mark and be skipped"
+    return None
+
+
 def write_conll_sentence(f, text: str, spans, words: list[tuple[int, int]] | None = None) -> None:
     """One sentence as `token<TAB>BIO-tag` lines and a blank line. CoNLL keeps tokens, not
     the whitespace between them: texts read back are joined as read_conll joins them."""
