@@ -471,3 +471,19 @@ def test_a_default_ranking_run_on_a_cpu_says_whether_it_keeps_graphs(tmp_path, m
                    options=TrainOptions(max_steps=1, log_every=0, patience=0, device="cpu", max_tokens=4096),
                    config=config, log_fn=lines.append)
     assert next(x for x in lines if x.startswith("ranking update:")).endswith("; gradient cache on")
+
+
+def test_pairs_per_step_past_the_data_sizes_the_update_for_the_data(tmp_path):
+    """An update holds every pair at most: --pairs-per-step beyond the data is sized (micro-batches,
+    learning rate) as the data's size is, not for pairs that do not exist."""
+    train = codes(40, 5)
+    said = {}
+    for n in (40, 100_000):
+        lines = []
+        train_embedder(train, None, model="tiny", out_dir=str(tmp_path / str(n)),
+                       options=TrainOptions(max_steps=1, log_every=0, patience=0, device="cpu"),
+                       config=EmbedTraining(pairs_per_step=n), log_fn=lines.append)
+        said[n] = [x for x in lines if x.startswith("ranking update:") or " lr " in x or x.startswith("defaults")]
+        assert said[n] and any(x.startswith("ranking update: about 40 pairs (1 micro-batch") for x in lines), lines
+    assert "--pairs-per-step 100000 is more than the 40 training pairs: an update holds them all" in lines
+    assert said[40] == said[100_000]

@@ -340,10 +340,13 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                         "from different length buckets, ranked together")
         else:
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
+            if pairs > len(items):  # an update holds the data at most: sized (and its rate scaled) for that
+                run.log(f"--pairs-per-step {pairs} is more than the {len(items)} training pairs: an update holds "
+                        "them all")
+                pairs = len(items)
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
             cache, graph, avail = cache_for(o)
             plan.step = step_of(fn, run, cache, graph)
-            pairs = min(pairs, len(items))
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
