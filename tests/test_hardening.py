@@ -270,3 +270,21 @@ def test_sigterm_while_serve_loads_its_models_ends_the_process_now(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated"
+
+
+def test_a_dev_set_with_no_gold_is_refused_before_training(tmp_path, capsys):
+    """A dev file of texts alone (or of a key the reader does not take) scored 0 every epoch and
+    picked the best model by it, then advised a higher --lr."""
+    train = write_jsonl(tmp_path / "t.jsonl", TRAIN)
+    dev = tmp_path / "d.jsonl"
+    dev.write_text('{"text": "Zork met Quux"}\n{"text": "nobody here", "entities": []}\n')
+    err = fails(["train", "ner", "--train", train, "--dev", str(dev), "--out", str(tmp_path / "o"), *FAST], capsys,
+                "the --dev data holds no labels (no gold to score against)")
+    assert "Traceback" not in err and not (tmp_path / "o" / "model").exists()
+    re_train = tmp_path / "re.jsonl"
+    re_train.write_text(json.dumps({"text": "Ada was born in Paris", "relations": [
+        {"head": [0, 3], "type": "born_in", "tail": [16, 21]}]}) + "\n")
+    re_dev = tmp_path / "re_dev.json"  # CasRel JSON under another key than "triple_list": no triples read
+    re_dev.write_text(json.dumps([{"text": "Bob was born in Rome", "triples": [["Bob", "born_in", "Rome"]]}]))
+    fails(["train", "re", "--train", str(re_train), "--dev", str(re_dev), "--out", str(tmp_path / "r"), *FAST], capsys,
+          'the --dev data holds no relations (no gold to score against)')

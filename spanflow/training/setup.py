@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spanflow.errors import ConfigError
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.distributed import Dist, init_from_env
 from spanflow.training.options import TrainOptions
@@ -24,7 +25,12 @@ class Run:
 
 
 def warn_unseen(trained: list[str], dev: set[str], what: str, log: Callable[[str], None]) -> None:
-    """One warning line naming the dev `what` (labels, relations) that training never shows."""
+    """One warning line naming the dev `what` (labels, relations) that training never shows; a
+    ConfigError where the dev data holds none at all (its F1 would stay 0 and choose no model)."""
+    if not dev:
+        raise ConfigError(f"the --dev data holds no {what} (no gold to score against): its F1 would stay 0 and "
+                          "choose no epoch's model; give labelled data in a format --train is read in (for "
+                          "CasRel JSON, triples under \"triple_list\"), or leave --dev out")
     unseen = sorted(dev - set(trained))
     if not unseen:
         return
