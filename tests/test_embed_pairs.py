@@ -72,6 +72,20 @@ def test_unnamed_header_detected_by_numbers(tmp_path):
     assert read_pairs(path) == [Pair("x", "y", 1.0), Pair("u", "v", 0.0)]
 
 
+@pytest.mark.parametrize("text, line, said", [
+    ("a\tb\t3,8\nc\td\t5,0\ne\tf\t1,2\n", 1, "score is not a number: '3,8' (a decimal comma"),
+    ("a,b,high\nc,d,low\ne,f,3.5\ng,h,1\ni,j,0\n", 1, "score is not a number: 'high'; 3 of the file's 5"),
+])
+def test_a_score_column_with_values_that_are_no_number_is_not_read_as_triplets(tmp_path, text, line, said):
+    """The first value decided the kind: a decimal comma or a word there made every score a negative text."""
+    path = write(tmp_path, "p.tsv" if "\t" in text else "p.csv", text)
+    with pytest.raises(DataError, match=f"p\\.(tsv|csv):{line}: " + __import__("re").escape(said)):
+        read_pairs(path)
+    # triplets whose negatives are texts, a few of them numbers, stay triplets
+    ok = write(tmp_path, "t.csv", "q one,pos one,neg one\nq two,pos two,neg two\nq three,pos three,42\n")
+    assert [p.negative for p in read_pairs(ok)] == ["neg one", "neg two", "42"]
+
+
 def test_csv_quotes_and_commas(tmp_path):
     text = 's1,s2,score\n"Hello, world","She said ""hi"", then left",3.2\nit\'s 5" tall,a "quoted" word,1\n'
     assert read_pairs(write(tmp_path, "p.csv", text)) == [

@@ -14,6 +14,7 @@ import io
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -241,6 +242,9 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     if len(idx) == 3:  # the first data row with a third field decides its kind (an empty one is that row's error)
         filled = next((row for _, row in data if len(row) > idx[2] and row[idx[2]].strip()), filled)
     third_kind = _table_third_kind(rows[0][1], filled, idx, header)
+    if third_kind == "negative" and not (header and len(rows[0][1]) > idx[2]
+                                         and rows[0][1][idx[2]].strip().lower() in NEGATIVE_NAMES):
+        _check_negatives(path, data, idx[2])  # told from the first value: the rest may say otherwise
     width = len(rows[0][1])
     pairs = []
     for line, row in data:
@@ -266,6 +270,24 @@ def _column_indices(path: str, rows, cols: list[str] | None, by_name: bool) -> l
     if missing:
         raise DataError(f"missing column {quote(missing[0])} in the header {quote(names)}", path=path, line=line)
     return [names.index(c) for c in cols]
+
+
+_DECIMAL_COMMA = re.compile(r"\s*[+-]?\d+,\d+\s*")
+
+
+def _check_negatives(path: str, data, i: int) -> None:
+    """A DataError where a third column read as negatives (its first value is no number) is mostly
+    numbers: a score column with a value that is none (a word, a decimal comma), which would train
+    every pair as a triplet whose negative is a number."""
+    thirds = [(line, row[i]) for line, row in data if len(row) > i and row[i].strip()]
+    scores = sum(_number(v) is not None or bool(_DECIMAL_COMMA.fullmatch(v)) for _, v in thirds)
+    if thirds and 2 * scores >= len(thirds):
+        line, v = next((line, v) for line, v in thirds if _number(v) is None)
+        comma = bool(_DECIMAL_COMMA.fullmatch(v))
+        raise DataError(f"score is not a number: {quote(v)}"
+                        + (" (a decimal comma: write scores with a point, 3.8)" if comma else "")
+                        + f"; {scores} of the file's {len(thirds)} third fields read as scores, so it holds scored "
+                          "pairs, not triplets", path=path, line=line)
 
 
 def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header: bool) -> str | None:
