@@ -13,9 +13,16 @@ from spanflow.cli.main import main
 from spanflow.runtime.policy import resolve_policy
 from spanflow.tasks.embed import Embedder
 from spanflow.tasks.embed.cached import gathered_step, side_inputs
-from spanflow.tasks.embed.losses import angle, cosent, matryoshka, ranking
+from spanflow.tasks.embed.losses import angle, cosent, false_negatives, matryoshka, ranking
 from spanflow.tasks.embed.pairs import Pair
-from spanflow.tasks.embed.train import EmbedTraining, PairItem, default_pairs_per_step, make_collate, train_embedder
+from spanflow.tasks.embed.train import (
+    EmbedTraining,
+    PairItem,
+    default_pairs_per_step,
+    make_collate,
+    text_keys,
+    train_embedder,
+)
 from spanflow.training.distributed import exit_now, shutdown
 from spanflow.training.options import TrainOptions
 from tests.test_distributed import _join, free_port
@@ -58,7 +65,7 @@ def reference(model, groups, loss=ranking) -> tuple[torch.Tensor, dict]:
     model.zero_grad()
     one = micro([[it for g in groups for it in g]])[0]
     emb = model(*side_inputs(one))
-    value = loss(emb, {k: one[k] for k in ("n_pairs", "scores") if k in one}) / one["n_pairs"]
+    value = loss(emb, {k: one[k] for k in ("n_pairs", "scores", "keys") if k in one}) / one["n_pairs"]
     value.backward()
     return value.detach(), grads(model)
 
@@ -149,13 +156,69 @@ def test_a_scored_update_is_cut_into_micro_batches_of_different_lengths():
     assert needs_cache(TrainOptions(max_tokens=512, grad_accum=4), 512, "cpu", 1)
 
 
+def repeating_groups() -> list[list[PairItem]]:
+    """Micro-batches whose pairs repeat texts of other micro-batches (of another rank, when dealt
+    out in turn): a pair twice, an anchor with a second positive, a positive with a second anchor."""
+    g = [items(5, 1), items(7, 2), items(3, 3), items(4, 6), items(6, 8)]
+    g[3] = g[3] + [g[0][0]]
+    g[2] = g[2] + [PairItem((g[1][0].sides[0], [7, 7, 7]))]
+    g[4] = g[4] + [PairItem(([8, 8], g[0][1].sides[1]))]
+    return g
+
+
+def test_the_ranking_loss_counts_no_repeat_of_a_right_answer_as_a_negative():
+    """Perfect embeddings: distinct pairs lose nothing; a repeated pair, an anchor with two
+    positives or a hard negative that is the positive's text would hold the loss at log 2 each
+    (each right answer counted wrong), unless the texts' keys leave them out."""
+    a = torch.eye(4)
+    keys = torch.arange(8)
+    twice = torch.cat([a[[0, 1, 2, 0]], a[[0, 1, 2, 0]]])  # pair 3 is pair 0 again
+    tied = float(ranking(twice, {"n_pairs": 4}))
+    assert tied == pytest.approx(2 * np.log(2), rel=1e-3)
+    same = keys.clone()
+    same[3], same[7] = same[0], same[4]
+    assert float(ranking(twice, {"n_pairs": 4, "keys": same})) < 1e-6
+    assert float(ranking(twice, {"n_pairs": 4, "keys": same}, symmetric=True)) < 1e-6
+    with_neg = torch.cat([a, a, a[[1, 0, 3, 2]]])  # each hard negative another pair's positive text
+    k3 = torch.cat([keys, torch.tensor([5, 4, 7, 6])])
+    assert float(ranking(with_neg, {"n_pairs": 4})) == pytest.approx(4 * np.log(2), rel=1e-3)
+    assert float(ranking(with_neg, {"n_pairs": 4, "keys": k3})) < 1e-6
+    # the mask: another row's anchor or positive text, or a hard negative equal to the positive
+    m = false_negatives(torch.tensor([1, 2, 1, 10, 11, 12, 20, 11, 22]), 3)
+    assert m.tolist() == [[False, False, True, False, False, False],
+                          [False, False, False, False, True, False],
+                          [True, False, False, False, False, False]]
+
+
+def test_collated_keys_name_texts_alike_in_every_process():
+    batch = make_collate(0)([PairItem(([1, 2], [3])), PairItem(([1, 2], [4])), PairItem(([5], [3]))])
+    k = batch["keys"].tolist()
+    assert k[0] == k[1] and k[3] == k[5] and len({k[0], k[2], k[3], k[4]}) == 4
+    assert k == text_keys([[1, 2], [1, 2], [5], [3], [4], [3]]).tolist()  # no salt: a function of the ids
+    assert "keys" not in make_collate(0)([PairItem(([1], [2]), score=0.5)])  # scored pairs rank no candidates
+
+
+def test_repeats_across_micro_batches_are_left_out_as_in_one_batch():
+    model = Bag(p=0.0)
+    groups = repeating_groups()
+    want_loss, want = reference(model, groups)
+    model.zero_grad()
+    one = micro([[it for g in groups for it in g]])[0]
+    unmasked = ranking(model(*side_inputs(one)), {"n_pairs": one["n_pairs"]}) / one["n_pairs"]
+    assert abs(float(unmasked) - float(want_loss)) > 1e-3  # the repeats change the loss
+    model.zero_grad()
+    torch.testing.assert_close(gathered_step(model, micro(groups), POLICY, loss=ranking), want_loss)
+    for k, g in grads(model).items():
+        torch.testing.assert_close(g, want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
 def _gather_worker(rank, world, port, out):
     from torch.nn.parallel import DistributedDataParallel
 
     d = _join(rank, world, port)
     model = Bag(p=0.0)
     ddp = DistributedDataParallel(model)
-    groups = [items(5, 1), items(7, 2), items(3, 3), items(4, 6), items(6, 8)]
+    groups = repeating_groups()
     mine = micro(groups[rank::world])
     if rank == 1:  # an uneven step: this rank's share ends in a stand-in, as the loop pads it
         mine += micro([items(1, 9)])
@@ -169,7 +232,7 @@ def _gather_worker(rank, world, port, out):
 def test_two_processes_gather_negatives_as_one_process_on_the_global_batch(tmp_path):
     mp.spawn(_gather_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     model = Bag(p=0.0)
-    want_loss, want = reference(model, [items(5, 1), items(7, 2), items(3, 3), items(4, 6), items(6, 8)])
+    want_loss, want = reference(model, repeating_groups())
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         # every rank returns its share of the global batch's loss (the loop sums the ranks' to print

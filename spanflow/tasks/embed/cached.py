@@ -97,6 +97,9 @@ def gathered_step(model: nn.Module, micro: list[dict], policy: Policy, scaler=No
     sizes = [r.shape[0] // k for r in ranks]
     pool = _pool(ranks, sizes, k)
     fields = {"n_pairs": sum(sizes)}
+    if "keys" in micro[0]:  # each row's text, pooled (and gathered) as the rows are
+        mine_keys = _pool([b["keys"] for b in batches], counts, k)
+        fields["keys"] = _pool(gather_rows(mine_keys, dist), sizes, k)
     if "scores" in micro[0]:  # per-example targets, gathered in the pool's order
         fields["scores"] = torch.cat(gather_rows(torch.cat([b["scores"][:n] for b, n in zip(batches, counts)]), dist))
     value = loss(pool, fields) * (world / max(1, sum(sizes)))

@@ -72,10 +72,28 @@ def ranking(emb: torch.Tensor, batch: dict, scale: float = RANKING_SCALE, symmet
     a, p = F.normalize(a, dim=-1), F.normalize(p, dim=-1)
     candidates = p if neg is None else torch.cat([p, F.normalize(neg, dim=-1)])
     target = torch.arange(n, device=emb.device)
-    loss = F.cross_entropy(a @ candidates.T * scale, target, reduction="sum")
+    logits = a @ candidates.T * scale
+    repeats = false_negatives(batch["keys"], n) if "keys" in batch else None
+    if repeats is not None:
+        logits = logits.masked_fill(repeats, float("-inf"))
+    loss = F.cross_entropy(logits, target, reduction="sum")
     if symmetric:
-        loss = (loss + F.cross_entropy(p @ a.T * scale, target, reduction="sum")) / 2
+        back = p @ a.T * scale
+        if repeats is not None:
+            back = back.masked_fill(repeats[:, :n], float("-inf"))
+        loss = (loss + F.cross_entropy(back, target, reduction="sum")) / 2
     return loss
+
+
+def false_negatives(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, candidates) True where another example's text is a right answer for example i: its
+    positive or anchor is i's (a repeated pair, an anchor with several positives, several anchors
+    of one positive), or its hard negative is i's positive. `keys` name each row's text, in side
+    order. Counted as negatives they would teach the model to push a text away from itself."""
+    ka, kp, kn = keys[:n], keys[n:2 * n], keys[2 * n:]
+    same = (kp[None, :] == kp[:, None]) | (ka[None, :] == ka[:, None])
+    same.fill_diagonal_(False)
+    return torch.cat([same, kn[None, :] == kp[:, None]], dim=1) if kn.numel() else same
 
 
 def matryoshka(loss: EmbeddingLoss, dims: list[int]) -> EmbeddingLoss:

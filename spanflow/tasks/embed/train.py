@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import math
 import numbers
+from array import array
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -116,8 +119,23 @@ def make_collate(pad_id: int) -> Callable[[list], dict]:
             out["padded_tokens"] += int(x.size)
         if items[0].score is not None:
             out["scores"] = torch.tensor([it.score for it in items], dtype=torch.float32)
+        else:  # the ranking loss leaves out candidates that repeat a right answer's text
+            out["keys"] = text_keys([r for rows in sides for r in rows])
         return out
     return collate
+
+
+def sharing_pairs(items: list[PairItem]) -> int:
+    """How many examples share their first or second side's tokens with another example."""
+    first, second = Counter(tuple(it.sides[0]) for it in items), Counter(tuple(it.sides[1]) for it in items)
+    return sum(first[tuple(it.sides[0])] > 1 or second[tuple(it.sides[1])] > 1 for it in items)
+
+
+def text_keys(rows: list[list[int]]) -> torch.Tensor:
+    """A 63-bit key per row of token ids, the same in every process (Python's str hash is salted
+    per process, and a distributed update compares the keys of every rank)."""
+    return torch.tensor([int.from_bytes(hashlib.blake2b(array("q", r).tobytes(), digest_size=8).digest(), "little") >> 1
+                         for r in rows], dtype=torch.int64)
 
 
 def _batch_loss(loss) -> Callable:
@@ -347,6 +365,10 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
             cache, graph, avail = cache_for(o)
             plan.step = step_of(fn, run, cache, graph)
+            shared = sharing_pairs(items)
+            if shared:
+                run.log(f"{shared} of the {len(items)} training pairs share their anchor or positive text with "
+                        "another: where both are in one update, neither is counted as the other's negative")
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
