@@ -206,3 +206,17 @@ def test_pack_examples_joins_neighbours_within_the_longest_text():
     assert len(longer) < len(packed) and max(len(e.text) for e in longer) > max(len(e.text) for e in data)
     assert max(len(e.text) for e in longer) <= 4 * max(len(e.text) for e in data)
     assert [x for e in longer for x in e.entities()] == [x for e in data for x in e.entities()]
+
+
+def test_a_budget_below_the_texts_scales_the_rates_to_what_a_batch_holds():
+    """A batch holds one text at least: --max-tokens 1 on texts of 64 tokens updates on 64 tokens,
+    and the unset rates follow that, not 1 (they were scaled to 1 token: 31 times too small)."""
+    lines = []
+    tiny_budget = fill_defaults(TrainOptions(max_tokens=1), D, lengths=[64] * 200, device=CPU, log=lines.append)
+    text_budget = fill_defaults(TrainOptions(max_tokens=64), D, lengths=[64] * 200, device=CPU, log=lambda s: None)
+    assert (tiny_budget.lr, tiny_budget.head_lr) == (text_budget.lr, text_budget.head_lr)
+    assert tiny_budget.max_tokens == 1  # as asked: the batcher still packs as few texts as it can
+    assert any("--max-tokens 1 is below the median training text (64 tokens)" in x for x in lines), lines
+    lines.clear()
+    fill_defaults(TrainOptions(max_tokens=64), D, lengths=[64] * 200, device=CPU, log=lines.append)
+    assert not any("below the median" in x for x in lines)

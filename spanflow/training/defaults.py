@@ -81,7 +81,11 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         # budget counts too few)
         updates = max(1, len(epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world)))
         auto.append(f"max_tokens {max_tokens} (about {updates} updates per epoch)")
-    scale = math.sqrt(max_tokens * opts.grad_accum * world / REFERENCE_TOKENS)
+    typical = sorted(lengths)[len(lengths) // 2] if lengths else 0
+    if max_tokens < typical:  # a batch holds a text at least: the update is larger than the budget asked
+        log(f"note: --max-tokens {max_tokens} is below the median training text ({typical} tokens): a batch holds "
+            f"one text at least, so updates hold more than asked, and unset learning rates follow {typical}")
+    scale = math.sqrt(max(max_tokens, typical) * opts.grad_accum * world / REFERENCE_TOKENS)
     checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given
     lr = checked.lr if opts.lr is not None else defaults.lr * scale
     head_lr = checked.head_lr if opts.head_lr is not None else (defaults.head_lr * scale if defaults.head_lr else None)
