@@ -204,7 +204,7 @@ def test_repeats_across_micro_batches_are_left_out_as_in_one_batch():
     want_loss, want = reference(model, groups)
     model.zero_grad()
     one = micro([[it for g in groups for it in g]])[0]
-    unmasked = ranking(model(*side_inputs(one)), {"n_pairs": one["n_pairs"]}) / one["n_pairs"]
+    unmasked = ranking(model(*side_inputs(one)), {"n_pairs": one["n_pairs"]}).detach() / one["n_pairs"]
     assert abs(float(unmasked) - float(want_loss)) > 1e-3  # the repeats change the loss
     model.zero_grad()
     torch.testing.assert_close(gathered_step(model, micro(groups), POLICY, loss=ranking), want_loss)
@@ -550,3 +550,25 @@ def test_pairs_per_step_past_the_data_sizes_the_update_for_the_data(tmp_path):
         assert said[n] and any(x.startswith("ranking update: about 40 pairs (1 micro-batch") for x in lines), lines
     assert "--pairs-per-step 100000 is more than the 40 training pairs: an update holds them all" in lines
     assert said[40] == said[100_000]
+
+
+def test_a_resume_with_another_loss_or_data_kind_names_it_first(tmp_path, capsys):
+    """The loss and the kind of data set a run's course: resuming a CoSENT run with --loss angle
+    went on silently, and one on the same pairs without their scores blamed the options derived."""
+    from spanflow.errors import ConfigError
+
+    scored = [Pair(p.a, p.b, score=float(i % 5)) for i, p in enumerate(codes(40, 4))]
+    opts = dict(log_every=0, patience=0, max_tokens=256, seed=2)
+    train_embedder(scored, None, model="tiny", out_dir=str(tmp_path / "r"), options=TrainOptions(**opts, max_steps=1),
+                   log_fn=lambda s: None)
+    for data, config, said in (
+            (scored, EmbedTraining(loss="angle"), "--loss cosent (now angle)"),
+            ([Pair(p.a, p.b) for p in scored], None, "training data of scored pairs (now pairs); --loss cosent "
+                                                     "(now ranking)")):
+        with pytest.raises(ConfigError, match="of a run with " + __import__("re").escape(said)):
+            train_embedder(data, None, model="tiny", out_dir=str(tmp_path / "r"), config=config,
+                           options=TrainOptions(**opts, max_steps=2, resume=True), log_fn=lambda s: None)
+    lines = []  # the same course: it resumes
+    train_embedder(scored, None, model="tiny", out_dir=str(tmp_path / "r"),
+                   options=TrainOptions(**opts, max_steps=2, resume=True), log_fn=lines.append)
+    assert any(x.startswith("resumed from") for x in lines)

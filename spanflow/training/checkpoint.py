@@ -97,11 +97,12 @@ COURSE = ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "gra
 MODEL_OWN = ("max_length", "stride")
 
 
-def run_identity(items: list, opts, origin: str | None, processes: int = 1) -> dict:
+def run_identity(items: list, opts, origin: str | None, processes: int = 1, course: dict | None = None) -> dict:
     """What a checkpoint's run was: the model it started from (`origin` as given, and what its
     files are: the same encoder copied elsewhere is the same model), its training items (how many,
     their tokens, a digest of their lengths), the options that set its course, as JSON holds them, and
-    its processes (the global batch, and the learning rate scaled to it, follow their number)."""
+    its processes (the global batch, and the learning rate scaled to it, follow their number), and
+    the task's own `course` (its loss and the kind of data it trains on)."""
     import hashlib
 
     import numpy as np
@@ -109,7 +110,12 @@ def run_identity(items: list, opts, origin: str | None, processes: int = 1) -> d
     lengths = np.fromiter((len(it) for it in items), dtype=np.int64, count=len(items))
     options = json.loads(json.dumps({k: getattr(opts, k) for k in COURSE}, default=_plain))  # numpy scalars too
     return {"model": origin, "model_files": _model_files(origin), "items": len(items), "tokens": int(lengths.sum()),
-            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "options": options, "processes": processes}
+            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "options": options, "processes": processes,
+            "course": json.loads(json.dumps(course or {}, default=_plain))}
+
+
+def _said(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _plain(value):
@@ -142,6 +148,10 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     if not isinstance(saved, dict):
         return
     changed = []
+    was, course = saved.get("course") or {}, now.get("course") or {}
+    for k in course:  # first: another loss or data kind changes the options derived below
+        if k in was and was[k] != course[k]:
+            changed.append(f"{k} {_said(was[k])} (now {_said(course[k])})")
     if saved.get("processes", now["processes"]) != now["processes"]:  # first: it changes the update and its lr
         changed.append(f"{saved['processes']} processes (now {now['processes']}: --devices, or torchrun's "
                        "--nproc-per-node)")

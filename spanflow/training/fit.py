@@ -43,6 +43,9 @@ class Plan:
     untrained_hint: str | None = None
     options: TrainOptions | None = None  # the run's options as the task sized them (None: the run's own)
     step: Callable[..., Any] | None = None  # a step's forward and backward (None: training/step.forward_backward)
+    # the task's settings that set the run's course (its loss, the kind of data it is fed), by the
+    # names its flags give them: a --resume under others is refused, as one of other options is
+    course: dict | None = None
 
 
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
@@ -66,7 +69,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         start = _start_score(plan, dev, run, model)
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
-                          step=plan.step)
+                          step=plan.step, course=plan.course)
         origin = os.path.abspath(model) if os.path.exists(model) else model  # as the checkpoint records it
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              origin=origin,

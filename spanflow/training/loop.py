@@ -121,7 +121,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(total_steps, opts.warmup_ratio))
     scaler = torch.amp.GradScaler("cuda") if policy.use_scaler else None
     os.makedirs(out_dir, exist_ok=True)
-    identity = run_identity(items, opts, origin, processes=dist.world)
+    identity = run_identity(items, opts, origin, processes=dist.world, course=hooks.course)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
           "stopped": False, "first_loss": None, "run": identity}
     r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,

@@ -33,6 +33,8 @@ class TaskHooks:
     # -> this rank's share of the step's loss (the ranks' sum is the loss, as the lines print it);
     # None: forward_backward with loss_fn, each micro-batch's loss on its own
     step: Callable[..., torch.Tensor] | None = None
+    # what else sets the run's course (the task's loss and its settings), compared on --resume
+    course: dict | None = None
 
 
 @dataclass

@@ -334,9 +334,12 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                 f"max length {emb.max_length}" + (f" ({cut} texts longer, cut there)" if cut else ""))
         table = DEFAULTS if name in SCORED_LOSSES else RANKING_DEFAULTS
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
+        kind = "scored pairs" if train[0].score is not None else "triplets" if train[0].negative is not None else "pairs"
+        course = {"training data of": kind, "--loss": name, "--symmetric": config.symmetric,
+                  "--matryoshka-dims": list(dims) if dims else None, "--pairs-per-step": config.pairs_per_step}
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
-                    metric=metric, untrained_hint="a lower --lr or more training pairs may help")
+                    metric=metric, untrained_hint="a lower --lr or more training pairs may help", course=course)
         world, device = run.dist.world, run.policy.device
         longer = [len(it) / len(it.sides) for it in items]
         length = sum(x * x for x in longer) / max(1, sum(longer))  # a token's row length, on average

@@ -101,6 +101,6 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
                     collate=make_collate(rm.tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                          all_subjects=all_subjects),
                     loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing), targets=lambda f: len(f) - 2,
-                    weights=weights)
+                    weights=weights, course={"--subjects": "all" if all_subjects else "sample"})
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=ReModel.load, log_fn=log_fn)
