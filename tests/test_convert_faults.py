@@ -28,9 +28,9 @@ def test_texts_conll_has_no_line_for_are_named_and_not_counted_as_written(tmp_pa
                NerExample("Bob ran")], str(src))
     out = tmp_path / "out.conll"
     assert main(["convert", str(src), str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "note: 2 text(s) are empty or only whitespace (texts 2, 3)" in printed
-    assert "wrote 2 texts, 1 entities" in printed
+    printed = capsys.readouterr()
+    assert "note: 2 text(s) are empty or only whitespace (texts 2, 3)" in printed.err  # notes are stderr's
+    assert "wrote 2 texts, 1 entities" in printed.out
     assert [e.text for e in read_ner(str(out))] == ["Ada Lovelace wrote", "Bob ran"]
 
 
@@ -97,3 +97,18 @@ def test_texts_conll_would_read_back_otherwise_are_refused_naming_the_text(tmp_p
     assert not out.exists()
     write_ner([example], str(tmp_path / "out.jsonl"))  # JSONL keeps it
     assert read_ner(str(tmp_path / "out.jsonl"))[0].spans == example.spans
+
+
+def test_tag_flags_on_input_without_tags_are_refused_and_unlabelled_texts_are_noted(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    write_ner([NerExample("Ada wrote", [(0, 3, "PER")])], str(src))
+    for flag in (["--scheme", "bmes"], ["--strict"]):  # they were ignored
+        assert main(["convert", *flag, str(src), str(tmp_path / "o.conll")]) == 2
+        assert f"{flag[0]} reads CoNLL tags; {src} is jsonl (spans, no tags): leave it out" in capsys.readouterr().err
+    assert not (tmp_path / "o.conll").exists()
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text('{"text": "Ada wrote"}\n{"text": "Bob ran"}\n')
+    assert main(["convert", str(texts), str(tmp_path / "t.conll")]) == 0
+    said = capsys.readouterr()
+    assert f"note: no text of {texts} has an entity: every tag written is O" in said.err
+    assert "wrote 2 texts, 0 entities" in said.out

@@ -22,17 +22,30 @@ def add_parser(sub) -> None:
 
 def run(a: argparse.Namespace) -> int:
     import os
+    import sys
 
     from spanflow.data.formats.sniff import refuse_other, sniff
-    from spanflow.data.io import NER_SNIFFED, NER_TAKES, check_output_file, output_format, read_ner, write_ner
+    from spanflow.data.io import (
+        NER_SNIFFED,
+        NER_TAKES,
+        check_output_file,
+        detect_format,
+        output_format,
+        read_ner,
+        write_ner,
+    )
     from spanflow.errors import ConfigError, DataError
 
     check_output_file(a.output)  # before reading: the input may be large
     if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.output, a.input):
-        raise ConfigError(f"{a.output} is the input: convert would write over what it reads (and a CoNLL file "
-                          "keeps only tokens and tags); give the output another name")
+        raise ConfigError(f"{a.output} is the input: convert would write over what it reads; give the output "
+                          "another name")
     # another task's data is named as what it is, and as what convert does not read
     refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
+    src = a.src or detect_format(a.input)
+    if src != "conll" and (a.scheme or a.strict):  # they read tags, which spans and DocBins have none of
+        raise ConfigError(f"--{'scheme' if a.scheme else 'strict'} reads CoNLL tags; {a.input} is {src} (spans, no "
+                          "tags): leave it out")
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
     fmt = a.dst or output_format(a.output)
     if fmt == "conll":
@@ -47,12 +60,16 @@ def run(a: argparse.Namespace) -> int:
         if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
             shown = ", ".join(str(i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
             print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}): CoNLL has no line "
-                  "for them, so they are left out")
+                  "for them, so they are left out", file=sys.stderr)
             examples = [e for e, t in zip(examples, tokens) if t]
             tokens = [t for t in tokens if t]
         changed = sum(join_tokens(t)[0] != e.text for e, t in zip(examples, tokens))
         if changed:
-            print(f"note: {changed} text(s) have spacing CoNLL cannot keep (tokens are kept, offsets shift)")
+            print(f"note: {changed} text(s) have spacing CoNLL cannot keep (tokens are kept, offsets shift)",
+                  file=sys.stderr)
+    if examples and not any(e.spans for e in examples):  # texts to be labelled, or the wrong file
+        print(f"note: no text of {a.input} has an entity" + (": every tag written is O" if fmt == "conll" else ""),
+              file=sys.stderr)
     write_ner(examples, a.output, fmt=fmt)
     print(f"wrote {len(examples)} texts, {sum(len(e.spans) for e in examples)} entities to {a.output} ({fmt})")
     return 0
