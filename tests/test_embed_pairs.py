@@ -216,3 +216,13 @@ def test_pairs_files_whose_first_record_is_unusual_are_read_or_refused_not_misre
     named = tmp_path / "qd.csv"  # a retrieval header of two known names is a header, not a pair
     named.write_text("query,document\nwhat is x,x is y\nwho is she,she is Ann\n")
     assert [p.a for p in read_pairs(str(named))] == ["what is x", "who is she"]
+
+
+@pytest.mark.parametrize("text", ['[{"anchor": "a", "positive": "b"}, {"anchor": "c", "positive": "d"}]\n',
+                                  '[\n  {"anchor": "a", "positive": "b"},\n  {"anchor": "c", "positive": "d"}\n]\n'])
+def test_a_json_list_of_pairs_is_named_with_its_conversion(tmp_path, text):
+    """A one-line list said "expected a JSON object, got list"; a pretty-printed one "invalid JSON"."""
+    path = write(tmp_path, "p.json", text)
+    with pytest.raises(DataError, match=r"p\.json:1: is one JSON list; pair files are JSONL, one object a line "
+                                        r"\(convert it with jq -c '\.\[\]' .*p\.json > .*p\.jsonl\)"):
+        read_pairs(path)

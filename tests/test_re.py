@@ -293,3 +293,21 @@ def test_training_data_with_no_placed_triple_is_named_with_the_logged_warning(tm
     data.write_text("[]")
     with pytest.raises(DataError, match="is an empty list: no records found"):
         read_re(str(data))
+
+
+@pytest.mark.parametrize("rec, said", [
+    ({"text": "Ada was born in Paris", "relations": [{"head": [0, 3], "type": "born_in", "tail": [16, 21]}]},
+     "has \"relations\" and no \"triple_list\": CasRel JSON's triples are [subject, relation, object] lists under "
+     "\"triple_list\"; JSONL relations ({\"text\", \"relations\"}) are one object a line: jq -c '.[]'"),
+    ({"text": "Ada was born in Paris", "triples": [["Ada", "born_in", "Paris"]]}, "has \"triples\" and no"),
+])
+def test_a_list_with_triples_under_another_key_is_named_not_read_as_texts(tmp_path, rec, said):
+    """Read as texts without triples, such a file trained nothing ("holds no triples") or, as --dev,
+    scored 0 each epoch."""
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([{"text": "Bob ran", "triple_list": []}, rec]))
+    with pytest.raises(DataError) as e:
+        read_re(str(path))
+    assert "record 2 (of the list, from 1) " + said in str(e.value)
+    path.write_text(json.dumps([{"text": "Bob ran"}, {"text": "no triples", "relations": []}]))  # texts: as before
+    assert [x.triples for x in read_re(str(path))] == [[], []]

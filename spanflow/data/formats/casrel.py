@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 
 from spanflow.data.examples import ReExample, is_offset
 from spanflow.data.formats.common import parse_json, read_lines
@@ -66,6 +67,8 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path)
         ex = ReExample(rec["text"])
+        if "triple_list" not in rec:
+            _other_key(rec, k, path)
         if not isinstance(rec.get("triple_list") or [], list):
             raise DataError(f'record {k} (of the list, from 1): "triple_list" is not a list of triples', path=path)
         for t in rec.get("triple_list") or []:  # null or absent: a text without triples
@@ -90,6 +93,21 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
                     _unplaced(unplaced[False], "name a subject or object not found in the text"),
                     _unplaced(unplaced[True], "have a subject and object that are the same span of the text"))
     return out
+
+
+OTHER_KEYS = ("relations", "triples", "spo_list", "relation_list", "relation_mentions")  # read as no triples
+
+
+def _other_key(rec: dict, k: int, path: str) -> None:
+    """A DataError for a record whose triples are under another key than "triple_list" (read
+    silently as a text with none): JSONL relations written as one list, or another corpus's key."""
+    key = next((key for key in OTHER_KEYS if isinstance(rec.get(key), list) and rec[key]), None)
+    if key is None:
+        return
+    hint = (f'; JSONL relations ({{"text", "relations"}}) are one object a line: jq -c \'.[]\' {shlex.quote(path)} > '
+            f"{shlex.quote(os.path.splitext(path)[0] + '.jsonl')}" if key == "relations" else "")
+    raise DataError(f'record {k} (of the list, from 1) has "{key}" and no "triple_list": CasRel JSON\'s triples are '
+                    f'[subject, relation, object] lists under "triple_list"{hint}', path=path)
 
 
 def _unplaced(triples: list, why: str) -> str:

@@ -15,6 +15,7 @@ import math
 import numbers
 import os
 import re
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -314,6 +315,10 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
     for line, text in read_lines(path):
         if not text.strip():
             continue
+        if not pairs and text.lstrip("\ufeff \t").startswith("["):  # a JSON list, pretty-printed or on one line
+            out = shlex.quote(os.path.splitext(path)[0] + ".jsonl")
+            raise DataError("is one JSON list; pair files are JSONL, one object a line (convert it with "
+                            f"jq -c '.[]' {shlex.quote(path)} > {out})", path=path, line=line)
         rec = parse_json(text, path, line)
         if not isinstance(rec, dict):
             raise DataError(f"expected a JSON object, got {type(rec).__name__}", path=path, line=line)
