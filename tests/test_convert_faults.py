@@ -89,6 +89,7 @@ def test_another_tasks_data_is_named_as_what_convert_does_not_read(tmp_path, cap
     (NerExample("John lives", [(0, 4, "P\nER")]), "its label 'P\\nER' holds a tab or line break"),
     (NerExample("a\tb c", [], words=[(0, 3), (4, 5)]), "its token 'a\\tb' holds a tab or line break"),
     (NerExample("-DOCSTART- John lives", [(11, 15, "PER")]), "its token -DOCSTART- would read back"),
+    (NerExample("John lives", [(0, 4, "PER ")]), "its label 'PER ' begins or ends with white space"),
 ])
 def test_texts_conll_would_read_back_otherwise_are_refused_naming_the_text(tmp_path, example, said):
     out = tmp_path / "out.conll"

@@ -216,7 +216,8 @@ def test_a_budget_below_the_texts_scales_the_rates_to_what_a_batch_holds():
     text_budget = fill_defaults(TrainOptions(max_tokens=64), D, lengths=[64] * 200, device=CPU, log=lambda s: None)
     assert (tiny_budget.lr, tiny_budget.head_lr) == (text_budget.lr, text_budget.head_lr)
     assert tiny_budget.max_tokens == 1  # as asked: the batcher still packs as few texts as it can
-    assert any("--max-tokens 1 is below the median training text (64 tokens)" in x for x in lines), lines
+    assert any("a budget of 1 tokens a batch (--max-tokens) is below the median training text (64 tokens)" in x
+               for x in lines), lines
     lines.clear()
     fill_defaults(TrainOptions(max_tokens=64), D, lengths=[64] * 200, device=CPU, log=lines.append)
     assert not any("below the median" in x for x in lines)

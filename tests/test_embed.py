@@ -407,13 +407,37 @@ def test_embed_resume_refuses_another_max_length(st_dir, tmp_path, capsys):
         embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir, max_length=8), progress=False,
                    log=lambda m: None)
     assert emb.max_length == 8  # the spec's length is the embedder's
-    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
-                 "--precision", "fp32"]) == 2
-    assert "max_length 8 then, None now" in capsys.readouterr().err and not (tmp_path / "out.npy").exists()
+    for other in ([], ["--max-length", "16"]):  # the model's own (24), or another
+        assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
+                     "--precision", "fp32", *other]) == 2
+        assert f"max_length 8 then, {other[1] if other else 24} now" in capsys.readouterr().err
+        assert not (tmp_path / "out.npy").exists()
     assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                  "--precision", "fp32", "--max-length", "8"]) == 0
     emb._embed_ids = real
     np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:23]), atol=1e-5)
+
+
+def test_a_length_set_on_the_embedder_is_the_jobs_as_well(st_dir, tmp_path, capsys):
+    """The journal keeps the length the texts were cut at, whether the spec or the embedder set it."""
+    src = write_lines(tmp_path / "in.txt", TEXTS[:12])
+    out = str(tmp_path / "out.npy")
+    emb = Embedder.load(st_dir, precision="fp32")
+    emb.set_max_length(8)
+    real, calls = emb._embed_ids, []
+
+    def dies_on_second(ids, *a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(ids, *a, **kw)
+
+    emb._embed_ids = dies_on_second
+    with pytest.raises(KeyboardInterrupt):
+        embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir), progress=False, log=lambda m: None)
+    assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
+                 "--precision", "fp32"]) == 2
+    assert "max_length 8 then, 24 now" in capsys.readouterr().err
 
 
 def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):

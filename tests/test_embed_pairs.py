@@ -74,16 +74,17 @@ def test_unnamed_header_detected_by_numbers(tmp_path):
 
 @pytest.mark.parametrize("text, line, said", [
     ("a\tb\t3,8\nc\td\t5,0\ne\tf\t1,2\n", 1, "score is not a number: '3,8' (a decimal comma"),
-    ("a,b,high\nc,d,low\ne,f,3.5\ng,h,1\ni,j,0\n", 1, "score is not a number: 'high'; 3 of the file's 5"),
+    ("a,b,high\nc,d,low\ne,f,3.5\ng,h,1\ni,j,0\nk,l,2\nm,n,4\no,p,5\n", 1,
+     "score is not a number: 'high'; 6 of the file's 8"),
 ])
 def test_a_score_column_with_values_that_are_no_number_is_not_read_as_triplets(tmp_path, text, line, said):
     """The first value decided the kind: a decimal comma or a word there made every score a negative text."""
     path = write(tmp_path, "p.tsv" if "\t" in text else "p.csv", text)
     with pytest.raises(DataError, match=f"p\\.(tsv|csv):{line}: " + __import__("re").escape(said)):
         read_pairs(path)
-    # triplets whose negatives are texts, a few of them numbers, stay triplets
-    ok = write(tmp_path, "t.csv", "q one,pos one,neg one\nq two,pos two,neg two\nq three,pos three,42\n")
-    assert [p.negative for p in read_pairs(ok)] == ["neg one", "neg two", "42"]
+    # triplets whose negatives are texts, some of them numbers (years), stay triplets
+    ok = write(tmp_path, "t.csv", "q one,pos one,neg one\nq two,pos two,neg two\nq3,p3,1999\nq4,p4,2001\n")
+    assert [p.negative for p in read_pairs(ok)] == ["neg one", "neg two", "1999", "2001"]
 
 
 def test_csv_quotes_and_commas(tmp_path):

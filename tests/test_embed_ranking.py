@@ -188,6 +188,14 @@ def test_the_ranking_loss_counts_no_repeat_of_a_right_answer_as_a_negative():
     assert m.tolist() == [[False, False, True, False, False, False],
                           [False, False, False, False, True, False],
                           [True, False, False, False, False, False]]
+    # (x, y) beside (y, x): each positive is the other anchor's own text; both directions
+    swapped = torch.cat([a[[0, 1]], a[[1, 0]]])
+    assert float(ranking(swapped, {"n_pairs": 2})) > 1.0
+    both = {"n_pairs": 2, "keys": torch.tensor([5, 6, 6, 5])}
+    assert float(ranking(swapped, both)) < 1e-6 and float(ranking(swapped, both, symmetric=True)) < 1e-6
+    # a hard negative that is another positive of the same anchor (the anchor asked twice)
+    m = false_negatives(torch.tensor([1, 1, 10, 11, 11, 30]), 2)
+    assert m.tolist() == [[False, True, True, False], [True, False, True, False]]  # n0 is 1's own positive too
 
 
 def test_collated_keys_name_texts_alike_in_every_process():

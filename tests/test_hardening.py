@@ -279,12 +279,13 @@ def test_a_dev_set_with_no_gold_is_refused_before_training(tmp_path, capsys):
     dev = tmp_path / "d.jsonl"
     dev.write_text('{"text": "Zork met Quux"}\n{"text": "nobody here", "entities": []}\n')
     err = fails(["train", "ner", "--train", train, "--dev", str(dev), "--out", str(tmp_path / "o"), *FAST], capsys,
-                "the --dev data holds no labels (no gold to score against)")
-    assert "Traceback" not in err and not (tmp_path / "o" / "model").exists()
+                "the --dev data holds no entities (no gold to score against)")
+    assert "Traceback" not in err and "triple_list" not in err and not (tmp_path / "o").exists()  # before the run
     re_train = tmp_path / "re.jsonl"
     re_train.write_text(json.dumps({"text": "Ada was born in Paris", "relations": [
         {"head": [0, 3], "type": "born_in", "tail": [16, 21]}]}) + "\n")
-    re_dev = tmp_path / "re_dev.json"  # CasRel JSON under another key than "triple_list": no triples read
-    re_dev.write_text(json.dumps([{"text": "Bob was born in Rome", "triples": [["Bob", "born_in", "Rome"]]}]))
+    re_dev = tmp_path / "re_dev.json"  # CasRel JSON whose triple lists are all empty
+    re_dev.write_text(json.dumps([{"text": "Bob was born in Rome", "triple_list": []}, {"text": "Nothing here"}]))
     fails(["train", "re", "--train", str(re_train), "--dev", str(re_dev), "--out", str(tmp_path / "r"), *FAST], capsys,
-          'the --dev data holds no relations (no gold to score against)')
+          'the --dev data holds no triples (no gold to score against)')
+    assert not (tmp_path / "r").exists()

@@ -115,7 +115,10 @@ def run_identity(items: list, opts, origin: str | None, processes: int = 1, cour
 
 
 def _said(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    """A course value as a flag reads: lists comma-joined, on/off, unset."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "unset" if value is None else ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def _plain(value):
@@ -152,7 +155,7 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     for k in course:  # first: another loss or data kind changes the options derived below
         if k in was and was[k] != course[k]:
             changed.append(f"{k} {_said(was[k])} (now {_said(course[k])})")
-    if saved.get("processes", now["processes"]) != now["processes"]:  # first: it changes the update and its lr
+    if saved.get("processes", now["processes"]) != now["processes"]:  # before options: it changes the update and its lr
         changed.append(f"{saved['processes']} processes (now {now['processes']}: --devices, or torchrun's "
                        "--nproc-per-node)")
     if saved.get("model") != now["model"] and saved.get("model_files", "") != now["model_files"]:

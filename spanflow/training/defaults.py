@@ -83,8 +83,9 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         auto.append(f"max_tokens {max_tokens} (about {updates} updates per epoch)")
     typical = sorted(lengths)[len(lengths) // 2] if lengths else 0
     if max_tokens < typical:  # a batch holds a text at least: the update is larger than the budget asked
-        log(f"note: --max-tokens {max_tokens} is below the median training text ({typical} tokens): a batch holds "
-            f"one text at least, so updates hold more than asked, and unset learning rates follow {typical}")
+        log(f"note: a budget of {max_tokens} tokens a batch (--max-tokens) is below the median training text "
+            f"({typical} tokens): a batch holds one text at least, so updates hold more than the budget, and unset "
+            f"learning rates follow {typical}")
     scale = math.sqrt(max(max_tokens, typical) * opts.grad_accum * world / REFERENCE_TOKENS)
     checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given
     lr = checked.lr if opts.lr is not None else defaults.lr * scale

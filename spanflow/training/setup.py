@@ -25,12 +25,7 @@ class Run:
 
 
 def warn_unseen(trained: list[str], dev: set[str], what: str, log: Callable[[str], None]) -> None:
-    """One warning line naming the dev `what` (labels, relations) that training never shows; a
-    ConfigError where the dev data holds none at all (its F1 would stay 0 and choose no model)."""
-    if not dev:
-        raise ConfigError(f"the --dev data holds no {what} (no gold to score against): its F1 would stay 0 and "
-                          "choose no epoch's model; give labelled data in a format --train is read in (for "
-                          "CasRel JSON, triples under \"triple_list\"), or leave --dev out")
+    """One warning line naming the dev `what` (labels, relations) that training never shows."""
     unseen = sorted(dev - set(trained))
     if not unseen:
         return
@@ -40,6 +35,14 @@ def warn_unseen(trained: list[str], dev: set[str], what: str, log: Callable[[str
     else:
         log(f"warning: {len(unseen)} --dev {what} never occur in --train and count as misses: "
             f"{', '.join(unseen[:10])}{', ...' if len(unseen) > 10 else ''}")
+
+
+def check_dev_gold(dev: list | None, gold: Callable[[object], bool], what: str, hint: str = "") -> None:
+    """A ConfigError, before the run starts, where dev data holds no gold `what` at all: its F1
+    would stay 0, choose no epoch's model, and have the run advise a higher learning rate."""
+    if dev and not any(gold(e) for e in dev):
+        raise ConfigError(f"the --dev data holds no {what} (no gold to score against): its F1 would stay 0 and "
+                          f"choose no epoch's model; give labelled data{hint}, or leave --dev out")
 
 
 def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None] | None) -> Run:

@@ -183,6 +183,8 @@ def unwritable(text: str, spans, words: list[tuple[int, int]] | None = None) -> 
     for label in sorted({sp[2] for sp in spans}):
         if any(b in label for b in _BREAKS):
             return f"its label {label!r} holds a tab or line break, which would end the tag's column"
+        if label != label.strip():
+            return f"its label {label!r} begins or ends with white space, which the tag's column loses"
     for s, e in conll_token_bounds(text, spans, words):
         token = text[s:e]
         if any(b in token for b in _BREAKS):

@@ -183,6 +183,8 @@ def check_resumable(spec: EmbedSpec) -> None:
         return
     job = read_journal(P.journal, Job)
     now = {**spec.model_dump(), "format": fmt}
+    if spec.max_length is None:  # the model's own, known once it loads (checked then)
+        del now["max_length"]
     _same_job(P, job, now, spec.input, os.path.getsize(spec.input), None)
 
 
@@ -195,7 +197,8 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
     """A ConfigError where `job` (the journal's) was run with other settings than `now` (a subset
     of its spec's), or on an input of another size or, where `sha256` is given, content."""
     was = job.spec.model_dump()
-    key = next((k for k in now if was[k] != now[k]), None)
+    # a journal of a version that kept no max_length ran at the model's own: not compared
+    key = next((k for k in now if was[k] != now[k] and not (k == "max_length" and was[k] is None)), None)
     if key is not None:
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); remove it or drop --resume")
@@ -279,7 +282,9 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
 def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types, max_tokens, progress,
            log) -> tuple[Job, Stats]:
     """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, stats)."""
-    ident = JobIdentity(**spec.model_dump(), format=fmt, dim=embedder.dim, precision=embedder.precision_name)
+    # the length texts are cut at as run (the model's own where none was asked): what a resume must match
+    ident = JobIdentity(**{**spec.model_dump(), "max_length": embedder.max_length}, format=fmt, dim=embedder.dim,
+                        precision=embedder.precision_name)
     if resume and not _resumes(P, fmt):  # finished, or never begun: said, as the whole input is embedded again
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume)

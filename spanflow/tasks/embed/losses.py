@@ -73,27 +73,33 @@ def ranking(emb: torch.Tensor, batch: dict, scale: float = RANKING_SCALE, symmet
     candidates = p if neg is None else torch.cat([p, F.normalize(neg, dim=-1)])
     target = torch.arange(n, device=emb.device)
     logits = a @ candidates.T * scale
-    repeats = false_negatives(batch["keys"], n) if "keys" in batch else None
-    if repeats is not None:
-        logits = logits.masked_fill(repeats, float("-inf"))
+    keys = batch.get("keys")
+    if keys is not None:
+        logits = logits.masked_fill(false_negatives(keys, n), float("-inf"))
     loss = F.cross_entropy(logits, target, reduction="sum")
     if symmetric:
         back = p @ a.T * scale
-        if repeats is not None:
-            back = back.masked_fill(repeats[:, :n], float("-inf"))
+        if keys is not None:  # the anchors' side: the same rule with the sides swapped
+            back = back.masked_fill(false_negatives(torch.cat([keys[n:2 * n], keys[:n]]), n), float("-inf"))
         loss = (loss + F.cross_entropy(back, target, reduction="sum")) / 2
     return loss
 
 
 def false_negatives(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """(n, candidates) True where another example's text is a right answer for example i: its
-    positive or anchor is i's (a repeated pair, an anchor with several positives, several anchors
-    of one positive), or its hard negative is i's positive. `keys` name each row's text, in side
-    order. Counted as negatives they would teach the model to push a text away from itself."""
+    """(n, candidates) True where a candidate other than example i's positive is a right answer
+    for i's anchor too: a positive of the same text as i's, or of an example with i's anchor (a
+    repeated pair, an anchor with several positives, a positive of several anchors), a positive
+    that is the anchor's own text ((x, y) beside (y, x)), a hard negative that is a positive of
+    i's anchor or the anchor itself. `keys` name each row's text, in side order. Counted as
+    negatives they would teach the model to push a text away from itself."""
     ka, kp, kn = keys[:n], keys[n:2 * n], keys[2 * n:]
-    same = (kp[None, :] == kp[:, None]) | (ka[None, :] == ka[:, None])
+    same = (kp[None, :] == kp[:, None]) | (ka[None, :] == ka[:, None]) | (kp[None, :] == ka[:, None])
     same.fill_diagonal_(False)
-    return torch.cat([same, kn[None, :] == kp[:, None]], dim=1) if kn.numel() else same
+    if not kn.numel():
+        return same
+    anchor = (ka[:, None] == ka[None, :]).float()  # i's anchor is m's (i itself included)
+    answers = anchor @ (kp[:, None] == kn[None, :]).float() > 0  # negative j is a positive of i's anchor
+    return torch.cat([same, answers | (kn[None, :] == ka[:, None])], dim=1)
 
 
 def matryoshka(loss: EmbeddingLoss, dims: list[int]) -> EmbeddingLoss:

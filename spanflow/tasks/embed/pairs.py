@@ -277,18 +277,20 @@ _DECIMAL_COMMA = re.compile(r"\s*[+-]?\d+,\d+\s*")
 
 
 def _check_negatives(path: str, data, i: int) -> None:
-    """A DataError where a third column read as negatives (its first value is no number) is mostly
-    numbers: a score column with a value that is none (a word, a decimal comma), which would train
-    every pair as a triplet whose negative is a number."""
+    """A DataError where a third column read as negatives (its first value is no number) is three
+    quarters numbers or more: a score column with a value that is none (a word, a decimal comma),
+    which would train every pair as a triplet whose negative is a number. Hard negatives that are
+    sometimes numbers (years, codes) stay triplets; a header naming the column `negative` says so."""
     thirds = [(line, row[i]) for line, row in data if len(row) > i and row[i].strip()]
     scores = sum(_number(v) is not None or bool(_DECIMAL_COMMA.fullmatch(v)) for _, v in thirds)
-    if thirds and 2 * scores >= len(thirds):
+    if thirds and 4 * scores >= 3 * len(thirds):
         line, v = next((line, v) for line, v in thirds if _number(v) is None)
         comma = bool(_DECIMAL_COMMA.fullmatch(v))
         raise DataError(f"score is not a number: {quote(v)}"
                         + (" (a decimal comma: write scores with a point, 3.8)" if comma else "")
                         + f"; {scores} of the file's {len(thirds)} third fields read as scores, so it holds scored "
-                          "pairs, not triplets", path=path, line=line)
+                          "pairs, not triplets (for triplets, name the third column negative in a header row)",
+                        path=path, line=line)
 
 
 def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header: bool) -> str | None:

@@ -336,7 +336,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
         kind = "scored pairs" if train[0].score is not None else "triplets" if train[0].negative is not None else "pairs"
         course = {"training data of": kind, "--loss": name, "--symmetric": config.symmetric,
-                  "--matryoshka-dims": list(dims) if dims else None, "--pairs-per-step": config.pairs_per_step}
+                  "--matryoshka-dims": sorted(set(dims), reverse=True) if dims else None,  # as the loss reads them
+                  "--pairs-per-step": config.pairs_per_step}
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
                     metric=metric, untrained_hint="a lower --lr or more training pairs may help", course=course)
@@ -362,8 +363,9 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         else:
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             if pairs > len(items):  # an update holds the data at most: sized (and its rate scaled) for that
-                run.log(f"--pairs-per-step {pairs} is more than the {len(items)} training pairs: an update holds "
-                        "them all")
+                if config.pairs_per_step:
+                    run.log(f"--pairs-per-step {pairs} is more than the {len(items)} training pairs: an update "
+                            "holds them all")
                 pairs = len(items)
             plan.options = o = size_ranking_update(run.opts, items, pairs, device, world)
             cache, graph, avail = cache_for(o)

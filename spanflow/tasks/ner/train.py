@@ -29,7 +29,7 @@ from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_options
 from spanflow.runtime.policy import Policy
-from spanflow.training.setup import Run, is_model_dir, warn_unseen
+from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_unseen
 
 # what the training line's `words:` means for the texts the model will read
 WORDS_MEAN = {WHITESPACE: "plain text is cut into words at its spaces, as these tokens were, and an entity starts and "
@@ -106,6 +106,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     check_examples(train, NerExample, "train")
     if dev is not None:
         check_examples(dev, NerExample, "dev")
+        check_dev_gold(dev, lambda e: bool(e.spans), "entities", " (CoNLL tags, or JSONL \"entities\" spans)")
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:
         raise ConfigError("the training data has no entities")

@@ -18,7 +18,7 @@ from spanflow.tasks.re.model import SPECIAL_TOKENS, ReModel
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_options
-from spanflow.training.setup import Run, is_model_dir, warn_unseen
+from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_unseen
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
 DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
@@ -81,6 +81,8 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     check_examples(train, ReExample, "train")
     if dev is not None:
         check_examples(dev, ReExample, "dev")
+        check_dev_gold(dev, lambda e: bool(e.triples or e.unlocated), "triples",
+                       " (CasRel JSON's \"triple_list\", or JSONL \"relations\")")
     if relations is not None:
         check_relations(train, relations)
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
