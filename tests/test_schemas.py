@@ -216,7 +216,7 @@ def test_a_journal_of_an_older_layout_belongs_to_other_settings(tmp_path):
 class Stub:
     """What embed_file asks of an embedder before it embeds anything."""
 
-    dim, precision_name = 8, "fp32"
+    dim, precision_name, max_length = 8, "fp32", 128
 
 
 def start_a_job(tmp_path, chunk_size=4, model=""):
