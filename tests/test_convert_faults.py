@@ -107,6 +107,8 @@ def test_tag_flags_on_input_without_tags_are_refused_and_unlabelled_texts_are_no
         assert main(["convert", *flag, str(src), str(tmp_path / "o.conll")]) == 2
         assert f"{flag[0]} reads CoNLL tags; {src} is jsonl (spans, no tags): leave it out" in capsys.readouterr().err
     assert not (tmp_path / "o.conll").exists()
+    assert main(["convert", "--strict", str(tmp_path / "none.jsonl"), str(tmp_path / "o.conll")]) == 2
+    assert "none.jsonl: file not found" in capsys.readouterr().err  # what is wrong first
     texts = tmp_path / "texts.jsonl"
     texts.write_text('{"text": "Ada wrote"}\n{"text": "Bob ran"}\n')
     assert main(["convert", str(texts), str(tmp_path / "t.conll")]) == 0

@@ -42,8 +42,8 @@ def run(a: argparse.Namespace) -> int:
                           "another name")
     # another task's data is named as what it is, and as what convert does not read
     refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
-    src = a.src or detect_format(a.input)
-    if src != "conll" and (a.scheme or a.strict):  # they read tags, which spans and DocBins have none of
+    src = a.src or (detect_format(a.input) if os.path.isfile(a.input) else None)  # (a missing one: read_ner says so)
+    if src not in ("conll", None) and (a.scheme or a.strict):  # they read tags, which spans and DocBins have none of
         raise ConfigError(f"--{'scheme' if a.scheme else 'strict'} reads CoNLL tags; {a.input} is {src} (spans, no "
                           "tags): leave it out")
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
