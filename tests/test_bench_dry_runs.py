@@ -196,5 +196,5 @@ def test_results_name_no_path_of_this_machine():
     from common import anonymise
 
     assert anonymise("--server-tree /tmp/before --out /home/u/runs/out.json") == "--server-tree before --out runs/out.json"
-    assert anonymise("s3://bucket/entities/ http://127.0.0.1:8080/v1/ner ../shared/data/a.csv") == \
-        "s3://bucket/entities/ http://127.0.0.1:8080/v1/ner ../shared/data/a.csv"  # URLs and relative paths kept
+    assert anonymise("s3://bucket/entities/ http://127.0.0.1:8080/v1/ner ../data/wnut/a.csv") == \
+        "s3://bucket/entities/ http://127.0.0.1:8080/v1/ner ../data/wnut/a.csv"  # URLs and relative paths kept

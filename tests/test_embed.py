@@ -265,23 +265,31 @@ def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
                                emb.encode(["first, with comma", "second"]), atol=1e-5)
 
 
+def interrupt_at(call: int, emb, spec: EmbedSpec) -> None:
+    """embed_file on `spec`, stopped by Ctrl-C at the embedder's `call`-th batch as a killed job
+    stops (its finished chunks journaled); the embedder is left as it was."""
+    real, calls = emb._embed_ids, []
+
+    def dies(ids, *a, **kw):
+        calls.append(ids)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(ids, *a, **kw)
+
+    emb._embed_ids = dies
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            embed_file(emb, spec, progress=False, log=lambda m: None)
+    finally:
+        emb._embed_ids = real
+
+
 def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     src = write_lines(tmp_path / "in.txt", TEXTS[:23])
     out = str(tmp_path / "out.npy")
     spec = EmbedSpec(input=src, output=out, chunk_size=5, dtype="float16", model=st_dir)
     emb = Embedder.load(st_dir, precision="fp32")
-    calls = {"n": 0}
-    real = emb._embed_ids
-
-    def dies_on_third(ids, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt  # a kill after two finished chunks
-        return real(ids, *a, **kw)
-
-    emb._embed_ids = dies_on_third
-    with pytest.raises(KeyboardInterrupt):
-        embed_file(emb, spec, progress=False, log=lambda m: None)
+    interrupt_at(3, emb, spec)  # a kill after two finished chunks
     journal = json.loads((tmp_path / "out.npy.progress.chunks.json").read_text())
     assert sorted(journal["done"]) == ["0", "1"] and not (tmp_path / "out.npy").exists()
     emb2 = Embedder.load(st_dir, precision="fp32")
@@ -323,17 +331,7 @@ def test_embed_resume_refuses_an_input_that_changed(st_dir, tmp_path, capsys):
     out = str(tmp_path / "out.npy")
     spec = EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir)
     emb = Embedder.load(st_dir, precision="fp32")
-    real, calls = emb._embed_ids, {"n": 0}
-
-    def dies_on_third(ids, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(ids, *a, **kw)
-
-    emb._embed_ids = dies_on_third
-    with pytest.raises(KeyboardInterrupt):
-        embed_file(emb, spec, progress=False, log=lambda m: None)
+    interrupt_at(3, emb, spec)
     for changed in (lines[::-1], lines[:7]):  # the same lines reversed (same size), and fewer lines
         write_lines(tmp_path / "in.txt", changed)
         assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
@@ -394,18 +392,7 @@ def test_embed_resume_refuses_another_max_length(st_dir, tmp_path, capsys):
     src = write_lines(tmp_path / "in.txt", TEXTS[:23])
     out = str(tmp_path / "out.npy")
     emb = Embedder.load(st_dir, precision="fp32")
-    real, calls = emb._embed_ids, {"n": 0}
-
-    def dies_on_third(ids, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(ids, *a, **kw)
-
-    emb._embed_ids = dies_on_third
-    with pytest.raises(KeyboardInterrupt):
-        embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir, max_length=8), progress=False,
-                   log=lambda m: None)
+    interrupt_at(3, emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir, max_length=8))
     assert emb.max_length == 8  # the spec's length is the embedder's
     for other in ([], ["--max-length", "16"]):  # the model's own (24), or another
         assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
@@ -414,7 +401,6 @@ def test_embed_resume_refuses_another_max_length(st_dir, tmp_path, capsys):
         assert not (tmp_path / "out.npy").exists()
     assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                  "--precision", "fp32", "--max-length", "8"]) == 0
-    emb._embed_ids = real
     np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:23]), atol=1e-5)
 
 
@@ -424,17 +410,7 @@ def test_a_length_set_on_the_embedder_is_the_jobs_as_well(st_dir, tmp_path, caps
     out = str(tmp_path / "out.npy")
     emb = Embedder.load(st_dir, precision="fp32")
     emb.set_max_length(8)
-    real, calls = emb._embed_ids, []
-
-    def dies_on_second(ids, *a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(ids, *a, **kw)
-
-    emb._embed_ids = dies_on_second
-    with pytest.raises(KeyboardInterrupt):
-        embed_file(emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir), progress=False, log=lambda m: None)
+    interrupt_at(2, emb, EmbedSpec(input=src, output=out, chunk_size=5, model=st_dir))
     assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                  "--precision", "fp32"]) == 2
     assert "max_length 8 then, 24 now" in capsys.readouterr().err
