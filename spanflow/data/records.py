@@ -10,10 +10,9 @@ import itertools
 import json
 import os
 import re
-import shlex
 from collections.abc import Iterator, Sequence
 
-from spanflow.data.formats.common import kind_of, parse_json, read_lines_or_errors
+from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines_or_errors
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
 from spanflow.errors import ConfigError, DataError, as_path, quote
@@ -40,9 +39,8 @@ def _json_kind(path: str) -> str:
     except OSError:
         return "text"  # the reader names what is wrong with the file
     if head.startswith("["):
-        out = shlex.quote(os.path.splitext(path)[0] + ".jsonl")
-        raise DataError("is one JSON list; predict and embed read JSONL, one object a line (convert it with "
-                        f"jq -c '.[]' {shlex.quote(path)} > {out})", path=path)
+        raise DataError(f"is one JSON list; predict and embed read JSONL, one object a line (convert it with "
+                        f"{jq_lines(path)})", path=path)
     return "jsonl" if head.startswith("{") else "text"
 
 

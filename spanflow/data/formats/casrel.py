@@ -4,10 +4,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shlex
 
 from spanflow.data.examples import ReExample, is_offset
-from spanflow.data.formats.common import parse_json, read_lines
+from spanflow.data.formats.common import jq_lines, parse_json, read_lines
 from spanflow.data.formats.jsonl import parse_record
 from spanflow.errors import DataError, quote
 
@@ -104,8 +103,8 @@ def _other_key(rec: dict, k: int, path: str) -> None:
     key = next((key for key in OTHER_KEYS if isinstance(rec.get(key), list) and rec[key]), None)
     if key is None:
         return
-    hint = (f'; JSONL relations ({{"text", "relations"}}) are one object a line: jq -c \'.[]\' {shlex.quote(path)} > '
-            f"{shlex.quote(os.path.splitext(path)[0] + '.jsonl')}" if key == "relations" else "")
+    hint = f'; JSONL relations ({{"text", "relations"}}) are one object a line: {jq_lines(path)}' \
+        if key == "relations" else ""
     raise DataError(f'record {k} (of the list, from 1) has "{key}" and no "triple_list": CasRel JSON\'s triples are '
                     f'[subject, relation, object] lists under "triple_list"{hint}', path=path)
 

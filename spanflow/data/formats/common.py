@@ -93,6 +93,15 @@ EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".spacy": 
               ".tsv": "tsv", ".npy": "npy", ".conll": "conll", ".bio": "conll", ".bmes": "conll", ".txt": "text"}
 
 
+def jq_lines(path: str, select: str = "", suffix: str = ".jsonl") -> str:
+    """The jq command that writes a JSON list's records one a line (`select`: a filter after
+    `.[]`, such as `{text}`), beside it with `suffix`: what messages about a JSON list offer."""
+    import shlex
+
+    out = shlex.quote(os.path.splitext(path)[0] + suffix)
+    return f"jq -c '.[]{f' | {select}' if select else ''}' {shlex.quote(path)} > {out}"
+
+
 def kind_of(path: str) -> str | None:
     """The kind of file its extension says (EXTENSIONS), or None for an extension not listed."""
     return EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())

@@ -13,11 +13,10 @@ import io
 import json
 import os
 import re
-import shlex
 import zlib
 from dataclasses import dataclass
 
-from spanflow.data.formats.common import is_cjk, refuse_wide
+from spanflow.data.formats.common import is_cjk, jq_lines, refuse_wide
 from spanflow.data.schemes import split_tag
 from spanflow.errors import DataError
 
@@ -244,6 +243,5 @@ def refuse_labelled_input(path: str | os.PathLike) -> None:
     fmt, path = sniff(path), os.fspath(path)
     hint = ""
     if fmt is not None and fmt.name in ("casrel", "json-spans"):
-        out = shlex.quote(os.path.splitext(path)[0] + ".texts.jsonl")
-        hint = f" (its texts, one a line: jq -c '.[] | {{text}}' {shlex.quote(path)} > {out})"
+        hint = f" (its texts, one a line: {jq_lines(path, '{text}', '.texts.jsonl')})"
     refuse_other(path, fmt, set(FORMATS) - NOT_TEXTS, TEXTS_TAKE + hint)

@@ -15,11 +15,10 @@ import math
 import numbers
 import os
 import re
-import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from spanflow.data.formats.common import kind_of, parse_json, read_lines
+from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.data.records import SURROGATE
 from spanflow.errors import ConfigError, DataError, as_path, quote
@@ -318,9 +317,8 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
         if not text.strip():
             continue
         if not pairs and text.lstrip("\ufeff \t").startswith("["):  # a JSON list, pretty-printed or on one line
-            out = shlex.quote(os.path.splitext(path)[0] + ".jsonl")
-            raise DataError("is one JSON list; pair files are JSONL, one object a line (convert it with "
-                            f"jq -c '.[]' {shlex.quote(path)} > {out})", path=path, line=line)
+            raise DataError(f"is one JSON list; pair files are JSONL, one object a line (convert it with "
+                            f"{jq_lines(path)})", path=path, line=line)
         rec = parse_json(text, path, line)
         if not isinstance(rec, dict):
             raise DataError(f"expected a JSON object, got {type(rec).__name__}", path=path, line=line)
