@@ -11,6 +11,11 @@ def quote(value, limit: int = QUOTE_CHARS) -> str:
     return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural unless n is one: "1 column", "3 columns" (regular nouns only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class SpanflowError(Exception):
     """Base class for every user-facing error spanflow raises."""
 
@@ -22,7 +27,8 @@ class DataError(SpanflowError):
         self.path, self.line, self.reason = path, line, message
         where = ""
         if path is not None:
-            where = f"{path}:{line}: " if line is not None else f"{path}: "
+            shown = path if path else "'' (an empty path)"  # not ": file not found", which names nothing
+            where = f"{shown}:{line}: " if line is not None else f"{shown}: "
         super().__init__(where + message)
 
 

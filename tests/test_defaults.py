@@ -46,6 +46,9 @@ def test_fill_defaults_fills_only_what_is_unset():
     fill_defaults(TrainOptions(), D, lengths=[32] * 1_000_000, device=CPU, log=lines.append)
     assert "max_tokens 4096 (about 7813 updates per epoch)" in lines[0]  # capped by the CPU's budget
     lines.clear()
+    fill_defaults(TrainOptions(), D, lengths=[32] * 5, device=CPU, log=lines.append)
+    assert "max_tokens 256 (about 1 update per epoch)" in lines[0]
+    lines.clear()
     varied = [random.Random(0).randint(5, 90) for _ in range(4000)]  # batches seldom full: more than tokens / budget
     o = fill_defaults(TrainOptions(), D, lengths=varied, device=CPU, log=lines.append)
     steps = len(epoch_plan(varied, o, 0))
@@ -64,6 +67,19 @@ def test_options_of_several_processes_given_to_one_are_said():
                          "(torchrun); this one has one: nothing to scale or compress")
     lines.clear()
     fill_defaults(TrainOptions(lr_scaling="sqrt"), D, lengths=[32] * 300, device=CPU, world=2, log=lines.append)
+    assert not any(x.startswith("warning:") for x in lines)
+
+
+def test_options_of_evaluation_given_without_dev_are_said():
+    lines = []
+    fill_defaults(TrainOptions(eval_every=50, patience=2), D, lengths=[32] * 300, device=CPU, log=lines.append,
+                  dev=False)
+    assert lines[-1] == ("warning: --eval-every 50 and --patience 2 act on evaluations of --dev data; this run has "
+                         "none: nothing is evaluated or stopped early")
+    lines.clear()
+    fill_defaults(TrainOptions(eval_every=50, patience=2), D, lengths=[32] * 300, device=CPU, log=lines.append)
+    assert not any(x.startswith("warning:") for x in lines)
+    fill_defaults(TrainOptions(), D, lengths=[32] * 300, device=CPU, log=lines.append, dev=False)
     assert not any(x.startswith("warning:") for x in lines)
 
 

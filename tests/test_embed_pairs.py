@@ -121,6 +121,10 @@ def test_columns_by_index_and_name(tmp_path):
         read_pairs(path, columns="1")
     with pytest.raises(ConfigError, match="not both"):
         read_pairs(path, columns="1,s2")
+    with pytest.raises(ConfigError, match="columns: 1 named twice in '1,01,3'"):
+        read_pairs(path, columns="1,01,3")
+    with pytest.raises(ConfigError, match="columns: s1 named twice"):
+        read_pairs(jl, columns="s1,s2,s1")
     with pytest.raises(DataError, match=r"p\.csv:1: missing column 'nope'"):
         read_pairs(path, columns="s1,nope")
 
@@ -143,10 +147,28 @@ def test_columns_by_index_and_name(tmp_path):
      r"k\.jsonl:2: score is not a number"),
     ("t.txt", "no tabs here\n", r"t\.txt: a \.txt pairs file must be tab-separated"),
     ("w.csv", "a,b,c,d\n", r"w\.csv:1: expected 2 or 3 columns"),
+    # a quote never closed takes the lines after it into one field: named as that, where it starts
+    ("q.csv", 'a,b,1\n"c,d,2\ne,f,3\ng,h,4\n', r"q\.csv:2: record has 1 column, the file's first has 3 \(a quoted "
+     r"field starts here and runs over 3 lines: a quote never closed\?"),
+    ("q.csv", '"a,b,1\nc,d,2\n', r"q\.csv:1: expected 2 or 3 columns, the first record has 1 \(a quoted field "
+     r"starts here and runs over 2 lines"),
+    # another separator than the name's
+    ("t.csv", "a\tb\t1\nc\td\t2\n", r"t\.csv:1: expected 2 or 3 columns, the first record has 1; its fields look "
+     r"separated by tabs, and a file named so is read as comma-separated \(\.csv\): name it \.tsv$"),
+    ("s.csv", "a;b;1\nc;d;2\n", r"s\.csv:1: .* separated by semicolons, .*: write it comma- or tab-separated$"),
+    ("s.tsv", "a;b;1\nc;d;2\n", r"s\.tsv:1: .* separated by semicolons, and a file named so is read as "
+     r"tab-separated"),
 ])
 def test_errors_name_file_and_line(tmp_path, name, text, message):
     with pytest.raises(DataError, match=message):
         read_pairs(write(tmp_path, name, text))
+
+
+def test_a_missing_or_empty_path_is_named_as_missing(tmp_path):
+    with pytest.raises(DataError, match=r"^'' \(an empty path\): file not found$"):
+        read_pairs("")
+    with pytest.raises(DataError, match=r"gone\.xls: file not found$"):
+        read_pairs(str(tmp_path / "gone.xls"))
 
 
 def test_invalid_utf8_names_line(tmp_path):

@@ -30,7 +30,11 @@ def test_casrel_json_locates_closest_pair_and_keeps_unlocated(tmp_path, caplog):
     assert ex[1].triples == [((0, 14), "ingredient", (19, 24))]  # the Bacon that stands alone
     assert ex[1].unlocated == [("Ham", "ingredient", "Bacon")]
     assert ("Ham", "ingredient", "Bacon") in ex[1].string_triples()
-    assert "1 of 4 triples" in caplog.text
+    assert "1 of 4 triples" in caplog.text and "repeat" not in caplog.text
+    caplog.clear()
+    p.write_text(json.dumps([{"text": "Ann met Bob", "triple_list": [["Ann", "met", "Bob"]] * 3}]))
+    assert len(read_re(str(p))[0].triples) == 1
+    assert f"{p}: 2 of 3 triples repeat another of the same text; each is kept once" in caplog.text
 
 
 def test_locate_places_an_object_outside_its_subject_where_the_text_allows():
@@ -48,7 +52,7 @@ def test_locate_prefers_whole_words():
     assert locate("Berlin is in Germany , Germ is not", "Germ", "Berlin") == ((23, 27), (0, 6))
 
 
-def test_re_jsonl_and_errors(tmp_path):
+def test_re_jsonl_and_errors(tmp_path, caplog):
     p = tmp_path / "r.jsonl"
     p.write_text(json.dumps({"text": "Ann works for Acme", "relations": [{"head": [0, 3], "type": "works_for",
                                                                          "tail": [14, 18]}]}) + "\n")
@@ -56,7 +60,9 @@ def test_re_jsonl_and_errors(tmp_path):
     assert ex[0].string_triples() == {("Ann", "works_for", "Acme")}
     p.write_text(json.dumps({"text": "Ann works for Acme", "relations": [{"head": [0, 3], "type": "works_for",
                                                                          "tail": [14, 18]}] * 2}) + "\n")
-    assert read_re(str(p))[0].triples == [((0, 3), "works_for", (14, 18))]  # given twice: one triple
+    with caplog.at_level("WARNING", logger="spanflow"):
+        assert read_re(str(p))[0].triples == [((0, 3), "works_for", (14, 18))]  # given twice: one triple
+    assert f"{p}: 1 of 2 triples repeat another of the same text; each is kept once" in caplog.text
     p.write_text(json.dumps({"text": "Ann", "relations": [{"head": [0, 9], "type": "x", "tail": [0, 1]}]}) + "\n")
     with pytest.raises(DataError, match="out of range") as e:
         read_re(str(p))

@@ -205,9 +205,18 @@ def test_a_relation_list_beside_the_data_that_lacks_its_relations_is_refused(tmp
     assert main(["train", "re", "--train", str(tmp_path / "train.json"), "--model", "tiny",
                  "--out", str(tmp_path / "out"), "--epochs", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: {tmp_path / 'rel2id.json'}: the relation list (2) lacks 1 relations of the training "
-                   "data, whose 1 triples would be left out: lives_in (1) (the relation list read beside --train)"]
+    assert err == [f"error: {tmp_path / 'rel2id.json'}: the relation list (2) lacks 1 relation of the training "
+                   "data, whose 1 triple would be left out: lives_in (1) (the relation list read beside --train)"]
     assert not (tmp_path / "out" / "model").exists()
+    # a list that covers the data is the model's, in its order, and said so
+    (tmp_path / "rel2id.json").write_text(json.dumps({"makes": 0, "lives_in": 1, "founded": 2}))
+    assert main(["train", "re", "--train", str(tmp_path / "train.json"), "--model", "tiny",
+                 "--out", str(tmp_path / "out"), "--epochs", "1", "--log-every", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"relations: the 3 of {tmp_path / 'rel2id.json'}, in its order" in out
+    assert "2 training texts, 2 triples, 3 relations of the list given" in out
+    assert json.loads((tmp_path / "out" / "model" / "spanflow.json").read_text())["relations"] == [
+        "makes", "lives_in", "founded"]
 
 
 def test_embedding_training_counts_the_texts_it_cuts(tmp_path):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spanflow.errors import counted
 from spanflow.runtime.budget import default_budget
 from spanflow.training.options import TrainOptions, scaled_options
 from spanflow.training.plan import epoch_plan
@@ -80,7 +81,7 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         # here, from the first epoch's plan (batches are rarely full: the token total over the
         # budget counts too few)
         updates = max(1, len(epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world)))
-        auto.append(f"max_tokens {max_tokens} (about {updates} updates per epoch)")
+        auto.append(f"max_tokens {max_tokens} (about {counted(updates, 'update')} per epoch)")
     typical = sorted(lengths)[len(lengths) // 2] if lengths else 0
     if max_tokens < typical:  # a batch holds a text at least: the update is larger than the budget asked
         log(f"note: a budget of {max_tokens} tokens a batch (--max-tokens) is below the median training text "
@@ -109,6 +110,11 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     if alone:  # options of several processes, given to one: said, not silently nothing
         log(f"warning: {' and '.join(alone)} apply to runs of several processes (torchrun); this one has one: "
             "nothing to scale or compress")
+    idle = [f"--{f.replace('_', '-')} {getattr(opts, f)}" for f in ("eval_every", "patience")
+            if not dev and getattr(opts, f) is not None]
+    if idle:  # options of evaluation, given to a run with nothing to evaluate on
+        log(f"warning: {' and '.join(idle)} act on evaluations of --dev data; this run has none: "
+            "nothing is evaluated or stopped early")
     pack = opts.pack if opts.pack is not None else defaults.pack
     return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs,
                                patience=patience, pack=pack,  # (one process compresses nothing: sparse tables stay)

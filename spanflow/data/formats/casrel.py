@@ -60,7 +60,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         raise DataError("expected a JSON list of {\"text\", \"triple_list\"} records", path=path)
     if not data:
         raise DataError("is an empty list: no records found", path=path)
-    out, total = [], 0
+    out, total, twice = [], 0, 0
     unplaced: dict[bool, list] = {False: [], True: []}  # same span? -> (record number, triple)
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
@@ -85,7 +85,10 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
                 unplaced[found].append((k, t))
             elif (spans[0], t[1], spans[1]) not in ex.triples:
                 ex.triples.append((spans[0], t[1], spans[1]))
+            else:
+                twice += 1
         out.append(ex)
+    _said_twice(path, twice, total)
     if unplaced[False] or unplaced[True]:
         log.warning("%s: %d of %d triples cannot be placed in their text%s%s; they are kept as gold for "
                     "evaluation but not trained on", path, len(unplaced[False]) + len(unplaced[True]), total,
@@ -120,7 +123,7 @@ def _unplaced(triples: list, why: str) -> str:
 def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
     """{"text", "relations": [{"head": [s, e], "type": r, "tail": [s, e]}]} per line."""
     path = os.fspath(path)
-    out = []
+    out, total, twice = [], 0, 0
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
@@ -131,12 +134,22 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
             raise DataError('"relations" must be a list', path=path, line=lineno)
         for r in relations:
             t = _relation(r, ex.text, path, lineno)
+            total += 1
             if t not in ex.triples:  # a triple given twice is one, as in CasRel JSON
                 ex.triples.append(t)
+            else:
+                twice += 1
         out.append(ex)
     if not out:
         raise DataError("file is empty: no records found", path=path)
+    _said_twice(path, twice, total)
     return out
+
+
+def _said_twice(path: str, twice: int, total: int) -> None:
+    """Warn of triples repeated within a text: kept once, so training and scoring count them once."""
+    if twice:
+        log.warning("%s: %d of %d triples repeat another of the same text; each is kept once", path, twice, total)
 
 
 def _relation(r, text: str, path: str, lineno: int):

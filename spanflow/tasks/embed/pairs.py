@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.data.records import SURROGATE
-from spanflow.errors import ConfigError, DataError, as_path, quote
+from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,8 @@ def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None) -
     file and line."""
     path = as_path(path, "read_pairs")
     cols = _parse_columns(columns)
+    if not os.path.exists(path):  # before its name's suffix is judged
+        raise DataError("file not found", path=path)
     refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
@@ -132,6 +134,11 @@ def _parse_columns(columns: str | Sequence[str | int] | None) -> list[str] | Non
     if len(cols) not in (2, 3) or not all(cols):
         raise ConfigError(f"columns: expected 2 or 3 comma-separated names or indices, got {quote(columns)}",
                           field="columns")
+    keys = [str(int(c)) if c.isdigit() else c for c in cols]  # "1" and "01" are one column
+    twice = sorted({c for c in keys if keys.count(c) > 1})
+    if twice:  # a pair of a text with itself teaches nothing; a text read as its own score fails late
+        raise ConfigError(f"columns: {', '.join(twice)} named twice in {quote(columns)}: each column is "
+                          "another field (first text, second text, then score or negative)", field="columns")
     return cols
 
 
@@ -249,19 +256,41 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     pairs = []
     for line, row in data:
         if cols is None and len(row) != width:
-            raise DataError(f"record has {len(row)} columns, the file's first has {width}", path=path, line=line)
+            raise DataError(f"record has {counted(len(row), 'column')}, the file's first has {width}{_spanning(row)}",
+                            path=path, line=line)
         if len(row) <= max(idx):
-            raise DataError(f"missing column {max(idx)}: record has {len(row)} columns", path=path, line=line)
+            raise DataError(f"missing column {max(idx)}: record has {counted(len(row), 'column')}{_spanning(row)}",
+                            path=path, line=line)
         pairs.append(_make(path, line, row[idx[0]], row[idx[1]],
                            row[idx[2]] if len(idx) == 3 else None, third_kind))
     return pairs
+
+
+def _spanning(row: list[str]) -> str:
+    """Why a record has too few columns where a field runs over lines: a quote never closed."""
+    lines = max(field.rstrip("\n").count("\n") for field in row) + 1 if row else 1
+    return (f" (a quoted field starts here and runs over {lines} lines: a quote never closed? In CSV a field that "
+            'starts with " ends at the next lone "; write a quote inside one as "")') if lines > 1 else ""
+
+
+def _other_separator(path: str, first: list[str]) -> str:
+    """A hint where a one-column first record is separated by something else than the reader's."""
+    if len(first) != 1:
+        return ""
+    found = [name for sep, name in (("\t", "tabs"), (";", "semicolons"), ("|", "bars")) if sep in first[0]]
+    if not found:
+        return ""
+    kind = "tab-separated (.tsv or .txt)" if os.path.splitext(path)[1].lower() != ".csv" else "comma-separated (.csv)"
+    fix = "name it .tsv" if found[0] == "tabs" else "write it comma- or tab-separated"
+    return f"; its fields look separated by {found[0]}, and a file named so is read as {kind}: {fix}"
 
 
 def _column_indices(path: str, rows, cols: list[str] | None, by_name: bool) -> list[int]:
     line, first = rows[0]
     if cols is None:
         if len(first) not in (2, 3):
-            raise DataError(f"expected 2 or 3 columns, the first record has {len(first)}", path=path, line=line)
+            raise DataError(f"expected 2 or 3 columns, the first record has {len(first)}"
+                            f"{_other_separator(path, first)}{_spanning(first)}", path=path, line=line)
         return list(range(len(first)))
     if not by_name:
         return [int(c) for c in cols]

@@ -1,6 +1,8 @@
 """The `re` entry of the task registry: what the CLI, the server and tune ask of relation extraction."""
 from __future__ import annotations
 
+import os
+
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re.model import ReModel
@@ -50,6 +52,8 @@ class ReTask:
                 check_relations(train, relations)
             except ConfigError as e:
                 raise DataError(f"{e} (the relation list read beside --train)", path=vocab_path(a.train)) from None
+            if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
+                print(f"relations: the {len(relations)} of {vocab_path(a.train)}, in its order")
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is

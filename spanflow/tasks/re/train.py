@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import ReExample, check_examples
-from spanflow.errors import ConfigError, quote
+from spanflow.errors import ConfigError, counted, quote
 from spanflow.models.encoder import require_special_tokens, start_encoder, window_limit
 from spanflow.tasks.re.features import (
     feature_relations,
@@ -36,8 +36,9 @@ def check_relations(train: list[ReExample], relations: list[str]) -> None:
                 counts[r] = counts.get(r, 0) + 1
     if counts:
         named = ", ".join(f"{r} ({n})" for r, n in sorted(counts.items())[:5]) + (", ..." if len(counts) > 5 else "")
-        raise ConfigError(f"the relation list ({len(relations)}) lacks {len(counts)} relations of the training data, "
-                          f"whose {sum(counts.values())} triples would be left out: {named}")
+        n = sum(counts.values())
+        raise ConfigError(f"the relation list ({len(relations)}) lacks {counted(len(counts), 'relation')} of the "
+                          f"training data, whose {counted(n, 'triple')} would be left out: {named}")
 
 
 def start_model(source: str, train: list[ReExample], relations: list[str], opts: TrainOptions, policy, *,
@@ -85,6 +86,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
                        " (CasRel JSON's \"triple_list\", or JSONL \"relations\")")
     if relations is not None:
         check_relations(train, relations)
+    source = "of the list given" if relations is not None else "of the training data"
     relations = relations or sorted({r for e in train for _, r, _ in e.triples})
     if not relations:
         raise ConfigError("the training data has no located triples")
@@ -96,7 +98,8 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
                         | {r for e in dev for _, r, _ in e.unlocated}, "relations", log)
         rm = start_model(run.source, train, relations, opts, run.policy, resuming=run.source != model)
         feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
-        log(f"{len(train)} training texts, {sum(len(e.triples) for e in train)} triples, {len(relations)} relations"
+        log(f"{counted(len(train), 'training text')}, {counted(sum(len(e.triples) for e in train), 'triple')}, "
+            f"{counted(len(relations), 'relation')} {source}"
             + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
         weights = rarity_weights(feature_relations(feats), opts.oversample) if opts.oversample else None
         return Plan(model=rm, items=feats, defaults=for_encoder(DEFAULTS, rm.module.encoder),
