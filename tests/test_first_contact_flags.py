@@ -254,3 +254,19 @@ def test_a_flag_of_two_other_tasks_names_both(capsys):
         main(["train", "embed", "--train", "p.csv", "--out", "o", "--oversample", "1"])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
         "(--oversample: only spanflow train ner and spanflow train re take it)")
+
+
+def test_a_slip_for_tiny_is_named_and_tiny_where_no_training_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative name, as typed
+    (tmp_path / "d.conll").write_text("Ann B-PER\n\n")
+    for slip in ("tin", "Tiny", "tinny"):
+        assert error_lines(["train", "ner", "--train", "d.conll", "--model", slip, "--out", "o"], capsys) == [
+            f"error: model directory not found: {slip}; did you mean 'tiny' (an encoder built from scratch, for "
+            "training)?"]
+    assert error_lines(["train", "ner", "--train", "d.conll", "--model", "tinybert", "--out", "o"], capsys) == [
+        "error: model directory not found: tinybert"]  # another name: no guess
+    (tmp_path / "t.txt").write_text("Ann\n")
+    assert error_lines(["predict", "--model", "tiny", "--input", "t.txt", "--output", "p.jsonl"], capsys) == [
+        "error: model directory not found: tiny; 'tiny' names an encoder built from scratch when training starts: "
+        "this needs a trained model directory"]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p.jsonl").exists()

@@ -198,6 +198,13 @@ def test_export_says_why_a_model_has_no_format_and_keeps_other_files(tmp_path, c
     for out in (ner, str(tmp_path / "n" / "run")):
         assert "the export would replace the model it is made from" in one_error(
             ["export", "--model", ner, "--to", "hf", out], capsys)
+    assert f"{ner}/hf is inside the model it is made from ({ner}), which it would change" in one_error(
+        ["export", "--model", ner, "--to", "hf", f"{ner}/hf"], capsys)
+    litter = tmp_path / "litter"
+    litter.mkdir()
+    (litter / ".DS_Store").write_bytes(b"\0")  # a file manager's, not the user's: the folder counts as empty
+    err = one_error(["export", "--model", ner, "--to", "hf", str(litter)], capsys)
+    assert "would replace" not in err and "would change" not in err, err
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("keep me")

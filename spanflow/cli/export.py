@@ -57,6 +57,7 @@ def _check(task, a: argparse.Namespace) -> None:
 
     from spanflow.atomic import check_output_path
     from spanflow.errors import ConfigError
+    from spanflow.models.directory import LITTER
     from spanflow.models.encoder import holds_model
 
     exports = getattr(task, "exports", ())
@@ -69,12 +70,15 @@ def _check(task, a: argparse.Namespace) -> None:
         raise ConfigError(f"a {task.name} model exports to {', '.join(exports)}, not {a.to!r}")
     check_output_path(a.out)  # a device or pipe: refused before the model loads
     out, src = os.path.realpath(a.out), os.path.realpath(a.model)
-    if out == src or src.startswith(out + os.sep) or out.startswith(src + os.sep):
+    if out == src or src.startswith(out + os.sep):
         raise ConfigError(f"{a.out}: the export would replace the model it is made from ({a.model}); give another "
                           "directory")
+    if out.startswith(src + os.sep):
+        raise ConfigError(f"{a.out} is inside the model it is made from ({a.model}), which it would change; give a "
+                          "directory outside it")
     if os.path.isfile(a.out):
         raise ConfigError(f"{a.out} is a file; the export is a directory")
-    if os.path.isdir(a.out) and os.listdir(a.out) and not _earlier_export(a.out):
+    if os.path.isdir(a.out) and set(os.listdir(a.out)) - LITTER and not _earlier_export(a.out):
         what = "a model or encoder" if holds_model(a.out) else "other files"
         extra = sorted(n for n in os.listdir(a.out) if not _EXPORT_FILES.fullmatch(n))
         hf_dir = os.path.exists(os.path.join(a.out, "config.json")) and not os.path.exists(

@@ -94,7 +94,18 @@ def missing_dir(path: str) -> str:
         return not_a_model(path)
     path_ = os.path.normpath(path)
     unsaved = _unsaved(os.path.dirname(path_) or ".") if os.path.basename(path_) == "model" else None
-    return f"model directory not found: {path}" + (f"; {unsaved}" if unsaved else "")
+    return f"model directory not found: {path}" + (f"; {unsaved}" if unsaved else _tiny_hint(path))
+
+
+def _tiny_hint(path: str) -> str:
+    """A hint where a missing `path` is, or looks like a slip for, the name 'tiny'."""
+    import difflib
+
+    if path == "tiny":  # here only where no training starts
+        return "; 'tiny' names an encoder built from scratch when training starts: this needs a trained model directory"
+    if os.sep not in path and difflib.get_close_matches(path.lower(), ["tiny"], n=1, cutoff=0.75):
+        return "; did you mean 'tiny' (an encoder built from scratch, for training)?"
+    return ""
 
 
 def not_a_model(path: str) -> str:
