@@ -48,6 +48,22 @@ def make_dirs(path: str) -> None:
         raise ConfigError(f"{path}: no directory can be made there ({e.strerror})") from None
 
 
+@contextmanager
+def kept_only_if_filled(path: str | None) -> Iterator[None]:
+    """A block that may make the directory `path`: where it was not there before and the block
+    fails, an empty one is removed (a refused run leaves no empty folder behind)."""
+    new = bool(path) and not os.path.lexists(path)
+    try:
+        yield
+    except BaseException:
+        if new:
+            try:
+                os.rmdir(path)  # only an empty one: anything written stays
+            except OSError:
+                pass
+        raise
+
+
 def temp_dir(parent: str, kind: str) -> str:
     """A new directory `.KIND-PID-XXXX` in `parent`, mode 0777 less the umask."""
     make_dirs(parent)

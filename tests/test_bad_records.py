@@ -56,7 +56,8 @@ def test_jsonl_bad_records_in_order(tmp_path):
     p = write(tmp_path, "in.jsonl", b"\n".join(lines) + b"\n")
     field = 'expected an object with a string "text" field'
     got = shape(p)
-    assert got[:4] == [("1", "first"), ("2", err(p, 2, field)), ("3", err(p, 3, field)), ("4", err(p, 4, field))]
+    other = field + '; it has "txt" (--field names the one to read)'  # a record with another key: named
+    assert got[:4] == [("1", "first"), ("2", err(p, 2, field)), ("3", err(p, 3, other)), ("4", err(p, 4, field))]
     assert got[4][0] == "5" and got[4][1][:2] == ("ERR", 5) and "invalid JSON" in got[4][1][2]
     assert got[5:] == [("6", err(p, 6, "invalid UTF-8 at byte 13 of the line")),
                        ("7", err(p, 7, "\"text\" holds a lone surrogate '\\ud800' at character 1, not a character")),
@@ -176,7 +177,7 @@ def test_predict_writes_one_error_record_and_goes_on(ner_model, tmp_path, capsys
         assert main(["predict", "--model", ner_model, "--input", src, "--output", src + ".out.jsonl",
                      "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
-    assert f"wrote {len(GOOD) + 1} records to {mixed}.out.jsonl (1 error records)" in out
+    assert f"wrote {len(GOOD) + 1} records to {mixed}.out.jsonl (1 error record)" in out
     got, want = jsonl(mixed + ".out.jsonl"), jsonl(clean + ".out.jsonl")
     assert got[line - 1] == {"line": line, "error": "invalid UTF-8 at byte 3 of the line"}
     assert got[:line - 1] + got[line:] == want and len(want) == len(GOOD)

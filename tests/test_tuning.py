@@ -125,6 +125,36 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
              out=str(tmp_path / "t"), backends=False, plot=False, log_fn=lambda s: None)
 
 
+def test_texts_named_by_field_or_column_are_read_as_texts_and_a_wrong_name_is_told(ner_file, tmp_path, capsys):
+    """--field/--column say where the texts are: the file is not read as labelled data (a JSONL of
+    {"body"} and a CSV with a header were refused as NER data); a name no record has is told with
+    the first record's own error, and the --out the refused command made is not left behind."""
+    from spanflow.cli.main import main
+    from spanflow.data.records import unlabelled_sample
+
+    body = tmp_path / "b.jsonl"
+    body.write_text("".join(json.dumps({"id": i, "body": f"Ann went to Paris {i}"}) + "\n" for i in range(6)))
+    table = tmp_path / "t.csv"
+    table.write_text("id,text\n" + "".join(f"{i},Ann went to Rome {i}\n" for i in range(6)))
+    assert unlabelled_sample(str(body), 4, field="body") == [f"Ann went to Paris {i}" for i in range(4)]
+    assert unlabelled_sample(str(table), 4, column="text", infer=True) == [f"Ann went to Rome {i}" for i in range(4)]
+    assert unlabelled_sample(str(body), 4) is None  # named by nothing: a task reads it as its labelled data
+    with pytest.raises(ConfigError, match=r'b\.jsonl: no usable records to tune on; the first error: .*b\.jsonl:1: '
+                                          r'expected an object with a string "nope" field; it has "body" '
+                                          r'\(--field names the one to read\)$'):
+        unlabelled_sample(str(body), 4, field="nope", infer=True)
+    from spanflow.data.io import read_ner
+    from spanflow.tasks.ner import train_ner
+    from spanflow.training.options import TrainOptions
+
+    train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=1, max_tokens=1024, max_length=64, log_every=0))
+    out = tmp_path / "profile_out"
+    assert main(["tune", "--task", "ner", "--model", str(tmp_path / "run" / "model"), "--data", str(body),
+                 "--mode", "infer", "--field", "nope", "--out", str(out)]) == 2
+    assert "no usable records to tune on" in capsys.readouterr().err and not out.exists()
+
+
 FILLER = "the a of and to in on at for with from by as was is it that this".split()
 NAMES = "Zorg Mirel Tavik Quon Brell Sarn".split()
 

@@ -52,6 +52,7 @@ def _run(a: argparse.Namespace, task) -> int:
     from spanflow.data.records import sample_texts
     from spanflow.inference.heap import settle
     from spanflow.inference.predict_job import check_job, predict_file
+    from spanflow.errors import counted
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.precision import SAMPLE
     from spanflow.runtime.resolve import Asked, resolve_runtime
@@ -69,7 +70,7 @@ def _run(a: argparse.Namespace, task) -> int:
     settle()
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens)
-    print(f"wrote {stats['records']} records to {a.output} ({stats['errors']} error records)")
+    print(f"wrote {counted(stats['records'], 'record')} to {a.output} ({counted(stats['errors'], 'error record')})")
     if stats.get("truncated"):  # a model that reads no windows reads a long text's start only
         print(f"note: {cut_line(model, stats['truncated'])}")
     warn_if_empty(a.input, stats["records"], stats["errors"])

@@ -56,15 +56,17 @@ def run(a: argparse.Namespace) -> int:
 
     import psutil
 
+    from spanflow.atomic import kept_only_if_filled
     from spanflow.tuning.tune import tune
 
     # --budget-seconds holds the whole command: from the process's start where it was started for it
     started = psutil.Process().create_time() if sys.argv[1:2] == ["tune"] else time.time()
-    prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths, budgets=a.budgets,
-                max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo, budget_seconds=a.budget_seconds,
-                sample=a.sample, precision=a.precision, quantize=a.quantize, force=a.force, device=a.device, out=a.out,
-                field=a.field, column=a.column,
-                repeats=a.repeats, backends=not a.no_backends, started=started)
+    with kept_only_if_filled(a.out):  # a refused or failed sweep leaves no empty --out
+        prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths,
+                    budgets=a.budgets, max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo,
+                    budget_seconds=a.budget_seconds, sample=a.sample, precision=a.precision, quantize=a.quantize,
+                    force=a.force, device=a.device, out=a.out, field=a.field, column=a.column,
+                    repeats=a.repeats, backends=not a.no_backends, started=started)
     best = prof["best"]  # tune refuses a sweep with no best point
     print(f"best: max_tokens {best['max_tokens']}, max_length {best['max_length']} "
           f"({best['real_tokens_per_s']:.0f} real tok/s)")

@@ -74,8 +74,8 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
     rid = unknown if rid is None else _kept_value(rid)
     kept = tuple(_kept_value(rec.get(k)) for k in keep)
     if not isinstance(rec.get(field), str):
-        return TableRecord(rid, DataError(f'expected an object with a string "{field}" field', path=path,
-                                          line=lineno), kept)
+        return TableRecord(rid, DataError(f'expected an object with a string "{field}" field{_others(rec, field)}',
+                                          path=path, line=lineno), kept)
     if rid is None:
         what = "is null" if id_column in rec else "is missing"
         return TableRecord(None, DataError(f'its id field "{id_column}" (--id-column) {what}', path=path,
@@ -85,6 +85,17 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
         return TableRecord(rid, DataError(f'"{field}" holds a lone surrogate {m.group()!a} at character '
                                           f"{m.start()}, not a character", path=path, line=lineno), kept)
     return TableRecord(rid, rec[field], kept)
+
+
+def _others(rec: dict, field: str) -> str:
+    """The string fields a record has instead of `field`, for a record that lacks it."""
+    if field in rec:
+        return ""
+    names = [k for k, v in rec.items() if isinstance(v, str)]
+    if not names:
+        return ""
+    shown = ", ".join(f'"{k}"' for k in names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"; it has {shown} (--field names the one to read)"
 
 
 Column = int | str  # a 0-based CSV/TSV index, or a column name (a table's, a CSV/TSV header's)
@@ -228,12 +239,16 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
                       infer: bool = False) -> list[str] | None:
     """sample_texts of `path` when it can hold only texts to run, no labels (a Parquet/Arrow
     table; for inference (`infer`), plain text lines or JSONL texts too, which tune measures speed
-    on without a quality column); None for any other file, which a task reads as its labelled data."""
+    on without a quality column; any file whose texts are named by a `field` or `column` given);
+    None for any other file, which a task reads as its labelled data."""
     from spanflow.data.formats.sniff import sniff
 
-    if not (is_table(path) or (infer and getattr(sniff(path), "name", None) in ("text", "texts-jsonl"))):
+    named = field != "text" or column is not None  # the user said where the texts are: no labels are read
+    if not (is_table(path) or named or (infer and getattr(sniff(path), "name", None) in ("text", "texts-jsonl"))):
         return None
-    texts = sample_texts(path, n, field=field, column=column)
+    recs = list(itertools.islice(read_records(path, field=field, column=column), 2 * n))
+    texts = [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
     if not texts:  # a sample of nothing measures nothing
-        raise ConfigError(f"{path}: no usable records to tune on")
+        why = next((t for _, t in recs if isinstance(t, DataError)), None)
+        raise ConfigError(f"{path}: no usable records to tune on" + (f"; the first error: {why}" if why else ""))
     return texts
