@@ -97,6 +97,29 @@ def test_mixed_cjk_and_latin_join():
     assert [text[s:e] for s, e in offs] == ["我", "爱", "Python", "和", "北京"]
 
 
+def test_korean_words_keep_their_spaces_and_syllable_lines_join():
+    """Korean spaces its words: word tokens of Hangul join with spaces (they were run together),
+    a sentence of single syllables (character-level data) still joins without."""
+    assert join_tokens(["김철수", "씨는", "부산", "사람이다"])[0] == "김철수 씨는 부산 사람이다"
+    assert join_tokens(["부", "산", "에"])[0] == "부산에"
+    assert join_tokens(["서울", "에서", "我", "爱"])[0] == "서울 에서 我爱"
+
+
+def test_spaced_korean_is_written_a_word_a_line_and_reads_back(tmp_path):
+    from spanflow.data.formats.tokens import plain_words
+
+    text = "김철수 씨는 부산 사람이다"
+    assert [text[s:e] for s, e in plain_words(text)] == ["김철수", "씨는", "부산", "사람이다"]
+    src = write(tmp_path, "ko.jsonl", json.dumps({"text": text, "entities": [[0, 3, "PER"], [7, 9, "LOC"]]}) + "\n")
+    from spanflow.cli.main import main
+
+    assert main(["convert", src, str(tmp_path / "ko.conll")]) == 0
+    assert (tmp_path / "ko.conll").read_text(encoding="utf-8").split("\n\n")[0].splitlines() == [
+        "김철수\tB-PER", "씨는\tO", "부산\tB-LOC", "사람이다\tO"]
+    back = read_ner(str(tmp_path / "ko.conll"))[0]
+    assert back.text == text and back.spans == [(0, 3, "PER"), (7, 9, "LOC")]
+
+
 @pytest.mark.parametrize("content,line,needle", [
     ("a O\nb\n", 2, "token and a tag"),
     ("a O\nb O extra\n", 2, "expected 2 columns"),

@@ -122,6 +122,17 @@ def parse_json(text: str, path: str, line: int | None = None):
         raise DataError(f"invalid JSON: {str(e)[:120]}", path=path, line=line) from None
 
 
+def is_hangul(ch: str) -> bool:
+    """True for Hangul syllables and jamo: CJK to is_cjk, but Korean spaces its words."""
+    o = ord(ch)
+    return 0xAC00 <= o <= 0xD7AF or 0x1100 <= o <= 0x11FF or 0x3130 <= o <= 0x318F
+
+
+def unspaced(ch: str) -> bool:
+    """True for a character of a script written without spaces between words (Chinese, Japanese)."""
+    return is_cjk(ch) and not is_hangul(ch)
+
+
 def is_cjk(ch: str) -> bool:
     """True for CJK ideographs and the full-width punctuation used with them."""
     o = ord(ch)

@@ -6,7 +6,7 @@ import os
 import unicodedata
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import is_cjk, read_lines
+from spanflow.data.formats.common import is_cjk, read_lines, unspaced
 from spanflow.data.formats.tokens import bio_tags, word_bounds
 from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
 from spanflow.errors import DataError, quote
@@ -65,7 +65,8 @@ def _one_character(token: str) -> bool:
 
 
 def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
-    """Join tokens into text: spaces between words, none between CJK characters.
+    """Join tokens into text: spaces between words, none between Chinese or Japanese characters
+    (Korean spaces its words: word tokens of Hangul are joined with spaces).
 
     A sentence of single characters that holds any CJK character is a character-level
     sentence (one char per line, as in BMES data) and is joined without spaces, so
@@ -74,7 +75,7 @@ def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     char_level = all(_one_character(t) for t in tokens) and any(is_cjk(t[0]) for t in tokens)
     parts, offsets, pos = [], [], 0
     for i, tok in enumerate(tokens):
-        if i and not char_level and not (is_cjk(tokens[i - 1][-1]) and is_cjk(tok[0])):
+        if i and not char_level and not (unspaced(tokens[i - 1][-1]) and unspaced(tok[0])):
             parts.append(" ")
             pos += 1
         offsets.append((pos, pos + len(tok)))

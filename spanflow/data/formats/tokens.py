@@ -1,8 +1,9 @@
 """Word tokens for formats that need them (CoNLL columns, spaCy Docs), cut so that every
 entity boundary is a token boundary. Examples read from tokens keep them; a text without
-tokens is cut the same way whatever its labels: whitespace splits words, each CJK character is
-a token, and sentence punctuation at a word's ends stands alone (`fun.` and `Berg.` alike, so
-that where a token ends never tells where an entity does). No character is ever dropped."""
+tokens is cut the same way whatever its labels: whitespace splits words, each Chinese or
+Japanese character is a token (Korean spaces its words: whitespace splits them), and sentence
+punctuation at a word's ends stands alone (`fun.` and `Berg.` alike, so that where a token
+ends never tells where an entity does). No character is ever dropped."""
 from __future__ import annotations
 
 import bisect
@@ -10,7 +11,7 @@ import re
 from collections.abc import Container
 
 from spanflow.data.examples import Span
-from spanflow.data.formats.common import is_cjk
+from spanflow.data.formats.common import unspaced
 
 # marks cut off a word's ends (`Paris.`, `(Paris)`, `"Paris"`); those often part of a token
 # (`@user`, `#tag`, `$5`, `e-mail`, `a/b`, `'s`, `rock'n'roll`) stay, as does the last dot of
@@ -48,7 +49,7 @@ def plain_words(text: str) -> list[tuple[int, int]]:
         s, e = m.span()
         run = s
         for i in range(s, e):
-            if is_cjk(text[i]):
+            if unspaced(text[i]):
                 if run < i:
                     out += _cut_marks(text, run, i)
                 out.append((i, i + 1))
