@@ -89,6 +89,7 @@ def check_output_path(path: str) -> None:
     `/dev/stdout`): the rename would put a file in place of the device, or block on the pipe."""
     if not str(path).strip():
         raise ConfigError("the output path is empty; give the name of a file or directory to write", field="output")
+    _check_links(path)
     try:
         mode = os.stat(path).st_mode  # through links: what the write would replace
     except OSError:
@@ -97,6 +98,33 @@ def check_output_path(path: str) -> None:
     if kind:
         raise ConfigError(f"{path} is {kind}: spanflow writes an output whole, then renames it into place; "
                           "give the path of a file or directory", field="output")
+
+
+def _check_links(path: str) -> None:
+    """A ConfigError where the output, or its folder, is a link that leads nowhere a file can be
+    made: the write goes through the link (replace the target, keep the link), so the target's
+    folder must be there; else the lock beside it failed with a traceback."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.islink(folder) and not os.path.exists(folder):
+        raise ConfigError(f"{path}: its folder {folder} is a link to {os.readlink(folder)}, which does not exist; "
+                          "make it, or give another path", field="output")
+    if os.path.islink(path) and not os.path.exists(path):
+        target = os.path.realpath(path)
+        if not os.path.isdir(os.path.dirname(target)):
+            raise ConfigError(f"{path} is a link to {os.readlink(path)}, whose folder {os.path.dirname(target)} does "
+                              "not exist (the output is written where the link leads); make it, or give another path",
+                              field="output")
+
+
+def make_output_folder(path: str, what: str) -> None:
+    """The folder the output `path` goes in, made where missing, after check_output_path; a file
+    in its way is a ConfigError, a full or read-only disk a WriteError naming `what`."""
+    check_output_path(path)
+    with writing(what, path):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(f"--output {path}: a file stands where its directory should be", field="output") from None
 
 
 def aside_path(final: str) -> str:

@@ -62,3 +62,47 @@ def test_every_atomic_writer_refuses_a_device_or_pipe(tmp_path, writer):
                 pass
         assert still(path, kind)
         assert set(os.listdir(tmp_path)) <= {"pipe", "null"}  # no temporary, lock or copy aside left
+
+
+def test_an_input_that_is_a_pipe_is_refused_before_it_is_read(tmp_path, capsys):
+    """A pipe (`/dev/stdin` under `|`, `<(...)`) is used up by a job's first read (the check, or
+    the count), and the job then read nothing and wrote an empty output with exit 0: refused,
+    before it is opened (a named pipe with no writer would block the open)."""
+    from spanflow.data.records import read_texts
+    from spanflow.errors import DataError
+
+    fifo = tmp_path / "texts"
+    os.mkfifo(fifo)
+    said = "is a pipe or device, not a file: its data can be read once"
+    for argv in (["predict", "--model", str(tmp_path / "m"), "--input", str(fifo), "--output", str(tmp_path / "o.jsonl")],
+                 ["train", "ner", "--train", str(fifo), "--model", "tiny", "--out", str(tmp_path / "run")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {fifo}: {said}, and an input is read more than once (checked, counted, then run); "
+                       "write it to a file first"], err
+    assert main(["predict", "--model", str(tmp_path / "m"), "--input", "-", "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --input -: standard input {said}")
+    with pytest.raises(DataError, match=said):
+        list(read_texts(str(fifo)))
+    assert sorted(os.listdir(tmp_path)) == ["texts"]  # no output, no run folder
+
+
+def test_an_output_through_a_link_that_leads_nowhere_is_named(tmp_path, capsys):
+    """The output is written where its link leads: a link into a missing folder, or a folder that
+    is a link to nothing, was a traceback from the lock file (or "a file stands where its
+    directory should be")."""
+    (tmp_path / "t.conll").write_text(CONLL)
+    dangling = tmp_path / "out.jsonl"
+    dangling.symlink_to(tmp_path / "gone" / "x.jsonl")
+    (tmp_path / "dl").symlink_to(tmp_path / "gone2")
+    for out, said in ((dangling, f"{dangling} is a link to {tmp_path / 'gone' / 'x.jsonl'}, whose folder "
+                                 f"{tmp_path / 'gone'} does not exist"),
+                      (tmp_path / "dl" / "x.jsonl", f"{tmp_path / 'dl' / 'x.jsonl'}: its folder {tmp_path / 'dl'} "
+                                                   f"is a link to {tmp_path / 'gone2'}, which does not exist")):
+        assert main(["convert", str(tmp_path / "t.conll"), str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {said}"), err
+    with pytest.raises(ConfigError, match="whose folder .* does not exist"):
+        with claim_output(str(dangling)):
+            pass
+    assert not (tmp_path / "gone").exists() and not (tmp_path / "gone2").exists()

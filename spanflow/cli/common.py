@@ -216,6 +216,7 @@ def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:
 def check_input(a) -> None:
     """--input before any model loads: a local file that exists and holds texts (labelled data is
     named, not read line by line); a URI (s3://, gs://, ...) only with --ray, whose cluster reads it."""
+    from spanflow.data.formats.common import STREAM, refuse_stream
     from spanflow.data.formats.sniff import refuse_labelled_input
     from spanflow.data.tables import is_table
     from spanflow.errors import ConfigError, DataError
@@ -224,8 +225,11 @@ def check_input(a) -> None:
         if getattr(a, "ray", None) is None:
             raise ConfigError(f"--input {a.input}: a URI is read by a Ray cluster; add --ray, or copy the file here")
         return
+    if a.input == "-":
+        raise ConfigError(f"--input -: standard input is {STREAM}")
     if not os.path.exists(a.input):
         raise DataError("file not found", path=a.input)
+    refuse_stream(a.input)
     output = getattr(a, "output", None)
     if output and os.path.exists(output) and os.path.samefile(output, a.input):
         raise ConfigError(f"--output {output} is the input: the job would write over what it reads; give the output "

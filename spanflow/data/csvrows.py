@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from spanflow.data.formats.common import MAGIC_BYTES, refuse_wide
+from spanflow.data.formats.common import MAGIC_BYTES, refuse_stream, refuse_wide
 from spanflow.errors import DataError
 
 # a quoted field may hold a long document (csv's own limit is 128 Ki characters); one past this is taken for
@@ -30,6 +30,7 @@ def csv_rows(path: str, delimiter: str) -> Iterator[tuple[int, list[str] | DataE
     lines after that one are read again as records of their own."""
     if not os.path.exists(path):
         raise DataError("file not found", path=path)
+    refuse_stream(path)
     with open(path, "rb") as raw:
         refuse_wide(raw.read(MAGIC_BYTES), path)  # UTF-16 would read as rows of NULs
         raw.seek(0)

@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from spanflow.atomic import atomic_open, hold_output, writing
+from spanflow.atomic import atomic_open, hold_output, make_output_folder, writing
 from spanflow.data.formats.common import read_lines_or_errors
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import Column, read_rows
@@ -57,11 +57,7 @@ def check_output(dst: str, what: str = WHAT) -> None:
     should be) with one clear error, before any work; `what` the output is, for a write error."""
     if os.path.isdir(dst):
         raise ConfigError(f"--output {dst} is a directory; give a file name", field="output")
-    with writing(what, dst):
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ConfigError(f"--output {dst}: a file stands where its directory should be", field="output") from None
+    make_output_folder(dst, what)
 
 
 def check_job(src: str, dst: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from spanflow.atomic import writing
+from spanflow.atomic import make_output_folder, writing
 from spanflow.data.tables import pyarrow
 from spanflow.errors import ConfigError
 from spanflow.ray.source import filesystem, footers, is_remote, parquet_files, reaching
@@ -68,12 +68,7 @@ def check_target(path: str) -> Target:
         raise ConfigError(f"--output {path} is a file; under --ray it names a directory of Parquet files",
                           field="output")
     _check_replaceable(full, path)
-    with writing(WHAT, path):
-        try:
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ConfigError(f"--output {path}: a file stands where its directory should be",
-                              field="output") from None
+    make_output_folder(path, WHAT)
     return Target(full, True)
 
 

@@ -9,6 +9,17 @@ from collections.abc import Iterator
 from spanflow.errors import DataError
 
 
+STREAM = ("a pipe or device, not a file: its data can be read once, and an input is read more than once (checked, "
+          "counted, then run); write it to a file first")
+
+
+def refuse_stream(path: str) -> None:
+    """A DataError for an input that exists but is no regular file: a pipe (`/dev/stdin` under a
+    shell's `|`, `<(...)`) or a device, which the first of its reads would use up."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise DataError(f"is {STREAM}", path=path)
+
+
 def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
     if not os.path.exists(path):
         if os.path.islink(path):  # a loop of links, or a link to nothing: not "not found"
@@ -16,6 +27,7 @@ def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
         raise DataError("file not found", path=path)
     if os.path.isdir(path):
         raise DataError("is a directory, expected a file", path=path)
+    refuse_stream(path)
     try:
         f = open(path, "rb")
     except OSError as e:  # no permission, say: the API's DataError, as the CLI's line says it

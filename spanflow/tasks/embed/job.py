@@ -43,7 +43,7 @@ from contextlib import ExitStack
 import numpy as np
 from tqdm import tqdm
 
-from spanflow.atomic import hold_output, writing
+from spanflow.atomic import hold_output, make_output_folder, writing
 from spanflow.data.formats.common import kind_of
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import read_rows, sample_texts
@@ -114,12 +114,7 @@ def check_spec(spec: EmbedSpec) -> str:
     if os.path.isdir(spec.output):
         raise ConfigError(f"--output {spec.output} is a directory; give a file name ending in .{fmt}", field="output")
     _check_side_files(spec, fmt)
-    with writing(WHAT, spec.output):
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(spec.output)), exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ConfigError(f"--output {spec.output}: a file stands where its directory should be",
-                              field="output") from None
+    make_output_folder(spec.output, WHAT)
     return fmt
 
 
