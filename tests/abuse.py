@@ -112,6 +112,8 @@ def cases(host: str, port: int, key: str | None, read_timeout: float):
         ("nested JSON", client_error(b"[" * 100_000)),
         ("nested JSON in an object", client_error(b'{"texts": ' + b"[" * 100_000)),
         ("lone surrogate", client_error(b'{"texts": ["\\ud800"]}')),
+        ("lone surrogate as a key", answered(422, "/v1/ner", b'{"texts": ["a"], "\\ud800": 1}', {},
+                                             b"unknown field")),
         ("5000-digit integer", client_error(b'{"texts": ["a"], "n": ' + b"7" * 5000 + b"}")),
         ("invalid UTF-8", client_error(b'{"texts": ["\xff\xfe"]}')),
         ("texts of the wrong type", client_error(b'{"texts": [{"a": 1}]}')),

@@ -6,7 +6,7 @@ import threading
 import pytest
 from helpers import Gate
 
-from spanflow.serving.batcher import DynamicBatcher, Overloaded
+from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
 
 
 def run(coro):
@@ -134,17 +134,18 @@ def test_batcher_refuses_work_it_could_not_start_in_time_and_recovers():
         return units
 
     async def main():
-        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.1, clock=lambda: now[0])
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.05, clock=lambda: now[0])
         b.start()
         await b.warm_up([0], [4])  # its first call is not timed; a full call (8 tokens) and a single one are
         assert b.service.fit() == (pytest.approx(0.1), 0.0) and b.queue_wait_s() == 0  # 0.1 s a call, any size
         first = asyncio.ensure_future(b.submit(list(range(8)), [4] * 8))  # 4 batches of 2
         await gate.running()  # [0, 1] ran in 0.1 s, [2, 3] runs, 16 tokens wait: two more calls
-        assert b.queue_wait_s() == pytest.approx(0.2) and b.queued_tokens == 16
+        # two calls queued, but round robin starts new work after one of them
+        assert b.queue_wait_s() == pytest.approx(0.1) and b.queued_tokens == 16
         with pytest.raises(Overloaded) as e:
-            await asyncio.wait_for(b.submit([99], [4]), 10)  # 0.2 s of queued work before it: over 0.1 s
+            await asyncio.wait_for(b.submit([99], [4]), 10)  # 0.1 s before it starts: over 0.05 s
         assert e.value.retry_after_s >= 1
-        assert str(e.value) == ("the queued work would start in about 0.2s, over the 100 ms queue wait bound; "
+        assert str(e.value) == ("the queued work would start in about 0.1s, over the 50 ms queue wait bound; "
                                 "retry after 1s")
         gate.released.set()
         assert await first == list(range(8))  # admitted work is still served
@@ -180,6 +181,93 @@ def test_a_huge_request_does_not_stall_a_small_one():
 
     assert not gate.run(main())  # the small request was answered while the huge one still ran
     assert order.index(("s",)) <= 2 and len(order) == 101  # round robin: served within two batches
+
+
+def test_a_huge_request_an_empty_queue_took_does_not_lock_small_ones_out():
+    """An empty queue takes a request above the token bound; small requests behind it were all
+    refused (429) while it ran, as the whole of its work counted as their wait. Round robin starts
+    them after one of its batches: they are admitted and answered while it runs."""
+    now, gate, order = [0.0], Gate(), []
+
+    def run_batch(units):  # 0.1 s a call of the batcher's clock
+        now[0] += 0.1
+        order.append(tuple(units))
+        if units == [0, 1]:
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_tokens=64, max_queue_wait_s=0.5,
+                           clock=lambda: now[0])
+        b.start()
+        await b.warm_up(["w"], [4])
+        order.clear()
+        huge = asyncio.ensure_future(b.submit(list(range(100)), [4] * 100))  # 400 tokens: 5 s of work
+        await gate.running()
+        assert b.queued_tokens == 392 and b.queue_wait_s() == pytest.approx(0.1)  # one of its batches
+        small = [asyncio.ensure_future(b.submit([f"s{k}"], [4])) for k in range(3)]
+        await asyncio.sleep(0)  # each submitted: admitted, not refused (a yield, it times nothing)
+        with pytest.raises(Overloaded, match="queue full"):  # the token bound still keeps large ones out
+            await b.submit(list(range(4)), [4] * 4)
+        gate.released.set()
+        got = await asyncio.gather(*small)
+        answered_first = not huge.done()
+        await huge
+        await b.close()
+        return got, answered_first
+
+    got, answered_first = gate.run(main())
+    assert got == [["s0"], ["s1"], ["s2"]] and answered_first
+    firsts = [next(k for k, batch in enumerate(order) if f"s{j}" in batch) for j in range(3)]
+    assert max(firsts) <= 4  # within a few batches of the 50 the huge request takes
+
+
+def test_a_request_whose_own_work_outlasts_its_timeout_is_refused_at_once():
+    now = [0.0]
+
+    def run_batch(units):
+        now[0] += 0.1
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, clock=lambda: now[0])
+        b.start()
+        await b.warm_up(["w"], [4])
+        ran = len(b.service.calls)
+        with pytest.raises(TooMuchWork, match=r"this request is 400 tokens, about 5s of model time at the measured "
+                                              r"rate, over the 2s timeout"):
+            await b.submit(list(range(100)), [4] * 100, timeout_s=2.0)
+        assert len(b.service.calls) == ran and b.queued_tokens == 0  # nothing ran, nothing queued
+        assert await b.submit(list(range(10)), [4] * 10, timeout_s=2.0) == list(range(10))  # 0.5 s: served
+        await b.close()
+
+    run(main())
+
+
+def test_a_timed_out_request_leaves_the_queue_at_once():
+    """Its tokens counted in the queue until the worker next reached it: the next request was
+    refused for work that would never run."""
+    gate = Gate()
+
+    def run_batch(units):
+        if units == [1]:
+            gate.hold()
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=4, max_wait_ms=1, max_queue_tokens=16)
+        b.start()
+        first = asyncio.ensure_future(b.submit([1], [4]))
+        await gate.running()
+        with pytest.raises(asyncio.TimeoutError):
+            await b.submit([2] * 10, [4] * 10, timeout_s=0.01)  # an empty queue took it; the model is held
+        queued = b.queued_tokens
+        gate.released.set()
+        await first
+        await b.close()
+        return queued
+
+    assert gate.run(main()) == 0
 
 
 def test_a_cancelled_request_leaves_the_queue_and_the_model_never_runs_it():

@@ -124,7 +124,7 @@ def test_errors_are_4xx(model_dirs):
         assert r.status_code == 422 and r.json()["error"]["param"] == "max_lenght"
         r = c.post("/v1/embeddings", json={"input": ["a"], "model": "ner"})  # a served model of another task
         assert r.status_code == 422 and r.json()["error"] == {
-            "message": "model 'ner' is a ner model; this route runs embed models: ['emb']",
+            "message": "model 'ner' is a model of task 'ner'; this route runs 'embed' models: ['emb']",
             "type": "invalid_request_error", "code": "invalid_request", "param": "model"}
         r = c.post("/v1/ner", json={"texts": ["a"] * 4})
         assert r.status_code == 422 and "limit is 3" in r.json()["error"]["message"]

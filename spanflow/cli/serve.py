@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from spanflow.cli.common import add_budget_args, add_device_arg, add_precision_arg, add_quantize_args
@@ -87,7 +88,8 @@ def run(a: argparse.Namespace) -> int:
                             batching=not a.no_batching, api_key=api_key_from_env(a.api_key))
         budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model[s.name]})" for s in services)
         port = socks[0].getsockname()[1]  # --port 0: the one the system gave
-        print(f"serving {budgets} on http://{a.host}:{port} (batching {'on' if opts.batching else 'off'})",
+        host = f"[{a.host}]" if ":" in a.host else a.host  # an IPv6 address is bracketed in a URL
+        print(f"serving {budgets} on http://{host}:{port} (batching {'on' if opts.batching else 'off'})",
               flush=True)  # a supervisor's pipe reads the port now
         routes = {s.task.route: s.task.name for s in services if s.task.route}
         print("routes: " + ", ".join(f"POST {r} ({t})" for r, t in routes.items())
@@ -96,7 +98,8 @@ def run(a: argparse.Namespace) -> int:
             print(f"warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches {a.host}:{port} can use "
                   "these models", file=sys.stderr, flush=True)
         serve_on(socks, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
-                 timeout_graceful_shutdown=int(opts.timeout))
+                 # whole seconds, rounded up: a --timeout under 1 s would cancel requests in flight
+                 timeout_graceful_shutdown=math.ceil(opts.timeout))
     return 0
 
 

@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from spanflow.errors import SpanflowError
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
-from spanflow.serving.batcher import DynamicBatcher, Overloaded
+from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
 from spanflow.serving.guard import Guard, error_body
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
@@ -193,6 +193,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 t3 = time.perf_counter()
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(e.retry_after)}) from None
+            except TooMuchWork as e:
+                raise HttpError(413, f"{e} (--timeout)") from None
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
@@ -300,7 +302,7 @@ def _pick_service(services: list[Service], task: str, name) -> Service:
                 return s
         other = next((s for s in services if s.name == name), None)
         if other is not None:  # a served model of another task: a mistake, not a hosted model's name
-            raise HttpError(422, f"model {name!r} is a {other.task.name} model; this route runs {task} models: "
+            raise HttpError(422, f"model {name!r} is a model of task {other.task.name!r}; this route runs {task!r} models: "
                                  f"{[s.name for s in of_task]}", param="model")
         if len(of_task) == 1:
             return of_task[0]

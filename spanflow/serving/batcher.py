@@ -28,6 +28,11 @@ class Overloaded(Exception):
         return max(1, math.ceil(self.retry_after_s))
 
 
+class TooMuchWork(Exception):
+    """A request whose own work, at the measured service time, would outlast its timeout even on
+    an idle server: refused at once rather than run for the timeout and dropped (413)."""
+
+
 @dataclass
 class _Request:
     units: list  # opaque unit payloads (e.g. token-id lists)
@@ -38,6 +43,7 @@ class _Request:
     left: int = 0
     enqueued: float = 0.0  # the batcher's clock at submit
     cancelled: bool = False
+    queued: int = 0  # tokens of its units not yet batched
     timed: bool = True  # its batches count in the measured service rate
 
 
@@ -82,11 +88,6 @@ class ServiceTime:
         return max(calls, math.ceil(tokens / max(max_tokens, 1))) * fixed + tokens * per_token
 
 
-def _expire(req: _Request) -> None:
-    """A request's timeout: it fails with TimeoutError (its queued units are then dropped)."""
-    req.cancelled = True
-    if not req.future.done():
-        req.future.set_exception(asyncio.TimeoutError())
 
 
 class DynamicBatcher:
@@ -158,30 +159,59 @@ class DynamicBatcher:
         return sum(b._own_wait() or 0.0 for b in self.peers)
 
     def _own_wait(self) -> float | None:
+        """Seconds before work queued now starts here: all the queued work at most, and with round
+        robin no more than one batch of each request ahead of it (a huge request delays a new one
+        by one of its batches, not by all of them)."""
         calls = len(self._queue) if self.per_request else 0  # unbatched: one call a queued request at least
-        return self.service.seconds(self.queued_tokens, self.max_tokens, calls)
+        whole = self.service.seconds(self.queued_tokens, self.max_tokens, calls)
+        if whole is None:
+            return None
+        turns = sum(self.service.seconds(min(r.queued, self.max_tokens), self.max_tokens, 1) or 0.0
+                    for r in self._queue if r.queued and not r.cancelled)
+        return min(whole, turns)
 
-    def admit(self, need: int) -> None:
-        """Refuse work the queue cannot hold, or could not start within max_queue_wait_s at
-        the measured service time: the client hears 429 at once instead of waiting to time out."""
+    def admit(self, need: int, timeout_s: float | None = None) -> None:
+        """Refuse work that could not start within max_queue_wait_s at the measured service time
+        (429, at once, instead of waiting to time out), or that the queue cannot hold; and work
+        that alone would outlast `timeout_s` (TooMuchWork). A request that fits one batch is held
+        by the wait bound only: the token bound keeps large requests out, never a small one
+        behind a large request an empty queue took."""
+        own = self.service.seconds(need, self.max_tokens)
+        if need and timeout_s is not None and own is not None and own > timeout_s:
+            raise TooMuchWork(f"this request is {need} tokens, about {own:.0f}s of model time at the measured rate, "
+                              f"over the {timeout_s:.0f}s timeout: send fewer or shorter texts a request")
         if not self.queued_tokens:
             return  # an empty queue takes anything (a single request may exceed the bound)
         wait = self.queue_wait_s()
         if wait is not None and self.max_queue_wait_s is not None and wait > self.max_queue_wait_s:
             raise Overloaded(max(1.0, wait), f"the queued work would start in about {wait:.1f}s, over the "
                                              f"{self.max_queue_wait_s * 1000:.0f} ms queue wait bound")
-        if self.queued_tokens + need > self.max_queue_tokens:
+        if self.queued_tokens + need > self.max_queue_tokens and need > self.max_tokens:
             raise Overloaded(max(1.0, wait or 1.0), f"queue full ({self.queued_tokens} tokens queued, "
                                                     f"{need} asked, bound {self.max_queue_tokens})")
+
+    def _drop(self, req: _Request) -> None:
+        """A request that timed out or whose client went: its units not yet batched leave the queue
+        now (not when the worker next reaches it), so admission no longer counts them."""
+        req.cancelled = True
+        self.queued_tokens -= req.queued
+        req.queued = 0
+        req.todo.clear()
+
+    def _expire(self, req: _Request) -> None:
+        """A request's timeout: it fails with TimeoutError, its queued units dropped."""
+        self._drop(req)
+        if not req.future.done():
+            req.future.set_exception(asyncio.TimeoutError())
 
     async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None, *,
                      timed: bool = True) -> list:
         """Queue a request's units; return their results in order. Raises Overloaded, TimeoutError.
         With timed=False its batches are left out of the measured service rate."""
         need = sum(lengths)
-        self.admit(need)
+        self.admit(need, timeout_s)
         req = _Request(units, lengths, asyncio.get_running_loop().create_future(), [None] * len(units),
-                       deque(range(len(units))), len(units), self.clock(), timed=timed)
+                       deque(range(len(units))), len(units), self.clock(), timed=timed, queued=need)
         if not units:
             return []
         self._queue.append(req)
@@ -189,11 +219,11 @@ class DynamicBatcher:
         self._wake.set()
         # a timer rather than asyncio.wait_for over a shielded future: two fewer futures and
         # their callbacks per request
-        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, _expire, req)
+        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, self._expire, req)
         try:
             return await req.future
         except (asyncio.TimeoutError, asyncio.CancelledError):
-            req.cancelled = True  # its queued units are dropped by the worker
+            self._drop(req)
             raise
         finally:
             if timer is not None:
@@ -203,9 +233,7 @@ class DynamicBatcher:
         """Cut one batch: the next request in round-robin order anchors it; units of similar
         length from any request (only its own with per_request) fill the token budget."""
         while self._queue and (self._queue[0].cancelled or not self._queue[0].todo):
-            r = self._queue.popleft()
-            self.queued_tokens -= sum(r.lengths[i] for i in r.todo)
-            r.todo.clear()
+            self._drop(self._queue.popleft())
         if not self._queue:
             return []
         anchor = self._queue[0]
@@ -225,6 +253,7 @@ class DynamicBatcher:
             longest = max(longest, n)
         for r, i in batch:
             r.todo.remove(i)
+            r.queued -= r.lengths[i]
             self.queued_tokens -= r.lengths[i]
         for r in {id(r): r for r, _ in batch}.values():
             if not r.todo:

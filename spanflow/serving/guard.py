@@ -79,7 +79,14 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
     OpenAI's API names its kinds, which its clients read (`e.type`), `code` a string naming the
     status's cause (the HTTP status itself is the response's)."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "code": CODES.get(status, str(status)), "param": param}}
+    return {"error": {"message": _text(message), "type": kind, "code": CODES.get(status, str(status)),
+                      "param": None if param is None else _text(param)}}
+
+
+def _text(s: str) -> str:
+    """`s` as UTF-8 can carry it: a lone surrogate from a request (a key "\\ud800") is shown as
+    its escape, not left to fail the response's encoding (a 500 for the client's 4xx)."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 async def _send_json(send, status: int, message: str, headers: list | None = None) -> None:
