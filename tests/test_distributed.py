@@ -367,6 +367,24 @@ def test_sigterm_to_the_launcher_stops_the_ranks_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_sighup_to_the_launcher_stops_the_ranks_cleanly(tmp_path):
+    """A closed terminal's SIGHUP: torchrun's agent passes it on, and it killed the ranks outright,
+    leaving --out's lock and no --resume hint."""
+    import signal
+
+    proc, out = _launch_two(tmp_path)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    lines = rest.strip().splitlines()
+    assert proc.returncode == 128 + signal.SIGHUP and "Traceback" not in rest, rest[-2000:]
+    assert lines[-2:] == ["terminated", "stopped by SIGHUP"], lines[-4:]  # rank 0 stopped as on SIGTERM
+    assert not (out / ".lock").exists()
+
+
+@pytest.mark.slow
 def test_a_killed_launcher_leaves_no_rank_training(tmp_path):
     import signal
     import time

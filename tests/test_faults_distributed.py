@@ -114,3 +114,84 @@ def test_a_full_disk_under_torchrun_is_one_line(train_file, tmp_path):
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     assert_one_line(r, f"error: cannot write the best model to {disk / 'run' / 'model'}: No space left on device")
+
+
+def _train_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu", OMP_NUM_THREADS="1")
+    from spanflow.tasks.ner import train_ner
+    from spanflow.training.distributed import exit_now, shutdown
+    from spanflow.training.options import TrainOptions
+
+    data = synthetic_ner(40 if rank == 0 else 36, seed=2, max_clauses=2)  # another node's copy of the data
+    try:
+        train_ner(data, None, out_dir=os.path.join(out, "run"), log_fn=lambda s: None,
+                  options=TrainOptions(epochs=1, max_tokens=512, max_length=64, log_every=0))
+        got = "trained"
+    except Exception as e:
+        got = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(got + "\n")
+    shutdown()
+    exit_now(0)
+
+
+def test_processes_that_read_other_data_are_told_before_training():
+    """Each node reads its own copy of the data: another copy trained on silently, or (a tiny
+    vocabulary built from it) met DDP's traceback of parameter sizes. Rank 0 names the rank and
+    what differs; the other stops quietly."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        ctx = mp.start_processes(_train_worker, args=(2, free_port(), out), nprocs=2, join=False, start_method="spawn")
+        deadline = time.monotonic() + 240
+        try:
+            while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+                assert time.monotonic() < deadline, "a rank is still waiting"
+        finally:
+            for p in ctx.processes:
+                p.kill()
+        r0 = open(os.path.join(out, "rank0.txt")).read().strip()
+        r1 = open(os.path.join(out, "rank1.txt")).read().strip()
+        assert not os.path.exists(os.path.join(out, "run", "model"))
+    assert r0.startswith("DataError: rank 1 has training data of 36 items") and "against rank 0's 40" in r0, r0
+    assert r0.endswith("every process of a run must read the same training data (on several machines, the same "
+                       "file on each)"), r0
+    assert r1.startswith("PeerFailed:"), r1
+
+
+def _cli_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu", OMP_NUM_THREADS="1")
+    sys.stderr = open(os.path.join(out, f"err{rank}.txt"), "w")
+    from spanflow.cli.main import main
+
+    rc = main(["train", "ner", "--train", os.path.join(out, f"train{rank}.conll"), "--model", "tiny", "--out",
+               os.path.join(out, "run"), "--epochs", "1", "--max-tokens", "512", "--max-length", "64"])
+    os._exit(rc)  # (a rank that stopped on an error has left already, with its code)
+
+
+def test_a_rank_that_stops_on_its_own_data_stops_the_others():
+    """Each machine reads its own copy of the data; one copy is bad. Its rank stopped before it
+    joined the group, and the others waited at the group's start (gloo: half an hour)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        good = "".join(f"Ann{k}\tB-PER\nwent\tO\nhome\tO\n\n" for k in range(8))
+        open(os.path.join(out, "train0.conll"), "w").write(good)
+        open(os.path.join(out, "train1.conll"), "w").write(good + "Bob\tX-Y-Z\n\n")
+        ctx = mp.start_processes(_cli_worker, args=(2, free_port(), out), nprocs=2, join=False, start_method="spawn")
+        deadline = time.monotonic() + 240
+        try:
+            for p in ctx.processes:  # each waited for itself: ctx.join would stop the others at the first failure
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+                assert p.exitcode is not None, "a rank is still waiting for its peer"
+        finally:
+            for p in ctx.processes:
+                p.kill()
+        codes = [p.exitcode for p in ctx.processes]
+        errs = [open(os.path.join(out, f"err{r}.txt")).read() for r in range(2)]
+    assert codes == [1, 2], (codes, errs)
+    assert "train1.conll:33: unknown tag 'X-Y-Z'" in errs[1], errs[1]
+    assert "error: another process of this training job stopped" in errs[0], errs[0]
+    assert "Traceback" not in errs[0] + errs[1], errs

@@ -327,6 +327,15 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path,
     state_file.write_text(json.dumps({**state, "run": {**state["run"], "processes": 2}}))
     assert train(files, out, "--resume") == 2
     assert "is of a run with 2 processes (now 1: --devices, or torchrun's --nproc-per-node)" in capsys.readouterr().err
+    # a rate the processes' update derived is not blamed on --lr, which follows them; rates show 3 digits
+    derived = {**state["run"]["options"], "lr": 0.0003535533905932738}
+    state_file.write_text(json.dumps({**state, "run": {**state["run"], "processes": 2, "options": derived}}))
+    assert train(files, out, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "2 processes (now 1" in err and "--lr" not in err, err
+    state_file.write_text(json.dumps({**state, "run": {**state["run"], "options": derived}}))
+    assert train(files, out, "--resume") == 2
+    assert "--lr 0.000354 (now 0.01)" in capsys.readouterr().err
     # a checkpoint of a run before --stride could be left unset recorded its default, 32
     options = {**state["run"]["options"], "stride": 32}
     state_file.write_text(json.dumps({**state, "run": {**state["run"], "options": options}}))

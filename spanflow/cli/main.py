@@ -50,6 +50,21 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+# stops a command ends as it ends on SIGTERM: its lock released, its resume hint said (a closed
+# terminal's SIGHUP, or torchrun's agent passing on the one its launcher got, killed a rank outright)
+STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
+
+
+def _stopping(entry: bool) -> None:
+    """Once a stop is being handled, later signals wait: a second Ctrl-C or SIGTERM (a terminal
+    and a scheduler both send them to every process) raised again inside the clean-up, as a
+    traceback. Only where main() is the process's command line (`entry`): a program or a test that
+    calls it goes on, with its own handlers."""
+    if entry and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, *STOPS):
+            signal.signal(sig, signal.SIG_IGN)
+
+
 # how a collective fails when a peer of the job has gone (gloo's TCP pairs, NCCL's watchdog)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
              "NCCL communicator was aborted")
@@ -158,16 +173,19 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(_LowerLevel())
         root.addHandler(handler)
         root.setLevel(logging.INFO)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)  # serve's uvicorn installs its own to drain requests
     entry = argv is None
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOPS:  # serve's uvicorn installs its own for SIGTERM and SIGINT, to drain requests
+            signal.signal(sig, _on_sigterm)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)  # imports every command's module: a second or so
     except Terminated:  # a KeyboardInterrupt of its own: first
+        _stopping(entry)
         _say("terminated")
         return 143
     except KeyboardInterrupt:
+        _stopping(entry)
         _say("interrupted")
         return 130
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
@@ -187,9 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except Terminated:
+        _stopping(entry)
         _say("terminated" + _after_stop(args))
         return _leave_now(143, entry)
     except KeyboardInterrupt:
+        _stopping(entry)
         _say("interrupted" + _after_stop(args))
         return _leave_now(130, entry)
     except Exception as e:

@@ -87,6 +87,12 @@ def run(a: argparse.Namespace) -> int:
         argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process
         i = next(k for k, x in enumerate(argv) if x == "--devices" or x.startswith("--devices="))
         return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices)
+    from spanflow.training.distributed import init_from_env
+
+    # under torchrun, the group is joined before the data is read: a rank that stops on its own
+    # data (another machine's copy) is then a peer the others hear of, not one they wait for at
+    # the group's start (for gloo's half hour)
+    init_from_env()
     task = get(a.task)
     # the device and precision are decided again, and said, by the training set-up on each rank by the
     # same policy; a measured budget (auto, --profile) is said here, with the training log (stdout)

@@ -121,6 +121,11 @@ def _said(value) -> str:
     return "unset" if value is None else ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+def _num(value) -> str:
+    """An option's value as a message shows it: a rate to 3 significant digits, not 0.0003535533905932738."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
 def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
@@ -155,7 +160,8 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     for k in course:  # first: another loss or data kind changes the options derived below
         if k in was and was[k] != course[k]:
             changed.append(f"{k} {_said(was[k])} (now {_said(course[k])})")
-    if saved.get("processes", now["processes"]) != now["processes"]:  # before options: it changes the update and its lr
+    processes = saved.get("processes", now["processes"]) != now["processes"]
+    if processes:  # before options: it changes the update and its lr
         changed.append(f"{saved['processes']} processes (now {now['processes']}: --devices, or torchrun's "
                        "--nproc-per-node)")
     if saved.get("model") != now["model"] and saved.get("model_files", "") != now["model_files"]:
@@ -166,8 +172,10 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     for k, v in (saved.get("options") or {}).items():
         if k in MODEL_OWN and now["options"].get(k) is None:
             continue  # unset: the checkpoint's model's own, which the resumed run continues with
+        if k in ("lr", "head_lr") and processes:
+            continue  # a rate follows the processes' update: said above, not blamed on a flag never given
         if k in now["options"] and now["options"][k] != v:
-            changed.append(f"--{k.replace('_', '-')} {v} (now {now['options'][k]})")
+            changed.append(f"--{k.replace('_', '-')} {_num(v)} (now {_num(now['options'][k])})")
     if changed:
         raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is of a run with {'; '.join(changed)}; resume with "
                           "what it was started with, or start a new run (another --out, or no --resume)")

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from spanflow.atomic import recover_dir, writing
+from spanflow.errors import DataError, PeerFailed
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
 from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, run_identity, save_checkpoint
@@ -113,6 +114,30 @@ def _summary(r: LoopState, completed: bool) -> dict:
             "epoch": r.st["epoch"] + (0 if completed else 1), "completed": completed}
 
 
+def _check_ranks_agree(identity: dict, model: nn.Module, dist: Dist) -> None:
+    """Every process of a run trains one model on one dataset: a node that read another copy of
+    the data (other texts, other lines) or built another model from it (a `tiny` vocabulary, a
+    label set) trained on silently, or met DDP's traceback. Rank 0 says which rank differs, in
+    what; the others stop quietly (PeerFailed). Same lengths with other labels go unseen."""
+    if not dist.enabled:
+        return
+    mine = {"data": (identity["items"], identity["tokens"], identity["digest"]),
+            "model": [tuple(p.shape) for p in model.parameters()]}
+    every = gather(mine, dist)
+    odd = next((k for k, other in enumerate(every) if other != every[0]), None)
+    if odd is None:
+        return
+    if not dist.is_main:
+        raise PeerFailed("the processes differ in their data or model; rank 0 says how")
+    first, other = every[0], every[odd]
+    what = (f"training data of {other['data'][0]} items, {other['data'][1]} tokens against rank 0's "
+            f"{first['data'][0]}, {first['data'][1]}" if other["data"] != first["data"]
+            else f"a model of {len(other['model'])} parameter tensors of other sizes (built from other data: a tiny "
+                 f"vocabulary, a label set)")
+    raise DataError(f"rank {odd} has {what}: every process of a run must read the same training data (on several "
+                    "machines, the same file on each)")
+
+
 def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOptions, policy: Policy, out_dir: str,
            log: Callable[[str], None], dist: Dist, total_steps: int, origin: str | None = None) -> LoopState:
     """Optimizer, schedule, scaler and state: fresh, or restored from the checkpoint."""
@@ -124,6 +149,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     identity = run_identity(items, opts, origin, processes=dist.world, course=hooks.course)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
           "stopped": False, "first_loss": None, "run": identity}
+    _check_ranks_agree(identity, model, dist)  # before DDP, whose own check is a traceback of parameter sizes
     r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,
                   log, optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
     on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
