@@ -351,36 +351,26 @@ def _launch_two(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_launcher_stops_the_ranks_in_one_line(tmp_path):
+@pytest.mark.parametrize("name, said", [
+    ("SIGTERM", ["terminated"]),
+    # a closed terminal's SIGHUP: torchrun's agent passes it on, and it killed the ranks outright,
+    # leaving --out's lock; rank 0 now stops as on SIGTERM, and the launcher names the signal
+    ("SIGHUP", ["terminated", "stopped by SIGHUP"]),
+])
+def test_a_signal_to_the_launcher_stops_the_ranks_in_one_line(tmp_path, name, said):
     import signal
 
+    sig = getattr(signal, name)
     proc, out = _launch_two(tmp_path)
     try:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         rest = proc.communicate(timeout=120)[0]
     finally:
         proc.kill()
     lines = rest.strip().splitlines()
-    assert proc.returncode == 143 and "Traceback" not in rest and lines[-1].startswith("terminated")
+    assert proc.returncode == 128 + sig and "Traceback" not in rest, rest[-2000:]
+    assert [x.split(";")[0] for x in lines[-len(said):]] == said, lines[-4:]
     assert sum(x.startswith("terminated") for x in lines) == 1  # rank 0's line alone, not one per process
-    assert not (out / ".lock").exists()
-
-
-@pytest.mark.slow
-def test_sighup_to_the_launcher_stops_the_ranks_cleanly(tmp_path):
-    """A closed terminal's SIGHUP: torchrun's agent passes it on, and it killed the ranks outright,
-    leaving --out's lock and no --resume hint."""
-    import signal
-
-    proc, out = _launch_two(tmp_path)
-    try:
-        proc.send_signal(signal.SIGHUP)
-        rest = proc.communicate(timeout=120)[0]
-    finally:
-        proc.kill()
-    lines = rest.strip().splitlines()
-    assert proc.returncode == 128 + signal.SIGHUP and "Traceback" not in rest, rest[-2000:]
-    assert lines[-2:] == ["terminated", "stopped by SIGHUP"], lines[-4:]  # rank 0 stopped as on SIGTERM
     assert not (out / ".lock").exists()
 
 
