@@ -97,6 +97,16 @@ def test_mixed_cjk_and_latin_join():
     assert [text[s:e] for s, e in offs] == ["我", "爱", "Python", "和", "北京"]
 
 
+def test_a_file_whose_lines_end_in_cr_alone_is_named_not_read_as_one_line(tmp_path):
+    said = r"its lines end in CR alone \(old Mac style\), so the whole file reads as one line"
+    texts = write(tmp_path, "mac.txt", "Ann went\rBob came\r")
+    with pytest.raises(DataError, match=said):
+        list(read_texts(texts))
+    with pytest.raises(DataError, match=said):
+        read_ner(write(tmp_path, "mac.conll", "Ann\tB-PER\rwent\tO\r\r"))
+    assert list(read_texts(write(tmp_path, "one.txt", "Ann went\r\n"))) == ["Ann went"]  # CRLF: fine
+
+
 def test_korean_words_keep_their_spaces_and_syllable_lines_join():
     """Korean spaces its words: word tokens of Hangul join with spaces (they were run together),
     a sentence of single syllables (character-level data) still joins without."""

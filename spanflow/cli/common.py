@@ -210,7 +210,8 @@ def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:
         print(f"warning: {path} holds no texts (an empty file?)", file=sys.stderr)
     elif errors >= n_texts:
         print(f"warning: every record of {path} is an error record ({errors}); is the text in another field or "
-              "column (--field, --column)? The output says why for each", file=sys.stderr)
+              "column (--field, --column), or the file in another encoding than UTF-8 (iconv -f ENCODING -t "
+              "UTF-8)? The output says why for each", file=sys.stderr)
 
 
 def check_input(a) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Iterator
 
 from spanflow.errors import DataError
@@ -36,6 +37,9 @@ def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1:
                 refuse_wide(raw, path)
+                if b"\r" in raw.rstrip(b"\r\n") and not raw.endswith(b"\n"):  # the whole file is one line
+                    raise DataError("its lines end in CR alone (old Mac style), so the whole file reads as one line; "
+                                    f"convert them to \\n first: tr '\\r' '\\n' < {shlex.quote(path)} > NEW", path=path)
             yield lineno, raw
 
 

@@ -100,7 +100,7 @@ class SpanflowNer:
             span = doc.char_span(s, e, label=label)
             if span is None:
                 span = doc.char_span(s, e, label=label, alignment_mode="expand")
-                self.expanded += 1
+                self.expanded += span is not None  # one that no token holds even expanded is counted below
             if span is None or span.start < last_end or any(i in taken for i in range(span.start, span.end)):
                 self.overlapping += 1
                 continue
