@@ -430,3 +430,18 @@ def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):
     # the length swept goes to a command that takes it (embed does)
     assert "add --max-length 16 to that command (the profile sets the token budget only); serve reads the " \
            "model's own length" in said
+
+
+def test_an_output_name_embed_does_not_write_names_the_ones_it_does(tmp_path):
+    from spanflow.tasks.embed.job import check_spec
+
+    src = tmp_path / "t.txt"
+    src.write_text("a\n")
+    for name, hint in (("v.json", "; the output is JSON Lines, one record a line: name it .jsonl"),
+                       ("v.arrow", "; Arrow output is written as Parquet: use .parquet"), ("v.txt", "")):
+        with pytest.raises(ConfigError) as e:
+            check_spec(EmbedSpec(input=str(src), output=str(tmp_path / name)))
+        assert str(e.value) == (f"--output must end in .npy, .jsonl (.ndjson) or .parquet (.pq), got "
+                                f"{str(tmp_path / name)!r}{hint}")
+    for name in ("v.ndjson", "v.pq", "v.NPY"):
+        check_spec(EmbedSpec(input=str(src), output=str(tmp_path / name)))  # taken

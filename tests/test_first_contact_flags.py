@@ -192,7 +192,7 @@ def test_a_window_under_the_floor_is_refused_before_the_model_is_looked_at(tmp_p
     io = ["--input", str(texts), "--output", str(tmp_path / "p.jsonl")] if command == "predict" else ["--data", str(data)]
     # the model directory does not exist: the window is told first, as it needs no model
     lines = error_lines([command, "--model", str(tmp_path / "none"), *io, "--max-length", "4"], capsys)
-    assert lines == ["error: --max-length must be between 8 and the model's limit, got 4"]
+    assert lines == ["error: --max-length must be at least 8 (and at most the model's limit), got 4"]
     lines = error_lines([command, "--model", str(tmp_path / "none"), *io, "--stride", "-1"], capsys)
     assert lines == ["error: --stride must be >= 0 (NER's windows; other tasks take none), got -1"]
 

@@ -97,6 +97,13 @@ def test_mixed_cjk_and_latin_join():
     assert [text[s:e] for s, e in offs] == ["我", "爱", "Python", "和", "北京"]
 
 
+def test_a_conll_file_of_document_marks_alone_is_not_called_empty(tmp_path):
+    with pytest.raises(DataError, match=r"d\.conll: holds no sentences, only -DOCSTART- lines$"):
+        read_ner(write(tmp_path, "d.conll", "-DOCSTART- O\n\n-DOCSTART- O\n"))
+    with pytest.raises(DataError, match=r"e\.conll: file is empty: no sentences found$"):
+        read_ner(write(tmp_path, "e.conll", "\n \n"))
+
+
 def test_a_file_whose_lines_end_in_cr_alone_is_named_not_read_as_one_line(tmp_path):
     said = r"its lines end in CR alone \(old Mac style\), so the whole file reads as one line"
     texts = write(tmp_path, "mac.txt", "Ann went\rBob came\r")

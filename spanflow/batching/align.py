@@ -140,7 +140,7 @@ def check_window_floor(max_length: int | None, stride: int | None) -> None:
 
     _whole(max_length, stride)
     if max_length is not None and max_length < MIN_LENGTH:
-        raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit, got {max_length}")
+        raise ConfigError(f"--max-length must be at least {MIN_LENGTH} (and at most the model's limit), got {max_length}")
     if stride is not None and stride < 0:
         raise ConfigError(f"--stride must be >= 0 (NER's windows; other tasks take none), got {stride}")
 

@@ -95,7 +95,9 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     path = os.fspath(path)
     sentences = list(_sentences(path))
     if not sentences:
-        raise DataError("file is empty: no sentences found", path=path)
+        marks = any(line.strip() for _, line in read_lines(path))  # -DOCSTART- lines are all it has
+        raise DataError("holds no sentences, only -DOCSTART- lines" if marks else "file is empty: no sentences found",
+                        path=path)
     for sent in sentences:
         for lineno, _, tag in sent:
             if split_tag(tag)[0] == "?":

@@ -80,8 +80,9 @@ def _out_format(path: str) -> str:
     kind = kind_of(path)
     if kind in ("npy", "jsonl"):
         return kind
-    hint = "; Arrow output is written as Parquet: use .parquet" if ext in IPC else ""
-    raise ConfigError(f"--output must end in .npy, .jsonl or .parquet, got {path!r}{hint}")
+    hint = ("; Arrow output is written as Parquet: use .parquet" if ext in IPC
+            else "; the output is JSON Lines, one record a line: name it .jsonl" if ext == ".json" else "")
+    raise ConfigError(f"--output must end in .npy, .jsonl (.ndjson) or .parquet (.pq), got {path!r}{hint}")
 
 
 def _check_columns(spec: EmbedSpec, fmt: str) -> None:
