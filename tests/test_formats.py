@@ -100,7 +100,7 @@ def test_mixed_cjk_and_latin_join():
 def test_a_conll_file_of_document_marks_alone_is_not_called_empty(tmp_path):
     with pytest.raises(DataError, match=r"d\.conll: holds no sentences, only -DOCSTART- lines$"):
         read_ner(write(tmp_path, "d.conll", "-DOCSTART- O\n\n-DOCSTART- O\n"))
-    with pytest.raises(DataError, match=r"e\.conll: file is empty: no sentences found$"):
+    with pytest.raises(DataError, match=r"e\.conll: file is empty$"):
         read_ner(write(tmp_path, "e.conll", "\n \n"))
 
 
