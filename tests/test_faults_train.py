@@ -446,3 +446,16 @@ def test_out_model_that_is_no_model_is_refused_before_training_and_litter_is_not
     (tmp_path / "notes.old").mkdir()  # but a NAME.old that is no model is never moved
     recover_dir(str(tmp_path / "notes"))
     assert (tmp_path / "notes.old").is_dir() and not (tmp_path / "notes").exists()
+
+
+def test_a_resume_in_another_precision_is_said(files, tmp_path, capsys):
+    """Allowed (a checkpoint moved to another machine), but the steps so far were trained in the
+    other: said, where the end line named only the precision of the last run."""
+    out = tmp_path / "run"
+    assert train(files, out, "--max-steps", "3") == 0
+    capsys.readouterr()
+    assert train(files, out, "--resume", "--precision", "bf16", "--max-steps", "4") == 0
+    assert ("note: the checkpoint's 3 steps were trained in fp32; this run goes on in bf16, and its scores are of a "
+            "model trained in both") in capsys.readouterr().out
+    assert train(files, out, "--resume", "--precision", "bf16", "--max-steps", "5") == 0
+    assert "were trained in" not in capsys.readouterr().out  # the checkpoint's last steps were bf16's

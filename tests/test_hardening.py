@@ -152,7 +152,7 @@ def test_a_truncated_checkpoint_is_one_error_line(trained, tmp_path, capsys):
     with open(f, "r+b") as fh:
         fh.truncate(os.path.getsize(f) // 3)
     fails(["train", "ner", "--train", train, "--out", str(out), "--resume", "--epochs", "2", "--max-tokens", "512"],
-          capsys, "checkpoint", "unreadable")
+          capsys, "checkpoint", f"unreadable: {f} (", "remove the checkpoint to start over, or run without --resume")
 
 
 def test_out_that_cannot_be_used_is_refused_before_training(trained, tmp_path, capsys):

@@ -60,13 +60,17 @@ def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 
     """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict. `identity`
     (run_identity of the run resuming): a checkpoint of another run is refused before its state
     is applied, naming what differs."""
+    path = os.path.join(ckpt_dir, TRAINER)
     try:
-        trainer = torch.load(os.path.join(ckpt_dir, TRAINER), map_location="cpu", weights_only=True)
-        with open(os.path.join(ckpt_dir, STATE), encoding="utf-8") as f:
+        trainer = torch.load(path, map_location="cpu", weights_only=True)
+        path = os.path.join(ckpt_dir, STATE)
+        with open(path, encoding="utf-8") as f:
             state = json.load(f)
     except Exception as e:  # truncated by a full disk or a copy; torch and json each fail their own way
-        raise ModelDirError(f"the checkpoint in {ckpt_dir} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
-                            "remove it to start over, or run without --resume") from None
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""  # torch's first line says what; the rest is advice
+        raise ModelDirError(f"the checkpoint in {ckpt_dir} is unreadable: {path} ({type(e).__name__}"
+                            f"{': ' + why[:160] if why else ''}); remove the checkpoint to start over, or run "
+                            "without --resume") from None
     if not isinstance(state, dict):
         raise ModelDirError(f"{os.path.join(ckpt_dir, STATE)} is not a JSON object; remove the checkpoint to start "
                             "over")

@@ -148,7 +148,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     os.makedirs(out_dir, exist_ok=True)
     identity = run_identity(items, opts, origin, processes=dist.world, course=hooks.course)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
-          "stopped": False, "first_loss": None, "run": identity}
+          "stopped": False, "first_loss": None, "run": identity, "precision": policy.name}
     _check_ranks_agree(identity, model, dist)  # before DDP, whose own check is a traceback of parameter sizes
     r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,
                   log, optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
@@ -158,6 +158,11 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank,
                                identity=identity)
         r.st["run"] = identity
+        was = r.st.get("precision")
+        if was is not None and was != policy.name:  # allowed (another machine, say), but the steps so far were not
+            log(f"note: the checkpoint's {r.st['global_step']} steps were trained in {was}; this run goes on in "
+                f"{policy.name}, and its scores are of a model trained in both")
+        r.st["precision"] = policy.name
         # --patience may change on resume: an early stop is decided again by the one given now, also
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
