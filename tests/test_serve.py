@@ -372,3 +372,44 @@ def test_the_timeout_counts_from_the_start_of_the_request(model_dirs, monkeypatc
     with client({"emb": model_dirs["emb"]}, timeout=30) as c:
         r = c.post("/v1/embeddings", json={"input": "Grace flew to Oslo"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+
+
+def test_a_large_request_whose_client_goes_is_dropped_from_the_queue():
+    """The client of a request of several batches closes its connection: its work was run to
+    the end for no one; now it is cancelled, and the batcher drops its queued units."""
+    from spanflow.serving.app import ClientGone, _unless_gone
+    from spanflow.serving.batcher import DynamicBatcher
+
+    gate, ran = Gate(), []
+
+    def run_batch(units):
+        ran.extend(units)
+        if len(ran) == 1:
+            gate.hold()  # the first batch holds the model while the client goes
+        return units
+
+    class Leaving:  # the ASGI messages after the body: the disconnect, once the client goes
+        def __init__(self):
+            self.left = asyncio.Event()
+
+        async def receive(self):
+            await self.left.wait()
+            return {"type": "http.disconnect"}
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=4, max_wait_ms=1)
+        b.start()
+        client = Leaving()
+        served = asyncio.ensure_future(_unless_gone(client, b.submit(list(range(10)), [4] * 10)))
+        await gate.running()
+        client.left.set()
+        with pytest.raises(ClientGone):
+            await served
+        queued = b.queued_tokens
+        gate.released.set()
+        assert await b.submit(["next"], [4]) == ["next"]
+        await b.close()
+        return queued
+
+    assert gate.run(main()) == 0
+    assert ran == [0, "next"]  # none of the gone client's other nine units ran

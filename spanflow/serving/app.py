@@ -189,7 +189,10 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 left = opts.timeout - (time.perf_counter() - t0)  # --timeout counts from the request's start
                 if left <= 0:
                     raise asyncio.TimeoutError
-                results = await batcher.submit(units, lengths, left)
+                work = batcher.submit(units, lengths, left)
+                # a request of several batches is dropped when its client goes (a small one ends within a batch,
+                # where watching would cost more than it saves)
+                results = await (_unless_gone(request, work) if sum(lengths) > batcher.max_tokens else work)
                 t3 = time.perf_counter()
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(e.retry_after)}) from None
@@ -198,6 +201,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None
+            except ClientGone:  # no one reads the answer; the status counts it in /metrics
+                return Response(status_code=499)
             answer = lambda: _json(service.respond(texts, units, results, ctx, sum(lengths), params))  # noqa: E731
             response = answer() if small else await off_loop(answer)
             for name, seconds in (("read", t1 - t0), ("tokenize", t2 - t1), ("batch", t3 - t2),
@@ -256,6 +261,34 @@ def _plain(x):
     if hasattr(x, "tolist"):
         return x.tolist()
     raise TypeError(f"{type(x).__name__} is not JSON serializable")
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited: its work was dropped."""
+
+
+async def _unless_gone(request: Request, work):
+    """`work`'s result, unless the client disconnects first: then `work` is cancelled (the batcher
+    drops its queued units) and ClientGone raised. After the body, the ASGI server's next
+    message is the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the handler itself is cancelled (shutdown): so is its work
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientGone()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
