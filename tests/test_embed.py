@@ -381,7 +381,7 @@ def test_embed_cli_max_length_cuts_texts_and_is_part_of_the_job(st_dir, tmp_path
     np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:12]), atol=1e-5)
     assert not np.allclose(np.load(out), whole, atol=1e-3)
     # under the floor, or over the model's limit: one line, before any work
-    for n, said in (("4", "--max-length must be between"), ("100000", "100000")):
+    for n, said in (("4", "--max-length must be at least 8"), ("100000", "100000")):
         assert main(["embed", "--model", st_dir, "--input", src, "--output", str(tmp_path / "x.npy"),
                      "--max-length", n]) == 2
         err = capsys.readouterr().err

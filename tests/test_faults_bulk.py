@@ -174,12 +174,13 @@ def test_no_room_to_reserve_the_npy_is_one_line(model, src, fresh, tmp_path, cap
 @pytest.mark.parametrize("ext,where", [("npy", "rows"), ("jsonl", "rows"), ("npy", "journal")])
 def test_a_write_failing_mid_job_keeps_the_journal_consistent(model, src, fresh, tmp_path, capsys, monkeypatch, ext,
                                                               where):
-    from spanflow.tasks.embed import job, journal
+    from spanflow.inference import journal
+    from spanflow.tasks.embed import job
 
     out = tmp_path / f"out.{ext}"
     with monkeypatch.context() as m:
         if where == "journal":  # the third chunk's journal entry
-            m.setattr(journal, "_write_synced", fails_on_call(journal._write_synced, 4))
+            m.setattr(journal, "write_synced", fails_on_call(journal.write_synced, 4))
             expect = f"cannot write the resume journal to {out}.progress.chunks.json"
         elif ext == "npy":
             m.setattr(job._ChunkWriter, "_pwrite_rows", fails_on_call(job._ChunkWriter._pwrite_rows, 3))

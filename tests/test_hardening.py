@@ -236,7 +236,7 @@ def test_predict_cleans_up_after_sigterm_and_after_a_killed_run(trained, tmp_pat
 def test_a_window_that_cannot_work_is_one_error_line(trained, tmp_path, capsys):
     _, train, model = trained
     out = ["--input", train, "--output", str(tmp_path / "p.jsonl")]
-    fails(["predict", "--model", model, *out, "--max-length", "2"], capsys, "--max-length must be between 8")
+    fails(["predict", "--model", model, *out, "--max-length", "2"], capsys, "--max-length must be at least 8")
     fails(["evaluate", "--model", model, "--data", train, "--stride", "500"], capsys, "--stride")
 
 

@@ -50,7 +50,7 @@ from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError
-from spanflow.tasks.embed.chunks import assemble, write_chunk
+from spanflow.inference.journal import assemble, write_chunk
 from spanflow.tasks.embed.journal import (
     ChunkDone,
     EmbedSpec,
@@ -299,7 +299,7 @@ def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, out: "_ChunkWriter"
     parts. The parts are copied, not renamed, so a kill before the commit leaves what --resume
     finishes from; a full disk here leaves the journal and the parts, and no final file."""
     if fmt == "parquet":
-        assemble(P, job.chunks, out.table([], np.zeros((0, out.dim), np.float32)), what=WHAT)
+        assemble(P.out, job.chunks, out.table([], np.zeros((0, out.dim), np.float32)), what=WHAT, kind="embed")
     if prog.stats.errors:
         _copy_into_place(P.errors_part, P.errors_partial, P.errors)
     elif os.path.exists(P.errors) and not _other_outputs(P.out):
@@ -361,7 +361,7 @@ class _ChunkWriter:
             if self.fmt == "npy":
                 self._pwrite_rows(w, chunk, emb)
             elif self.fmt == "parquet":
-                write_chunk(P, w, self.table(chunk, emb), what=WHAT)
+                write_chunk(P.out, w, self.table(chunk, emb), what=WHAT)
             else:
                 rows = _append(P.part, prog.end, [self._record(r, emb[k]) for k, r in enumerate(chunk)])
                 prog.end = rows[1]

@@ -2,28 +2,30 @@
 schemas (the spec that identifies the job, `<output>.progress.json`: the job's spec, input
 fingerprint, record and chunk counts, and `<output>.progress.chunks.json`: the finished
 chunks, where the parts end, the stats so far), and the layout of the .npy being filled.
-
-The names are fixed per output, not per process: `--resume` finds a killed run's files by name.
-That is safe because the job holds spanflow.atomic.claim_output(output) the whole time (see
-job.py): only the lock's holder touches them.
+Reading and writing journals, fingerprints and Parquet parts: spanflow/inference/journal.py,
+shared with `spanflow predict`.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
-import hashlib
 import os
 from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal
 
 import numpy as np
 from numpy.lib import format as npy_format
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from spanflow.atomic import writing
 from spanflow.errors import ConfigError
-from spanflow.schemas import NonNegativeInt, PositiveInt, expected, explain, first_field
+from spanflow.inference import journal as shared
+from spanflow.inference.journal import Fingerprint, fingerprint, write_journal  # noqa: F401 (the job's names)
+from spanflow.schemas import NonNegativeInt, PositiveInt, expected
+
+# a journal of this job: read_journal(path, schema), its messages naming the command
+read_journal = functools.partial(shared.read_journal, command="spanflow embed")
 
 
 class EmbedSpec(BaseModel):
@@ -53,14 +55,6 @@ class JobIdentity(EmbedSpec):
     # one of a single process (1) still resumes; a sharded one is a job with other settings
     world: Literal[1] = 1
     precision: str  # a resumed job must not mix precisions
-
-
-class Fingerprint(BaseModel):
-    """Size, mtime and SHA-256 of a file: what a resumed job checks it is reading the same input."""
-
-    size: NonNegativeInt
-    mtime_ns: int
-    sha256: str
 
 
 class Job(BaseModel):
@@ -112,55 +106,6 @@ class Progress(BaseModel):
     stats: Stats = Field(default_factory=Stats)
 
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def read_journal(path: str, schema: type[M]) -> M:
-    """A journal as `schema`; a ConfigError naming the file and the field at fault otherwise."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return schema.model_validate_json(f.read(), strict=True)
-    except OSError as e:
-        raise ConfigError(f"{path} is unreadable ({e.strerror}); remove it or drop --resume") from None
-    except ValidationError as e:
-        what = ("belongs to a job with other settings" if first_field(e) == "spec"
-                else "is damaged or was not written by spanflow embed")
-        raise ConfigError(f"{path} {what} ({explain(e)}); remove it or drop --resume") from None
-
-
-def write_journal(path: str, journal: BaseModel) -> None:
-    """Replace the journal at `path` in one step (synced: a crash, or a full disk, leaves the old
-    one or the new); a full or read-only disk is a WriteError."""
-    with writing("the resume journal", path):
-        _write_synced(path, journal.model_dump_json())
-
-
-def _write_synced(path: str, text: str) -> None:
-    """`text` synced at `path + ".partial"`, then renamed onto `path`. A fixed name, not a
-    per-process temporary: the job holds its output's lock (job.py), and a per-process name
-    would need a scan of the directory for stale ones at every chunk."""
-    tmp = path + ".partial"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def fingerprint(path: str) -> Fingerprint:
-    """The Fingerprint of the file at `path`."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    st = os.stat(path)
-    return Fingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=h.hexdigest())
-
-
 @dataclass
 class JobPaths:
     """The files of the job writing `out`."""
@@ -192,14 +137,6 @@ class JobPaths:
     def errors_part(self) -> str:
         """The finished chunks' error records, in order."""
         return self.out + ".errors.part"
-
-    def chunk_part(self, w: int) -> str:
-        """Chunk `w` of a Parquet output, a Parquet file of its own until the job assembles them."""
-        return f"{self.out}.chunk{w}.parquet"
-
-    def chunk_partial(self, w: int) -> str:
-        """Chunk `w` being written, renamed onto chunk_part(w) when whole (chunks.write_chunk)."""
-        return self.chunk_part(w) + ".partial"
 
     def legacy(self) -> list[tuple[str, str]]:
         """(name then, name now) of the files a single-process job of an earlier version journaled."""
