@@ -50,9 +50,9 @@ def embed(model, src, out, *extra):
     return main(["embed", "--model", model, "--input", src, "--output", str(out), *RUN, *extra])
 
 
-def predict(model, src, out):
+def predict(model, src, out, *extra):
     return main(["predict", "--model", model, "--input", src, "--output", str(out), "--max-tokens", "2048",
-                 "--precision", "fp32", "--device", "cpu"])
+                 "--precision", "fp32", "--device", "cpu", *extra])
 
 
 def one_error(rc, capsys, *expect):
@@ -124,15 +124,17 @@ def test_a_disk_filling_up_under_jsonl_resumes_at_the_first_unfinished_chunk(mod
         assert sorted(os.listdir(disk.path)) == ["out.jsonl"]
 
 
-def test_a_full_disk_under_predict_leaves_nothing(model, src, fresh, tmp_path, capsys):
+def test_a_full_disk_under_predict_leaves_nothing_at_the_output_and_resumes(model, src, fresh, tmp_path, capsys):
     with small_disk(tmp_path / "disk") as disk:
         out = disk.path / "p.jsonl"
         one_error(predict(model, src, out), capsys, f"cannot write the predictions to {out}",
                   "No space left on device")
-        assert os.listdir(disk.path) == []  # no final file, no temporary, no lock
+        # no final file, no temporary, no lock: the job's journal and what it synced, to go on from
+        assert sorted(os.listdir(disk.path)) == ["p.jsonl.partial", "p.jsonl.predict.json"]
         disk.remount("size=4m")
-        assert predict(model, src, out) == 0
+        assert predict(model, src, out, "--resume") == 0
         np.testing.assert_allclose(jsonl_vectors(out), fresh, atol=1e-5)
+        assert sorted(os.listdir(disk.path)) == ["p.jsonl"]
 
 
 def test_a_read_only_output_directory_is_one_line(model, src, tmp_path, capsys):
@@ -199,18 +201,18 @@ def test_a_write_failing_mid_job_keeps_the_journal_consistent(model, src, fresh,
 def test_predict_full_mid_file_leaves_nothing(model, src, tmp_path, capsys, monkeypatch):
     from spanflow.inference import predict_job
 
-    real = predict_job.atomic_open
+    real = predict_job._open_partial
 
     @contextmanager
-    def fills_up(path, *a, **kw):
-        with real(path, *a, **kw) as f:
+    def fills_up(path):
+        with real(path) as f:
             f.write = fails_on_call(f.write, 100)
             yield f
 
-    monkeypatch.setattr(predict_job, "atomic_open", fills_up)
+    monkeypatch.setattr(predict_job, "_open_partial", fills_up)
     out = tmp_path / "p.jsonl"
     one_error(predict(model, src, out), capsys, f"cannot write the predictions to {out}", "No space left on device")
-    assert os.listdir(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == ["p.jsonl.partial", "p.jsonl.predict.json"]  # nothing at the output
 
 
 def test_injected_read_only_directory_is_one_line(model, src, tmp_path, capsys, monkeypatch):

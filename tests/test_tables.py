@@ -636,12 +636,18 @@ def test_a_full_disk_under_parquet_is_one_write_error_and_nothing_at_the_output(
         err = capsys.readouterr().err
         assert [x for x in err.splitlines() if x.startswith("error")] == [
             f"error: cannot write the predictions to {out}: No space left on device"] and "Traceback" not in err
-        assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+        left = sorted(os.listdir(tmp_path))  # nothing at the output; the journal (and parts done) to resume from
+        assert "p.parquet" not in left and "p.parquet.predict.json" in left, left
         spec = EmbedSpec(input=str(src), output=str(tmp_path / "e.parquet"), chunk_size=8)
         with pytest.raises(WriteError, match=f"cannot write the embeddings to {spec.output}: No space left"):
             embed_file(embedder, spec, calibrate=False, **QUIET)
         assert not (tmp_path / "e.parquet").exists()
     embed_file(embedder, spec, resume=True, calibrate=False, **QUIET)  # space again: the job goes on
+    args = ["predict", "--model", enc_dir, "--input", str(src), "--precision", "fp32", "--device", "cpu"]
+    assert main([*args, "--output", str(out), "--resume"]) == 0
+    assert main([*args, "--output", str(tmp_path / "q.parquet")]) == 0
+    assert pq.read_table(out).equals(pq.read_table(tmp_path / "q.parquet"))
+    assert not (tmp_path / "p.parquet.predict.json").exists()
     embed_file(embedder, spec.model_copy(update={"output": str(tmp_path / "f.parquet")}), calibrate=False, **QUIET)
     assert pq.read_table(tmp_path / "e.parquet").equals(pq.read_table(tmp_path / "f.parquet"))
 

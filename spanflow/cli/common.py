@@ -201,6 +201,15 @@ def cut_line(model, count: int, read: str = "read") -> str:
             f"{read}{more}")
 
 
+def resume_hint(a, journal_of, where: str) -> str | None:
+    """The stop line's hint of a bulk job whose journal (`journal_of(output)`) is there: the same
+    command with --resume goes on from `where`; None where there is none."""
+    output = getattr(a, "output", None)
+    if output and os.path.exists(journal_of(output)):
+        return f"; the same command with --resume goes on from {where}"
+    return None
+
+
 def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:
     """The stderr line of a job whose input held no texts (it ran, and wrote an empty output), or
     none that could be read: every record an error record, which a wrong --field or --column makes."""

@@ -11,6 +11,7 @@ from spanflow.cli.common import (
     add_input_args,
     add_precision_arg,
     add_quantize_args,
+    resume_hint,
     warn_if_empty,
 )
 from spanflow.ray.cli import add_ray_args, run_ray
@@ -45,14 +46,9 @@ def add_parser(sub) -> None:
 def after_stop(a: argparse.Namespace) -> str | None:
     """What a stopped job left to go on from: its journal, which the same command with --resume
     takes up (docs/embeddings.md)."""
-    import os
-
     from spanflow.tasks.embed.journal import job_paths
 
-    output = getattr(a, "output", None)
-    if output and os.path.exists(job_paths(output).journal):
-        return "; the same command with --resume goes on from the last chunk written"
-    return None
+    return resume_hint(a, lambda out: job_paths(out).journal, "the last chunk written")
 
 
 def run(a: argparse.Namespace) -> int:

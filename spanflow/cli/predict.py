@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import functools
 
-from spanflow.cli.common import add_input_args, add_runtime_args, add_window_args, cut_line, warn_if_empty
+from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, cut_line, resume_hint,
+                                 warn_if_empty)
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -22,7 +23,16 @@ def add_parser(sub) -> None:
     add_input_args(p, kept_into="JSONL or .parquet")
     add_runtime_args(p)
     add_window_args(p)
+    p.add_argument("--resume", action="store_true", help="continue a killed run of the same job")
     add_ray_args(p)
+
+
+def after_stop(a: argparse.Namespace) -> str | None:
+    """What a stopped job left to go on from: its journal, which the same command with --resume
+    takes up (docs/inference.md)."""
+    from spanflow.inference.predict_journal import PredictPaths
+
+    return resume_hint(a, lambda out: PredictPaths(out).journal, "the last records written")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -69,7 +79,8 @@ def _run(a: argparse.Namespace, task) -> int:
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
-                         id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens)
+                         id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens, resume=a.resume,
+                         model_dir=a.model)
     print(f"wrote {counted(stats['records'], 'record')} to {a.output} ({counted(stats['errors'], 'error record')})")
     if stats.get("truncated"):  # a model that reads no windows reads a long text's start only
         print(f"note: {cut_line(model, stats['truncated'])}")

@@ -1,8 +1,9 @@
 """`spanflow predict` as a function: any task's model over a file of texts, streamed in input
-order into JSONL or Parquet (written aside, then renamed into place).
+order into JSONL or Parquet (written aside, then renamed into place), resumable.
 
 Parquet output (spanflow.data.tables has its columns) is written a row group at a time as
-predictions arrive, so memory stays bounded; its file appears at the output when complete.
+predictions arrive, each a part file, so memory stays bounded; its file appears at the output
+when complete. What a killed run leaves, and how a resumed one goes on: predict_journal.py.
 
 One writer per output: the job holds spanflow.atomic.claim_output(dst) from before it reads
 the input until the file is in place, so a second job on the same output stops at once,
@@ -10,6 +11,7 @@ naming the first one's pid, instead of the two racing to rename their files onto
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -18,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from spanflow.atomic import atomic_open, hold_output, make_output_folder, writing
+from spanflow.atomic import clean_stale, hold_output, make_output_folder, writing
 from spanflow.data.formats.common import read_lines_or_errors
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import Column, read_rows
@@ -30,10 +32,11 @@ from spanflow.data.tables import (
     is_table,
     output_schema,
     output_table,
-    parquet_output,
     table_rows,
 )
 from spanflow.errors import ConfigError, DataError
+from spanflow.inference.journal import assemble, write_chunk, write_journal
+from spanflow.inference.predict_journal import PredictJob, PredictPaths, PredictSpec, model_files, open_job
 
 WHAT = "the predictions"
 ROWS = 8192  # rows per Parquet row group
@@ -88,8 +91,9 @@ def _check_model(model, dst: str, fmt: str, keep: Sequence[str], types) -> None:
 
 def predict_file(model, src: str, dst: str, *, field: str = "text", column: Column | None = None,
                  skip_header: bool = False, id_column: str | None = None, keep: Sequence[str] = (),
-                 max_tokens: int | None = None, progress: bool = True, rows_per_group: int = ROWS) -> dict:
-    """Tag every record of `src` into `dst` (written to a temp file, then renamed).
+                 max_tokens: int | None = None, progress: bool = True, rows_per_group: int = ROWS,
+                 resume: bool = False, model_dir: str | None = None, log=print) -> dict:
+    """Tag every record of `src` into `dst` (nothing is at `dst` until the job ends).
 
     One output record per input record, in order; a bad input record becomes an error record
     ({"line" or, for a table, "row", and "error"} in JSONL, a null result and its `error` in
@@ -98,29 +102,74 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
     JSON has no form for as data.tables.json_value gives them). check_job's faults, and the
     model's own (_check_model), are raised before any record is read. A second job on `dst` is
     OutputBusy; a full or read-only disk is a WriteError, with nothing left at `dst`.
+
+    The job is synced every `rows_per_group` records (predict_journal.py): a killed run is gone on
+    with by the same call with `resume`, which checks the settings, the input and the model
+    (`model_dir`, the directory `model` was loaded from) and skips the records done.
     """
     fmt, types = check_job(src, dst, field=field, column=column, skip_header=skip_header, id_column=id_column,
                            keep=keep)
     _check_model(model, dst, fmt, keep, types)
-    rows = read_rows(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
+    spec = PredictSpec(input=os.path.abspath(src), field=field, column=column, skip_header=skip_header,
+                       id_column=id_column, keep=list(keep), format=fmt, rows_per_group=rows_per_group,
+                       model=os.path.abspath(model_dir) if model_dir else "", model_files=model_files(model_dir),
+                       precision=str(getattr(model, "precision_name", None)
+                                     or getattr(getattr(model, "policy", None), "name", "")),
+                       max_length=getattr(model, "max_length", None), stride=getattr(model, "stride", None))
     with ExitStack() as held:
         hold_output(held, dst, WHAT)
+        clean_stale(os.path.dirname(os.path.abspath(dst)), "predict")  # a killed run's temporary of the last step
+        P = PredictPaths(dst)
+        with writing(WHAT, dst):
+            job = open_job(P, spec, src, resume, log)
+        rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
+                                          id_column=id_column, keep=keep), job.records, None)
         # a bad line is a record too
         total = table_rows(src) if is_table(src) else sum(1 for _ in read_lines_or_errors(src))
         # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
-        bar = tqdm(total=total, unit="text", disable=None if progress else True, dynamic_ncols=True, mininterval=0.5)
+        bar = tqdm(total=total, initial=job.records, unit="text", disable=None if progress else True,
+                   dynamic_ncols=True, mininterval=0.5)
         try:
-            cut = getattr(model, "truncated", None)  # a model that cuts long texts counts them
             preds = _predictions(model, rows, bar, max_tokens)
+            done = _Done(P, job, model)
             if fmt == "parquet":
-                stats = _write_parquet(model, preds, dst, keep, types, rows_per_group)
+                _write_parquet(model, preds, done, keep, types, rows_per_group)
             else:
-                stats = _write_jsonl(model, preds, dst, keep, with_id=id_column is not None)
-            if cut is not None:
-                stats["truncated"] = model.truncated - cut
+                _write_jsonl(model, preds, done, keep, with_id=id_column is not None, every=rows_per_group)
+            P.remove_leftovers()  # the output is in place: the journal has nothing left to resume
+            stats = {"records": job.records, "errors": job.errors}
+            if getattr(model, "truncated", None) is not None:
+                stats["truncated"] = job.truncated
             return stats
         finally:
             bar.close()
+
+
+class _Done:
+    """Records whose output is written and synced: counted into the journal, rewritten at each sync."""
+
+    def __init__(self, P: PredictPaths, job: PredictJob, model):
+        self.P, self.job, self.model = P, job, model
+        self.cut0 = getattr(model, "truncated", None)  # a model that cuts long texts counts them
+        self.truncated0 = job.truncated
+        self.records = self.errors = 0  # since the last sync
+
+    def add(self, record) -> None:
+        self.records += 1
+        self.errors += isinstance(record.text, DataError)
+
+    def sync(self, *, end: int | None = None, parts: int | None = None) -> None:
+        job = self.job
+        job.records += self.records
+        job.errors += self.errors
+        self.records = self.errors = 0
+        if self.cut0 is not None:
+            job.truncated = self.truncated0 + self.model.truncated - self.cut0
+        if end is not None:
+            job.end = end
+        if parts is not None:
+            job.parts = parts
+        write_journal(self.P.journal, job)
 
 
 def _predictions(model, rows: Iterable, bar, max_tokens: int | None) -> Iterator[tuple]:
@@ -143,22 +192,37 @@ def _predictions(model, rows: Iterable, bar, max_tokens: int | None) -> Iterator
         yield pending.popleft(), result
 
 
-def _write_jsonl(model, preds: Iterable[tuple], dst: str, keep: Sequence[str], *, with_id: bool) -> dict:
-    n = n_err = 0
-    # the input was opened and read through once already (the count): an OSError in here is the
-    # output's. atomic_open also removes what a run killed by SIGKILL left.
-    with writing(WHAT, dst), atomic_open(dst, "predict", ".jsonl") as f:
-        for r, result in preds:
-            err = r.text if isinstance(r.text, DataError) else None
-            rec = ({"id": r.id} if with_id else {}) | dict(zip(keep, r.kept))
-            if err is not None:
-                rec |= error_fields(err)
-                n_err += 1
-            else:
-                rec |= model.output_record(r.text, result)
-            f.write(json_line(rec) + "\n")
-            n += 1
-    return {"records": n, "errors": n_err}
+def _write_jsonl(model, preds: Iterable[tuple], done: _Done, keep: Sequence[str], *, with_id: bool,
+                 every: int) -> None:
+    """The records after those done, appended to OUT.partial (cut back to where the journal says
+    the done ones end), synced every `every` records; renamed onto the output at the end."""
+    P = done.P
+    # the input was opened and read through once already (the count): an OSError in here is the output's
+    with writing(WHAT, P.out):
+        with _open_partial(P.partial) as f:
+            f.truncate(done.job.end)  # a record half-written when the run was killed
+            f.seek(done.job.end)
+            for r, result in preds:
+                err = r.text if isinstance(r.text, DataError) else None
+                rec = ({"id": r.id} if with_id else {}) | dict(zip(keep, r.kept))
+                rec |= error_fields(err) if err is not None else model.output_record(r.text, result)
+                f.write((json_line(rec) + "\n").encode("utf-8"))
+                done.add(r)
+                if done.records == every:
+                    _sync(f, done)
+            _sync(f, done)
+        os.replace(P.partial, P.out)
+
+
+def _open_partial(path: str):
+    """The partial file to go on writing (made where missing), for reading and writing bytes."""
+    return os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+b")
+
+
+def _sync(f, done: _Done) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+    done.sync(end=f.tell())
 
 
 def _table(model, batch: list[tuple], keep: Sequence[str], types):
@@ -169,17 +233,25 @@ def _table(model, batch: list[tuple], keep: Sequence[str], types):
                         kept, types=types)
 
 
-def _write_parquet(model, preds: Iterable[tuple], dst: str, keep: Sequence[str], types, rows_per_group: int) -> dict:
-    n = n_err = 0
+def _write_parquet(model, preds: Iterable[tuple], done: _Done, keep: Sequence[str], types, every: int) -> None:
+    """Each `every` records after those done, one part file (a row group), synced and journaled;
+    at the end the parts, in order, as the output."""
     batch: list[tuple] = []
-    with parquet_output(dst, what=WHAT, kind="predict") as out:
-        for item in preds:
-            batch.append(item)
-            n += 1
-            n_err += isinstance(item[0].text, DataError)
-            if len(batch) == rows_per_group:
-                out.write(_table(model, batch, keep, types))
-                batch = []
-        if batch or out.rows == 0:  # an empty input still gets a file with the schema
-            out.write(_table(model, batch, keep, types))
-    return {"records": n, "errors": n_err}
+    parts = done.job.parts
+
+    def flush() -> None:
+        nonlocal batch, parts
+        write_chunk(done.P.out, parts, _table(model, batch, keep, types), what=WHAT)
+        parts += 1
+        for r, _ in batch:
+            done.add(r)
+        done.sync(parts=parts)
+        batch = []
+
+    for item in preds:
+        batch.append(item)
+        if len(batch) == every:
+            flush()
+    if batch:
+        flush()
+    assemble(done.P.out, parts, _table(model, [], keep, types), what=WHAT, kind="predict")

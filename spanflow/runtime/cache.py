@@ -27,7 +27,7 @@ def device_name(device: torch.device) -> str:
     return f"{device.type} ({torch.get_num_threads()} threads)"
 
 
-def _fingerprint(model: str) -> str:
+def model_fingerprint(model: str) -> str:
     """The size and modification time of the files of a model directory and of its folders (an
     encoder, a pooling config; no deeper, where a cache or a run's outputs may sit): a model
     retrained or saved over in place is a new model, whose verdicts and profiles are measured again."""
@@ -71,7 +71,7 @@ def cache_path(kind: str, *, model: str, device: torch.device, task: str, mode: 
         raise ValueError(f"cache kind {kind!r}; expected one of {KINDS}")
     if precision not in RESOLVED:  # a key made of the asked "auto" is never found by a run that resolved it
         raise ValueError(f"cache keys take a resolved precision ({', '.join(RESOLVED)}), got {precision!r}")
-    parts = [os.path.abspath(model) if os.path.exists(model) else model, _fingerprint(model), device_name(device),
+    parts = [os.path.abspath(model) if os.path.exists(model) else model, model_fingerprint(model), device_name(device),
              task, mode, precision, quantize or "none"]
     digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     return os.path.join(cache_root(), kind, digest + ".json")

@@ -1,0 +1,143 @@
+"""The files of a resumable `spanflow predict` job, beside its output `OUT` while it runs:
+`OUT.predict.json`, the journal (the job's settings, its input's fingerprint, how many input
+records are done), and what is done: for JSONL, `OUT.partial`, the records in order (synced up to
+where the journal says); for Parquet, `OUT.chunk<k>.parquet`, one file per finished row group.
+A killed run leaves them; the same command with `--resume` checks the settings and the input,
+skips the records done and goes on; without it a new run removes them first. Nothing is at `OUT`
+until the job ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spanflow.errors import ConfigError
+from spanflow.inference.journal import Fingerprint, fingerprint, read_journal, write_journal
+from spanflow.schemas import NonNegativeInt
+
+COMMAND = "spanflow predict"
+
+
+class PredictSpec(BaseModel):
+    """What a job is: a resumed one must match it, or its records would mix two jobs' results."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: str
+    field: str
+    column: int | str | None
+    skip_header: bool
+    id_column: str | None
+    keep: list[str]
+    format: Literal["jsonl", "parquet"]
+    rows_per_group: int
+    model: str  # the directory as given, and a digest of its files' sizes and times
+    model_files: str
+    precision: str
+    max_length: int | None
+    stride: int | None
+
+
+class PredictJob(BaseModel):
+    """`OUT.predict.json`: the job, and how far it got (rewritten at each synced row group)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: PredictSpec
+    input: Fingerprint
+    records: NonNegativeInt = 0  # input records whose output is synced
+    errors: NonNegativeInt = 0
+    truncated: NonNegativeInt = 0
+    end: NonNegativeInt = 0  # JSONL: bytes of OUT.partial that hold those records
+    parts: NonNegativeInt = 0  # Parquet: finished part files
+    seconds: float = Field(default=0.0, ge=0)
+
+
+@dataclass
+class PredictPaths:
+    """The files of the job writing `out`."""
+
+    out: str
+
+    @property
+    def journal(self) -> str:
+        return self.out + ".predict.json"
+
+    @property
+    def partial(self) -> str:
+        return self.out + ".partial"
+
+    def leftovers(self) -> list[str]:
+        """What a killed or failed run of this output may have left."""
+        found = glob.glob(glob.escape(self.out) + ".chunk[0-9]*")
+        return found + [p for p in (self.partial, self.journal, self.journal + ".partial") if os.path.exists(p)]
+
+    def remove_leftovers(self) -> None:
+        for p in self.leftovers():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
+
+
+def model_files(model_dir: str | None) -> str:
+    """A digest of a model directory's files (sizes and times): a model saved over in place is
+    another model, whose results a resumed job must not mix with the first one's."""
+    from spanflow.runtime.cache import model_fingerprint
+
+    if not model_dir:
+        return ""
+    return hashlib.sha1(model_fingerprint(model_dir).encode()).hexdigest()[:16]
+
+
+def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) -> PredictJob:
+    """The interrupted job's journal, checked against `spec` and the input, where `resume` finds
+    one; else a new job, its journal written, anything an earlier run left removed."""
+    source = fingerprint(src)
+    if resume and os.path.exists(P.journal):
+        job = read_journal(P.journal, PredictJob, COMMAND)
+        _check_same(P, job, spec, src, source)
+        _check_done(P, job)
+        log(f"--resume: {job.records} records of {P.out} were done; predicting from record {job.records + 1}")
+        return job
+    if resume:
+        log(f"--resume: no interrupted job of {P.out} to go on with; predicting the whole input")
+    P.remove_leftovers()
+    job = PredictJob(spec=spec, input=source)
+    write_journal(P.journal, job)
+    return job
+
+
+def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, source: Fingerprint) -> None:
+    was, now = job.spec.model_dump(), spec.model_dump()
+    key = next((k for k in now if was[k] != now[k]), None)
+    if key is not None:
+        shown = {"model_files": "model files (the model was saved over since)"}.get(key, key)
+        raise ConfigError(f"{P.journal} belongs to a job with other settings ({shown} {was[key]!r} then, "
+                          f"{now[key]!r} now); resume with those, or drop --resume to start over")
+    if (job.input.size, job.input.sha256) != (source.size, source.sha256):
+        change = f"{job.input.size} -> {source.size} bytes" if job.input.size != source.size else \
+            "same size, other content"
+        raise ConfigError(f"{src} changed since the interrupted job began ({change}): its finished records would not "
+                          "match the file; drop --resume to start over")
+
+
+def _check_done(P: PredictPaths, job: PredictJob) -> None:
+    """A ConfigError where what the journal says is done is not there (cut or removed by hand):
+    going on would leave a gap in the output."""
+    if job.spec.format == "jsonl":
+        size = os.path.getsize(P.partial) if os.path.exists(P.partial) else 0
+        if size < job.end:
+            raise ConfigError(f"{P.partial} holds {size} bytes, fewer than the {job.end} that {P.journal} records "
+                              "as done: it was cut or removed; drop --resume to start over")
+        return
+    from spanflow.inference.journal import chunk_part
+
+    gone = [k for k in range(job.parts) if not os.path.exists(chunk_part(P.out, k))]
+    if gone:
+        raise ConfigError(f"{chunk_part(P.out, gone[0])}, which {P.journal} records as done, is gone; drop --resume "
+                          "to start over")

@@ -1,0 +1,114 @@
+"""`spanflow predict --resume`: a killed job leaves its journal and the records it synced, never a
+file at the output; the same job resumed skips them and ends with the output an uninterrupted run
+writes. Another job's journal, a changed input or a cut partial file is refused, not mixed in."""
+import json
+import os
+
+import pytest
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError
+from spanflow.inference.predict_job import predict_file
+from spanflow.runtime.policy import resolve_policy
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+TEXTS = [e.text for e in synthetic_ner(22, seed=5)]
+QUIET = dict(progress=False, log=lambda s: None)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from spanflow.models.encoder import build_tiny
+    from spanflow.tasks.ner import NerModel
+
+    enc, tok = build_tiny(TEXTS, hidden=16, embedding=16, bigram_buckets=101, max_length=128)
+    return NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=64, policy=resolve_policy("fp32", "cpu"))
+
+
+@pytest.fixture()
+def src(tmp_path):
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps({"text": t}) for t in TEXTS]
+    lines[5] = '{"text": 5}'  # an error record among them, counted across the resume
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def killed_after(model, results: int, *args, **kw) -> None:
+    """predict_file stopped (as Ctrl-C or a kill stops it) after `results` predictions."""
+    real = model.predict_stream
+
+    def dies(texts, **k):
+        for n, r in enumerate(real(texts, **k)):
+            if n == results:
+                raise KeyboardInterrupt
+            yield r
+
+    model.predict_stream = dies
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            predict_file(model, *args, **kw)
+    finally:
+        del model.predict_stream
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_a_killed_job_resumes_to_the_uninterrupted_output(model, src, tmp_path, ext):
+    out, ref = str(tmp_path / f"out.{ext}"), str(tmp_path / f"ref.{ext}")
+    want = predict_file(model, src, ref, rows_per_group=4, **QUIET)
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)  # two groups of 4 synced, 2 more not
+    journal = json.loads((tmp_path / f"out.{ext}.predict.json").read_text())
+    assert journal["records"] == 8 and journal["errors"] == 1 and not os.path.exists(out)
+    if ext == "jsonl":
+        with open(out + ".partial", "ab") as f:  # a record half-written when the kill came
+            f.write(b'{"entities": [')
+    got = predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET)
+    assert got == want == {"records": 22, "errors": 1}
+    if ext == "jsonl":
+        assert open(out, "rb").read() == open(ref, "rb").read()
+    else:
+        assert pq.read_table(out).equals(pq.read_table(ref)) and pq.ParquetFile(out).metadata.num_row_groups == 6
+    assert sorted(os.listdir(tmp_path)) == sorted(["in.jsonl", f"out.{ext}", f"ref.{ext}"])  # nothing left beside
+
+
+def test_a_run_without_resume_starts_over_and_removes_what_the_killed_one_left(model, src, tmp_path):
+    out = str(tmp_path / "out.parquet")
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
+    assert os.path.exists(out + ".chunk1.parquet")
+    assert predict_file(model, src, out, rows_per_group=4, **QUIET) == {"records": 22, "errors": 1}
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.parquet"]
+    said = []
+    predict_file(model, src, out, rows_per_group=4, resume=True, progress=False, log=said.append)
+    assert said == [f"--resume: no interrupted job of {out} to go on with; predicting the whole input"]
+
+
+def test_a_resume_of_another_job_or_input_is_refused(model, src, tmp_path):
+    out = str(tmp_path / "out.jsonl")
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
+    with pytest.raises(ConfigError, match=r"belongs to a job with other settings \(rows_per_group 4 then, 8 now\)"):
+        predict_file(model, src, out, rows_per_group=8, resume=True, **QUIET)
+    with pytest.raises(ConfigError, match=r"belongs to a job with other settings \(field 'text' then, 'body' now\)"):
+        predict_file(model, src, out, rows_per_group=4, field="body", resume=True, **QUIET)
+    with open(out + ".partial", "r+b") as f:  # cut by hand: the records the journal says are done are not all there
+        f.truncate(10)
+    with pytest.raises(ConfigError, match=r"holds 10 bytes, fewer than the \d+ that .* records as done"):
+        predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET)
+    text = open(src, encoding="utf-8").read()
+    with open(src, "w", encoding="utf-8") as f:  # the same size, another text
+        f.write(text.replace("a", "b", 1) if "a" in text else text.replace("e", "f", 1))
+    with pytest.raises(ConfigError, match=r"changed since the interrupted job began \(same size, other content\)"):
+        predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET)
+    assert not os.path.exists(out)
+
+
+def test_a_stopped_predict_says_how_to_go_on(model, src, tmp_path):
+    import argparse
+
+    from spanflow.cli import predict
+
+    out = str(tmp_path / "out.jsonl")
+    assert predict.after_stop(argparse.Namespace(output=out)) is None
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
+    assert predict.after_stop(argparse.Namespace(output=out)) == (
+        "; the same command with --resume goes on from the last records written")
