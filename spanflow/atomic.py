@@ -105,9 +105,12 @@ def _check_links(path: str) -> None:
     made: the write goes through the link (replace the target, keep the link), so the target's
     folder must be there; else the lock beside it failed with a traceback."""
     folder = os.path.dirname(os.path.abspath(path))
-    if os.path.islink(folder) and not os.path.exists(folder):
-        raise ConfigError(f"{path}: its folder {folder} is a link to {os.readlink(folder)}, which does not exist; "
-                          "make it, or give another path", field="output")
+    while folder and not os.path.exists(folder):  # the folders to be made, up to the first one there
+        if os.path.islink(folder):
+            raise ConfigError(f"{path}: its folder {folder} is a link to {os.readlink(folder)}, which does not exist; "
+                              "make it, or give another path", field="output")
+        parent = os.path.dirname(folder)
+        folder = "" if parent == folder else parent
     if os.path.islink(path) and not os.path.exists(path):
         target = os.path.realpath(path)
         if not os.path.isdir(os.path.dirname(target)):

@@ -125,6 +125,8 @@ def test_columns_by_index_and_name(tmp_path):
         read_pairs(path, columns="1,01,3")
     with pytest.raises(ConfigError, match="columns: s1 named twice"):
         read_pairs(jl, columns="s1,s2,s1")
+    with pytest.raises(DataError, match=r"missing column '²'"):  # a superscript is a name, not an index
+        read_pairs(path, columns="²,s1")
     with pytest.raises(DataError, match=r"p\.csv:1: missing column 'nope'"):
         read_pairs(path, columns="s1,nope")
 

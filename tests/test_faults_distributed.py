@@ -116,14 +116,23 @@ def test_a_full_disk_under_torchrun_is_one_line(train_file, tmp_path):
     assert_one_line(r, f"error: cannot write the best model to {disk / 'run' / 'model'}: No space left on device")
 
 
-def _train_worker(rank, world, port, out):
+def _other_lengths(rank):
+    """The same words, tokens and count of texts on each rank, cut into texts of other lengths."""
+    from spanflow.data.examples import NerExample
+
+    cuts = ["Ann met Bob", "in Rome today"] if rank == 0 else ["Ann met", "Bob in Rome today"]
+    return [NerExample(t, [(0, 3, "PER")]) for t in cuts] * 10
+
+
+def _train_worker(rank, world, port, out, same_size=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu", OMP_NUM_THREADS="1")
     from spanflow.tasks.ner import train_ner
     from spanflow.training.distributed import exit_now, shutdown
     from spanflow.training.options import TrainOptions
 
-    data = synthetic_ner(40 if rank == 0 else 36, seed=2, max_clauses=2)  # another node's copy of the data
+    data = (_other_lengths(rank) if same_size  # another node's copy of the data
+            else synthetic_ner(40 if rank == 0 else 36, seed=2, max_clauses=2))
     try:
         train_ner(data, None, out_dir=os.path.join(out, "run"), log_fn=lambda s: None,
                   options=TrainOptions(epochs=1, max_tokens=512, max_length=64, log_every=0))
@@ -136,14 +145,16 @@ def _train_worker(rank, world, port, out):
     exit_now(0)
 
 
-def test_processes_that_read_other_data_are_told_before_training():
+@pytest.mark.parametrize("same_size", [False, True])
+def test_processes_that_read_other_data_are_told_before_training(same_size):
     """Each node reads its own copy of the data: another copy trained on silently, or (a tiny
     vocabulary built from it) met DDP's traceback of parameter sizes. Rank 0 names the rank and
     what differs; the other stops quietly."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        ctx = mp.start_processes(_train_worker, args=(2, free_port(), out), nprocs=2, join=False, start_method="spawn")
+        ctx = mp.start_processes(_train_worker, args=(2, free_port(), out, same_size), nprocs=2, join=False,
+                                 start_method="spawn")
         deadline = time.monotonic() + 240
         try:
             while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
@@ -154,7 +165,11 @@ def test_processes_that_read_other_data_are_told_before_training():
         r0 = open(os.path.join(out, "rank0.txt")).read().strip()
         r1 = open(os.path.join(out, "rank1.txt")).read().strip()
         assert not os.path.exists(os.path.join(out, "run", "model"))
-    assert r0.startswith("DataError: rank 1 has training data of 36 items") and "against rank 0's 40" in r0, r0
+    if same_size:
+        assert r0.startswith("DataError: rank 1 has training data of other lengths (as many items and tokens as "
+                             "rank 0's, 20 and "), r0
+    else:
+        assert r0.startswith("DataError: rank 1 has training data of 36 items") and "against rank 0's 40" in r0, r0
     assert r0.endswith("every process of a run must read the same training data (on several machines, the same "
                        "file on each)"), r0
     assert r1.startswith("PeerFailed:"), r1

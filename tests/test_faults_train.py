@@ -459,3 +459,13 @@ def test_a_resume_in_another_precision_is_said(files, tmp_path, capsys):
             "model trained in both") in capsys.readouterr().out
     assert train(files, out, "--resume", "--precision", "bf16", "--max-steps", "5") == 0
     assert "were trained in" not in capsys.readouterr().out  # the checkpoint's last steps were bf16's
+
+
+def test_two_rates_alike_to_three_digits_are_shown_whole():
+    from spanflow.errors import ConfigError
+    from spanflow.training.checkpoint import check_same_run
+
+    run = {"model": "tiny", "model_files": None, "items": 3, "tokens": 30, "digest": "x", "processes": 1,
+           "course": {}, "options": {"lr": 0.00012341}}
+    with pytest.raises(ConfigError, match=r"--lr 0\.00012341 \(now 0\.00012339\)"):  # not "0.000123 (now 0.000123)"
+        check_same_run(run, {**run, "options": {"lr": 0.00012339}}, "ckpt")

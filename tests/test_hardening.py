@@ -291,3 +291,26 @@ def test_a_dev_set_with_no_gold_is_refused_before_training(tmp_path, capsys):
     fails(["train", "re", "--train", str(re_train), "--dev", str(re_dev), "--out", str(tmp_path / "r"), *FAST], capsys,
           'the --dev data holds no triples (no gold to score against)')
     assert not (tmp_path / "r").exists()
+
+
+STOP_TWICE = """
+import os, signal
+from spanflow.cli.main import Terminated, _install_handlers
+_install_handlers(True)  # the command line's handlers
+try:
+    os.kill(os.getpid(), signal.SIGHUP)  # a closed terminal
+    print("not stopped")
+except Terminated as e:
+    # the clean-up runs now: a second signal (the terminal's Ctrl-C, a scheduler's SIGTERM) is ignored
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("stopped by", e.signum, "and the clean-up ran to its end")
+"""
+
+
+def test_a_stop_is_handled_once_and_sighup_stops_as_sigterm_does():
+    """SIGHUP killed a command outright (no clean-up: --out's lock left); and a second signal while
+    the first was being handled raised again inside the clean-up, as a traceback."""
+    r = subprocess.run([sys.executable, "-c", STOP_TWICE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"stopped by {int(signal.SIGHUP)} and the clean-up ran to its end", \
+        r.stdout + r.stderr

@@ -105,4 +105,8 @@ def test_an_output_through_a_link_that_leads_nowhere_is_named(tmp_path, capsys):
     with pytest.raises(ConfigError, match="whose folder .* does not exist"):
         with claim_output(str(dangling)):
             pass
+    deeper = tmp_path / "dl" / "sub" / "x.jsonl"  # a folder below the link: the link is named too
+    with pytest.raises(ConfigError, match=f"its folder {tmp_path / 'dl'} is a link to"):
+        with claim_output(str(deeper)):
+            pass
     assert not (tmp_path / "gone").exists() and not (tmp_path / "gone2").exists()

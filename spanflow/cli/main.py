@@ -8,7 +8,8 @@ were writing, because they are the same fault: the same full disk gives the same
 met it, and it is the user's to fix (free space, another --out), not a bug to report. 1: stdout was
 closed by its reader (`spanflow evaluate --json | head -c 10`), quietly, as Python's documentation
 of SIGPIPE recommends; also a training process whose peer in the job (torchrun) stopped. 130:
-Ctrl-C; 143: SIGTERM. Any other error is a bug and keeps its traceback.
+Ctrl-C; 143: SIGTERM (129 SIGHUP, 131 SIGQUIT, which stop a command the same way). Any other
+error is a bug and keeps its traceback.
 
 Under torchrun a signal reaches every rank, and a stopped peer every survivor: rank 0 alone
 says so, in one line.
@@ -43,11 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that every command cleans up the same way."""
+    """SIGTERM (or SIGHUP, SIGQUIT), raised like Ctrl-C so that every command cleans up the same
+    way; the exit code is 128 + `signum`."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__()
+        self.signum = signum
 
 
 def _on_sigterm(signum, frame):
-    raise Terminated()
+    raise Terminated(signum)
 
 
 # stops a command ends as it ends on SIGTERM: its lock released, its resume hint said (a closed
@@ -55,14 +61,27 @@ def _on_sigterm(signum, frame):
 STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
-def _stopping(entry: bool) -> None:
-    """Once a stop is being handled, later signals wait: a second Ctrl-C or SIGTERM (a terminal
-    and a scheduler both send them to every process) raised again inside the clean-up, as a
-    traceback. Only where main() is the process's command line (`entry`): a program or a test that
-    calls it goes on, with its own handlers."""
-    if entry and threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, *STOPS):
-            signal.signal(sig, signal.SIG_IGN)
+def _on_stop(signum, frame):
+    """The command line's handler of Ctrl-C and the stops: later ones are ignored from here on, as
+    this one unwinds through the commands' clean-up (a terminal and a scheduler send them to every
+    process, and a second one raised inside a clean-up, leaving a lock or a temporary behind)."""
+    for sig in (signal.SIGINT, *STOPS):
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _install_handlers(entry: bool) -> None:
+    """_on_stop for the command line (`entry`); a program or a test that calls main() keeps its
+    own handlers but SIGTERM's, which stops a command as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if entry:
+        for sig in (signal.SIGINT, *STOPS):  # serve's uvicorn installs its own for SIGTERM and SIGINT, to drain
+            signal.signal(sig, _on_stop)
+    else:
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 # how a collective fails when a peer of the job has gone (gloo's TCP pairs, NCCL's watchdog)
@@ -174,18 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         root.addHandler(handler)
         root.setLevel(logging.INFO)
     entry = argv is None
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOPS:  # serve's uvicorn installs its own for SIGTERM and SIGINT, to drain requests
-            signal.signal(sig, _on_sigterm)
+    _install_handlers(entry)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)  # imports every command's module: a second or so
-    except Terminated:  # a KeyboardInterrupt of its own: first
-        _stopping(entry)
+    except Terminated as e:  # a KeyboardInterrupt of its own: first
         _say("terminated")
-        return 143
+        return 128 + e.signum
     except KeyboardInterrupt:
-        _stopping(entry)
         _say("interrupted")
         return 130
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
@@ -204,12 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         return _leave_group(2)
     except BrokenPipeError:
         return _stdout_gone()
-    except Terminated:
-        _stopping(entry)
+    except Terminated as e:
         _say("terminated" + _after_stop(args))
-        return _leave_now(143, entry)
+        return _leave_now(128 + e.signum, entry)
     except KeyboardInterrupt:
-        _stopping(entry)
         _say("interrupted" + _after_stop(args))
         return _leave_now(130, entry)
     except Exception as e:

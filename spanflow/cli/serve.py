@@ -95,7 +95,7 @@ def run(a: argparse.Namespace) -> int:
         print("routes: " + ", ".join(f"POST {r} ({t})" for r, t in routes.items())
               + "; GET /health, /ready, /v1/models, /metrics, /docs", flush=True)
         if not opts.api_key and not _loopback(socks):
-            print(f"warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches {a.host}:{port} can use "
+            print(f"warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches {host}:{port} can use "
                   "these models", file=sys.stderr, flush=True)
         serve_on(socks, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
                  # whole seconds, rounded up: a --timeout under 1 s would cancel requests in flight

@@ -197,7 +197,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(e.retry_after)}) from None
             except TooMuchWork as e:
-                raise HttpError(413, f"{e} (--timeout)") from None
+                raise HttpError(413, f"{e} (--timeout {opts.timeout:g})") from None
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
                                      "dropped") from None

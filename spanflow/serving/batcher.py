@@ -166,8 +166,14 @@ class DynamicBatcher:
         whole = self.service.seconds(self.queued_tokens, self.max_tokens, calls)
         if whole is None:
             return None
-        turns = sum(self.service.seconds(min(r.queued, self.max_tokens), self.max_tokens, 1) or 0.0
-                    for r in self._queue if r.queued and not r.cancelled)
+        waiting = [r for r in self._queue if r.queued and not r.cancelled]
+        if self.per_request:
+            turns = sum(self.service.seconds(min(r.queued, self.max_tokens), self.max_tokens, 1) for r in waiting)
+        else:  # a batch of each request larger than one; the small ones share batches
+            large = sum(r.queued > self.max_tokens for r in waiting)
+            small = sum(r.queued for r in waiting if r.queued <= self.max_tokens)
+            turns = (large * self.service.seconds(self.max_tokens, self.max_tokens, 1)
+                     + (self.service.seconds(small, self.max_tokens) if small else 0.0))
         return min(whole, turns)
 
     def admit(self, need: int, timeout_s: float | None = None) -> None:
@@ -178,8 +184,8 @@ class DynamicBatcher:
         behind a large request an empty queue took."""
         own = self.service.seconds(need, self.max_tokens)
         if need and timeout_s is not None and own is not None and own > timeout_s:
-            raise TooMuchWork(f"this request is {need} tokens, about {own:.0f}s of model time at the measured rate, "
-                              f"over the {timeout_s:.0f}s timeout: send fewer or shorter texts a request")
+            raise TooMuchWork(f"this request is {need} tokens, about {own:.1f}s of model time at the measured rate, "
+                              f"over the {timeout_s:.1f}s left of its timeout: send fewer or shorter texts a request")
         if not self.queued_tokens:
             return  # an empty queue takes anything (a single request may exceed the bound)
         wait = self.queue_wait_s()

@@ -22,7 +22,8 @@ class ServeOptions:
     model_max_tokens: dict[str, int] = field(default_factory=dict)  # per served model, where measured
     max_wait_ms: float = opt(2.0, "longest a request waits for a batch to fill; under load batches also form "
                                   "while the model is busy")
-    max_queue_tokens: int = opt(1 << 18, "queued tokens beyond which requests get 429 with Retry-After")
+    max_queue_tokens: int = opt(1 << 18, "queued tokens beyond which requests larger than one batch get 429 with "
+                                          "Retry-After (a small one is held by the queue wait bound)")
     max_queue_wait_ms: float = opt(1000.0, "429 with Retry-After when the queued work would take longer than this "
                                            "to start, at the measured rate")
     max_request_bytes: int = opt(1 << 20, "larger bodies get 413")

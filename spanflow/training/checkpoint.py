@@ -179,7 +179,9 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
         if k in ("lr", "head_lr") and processes:
             continue  # a rate follows the processes' update: said above, not blamed on a flag never given
         if k in now["options"] and now["options"][k] != v:
-            changed.append(f"--{k.replace('_', '-')} {_num(v)} (now {_num(now['options'][k])})")
+            was, is_ = _num(v), _num(now["options"][k])
+            was, is_ = (was, is_) if was != is_ else (repr(v), repr(now["options"][k]))  # rates 3 digits alike
+            changed.append(f"--{k.replace('_', '-')} {was} (now {is_})")
     if changed:
         raise ConfigError(f"--resume: the checkpoint in {ckpt_dir} is of a run with {'; '.join(changed)}; resume with "
                           "what it was started with, or start a new run (another --out, or no --resume)")

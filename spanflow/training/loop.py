@@ -130,10 +130,15 @@ def _check_ranks_agree(identity: dict, model: nn.Module, dist: Dist) -> None:
     if not dist.is_main:
         raise PeerFailed("the processes differ in their data or model; rank 0 says how")
     first, other = every[0], every[odd]
-    what = (f"training data of {other['data'][0]} items, {other['data'][1]} tokens against rank 0's "
-            f"{first['data'][0]}, {first['data'][1]}" if other["data"] != first["data"]
-            else f"a model of {len(other['model'])} parameter tensors of other sizes (built from other data: a tiny "
-                 f"vocabulary, a label set)")
+    if other["data"][:2] != first["data"][:2]:
+        what = (f"training data of {other['data'][0]} items, {other['data'][1]} tokens against rank 0's "
+                f"{first['data'][0]}, {first['data'][1]}")
+    elif other["data"] != first["data"]:
+        what = f"training data of other lengths (as many items and tokens as rank 0's, {first['data'][0]} and " \
+               f"{first['data'][1]}, in other texts)"
+    else:
+        what = (f"a model of {len(other['model'])} parameter tensors of other sizes (built from other data: a tiny "
+                "vocabulary, a label set)")
     raise DataError(f"rank {odd} has {what}: every process of a run must read the same training data (on several "
                     "machines, the same file on each)")
 

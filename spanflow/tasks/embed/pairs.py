@@ -134,12 +134,17 @@ def _parse_columns(columns: str | Sequence[str | int] | None) -> list[str] | Non
     if len(cols) not in (2, 3) or not all(cols):
         raise ConfigError(f"columns: expected 2 or 3 comma-separated names or indices, got {quote(columns)}",
                           field="columns")
-    keys = [str(int(c)) if c.isdigit() else c for c in cols]  # "1" and "01" are one column
+    keys = [str(int(c)) if _index(c) else c for c in cols]  # "1" and "01" are one column
     twice = sorted({c for c in keys if keys.count(c) > 1})
     if twice:  # a pair of a text with itself teaches nothing; a text read as its own score fails late
         raise ConfigError(f"columns: {', '.join(twice)} named twice in {quote(columns)}: each column is "
                           "another field (first text, second text, then score or negative)", field="columns")
     return cols
+
+
+def _index(col: str) -> bool:
+    """Whether a --columns entry is a column index (ASCII digits: "²" is a digit to str.isdigit)."""
+    return col.isascii() and col.isdigit()
 
 
 def _number(value) -> float | None:
@@ -229,7 +234,7 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     rows = list(_table_rows(path, kind))
     if not rows:
         return []
-    digits = [c.isdigit() for c in cols or []]
+    digits = [_index(c) for c in cols or []]
     if any(digits) and not all(digits):
         raise ConfigError("columns: use all indices or all names, not both", field="columns")
     by_name = cols is not None and not any(digits)
@@ -337,7 +342,7 @@ def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header
 # --- JSONL -----------------------------------------------------------------------------------
 
 def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
-    if cols is not None and any(c.isdigit() for c in cols):
+    if cols is not None and any(_index(c) for c in cols):
         raise ConfigError("columns: a JSONL file's columns are its keys, not indices", field="columns")
     keys: list[str] | None = cols
     third_kind: str | None = None
