@@ -74,7 +74,7 @@ def test_csv_bad_rows_in_order(tmp_path):
     p = write(tmp_path, "in.csv", data)
     assert shape(p, column=1, skip_header=True) == [
         ("2", "alpha"),
-        ("3", err(p, 3, "record has 1 columns, --column 1 asked")),
+        ("3", err(p, 3, "record has 1 column, --column 1 asked")),
         ("4", err(p, 4, "invalid UTF-8 at byte 1 of column 1")),
         ("6", "two\nlines"),  # a quoted newline: one record, numbered by its last line
         ("7", err(p, 7, "invalid UTF-8 at byte 2 of column 1")),

@@ -129,7 +129,7 @@ def test_a_short_row_names_the_text_column_as_it_was_asked(tmp_path):
     p = tmp_path / "in.csv"
     p.write_text("doc,body\na1,Ada wrote\na2\n")
     _, error = list(read_records(str(p), column="body", id_column="doc"))[1]
-    assert str(error).endswith("in.csv:3: record has 1 columns, --column body (column 1) asked"), str(error)
+    assert str(error).endswith("in.csv:3: record has 1 column, --column body (column 1) asked"), str(error)
 
 
 def test_a_pairs_file_with_one_short_row_names_that_row(tmp_path):
@@ -139,7 +139,7 @@ def test_a_pairs_file_with_one_short_row_names_that_row(tmp_path):
     rows[21] = "only one column"
     p = tmp_path / "pairs.csv"
     p.write_text("\n".join(rows) + "\n")
-    with pytest.raises(DataError, match=r"pairs\.csv:22: record has 1 columns, the file's first has 3"):
+    with pytest.raises(DataError, match=r"pairs\.csv:22: record has 1 column, the file's first has 3"):
         read_pairs(str(p))
     prose = tmp_path / "prose.csv"  # sentences, some with a comma: still text lines, not a table
     prose.write_text("".join(f"The {i}th day was long, and the night was short and cold.\n" if i % 3 else

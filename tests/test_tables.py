@@ -272,7 +272,7 @@ def test_jsonl_takes_a_column_name_as_its_field_and_needs_the_id_it_was_told_of(
     csv.write_text("text,key\nhello,k1\nshort\n")
     got = list(read_rows(str(csv), id_column="key"))
     assert tuple(got[0]) == ("k1", "hello", ())
-    assert str(got[1].text) == f"{csv}:3: record has 1 columns, its id (--id-column key) is column 1"
+    assert str(got[1].text) == f"{csv}:3: record has 1 column, its id (--id-column key) is column 1"
     assert got[1].id is None
 
 

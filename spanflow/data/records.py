@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines_or_errors
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
-from spanflow.errors import ConfigError, DataError, as_path, quote
+from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
 
 def input_kind(path: str) -> str:
@@ -191,12 +191,12 @@ def _csv_cells(path: str, delimiter: str, text: tuple[str, int], ident: tuple[st
             continue
         values = tuple(row[i] if i < len(row) else None for i in kept)
         if at is not None and at >= len(row):  # its id unknown: None, never a line number that could pass for one
-            yield TableRecord(None, DataError(f"record has {len(row)} columns, its id (--id-column {name}) "
+            yield TableRecord(None, DataError(f"record has {counted(len(row), 'column')}, its id (--id-column {name}) "
                                                      f"is column {at}", path=path, line=lineno), values)
             continue
         rid = row[at] if at is not None else str(lineno)
         if col >= len(row):
-            yield TableRecord(rid, DataError(f"record has {len(row)} columns, {asked} asked", path=path,
+            yield TableRecord(rid, DataError(f"record has {counted(len(row), 'column')}, {asked} asked", path=path,
                                              line=lineno), values)
         else:
             yield TableRecord(rid, row[col], values)
