@@ -112,3 +112,15 @@ def test_a_stopped_predict_says_how_to_go_on(model, src, tmp_path):
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
     assert predict.after_stop(argparse.Namespace(output=out)) == (
         "; the same command with --resume goes on from the last records written")
+
+
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_an_output_that_is_a_link_is_written_through(model, src, tmp_path, ext):
+    target = tmp_path / "store" / f"p.{ext}"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / f"p.{ext}"
+    link.symlink_to(target)
+    assert predict_file(model, src, str(link), rows_per_group=4, **QUIET)["records"] == 22
+    assert link.is_symlink() and target.read_bytes() != b"old\n"
+    assert sorted(os.listdir(target.parent)) == [f"p.{ext}"]  # the job's own files gone from beside the target

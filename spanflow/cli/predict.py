@@ -30,9 +30,12 @@ def add_parser(sub) -> None:
 def after_stop(a: argparse.Namespace) -> str | None:
     """What a stopped job left to go on from: its journal, which the same command with --resume
     takes up (docs/inference.md)."""
+    import os
+
     from spanflow.inference.predict_journal import PredictPaths
 
-    return resume_hint(a, lambda out: PredictPaths(out).journal, "the last records written")
+    # beside the output's target where it is a link, as the job writes it
+    return resume_hint(a, lambda out: PredictPaths(os.path.realpath(out)).journal, "the last records written")
 
 
 def run(a: argparse.Namespace) -> int:

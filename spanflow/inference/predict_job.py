@@ -119,7 +119,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
     with ExitStack() as held:
         hold_output(held, dst, WHAT)
         clean_stale(os.path.dirname(os.path.abspath(dst)), "predict")  # a killed run's temporary of the last step
-        P = PredictPaths(dst)
+        P = PredictPaths(os.path.realpath(dst))  # a link is written through: its target replaced, the link kept
         with writing(WHAT, dst):
             job = open_job(P, spec, src, resume, log)
         rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
