@@ -262,3 +262,24 @@ def test_a_job_whose_every_record_failed_says_so(ner_model, tmp_path, capsys):
     assert main(["predict", "--model", ner_model, "--input", src, "--field", "body",
                  "--output", str(tmp_path / "p.jsonl"), "--precision", "fp32"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_jsonl_ids_mixed_with_line_numbers_are_said_once(tmp_path, caplog):
+    """Without --id-column a JSONL record's id is its "id", else its line number: a file with both
+    gave ids that could collide (7 and line 7) without a word."""
+    p = write(tmp_path, "ids.jsonl", b'{"id": 7, "text": "a"}\n{"text": "b"}\n{"id": null, "text": "c"}\n'
+                                     b'{"id": 4, "text": "d"}\n')
+    with caplog.at_level("WARNING", logger="spanflow"):
+        assert [rid for rid, _ in read_records(p)] == ["7", "2", "3", "4"]  # 4: an id, and a line number too
+        list(read_records(p))  # a job that reads its input twice says it once
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{p}: 2 records have an \"id\" and 2 have none, whose id is their line number: an id of one may "
+                    "equal a line number of another; name the id field with --id-column (a record without it is "
+                    "then an error record)"]
+    caplog.clear()
+    q = write(tmp_path, "own.jsonl", b'{"id": "x", "text": "a"}\n{"id": "y", "text": "b"}\n')
+    with caplog.at_level("WARNING", logger="spanflow"):
+        list(read_records(q))
+        named = write(tmp_path, "named.jsonl", open(p, "rb").read())
+        list(read_records(named, id_column="id"))  # named: a record without it is an error record, nothing to say
+    assert caplog.records == []

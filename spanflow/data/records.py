@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -16,6 +17,9 @@ from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lin
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
+
+log = logging.getLogger("spanflow")
+_MIXED_SAID: set[str] = set()  # inputs whose mix of ids and line numbers was said (a job reads some twice)
 
 
 def input_kind(path: str) -> str:
@@ -55,7 +59,7 @@ def _kept_value(value) -> str | None:
 
 
 def _json_record(line: str, path: str, lineno: int, field: str, id_column: str | None = None,
-                 keep: Sequence[str] = ()) -> TableRecord:
+                 keep: Sequence[str] = (), ids: list[int] | None = None) -> TableRecord:
     """(id, the `field` string, kept fields) of one JSONL line, or (id, why there is none, kept
     fields); a blank line is the empty text. The id is the `id_column` field, which a record
     must then have (else it is an error record), or else its "id" field, else the line
@@ -71,6 +75,8 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
         return TableRecord(unknown, DataError(f'expected an object with a string "{field}" field', path=path,
                                               line=lineno), (None,) * len(keep))
     rid = rec.get(id_column or "id")
+    if ids is not None and id_column is None:  # counted: a mix of both is said (_line_records)
+        ids[rid is None] += 1
     rid = unknown if rid is None else _kept_value(rid)
     kept = tuple(_kept_value(rec.get(k)) for k in keep)
     if not isinstance(rec.get(field), str):
@@ -138,13 +144,19 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
 
 def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column: str | None,
                   keep: Sequence[str]) -> Iterator[TableRecord]:
+    ids = [0, 0]  # JSONL records with an "id" of their own, and numbered by their line
     for lineno, line in read_lines_or_errors(path):
         if skip_header and lineno == 1:
             continue
         if kind == "text" or isinstance(line, DataError):
             yield TableRecord(str(lineno), line, (None,) * len(keep))
             continue
-        yield _json_record(line, path, lineno, field, id_column, keep)
+        yield _json_record(line, path, lineno, field, id_column, keep, ids)
+    if all(ids) and path not in _MIXED_SAID:
+        _MIXED_SAID.add(path)
+        log.warning("%s: %d records have an \"id\" and %d have none, whose id is their line number: an id of one "
+                    "may equal a line number of another; name the id field with --id-column (a record without it "
+                    "is then an error record)", path, ids[0], ids[1])
 
 
 def _header(path: str, delimiter: str) -> list[str]:
