@@ -124,3 +124,37 @@ def test_an_output_that_is_a_link_is_written_through(model, src, tmp_path, ext):
     assert predict_file(model, src, str(link), rows_per_group=4, **QUIET)["records"] == 22
     assert link.is_symlink() and target.read_bytes() != b"old\n"
     assert sorted(os.listdir(target.parent)) == [f"p.{ext}"]  # the job's own files gone from beside the target
+
+
+def test_what_a_resume_cannot_go_on_from_is_refused_before_any_work(model, src, tmp_path):
+    out = str(tmp_path / "out.parquet")
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
+    part = tmp_path / "out.parquet.chunk0.parquet"
+    data = part.read_bytes()
+    part.write_bytes(data[:len(data) // 2])  # cut: no footer, found at the end after all the work
+    with pytest.raises(ConfigError, match=r"out\.parquet\.chunk0\.parquet, a part the journal records as done, is "
+                                          r"damaged or of another job"):
+        predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET)
+    part.write_bytes(data)
+    journal = tmp_path / "out.parquet.predict.json"
+    job = json.loads(journal.read_text())
+    journal.write_text(json.dumps({**job, "records": 999}))  # edited by hand: more than the input holds
+    with pytest.raises(ConfigError, match=r"records 999 records as done, but .*in\.jsonl holds 22"):
+        predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET)
+    journal.write_bytes(b"\xff\xfe")  # not text at all
+    with pytest.raises(ConfigError, match=r"is damaged or was not written by spanflow predict \(not UTF-8 text\)"):
+        predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET)
+    journal.unlink()
+    journal.mkdir()  # in the way of the job's own file: named, not a traceback
+    with pytest.raises(ConfigError, match=r"out\.parquet\.predict\.json is a directory where the job keeps a file"):
+        predict_file(model, src, out, rows_per_group=4, **QUIET)
+
+
+def test_files_the_job_did_not_make_are_kept(model, src, tmp_path):
+    """Without a journal there is nothing of a job's: a file named like its parts was removed."""
+    out = str(tmp_path / "out.jsonl")
+    (tmp_path / "out.jsonl.chunk1.notes").write_text("keep me")
+    (tmp_path / "out.jsonl.chunk0.parquet").write_text("mine too")
+    assert predict_file(model, src, out, rows_per_group=4, **QUIET)["records"] == 22
+    assert (tmp_path / "out.jsonl.chunk1.notes").read_text() == "keep me"
+    assert (tmp_path / "out.jsonl.chunk0.parquet").read_text() == "mine too"

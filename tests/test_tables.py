@@ -635,7 +635,8 @@ def test_a_full_disk_under_parquet_is_one_write_error_and_nothing_at_the_output(
                      "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert [x for x in err.splitlines() if x.startswith("error")] == [
-            f"error: cannot write the predictions to {out}: No space left on device"] and "Traceback" not in err
+            f"error: cannot write the predictions to {out}: No space left on device; the same command with --resume "
+            "goes on from the last records written"] and "Traceback" not in err
         left = sorted(os.listdir(tmp_path))  # nothing at the output; the journal (and parts done) to resume from
         assert "p.parquet" not in left and "p.parquet.predict.json" in left, left
         spec = EmbedSpec(input=str(src), output=str(tmp_path / "e.parquet"), chunk_size=8)

@@ -27,7 +27,7 @@ import threading
 from spanflow import __version__
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.cli.common import Parser
-from spanflow.errors import SpanflowError
+from spanflow.errors import SpanflowError, WriteError
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
             "doctor": doctor, "convert": convert, "export": export, "demo": demo}
@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     except SpanflowError as e:
         if not getattr(e, "quiet", False):
-            print(f"error: {e}", file=sys.stderr)
+            # a bulk job stopped by a full disk keeps what it synced, as on a signal: how to go on is said
+            resumable = isinstance(e, WriteError) and args.command in ("predict", "embed")
+            print(f"error: {e}" + (_after_stop(args) if resumable else ""), file=sys.stderr)
         return _leave_group(2)
     except BrokenPipeError:
         return _stdout_gone()

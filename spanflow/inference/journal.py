@@ -9,8 +9,10 @@ lock's holder touches them.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -50,6 +52,9 @@ def read_journal(path: str, schema: type[M], command: str) -> M:
             return schema.model_validate_json(f.read(), strict=True)
     except OSError as e:
         raise ConfigError(f"{path} is unreadable ({e.strerror}); remove it or drop --resume") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is damaged or was not written by {command} (not UTF-8 text); remove it or drop "
+                          "--resume") from None
     except ValidationError as e:
         what = ("belongs to a job with other settings" if first_field(e) == "spec"
                 else f"is damaged or was not written by {command}")
@@ -77,6 +82,13 @@ def write_synced(path: str, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def chunk_files(out: str) -> list[str]:
+    """The part files of `out` there are (whole or being written): those names only, never another
+    file that starts like them (`OUT.chunk1.notes`)."""
+    pattern = re.compile(re.escape(os.path.basename(out)) + r"\.chunk\d+\.parquet(\.partial)?")
+    return [p for p in glob.glob(glob.escape(out) + ".chunk[0-9]*") if pattern.fullmatch(os.path.basename(p))]
 
 
 def chunk_part(out: str, w: int) -> str:

@@ -35,7 +35,7 @@ from spanflow.data.tables import (
     table_rows,
 )
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import assemble, write_chunk, write_journal
+from spanflow.inference.journal import assemble, chunk_part, write_chunk, write_journal
 from spanflow.inference.predict_journal import PredictJob, PredictPaths, PredictSpec, model_files, open_job
 
 WHAT = "the predictions"
@@ -119,13 +119,16 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
     with ExitStack() as held:
         hold_output(held, dst, WHAT)
         clean_stale(os.path.dirname(os.path.abspath(dst)), "predict")  # a killed run's temporary of the last step
-        P = PredictPaths(os.path.realpath(dst))  # a link is written through: its target replaced, the link kept
+        P = PredictPaths(os.path.realpath(dst), fmt)  # a link is written through: its target replaced, the link kept
         with writing(WHAT, dst):
             job = open_job(P, spec, src, resume, log)
         rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
                                           id_column=id_column, keep=keep), job.records, None)
         # a bad line is a record too
         total = table_rows(src) if is_table(src) else sum(1 for _ in read_lines_or_errors(src))
+        if job.records > total:  # a journal edited by hand: going on would write a short or doubled output
+            raise ConfigError(f"{P.journal} records {job.records} records as done, but {src} holds {total}; remove it "
+                              "or drop --resume to start over")
         # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
         bar = tqdm(total=total, initial=job.records, unit="text", disable=None if progress else True,
                    dynamic_ncols=True, mininterval=0.5)
@@ -238,6 +241,7 @@ def _write_parquet(model, preds: Iterable[tuple], done: _Done, keep: Sequence[st
     at the end the parts, in order, as the output."""
     batch: list[tuple] = []
     parts = done.job.parts
+    _check_parts(done.P.out, parts, every, _table(model, [], keep, types).schema)
 
     def flush() -> None:
         nonlocal batch, parts
@@ -255,3 +259,21 @@ def _write_parquet(model, preds: Iterable[tuple], done: _Done, keep: Sequence[st
     if batch:
         flush()
     assemble(done.P.out, parts, _table(model, [], keep, types), what=WHAT, kind="predict")
+
+
+def _check_parts(out: str, parts: int, rows: int, schema) -> None:
+    """A ConfigError, before any record is predicted, for a finished part that cannot be
+    assembled: cut (no footer), or of another job (other rows or columns)."""
+    from spanflow.data.tables import pyarrow
+
+    pa = pyarrow()
+    for k in range(parts):
+        path = chunk_part(out, k)
+        try:
+            with pa.parquet.ParquetFile(path) as f:
+                ok = f.metadata.num_rows == rows and f.schema_arrow.equals(schema)
+        except (OSError, pa.lib.ArrowException):
+            ok = False
+        if not ok:
+            raise ConfigError(f"{path}, a part the journal records as done, is damaged or of another job; drop "
+                              "--resume to start over")

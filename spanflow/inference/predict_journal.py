@@ -9,7 +9,6 @@ until the job ends.
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import os
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from spanflow.errors import ConfigError
-from spanflow.inference.journal import Fingerprint, fingerprint, read_journal, write_journal
+from spanflow.inference.journal import Fingerprint, chunk_files, fingerprint, read_journal, write_journal
 from spanflow.schemas import NonNegativeInt
 
 COMMAND = "spanflow predict"
@@ -64,6 +63,7 @@ class PredictPaths:
     """The files of the job writing `out`."""
 
     out: str
+    format: str = "jsonl"  # its part files are Parquet output's only
 
     @property
     def journal(self) -> str:
@@ -74,12 +74,18 @@ class PredictPaths:
         return self.out + ".partial"
 
     def leftovers(self) -> list[str]:
-        """What a killed or failed run of this output may have left."""
-        found = glob.glob(glob.escape(self.out) + ".chunk[0-9]*")
-        return found + [p for p in (self.partial, self.journal, self.journal + ".partial") if os.path.exists(p)]
+        """What a killed or failed run of this output left: nothing where it left no journal (the
+        job writes it first), so a file of the user's that happens to be named so is kept."""
+        journals = [p for p in (self.journal, self.journal + ".partial") if os.path.lexists(p)]
+        if not journals:
+            return []
+        parts = chunk_files(self.out) if self.format == "parquet" else []
+        return parts + [p for p in (self.partial,) if os.path.lexists(p)] + journals
 
     def remove_leftovers(self) -> None:
         for p in self.leftovers():
+            if os.path.isdir(p) and not os.path.islink(p):
+                raise ConfigError(f"{p} is a directory where the job keeps a file of its own; remove it")
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
 
@@ -115,9 +121,11 @@ def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) ->
 def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, source: Fingerprint) -> None:
     was, now = job.spec.model_dump(), spec.model_dump()
     key = next((k for k in now if was[k] != now[k]), None)
+    if key == "model_files":
+        raise ConfigError(f"the model {spec.model or '(in memory)'} changed since the interrupted job began (saved "
+                          "over): its results would mix two models'; drop --resume to start over")
     if key is not None:
-        shown = {"model_files": "model files (the model was saved over since)"}.get(key, key)
-        raise ConfigError(f"{P.journal} belongs to a job with other settings ({shown} {was[key]!r} then, "
+        raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); resume with those, or drop --resume to start over")
     if (job.input.size, job.input.sha256) != (source.size, source.sha256):
         change = f"{job.input.size} -> {source.size} bytes" if job.input.size != source.size else \

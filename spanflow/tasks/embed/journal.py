@@ -158,7 +158,7 @@ class JobPaths:
         ours = [p for p in (self.partial, self.ids_partial, self.progress, self.part, self.errors_part,
                             self.errors_partial, self.journal + ".partial", self.progress + ".partial")
                 if os.path.exists(p)]
-        return list(dict.fromkeys(older + glob.glob(q + ".chunk[0-9]*") + ours))
+        return list(dict.fromkeys(older + shared.chunk_files(self.out) + ours))
 
     def remove_leftovers(self) -> None:
         """Remove leftovers(); one already gone is not an error."""
