@@ -94,7 +94,7 @@ def test_user_errors_are_one_line(trained, tmp_path, capsys):
     (other / "spanflow.json").write_text(json.dumps({"task": "re"}))
     err = run_err(["train", "ner", "--train", str(d / "train.jsonl"), "--model", str(other), "--out",
                    str(tmp_path / "o2")], capsys)
-    assert "is a 're' model" in err and "'ner'" in err
+    assert "is a model of task 're'" in err and "'ner'" in err
     (other / "spanflow.json").write_text(json.dumps({"task": "parser"}))
     err = run_err(["evaluate", "--model", str(other), "--data", str(d / "train.jsonl")], capsys)
     assert "is a 'parser' model" in err

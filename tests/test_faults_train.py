@@ -397,7 +397,7 @@ def test_a_resume_of_a_finished_run_says_so(files, reference, capsys):
     # --columns picks the columns of embedding pairs: for a NER model it is refused, not ignored
     assert main(["evaluate", "--model", str(reference / "model"), "--data", str(files / "dev.jsonl"),
                  "--columns", "0,1"]) == 2
-    assert ("--columns picks the columns of embedding pairs, which a ner model's data does not take"
+    assert ("--columns picks the columns of embedding pairs, which the data of a model of task 'ner' does not take"
             in capsys.readouterr().err)
 
 

@@ -130,7 +130,7 @@ def test_the_python_api_points_from_a_training_folder_to_its_model(tmp_path):
 
 def test_a_model_of_another_task_names_its_encoder(tmp_path):
     _, model = fake_run(tmp_path)
-    with pytest.raises(ModelDirError, match=f"is a 'ner' model .*; embeddings come from an encoder or "
+    with pytest.raises(ModelDirError, match=f"is a model of task 'ner' .*; embeddings come from an encoder or "
                                             f"sentence-transformers directory; its encoder is {model}/encoder"):
         check_model_for(model, "embed")
     with pytest.raises(ModelDirError, match="training 're' starts from an encoder directory, 'tiny', or a 're' model"):
@@ -158,7 +158,7 @@ def test_commands_check_model_and_data_before_loading(tmp_path, capsys, monkeypa
     out, model = fake_run(tmp_path)
     texts = write(tmp_path, "in.txt", "one text here\nand another one here\n")
     err = one_error(["embed", "--model", model, "--input", texts, "--output", str(tmp_path / "o.npy")], capsys)
-    assert "is a 'ner' model" in err and f"its encoder is {model}/encoder" in err
+    assert "is a model of task 'ner'" in err and f"its encoder is {model}/encoder" in err
     err = one_error(["predict", "--model", out, "--input", texts, "--output", str(tmp_path / "o.jsonl")], capsys)
     assert err.endswith(f"did you mean {model}?")
     conll = write(tmp_path, "d.conll", CONLL)

@@ -197,7 +197,7 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     m = json.loads(capsys.readouterr().out)
     assert {"f1", "precision", "recall", "partial", "per_relation"} <= set(m) and "f1" in m["partial"]
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(train), "--scheme", "bio"]) == 2
-    assert "--scheme names the tag scheme of NER CoNLL data, which a re model's data does not take" in \
+    assert "--scheme names the tag scheme of NER CoNLL data, which the data of a model of task 're' does not take" in \
         capsys.readouterr().err
     reps = [json.loads(x) for x in open(out / "train_report.jsonl")]
     assert len(reps) == 3 and "padding_efficiency" in reps[0] and "dev_f1" in reps[0]

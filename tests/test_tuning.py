@@ -117,9 +117,10 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
               options=TrainOptions(epochs=1, max_tokens=1024, max_length=64, log_every=0))
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(e.text for e in read_ner(ner_file)[:40]) + "\n")
-    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=str(texts), mode="infer", budgets=[512],
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=str(texts), mode="infer", budgets=[512, 512],
                 budget_seconds=20, sample=32, out=str(tmp_path), backends=False, plot=False, log_fn=lambda s: None)
-    assert prof["points"] and all(p["quality"] is None and p["real_tokens_per_s"] > 0 for p in prof["points"])
+    assert len(prof["points"]) == 1  # a budget given twice is one point, not two rows both "best"
+    assert all(p["quality"] is None and p["real_tokens_per_s"] > 0 for p in prof["points"])
     with pytest.raises(DataError, match="plain text lines"):  # training still needs labels
         tune(task="ner", model="tiny", data=str(texts), mode="train", budgets=[512], budget_seconds=20, sample=32,
              out=str(tmp_path / "t"), backends=False, plot=False, log_fn=lambda s: None)
@@ -139,6 +140,9 @@ def test_texts_named_by_field_or_column_are_read_as_texts_and_a_wrong_name_is_to
     assert unlabelled_sample(str(body), 4, field="body") == [f"Ann went to Paris {i}" for i in range(4)]
     assert unlabelled_sample(str(table), 4, column="text", infer=True) == [f"Ann went to Rome {i}" for i in range(4)]
     assert unlabelled_sample(str(body), 4) is None  # named by nothing: a task reads it as its labelled data
+    with pytest.raises(ConfigError, match=r"--field body names the texts of a file of texts; .*train\.jsonl is JSONL "
+                                          r"spans .*labelled data read whole: drop it"):
+        unlabelled_sample(ner_file, 4, field="body")  # its raw lines were measured as texts
     with pytest.raises(ConfigError, match=r'b\.jsonl: no usable records to tune on; the first error: .*b\.jsonl:1: '
                                           r'expected an object with a string "nope" field; it has "body" '
                                           r'\(--field names the one to read\)$'):
@@ -153,6 +157,9 @@ def test_texts_named_by_field_or_column_are_read_as_texts_and_a_wrong_name_is_to
     assert main(["tune", "--task", "ner", "--model", str(tmp_path / "run" / "model"), "--data", str(body),
                  "--mode", "infer", "--field", "nope", "--out", str(out)]) == 2
     assert "no usable records to tune on" in capsys.readouterr().err and not out.exists()
+    assert main(["tune", "--task", "ner", "--model", "tiny", "--data", str(body), "--field", "body", "--column",
+                 "body"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --field body and --column body both name the text's column; give one"
 
 
 FILLER = "the a of and to in on at for with from by as was is it that this".split()

@@ -79,7 +79,7 @@ def _check_read_flags(task, a: argparse.Namespace) -> None:
     given = {"columns": a.columns, "fmt": a.format, "scheme": a.scheme}
     for param, flag, purpose in _READ_FLAGS:
         if given[param] is not None and param not in takes:
-            raise ConfigError(f"{flag} {purpose}, which a {task.name} model's data does not take")
+            raise ConfigError(f"{flag} {purpose}, which the data of a model of task {task.name!r} does not take")
 
 
 def _texts(examples: list) -> list[str]:

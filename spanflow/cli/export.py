@@ -67,7 +67,7 @@ def _check(task, a: argparse.Namespace) -> None:
         raise ConfigError(f"{task.name} models have no export format ({a.model} is one)"
                           + (f": {instead}" if instead else ""))
     if a.to not in exports:
-        raise ConfigError(f"a {task.name} model exports to {', '.join(exports)}, not {a.to!r}")
+        raise ConfigError(f"a model of task {task.name!r} exports to {', '.join(exports)}, not {a.to!r}")
     check_output_path(a.out)  # a device or pipe: refused before the model loads
     out, src = os.path.realpath(a.out), os.path.realpath(a.model)
     if out == src or src.startswith(out + os.sep):

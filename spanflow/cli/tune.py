@@ -61,6 +61,10 @@ def run(a: argparse.Namespace) -> int:
 
     # --budget-seconds holds the whole command: from the process's start where it was started for it
     started = psutil.Process().create_time() if sys.argv[1:2] == ["tune"] else time.time()
+    if a.field != "text" and a.column is not None:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--field {a.field} and --column {a.column} both name the text's column; give one")
     with kept_only_if_filled(a.out):  # a refused or failed sweep leaves no empty --out
         prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths,
                     budgets=a.budgets, max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo,

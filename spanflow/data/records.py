@@ -247,6 +247,10 @@ def sample_texts(path: str, n: int, *, field: str = "text", column: Column | Non
     return [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
 
 
+# sniffed kinds of labelled data, which a task reads whole (formats/sniff.py)
+LABELLED = ("conll", "ner-jsonl", "docbin", "casrel", "re-jsonl", "casrel-lines", "json-spans")
+
+
 def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column | None = None,
                       infer: bool = False) -> list[str] | None:
     """sample_texts of `path` when it can hold only texts to run, no labels (a Parquet/Arrow
@@ -256,7 +260,12 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
     from spanflow.data.formats.sniff import sniff
 
     named = field != "text" or column is not None  # the user said where the texts are: no labels are read
-    if not (is_table(path) or named or (infer and getattr(sniff(path), "name", None) in ("text", "texts-jsonl"))):
+    kind = sniff(path)
+    if named and getattr(kind, "name", None) in LABELLED:  # its lines are tokens and tags, not texts
+        flag = f"--column {column}" if column is not None else f"--field {field}"
+        raise ConfigError(f"{flag} names the texts of a file of texts; {path} is {kind.what}, labelled data read "
+                          "whole: drop it")
+    if not (is_table(path) or named or (infer and getattr(kind, "name", None) in ("text", "texts-jsonl"))):
         return None
     recs = list(itertools.islice(read_records(path, field=field, column=column), 2 * n))
     texts = [t for _, t in recs if isinstance(t, str) and t.strip()][:n]

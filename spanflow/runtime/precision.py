@@ -73,7 +73,7 @@ def auto_precision(task, path: str, *, device: str, texts: list | None = None, l
     if candidate == "fp32":
         return "fp32", "auto: no faster precision runs natively here"
     if gate is None:
-        return "fp32", f"auto: a {task.name} model has no agreement measure to check {candidate} by"
+        return "fp32", f"auto: a model of task {task.name!r} has no agreement measure to check {candidate} by"
     cached = cache_path("verdicts", model=path, device=pick_device(device), task=task.name, mode="infer",
                         precision=candidate)
     texts = usable(texts)

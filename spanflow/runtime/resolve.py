@@ -113,7 +113,7 @@ def _quantize(task, model: str, asked: Asked, device: str) -> str | None:
     q = asked.quantize
     check_quantize(None, asked.precision, device)  # --precision int8: the line that names --quantize
     if q is not None and q in QUANTIZATIONS and q not in getattr(task, "quantizations", ()):
-        raise ConfigError(f"--quantize {q} is for embedding models; {model} holds a {task.name} model")
+        raise ConfigError(f"--quantize {q} is for embedding models; {model} holds a model of task {task.name!r}")
     check_quantize(q, asked.precision, device)
     return q
 

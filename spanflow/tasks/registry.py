@@ -193,7 +193,7 @@ def check_model_for(path: str, task: str, *, start: bool = False) -> Task:
     wanted = (f"training {task!r} starts from an encoder directory, 'tiny', or a {task!r} model to train further"
               if start else f"this needs a {task!r} model" if task != ENCODER_TASK
               else "embeddings come from an encoder or sentence-transformers directory")
-    raise ModelDirError(f"{path} is a {held.name!r} model (its spanflow.json says so); {wanted}; its encoder is "
+    raise ModelDirError(f"{path} is a model of task {held.name!r} (its spanflow.json says so); {wanted}; its encoder is "
                         f"{os.path.join(path, 'encoder')}")
 
 

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from spanflow.errors import counted
+
 log = logging.getLogger("spanflow")
 
 
@@ -128,7 +130,7 @@ def _points(grid: list, runs: dict, oom: set, log_fn: Callable[[str], None]) -> 
         p = _median_point(b, L, runs[(b, L)])
         points.append(p)
         log_fn(f"max_tokens {b:>6}, max_length {L:>4}: {p.real_tokens_per_s:9.0f} real tok/s "
-               f"(spread {p.spread:.0%} over {len(p.real_tokens_per_s_runs)} runs), p95 {p.latency_p95_ms:7.1f} ms, "
+               f"(spread {p.spread:.0%} over {counted(len(p.real_tokens_per_s_runs), 'run')}), p95 {p.latency_p95_ms:7.1f} ms, "
                f"peak {p.peak_memory_bytes / 2**20:7.0f} MiB"
                + (f", quality {p.quality:.4f}" if p.quality is not None else ""))
     return points

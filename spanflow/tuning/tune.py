@@ -87,7 +87,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     else:
         lengths = [min(w.length or limit, limit)]
     lo = max(256, min(lengths))  # a long-context encoder's one sequence may exceed the usual top budget
-    budgets = budgets or geometric(lo, max(lo, 16384 if policy.device.type == "cpu" else 262144))
+    top = 16384 if policy.device.type == "cpu" else 262144
+    budgets = sorted(set(budgets)) if budgets else geometric(lo, max(lo, top))  # a budget given twice is one point
     below = [b for b in budgets if b < lengths[0]]  # one whole sequence must fit a batch
     if len(below) == len(budgets):
         raise ConfigError(f"--budgets {','.join(map(str, budgets))}: each is below the max length {lengths[0]}, and "
