@@ -184,6 +184,14 @@ def test_doctor_needs_a_step_to_probe():
         doctor(model="tiny", data="x", steps=0, log_fn=lambda s: None)
 
 
+def test_doctor_refuses_a_path_it_cannot_probe_before_its_machine_report(tmp_path, capsys):
+    (tmp_path / "d.conll").write_text("Ann\tB-PER\n\n")
+    assert error_lines(["doctor", "--model", str(tmp_path / "nope"), "--data", str(tmp_path / "d.conll")], capsys) == [
+        f"error: model directory not found: {tmp_path / 'nope'}"]  # error_lines: nothing on stdout, the report neither
+    assert error_lines(["doctor", "--model", "tiny", "--data", str(tmp_path / "gone.conll")], capsys) == [
+        f"error: {tmp_path / 'gone.conll'}: file not found"]
+
+
 @pytest.mark.parametrize("command", ["predict", "evaluate"])
 def test_a_window_under_the_floor_is_refused_before_the_model_is_looked_at(tmp_path, capsys, command):
     texts, data = tmp_path / "t.txt", tmp_path / "d.conll"

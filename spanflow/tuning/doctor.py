@@ -115,7 +115,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
     """Print the environment; with model and data, probe training and name the biggest losses.
     `max_tokens` None: training's default budget for the device (runtime/budget.py); `task_from`:
     where the task came from, as the probe's line says it."""
-    from spanflow.errors import ConfigError
+    from spanflow.errors import ConfigError, DataError
 
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
@@ -130,6 +130,12 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
                      None)
         if given:
             raise ConfigError(f"{given} sets the training probe, which needs --model and --data")
+    if model:  # a path that cannot be probed is the whole answer: said before the machine report
+        from spanflow.tasks.registry import check_model_for
+
+        check_model_for(model, task, start=True)
+        if not os.path.exists(data):
+            raise DataError("file not found", path=data)
     policy = resolve_policy(precision, device, cpu_bf16=True)  # the precision training runs in (a device it
     env = environment()                                          # lacks is refused with the machine report too)
     env["cpu"] = cpu_description()
