@@ -56,11 +56,8 @@ def kept_only_if_filled(path: str | None) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if new:
-            try:
-                os.rmdir(path)  # only an empty one: anything written stays
-            except OSError:
-                pass
+        if new and os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path)  # only an empty one: anything written stays
         raise
 
 

@@ -41,6 +41,15 @@ def fingerprint(path: str) -> Fingerprint:
     return Fingerprint(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=h.hexdigest())
 
 
+def check_unchanged(path: str, was: Fingerprint, size: int, sha256: str | None, what: str) -> None:
+    """A ConfigError where the input at `path` is not the one an interrupted job began on: another
+    size or, where `sha256` is given, other content (its finished `what` would not match it)."""
+    if was.size != size or (sha256 is not None and was.sha256 != sha256):
+        change = f"{was.size} -> {size} bytes" if was.size != size else "same size, other content"
+        raise ConfigError(f"{path} changed since the interrupted job began ({change}): its finished {what} would not "
+                          "match the file; drop --resume to start over")
+
+
 M = TypeVar("M", bound=BaseModel)
 
 

@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from spanflow.errors import ConfigError
-from spanflow.inference.journal import Fingerprint, chunk_files, fingerprint, read_journal, write_journal
+from spanflow.inference.journal import (Fingerprint, check_unchanged, chunk_files, fingerprint, read_journal,
+                                        write_journal)
 from spanflow.schemas import NonNegativeInt
 
 COMMAND = "spanflow predict"
@@ -127,11 +128,7 @@ def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, s
     if key is not None:
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); resume with those, or drop --resume to start over")
-    if (job.input.size, job.input.sha256) != (source.size, source.sha256):
-        change = f"{job.input.size} -> {source.size} bytes" if job.input.size != source.size else \
-            "same size, other content"
-        raise ConfigError(f"{src} changed since the interrupted job began ({change}): its finished records would not "
-                          "match the file; drop --resume to start over")
+    check_unchanged(src, job.input, source.size, source.sha256, "records")
 
 
 def _check_done(P: PredictPaths, job: PredictJob) -> None:

@@ -50,7 +50,7 @@ from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import assemble, write_chunk
+from spanflow.inference.journal import assemble, check_unchanged, write_chunk
 from spanflow.tasks.embed.journal import (
     ChunkDone,
     EmbedSpec,
@@ -198,10 +198,7 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
     if key is not None:
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); remove it or drop --resume")
-    if job.input.size != size or (sha256 is not None and job.input.sha256 != sha256):
-        change = f"{job.input.size} -> {size} bytes" if job.input.size != size else "same size, other content"
-        raise ConfigError(f"{path} changed since the interrupted job began ({change}): its finished "
-                          "rows would not match the file; drop --resume to start over")
+    check_unchanged(path, job.input, size, sha256, "rows")
 
 
 def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool) -> Job:
