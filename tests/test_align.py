@@ -1,6 +1,6 @@
 import random
 
-from spanflow.batching.align import IGNORE, Encoded, encode_texts, make_windows, merge_windows, windows_for
+from spanflow.batching.align import IGNORE, Encoded, encode_texts, make_windows, merge_windows, own_tokens, windows_for
 from spanflow.tasks.ner.bio import bio_labels, decode_spans
 from spanflow.data.io import read_ner
 from spanflow.data.synthetic import synthetic_ner
@@ -80,6 +80,19 @@ def test_windows_cover_everything_with_overlap():
         assert covered == set(range(n))
         for (a1, b1), (a2, b2) in zip(wins, wins[1:]):
             assert b1 - a2 == 2  # overlap equals the stride
+
+
+def test_own_tokens_count_each_token_of_a_text_once_however_short_the_windows():
+    encs = [Encoded(ids=list(range(n)), offsets=[(i, i + 1) for i in range(n)], first=[True] * n,
+                    breaks=[i in (4, 9) for i in range(n)]) for n in (3, 20, 57)]
+    for lines in (False, True):
+        whole = windows_for(encs, max_length=128, stride=16, cls_id=1, sep_id=2, lines=lines)
+        assert own_tokens(whole) == [len(w) for w in whole]  # no overlap: every window counts whole
+        for L in (5, 8, 16):
+            wins = windows_for(encs, max_length=L, stride=16, cls_id=1, sep_id=2, lines=lines)
+            counts = own_tokens(wins)
+            assert sum(len(w) for w in wins) > sum(counts) == sum(len(w) for w in whole)
+            assert all(c >= 0 for c in counts)
 
 
 def test_merge_prefers_window_centre():

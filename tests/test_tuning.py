@@ -183,6 +183,36 @@ def far_cue(n: int, seed: int) -> list:
     return out
 
 
+def test_short_overlapping_windows_do_not_count_their_repeated_tokens_as_speed(ner_file, tmp_path, monkeypatch):
+    """A clock that moves only with the tokens the encoder computes: 8-token windows repeat much
+    of each text (overlap, special tokens), so they read the sample slower than whole-text
+    windows do, and tune must not pick them (it did when every window token counted)."""
+    from spanflow.data.io import read_ner
+    from spanflow.tasks.ner import NerModel, train_ner
+    from spanflow.training.options import TrainOptions
+
+    train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=1, max_tokens=1024, max_length=64, log_every=0))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(e.text for e in read_ner(ner_file)[:40]) + "\n")
+    now = [0.0]
+    load = NerModel.load
+
+    def timed_load(*a, **k):
+        m = load(*a, **k)
+        m.module.register_forward_pre_hook(lambda mod, args: now.__setitem__(0, now[0] + args[0].numel() * 1e-6))
+        return m
+
+    monkeypatch.setattr(NerModel, "load", staticmethod(timed_load))
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=str(texts), mode="infer", max_lengths=[8, 64],
+                budgets=[512], budget_seconds=10**6, sample=40, repeats=1, out=str(tmp_path), backends=False,
+                plot=False, log_fn=lambda s: None, clock=lambda: now[0])
+    speed = {p["max_length"]: p for p in prof["points"]}
+    assert speed[8]["padded_tokens_per_s"] == pytest.approx(speed[64]["padded_tokens_per_s"], rel=0.01)  # same work rate
+    assert speed[8]["real_tokens_per_s"] < 0.7 * speed[64]["real_tokens_per_s"]
+    assert prof["best"]["max_length"] == 64
+
+
 def test_tune_quality_at_each_length_is_the_models_f1_there(tmp_path, capsys, monkeypatch):
     from spanflow.cli.main import main
     from spanflow.models.encoder import build_tiny

@@ -202,6 +202,20 @@ def windows_for(encs: list[Encoded], *, max_length: int, stride: int, cls_id: in
     return out
 
 
+def own_tokens(windows: list[Window]) -> list[int]:
+    """Each window's tokens, less those an earlier window of its text already holds (overlapping
+    windows of a long text, and their special tokens). A window that overlaps none counts whole,
+    so the sum is what the texts hold however short the windows: a speed counted in these does
+    not grow with the work that overlapping windows repeat."""
+    covered: dict[int, int] = {}
+    out = []
+    for w in windows:
+        end = covered.get(w.example, -1)
+        out.append(len(w) if w.start >= end else max(0, w.end - end))
+        covered[w.example] = max(end, w.end)
+    return out
+
+
 def merge_windows(n_tokens: int, parts: list[tuple[int, int, list[int]]]) -> list[int]:
     """Merge per-window predictions (start, end, preds) into one per-token list.
 

@@ -34,6 +34,7 @@ class Workload:
     quality: Callable[[int], float] | None = None  # inference: quality of results at a max length
     length: int | None = None  # the max length the model's runs read unless told (None: the limit)
     quality_means: str = "the task's evaluate score on the labelled sample"  # tune's legend for `quality`
+    counts: Callable[[list], list[int]] | None = None  # items -> the tokens each adds to the sample's (None: len)
 
 
 class TaskModel(Protocol):

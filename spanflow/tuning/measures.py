@@ -33,6 +33,7 @@ def measure_of(w: Workload, *, mode: str, policy, seed: int = 0, clock: Callable
     def measure(b, L, seconds=5.0):
         items = items_at(L)
         lengths = [len(w) for w in items]
+        counted = w.counts(items) if w.counts else lengths
         if mode == "train":
             module.train()
             step = _train_step(module, items, w.collate, w.loss_fn, policy, opt, scaler)
@@ -45,7 +46,8 @@ def measure_of(w: Workload, *, mode: str, policy, seed: int = 0, clock: Callable
                 with torch.inference_mode(), policy.autocast():
                     module(t["input_ids"].to(policy.device), t["attention_mask"].to(policy.device))
             batches = token_budget_batches(lengths, b, shuffle=False)
-        out = run_probe(step, batches, lengths, device=policy.device, max_seconds=seconds, clock=clock)
+        out = run_probe(step, batches, lengths, counted=counted, device=policy.device, max_seconds=seconds,
+                        clock=clock)
         out["quality"] = w.quality(L) if mode == "infer" and w.quality else None
         return out
 

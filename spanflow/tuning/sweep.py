@@ -21,7 +21,7 @@ class Point:
 
     max_tokens: int
     max_length: int
-    real_tokens_per_s: float | None = None
+    real_tokens_per_s: float | None = None  # the sample's tokens, each once however many windows hold it
     padded_tokens_per_s: float | None = None
     padding_efficiency: float | None = None
     latency_p50_ms: float | None = None
