@@ -115,3 +115,22 @@ def test_tag_flags_on_input_without_tags_are_refused_and_unlabelled_texts_are_no
     said = capsys.readouterr()
     assert f"note: no text of {texts} has an entity: every tag written is O" in said.err
     assert "wrote 2 texts, 0 entities" in said.out
+
+
+def test_train_and_evaluate_refuse_tag_flags_where_no_file_has_tags(tmp_path, capsys):
+    """--scheme/--strict did nothing on JSONL data in train and evaluate; a CoNLL file beside
+    the JSONL one still takes them."""
+    spans, tags = tmp_path / "d.jsonl", tmp_path / "d.conll"
+    write_ner([NerExample("Ada wrote", [(0, 3, "PER")]), NerExample("Bo ran", [(0, 2, "PER")])], str(spans))
+    write_ner(read_ner(str(spans)), str(tags))
+    run = ["train", "ner", "--model", "tiny", "--epochs", "1", "--out"]
+    for flag in (["--scheme", "bio"], ["--strict"]):
+        assert main([*run, str(tmp_path / "r"), "--train", str(spans), *flag]) == 2
+        assert f"{flag[0]} reads CoNLL tags; {spans} is jsonl (spans, no tags): leave it out" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    assert main([*run, str(tmp_path / "r"), "--train", str(tags), "--dev", str(spans), "--scheme", "bio"]) == 0
+    capsys.readouterr()
+    model = str(tmp_path / "r" / "model")
+    assert main(["evaluate", "--model", model, "--data", str(spans), "--scheme", "bio"]) == 2
+    assert f"--scheme reads CoNLL tags; {spans} is jsonl" in capsys.readouterr().err
+    assert main(["evaluate", "--model", model, "--data", str(tags), "--scheme", "bio"]) == 0

@@ -29,9 +29,9 @@ def run(a: argparse.Namespace) -> int:
         NER_SNIFFED,
         NER_TAKES,
         check_output_file,
-        detect_format,
         output_format,
         read_ner,
+        refuse_tag_flags,
         write_ner,
     )
     from spanflow.errors import ConfigError, DataError
@@ -42,10 +42,7 @@ def run(a: argparse.Namespace) -> int:
                           "another name")
     # another task's data is named as what it is, and as what convert does not read
     refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
-    src = a.src or (detect_format(a.input) if os.path.isfile(a.input) else None)  # (a missing one: read_ner says so)
-    if src not in ("conll", None) and (a.scheme or a.strict):  # they read tags, which spans and DocBins have none of
-        raise ConfigError(f"--{'scheme' if a.scheme else 'strict'} reads CoNLL tags; {a.input} is {src} (spans, no "
-                          "tags): leave it out")
+    refuse_tag_flags([a.input], a.src, scheme=a.scheme, strict=a.strict)
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
     fmt = a.dst or output_format(a.output)
     if fmt == "conll":

@@ -40,6 +40,10 @@ def run(a: argparse.Namespace) -> int:
     check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
     task = task_of_dir(a.model)
     _check_read_flags(task, a)
+    if a.scheme:
+        from spanflow.data.io import refuse_tag_flags
+
+        refuse_tag_flags([a.data], a.format, scheme=a.scheme, strict=False)
     examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)

@@ -47,6 +47,21 @@ def detect_format(path: str) -> str:
     return NER_SNIFFED.get(found.name if found else "") or _by_name(path)
 
 
+def refuse_tag_flags(paths: list[str | None], fmt: str | None, *, scheme: str | None, strict: bool) -> None:
+    """--scheme and --strict read CoNLL tags: a ConfigError where none of `paths` is CoNLL (spans and
+    DocBins have no tags), as a flag that does nothing hides a slip. A missing file is left to its reader."""
+    if not (scheme or strict):
+        return
+    found = [(p, fmt or (detect_format(p) if os.path.isfile(p) else None)) for p in paths if p]
+    if not found or any(f in ("conll", None) for _, f in found):
+        return
+    from spanflow.errors import ConfigError
+
+    path, f = found[0]
+    raise ConfigError(f"--{'scheme' if scheme else 'strict'} reads CoNLL tags; {path} is {f} (spans, no tags): "
+                      "leave it out")
+
+
 def _by_name(path: str) -> str:
     kind = kind_of(path)
     if kind in ("jsonl", "json"):

@@ -54,9 +54,10 @@ class NerTask:
                             "a spanflow model keeps its head]")
 
     def train_from_args(self, a, options: TrainOptions) -> str:
-        from spanflow.data.io import read_ner
+        from spanflow.data.io import read_ner, refuse_tag_flags
 
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
+        refuse_tag_flags([a.train, a.dev], a.format, scheme=a.scheme, strict=a.strict)
         train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
         if not any(e.spans for e in train):  # said of the file here; train_ner can name none
             from spanflow.errors import DataError
