@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from spanflow.data.formats.jsonl import write_jsonl_record
+from spanflow.data.records import unlabelled_sample
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import ConfigError, DataError
 from spanflow.runtime.resolve import Asked, resolve_runtime
@@ -121,6 +122,10 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
                 budget_seconds=20, sample=32, out=str(tmp_path), backends=False, plot=False, log_fn=lambda s: None)
     assert len(prof["points"]) == 1  # a budget given twice is one point, not two rows both "best"
     assert all(p["quality"] is None and p["real_tokens_per_s"] > 0 for p in prof["points"])
+    table = tmp_path / "texts.csv"  # a CSV of texts and ids, read as predict reads it: column 0 (was refused as pairs)
+    table.write_text("".join(f'"{e.text}",{i}\n' for i, e in enumerate(read_ner(ner_file)[:40])))
+    assert unlabelled_sample(str(table), 8, infer=True) == [e.text for e in read_ner(ner_file)[:8]]
+    assert unlabelled_sample(str(table), 8) is None  # training: a CSV is the task's to read (embedding pairs)
     with pytest.raises(DataError, match="plain text lines"):  # training still needs labels
         tune(task="ner", model="tiny", data=str(texts), mode="train", budgets=[512], budget_seconds=20, sample=32,
              out=str(tmp_path / "t"), backends=False, plot=False, log_fn=lambda s: None)

@@ -254,7 +254,7 @@ LABELLED = ("conll", "ner-jsonl", "docbin", "casrel", "re-jsonl", "casrel-lines"
 def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column | None = None,
                       infer: bool = False) -> list[str] | None:
     """sample_texts of `path` when it can hold only texts to run, no labels (a Parquet/Arrow
-    table; for inference (`infer`), plain text lines or JSONL texts too, which tune measures speed
+    table; for inference (`infer`), plain text lines, JSONL texts or CSV/TSV too, which tune measures speed
     on without a quality column; any file whose texts are named by a `field` or `column` given);
     None for any other file, which a task reads as its labelled data."""
     from spanflow.data.formats.sniff import sniff
@@ -265,7 +265,8 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
         flag = f"--column {column}" if column is not None else f"--field {field}"
         raise ConfigError(f"{flag} names the texts of a file of texts; {path} is {kind.what}, labelled data read "
                           "whole: drop it")
-    if not (is_table(path) or named or (infer and getattr(kind, "name", None) in ("text", "texts-jsonl"))):
+    texts_kind = getattr(kind, "name", None) in ("text", "texts-jsonl") or kind_of(path) in ("csv", "tsv")
+    if not (is_table(path) or named or (infer and texts_kind)):  # a CSV/TSV's column 0, as predict reads it
         return None
     recs = list(itertools.islice(read_records(path, field=field, column=column), 2 * n))
     texts = [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
