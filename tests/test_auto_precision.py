@@ -64,7 +64,7 @@ def test_a_precision_below_the_gate_falls_back_to_fp32_with_a_reason(bf16_device
     real = FakeTask(0.5)
     precision, why = check(tmp_path / "other", real, ["a"], said)
     assert precision == "fp32" and real.loads == ["fp32", "bf16"]
-    assert f"on 1 input texts and {MIN_SAMPLE - 1} built-in sentences (the input has fewer than {MIN_SAMPLE})" in why
+    assert f"on 1 input text and {MIN_SAMPLE - 1} built-in sentences (the input has fewer than {MIN_SAMPLE})" in why
 
 
 def test_the_checked_models_are_the_ones_the_command_then_runs(bf16_device, tmp_path):

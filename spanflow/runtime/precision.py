@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, counted
 from spanflow.runtime.cache import cache_path
 from spanflow.runtime.files import Verdict, cache_write, read_verdict, write_verdict
 from spanflow.runtime.loads import Loads
@@ -60,8 +60,9 @@ def sample_words(n: int, inputs: int) -> str:
     if not inputs:
         return f"{n} built-in sample texts"
     if inputs < n:
-        return f"{inputs} input texts and {n - inputs} built-in sentences (the input has fewer than {MIN_SAMPLE})"
-    return f"{n} input texts"
+        return (f"{counted(inputs, 'input text')} and {counted(n - inputs, 'built-in sentence')} (the input has "
+                f"fewer than {MIN_SAMPLE})")
+    return counted(n, "input text")
 
 
 def auto_precision(task, path: str, *, device: str, texts: list | None = None, loads: Loads | None = None,
