@@ -231,3 +231,22 @@ def test_a_link_that_leads_nowhere_is_named_as_one(tmp_path):
     (tmp_path / "b.conll").symlink_to(tmp_path / "a.conll")  # a loop: "file not found" sent the user looking
     with pytest.raises(DataError, match=r"a\.conll: is a link that leads to no file"):
         read_ner(str(tmp_path / "a.conll"))
+
+
+def test_a_csv_header_read_as_a_record_is_warned_about_once(tmp_path, caplog):
+    table = tmp_path / "t.csv"
+    table.write_text("Text,id\nAnn met Bob,1\nBob ran,2\n")
+    with caplog.at_level("WARNING", logger="spanflow"):
+        assert [t for _, t in read_records(str(table))] == ["Text", "Ann met Bob", "Bob ran"]  # as documented
+        list(read_records(str(table)))  # a job reads its input more than once: one warning
+        assert [t for _, t in read_records(str(table), skip_header=True)] == ["Ann met Bob", "Bob ran"]
+        assert [t for _, t in read_records(str(table), column="Text")] == ["Ann met Bob", "Bob ran"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{table}: its first row reads 'Text' in column 0, which looks like a header; it is read as a "
+                    "record (--skip-header skips it, --column Text reads the column by that name)"]
+    plain = tmp_path / "p.csv"
+    plain.write_text("Ann met Bob,1\ntext,2\n")  # a text that is the word, later on: no header
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="spanflow"):
+        list(read_records(str(plain)))
+    assert not caplog.records

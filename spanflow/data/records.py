@@ -20,6 +20,8 @@ from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
 log = logging.getLogger("spanflow")
 _MIXED_SAID: set[str] = set()  # inputs whose mix of ids and line numbers was said (a job reads some twice)
+_HEADER_SAID: set[str] = set()  # CSV/TSV inputs whose header-like first row was said
+HEADER_WORDS = ("text", "texts", "sentence", "sentences", "document", "content")  # a first cell that names a column
 
 
 def input_kind(path: str) -> str:
@@ -190,6 +192,14 @@ def _csv_records(path: str, delimiter: str, column: Column | None, skip_header: 
     return _csv_cells(path, delimiter, (asked, col), (id_column, ident), kept, skip_header or named)
 
 
+def _say_header(path: str, col: int, cell: str) -> None:
+    if path not in _HEADER_SAID:
+        _HEADER_SAID.add(path)
+        log.warning("%s: its first row reads %s in column %d, which looks like a header; it is read as a record "
+                    "(--skip-header skips it, --column %s reads the column by that name)", path, quote(cell, 40), col,
+                    cell.strip())
+
+
 def _csv_cells(path: str, delimiter: str, text: tuple[str, int], ident: tuple[str | None, int | None],
                kept: list[int], skip_header: bool) -> Iterator[TableRecord]:
     """The records of the rows; `text`: the text column as asked, and its index; `ident`: the id
@@ -198,6 +208,8 @@ def _csv_cells(path: str, delimiter: str, text: tuple[str, int], ident: tuple[st
     for k, (lineno, row) in enumerate(csv_rows(path, delimiter)):
         if skip_header and k == 0:
             continue
+        if k == 0 and isinstance(row, list) and col < len(row) and row[col].strip().lower() in HEADER_WORDS:
+            _say_header(path, col, row[col])
         if isinstance(row, DataError):
             yield TableRecord(str(lineno) if at is None else None, row, (None,) * len(kept))
             continue
