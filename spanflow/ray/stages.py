@@ -77,25 +77,8 @@ class ModelStage:
             self.failed = e
 
     def _load(self, spec: StageSpec) -> None:
-        import torch
-
-        from spanflow.runtime.loads import Loads
-        from spanflow.runtime.resolve import resolve_runtime
-        from spanflow.tasks.registry import get
-
-        torch.set_num_threads(max(1, spec.threads))
-        task = get(spec.task)
-        loads = Loads(task, spec.model)
-        rt = resolve_runtime(task, spec.model, spec.asked, texts=spec.sample, loads=loads,
-                             name=f"actor pid {os.getpid()}")
-        self.model = loads.take(rt)
-        self.model.set_max_length(spec.max_length, spec.stride)
-        self.max_tokens = rt.max_tokens
-        check = getattr(self.model, "check_precision", None)
-        if spec.asked.precision != "auto" and rt.quantize is None and callable(check):
-            # a reduced precision asked by name is held to its gate on the input's sample, as
-            # the single-process job holds it (auto's choice and int8 were checked just now)
-            check(spec.sample, force=spec.asked.force)
+        self.model, self.max_tokens = load_model(spec.task, spec.model, spec.asked, threads=spec.threads,
+                                                 sample=spec.sample, max_length=spec.max_length, stride=spec.stride)
 
     def __call__(self, batch):
         if self.failed is not None:
@@ -132,6 +115,32 @@ class ModelStage:
             ray.get(self.spec.tally.add.remote(batch[ROW][0].as_py(), figures))
         self.trim()
         return out
+
+
+def load_model(task: str, model: str, asked: Asked, *, threads: int | None, sample: list[str],
+               max_length: int | None, stride: int | None):
+    """(model, token budget) of an actor: the runtime resolved on its own device, checked on `sample`
+    (none: built-in sentences), the windows set, `threads` torch threads (None: as they are). Run
+    it on the model's thread (on_model_thread)."""
+    import torch
+
+    from spanflow.runtime.loads import Loads
+    from spanflow.runtime.resolve import resolve_runtime
+    from spanflow.tasks.registry import get
+
+    if threads is not None:
+        torch.set_num_threads(max(1, threads))
+    t = get(task)
+    loads = Loads(t, model)
+    rt = resolve_runtime(t, model, asked, texts=sample, loads=loads, name=f"actor pid {os.getpid()}")
+    loaded = loads.take(rt)
+    loaded.set_max_length(max_length, stride)
+    check = getattr(loaded, "check_precision", None)
+    if asked.precision != "auto" and rt.quantize is None and callable(check):
+        # a reduced precision asked by name is held to its gate on the input's sample, as
+        # the single-process job holds it (auto's choice and int8 were checked just now)
+        check(sample, force=asked.force)
+    return loaded, rt.max_tokens
 
 
 class Tally:

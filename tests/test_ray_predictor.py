@@ -1,0 +1,97 @@
+"""spanflow.ray.Predictor on its own (no Ray): a batch in, the batch with the task's results and
+`error` out; what it cannot run is a ConfigError naming it. tests/test_ray.py runs it in Ray Data."""
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+from helpers import tiny_bert
+
+from spanflow.data.synthetic import synthetic_ner
+from spanflow.errors import ConfigError, ModelDirError
+from spanflow.ray import Predictor
+
+TEXTS = [e.text for e in synthetic_ner(12, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def ner_dir(tmp_path_factory):
+    from spanflow.tasks.ner import NerModel
+
+    path = tmp_path_factory.mktemp("ner")
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=1, heads=2, seed=1)
+    NerModel(encoder=enc, tokenizer=tok, labels=["LOC", "PER"], limit=64).save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def enc_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("enc")
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=1, heads=2, seed=0)
+    enc.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def ner(ner_dir, **kw):
+    return Predictor(ner_dir, device="cpu", precision="fp32", **kw)
+
+
+def test_a_batch_gets_the_models_entities_and_keeps_its_columns(ner_dir):
+    from spanflow.tasks.ner import NerModel
+
+    texts = [None if k == 3 else t for k, t in enumerate(TEXTS)]
+    out = ner(ner_dir, column="body")(pa.table({"body": texts, "n": list(range(len(texts)))}))
+    assert out.column_names == ["body", "n", "entities", "error"]
+    want = NerModel.load(ner_dir, device="cpu", precision="fp32").predict([t or "" for t in texts])
+    rows = out.to_pylist()
+    assert [r["n"] for r in rows] == list(range(len(texts)))
+    for k, (r, spans) in enumerate(zip(rows, want)):
+        if k == 3:
+            assert r["entities"] is None and r["error"] == "column 'body' holds null, expected a string"
+        else:
+            assert r["error"] is None
+            assert [(e["start"], e["end"], e["label"]) for e in r["entities"]] == [tuple(s) for s in spans]
+    assert any(want), "the untrained model found nothing: the comparison above would be empty"
+
+
+def test_pandas_and_dict_batches_give_the_same_rows(ner_dir):
+    pd = pytest.importorskip("pandas")
+    p = ner(ner_dir)
+    want = p(pa.table({"text": TEXTS}))["entities"].to_pylist()
+    assert p(pd.DataFrame({"text": TEXTS}))["entities"].to_pylist() == want
+    got = p({"text": np.array(TEXTS, dtype=object), "vec": np.zeros((len(TEXTS), 3))})
+    assert got["entities"].to_pylist() == want and got["vec"].to_pylist()[0] == [0.0, 0.0, 0.0]
+    assert p(pa.table({"text": pa.array([], pa.string())})).column_names == ["text", "entities", "error"]
+
+
+def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
+    from spanflow.tasks.embed import Embedder
+
+    want = Embedder.load(enc_dir, precision="fp32", device="cpu").encode(TEXTS)
+    got = Predictor(enc_dir, device="cpu", precision="fp32")(pa.table({"text": TEXTS}))
+    assert np.allclose(np.array(got["embedding"].to_pylist()), want, atol=1e-6)
+    half = Predictor(enc_dir, device="cpu", precision="fp32", dtype="float16")(pa.table({"text": TEXTS}))
+    assert half.schema.field("embedding").type.value_type == pa.float16()
+
+
+@pytest.mark.parametrize("batch, said", [
+    (pa.table({"body": ["a"]}), "the batch has no column 'text' (column= names its texts); it has 'body'"),
+    (pa.table({"text": [1]}), "column 'text' holds int64, not strings"),
+    (pa.table({"text": ["a"], "error": ["x"]}), "the batch already has a column 'error'"),
+    (pa.table({"text": ["a"], "entities": [1]}), "the batch already has a column 'entities'"),
+    (["a text"], "a batch is a pyarrow Table, a pandas DataFrame or a dict of arrays, got list"),
+])
+def test_a_batch_it_cannot_run_is_a_config_error_naming_why(ner_dir, batch, said):
+    with pytest.raises(ConfigError, match="^" + __import__("re").escape(said)):
+        ner(ner_dir)(batch)
+
+
+def test_arguments_it_cannot_run_with_are_refused_when_made(ner_dir, tmp_path):
+    with pytest.raises(ConfigError, match="dtype is for embeddings; a model of task 'ner'"):
+        ner(ner_dir, dtype="float16")
+    with pytest.raises(ConfigError, match="max_tokens must be a whole number of tokens or None, got 'auto'"):
+        ner(ner_dir, max_tokens="auto")
+    with pytest.raises(ConfigError, match="column names the batch's text column"):
+        ner(ner_dir, column=0)
+    with pytest.raises(ModelDirError, match="model directory not found"):
+        Predictor(str(tmp_path / "missing"))
