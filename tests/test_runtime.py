@@ -183,9 +183,9 @@ def test_profile_errors_name_file_field_and_value(tmp_path):
     p.write_text(json.dumps({"task": "ner", "mode": "infer", "best": {"max_tokens": "lots"}}))
     with pytest.raises(ConfigError) as e:
         read_profile(str(p))
-    assert str(p) in str(e.value) and "'best.max_tokens'" in str(e.value) and "got 'lots'" in str(e.value)
+    assert str(p) in str(e.value) and "'best.max_tokens'" in str(e.value) and "got \"lots\"" in str(e.value)
     p.write_text(json.dumps({"task": "ner", "mode": "sideways", "best": {"max_tokens": 512}}))
-    with pytest.raises(ConfigError, match="'mode'.*got 'sideways'"):
+    with pytest.raises(ConfigError, match="'mode'.*got \"sideways\""):
         read_profile(str(p))
     p.write_text(json.dumps({"task": "ner", "best": None, "points": []}))
     with pytest.raises(ConfigError, match="has no best point"):

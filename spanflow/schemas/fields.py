@@ -2,12 +2,13 @@
 error into a message that names the field and quotes the value."""
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from spanflow.errors import quote
+from spanflow.errors import QUOTE_CHARS
 
 EXPECTED = "expected"  # an error whose message is "must be ...", followed by the value
 INVALID = "invalid"  # an error whose message says all, value included
@@ -34,6 +35,17 @@ def expected(what: str, **ctx) -> PydanticCustomError:
 def invalid(message: str) -> PydanticCustomError:
     """An error whose message stands alone (it quotes what it needs of the value)."""
     return PydanticCustomError(INVALID, message)  # (no context given: braces in it stay as they are)
+
+
+def json_quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """`value` as JSON (what the document held: null, true, "a"), cut to about `limit` characters;
+    a lone surrogate in a string is escaped, so the message can be written anywhere."""
+    r = json.dumps(value, ensure_ascii=False, default=repr)
+    try:
+        r.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800")
+        r = json.dumps(value, default=repr)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
 
 
 def _distinct(names: list[str]) -> list[str]:
@@ -80,7 +92,7 @@ def _one(err: dict) -> str:
         msg = msg.removeprefix("Value error, ")
     elif kind != EXPECTED:  # pydantic's own wording: "Input should be a valid integer"
         msg = msg.replace("Input should be ", "must be ", 1) if msg.startswith("Input should") else msg.lower()
-    return f"{name}{msg}, got {quote(value, 100)}"
+    return f"{name}{msg}, got {json_quote(value, 100)}"
 
 
 def explain(e: ValidationError) -> str:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core.core_schema import ValidationInfo
 
 from spanflow.schemas import expect, expected, explain, first_field, invalid
+from spanflow.schemas.fields import json_quote
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,11 @@ def _texts(value, info: ValidationInfo) -> list[str]:
     texts = [value] if isinstance(value, str) else value
     if _token_ids(texts):  # what OpenAI's embeddings API also accepts
         raise invalid("holds token ids; this server tokenizes itself: send the texts")
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+    if not isinstance(texts, list):
         raise expected("a string or a list of strings")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:  # which one: a list of thousands quoted whole would hide it
+        raise invalid(f"text {bad} must be a string, got {json_quote(texts[bad], 100)}")
     limits: Limits = info.context
     if len(texts) > limits.max_texts:
         raise invalid(f"{len(texts)} texts in one request; the limit is {limits.max_texts} (--max-texts)")
