@@ -10,7 +10,7 @@ from spanflow.errors import ConfigError, DataError
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tasks.registry import get
 from spanflow.tuning.doctor import diagnose, doctor, environment
-from spanflow.tuning.sweep import QUALITY_TOLERANCE, Point, pick_best, quality_floor, sweep
+from spanflow.tuning.sweep import QUALITY_TOLERANCE, Point, pick_best, quality_floor, sweep, within_noise
 from spanflow.tuning.tune import tune
 
 
@@ -265,6 +265,15 @@ def test_the_best_point_keeps_the_quality_within_the_tolerance():
     assert quality_floor(points) == pytest.approx(0.62 - QUALITY_TOLERANCE)
     assert pick_best(points, min_quality=quality_floor(points)) is near
     assert pick_best([Point(8, 8, real_tokens_per_s=1.0)], min_quality=quality_floor([])) is not None  # training
+
+
+def test_points_the_runs_do_not_tell_from_the_best_are_named():
+    best = Point(1024, 64, real_tokens_per_s=1000.0, spread=0.02)
+    close = Point(2048, 64, real_tokens_per_s=950.0, spread=0.08)  # within its own spread of the best
+    apart = Point(512, 64, real_tokens_per_s=900.0, spread=0.05)  # 10% slower, neither spread reaches it
+    assert within_noise(best, [best, close, apart]) == [close]
+    assert within_noise(best, [best, Point(256, 64, real_tokens_per_s=970.0, spread=0.0)]) == []  # past 2%
+    assert within_noise(Point(1024, 64, real_tokens_per_s=1000.0, spread=0.2), [apart]) == [apart]
 
 
 def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):

@@ -162,11 +162,23 @@ def quality_floor(points: list[Point]) -> float | None:
     return max(measured) - QUALITY_TOLERANCE if measured else None
 
 
-def pick_best(points: list[Point], *, max_memory_bytes: int | None = None, latency_slo_ms: float | None = None,
-              min_quality: float | None = None) -> Point | None:
-    """Highest real tokens/s among points within the memory, latency and quality limits."""
-    ok = [p for p in points if not p.oom
-          and (max_memory_bytes is None or p.peak_memory_bytes <= max_memory_bytes)
-          and (latency_slo_ms is None or p.latency_p95_ms <= latency_slo_ms)
-          and (min_quality is None or p.quality is None or p.quality >= min_quality)]
+def eligible(points: list[Point], *, max_memory_bytes: int | None = None, latency_slo_ms: float | None = None,
+             min_quality: float | None = None) -> list[Point]:
+    """The points within the memory, latency and quality limits."""
+    return [p for p in points if not p.oom
+            and (max_memory_bytes is None or p.peak_memory_bytes <= max_memory_bytes)
+            and (latency_slo_ms is None or p.latency_p95_ms <= latency_slo_ms)
+            and (min_quality is None or p.quality is None or p.quality >= min_quality)]
+
+
+def pick_best(points: list[Point], **limits) -> Point | None:
+    """Highest real tokens/s among points within the limits (eligible's)."""
+    ok = eligible(points, **limits)
     return max(ok, key=lambda p: p.real_tokens_per_s) if ok else None
+
+
+def within_noise(best: Point, points: list[Point]) -> list[Point]:
+    """The other points whose speed is within the spread of their runs or the best's: a sweep
+    with these figures does not tell them from the best."""
+    return [p for p in points if p is not best and p.real_tokens_per_s is not None
+            and p.real_tokens_per_s >= best.real_tokens_per_s * (1 - max(best.spread or 0.0, p.spread or 0.0))]

@@ -14,7 +14,8 @@ from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
 from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tuning.measures import measure_of
-from spanflow.tuning.sweep import QUALITY_TOLERANCE, geometric, is_oom, pick_best, quality_floor, sweep
+from spanflow.tuning.sweep import (QUALITY_TOLERANCE, eligible, geometric, is_oom, pick_best, quality_floor, sweep,
+                                   within_noise)
 from spanflow.tuning.timing import TimeBudget, compile_fits, plan_time
 
 MODES = ("train", "infer")
@@ -104,8 +105,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     plan = plan_time(budget, runs, compare=mode == "infer" and backends, log=log_fn)
     points = sweep(lambda b, L: measure(b, L, plan.per_run), budgets, lengths, log_fn=log_fn, repeats=repeats,
                    deadline=plan.deadline, per_run=plan.per_run, clock=clock)
-    best = pick_best(points, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
-                     latency_slo_ms=latency_slo_ms, min_quality=quality_floor(points))
+    limits = {"max_memory_bytes": int(max_memory_gb * 2**30) if max_memory_gb else None,
+              "latency_slo_ms": latency_slo_ms, "min_quality": quality_floor(points)}
+    best = pick_best(points, **limits)
     profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
                "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
@@ -121,6 +123,11 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     if best is None:  # a profile no command can run: an earlier one at `path` stays
         raise NoBestPoint(_missed(points, max_memory_gb, latency_slo_ms), path)
     write_profile(path, profile)
+    near = within_noise(best, eligible(points, **limits))
+    if near:
+        log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best, which "
+               f"these runs do not tell apart; any of them serves as well (--repeats {2 * max(1, repeats)} or a larger "
+               "--budget-seconds measures them longer)")
     if any(p.quality is not None for p in points):
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
                f"only within {QUALITY_TOLERANCE} of the best")
@@ -185,6 +192,11 @@ def _warm_up(measure, w, budgets: list[int], lengths: list[int], mode: str, log_
     if mode == "infer" and w.quality:
         for L in lengths:
             w.quality(L)
+
+
+def _named(points: list, lengths: bool) -> str:
+    return ", ".join(f"max_tokens {p.max_tokens}" + (f" at max_length {p.max_length}" if lengths else "")
+                     + f" ({p.real_tokens_per_s:.0f} tok/s)" for p in points)
 
 
 def format_table(profile: dict) -> str:
