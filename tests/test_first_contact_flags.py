@@ -278,3 +278,23 @@ def test_a_slip_for_tiny_is_named_and_tiny_where_no_training_starts(tmp_path, ca
         "error: model directory not found: tiny; 'tiny' names an encoder built from scratch when training starts: "
         "this needs a trained model directory"]
     assert not (tmp_path / "o").exists() and not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_token_budget_is_held_to_the_datas_longest_window_not_the_encoders_limit(tmp_path, capsys):
+    """--max-tokens 64 on short sentences was refused as 'below the max length 512' (the tiny
+    encoder's limit), though every window of the data fits it many times."""
+    from spanflow.data.formats.jsonl import write_jsonl_record
+    from spanflow.data.synthetic import synthetic_ner
+
+    data = tmp_path / "train.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for e in synthetic_ner(20, seed=3, max_clauses=1):
+            write_jsonl_record(f, e.text, e.spans)
+    run = ["train", "ner", "--train", str(data), "--epochs", "1", "--model", "tiny", "--pack", "0"]
+    assert main([*run, "--out", str(tmp_path / "ok"), "--max-tokens", "64"]) == 0
+    capsys.readouterr()
+    assert main([*run, "--out", str(tmp_path / "small"), "--max-tokens", "8"]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    longest = int(line.split("longest training window, ")[1].split()[0])
+    assert 8 < longest <= 64 and line == (f"error: --max-tokens 8 is below the longest training window, {longest} "
+                                          f"tokens: one window must fit in a batch (give --max-tokens {longest} or more)")

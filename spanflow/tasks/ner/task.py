@@ -4,6 +4,7 @@ from __future__ import annotations
 from spanflow.batching.align import own_tokens
 from spanflow.data.io import FORMAT_HELP, NER_FORMATS
 from spanflow.data.schemes import SCHEMES
+from spanflow.errors import counted
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.ner.features import make_collate, ner_loss, prepare_windows
 from spanflow.tasks.ner.heads import HEAD_TYPES
@@ -67,7 +68,7 @@ class NerTask:
         dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
         # fit() said where the model is
-        return (f"the model tags {len(model.labels)} labels: {', '.join(model.labels)}"
+        return (f"the model tags {counted(len(model.labels), 'label')}: {', '.join(model.labels)}"
                 + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output entities.jsonl"))
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:

@@ -77,9 +77,6 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
     encoder, tokenizer, limit = start_encoder(model, [e.text for e in train], max_length=opts.max_length,
                                               seed=opts.seed)
     require_special_tokens(tokenizer, model, SPECIAL_TOKENS)
-    if opts.max_tokens is not None and opts.max_tokens < limit:
-        raise ConfigError(f"--max-tokens {opts.max_tokens} is below the max length {limit}: "
-                          "one full window must fit in a batch")
     return NerModel(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit,
                     stride=_stride(opts, limit, DEFAULT_STRIDE), head_type=head_type or fresh_head, policy=policy)
 
@@ -133,7 +130,11 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         nm.word_edges = edge_rules(train) if nm.words == WHITESPACE else None
         windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
                                   lines=nm.lines, log=log)
-        nm.max_length = min(nm.limit, round_up(max(len(w) for w in windows), 8))
+        longest = max(len(w) for w in windows)
+        if opts.max_tokens is not None and opts.max_tokens < longest:  # the data's, not the encoder's limit
+            raise ConfigError(f"--max-tokens {opts.max_tokens} is below the longest training window, {longest} "
+                              f"tokens: one window must fit in a batch (give --max-tokens {longest} or more)")
+        nm.max_length = min(nm.limit, round_up(longest, 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "
             f"words: {nm.words} ({WORDS_MEAN[nm.words]}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from spanflow.errors import counted
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re.model import ReModel
@@ -57,7 +58,7 @@ class ReTask:
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is
-        return (f"the model extracts {len(model.relations)} relations"
+        return (f"the model extracts {counted(len(model.relations), 'relation')}"
                 + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output triples.jsonl"))
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
