@@ -19,6 +19,7 @@ from spanflow.cli.main import main
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.tasks.ner import NerModel
+from spanflow.errors import WriteError
 from spanflow.training.checkpoint import has_checkpoint
 
 # dev F1 improves at every epoch end with these: epoch 2 saves a new best model, over epoch 1's
@@ -157,11 +158,12 @@ def test_full_disk_at_the_trainer_state_keeps_the_last_checkpoint(tmp_path):
     disk = tmp_path / "disk"
     with small_disk(disk, 2**20), torch.random.fork_rng():
         ckpt = disk / "checkpoint"
-        save_checkpoint(str(ckpt), save_model=os.makedirs, state={"global_step": 1}, **trainer(1000))
+        state = {"epoch": 0, "step_in_epoch": 1, "global_step": 1, "bad_evals": 0, "stopped": False}
+        save_checkpoint(str(ckpt), save_model=os.makedirs, state=state, **trainer(1000))
         with pytest.raises(WriteError, match=f"^cannot write the checkpoint to {re.escape(str(ckpt))}: No space left"):
-            save_checkpoint(str(ckpt), save_model=os.makedirs, state={"global_step": 2}, **trainer(10**6))
+            save_checkpoint(str(ckpt), save_model=os.makedirs, state={**state, "global_step": 2}, **trainer(10**6))
         assert not [n for n in os.listdir(disk) if n.startswith(TEMPORARIES)]
-        assert load_checkpoint(str(ckpt), **trainer(1000)) == {"global_step": 1}
+        assert load_checkpoint(str(ckpt), **trainer(1000)) == state
 
 
 def test_injected_full_disk_at_a_checkpoint_then_resume(files, reference, tmp_path, capsys, monkeypatch):
@@ -469,3 +471,115 @@ def test_two_rates_alike_to_three_digits_are_shown_whole():
            "course": {}, "options": {"lr": 0.00012341}}
     with pytest.raises(ConfigError, match=r"--lr 0\.00012341 \(now 0\.00012339\)"):  # not "0.000123 (now 0.000123)"
         check_same_run(run, {**run, "options": {"lr": 0.00012339}}, "ckpt")
+    run["options"] = {"pack": None}
+    with pytest.raises(ConfigError, match=r"--pack unset \(now 0\.5\)"):  # not "None"
+        check_same_run(run, {**run, "options": {"pack": 0.5}}, "ckpt")
+
+
+def test_a_fresh_run_stopped_in_a_finished_out_is_never_resumed_as_the_old_run(files, reference, tmp_path, capsys,
+                                                                               monkeypatch):
+    """A fresh run into a finished --out that stops after its first model, before its first
+    checkpoint: --resume took the old run's checkpoint and called this run's model the old best."""
+    import shutil
+
+    from spanflow.training import loop
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+
+    def full(*a, **k):
+        raise WriteError("the checkpoint", str(out / "checkpoint"), OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "save_checkpoint", full)
+        assert train(files, out, "--lr", "3e-3") == 2
+    assert (out / "model").is_dir() and not (out / "checkpoint").exists()  # the old run's checkpoint went at the start
+    capsys.readouterr()
+    assert train(files, out, "--resume") == 0
+    assert f"no checkpoint in {out / 'checkpoint'}; starting from the beginning" in capsys.readouterr().out
+    assert_same_weights(out / "model", reference / "model")
+
+
+def test_a_finished_run_resumed_without_its_model_saves_the_last_or_says_it_is_gone(files, reference, tmp_path,
+                                                                                    capsys):
+    import shutil
+
+    nodev = tmp_path / "nodev"  # no --dev: the last model is the run's; a kill while it was saved left none
+    assert main(["train", "ner", "--train", str(files / "train.jsonl"), *ARGS, "--epochs", "1", "--out",
+                 str(nodev)]) == 0
+    shutil.rmtree(nodev / "model")
+    capsys.readouterr()
+    assert train(files, nodev, "--epochs", "1", "--resume") == 0  # --dev now: no evaluation ran to pick one
+    said = capsys.readouterr().out
+    assert "the model of the last epoch (step " in said and (nodev / "model").is_dir()
+    assert_same_weights(nodev / "model", nodev / "checkpoint" / "model")
+    best = tmp_path / "best"  # a best model by dev F1, removed: it cannot be made again
+    shutil.copytree(reference, best)
+    shutil.rmtree(best / "model")
+    assert train(files, best, "--resume") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any(x.endswith(f"that model is gone from {best / 'model'} (removed since it was saved); the run's last "
+                          f"weights are in {best / 'checkpoint' / 'model'}") for x in lines), lines
+    assert not any(x.startswith("next:") for x in lines)
+    assert not (best / "model").exists()  # no next: line for a model that is not there
+
+
+def test_a_checkpoint_with_a_part_missing_or_a_damaged_state_is_refused_not_replaced(files, reference, tmp_path,
+                                                                                    capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    (out / "checkpoint" / "trainer.pt").unlink()
+    assert train(files, out, "--resume") == 2
+    assert capsys.readouterr().err.strip() == (f"error: the checkpoint in {out / 'checkpoint'} has no trainer.pt: it "
+                                               "is incomplete; remove the checkpoint to start over, or run without "
+                                               "--resume")
+    assert (out / "checkpoint" / "state.json").exists()  # kept, not started over
+    shutil.copy(reference / "checkpoint" / "trainer.pt", out / "checkpoint" / "trainer.pt")
+    state = out / "checkpoint" / "state.json"
+    for damaged, said in (({}, "'epoch' is missing"), ({**checkpoint_state(reference), "global_step": "3"},
+                                                        "'global_step' is \"3\", not a count")):
+        state.write_text(json.dumps(damaged))
+        assert train(files, out, "--resume") == 2
+        assert capsys.readouterr().err.strip() == (f"error: {state} is not a checkpoint's state: {said}; remove the "
+                                                   "checkpoint to start over")
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_checkpoint_place_holding_other_files_is_refused_before_the_run(files, tmp_path, capsys, kind):
+    out = tmp_path / "run"
+    out.mkdir()
+    if kind == "file":
+        (out / "checkpoint").write_text("notes")
+        said = f"error: {out / 'checkpoint'} is a file; a run keeps its checkpoint there: move it away"
+    else:
+        (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "notes.txt").write_text("notes")
+        said = (f"error: {out / 'checkpoint'} holds 1 other file(s) (e.g. notes.txt) and no checkpoint: a run keeps "
+                "its checkpoint there and would replace them; move them away")
+    assert train(files, out) == 2
+    assert capsys.readouterr().err.strip() == said
+    assert (out / "checkpoint").exists() and not (out / "model").exists()
+
+
+def test_a_report_line_torn_by_a_kill_is_dropped_on_resume(files, tmp_path):
+    out = tmp_path / "run"
+    assert train(files, out, "--max-steps", "4") == 0
+    report = out / "train_report.jsonl"
+    with open(report, "a", encoding="utf-8") as f:
+        f.write('{"epoch": 2, "step": 18, "loss": 1.52')  # a kill mid-append: no end, no newline
+    assert train(files, out, "--resume") == 0
+    records = [json.loads(x) for x in report.read_text().splitlines()]  # every line whole: one record each
+    assert [r["epoch"] for r in records if not r.get("partial")] == [1, 2, 3]
+    assert not any(r.get("loss") == 1.52 for r in records)
+
+
+def test_a_checkpoint_inside_an_epoch_past_epochs_is_refused(files, reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    step = first_epoch_step(reference) + 2
+    assert train(files, out, "--max-steps", str(step)) == 0  # a checkpoint inside epoch 2
+    capsys.readouterr()
+    assert train(files, out, "--resume", "--epochs", "1") == 2  # it said "the run finished its 1 epoch"
+    assert capsys.readouterr().err.strip() == (f"error: --epochs 1: the checkpoint in {out / 'checkpoint'} is at epoch "
+                                               f"2 (step {step}) already; give --epochs 2 or more")

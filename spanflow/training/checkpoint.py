@@ -55,6 +55,53 @@ def has_checkpoint(ckpt_dir: str) -> bool:
     return os.path.exists(os.path.join(ckpt_dir, STATE)) and os.path.exists(os.path.join(ckpt_dir, TRAINER))
 
 
+CHECKPOINT_FILES = (STATE, TRAINER, "model")
+
+
+def check_checkpoint(ckpt_dir: str) -> None:
+    """A ModelDirError where --resume finds a checkpoint with a part missing (a copy cut short, a
+    file removed by hand): resuming without it would start over and replace the rest."""
+    if not os.path.isdir(ckpt_dir) or has_checkpoint(ckpt_dir):
+        return
+    here = [n for n in CHECKPOINT_FILES if os.path.exists(os.path.join(ckpt_dir, n))]
+    if here:
+        gone = [n for n in (STATE, TRAINER) if n not in here]
+        raise ModelDirError(f"the checkpoint in {ckpt_dir} has no {' or '.join(gone)}: it is incomplete; remove the "
+                            "checkpoint to start over, or run without --resume")
+
+
+def check_checkpoint_destination(ckpt_dir: str) -> None:
+    """A ConfigError where a run's checkpoint would replace what is no checkpoint: a file, or a
+    directory of other files (a run replaces its checkpoint whole)."""
+    from spanflow.errors import ConfigError
+    from spanflow.models.directory import LITTER
+
+    if os.path.exists(ckpt_dir) and not os.path.isdir(ckpt_dir):
+        raise ConfigError(f"{ckpt_dir} is a file; a run keeps its checkpoint there: move it away")
+    names = [n for n in os.listdir(ckpt_dir) if n not in LITTER] if os.path.isdir(ckpt_dir) else []
+    if names and not any(n in names for n in CHECKPOINT_FILES):
+        raise ConfigError(f"{ckpt_dir} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no checkpoint: "
+                          "a run keeps its checkpoint there and would replace them; move them away")
+
+
+# what a checkpoint's state must hold, as the loop reads it back
+STATE_KEYS = {"epoch": int, "step_in_epoch": int, "global_step": int, "bad_evals": int, "stopped": bool}
+
+
+def _check_state(state: dict, path: str) -> None:
+    for key, kind in STATE_KEYS.items():
+        v = state.get(key)
+        if not isinstance(v, kind) or (kind is int and (isinstance(v, bool) or v < 0)):
+            what = ("missing" if key not in state
+                    else f"{json.dumps(v)[:40]}, not a {'count' if kind is int else kind.__name__}")
+            raise ModelDirError(f"{path} is not a checkpoint's state: {key!r} is {what}; remove the checkpoint to "
+                                "start over")
+    best = state.get("best_f1")
+    if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float))):
+        raise ModelDirError(f"{path} is not a checkpoint's state: 'best_f1' is {json.dumps(best)[:40]}; remove the "
+                            "checkpoint to start over")
+
+
 def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 0,
                     identity: dict | None = None) -> dict:
     """Restore optimizer, scheduler, scaler and RNG state; return the loop state dict. `identity`
@@ -74,6 +121,7 @@ def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 
     if not isinstance(state, dict):
         raise ModelDirError(f"{os.path.join(ckpt_dir, STATE)} is not a JSON object; remove the checkpoint to start "
                             "over")
+    _check_state(state, os.path.join(ckpt_dir, STATE))
     if identity is not None:
         check_same_run(state.get("run"), identity, ckpt_dir)
     try:
@@ -127,7 +175,7 @@ def _said(value) -> str:
 
 def _num(value) -> str:
     """An option's value as a message shows it: a rate to 3 significant digits, not 0.0003535533905932738."""
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    return f"{value:.3g}" if isinstance(value, float) else "unset" if value is None else str(value)
 
 
 def _plain(value):

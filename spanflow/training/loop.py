@@ -3,6 +3,7 @@ clipping, warmup + linear decay, evaluation, early stopping, checkpoints and rep
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from spanflow.atomic import recover_dir, writing
 from spanflow.errors import DataError, PeerFailed
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
-from spanflow.training.checkpoint import has_checkpoint, load_checkpoint, run_identity, save_checkpoint
+from spanflow.training.checkpoint import (check_checkpoint, has_checkpoint, load_checkpoint, run_identity,
+                                          save_checkpoint)
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
 from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linear
 from spanflow.training.plan import epoch_plan
@@ -102,7 +104,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                  else f"step {r.st['global_step']} (epoch {r.st['epoch'] + 1})")
         log(f"early stop after {where}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
-    if hooks.evaluate is None:
+    if final["best_f1"] is None:  # no dev score picked a model (no --dev, or a finished run resumed): the last
         on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
     return final
 
@@ -158,6 +160,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,
                   log, optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
     on_main(lambda: recover_dir(os.path.join(out_dir, "model")), dist)  # a run killed between its two renames
+    if opts.resume:
+        check_checkpoint(r.ckpt_dir)  # a part missing: refused, not started over and replaced
     resumed = opts.resume and has_checkpoint(r.ckpt_dir)
     if resumed:
         r.st = load_checkpoint(r.ckpt_dir, optimizer=optimizer, scheduler=scheduler, scaler=scaler, rank=dist.rank,
@@ -172,13 +176,16 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
         _check_steps_left(r, opts, r.st)
+        _check_epochs_left(r, opts, r.st)
         log(f"resumed from {r.ckpt_dir}: " + _resumed_at(r.st, opts))
         # lines past the checkpoint are reported again by this run
         on_main(lambda: _trim_report(r.report_path, r.st), dist)
     else:
         if opts.resume:
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
-        on_main(lambda: _remove(r.report_path), dist)  # a fresh run starts a fresh report
+        # a fresh run starts a fresh report, and an earlier run's checkpoint goes now: left beside
+        # this run's first models, a --resume after a stop would take that run's state for this one's
+        on_main(lambda: (_remove(r.report_path), _remove_tree(r.ckpt_dir)), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log) if dist.is_main else Reporters()
     r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
@@ -202,6 +209,18 @@ def _check_steps_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
                           "to the end")
 
 
+def _check_epochs_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
+    """A ConfigError when the checkpoint is inside an epoch past --epochs: the run could not stop at
+    --epochs (as _check_steps_left for --max-steps). A checkpoint at an epoch's end past it is a
+    finished run, and _resumed_at says so."""
+    if st["step_in_epoch"] and st["epoch"] >= opts.epochs:
+        from spanflow.errors import ConfigError
+
+        at = st["epoch"] + (1 if st["step_in_epoch"] else 0)
+        raise ConfigError(f"--epochs {opts.epochs}: the checkpoint in {r.ckpt_dir} is at epoch {at} (step "
+                          f"{st['global_step']}) already; give --epochs {at} or more")
+
+
 def _resumed_at(st: dict, opts: TrainOptions) -> str:
     """Where a resumed run goes on: its epoch and step, or that its epochs are done."""
     if st["epoch"] < opts.epochs:
@@ -222,13 +241,28 @@ def _trim_report(path: str, st: dict) -> None:
     with open(path, encoding="utf-8") as f:
         lines = f.readlines()
     inside = st["epoch"] + 1 if st["step_in_epoch"] else None  # the epoch the resumed run ends and reports
-    kept = [line for line in lines if not _again(line, st["global_step"], inside)]
+    if lines and not lines[-1].endswith("\n"):
+        lines.append(lines.pop() + "\n")  # a line torn by a kill is dropped below (no JSON); the next starts anew
+    kept = [line for line in lines if not _again(line, st["global_step"], inside) and not _torn(line)]
     if len(kept) == len(lines):
         return
     from spanflow.atomic import atomic_open
 
     with writing("the training report", path), atomic_open(path, "report") as f:
         f.writelines(kept)
+
+
+def _torn(line: str) -> bool:
+    """A report line cut short by a kill mid-append: it starts as a record and is no JSON."""
+    import json
+
+    if not line.lstrip().startswith("{"):
+        return False
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
 
 
 def _again(line: str, step: int, inside: int | None) -> bool:
@@ -356,6 +390,11 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
 def _remove(path: str) -> None:
     if os.path.exists(path):
         os.remove(path)
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
 
 
 def _save(hooks: TaskHooks, what: str, path: str) -> None:

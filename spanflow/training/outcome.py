@@ -23,6 +23,9 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
         score = (f"best dev {metric} {rescored:.4f} ({precision}, step {step} of {last}, as spanflow evaluate scores "
                  f"the saved model; training's own evaluation read {best:.4f}: it ran the encoder as {encoders[0]}, "
                  f"the saved model runs it as {encoders[1]}, and the two round differently)")
+    if not os.path.isdir(model):  # the best model saved then removed (a finished run resumed): say so, not where
+        return (f"{score}: that model is gone from {model} (removed since it was saved); the run's last weights are in "
+                f"{os.path.join(out_dir, 'checkpoint', 'model')}")
     return f"{score}: the model is in {model}"
 
 

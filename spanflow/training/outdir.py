@@ -10,6 +10,7 @@ from contextlib import ExitStack, contextmanager
 from spanflow.atomic import try_lock, writing
 from spanflow.errors import ConfigError
 from spanflow.models.directory import check_model_destination
+from spanflow.training.checkpoint import check_checkpoint_destination
 from spanflow.training.distributed import Dist, on_main
 
 LOCK = ".lock"
@@ -30,6 +31,7 @@ def _claim(out_dir: str) -> Iterator[None]:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConfigError(f"--out {out_dir} is a file; give a directory")
     check_model_destination(os.path.join(out_dir, "model"))  # now, not at the run's first save
+    check_checkpoint_destination(os.path.join(out_dir, "checkpoint"))
     created = not os.path.exists(out_dir)
     lock = os.path.join(out_dir, LOCK)
     try:
