@@ -1,3 +1,3 @@
-from spanflow.cli.main import main
+from spanflow.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

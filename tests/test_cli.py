@@ -118,6 +118,22 @@ def test_python_m_entry_point():
     assert r.returncode == 0 and "train" in r.stdout and "predict" in r.stdout
 
 
+def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    """The command's modules take about a second to import (torch): a Ctrl-C then was a traceback."""
+    import sys
+    import types
+
+    from spanflow.cli import entry
+
+    class Importing(types.ModuleType):
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "spanflow.cli.main", Importing("spanflow.cli.main"))
+    assert entry() == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
 def test_predict_reads_csv_columns_like_embed(trained, tmp_path):
     d, data = trained
     src = tmp_path / "in.csv"

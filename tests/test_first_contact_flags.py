@@ -298,3 +298,16 @@ def test_a_token_budget_is_held_to_the_datas_longest_window_not_the_encoders_lim
     longest = int(line.split("longest training window, ")[1].split()[0])
     assert 8 < longest <= 64 and line == (f"error: --max-tokens 8 is below the longest training window, {longest} "
                                           f"tokens: one window must fit in a batch (give --max-tokens {longest} or more)")
+
+
+def test_an_out_that_cannot_be_a_directory_is_named_for_what_it_is(tmp_path, capsys):
+    data = tmp_path / "t.conll"
+    data.write_text("Ann B-PER\nran O\n\n")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere" / "x")
+    run = ["train", "ner", "--train", str(data), "--model", "tiny", "--epochs", "1", "--out"]
+    for out, said in (("", "--out is '' (an empty path); give a directory"),
+                      ("/dev/null", "--out /dev/null is no directory; give a directory"),
+                      (str(tmp_path / "gone"), f"--out {tmp_path / 'gone'} is a link to {tmp_path / 'nowhere' / 'x'}, "
+                                               "which does not exist; create it, or give another --out")):
+        assert main([*run, out]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {said}"  # was "cannot write to --out ...: File exists"

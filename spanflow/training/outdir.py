@@ -28,8 +28,14 @@ def claim_out_dir(out_dir: str, dist: Dist = Dist()) -> Iterator[None]:
 
 @contextmanager
 def _claim(out_dir: str) -> Iterator[None]:
+    if not out_dir:
+        raise ConfigError("--out is '' (an empty path); give a directory")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ConfigError(f"--out {out_dir} is a file; give a directory")
+        raise ConfigError(f"--out {out_dir} is {'a file' if os.path.isfile(out_dir) else 'no directory'}; give a "
+                          "directory")
+    if os.path.islink(out_dir) and not os.path.exists(out_dir):  # makedirs would say "File exists"
+        raise ConfigError(f"--out {out_dir} is a link to {os.readlink(out_dir)}, which does not exist; create it, or "
+                          "give another --out")
     check_model_destination(os.path.join(out_dir, "model"))  # now, not at the run's first save
     check_checkpoint_destination(os.path.join(out_dir, "checkpoint"))
     created = not os.path.exists(out_dir)
