@@ -27,6 +27,13 @@ def test_an_eval_every_past_the_runs_end_still_evaluates_and_keeps_a_model(tmp_p
     assert any(x.startswith("best dev F1 ") for x in lines)
 
 
+def test_an_eval_every_without_dev_prints_no_empty_step_lines(tmp_path):
+    lines = []
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), options=opts(eval_every=1), log_fn=lines.append)
+    assert not [x for x in lines if x.startswith("step ") and ":" not in x], lines  # "step 3" alone said nothing
+    assert (tmp_path / "model" / "spanflow.json").exists()
+
+
 def test_a_diverged_loss_stops_the_run_before_it_keeps_a_model(tmp_path):
     with pytest.raises(ConfigError, match=r"^the training loss is nan by step \d+: training diverged; lower --lr"):
         train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,

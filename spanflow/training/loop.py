@@ -318,7 +318,8 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
         if opts.eval_every and gs % opts.eval_every == 0:
             check_finite(r)  # a diverged model scores 0, not NaN: it would be kept as the first best
             f1 = _evaluate(r)
-            r.log(f"step {gs}: dev {r.hooks.metric} {f1:.4f}" if f1 is not None else f"step {gs}")
+            if f1 is not None:  # without --dev (warned about at the start) there is nothing to say
+                r.log(f"step {gs}: dev {r.hooks.metric} {f1:.4f}")
             if st["stopped"]:
                 return True
         if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
