@@ -30,8 +30,8 @@ class ServeOptions:
     max_texts: int = opt(256, "texts per request (422 beyond)")
     max_text_chars: int = opt(100_000, "characters per text (422 beyond)")
     timeout: float = opt(30.0, "seconds before a request's waiting work is dropped (504)")
-    read_timeout: float = opt(10.0, "seconds a client has to send a request's headers or body (408, then the "
-                                    "connection closes)")
+    read_timeout: float = opt(10.0, "seconds a client has to start a request (then the connection closes) or "
+                                    "to send its body (408, and the connection closes)")
     batching: bool = True  # --no-batching turns it off (for comparison)
     api_key: str | None = None  # --api-key or SPANFLOW_API_KEY
 
