@@ -336,3 +336,50 @@ def test_doctor_on_an_encoder_takes_the_task_its_data_is_for(tmp_path, monkeypat
     assert main(["doctor", "--model", "tiny", "--data", str(triples)]) == 0
     assert main(["doctor", "--model", "tiny", "--data", str(tmp_path / "missing.conll")]) == 0
     assert asked == ["embed", "re", "ner"]  # an encoder's doctor was a NER probe of any data
+
+
+def test_a_save_never_replaces_a_folder_of_the_users_that_holds_a_config_json(ner, tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "config.json").write_text("{}")
+    (proj / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds a model and 2 other file\(s\) \(e.g. notes.txt\): saving there"):
+        ner.save(str(proj))
+    assert sorted(os.listdir(proj)) == ["config.json", "notes.txt", "src"]
+    ner.save(str(tmp_path / "m"))
+    ner.save(str(tmp_path / "m"))  # its own save: replaced whole
+    with pytest.raises(ConfigError, match="save takes a path, got NoneType None"):
+        ner.save(None)
+    with pytest.raises(ConfigError, match="from_hf takes a path, got int 5"):
+        NerModel.from_hf(5)
+
+
+def test_numpy_integers_and_huge_numbers_are_taken_or_named(ner, emb):
+    texts = ["Ann lives in Rome ."]
+    assert ner.with_precision("bf16").predict(texts, max_tokens=np.int64(64)) == ner.with_precision("bf16").predict(
+        texts, max_tokens=64)  # numpy's int reached int.bit_length in the bf16 path
+    for kw, said in ((dict(epochs=10**30), "--epochs must be at most 10000"),
+                     (dict(grad_accum=10**30), "--grad-accum must be between 1 and 4096"),
+                     (dict(lr=10**400), "TrainOptions.lr must be a finite number")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            TrainOptions(**kw)
+    assert isinstance(TrainOptions(lr=1).lr, float)
+    with pytest.raises(ConfigError, match="needs strings for its texts and a finite number"):
+        emb.evaluate([Pair("a b", "c d", 10**400), Pair("e f", "g h", 0)])
+    with pytest.raises(ConfigError, match="calibrate takes"):
+        emb.with_precision("bf16").check_precision(None)
+    with pytest.raises(ConfigError, match="text 1"):
+        emb.with_precision("bf16").check_precision(["a", 1])
+
+
+def test_nothing_to_score_and_an_empty_dev_are_refused(ner, rel, tmp_path):
+    for model in (ner, rel):
+        with pytest.raises(ConfigError, match="examples is an empty list: there is nothing to score"):
+            model.evaluate([])
+    with pytest.raises(ConfigError, match="dev is an empty list: pass None to train without dev data"):
+        train_ner([NerExample("Ann ran", [(0, 3, "PER")])], [], out_dir=str(tmp_path / "r"))
+    from spanflow.data.records import read_texts
+
+    (tmp_path / "t.csv").write_text("a,b\n")
+    with pytest.raises(ConfigError, match="column takes a column's index or name, got float 1.5"):
+        list(read_texts(str(tmp_path / "t.csv"), column=1.5))

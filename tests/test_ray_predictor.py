@@ -95,3 +95,12 @@ def test_arguments_it_cannot_run_with_are_refused_when_made(ner_dir, tmp_path):
         ner(ner_dir, column=0)
     with pytest.raises(ModelDirError, match="model directory not found"):
         Predictor(str(tmp_path / "missing"))
+
+
+def test_a_path_or_thread_count_of_the_wrong_type_and_a_surrogate_are_named(ner_dir):
+    with pytest.raises(ConfigError, match="Predictor takes a path, got NoneType None"):
+        Predictor(None)
+    with pytest.raises(ConfigError, match="threads must be a whole number >= 1 or None, got '2'"):
+        Predictor(ner_dir, threads="2")
+    with pytest.raises(ConfigError, match="column 'text' holds a string that is not valid Unicode"):
+        ner(ner_dir)({"text": np.array(["a", "b\ud800"], dtype=object)})

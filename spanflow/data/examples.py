@@ -153,13 +153,16 @@ def tag_labels(labels) -> tuple[str, str] | None:
     return None
 
 
-def check_examples(examples, kind: type, what: str) -> None:
+def check_examples(examples, kind: type, what: str, *, empty: str | None = None) -> None:
     """A ConfigError naming the first item of `examples` (a list) that is not a `kind` whose spans
-    fit its text; `what` names the argument ("train", "dev", "examples")."""
+    fit its text; `what` names the argument ("train", "dev", "examples"). `empty`: why an empty
+    list is refused (None: it is taken)."""
     from spanflow.errors import ConfigError
 
     if isinstance(examples, (str, bytes, dict)) or not isinstance(examples, (list, tuple)):
         raise ConfigError(f"{what} takes a list of {kind.__name__}, got {type(examples).__name__}")
+    if empty is not None and not examples:
+        raise ConfigError(f"{what} is an empty list: {empty}")
     for i, ex in enumerate(examples):
         if not isinstance(ex, kind):
             raise ConfigError(f"{what}[{i}] is {type(ex).__name__} {quote(ex, 60)}, not a {kind.__name__}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir, found_dir
-from spanflow.errors import ConfigError, ModelDirError, WriteError
+from spanflow.errors import ConfigError, ModelDirError, WriteError, as_path
 from spanflow.models.files import apply_umask, config_object, write_safetensors
 from spanflow.schemas import Names, NonNegativeInt, PositiveInt, expect, explain
 
@@ -37,6 +38,7 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
     Exception, which transformers' save_pretrained passes on) as the errno its message reports.
     A model (`kind` "model") is never saved over a file or a directory of other files. Every file and directory in
     it gets the modes of the umask, whichever library wrote it (files.apply_umask)."""
+    path = as_path(path, "save")  # save(None): named, not a TypeError from os
     if kind == "model":
         check_model_destination(path)
     try:
@@ -52,6 +54,15 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
 
 _WHAT = {"model": "the model", "ckpt": "the checkpoint", "export": "the export"}
 _MODEL_FILES = (CONFIG, "config.json", "modules.json")  # spanflow's, Hugging Face's, sentence-transformers'
+# what a model directory holds (spanflow's, transformers' save_pretrained, sentence-transformers'): a
+# directory of these alone is a model to replace whole; any other name is a file of the user's
+MODEL_NAMES = frozenset({
+    CONFIG, "encoder", "head.safetensors", "config.json", "generation_config.json", "model.safetensors",
+    "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
+    "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "modules.json", "sentence_bert_config.json",
+    "config_sentence_transformers.json", "data_config.json", "1_Pooling", "2_Normalize", "2_Dense", "README.md"})
+_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 # what a file browser or a notebook leaves in any folder: no files of the user's to keep
 LITTER = frozenset({".DS_Store", ".gitkeep", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini"})
 
@@ -65,6 +76,10 @@ def check_model_destination(path: str) -> None:
     if names and not any(n in names for n in _MODEL_FILES):
         raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no model: saving "
                           "there would replace them; give a new or empty directory")
+    others = sorted(n for n in names if n not in MODEL_NAMES and not _SHARD.fullmatch(n))
+    if others:  # a model's config.json beside files of the user's: the save replaces the directory whole
+        raise ConfigError(f"{path} holds a model and {len(others)} other file(s) (e.g. {others[0]}): saving there "
+                          "would replace them with it; give a new or empty directory, or move them away")
 
 
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:

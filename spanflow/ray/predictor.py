@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, as_path
 from spanflow.inference.heap import GrowthTrim
 from spanflow.ray.stages import load_model
 from spanflow.runtime.resolve import Asked
@@ -39,6 +39,9 @@ class Predictor:
                  dtype: str | None = None, threads: int | None = None):
         from spanflow.tasks.registry import task_of_dir
 
+        model = as_path(model, "Predictor")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ConfigError(f"threads must be a whole number >= 1 or None, got {threads!r:.60}", field="threads")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
             raise ConfigError(f"max_tokens must be a whole number of tokens or None, got {max_tokens!r:.60}",
                               field="max_tokens")
@@ -87,16 +90,20 @@ def _as_table(batch: Any):
     if hasattr(batch, "to_dict") and hasattr(batch, "columns"):  # pandas, not imported for a check
         return pa.Table.from_pandas(batch, preserve_index=False)
     if isinstance(batch, dict):
-        return pa.table({k: _array(v) for k, v in batch.items()})
+        return pa.table({k: _array(v, k) for k, v in batch.items()})
     raise ConfigError(f"a batch is a pyarrow Table, a pandas DataFrame or a dict of arrays, got {type(batch).__name__}")
 
 
-def _array(values: Any):
+def _array(values: Any, name: str):
     import pyarrow as pa
 
-    if getattr(values, "ndim", 1) > 1:  # a column of fixed-size vectors: one list a row
-        return pa.array(list(values))
-    return pa.array(values, from_pandas=True)
+    try:
+        if getattr(values, "ndim", 1) > 1:  # a column of fixed-size vectors: one list a row
+            return pa.array(list(values))
+        return pa.array(values, from_pandas=True)
+    except UnicodeEncodeError as e:  # a lone surrogate: no Arrow string holds it
+        raise ConfigError(f"column {name!r} holds a string that is not valid Unicode (a lone surrogate at character "
+                          f"{e.start}); Arrow strings are UTF-8") from None
 
 
 def _texts(table, column: str) -> list[str | None]:

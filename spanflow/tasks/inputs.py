@@ -46,4 +46,4 @@ def check_max_tokens(max_tokens) -> int | None:
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
                                    or max_tokens < 1):
         raise ConfigError(f"max_tokens must be a whole number of tokens >= 1 (or None), got {quote(max_tokens, 60)}")
-    return max_tokens
+    return None if max_tokens is None else int(max_tokens)  # numpy's integers: a plain int for what follows

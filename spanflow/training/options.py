@@ -24,6 +24,10 @@ GRAD_COMPRESSIONS = ("none", "fp16")
 NER, SPANS = ("ner",), ("ner", "re")
 
 
+MAX_EPOCHS = 10_000
+MAX_GRAD_ACCUM = 4096  # micro-batches an update; the last update is padded to it
+
+
 @dataclass
 class TrainOptions:
     """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher).
@@ -76,7 +80,7 @@ class TrainOptions:
 
     def __post_init__(self):
         """Every value checked here, once, whether it came from the CLI or the Python API."""
-        from spanflow.errors import ConfigError
+        from spanflow.errors import ConfigError, quote
         from spanflow.training.report_to import check_installed, parse_report_to
 
         check_types(self)
@@ -95,7 +99,10 @@ class TrainOptions:
             (self.oversample >= 0, f"--oversample must be >= 0, got {self.oversample}"),
             (self.pack is None or 0.0 <= self.pack <= 1.0, f"--pack must be in [0, 1], got {self.pack}"),
             (self.pack_span >= 1.0, f"--pack-span must be >= 1, got {self.pack_span}"),
-            (self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}"),
+            (1 <= self.grad_accum <= MAX_GRAD_ACCUM,
+             f"--grad-accum must be between 1 and {MAX_GRAD_ACCUM}, got {quote(self.grad_accum, 30)}"),
+            (self.epochs is None or self.epochs <= MAX_EPOCHS,  # each epoch's batches are planned at the start
+             f"--epochs must be at most {MAX_EPOCHS} (--max-steps stops a run by steps), got {quote(self.epochs, 30)}"),
             (self.stride is None or self.stride >= 0, f"--stride must be >= 0, got {self.stride}"),
             (0.0 <= self.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}"),
             (self.max_length is None or self.max_length >= MIN_LENGTH,
@@ -185,7 +192,12 @@ def check_types(opts, skip: tuple[str, ...] = ("report_to",)) -> None:
             raise ConfigError(f"{type(opts).__name__}.{f.name} must be {' or '.join(w for _, w in kinds)}"
                               f"{' or None' if 'None' in names else ''}, got {quote(v, 60)}", field=f.name)
         if isinstance(v, numbers.Number) and not isinstance(v, bool):  # object's: a frozen dataclass too
-            object.__setattr__(opts, f.name, int(v) if isinstance(v, numbers.Integral) else float(v))
+            try:
+                plain = int(v) if isinstance(v, numbers.Integral) and "float" not in names else float(v)
+            except OverflowError:  # an int past a float's range (lr=10**400)
+                raise ConfigError(f"{type(opts).__name__}.{f.name} must be a finite number, got {quote(v, 40)}",
+                                  field=f.name) from None
+            object.__setattr__(opts, f.name, plain)
 
 
 def check_options(options, task: str | None = None) -> None:

@@ -320,6 +320,7 @@ class Embedder:
 
     def calibrate(self, texts: list[str], *, max_tokens: int | None = None) -> dict | None:
         """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32."""
+        texts = text_list(texts, "calibrate")[0]  # checked as every text entry point checks them
         if self.precision_name == "fp32" or not texts:
             return None
         max_tokens = max_tokens or infer_tokens(self.policy.device)

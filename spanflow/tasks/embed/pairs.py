@@ -50,7 +50,7 @@ def check_pairs(pairs, what: str, least: int = 1) -> None:
                               "or spanflow.Pair(a, b, score))")
         if not (isinstance(p.a, str) and isinstance(p.b, str) and (p.negative is None or isinstance(p.negative, str))
                 and (p.score is None or (isinstance(p.score, numbers.Real) and not isinstance(p.score, bool)
-                                         and math.isfinite(p.score)))):
+                                         and _finite(p.score)))):
             raise ConfigError(f"{what}[{i}] ({quote(p, 80)}) needs strings for its texts and a finite number (or "
                               "None) for its score")
         blank = next((f for f, t in (("a", p.a), ("b", p.b), ("negative", p.negative)) if t is not None
@@ -390,3 +390,10 @@ def _json_third_kind(rec: dict, keys: list[str]) -> str | None:
     if keys[2] in NEGATIVE_NAMES:
         return "negative"
     return "score" if _number(rec.get(keys[2])) is not None else "negative"
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past a float's range
+        return False

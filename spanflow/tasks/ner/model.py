@@ -109,6 +109,7 @@ class NerModel:
         """A Hugging Face AutoModelForTokenClassification directory as a softmax NER model: its own
         label ids (any BIO-like scheme) for inference, or, with `bio`, its classifier carried over
         onto spanflow's BIO label rows (to continue training)."""
+        path = as_path(path, "from_hf")
         encoder, tokenizer, classifier, tags = load_token_classifier(path)
         hf = token_classification_config(path)  # a spanflow export's spanflow_ keys: how the model read text
         words = config_words({"words": hf.get("spanflow_words")}, path)
@@ -235,7 +236,7 @@ class NerModel:
 
     def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
-        check_examples(examples, NerExample, "examples")
+        check_examples(examples, NerExample, "examples", empty="there is nothing to score")
         pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
                                                               words=[e.words for e in ex]), dist)
         return with_unknown(span_prf([e.spans for e in examples], pred), self.labels,

@@ -102,7 +102,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     check_options(options, "ner")
     check_examples(train, NerExample, "train")
     if dev is not None:
-        check_examples(dev, NerExample, "dev")
+        check_examples(dev, NerExample, "dev", empty="pass None to train without dev data")
         check_dev_gold(dev, lambda e: bool(e.spans), "entities", " (CoNLL tags, or JSONL \"entities\" spans)")
     labels = sorted({lab for e in train for _, _, lab in e.spans})
     if not labels:

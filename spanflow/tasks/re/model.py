@@ -209,7 +209,7 @@ class ReModel:
 
     def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
-        check_examples(examples, ReExample, "examples")
+        check_examples(examples, ReExample, "examples", empty="there is nothing to score")
         pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]

@@ -81,7 +81,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         raise ConfigError(f"all_subjects takes True or False, got {quote(all_subjects, 40)}")
     check_examples(train, ReExample, "train")
     if dev is not None:
-        check_examples(dev, ReExample, "dev")
+        check_examples(dev, ReExample, "dev", empty="pass None to train without dev data")
         check_dev_gold(dev, lambda e: bool(e.triples or e.unlocated), "triples",
                        " (CasRel JSON's \"triple_list\", or JSONL \"relations\")")
     if relations is not None:
