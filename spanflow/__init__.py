@@ -22,7 +22,7 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_MODELS[name]), name)
-    raise AttributeError(name)
+    raise AttributeError(f"module 'spanflow' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

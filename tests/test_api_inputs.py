@@ -74,6 +74,14 @@ def test_a_text_that_is_not_a_string_is_named(ner, rel, emb, texts, said):
         assert said in str(e.value)
 
 
+def test_a_set_of_texts_is_refused_as_it_has_no_order(ner, emb):
+    for call in (ner.predict, emb.encode):
+        with pytest.raises(ConfigError, match="got a set, which has no order; pass a list"):
+            call({"a", "b"})
+    with pytest.raises(AttributeError, match="module 'spanflow' has no attribute 'Nope'"):
+        __import__("spanflow").Nope
+
+
 def test_a_stream_of_one_string_is_refused(ner, rel, emb):
     for call in (ner.predict_stream, rel.predict_stream, emb.encode_stream):
         with pytest.raises(ConfigError, match="got one string; pass \\[text\\]"):

@@ -23,6 +23,9 @@ def check_text(text, i: int) -> str:
 def _iterable(texts, what: str) -> Iterable:
     if texts is None or isinstance(texts, (bytes, bytearray, dict)) or not isinstance(texts, Iterable):
         raise ConfigError(f"{what} takes a list of strings, got {type(texts).__name__}")
+    if isinstance(texts, (set, frozenset)):  # results come back in input order, which a set has not
+        raise ConfigError(f"{what} takes a list of strings, got a {type(texts).__name__}, which has no order; pass a "
+                          "list")
     return texts
 
 
