@@ -281,7 +281,7 @@ def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner
 
     ds = ray.data.read_parquet(table).map_batches(
         Predictor, fn_constructor_kwargs={"model": ner_dir, "device": "cpu", "precision": "fp32", "max_tokens": 256},
-        batch_format="pyarrow", batch_size=len(TEXTS), concurrency=1, num_cpus=1)
+        batch_format="pyarrow", batch_size=len(TEXTS), compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
     rows = sorted(ds.take_all(), key=lambda r: r["n"])
     want = NerModel.load(ner_dir, device="cpu", precision="fp32").predict([t or "" for t in _texts()],
                                                                           max_tokens=256)

@@ -54,22 +54,34 @@ def test_a_batch_gets_the_models_entities_and_keeps_its_columns(ner_dir):
     assert any(want), "the untrained model found nothing: the comparison above would be empty"
 
 
-def test_pandas_and_dict_batches_give_the_same_rows(ner_dir):
+def test_pandas_and_numpy_batches_come_back_as_themselves_with_the_same_rows(ner_dir):
+    """Ray Data's batch formats: each comes back in its own format, its columns untouched (a
+    column of 2-D arrays too), the results as the Arrow batch gets them."""
     pd = pytest.importorskip("pandas")
     p = ner(ner_dir)
     want = p(pa.table({"text": TEXTS}))["entities"].to_pylist()
-    assert p(pd.DataFrame({"text": TEXTS}))["entities"].to_pylist() == want
-    got = p({"text": np.array(TEXTS, dtype=object), "vec": np.zeros((len(TEXTS), 3))})
-    assert got["entities"].to_pylist() == want and got["vec"].to_pylist()[0] == [0.0, 0.0, 0.0]
+    frame = p(pd.DataFrame({"text": TEXTS}, index=range(10, 10 + len(TEXTS))))
+    assert list(frame.columns) == ["text", "entities", "error"] and list(frame.index)[0] == 10
+    assert frame["entities"].tolist() == want
+    grids = np.arange(len(TEXTS) * 4, dtype=np.float32).reshape(len(TEXTS), 2, 2)
+    got = p({"text": np.array(TEXTS), "grid": grids})
+    assert list(got) == ["text", "grid", "entities", "error"] and got["grid"] is grids
+    assert got["entities"].tolist() == want and got["error"].tolist() == [None] * len(TEXTS)
+    assert p(pa.RecordBatch.from_pydict({"text": TEXTS}))["entities"].to_pylist() == want
     assert p(pa.table({"text": pa.array([], pa.string())})).column_names == ["text", "entities", "error"]
+    cats = p(pa.table({"text": pa.array(TEXTS).dictionary_encode()}))  # a categorical column (was a crash)
+    assert cats["entities"].to_pylist() == want
 
 
 def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
     from spanflow.tasks.embed import Embedder
 
     want = Embedder.load(enc_dir, precision="fp32", device="cpu").encode(TEXTS)
-    got = Predictor(enc_dir, device="cpu", precision="fp32")(pa.table({"text": TEXTS}))
+    p = Predictor(enc_dir, device="cpu", precision="fp32")
+    got = p(pa.table({"text": TEXTS}))
     assert np.allclose(np.array(got["embedding"].to_pylist()), want, atol=1e-6)
+    as_numpy = p({"text": np.array(TEXTS)})["embedding"]  # one 2-D array, as Ray's numpy format holds vectors
+    assert as_numpy.shape == want.shape and np.allclose(as_numpy, want, atol=1e-6)
     half = Predictor(enc_dir, device="cpu", precision="fp32", dtype="float16")(pa.table({"text": TEXTS}))
     assert half.schema.field("embedding").type.value_type == pa.float16()
 
@@ -89,8 +101,9 @@ def test_a_batch_it_cannot_run_is_a_config_error_naming_why(ner_dir, batch, said
 def test_arguments_it_cannot_run_with_are_refused_when_made(ner_dir, tmp_path):
     with pytest.raises(ConfigError, match="dtype is for embeddings; a model of task 'ner'"):
         ner(ner_dir, dtype="float16")
-    with pytest.raises(ConfigError, match="max_tokens must be a whole number of tokens or None, got 'auto'"):
+    with pytest.raises(ConfigError, match="max_tokens must be a whole number >= 1 or None, got 'auto'"):
         ner(ner_dir, max_tokens="auto")
+    assert ner(ner_dir, max_tokens=np.int64(256)).max_tokens == 256  # numpy's integers are integers
     with pytest.raises(ConfigError, match="column names the batch's text column"):
         ner(ner_dir, column=0)
     with pytest.raises(ModelDirError, match="model directory not found"):
@@ -102,5 +115,13 @@ def test_a_path_or_thread_count_of_the_wrong_type_and_a_surrogate_are_named(ner_
         Predictor(None)
     with pytest.raises(ConfigError, match="threads must be a whole number >= 1 or None, got '2'"):
         Predictor(ner_dir, threads="2")
-    with pytest.raises(ConfigError, match="column 'text' holds a string that is not valid Unicode"):
-        ner(ner_dir)({"text": np.array(["a", "b\ud800"], dtype=object)})
+    p = ner(ner_dir)
+    got = p({"text": np.array(["Ann ran", "b\ud800"], dtype=object)})  # one row's fault is that row's error
+    assert got["error"].tolist() == [None, "column 'text' holds a string that is not valid Unicode (a lone surrogate "
+                                           "at character 1)"] and got["entities"][1] is None
+    raw = [b"Ann ran", b"caf\xff au lait"]  # Arrow strings are bytes: a foreign file's may not be UTF-8
+    offsets = np.cumsum([0] + [len(v) for v in raw]).astype(np.int32)
+    col = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(raw))])
+    got = p(pa.table({"text": col}))
+    assert got["error"].to_pylist() == [None, "column 'text' holds invalid UTF-8 at byte 3"]
+    assert got["entities"][1].as_py() is None

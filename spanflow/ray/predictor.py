@@ -3,18 +3,14 @@
 `spanflow predict/embed --ray` runs a whole job (read, chunks, model, Parquet files); this is the
 model stage alone, for a pipeline that reads and writes as it pleases. Each actor loads the model
 once, on one thread of its own (runtime/threads.py), and adds the task's result column(s) and
-`error` to every batch, keeping the batch's own columns.
+`error` to every batch, in the batch's own format, its columns untouched.
 """
 from __future__ import annotations
 
-import inspect
+import numbers
 from typing import Any
 
 from spanflow.errors import ConfigError, as_path
-from spanflow.inference.heap import GrowthTrim
-from spanflow.ray.stages import load_model
-from spanflow.runtime.resolve import Asked
-from spanflow.runtime.threads import on_model_thread
 
 STRINGS = ("string", "large_string", "null")  # Arrow types a text column may have (null: all missing)
 
@@ -22,99 +18,168 @@ STRINGS = ("string", "large_string", "null")  # Arrow types a text column may ha
 class Predictor:
     """Runs a spanflow model directory (NER, relations, or an encoder: embeddings) over the text
     `column` of each batch and returns the batch with the task's columns (`entities`, `relations`
-    or `embedding`, as in predict's Parquet output) and `error` (null, or why the row's text could
-    not be run: a null text) added. A batch may be a pyarrow Table, a pandas DataFrame or a dict
-    of arrays; the result is a pyarrow Table. For Ray Data::
+    or `embedding`, as in predict's Parquet output) and `error` added: null, or why the row's text
+    could not be run (a null, a string that is not valid UTF-8 or Unicode), its result then null.
+    A batch is a pyarrow Table (or RecordBatch), a pandas DataFrame or a dict of numpy arrays (Ray
+    Data's batch formats), and comes back in the same format. For Ray Data::
 
         ds.map_batches(Predictor, fn_constructor_kwargs={"model": "/models/ner", "column": "body"},
-                       batch_format="pyarrow", batch_size=8192, concurrency=2, num_gpus=1)
+                       batch_format="pyarrow", batch_size=8192,
+                       compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1)
 
-    `device`, `precision` (auto: checked on built-in sentences on the actor's device), `max_tokens`
-    (padded tokens per model batch; None: the device's default), `max_length`, `stride` and `dtype`
-    (embeddings: float32 or float16) mean what predict's and embed's flags do; `threads`: torch
-    threads of the actor (None: torch's default in the worker, which Ray sets to its CPUs)."""
+    `model`: a directory every node reads at that path. `device`, `precision` (auto: checked on
+    built-in sentences on the actor's device), `max_tokens` (padded tokens per model batch; None:
+    the device's default), `max_length`, `stride` and `dtype` (embeddings: float32 or float16) mean
+    what predict's and embed's flags do; `threads`: torch threads of the actor (None: torch's
+    default in the worker, which Ray sets to its CPUs)."""
 
     def __init__(self, model: str, *, column: str = "text", device: str = "auto", precision: str = "auto",
                  max_tokens: int | None = None, max_length: int | None = None, stride: int | None = None,
                  dtype: str | None = None, threads: int | None = None):
+        import inspect
+
+        from spanflow.inference.heap import GrowthTrim
+        from spanflow.ray.stages import load_model
+        from spanflow.runtime.resolve import Asked
+        from spanflow.runtime.threads import on_model_thread
         from spanflow.tasks.registry import task_of_dir
 
         model = as_path(model, "Predictor")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ConfigError(f"threads must be a whole number >= 1 or None, got {threads!r:.60}", field="threads")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-            raise ConfigError(f"max_tokens must be a whole number of tokens or None, got {max_tokens!r:.60}",
-                              field="max_tokens")
+        for name, v in (("max_tokens", max_tokens), ("threads", threads)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+                raise ConfigError(f"{name} must be a whole number >= 1 or None, got {v!r:.60}", field=name)
         if not isinstance(column, str) or not column:
             raise ConfigError(f"column names the batch's text column, got {column!r:.60}", field="column")
-        self.column, self.trim = column, GrowthTrim()
+        self.column, self.trim, self.on_model_thread = column, GrowthTrim(), on_model_thread
         task = task_of_dir(model).name
+        asked = Asked(device=device, precision=precision, max_tokens=None if max_tokens is None else int(max_tokens))
         self.model, self.max_tokens = on_model_thread(
-            load_model, task, model, Asked(device=device, precision=precision, max_tokens=max_tokens),
-            threads=threads, sample=[], max_length=max_length, stride=stride)
-        takes = inspect.signature(self.model.arrow_results).parameters
-        if dtype is not None and "dtype" not in takes:
+            load_model, task, model, asked, threads=None if threads is None else int(threads), sample=[],
+            max_length=max_length, stride=stride)
+        if dtype is not None and "dtype" not in inspect.signature(self.model.arrow_results).parameters:
             raise ConfigError(f"dtype is for embeddings; a model of task {task!r} has no vectors to store",
                               field="dtype")
         self.opts = {} if dtype is None else {"dtype": dtype}
         self.adds = [*self.model.arrow_results([], [], **self.opts).column_names, "error"]
 
     def __call__(self, batch: Any):
-        table = _as_table(batch)
-        taken = [c for c in self.adds if c in table.column_names]
+        kind = _kind(batch)
+        taken = [c for c in self.adds if c in _columns(batch, kind)]
         if taken:
             raise ConfigError(f"the batch already has a column {taken[0]!r}, which this model's results take: "
                               "rename or drop it first (Dataset.rename_columns, drop_columns)")
-        texts = _texts(table, self.column)
-        errors = [None if t is not None else f"column {self.column!r} holds null, expected a string" for t in texts]
-        results = on_model_thread(self._run, [t or "" for t in texts])  # a null runs as "": batches as predict's
-        out = self.model.arrow_results([t or "" for t in texts], [None if e else r for r, e in zip(results, errors)],
-                                       **self.opts)
-        for name in out.column_names:
-            table = table.append_column(name, out.column(name))
+        texts, errors = _texts(batch, kind, self.column)
+        run = ["" if e else t for t, e in zip(texts, errors)]  # a row that cannot run runs as "": batches as predict's
+        results = self.on_model_thread(lambda: list(self.model.predict_stream(run, max_tokens=self.max_tokens)))
+        out = self.model.arrow_results(run, [None if e else r for r, e in zip(results, errors)], **self.opts)
         self.trim()
-        import pyarrow as pa
-
-        return table.append_column("error", pa.array(errors, pa.string()))
-
-    def _run(self, texts: list[str]) -> list:
-        return list(self.model.predict_stream(texts, max_tokens=self.max_tokens))
+        return _joined(batch, kind, out, errors)
 
 
-def _as_table(batch: Any):
-    """A pyarrow Table of a Ray Data batch (a Table, a pandas DataFrame or a dict of arrays)."""
+def _kind(batch: Any) -> str:
     import pyarrow as pa
 
     if isinstance(batch, pa.Table):
-        return batch
-    if hasattr(batch, "to_dict") and hasattr(batch, "columns"):  # pandas, not imported for a check
-        return pa.Table.from_pandas(batch, preserve_index=False)
+        return "arrow"
+    if isinstance(batch, pa.RecordBatch):
+        return "record_batch"
+    if hasattr(batch, "to_dict") and hasattr(batch, "columns") and hasattr(batch, "index"):  # pandas, not imported
+        return "pandas"
     if isinstance(batch, dict):
-        return pa.table({k: _array(v, k) for k, v in batch.items()})
+        return "numpy"
     raise ConfigError(f"a batch is a pyarrow Table, a pandas DataFrame or a dict of arrays, got {type(batch).__name__}")
 
 
-def _array(values: Any, name: str):
-    import pyarrow as pa
-
-    try:
-        if getattr(values, "ndim", 1) > 1:  # a column of fixed-size vectors: one list a row
-            return pa.array(list(values))
-        return pa.array(values, from_pandas=True)
-    except UnicodeEncodeError as e:  # a lone surrogate: no Arrow string holds it
-        raise ConfigError(f"column {name!r} holds a string that is not valid Unicode (a lone surrogate at character "
-                          f"{e.start}); Arrow strings are UTF-8") from None
+def _columns(batch: Any, kind: str) -> list[str]:
+    return list(batch.column_names if kind in ("arrow", "record_batch") else batch.columns if kind == "pandas"
+                else batch.keys())
 
 
-def _texts(table, column: str) -> list[str | None]:
-    import pyarrow as pa
-
-    if column not in table.column_names:
+def _texts(batch: Any, kind: str, column: str) -> tuple[list[str | None], list[str | None]]:
+    """(each row's text, None where it cannot run; each row's error, None where it can)."""
+    if column not in _columns(batch, kind):
         raise ConfigError(f"the batch has no column {column!r} (column= names its texts); it has "
-                          f"{', '.join(map(repr, table.column_names))}", field="column")
-    col = table.column(column)
-    if pa.types.is_dictionary(col.type):
-        col = col.dictionary_decode()
-    if str(col.type) not in STRINGS:
-        raise ConfigError(f"column {column!r} holds {col.type}, not strings", field="column")
-    return col.to_pylist()
+                          f"{', '.join(map(repr, _columns(batch, kind)))}", field="column")
+    if kind in ("arrow", "record_batch"):
+        return _arrow_texts(batch.column(column), column)
+    values = batch[column].tolist()
+    texts: list[str | None] = []
+    errors: list[str | None] = []
+    for v in values:
+        if v is None or (isinstance(v, float) and v != v) or type(v).__name__ == "NAType":  # pandas' missing
+            texts.append(None)
+            errors.append(f"column {column!r} holds null, expected a string")
+        elif not isinstance(v, str):
+            raise ConfigError(f"column {column!r} holds {type(v).__name__} {v!r:.40}, not strings", field="column")
+        else:
+            bad = _surrogate(v)
+            texts.append(None if bad is not None else v)
+            errors.append(None if bad is None else f"column {column!r} holds a string that is not valid Unicode (a "
+                                                   f"lone surrogate at character {bad})")
+    return texts, errors
+
+
+def _surrogate(text: str) -> int | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def _arrow_texts(col, column: str) -> tuple[list[str | None], list[str | None]]:
+    import pyarrow as pa
+
+    from spanflow.data.tables import invalid_utf8
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type):  # a categorical column (pandas, Parquet's dictionary pages)
+        arr = arr.dictionary_decode()
+    if str(arr.type) not in STRINGS:
+        raise ConfigError(f"column {column!r} holds {arr.type}, not strings", field="column")
+    bad = invalid_utf8(arr)  # a Python string of such a value fails the whole column: checked in Arrow first
+    raw = arr.cast(pa.large_binary()).to_pylist() if bad else arr.to_pylist()
+    texts = [None if v is None or k in bad else v.decode("utf-8") if bad else v for k, v in enumerate(raw)]
+    errors = [f"column {column!r} holds invalid UTF-8 at byte {bad[k]}" if k in bad
+              else f"column {column!r} holds null, expected a string" if v is None else None
+              for k, v in enumerate(raw)]
+    return texts, errors
+
+
+def _joined(batch: Any, kind: str, out, errors: list[str | None]):
+    """`batch` with the result columns of `out` (an Arrow table) and `error` added, in its own format."""
+    import pyarrow as pa
+
+    if kind in ("arrow", "record_batch"):
+        table = batch if kind == "arrow" else pa.Table.from_batches([batch])
+        for name in out.column_names:
+            table = table.append_column(name, out.column(name))
+        return table.append_column("error", pa.array(errors, pa.string()))
+    added = {name: _numpy(out.column(name)) for name in out.column_names}
+    added["error"] = _objects(errors)
+    if kind == "pandas":
+        frame = batch.copy(deep=False)
+        for name, values in added.items():
+            frame[name] = list(values)
+        return frame
+    return {**batch, **added}
+
+
+def _numpy(col):
+    """An Arrow result column as numpy: vectors of one size (no null) as a 2-D array, else one
+    Python object a row (a list of entities, None)."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(col.type) and col.null_count == 0:
+        width = col.type.list_size
+        flat = col.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(len(col), width)
+    return _objects(col.to_pylist())
+
+
+def _objects(values: list):
+    import numpy as np
+
+    out = np.empty(len(values), dtype=object)  # np.array would make a 2-D array of equal-length lists
+    out[:] = values
+    return out
