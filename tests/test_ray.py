@@ -273,26 +273,6 @@ def test_predict_csv_under_ray_is_the_single_process_file(ner_dir, tmp_path, cap
     assert f"warning: {tmp_path / 'empty.txt'} holds no texts" in capsys.readouterr().err  # as without --ray
 
 
-def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner_dir, table):
-    """Predictor in Dataset.map_batches: each row keeps its columns and gets the entities the model
-    gives its text (one batch of the whole input: the model's own batches), a null text an error."""
-    from spanflow.ray import Predictor
-    from spanflow.tasks.ner import NerModel
-
-    ds = ray.data.read_parquet(table).map_batches(
-        Predictor, fn_constructor_kwargs={"model": ner_dir, "device": "cpu", "precision": "fp32", "max_tokens": 256},
-        batch_format="pyarrow", batch_size=len(TEXTS), compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
-    rows = sorted(ds.take_all(), key=lambda r: r["n"])
-    want = NerModel.load(ner_dir, device="cpu", precision="fp32").predict([t or "" for t in _texts()],
-                                                                          max_tokens=256)
-    assert [r["n"] for r in rows] == list(range(len(TEXTS)))
-    assert [r["error"] is not None for r in rows] == [k == NULL_ROW for k in range(len(TEXTS))]
-    got = [None if r["entities"] is None else [(e["start"], e["end"], e["label"]) for e in r["entities"]]
-           for r in rows]
-    assert got == [None if k == NULL_ROW else [tuple(s) for s in spans] for k, spans in enumerate(want)]
-    assert any(got[k] for k in range(len(TEXTS)) if k != NULL_ROW)  # spans to compare
-
-
 def test_an_empty_input_gives_one_empty_file_with_the_schema(enc_dir, tmp_path):
     pq.write_table(pa.table({"text": pa.array([], pa.string()), "n": pa.array([], pa.int64())}), tmp_path / "e.parquet")
     (tmp_path / "e.jsonl").write_text("")
@@ -739,3 +719,25 @@ def test_joining_ray_keeps_the_commands_sigterm_handler(monkeypatch):
             assert signal.getsignal(signal.SIGTERM) is ours  # ended as Ctrl-C: exit 143, staging removed
     finally:
         signal.signal(signal.SIGTERM, was)
+
+
+def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner_dir, table):
+    """Predictor in Dataset.map_batches: each row keeps its columns and gets the entities the model
+    gives its text (one batch of the whole input: the model's own batches), a null text an error.
+    Last in this file: Ray Data lets the stage's actor go after the dataset ends, and one still
+    holding a CPU would give the jobs of a test after it actors of fewer threads (other bits)."""
+    from spanflow.ray import Predictor
+    from spanflow.tasks.ner import NerModel
+
+    ds = ray.data.read_parquet(table).map_batches(
+        Predictor, fn_constructor_kwargs={"model": ner_dir, "device": "cpu", "precision": "fp32", "max_tokens": 256},
+        batch_format="pyarrow", batch_size=len(TEXTS), compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1)
+    rows = sorted(ds.take_all(), key=lambda r: r["n"])
+    want = NerModel.load(ner_dir, device="cpu", precision="fp32").predict([t or "" for t in _texts()],
+                                                                          max_tokens=256)
+    assert [r["n"] for r in rows] == list(range(len(TEXTS)))
+    assert [r["error"] is not None for r in rows] == [k == NULL_ROW for k in range(len(TEXTS))]
+    got = [None if r["entities"] is None else [(e["start"], e["end"], e["label"]) for e in r["entities"]]
+           for r in rows]
+    assert got == [None if k == NULL_ROW else [tuple(s) for s in spans] for k, spans in enumerate(want)]
+    assert any(got[k] for k in range(len(TEXTS)) if k != NULL_ROW)  # spans to compare
