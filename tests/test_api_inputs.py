@@ -374,7 +374,7 @@ def test_numpy_integers_and_huge_numbers_are_taken_or_named(ner, emb):
     assert isinstance(TrainOptions(lr=1).lr, float)
     with pytest.raises(ConfigError, match="needs strings for its texts and a finite number"):
         emb.evaluate([Pair("a b", "c d", 10**400), Pair("e f", "g h", 0)])
-    with pytest.raises(ConfigError, match="calibrate takes"):
+    with pytest.raises(ConfigError, match="check_precision takes"):
         emb.with_precision("bf16").check_precision(None)
     with pytest.raises(ConfigError, match="text 1"):
         emb.with_precision("bf16").check_precision(["a", 1])

@@ -546,33 +546,41 @@ def test_a_checkpoint_with_a_part_missing_or_a_damaged_state_is_refused_not_repl
                                                    "checkpoint to start over")
 
 
-@pytest.mark.parametrize("kind", ["file", "folder"])
+@pytest.mark.parametrize("kind", ["file", "folder", "beside"])
 def test_a_checkpoint_place_holding_other_files_is_refused_before_the_run(files, tmp_path, capsys, kind):
     out = tmp_path / "run"
     out.mkdir()
-    if kind == "file":
+    if kind == "beside":  # a checkpoint with a file of the user's in it: a fresh run would remove both
+        (out / "checkpoint").mkdir()
+        (out / "checkpoint" / "state.json").write_text("{}")
+        (out / "checkpoint" / "notes.txt").write_text("notes")
+        said = (f"error: {out / 'checkpoint'} holds a checkpoint and 1 other file(s) (e.g. notes.txt): saving there "
+                "would replace them; give a new or empty directory, or move them away")
+    elif kind == "file":
         (out / "checkpoint").write_text("notes")
-        said = f"error: {out / 'checkpoint'} is a file; a run keeps its checkpoint there: move it away"
+        said = f"error: {out / 'checkpoint'} is a file; a checkpoint is saved as a directory: give another path"
     else:
         (out / "checkpoint").mkdir()
         (out / "checkpoint" / "notes.txt").write_text("notes")
-        said = (f"error: {out / 'checkpoint'} holds 1 other file(s) (e.g. notes.txt) and no checkpoint: a run keeps "
-                "its checkpoint there and would replace them; move them away")
+        said = (f"error: {out / 'checkpoint'} holds 1 other file(s) (e.g. notes.txt) and no checkpoint: saving there "
+                "would replace them; give a new or empty directory")
     assert train(files, out) == 2
     assert capsys.readouterr().err.strip() == said
     assert (out / "checkpoint").exists() and not (out / "model").exists()
 
 
-def test_a_report_line_torn_by_a_kill_is_dropped_on_resume(files, tmp_path):
+@pytest.mark.parametrize("tail", ['{"epoch": 2, "step": 18, "loss": 1.52', '{"note": 1.52}'])
+def test_a_report_line_torn_by_a_kill_is_dropped_on_resume(files, tmp_path, tail):
     out = tmp_path / "run"
     assert train(files, out, "--max-steps", "4") == 0
     report = out / "train_report.jsonl"
     with open(report, "a", encoding="utf-8") as f:
-        f.write('{"epoch": 2, "step": 18, "loss": 1.52')  # a kill mid-append: no end, no newline
+        f.write(tail)  # a kill mid-append (no end), or a whole line of the user's: no newline either way
     assert train(files, out, "--resume") == 0
     records = [json.loads(x) for x in report.read_text().splitlines()]  # every line whole: one record each
-    assert [r["epoch"] for r in records if not r.get("partial")] == [1, 2, 3]
-    assert not any(r.get("loss") == 1.52 for r in records)
+    assert [r["epoch"] for r in records if "epoch" in r and not r.get("partial")] == [1, 2, 3]
+    assert [r for r in records if r.get("loss") == 1.52 or r.get("note") == 1.52] == (
+        [] if "epoch" in tail else [{"note": 1.52}])
 
 
 def test_a_checkpoint_inside_an_epoch_past_epochs_is_refused(files, reference, tmp_path, capsys):
@@ -583,3 +591,20 @@ def test_a_checkpoint_inside_an_epoch_past_epochs_is_refused(files, reference, t
     assert train(files, out, "--resume", "--epochs", "1") == 2  # it said "the run finished its 1 epoch"
     assert capsys.readouterr().err.strip() == (f"error: --epochs 1: the checkpoint in {out / 'checkpoint'} is at epoch "
                                                f"2 (step {step}) already; give --epochs 2 or more")
+
+
+def test_a_fresh_run_clears_a_linked_checkpoint_and_one_a_killed_save_left_aside(files, reference, tmp_path):
+    import shutil
+
+    out, target = tmp_path / "run", tmp_path / "elsewhere"
+    shutil.copytree(reference / "checkpoint", target)
+    out.mkdir()
+    (out / "checkpoint").symlink_to(target)  # written through, as every save writes through a link
+    assert train(files, out, "--epochs", "1") == 0  # rmtree refused the link: a traceback
+    assert (out / "checkpoint").is_symlink() and checkpoint_state(out)["epoch"] == 1
+    aside = tmp_path / "aside"
+    shutil.copytree(reference, aside)
+    os.rename(aside / "checkpoint", aside_path(str(aside / "checkpoint")))  # a save killed between its renames
+    assert train(files, aside, "--epochs", "1", "--max-steps", "1") == 0
+    assert not os.path.exists(aside_path(str(aside / "checkpoint")))  # not brought back by a later --resume
+    assert checkpoint_state(aside)["global_step"] == 1

@@ -82,6 +82,8 @@ def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
     assert np.allclose(np.array(got["embedding"].to_pylist()), want, atol=1e-6)
     as_numpy = p({"text": np.array(TEXTS)})["embedding"]  # one 2-D array, as Ray's numpy format holds vectors
     assert as_numpy.shape == want.shape and np.allclose(as_numpy, want, atol=1e-6)
+    holed = p({"text": np.array([TEXTS[0], None], dtype=object)})["embedding"]  # an error row: NaN, one type
+    assert holed.shape == (2, want.shape[1]) and np.allclose(holed[0], want[0], atol=1e-6) and np.isnan(holed[1]).all()
     half = Predictor(enc_dir, device="cpu", precision="fp32", dtype="float16")(pa.table({"text": TEXTS}))
     assert half.schema.field("embedding").type.value_type == pa.float16()
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 
@@ -59,6 +58,7 @@ def _check(task, a: argparse.Namespace) -> None:
     from spanflow.errors import ConfigError
     from spanflow.models.directory import LITTER
     from spanflow.models.encoder import holds_model
+    from spanflow.models.files import HF_FILES  # what an export writes: anything else is not one to replace
 
     exports = getattr(task, "exports", ())
     if not exports:
@@ -80,7 +80,7 @@ def _check(task, a: argparse.Namespace) -> None:
         raise ConfigError(f"{a.out} is a file; the export is a directory")
     if os.path.isdir(a.out) and set(os.listdir(a.out)) - LITTER and not _earlier_export(a.out):
         what = "a model or encoder" if holds_model(a.out) else "other files"
-        extra = sorted(n for n in os.listdir(a.out) if not _EXPORT_FILES.fullmatch(n))
+        extra = sorted(n for n in os.listdir(a.out) if not HF_FILES.fullmatch(n))
         hf_dir = os.path.exists(os.path.join(a.out, "config.json")) and not os.path.exists(
             os.path.join(a.out, "spanflow.json"))  # an export's kind: what makes it no earlier export is named
         what += f" and files no export writes ({', '.join(extra[:3])})" if extra and hf_dir else ""
@@ -88,13 +88,6 @@ def _check(task, a: argparse.Namespace) -> None:
                           "an earlier export's, holding nothing the export did not write; one made before exports "
                           "were marked with spanflow_words in their config.json is not known as one: remove it "
                           "first)")
-
-
-# what an export writes (transformers' save_pretrained and the tokenizer's): a directory holding
-# anything else (a README, a checkpoint folder, training_args.bin) is not one to replace
-_EXPORT_FILES = re.compile(r"config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|"
-                           r"tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(txt|json)|"
-                           r"merges\.txt|[\w.-]*\.model|chat_template\.jinja")
 
 
 def _earlier_export(path: str) -> bool:
@@ -105,8 +98,9 @@ def _earlier_export(path: str) -> bool:
     import os
 
     from spanflow.models.directory import LITTER
+    from spanflow.models.files import HF_FILES
 
-    if any(n not in LITTER and (not _EXPORT_FILES.fullmatch(n) or not os.path.isfile(os.path.join(path, n)))
+    if any(n not in LITTER and (not HF_FILES.fullmatch(n) or not os.path.isfile(os.path.join(path, n)))
            for n in os.listdir(path)):
         return False
     try:

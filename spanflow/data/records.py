@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import numbers
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -129,9 +130,10 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     record lacks is None.
     """
     check_unique(keep)
-    if column is not None and (isinstance(column, bool) or not isinstance(column, (int, str))):
+    if column is not None and (isinstance(column, bool) or not isinstance(column, (numbers.Integral, str))):
         raise ConfigError(f"column takes a column's index or name, got {type(column).__name__} {quote(column, 40)}",
                           field="column")
+    column = int(column) if isinstance(column, numbers.Integral) else column  # numpy's too
     if is_table(path):
         return read_table_records(path, column=field if column is None else column, id_column=id_column,
                                   keep=keep)

@@ -19,7 +19,7 @@ from torch import nn
 
 from spanflow.atomic import WRITE_ERRNOS, as_os_error, atomic_dir, found_dir
 from spanflow.errors import ConfigError, ModelDirError, WriteError, as_path
-from spanflow.models.files import apply_umask, config_object, write_safetensors
+from spanflow.models.files import HF_FILES, apply_umask, config_object, write_safetensors
 from spanflow.schemas import Names, NonNegativeInt, PositiveInt, expect, explain
 
 FORMAT_VERSION = 2  # 2: "limit" is the longest input a model takes, "max_length" what inference reads
@@ -54,32 +54,39 @@ def write_aside(path: str, kind: str = "model") -> Iterator[str]:
 
 _WHAT = {"model": "the model", "ckpt": "the checkpoint", "export": "the export"}
 _MODEL_FILES = (CONFIG, "config.json", "modules.json")  # spanflow's, Hugging Face's, sentence-transformers'
-# what a model directory holds (spanflow's, transformers' save_pretrained, sentence-transformers'): a
-# directory of these alone is a model to replace whole; any other name is a file of the user's
-MODEL_NAMES = frozenset({
-    CONFIG, "encoder", "head.safetensors", "config.json", "generation_config.json", "model.safetensors",
-    "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
-    "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "modules.json", "sentence_bert_config.json",
-    "config_sentence_transformers.json", "data_config.json", "1_Pooling", "2_Normalize", "2_Dense", "README.md"})
-_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 # what a file browser or a notebook leaves in any folder: no files of the user's to keep
 LITTER = frozenset({".DS_Store", ".gitkeep", ".ipynb_checkpoints", "Thumbs.db", "desktop.ini"})
+# what a model directory holds beside transformers' files (HF_FILES): spanflow's and sentence-transformers'
+_MODEL_NAMES = frozenset({CONFIG, "encoder", "head.safetensors", "pytorch_model.bin", "pytorch_model.bin.index.json",
+                          "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                          "data_config.json", "README.md"})
+_MODULE = re.compile(r"\d+_[A-Za-z]+")  # sentence-transformers' module folders: 1_Pooling, 2_Normalize, 2_Dense
+
+
+def is_model_file(name: str) -> bool:
+    """Whether a directory entry is one a model directory holds (a file of the user's is not)."""
+    return name in _MODEL_NAMES or bool(HF_FILES.fullmatch(name) or _MODULE.fullmatch(name))
+
+
+def check_destination(path: str, *, what: str, marks: tuple[str, ...], ours) -> None:
+    """A ConfigError where writing a `what` (a directory, replaced whole) at `path` would replace what
+    is not one: a file, a directory of other files (none of `marks`), or one holding, beside
+    `what`, names `ours(name)` does not take (files of the user's). Litter is no file to keep."""
+    if os.path.exists(path) and not os.path.isdir(path):  # (a link to nothing is written through)
+        raise ConfigError(f"{path} is a file; a {what} is saved as a directory: give another path")
+    names = [n for n in os.listdir(path) if n not in LITTER] if os.path.isdir(path) else []
+    if names and not any(n in names for n in marks):
+        raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no {what}: saving "
+                          "there would replace them; give a new or empty directory")
+    others = sorted(n for n in names if not ours(n))
+    if others:  # a config.json beside files of the user's: the save replaces the directory whole
+        raise ConfigError(f"{path} holds a {what} and {len(others)} other file(s) (e.g. {others[0]}): saving there "
+                          "would replace them; give a new or empty directory, or move them away")
 
 
 def check_model_destination(path: str) -> None:
-    """A ConfigError where saving a model at `path` would replace what is no model: a file, or a
-    directory of other files (a model directory, or an empty one, is replaced whole)."""
-    if os.path.exists(path) and not os.path.isdir(path):  # (a link to nothing is written through)
-        raise ConfigError(f"{path} is a file; a model is saved as a directory: give another path")
-    names = [n for n in os.listdir(path) if n not in LITTER] if os.path.isdir(path) else []
-    if names and not any(n in names for n in _MODEL_FILES):
-        raise ConfigError(f"{path} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no model: saving "
-                          "there would replace them; give a new or empty directory")
-    others = sorted(n for n in names if n not in MODEL_NAMES and not _SHARD.fullmatch(n))
-    if others:  # a model's config.json beside files of the user's: the save replaces the directory whole
-        raise ConfigError(f"{path} holds a model and {len(others)} other file(s) (e.g. {others[0]}): saving there "
-                          "would replace them with it; give a new or empty directory, or move them away")
+    """A ConfigError where saving a model at `path` would replace what is no model (check_destination)."""
+    check_destination(path, what="model", marks=_MODEL_FILES, ours=is_model_file)
 
 
 def save_model_dir(path: str, *, encoder: nn.Module, tokenizer, head: nn.Module, config: dict) -> None:

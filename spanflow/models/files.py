@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,10 @@ if TYPE_CHECKING:
     from torch import nn
 
 WEIGHTS = "model.safetensors"  # an encoder directory's weights, as transformers names them
+# what transformers' save_pretrained and a tokenizer's write at the top of a directory
+HF_FILES = re.compile(r"config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|"
+                      r"tokenizer(_config)?\.json|special_tokens_map\.json|added_tokens\.json|vocab\.(txt|json)|"
+                      r"merges\.txt|[\w.-]*\.model|chat_template\.jinja")
 
 
 def json_object(path: str) -> dict | None:

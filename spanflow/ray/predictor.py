@@ -27,8 +27,8 @@ class Predictor:
                        batch_format="pyarrow", batch_size=8192,
                        compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1)
 
-    `model`: a directory every node reads at that path. `device`, `precision` (auto: checked on
-    built-in sentences on the actor's device), `max_tokens` (padded tokens per model batch; None:
+    `model`: a directory every node reads at that path. `device`, `precision` (auto, or one asked
+    by name: checked on built-in sentences on the actor's device), `max_tokens` (padded tokens per model batch; None:
     the device's default), `max_length`, `stride` and `dtype` (embeddings: float32 or float16) mean
     what predict's and embed's flags do; `threads`: torch threads of the actor (None: torch's
     default in the worker, which Ray sets to its CPUs)."""
@@ -40,6 +40,7 @@ class Predictor:
 
         from spanflow.inference.heap import GrowthTrim
         from spanflow.ray.stages import load_model
+        from spanflow.runtime.precision import builtin_sample
         from spanflow.runtime.resolve import Asked
         from spanflow.runtime.threads import on_model_thread
         from spanflow.tasks.registry import task_of_dir
@@ -53,8 +54,8 @@ class Predictor:
         self.column, self.trim, self.on_model_thread = column, GrowthTrim(), on_model_thread
         task = task_of_dir(model).name
         asked = Asked(device=device, precision=precision, max_tokens=None if max_tokens is None else int(max_tokens))
-        self.model, self.max_tokens = on_model_thread(
-            load_model, task, model, asked, threads=None if threads is None else int(threads), sample=[],
+        self.model, self.max_tokens = on_model_thread(  # a precision asked by name: held to its gate on these
+            load_model, task, model, asked, threads=None if threads is None else int(threads), sample=builtin_sample(),
             max_length=max_length, stride=stride)
         if dtype is not None and "dtype" not in inspect.signature(self.model.arrow_results).parameters:
             raise ConfigError(f"dtype is for embeddings; a model of task {task!r} has no vectors to store",
@@ -166,14 +167,18 @@ def _joined(batch: Any, kind: str, out, errors: list[str | None]):
 
 
 def _numpy(col):
-    """An Arrow result column as numpy: vectors of one size (no null) as a 2-D array, else one
-    Python object a row (a list of entities, None)."""
+    """An Arrow result column as numpy: vectors of one size as a 2-D array (an error row's all NaN,
+    so that every batch's column has one type), else one Python object a row (a list, None)."""
+    import numpy as np
     import pyarrow as pa
 
-    if pa.types.is_fixed_size_list(col.type) and col.null_count == 0:
-        width = col.type.list_size
-        flat = col.combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        return flat.reshape(len(col), width)
+    if pa.types.is_fixed_size_list(col.type):
+        arr = col.combine_chunks()
+        dtype = arr.type.value_type.to_pandas_dtype()
+        out = np.full((len(arr), arr.type.list_size), np.nan, dtype=dtype)
+        rows = np.flatnonzero(arr.is_valid().to_numpy(zero_copy_only=False))
+        out[rows] = arr.filter(arr.is_valid()).flatten().to_numpy(zero_copy_only=False).reshape(len(rows), -1)
+        return out
     return _objects(col.to_pylist())
 
 

@@ -40,11 +40,11 @@ def invalid(message: str) -> PydanticCustomError:
 def json_quote(value: Any, limit: int = QUOTE_CHARS) -> str:
     """`value` as JSON (what the document held: null, true, "a"), cut to about `limit` characters;
     a lone surrogate in a string is escaped, so the message can be written anywhere."""
-    r = json.dumps(value, ensure_ascii=False, default=repr)
     try:
-        r.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800")
-        r = json.dumps(value, default=repr)
+        r = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):  # keys JSON has not (a tuple), a circular value: none come from JSON
+        r = repr(value)
+    r = r.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate (JSON's "\ud800") as its escape
     return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
 
 

@@ -11,6 +11,7 @@ import torch
 from spanflow.atomic import recover_dir, writing
 from spanflow.errors import ModelDirError
 from spanflow.models.directory import write_aside
+from spanflow.schemas.fields import json_quote
 
 STATE = "state.json"
 TRAINER = "trainer.pt"
@@ -71,17 +72,12 @@ def check_checkpoint(ckpt_dir: str) -> None:
 
 
 def check_checkpoint_destination(ckpt_dir: str) -> None:
-    """A ConfigError where a run's checkpoint would replace what is no checkpoint: a file, or a
-    directory of other files (a run replaces its checkpoint whole)."""
-    from spanflow.errors import ConfigError
-    from spanflow.models.directory import LITTER
+    """A ConfigError where a run's checkpoint would replace what is no checkpoint: a file, a
+    directory of other files, or a checkpoint with files of the user's beside it (a run replaces,
+    and a fresh one removes, its checkpoint whole)."""
+    from spanflow.models.directory import check_destination
 
-    if os.path.exists(ckpt_dir) and not os.path.isdir(ckpt_dir):
-        raise ConfigError(f"{ckpt_dir} is a file; a run keeps its checkpoint there: move it away")
-    names = [n for n in os.listdir(ckpt_dir) if n not in LITTER] if os.path.isdir(ckpt_dir) else []
-    if names and not any(n in names for n in CHECKPOINT_FILES):
-        raise ConfigError(f"{ckpt_dir} holds {len(names)} other file(s) (e.g. {sorted(names)[0]}) and no checkpoint: "
-                          "a run keeps its checkpoint there and would replace them; move them away")
+    check_destination(ckpt_dir, what="checkpoint", marks=CHECKPOINT_FILES, ours=CHECKPOINT_FILES.__contains__)
 
 
 # what a checkpoint's state must hold, as the loop reads it back
@@ -93,12 +89,12 @@ def _check_state(state: dict, path: str) -> None:
         v = state.get(key)
         if not isinstance(v, kind) or (kind is int and (isinstance(v, bool) or v < 0)):
             what = ("missing" if key not in state
-                    else f"{json.dumps(v)[:40]}, not a {'count' if kind is int else kind.__name__}")
+                    else f"{json_quote(v, 40)}, not a {'count' if kind is int else kind.__name__}")
             raise ModelDirError(f"{path} is not a checkpoint's state: {key!r} is {what}; remove the checkpoint to "
                                 "start over")
     best = state.get("best_f1")
     if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float))):
-        raise ModelDirError(f"{path} is not a checkpoint's state: 'best_f1' is {json.dumps(best)[:40]}; remove the "
+        raise ModelDirError(f"{path} is not a checkpoint's state: 'best_f1' is {json_quote(best, 40)}; remove the "
                             "checkpoint to start over")
 
 

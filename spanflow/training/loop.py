@@ -87,8 +87,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         if (opts.eval_every and hooks.evaluate is not None and r.st.get("last_eval_step") != r.st["global_step"]
                 and not r.st["stopped"]):
             f1 = _evaluate(r)  # the steps after the last --eval-every (all of them, in a run shorter than it)
-            r.log(f"step {r.st['global_step']} (the last): dev {hooks.metric} {f1:.4f}" if f1 is not None
-                  else f"step {r.st['global_step']}")
+            if f1 is not None:  # rank 0's (the others' log says nothing)
+                r.log(f"step {r.st['global_step']} (the last): dev {hooks.metric} {f1:.4f}")
             _checkpoint(r)  # a resume with more epochs starts from what this evaluation kept
         catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
         final = _summary(r, completed=True)
@@ -216,7 +216,7 @@ def _check_epochs_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
     if st["step_in_epoch"] and st["epoch"] >= opts.epochs:
         from spanflow.errors import ConfigError
 
-        at = st["epoch"] + (1 if st["step_in_epoch"] else 0)
+        at = st["epoch"] + 1  # the epoch the checkpoint is inside of
         raise ConfigError(f"--epochs {opts.epochs}: the checkpoint in {r.ckpt_dir} is at epoch {at} (step "
                           f"{st['global_step']}) already; give --epochs {at} or more")
 
@@ -241,10 +241,11 @@ def _trim_report(path: str, st: dict) -> None:
     with open(path, encoding="utf-8") as f:
         lines = f.readlines()
     inside = st["epoch"] + 1 if st["step_in_epoch"] else None  # the epoch the resumed run ends and reports
-    if lines and not lines[-1].endswith("\n"):
+    ended = not lines or lines[-1].endswith("\n")
+    if not ended:
         lines.append(lines.pop() + "\n")  # a line torn by a kill is dropped below (no JSON); the next starts anew
     kept = [line for line in lines if not _again(line, st["global_step"], inside) and not _torn(line)]
-    if len(kept) == len(lines):
+    if len(kept) == len(lines) and ended:
         return
     from spanflow.atomic import atomic_open
 
@@ -394,7 +395,15 @@ def _remove(path: str) -> None:
 
 
 def _remove_tree(path: str) -> None:
-    if os.path.isdir(path):
+    """An earlier run's checkpoint gone, and the copy a save killed mid-way left aside with it (it
+    would come back in its place); through a link, the target's contents, the link kept."""
+    recover_dir(path)
+    if os.path.islink(path):  # written through, as every save writes through a link
+        target = os.path.realpath(path)
+        for name in os.listdir(target) if os.path.isdir(target) else ():
+            entry = os.path.join(target, name)
+            shutil.rmtree(entry) if os.path.isdir(entry) and not os.path.islink(entry) else os.remove(entry)
+    elif os.path.isdir(path):
         shutil.rmtree(path)
 
 

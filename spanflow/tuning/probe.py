@@ -39,9 +39,11 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
     a run), and at least two steps are measured whatever it is. `clock` times the steps and the
     run (tune gives its budget's clock, so that a run and the budget read the same time).
     `counted` (parallel to `lengths`, default `lengths`) gives the tokens each item adds to the
-    real tokens/s: an overlapping window's repeated tokens are work (padding) but no speed.
+    sample's: real tokens/s is the items' tokens/s times their share of the whole sample's (an
+    overlapping window's repeated tokens are work, not speed), a share taken over the whole
+    sample, as the batches timed are a part of it (inference's: the longest first).
     """
-    counted = lengths if counted is None else counted
+    own = 1.0 if counted is None else sum(counted) / max(1, sum(lengths))
     batches = [b for b in batches if b]
     if not batches:
         raise ValueError("no batches to probe")
@@ -54,7 +56,7 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
     reset_peak_memory(device)
     gpu = GpuUtilSampler(device, interval_s=0.05)
     rss = RssPeak(interval_s=0.005) if device.type == "cpu" else None
-    lat, real, padded, own = [], 0, 0, 0
+    lat, real, padded = [], 0, 0
     k = 0
     try:
         while k < max_steps and (k < 2 or clock() - t_start < max_seconds):
@@ -65,7 +67,6 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
             lat.append(clock() - t)
             ls = [lengths[i] for i in b]
             real += sum(ls)
-            own += sum(counted[i] for i in b)
             padded += max(ls) * len(ls)
             k += 1
     finally:
@@ -73,7 +74,7 @@ def run_probe(step: Callable[[list], None], batches: list[list], lengths, *, dev
         gpu.close()
         rss_peak = rss.close() if rss else 0
     wall = sum(lat)
-    return {"real_tokens_per_s": own / wall, "padded_tokens_per_s": padded / wall,
+    return {"real_tokens_per_s": own * real / wall, "padded_tokens_per_s": padded / wall,
             "padding_efficiency": real / padded, "latency_p50_ms": float(np.percentile(lat, 50) * 1e3),
             "latency_p95_ms": float(np.percentile(lat, 95) * 1e3), "peak_memory_bytes": _peak(device, rss_peak),
             "gpu_util": util, "steps": k, "texts_per_step": sum(len(batches[(warmup + j) % len(batches)])

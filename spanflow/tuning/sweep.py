@@ -171,9 +171,10 @@ def eligible(points: list[Point], *, max_memory_bytes: int | None = None, latenc
             and (min_quality is None or p.quality is None or p.quality >= min_quality)]
 
 
-def pick_best(points: list[Point], **limits) -> Point | None:
-    """Highest real tokens/s among points within the limits (eligible's)."""
-    ok = eligible(points, **limits)
+def pick_best(points: list[Point], *, max_memory_bytes: int | None = None, latency_slo_ms: float | None = None,
+              min_quality: float | None = None) -> Point | None:
+    """Highest real tokens/s among points within the memory, latency and quality limits."""
+    ok = eligible(points, max_memory_bytes=max_memory_bytes, latency_slo_ms=latency_slo_ms, min_quality=min_quality)
     return max(ok, key=lambda p: p.real_tokens_per_s) if ok else None
 
 

@@ -125,8 +125,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     write_profile(path, profile)
     near = within_noise(best, eligible(points, **limits))
     if near:
-        log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best, which "
-               f"these runs do not tell apart; any of them serves as well (--repeats {2 * max(1, repeats)} or a larger "
+        log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best: "
+               f"these runs do not tell them apart in speed (--repeats {2 * max(1, repeats)} or a larger "
                "--budget-seconds measures them longer)")
     if any(p.quality is not None for p in points):
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "

@@ -335,7 +335,7 @@ class Embedder:
     def check_precision(self, texts: list[str], *, force: bool = False) -> dict | None:
         """Calibrate and refuse (ConfigError) a reduced precision whose mean cosine to fp32 is
         below its threshold, unless `force`."""
-        cal = self.calibrate(texts)
+        cal = self.calibrate(text_list(texts, "check_precision")[0])
         if cal and cal["mean_cosine"] < cal["threshold"] and not force:
             raise ConfigError(f"{cal['precision']} embeddings reach a mean cosine of {cal['mean_cosine']:.5f} "
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
