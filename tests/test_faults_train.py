@@ -463,6 +463,17 @@ def test_a_resume_in_another_precision_is_said(files, tmp_path, capsys):
     assert "were trained in" not in capsys.readouterr().out  # the checkpoint's last steps were bf16's
 
 
+def test_the_outcome_names_the_precision_its_best_was_scored_in(files, reference, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)  # finished in fp32
+    capsys.readouterr()
+    assert train(files, out, "--resume", "--precision", "bf16") == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("best dev F1"))
+    assert " (fp32, step " in line, line  # it said bf16, the resuming run's
+
+
 def test_two_rates_alike_to_three_digits_are_shown_whole():
     from spanflow.errors import ConfigError
     from spanflow.training.checkpoint import check_same_run
@@ -505,11 +516,13 @@ def test_a_finished_run_resumed_without_its_model_saves_the_last_or_says_it_is_g
     import shutil
 
     nodev = tmp_path / "nodev"  # no --dev: the last model is the run's; a kill while it was saved left none
-    assert main(["train", "ner", "--train", str(files / "train.jsonl"), *ARGS, "--epochs", "1", "--out",
-                 str(nodev)]) == 0
+    run = ["train", "ner", "--train", str(files / "train.jsonl"), *ARGS, "--epochs", "1", "--out", str(nodev)]
+    assert main(run) == 0
     shutil.rmtree(nodev / "model")
     capsys.readouterr()
-    assert train(files, nodev, "--epochs", "1", "--resume") == 0  # --dev now: no evaluation ran to pick one
+    assert train(files, nodev, "--epochs", "1", "--resume") == 2  # scored on dev now: its best by two sets
+    assert "--resume: the checkpoint in " in capsys.readouterr().err
+    assert main([*run, "--resume"]) == 0
     said = capsys.readouterr().out
     assert "the model of the last epoch (step " in said and (nodev / "model").is_dir()
     assert_same_weights(nodev / "model", nodev / "checkpoint" / "model")
@@ -608,3 +621,17 @@ def test_a_fresh_run_clears_a_linked_checkpoint_and_one_a_killed_save_left_aside
     assert train(files, aside, "--epochs", "1", "--max-steps", "1") == 0
     assert not os.path.exists(aside_path(str(aside / "checkpoint")))  # not brought back by a later --resume
     assert checkpoint_state(aside)["global_step"] == 1
+
+
+def test_a_resume_scored_on_other_dev_data_is_refused(files, reference, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    other = tmp_path / "dev.jsonl"
+    other.write_text("\n".join((files / "dev.jsonl").read_text().splitlines()[:5]) + "\n")
+    capsys.readouterr()
+    assert main(["train", "ner", "--train", str(files / "train.jsonl"), "--dev", str(other), *ARGS, "--out", str(out),
+                 "--resume", "--epochs", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--dev 10 examples, digest " in err and "(now 5 examples, digest " in err, err

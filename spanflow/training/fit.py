@@ -69,7 +69,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         start = _start_score(plan, dev, run, model)
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
-                          step=plan.step, course=plan.course)
+                          step=plan.step, course={**(plan.course or {}), "--dev": _dev_said(dev)})
         origin = os.path.abspath(model) if os.path.exists(model) else model  # as the checkpoint records it
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              origin=origin,
@@ -84,6 +84,16 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         if start is not None and summary["best_f1"] is not None and not summary["best_f1"] > start:
             run.log(unbeaten_line(start, summary["best_f1"], plan.metric, model, plan.untrained_hint))
         return best
+
+
+def _dev_said(dev: list | None) -> str:
+    """The dev data as a checkpoint records it: a resume scored on other data would pick its best
+    model by scores of two sets."""
+    if not dev:
+        return "none"
+    import hashlib
+
+    return f"{len(dev)} examples, digest {hashlib.sha1(repr(list(dev)).encode()).hexdigest()[:8]}"
 
 
 def _start_score(plan: Plan, dev: list | None, run: Run, model: str) -> float | None:

@@ -113,7 +113,8 @@ def _summary(r: LoopState, completed: bool) -> dict:
     """What the run left: its best dev score and step, its last step and epoch, and whether it ran to
     the end (False: stopped by max_steps, with only the checkpoint's model from this run)."""
     return {"best_f1": r.st["best_f1"], "best_step": r.st.get("best_step"), "global_step": r.st["global_step"],
-            "epoch": r.st["epoch"] + (0 if completed else 1), "completed": completed}
+            "epoch": r.st["epoch"] + (0 if completed else 1), "completed": completed,
+            "best_precision": r.st.get("best_precision")}
 
 
 def _check_ranks_agree(identity: dict, model: nn.Module, dist: Dist) -> None:
@@ -382,6 +383,7 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
                             st["global_step"])
     if f1 == f1 and (st["best_f1"] is None or f1 > st["best_f1"]):  # NaN (a diverged model) is never the best
         st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
+        st["best_precision"] = r.policy.name  # a resume in another precision: the best was scored in this one
         _save(r.hooks, "the best model", os.path.join(r.out_dir, "model"))  # a full disk: the last best stays
     else:
         st["bad_evals"] += 1
