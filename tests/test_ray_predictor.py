@@ -108,6 +108,10 @@ def test_arguments_it_cannot_run_with_are_refused_when_made(ner_dir, tmp_path):
     assert ner(ner_dir, max_tokens=np.int64(256)).max_tokens == 256  # numpy's integers are integers
     with pytest.raises(ConfigError, match="column names the batch's text column"):
         ner(ner_dir, column=0)
+    with pytest.raises(ConfigError, match="^max_length must be a whole number >= 8 or None, got 4"):  # not --max-length
+        ner(ner_dir, max_length=4)
+    with pytest.raises(ConfigError, match="^dtype must be 'float32' or 'float16'"):
+        ner(ner_dir, dtype="int8")
     with pytest.raises(ModelDirError, match="model directory not found"):
         Predictor(str(tmp_path / "missing"))
 

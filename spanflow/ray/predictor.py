@@ -46,9 +46,14 @@ class Predictor:
         from spanflow.tasks.registry import task_of_dir
 
         model = as_path(model, "Predictor")
-        for name, v in (("max_tokens", max_tokens), ("threads", threads)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
-                raise ConfigError(f"{name} must be a whole number >= 1 or None, got {v!r:.60}", field=name)
+        # checked here, named as the keywords they are, before an actor spends seconds loading the model
+        for name, v, least in (("max_tokens", max_tokens, 1), ("threads", threads, 1), ("max_length", max_length, 8),
+                               ("stride", stride, 0)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least):
+                raise ConfigError(f"{name} must be a whole number >= {least} or None, got {v!r:.60}", field=name)
+        if dtype not in (None, "float32", "float16"):
+            raise ConfigError(f"dtype must be 'float32' or 'float16' (embeddings) or None, got {dtype!r:.60}",
+                              field="dtype")
         if not isinstance(column, str) or not column:
             raise ConfigError(f"column names the batch's text column, got {column!r:.60}", field="column")
         self.column, self.trim, self.on_model_thread = column, GrowthTrim(), on_model_thread
