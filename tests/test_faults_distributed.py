@@ -124,18 +124,21 @@ def _other_lengths(rank):
     return [NerExample(t, [(0, 3, "PER")]) for t in cuts] * 10
 
 
-def _train_worker(rank, world, port, out, same_size=False):
+def _train_worker(rank, world, port, out, data="same", outs=("run", "run"), steps=None, resume=False):
+    """One rank's training into OUT/outs[rank], on `data`: the same on each rank, or another node's
+    copy ("other": another count of texts; "lengths": the same words in texts of other lengths)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), SPANFLOW_DEVICE="cpu", OMP_NUM_THREADS="1")
     from spanflow.tasks.ner import train_ner
     from spanflow.training.distributed import exit_now, shutdown
     from spanflow.training.options import TrainOptions
 
-    data = (_other_lengths(rank) if same_size  # another node's copy of the data
-            else synthetic_ner(40 if rank == 0 else 36, seed=2, max_clauses=2))
+    examples = (_other_lengths(rank) if data == "lengths"
+                else synthetic_ner(36 if rank and data == "other" else 40, seed=2, max_clauses=2))
     try:
-        train_ner(data, None, out_dir=os.path.join(out, "run"), log_fn=lambda s: None,
-                  options=TrainOptions(epochs=1, max_tokens=512, max_length=64, log_every=0))
+        train_ner(examples, None, out_dir=os.path.join(out, outs[rank]), log_fn=lambda s: None,
+                  options=TrainOptions(epochs=1, max_tokens=512, max_length=64, log_every=0, max_steps=steps,
+                                       resume=resume))
         got = "trained"
     except Exception as e:
         got = f"{type(e).__name__}: {e}"
@@ -143,6 +146,19 @@ def _train_worker(rank, world, port, out, same_size=False):
         f.write(got + "\n")
     shutdown()
     exit_now(0)
+
+
+def _two(worker, *args) -> list[str]:
+    """Each rank's outcome line, with two processes running `worker(rank, 2, port, *args)`."""
+    ctx = mp.start_processes(worker, args=(2, free_port(), *args), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 240
+    try:
+        while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
+            assert time.monotonic() < deadline, "a rank is still waiting"
+    finally:
+        for p in ctx.processes:
+            p.kill()
+    return [open(os.path.join(args[0], f"rank{k}.txt")).read().strip() for k in range(2)]
 
 
 @pytest.mark.parametrize("same_size", [False, True])
@@ -153,17 +169,7 @@ def test_processes_that_read_other_data_are_told_before_training(same_size):
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        ctx = mp.start_processes(_train_worker, args=(2, free_port(), out, same_size), nprocs=2, join=False,
-                                 start_method="spawn")
-        deadline = time.monotonic() + 240
-        try:
-            while not ctx.join(timeout=max(0.0, deadline - time.monotonic())):
-                assert time.monotonic() < deadline, "a rank is still waiting"
-        finally:
-            for p in ctx.processes:
-                p.kill()
-        r0 = open(os.path.join(out, "rank0.txt")).read().strip()
-        r1 = open(os.path.join(out, "rank1.txt")).read().strip()
+        r0, r1 = _two(_train_worker, out, "lengths" if same_size else "other")
         assert not os.path.exists(os.path.join(out, "run", "model"))
     if same_size:
         assert r0.startswith("DataError: rank 1 has training data of other lengths (as many items and tokens as "
@@ -172,6 +178,22 @@ def test_processes_that_read_other_data_are_told_before_training(same_size):
         assert r0.startswith("DataError: rank 1 has training data of 36 items") and "against rank 0's 40" in r0, r0
     assert r0.endswith("every process of a run must read the same training data (on several machines, the same "
                        "file on each)"), r0
+    assert r1.startswith("PeerFailed:"), r1
+
+
+def test_ranks_that_find_other_checkpoints_on_resume_are_told():
+    """A node whose --out is on its own disk finds no checkpoint on --resume: it started over
+    beside a rank that resumed, with another plan of steps, and the job hung."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        assert _two(_train_worker, out, "same", ["run", "run"], 2) == ["trained", "trained"]  # stopped at step 2
+        os.mkdir(os.path.join(out, "local"))  # rank 1's own disk: no checkpoint there
+        r0, r1 = _two(_train_worker, out, "same", ["run", "local"], None, True)
+        ckpt = os.path.join(out, "run", "checkpoint")
+    assert r0 == (f"ConfigError: --resume: rank 1 finds no checkpoint in {ckpt}, rank 0 a checkpoint at step 2: "
+                  "every process resumes from one checkpoint (on several machines, an --out on a file system each of "
+                  "them reads)"), r0
     assert r1.startswith("PeerFailed:"), r1
 
 

@@ -26,6 +26,8 @@ from spanflow.training.progress import (check_finite, learning_check, loss_windo
                                         report_period, window_loss)
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
+from spanflow.training.resume import (check_epochs_left, check_resume_agrees, check_steps_left, resumed_at,
+                                      trim_report)
 from spanflow.training.state import LoopState, TaskHooks
 from spanflow.training.step import forward_backward, optimizer_step
 
@@ -176,17 +178,19 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         # --patience may change on resume: an early stop is decided again by the one given now, also
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
-        _check_steps_left(r, opts, r.st)
-        _check_epochs_left(r, opts, r.st)
-        log(f"resumed from {r.ckpt_dir}: " + _resumed_at(r.st, opts))
+        check_steps_left(r, opts, r.st)
+        check_epochs_left(r, opts, r.st)
+        log(f"resumed from {r.ckpt_dir}: " + resumed_at(r.st, opts))
         # lines past the checkpoint are reported again by this run
-        on_main(lambda: _trim_report(r.report_path, r.st), dist)
+        on_main(lambda: trim_report(r.report_path, r.st), dist)
     else:
         if opts.resume:
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
         # a fresh run starts a fresh report, and an earlier run's checkpoint goes now: left beside
         # this run's first models, a --resume after a stop would take that run's state for this one's
         on_main(lambda: (_remove(r.report_path), _remove_tree(r.ckpt_dir)), dist)
+    if opts.resume:
+        check_resume_agrees(r, bool(resumed), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log) if dist.is_main else Reporters()
     r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
@@ -196,87 +200,6 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         in_turn(lambda: measure_peak(device, policy.name), dist)
     r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
     return r
-
-
-def _check_steps_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
-    """A ConfigError when --max-steps is behind the checkpoint's step: the run could not stop
-    there, and would train on to the end. At the checkpoint's step it is the command that
-    stopped there, given again with --resume: that trains on to the end (outcome.py says so)."""
-    if opts.max_steps and st["global_step"] > opts.max_steps:
-        from spanflow.errors import ConfigError
-
-        raise ConfigError(f"--max-steps {opts.max_steps}: the checkpoint in {r.ckpt_dir} is at step "
-                          f"{st['global_step']} already; give a larger --max-steps, or leave it out to train on "
-                          "to the end")
-
-
-def _check_epochs_left(r: LoopState, opts: TrainOptions, st: dict) -> None:
-    """A ConfigError when the checkpoint is inside an epoch past --epochs: the run could not stop at
-    --epochs (as _check_steps_left for --max-steps). A checkpoint at an epoch's end past it is a
-    finished run, and _resumed_at says so."""
-    if st["step_in_epoch"] and st["epoch"] >= opts.epochs:
-        from spanflow.errors import ConfigError
-
-        at = st["epoch"] + 1  # the epoch the checkpoint is inside of
-        raise ConfigError(f"--epochs {opts.epochs}: the checkpoint in {r.ckpt_dir} is at epoch {at} (step "
-                          f"{st['global_step']}) already; give --epochs {at} or more")
-
-
-def _resumed_at(st: dict, opts: TrainOptions) -> str:
-    """Where a resumed run goes on: its epoch and step, or that its epochs are done."""
-    if st["epoch"] < opts.epochs:
-        return f"epoch {st['epoch'] + 1}, step {st['global_step']}"
-    # --patience is decided again on resume: a run it stopped needs more of it too
-    more = "larger --epochs and --patience train" if st["stopped"] else "a larger --epochs trains"
-    n = st["epoch"]
-    return f"the run finished its {n} epoch{'s' * (n != 1)} (step {st['global_step']}); {more} on"
-
-
-def _trim_report(path: str, st: dict) -> None:
-    """Drop train_report.jsonl's lines that the run resumed from checkpoint state `st` reports
-    again: those of later steps, and the line of the epoch the checkpoint is inside of (taken at
-    that epoch's last step by --save-every or --max-steps, with its end's report written after
-    it). Lines that are no report are kept as they are."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    inside = st["epoch"] + 1 if st["step_in_epoch"] else None  # the epoch the resumed run ends and reports
-    ended = not lines or lines[-1].endswith("\n")
-    if not ended:
-        lines.append(lines.pop() + "\n")  # a line torn by a kill is dropped below (no JSON); the next starts anew
-    kept = [line for line in lines if not _again(line, st["global_step"], inside) and not _torn(line)]
-    if len(kept) == len(lines) and ended:
-        return
-    from spanflow.atomic import atomic_open
-
-    with writing("the training report", path), atomic_open(path, "report") as f:
-        f.writelines(kept)
-
-
-def _torn(line: str) -> bool:
-    """A report line cut short by a kill mid-append: it starts as a record and is no JSON."""
-    import json
-
-    if not line.lstrip().startswith("{"):
-        return False
-    try:
-        json.loads(line)
-    except ValueError:
-        return True
-    return False
-
-
-def _again(line: str, step: int, inside: int | None) -> bool:
-    import json
-
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return False
-    if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
-        return False
-    return rec["step"] > step or (rec["step"] == step and rec.get("epoch") == inside and not rec.get("partial"))
 
 
 def _run_steps(r: LoopState, groups, epoch: int) -> bool:
