@@ -18,8 +18,8 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
         return _stopped(summary, out_dir, metric)
     if best is None:
         return f"no --dev to pick a best model by: the model of the last epoch (step {last}) is in {model}"
-    precision = summary.get("best_precision") or precision  # the best's own, where a resume changed it
-    score = f"best dev {metric} {best:.4f} ({precision}, step {step} of {last})"
+    scored_in = summary.get("best_precision") or precision  # the best's own, where a resume changed it
+    score = f"best dev {metric} {best:.4f} ({scored_in}, step {step} of {last})"
     if rescored is not None and encoders and f"{rescored:.4f}" != f"{best:.4f}":
         score = (f"best dev {metric} {rescored:.4f} ({precision}, step {step} of {last}, as spanflow evaluate scores "
                  f"the saved model; training's own evaluation read {best:.4f}: it ran the encoder as {encoders[0]}, "
