@@ -292,6 +292,10 @@ def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"task": "ner", "mode": "train", "best": {"max_tokens": 777}, "points": []}))
     assert resolve(profile=str(prof)) == 777 and f"max_tokens 777 (from {prof})" in log[-1]
+    prof.write_text(json.dumps({"task": "ner", "mode": "train", "precision": "bf16", "best": {"max_tokens": 777},
+                                "points": []}))  # measured in another precision: said, the budget still taken
+    assert resolve(profile=str(prof)) == 777
+    assert f"max_tokens 777 (from {prof}; measured in bf16, this run is fp32: tune again in it)" in log[-1]
     with pytest.raises(ConfigError, match="measured for mode 'train', not 'infer'"):
         resolve(profile=str(prof), job="infer")
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))

@@ -167,7 +167,11 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
             raise ConfigError("--max-tokens must be positive")
         return n, "as asked"
     if prof is not None:
-        return prof.best.max_tokens, f"from {asked.profile}"
+        measured = " ".join(x for x in (prof.precision, prof.quantize) if x)
+        running = " ".join(x for x in (key["precision"], key["quantize"]) if x)
+        other = f"; measured in {measured}, this run is {running}: tune again in it" if measured and (
+            measured != running) else ""  # another precision holds other memory per token
+        return prof.best.max_tokens, f"from {asked.profile}{other}"
     default = None if job == "train" else default_budget(job, key["device"])
     why_default = "the default for this device" if default else "training's default"
     if value is None:
