@@ -272,6 +272,22 @@ def _records(path: str, text: str, ident: str | None, kept: list[str]) -> Iterat
             row += 1
 
 
+def readable_strings(col):
+    """(a column of strings as Arrow strings, a dictionary's decoded, null where a value is not
+    UTF-8; {row: byte offset} of those values), so that making Python strings of it never fails."""
+    pa = pyarrow()
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    texts = col.cast(pa.string())
+    bad = invalid_utf8(texts)
+    if bad:
+        texts = pa.array([None if k in bad else v for k, v in enumerate(texts.cast(pa.large_binary()).to_pylist())],
+                         pa.large_binary()).cast(pa.string())
+    return texts, bad
+
+
 def invalid_utf8(col) -> dict[int, int]:
     """{row: byte offset} of the values of a column of strings that are not valid UTF-8. A
     Parquet or Arrow string is bytes that a reader checks only when it makes a Python string of

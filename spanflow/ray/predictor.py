@@ -136,19 +136,16 @@ def _surrogate(text: str) -> int | None:
 def _arrow_texts(col, column: str) -> tuple[list[str | None], list[str | None]]:
     import pyarrow as pa
 
-    from spanflow.data.tables import invalid_utf8
+    from spanflow.data.tables import readable_strings
 
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(arr.type):  # a categorical column (pandas, Parquet's dictionary pages)
-        arr = arr.dictionary_decode()
-    if str(arr.type) not in STRINGS:
-        raise ConfigError(f"column {column!r} holds {arr.type}, not strings", field="column")
-    bad = invalid_utf8(arr)  # a Python string of such a value fails the whole column: checked in Arrow first
-    raw = arr.cast(pa.large_binary()).to_pylist() if bad else arr.to_pylist()
-    texts = [None if v is None or k in bad else v.decode("utf-8") if bad else v for k, v in enumerate(raw)]
+    kind = col.type.value_type if pa.types.is_dictionary(col.type) else col.type  # a categorical column's values
+    if str(kind) not in STRINGS:
+        raise ConfigError(f"column {column!r} holds {kind}, not strings", field="column")
+    arr, bad = readable_strings(col)
+    texts = arr.to_pylist()
     errors = [f"column {column!r} holds invalid UTF-8 at byte {bad[k]}" if k in bad
-              else f"column {column!r} holds null, expected a string" if v is None else None
-              for k, v in enumerate(raw)]
+              else f"column {column!r} holds null, expected a string" if t is None else None
+              for k, t in enumerate(texts)]
     return texts, errors
 
 

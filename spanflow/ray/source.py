@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from spanflow.data.records import read_rows
 from spanflow.data.tables import (PARQUET, RowError, carried_schema, column_name, escaped_utf8, holds_texts,
-                                   invalid_utf8, is_table, one_line, pyarrow)
+                                   is_table, one_line, pyarrow, readable_strings)
 from spanflow.errors import ConfigError, DataError
 
 ROW, ID, TEXT, ERROR = "__row", "__id", "__text", "__error"
@@ -321,20 +321,13 @@ def texts_and_errors(col, first: int, column: str, shown: str):
     pa = pyarrow()
     import numpy as np
 
-    if pa.types.is_dictionary(col.type):
-        col = col.dictionary_decode()
-    texts = col.cast(pa.string())
-    bad = invalid_utf8(texts)
-    if texts.null_count == 0 and not bad:
+    texts, bad = readable_strings(col)  # a value not UTF-8: a null text with its error below
+    if texts.null_count == 0:
         return texts, pa.nulls(len(texts), pa.string())
     errors = [None] * len(texts)
     for k in np.flatnonzero(texts.is_null().to_numpy(zero_copy_only=False)):
-        errors[k] = str(RowError(f"column {column!r} holds null, expected a string", path=shown, row=first + int(k)))
-    for k, at in bad.items():  # as a null text with its error: no later stage makes a Python string of it
-        errors[k] = str(RowError(f"column {column!r} holds invalid UTF-8 at byte {at}", path=shown, row=first + k))
-    if bad:
-        texts = pa.array([None if k in bad else v for k, v in enumerate(texts.cast(pa.large_binary()).to_pylist())],
-                         pa.large_binary()).cast(pa.string())
+        why = (f"holds invalid UTF-8 at byte {bad[int(k)]}" if int(k) in bad else "holds null, expected a string")
+        errors[k] = str(RowError(f"column {column!r} {why}", path=shown, row=first + int(k)))
     return texts, pa.array(errors, pa.string())
 
 

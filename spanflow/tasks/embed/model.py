@@ -318,9 +318,10 @@ class Embedder:
         out = np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
         return out[0] if one else out
 
-    def calibrate(self, texts: list[str], *, max_tokens: int | None = None) -> dict | None:
-        """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32."""
-        texts = text_list(texts, "calibrate")[0]  # checked as every text entry point checks them
+    def calibrate(self, texts: list[str], *, max_tokens: int | None = None, what: str = "calibrate") -> dict | None:
+        """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32. `what`:
+        the call a text that is not one is told of."""
+        texts = text_list(texts, what)[0]  # checked as every text entry point checks them
         if self.precision_name == "fp32" or not texts:
             return None
         max_tokens = max_tokens or infer_tokens(self.policy.device)
@@ -335,7 +336,7 @@ class Embedder:
     def check_precision(self, texts: list[str], *, force: bool = False) -> dict | None:
         """Calibrate and refuse (ConfigError) a reduced precision whose mean cosine to fp32 is
         below its threshold, unless `force`."""
-        cal = self.calibrate(text_list(texts, "check_precision")[0])
+        cal = self.calibrate(texts, what="check_precision")
         if cal and cal["mean_cosine"] < cal["threshold"] and not force:
             raise ConfigError(f"{cal['precision']} embeddings reach a mean cosine of {cal['mean_cosine']:.5f} "
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
