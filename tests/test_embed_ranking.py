@@ -198,6 +198,20 @@ def test_the_ranking_loss_counts_no_repeat_of_a_right_answer_as_a_negative():
     assert m.tolist() == [[False, True, True, False], [True, False, True, False]]  # n0 is 1's own positive too
 
 
+def test_a_right_answer_reached_through_a_third_pair_is_no_negative():
+    """(A, X), (A, Y), (B, Y): Y, as B's positive, is a right answer for A, whose other pair says
+    so; with the sides swapped, (A, X), (B, X), (B, Y): B, as Y's anchor, is a right anchor of X."""
+    A, B, C, X, Y, Z = 1, 2, 3, 10, 11, 12
+    keys = torch.tensor([A, A, B, C, X, Y, Y, Z])
+    assert false_negatives(keys, 4)[0].tolist() == [False, True, True, False]
+    back = torch.tensor([X, X, Y, Z, A, B, B, C])  # the backward direction's keys, as ranking swaps them
+    assert false_negatives(back, 4)[0].tolist() == [False, True, True, False]
+    e = torch.eye(4)
+    a_vec = (e[0] + e[1]) / 2 ** 0.5  # A as near X as Y: a Y counted as A's negative costs log 2
+    emb = torch.stack([a_vec, a_vec, e[1], e[3], e[0], e[1], e[1], e[3]])
+    assert float(ranking(emb, {"n_pairs": 4, "keys": keys})) < 0.01
+
+
 def test_collated_keys_name_texts_alike_in_every_process():
     batch = make_collate(0)([PairItem(([1, 2], [3])), PairItem(([1, 2], [4])), PairItem(([5], [3]))])
     k = batch["keys"].tolist()

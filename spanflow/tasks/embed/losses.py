@@ -87,17 +87,18 @@ def ranking(emb: torch.Tensor, batch: dict, scale: float = RANKING_SCALE, symmet
 
 def false_negatives(keys: torch.Tensor, n: int) -> torch.Tensor:
     """(n, candidates) True where a candidate other than example i's positive is a right answer
-    for i's anchor too: a positive of the same text as i's, or of an example with i's anchor (a
-    repeated pair, an anchor with several positives, a positive of several anchors), a positive
+    for i's anchor too: a text that is a positive of any example with i's anchor (a repeated
+    pair, an anchor with several positives, a positive of several anchors), a positive
     that is the anchor's own text ((x, y) beside (y, x)), a hard negative that is a positive of
     i's anchor or the anchor itself. `keys` name each row's text, in side order. Counted as
     negatives they would teach the model to push a text away from itself."""
     ka, kp, kn = keys[:n], keys[n:2 * n], keys[2 * n:]
-    same = (kp[None, :] == kp[:, None]) | (ka[None, :] == ka[:, None]) | (kp[None, :] == ka[:, None])
+    anchor = (ka[:, None] == ka[None, :]).float()  # i's anchor is m's (i itself included)
+    # positive j is a positive of some example m with i's anchor (m = i, m = j or a third one)
+    same = (anchor @ (kp[:, None] == kp[None, :]).float() > 0) | (kp[None, :] == ka[:, None])
     same.fill_diagonal_(False)
     if not kn.numel():
         return same
-    anchor = (ka[:, None] == ka[None, :]).float()  # i's anchor is m's (i itself included)
     answers = anchor @ (kp[:, None] == kn[None, :]).float() > 0  # negative j is a positive of i's anchor
     return torch.cat([same, answers | (kn[None, :] == ka[:, None])], dim=1)
 
