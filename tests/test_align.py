@@ -160,3 +160,42 @@ def test_an_entity_never_runs_across_a_line_break(tiny_tokenizer):
         enc = encode_texts(tiny_tokenizer, [text])[0]
         pred = [1 if k == 0 else 2 for k in range(len(enc.ids))]  # B then I all the way
         assert decode_spans(enc, pred, id2label) == want
+
+
+def _tokenizer(model, pre_tokenizer, texts):
+    """A fast tokenizer whose offsets keep the space before a word, as ModernBERT's byte-level
+    BPE (no offset trimming) and DeBERTa-v2's SentencePiece `▁` do."""
+    from tokenizers import Tokenizer, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(model)
+    t.pre_tokenizer = pre_tokenizer
+    trainer = (trainers.BpeTrainer if type(model).__name__ == "BPE" else trainers.UnigramTrainer)(
+        vocab_size=300, special_tokens=["[UNK]"], **({"unk_token": "[UNK]"} if type(model).__name__ == "Unigram" else {}))
+    t.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
+
+
+def _space_keeping_tokenizers(texts):
+    from tokenizers import models, pre_tokenizers
+
+    return {"byte-level": _tokenizer(models.BPE(unk_token="[UNK]"), pre_tokenizers.ByteLevel(add_prefix_space=False),
+                                     texts),
+            "metaspace": _tokenizer(models.Unigram(), pre_tokenizers.Metaspace(), texts)}
+
+
+def test_spans_start_on_the_word_where_offsets_count_the_space_before_it():
+    ex = synthetic_ner(60, seed=3)
+    texts = [e.text for e in ex] + ["Lagos  Lagos\nLagos Xq"]
+    for name, tok in _space_keeping_tokenizers(texts).items():
+        raw = tok(texts[0], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        assert any(texts[0][s].isspace() for s, e in raw if e > s), name  # the trap is there
+        assert roundtrip(tok, ex) == [e.spans for e in ex], name
+        enc = encode_texts(tok, [texts[-1]])[0]
+        assert all(not texts[-1][s:e].isspace() for s, e in enc.offsets if e > s), name
+        heads = [j for j, f in enumerate(enc.first) if f] + [len(enc.first)]
+        words = [texts[-1][enc.starts[j]:enc.ends[k - 1]] for j, k in zip(heads, heads[1:])]
+        assert words[:3] == ["Lagos", "Lagos", "Lagos"], (name, words)
+        # "Lagos\nLagos": the second starts a line, so no entity runs across the break
+        third = next(j for j, s in enumerate(enc.starts) if s == 13 and enc.first[j])
+        assert enc.breaks[third], name

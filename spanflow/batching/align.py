@@ -53,17 +53,20 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
                     return_attention_mask=False, return_token_type_ids=False)
     out = []
     for i, ids in enumerate(enc["input_ids"]):
-        offsets = [tuple(o) for o in enc["offset_mapping"][i]]
+        text = texts[i]
+        offsets, blank = _trim(text, [tuple(o) for o in enc["offset_mapping"][i]])
         owner = word_owner(words[i]) if words is not None and words[i] is not None else None
         if owner is not None:
             first = first_of_words(offsets, owner)
         else:
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
-        text = texts[i]
+        _no_blank_firsts(first, blank)
+        breaks = _breaks(text, offsets) if LINE_BREAK.search(text) else None
+        if breaks:  # a word never runs across a line break (SentencePiece's words split at spaces only)
+            first = [f or (b and not k) for f, b, k in zip(first, breaks, blank)]
         starts, ends = _widen(text, offsets, owner)
-        out.append(Encoded(ids, offsets, first, starts, ends,
-                           _breaks(text, offsets) if LINE_BREAK.search(text) else None))
+        out.append(Encoded(ids, offsets, first, starts, ends, breaks))
     return out
 
 
@@ -72,8 +75,49 @@ LINE_BREAK = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 
 
 def _breaks(text: str, offsets: list[tuple[int, int]]) -> list[bool]:
-    return [j > 0 and LINE_BREAK.search(text, offsets[j - 1][1], offsets[j][0]) is not None
-            for j in range(len(offsets))]
+    """Whether a line break lies between each token and the last one before it that holds
+    characters (a token of a line break alone, trimmed empty, does not hide it)."""
+    out, last = [], None
+    for s, e in offsets:
+        out.append(last is not None and LINE_BREAK.search(text, last, s) is not None)
+        if e > s:
+            last = e
+    return out
+
+
+def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[bool]]:
+    """(offsets without the whitespace at a token's ends, which tokens held whitespace alone).
+    Byte-level BPE without offset trimming (ModernBERT's tokenizer) and SentencePiece's `▁` in
+    DeBERTa-v2's count the space before a word in its first token: a span decoded from them
+    would start on it (' Lagos'). A token of whitespace alone is left empty where the token
+    with characters before it ends, so that no word's span reaches over it."""
+    out, blank, last = [], [], 0
+    for s, e in offsets:
+        gone = False
+        if s < e and (text[s].isspace() or text[e - 1].isspace()):
+            while s < e and text[s].isspace():
+                s += 1
+            while e > s and text[e - 1].isspace():
+                e -= 1
+            gone = s == e
+            if gone:
+                s = e = last
+        if e > s:
+            last = e
+        blank.append(gone)
+        out.append((s, e))
+    return out, blank
+
+
+def _no_blank_firsts(first: list[bool], blank: list[bool]) -> None:
+    """A word's label goes on a token with characters: a `▁` token of its own that starts a
+    word hands its place to the next token of that word, and whitespace that is a word of its
+    own (byte-level BPE's run of spaces) carries none."""
+    for j, b in enumerate(blank):
+        if b and first[j]:
+            first[j] = False
+            if j + 1 < len(first) and not first[j + 1] and not blank[j + 1]:
+                first[j + 1] = True
 
 
 def word_owner(words: list[tuple[int, int]]) -> dict[int, tuple[int, int]]:
