@@ -209,3 +209,33 @@ def test_the_export_gets_the_umask_modes(trained, tmp_path):
         os.umask(old)
     modes = {f: os.stat(tmp_path / "hf" / f).st_mode & 0o777 for f in os.listdir(tmp_path / "hf")}
     assert modes and all(m == 0o644 for m in modes.values()), modes  # safetensors alone writes 0600
+
+
+def test_an_encoder_without_fused_attention_and_a_sentencepiece_tokenizer_trains_and_tags_words(tmp_path):
+    """DeBERTa-v2/v3 has no torch sdpa attention in transformers (its load with it was refused),
+    and its SentencePiece offsets count the space before a word: spans must still be words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import DebertaV2Config, DebertaV2Model, PreTrainedTokenizerFast
+
+    texts = [e.text for e in DATA] + TEXTS
+    t = Tokenizer(models.Unigram())
+    t.pre_tokenizer = pre_tokenizers.Metaspace()
+    t.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]",
+                                                                                         "[SEP]"], unk_token="[UNK]"))
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                  sep_token="[SEP]")
+    cfg = DebertaV2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=256, relative_attention=True,
+                          position_buckets=32, pos_att_type=["p2c", "c2p"], pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    DebertaV2Model(cfg).save_pretrained(tmp_path / "deb")
+    tok.save_pretrained(tmp_path / "deb")
+    train = write_data(tmp_path / "train.jsonl", DATA)
+    assert main(["train", "ner", "--train", train, "--dev", train, "--model", str(tmp_path / "deb"),
+                 "--out", str(tmp_path / "run"), "--epochs", "2", "--log-every", "0"]) == 0
+    (tmp_path / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    assert main(["predict", "--model", str(tmp_path / "run" / "model"), "--input", str(tmp_path / "texts.txt"),
+                 "--output", str(tmp_path / "p.jsonl")]) == 0
+    spans = [s for text, row in zip(TEXTS, predicted(tmp_path / "p.jsonl")) for s in ((text, *x) for x in row)]
+    assert spans  # the model tags something, and no span starts or ends on a space
+    assert all(not text[s].isspace() and not text[e - 1].isspace() for text, s, e, _ in spans)

@@ -145,10 +145,20 @@ def _load_weights(path: str) -> nn.Module:
 
     kwargs = dict(local_files_only=True, attn_implementation="sdpa", use_safetensors=True)
     try:
+        return _from_pretrained(AutoModel, path, kwargs)
+    except ValueError as e:  # an architecture without fused attention (DeBERTa-v2/v3): its own attention
+        if "attention implementation" not in str(e) and "attn_implementation" not in str(e):
+            raise
+        kwargs.pop("attn_implementation")
+        return _from_pretrained(AutoModel, path, kwargs)
+
+
+def _from_pretrained(auto, path: str, kwargs: dict) -> nn.Module:
+    try:
         # the pooler is unused by token-level heads; leaving it out keeps DDP free of unused params
-        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
+        return auto.from_pretrained(path, add_pooling_layer=False, **kwargs)
     except TypeError:
-        return AutoModel.from_pretrained(path, **kwargs)
+        return auto.from_pretrained(path, **kwargs)
 
 
 # a tokenizer's vocabulary: without one of these, transformers builds a tokenizer of a few special
