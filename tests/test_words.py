@@ -4,6 +4,7 @@ Hugging Face export; models trained on JSONL spans, and model directories saved 
 `words` key, keep the tokenizer's words."""
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -199,6 +200,23 @@ def test_punctuation_the_training_tokens_split_off_is_cut_off_plain_text_words()
     words = [text[a:b] for a, b in whitespace_words(text, edges)]
     assert words == ["Paris", ",", "(", "Reuters", ")", "@anna", "http://x.y/a_b", "..."]
     assert whitespace_words(text, {"start": "", "end": ""}) == whitespace_words(text)
+
+
+def test_a_token_the_training_data_had_whole_and_an_abbreviation_keep_their_dot():
+    """News-style CoNLL has `.` alone far more often than at a word's end, so `.` is cut off
+    plain-text words; `Corp.` (a training token) and `U.S.` (an abbreviation) keep theirs, as
+    trained, while a sentence's last word still loses it."""
+    from spanflow.tasks.ner.words import edge_rules
+
+    def ex(tokens):
+        return NerExample(" ".join(tokens), [], words=[(m.start(), m.end()) for m in re.finditer(r"\S+", " ".join(tokens))])
+
+    data = [ex(["Shares", "of", "Acme", "Corp.", "rose", "."])] * 2 + [ex(["in", "U.S.", "markets", "."])] * 3
+    edges = edge_rules(data)
+    assert "." in edges["end"] and edges["whole"] == ["Corp."]
+    text = "Acme Corp. sued Globex Corp. in the U.S. and e.g. Oslo."
+    words = [text[a:b] for a, b in whitespace_words(text, edges)]
+    assert words == ["Acme", "Corp.", "sued", "Globex", "Corp.", "in", "the", "U.S.", "and", "e.g.", "Oslo", "."]
 
 
 def test_the_cut_punctuation_is_saved_with_the_model(conll_model, tmp_path):

@@ -36,7 +36,7 @@ from spanflow.tasks.ner.hf import (
 )
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.ner.tagging import SPECIAL_TOKENS, paired, tag_texts, tag_windows, text_words, word_starts
-from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter
+from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter, valid_edges
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
@@ -101,7 +101,7 @@ class NerModel:
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
                    lines=cfg.get("lines", True) is not False, words=config_words(cfg, path),
-                   word_edges=cfg.get("word_edges"))
+                   word_edges=_edges(cfg.get("word_edges"), path, "word_edges in spanflow.json"))
 
     @classmethod
     @keeps_rng
@@ -113,9 +113,7 @@ class NerModel:
         encoder, tokenizer, classifier, tags = load_token_classifier(path)
         hf = token_classification_config(path)  # a spanflow export's spanflow_ keys: how the model read text
         words = config_words({"words": hf.get("spanflow_words")}, path)
-        edges = hf.get("spanflow_word_edges")
-        if edges is not None and not (isinstance(edges, dict) and all(isinstance(v, str) for v in edges.values())):
-            raise ModelDirError(f"{path}: spanflow_word_edges in config.json is not {{\"start\": ..., \"end\": ...}}")
+        edges = _edges(hf.get("spanflow_word_edges"), path, "spanflow_word_edges in config.json")
         if hf.get("spanflow_lossy_crf"):
             log.warning("%s is a lossy export of a CRF model: each token is decoded by its own scores (argmax), so "
                         "its entities differ from the CRF model's", path)
@@ -241,3 +239,10 @@ class NerModel:
                                                               words=[e.words for e in ex]), dist)
         return with_unknown(span_prf([e.spans for e in examples], pred), self.labels,
                             {lab for e in examples for _, _, lab in e.spans}, "labels")
+
+
+def _edges(edges, path: str, where: str) -> dict | None:
+    """A model directory's word edges (words.edge_rules' shape), or None where it has none."""
+    if edges is not None and not valid_edges(edges):
+        raise ModelDirError(f'{path}: {where} is not {{"start": ..., "end": ..., "whole": [...]}}')
+    return edges

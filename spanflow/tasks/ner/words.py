@@ -28,14 +28,20 @@ KINDS = (TOKENIZER, WHITESPACE)
 # (punctuation split off, 10-20% of whitespace tokens) fall far below this share
 MATCH_SHARE = 0.99
 
+MAX_WHOLE = 2000  # the most frequent training tokens kept whole: spanflow.json stays small
+
+
 def whitespace_words(text: str, edges: dict | None = None) -> list[tuple[int, int]]:
     """(start, end) of each whitespace-separated token of `text`; with `edges` ({"start": chars,
-    "end": chars}, see edge_rules) those punctuation marks are cut off a token's ends, one word
-    each (a token of punctuation only stays whole)."""
+    "end": chars, "whole": [tokens]}, see edge_rules) those punctuation marks are cut off a
+    token's ends, one word each, except from a token the training data had whole (`Corp.`) and
+    an abbreviation's last dot (`U.S.`, `e.g.`); a token of punctuation only stays whole."""
     spans = [m.span() for m in NON_SPACE.finditer(text)]
     if not edges or not (edges.get("start") or edges.get("end")):
         return spans
-    return [w for s, e in spans for w in cut_edges(text, s, e, edges.get("start", ""), edges.get("end", ""))]
+    start, end, whole = edges.get("start", ""), edges.get("end", ""), set(edges.get("whole") or ())
+    return [w for s, e in spans
+            for w in ([(s, e)] if text[s:e] in whole else cut_edges(text, s, e, start, end, abbreviations=True))]
 
 
 def _is_mark(c: str) -> bool:
@@ -58,10 +64,19 @@ def edge_rules(examples: list[NerExample]) -> dict:
             while i < j and _is_mark(t[i]):
                 at["start"][t[i]] = at["start"].get(t[i], 0) + 1
                 i += 1
+            if t.endswith(".") and "." in t[i:-1]:  # an abbreviation's dot (`U.S.`) stays in any case
+                j -= 1
             while j > i and _is_mark(t[j - 1]):
                 at["end"][t[j - 1]] = at["end"].get(t[j - 1], 0) + 1
                 j -= 1
-    return {edge: "".join(sorted(c for c, n in alone.items() if n > at[edge].get(c, 0))) for edge in at}
+    cut = {edge: "".join(sorted(c for c, n in alone.items() if n > at[edge].get(c, 0))) for edge in at}
+    whole: dict[str, int] = {}  # tokens that keep a mark these rules would cut (`Corp.`, `Inc.`), as trained
+    for e in examples:
+        for a, b in e.words or ():
+            if len(cut_edges(e.text, a, b, cut["start"], cut["end"], abbreviations=True)) > 1:
+                whole[e.text[a:b]] = whole.get(e.text[a:b], 0) + 1
+    kept = sorted(whole, key=lambda t: (-whole[t], t))[:MAX_WHOLE]
+    return {**cut, **({"whole": sorted(kept)} if kept else {})}
 
 
 def words_of(examples: list[NerExample]) -> str:
@@ -77,6 +92,13 @@ def words_of(examples: list[NerExample]) -> str:
         total += len(pieces)
         same += sum(p in given for p in pieces)
     return WHITESPACE if total and same >= MATCH_SHARE * total else TOKENIZER
+
+
+def valid_edges(edges) -> bool:
+    """Whether `edges` is edge_rules' shape (as read back from a model directory)."""
+    return (isinstance(edges, dict) and all(isinstance(edges.get(k, ""), str) for k in ("start", "end"))
+            and isinstance(edges.get("whole", []), list) and all(isinstance(t, str) for t in edges.get("whole", []))
+            and set(edges) <= {"start", "end", "whole"})
 
 
 def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple[int, int]]] | None:
