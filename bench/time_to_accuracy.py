@@ -1,8 +1,13 @@
 """Time to accuracy: the dev score after each epoch against cumulative training wall time.
 
 NER and relations (dev F1): the Hugging Face Trainer (batch 32, and its library default batch 8;
-its default learning rate 5e-5; `hf_bN` in fp32, its default, `hf_bN_bf16` with bf16=True) and
-spanflow with its defaults (bf16 autocast where the device runs bf16 natively). Embeddings: sentence-transformers'
+its default learning rate 5e-5; `hf_bN` in fp32, its default, `hf_bN_bf16` with bf16=True, and
+`_glen` added: its length-grouped batches (train_sampling_strategy="group_by_length", once
+group_by_length=True); its padding efficiency counted
+in the collator) and spanflow with its defaults (bf16 autocast where the device runs bf16
+natively; NER: a CRF head at a learning rate of its own). `spanflow_hf_recipe` is spanflow with
+the Trainer's model and learning rate (a softmax head, every weight at 5e-5): against the
+Trainer it shows what spanflow's speed alone gives, against `spanflow` what its recipe gives. Embeddings: sentence-transformers'
 SentenceTransformerTrainer (learning rate 2e-5, warm-up 10%; `st` in fp32, its default, `st_bf16`
 with bf16=True) and spanflow with its defaults. On scored pairs the dev figure is the Spearman of
 the cosine against the gold score, and sentence-transformers trains CoSENTLoss at batch 16 (its
@@ -16,6 +21,9 @@ needs to reach the other runs' final score, and their ratio.
 
     python bench/time_to_accuracy.py --train ../shared/data/wnut17/train.conll \
         --dev ../shared/data/wnut17/dev.conll --epochs 3
+    python bench/time_to_accuracy.py --train ../shared/data/wnut17/train.conll \
+        --dev ../shared/data/wnut17/dev.conll --epochs 3 --name wnut17_recipes \
+        --runs hf_b8_bf16,hf_b8_bf16_glen,hf_b32_bf16_glen,spanflow_hf_recipe,spanflow
     python bench/time_to_accuracy.py --train ../shared/data/resume_ner/train.char.bmes \
         --dev ../shared/data/resume_ner/dev.char.bmes --model tiny --runs spanflow --name resume_ner
     python bench/time_to_accuracy.py --task re --train ../shared/data/webnlg/train_triples.json \
@@ -49,6 +57,7 @@ from spanflow.training.options import TrainOptions  # noqa: E402
 
 METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}  # embed on dev pairs without scores: MRR@10 (main)
 ST_BATCH = {"scored": 16, "pairs": 128}
+HF_RECIPE = {"lr": 5e-5, "head_lr": 5e-5}  # TrainingArguments' default learning rate, for every weight
 DEFAULT_RUNS = {"ner": "hf_b32,hf_b8,spanflow", "re": "hf_b32,hf_b8,spanflow", "embed": "st,spanflow"}
 
 
@@ -83,27 +92,41 @@ def epoch_eval(score) -> tuple[list[dict], object]:
     return curve, EpochEval()
 
 
-def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int, bf16: bool = False) -> dict:
-    """Stock Trainer + DataCollatorForTokenClassification (its defaults: fp32; `bf16`: bf16=True, the
-    flag a user sets for bf16 autocast); dev F1 at each epoch end, off the clock."""
+def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int, bf16: bool = False,
+             group_by_length: bool = False) -> dict:
+    """Stock Trainer + DataCollatorForTokenClassification (its defaults: fp32, random batches; `bf16`:
+    bf16=True, the flag a user sets for bf16 autocast; `group_by_length`: its length-grouped
+    sampler, what a user sets against padding); dev F1 at each epoch end, off the clock. Tokens
+    are counted in the collator, so its padding efficiency is measured, not simulated."""
     from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
                               Trainer, TrainingArguments)
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     labels, train_f = hf_features(tok, train)
     curve, callback = epoch_eval(lambda model: hf_dev_f1(model, tok, labels, dev))
+    counts = {"real": 0, "padded": 0}
+    base = DataCollatorForTokenClassification(tok)
+
+    def collate(rows):
+        out = base(rows)
+        counts["real"] += int(out["attention_mask"].sum())
+        counts["padded"] += out["attention_mask"].numel()
+        return out
 
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     out = tempfile.mkdtemp(prefix="hf-tta-")
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs,
-                             seed=seed, bf16=bf16, **quiet_args())
+                             seed=seed, bf16=bf16, train_sampling_strategy="group_by_length" if group_by_length else "random",
+                             **quiet_args())
     try:
-        Trainer(model=model, args=args, train_dataset=train_f, data_collator=DataCollatorForTokenClassification(tok),
-                callbacks=[callback]).train()
+        Trainer(model=model, args=args, train_dataset=train_f, data_collator=collate, callbacks=[callback]).train()
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    return {"curve": curve, "precision": "bf16" if bf16 else "fp32", "batch": batch}
+    train_s = curve[-1]["train_s"] if curve else None
+    return {"curve": curve, "precision": "bf16" if bf16 else "fp32", "batch": batch,
+            "real_tokens_per_s": counts["real"] / train_s if train_s else None,
+            "padding_efficiency": counts["real"] / counts["padded"] if counts["padded"] else None}
 
 
 def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int | None = None,
@@ -124,7 +147,7 @@ def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int |
         from sentence_transformers.training_args import BatchSamplers
 
     from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
-    from spanflow.tasks.embed.model import distinct_positives
+    from spanflow.tasks.embed.model import anchors_answers, distinct_positives
 
     scored = scored_pairs(train)  # the loss follows the training pairs and the dev figure the dev pairs, as spanflow's
 
@@ -134,8 +157,9 @@ def st_curve(model_dir: str, train, dev, *, epochs: int, seed: int, batch: int |
             return similarity_metrics(a, model.encode([p.b for p in dev], convert_to_numpy=True),
                                       [p.score for p in dev])["spearman"]
         rows, positive = distinct_positives([p.b for p in dev])
+        queries, relevant = anchors_answers([p.a for p in dev], positive)
         corpus = model.encode([dev[i].b for i in rows], convert_to_numpy=True)
-        return retrieval_metrics(a, corpus, positive)["mrr@10"]
+        return retrieval_metrics(a[queries], corpus, relevant)["mrr@10"]
 
     curve, callback = epoch_eval(dev_figure)
     torch.manual_seed(seed)
@@ -194,12 +218,17 @@ def _spanflow_trainer(task: str, relations=None):
 
 
 def spanflow_curve(task: str, model: str, train, dev, *, epochs: int | None, seed: int, out: str,
-                   relations=None) -> dict:
-    """spanflow with its defaults (only the epochs given, when they are); the curve from its report."""
-    opts = TrainOptions(epochs=epochs, seed=seed, log_every=0)
+                   relations=None, hf_recipe: bool = False) -> dict:
+    """spanflow with its defaults (only the epochs given, when they are); the curve from its report.
+    `hf_recipe`: NER with the Trainer's model and learning rate (a softmax head, the head at the
+    encoder's 5e-5), everything else spanflow's."""
+    opts = TrainOptions(epochs=epochs, seed=seed, log_every=0, **(HF_RECIPE if hf_recipe else {}))
     shutil.rmtree(out, ignore_errors=True)
     lines: list[str] = []
-    _spanflow_trainer(task, relations)(train, dev, model=model, out_dir=out, options=opts, log_fn=lines.append)
+    train_fn = _spanflow_trainer(task, relations)
+    if hf_recipe:
+        train_fn = functools.partial(train_fn, head="softmax")
+    train_fn(train, dev, model=model, out_dir=out, options=opts, log_fn=lines.append)
     reps = [json.loads(x) for x in open(os.path.join(out, "train_report.jsonl"))]
     curve, cum = [], 0.0
     for r in reps:
@@ -234,18 +263,24 @@ def read_data(task: str, train_path: str, dev_path: str):
 
 
 def run_one(run: str, a, model: str, train, dev, relations) -> dict:
-    """One run's curve; hf_bN / hf_bN_bf16: the HF Trainer at batch N in fp32 / bf16, st / st_bf16:
-    sentence-transformers in fp32 / bf16, spanflow."""
-    hf = re.fullmatch(r"hf_b(\d+)(_bf16)?", run)
+    """One run's curve; hf_bN[_bf16][_glen]: the HF Trainer at batch N in fp32 (its default) or
+    bf16, with random or length-grouped batches; st / st_bf16: sentence-transformers in fp32 /
+    bf16; spanflow: its defaults; spanflow_hf_recipe: spanflow at the Trainer's recipe (NER: a
+    softmax head at the encoder's learning rate), which parts the recipe's gain from the speed's."""
+    hf = re.fullmatch(r"hf_b(\d+)(_bf16)?(_glen)?", run)
     if hf:
-        return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(hf[1]), seed=a.seed, bf16=bool(hf[2]))
+        return hf_curve(model, train, dev, epochs=a.epochs or 3, batch=int(hf[1]), seed=a.seed, bf16=bool(hf[2]),
+                        group_by_length=bool(hf[3]))
     if run in ("st", "st_bf16"):
         return st_curve(model, train, dev, epochs=a.epochs or 4, seed=a.seed, batch=a.st_batch,
                         bf16=run == "st_bf16")
-    if run == "spanflow":
+    if run in ("spanflow", "spanflow_hf_recipe"):
+        if run == "spanflow_hf_recipe" and a.task != "ner":
+            sys.exit("spanflow_hf_recipe is an NER run (a softmax head at one learning rate)")
         return spanflow_curve(a.task, model, train, dev, epochs=a.epochs, seed=a.seed,
-                              out=os.path.join(tempfile.gettempdir(), f"spanflow-tta-{a.name}"), relations=relations)
-    sys.exit(f"unknown run {run!r}: expected hf_bN, hf_bN_bf16, st, st_bf16 or spanflow")
+                              out=os.path.join(tempfile.gettempdir(), f"spanflow-tta-{a.name}-{run}"),
+                              relations=relations, hf_recipe=run == "spanflow_hf_recipe")
+    sys.exit(f"unknown run {run!r}: expected hf_bN[_bf16][_glen], st, st_bf16, spanflow or spanflow_hf_recipe")
 
 
 def write_md_curves(path: str, rows: list[dict], metric: str) -> None:
@@ -270,7 +305,8 @@ def main() -> None:
     ap.add_argument("--dev", required=True)
     ap.add_argument("--model", default=None, help="encoder directory or 'tiny' [the offline all-MiniLM-L6-v2]")
     ap.add_argument("--epochs", type=int, default=None, help="all runs [spanflow: its default; HF: 3; st: 4]")
-    ap.add_argument("--runs", default=None, help="comma-separated hf_bN, hf_bN_bf16, st, st_bf16, spanflow "
+    ap.add_argument("--runs", default=None, help="comma-separated hf_bN[_bf16][_glen], st, st_bf16, spanflow, "
+                                                 "spanflow_hf_recipe "
                                                  "[ner, re: hf_b32,hf_b8,spanflow; embed: st,spanflow]")
     ap.add_argument("--st-batch", type=int, default=None,
                     help="sentence-transformers' batch [16 on scored pairs, 128 on pairs]")
@@ -308,13 +344,15 @@ def main() -> None:
                  epochs=len(r["curve"]), wall_s_with_eval=round(time.perf_counter() - t, 1))
         print(run, json.dumps(r), f"({r['wall_s_with_eval']:.0f}s with evaluation)", flush=True)
         rows.append(r)
-    sf = next((r for r in rows if r["run"] == "spanflow"), None)
-    for r in rows:
-        if sf is not None and r is not sf:
+    for name, prefix in (("spanflow", "spanflow"), ("spanflow_hf_recipe", "hf_recipe")):
+        sf = next((r for r in rows if r["run"] == name), None)
+        for r in rows:
+            if sf is None or r["run"].startswith("spanflow"):
+                continue
             reach = time_to(sf["curve"], r["final_f1"])
-            r["spanflow_s_to_this_f1"] = reach
-            r["spanflow_time_ratio"] = reach / r["train_s"] if reach is not None else None
-            print(f"{r['run']}: final dev {metric} {r['final_f1']:.4f} in {r['train_s']:.0f} s; spanflow reaches it in "
+            r[f"{prefix}_s_to_this_f1"] = reach
+            r[f"{prefix}_time_ratio"] = reach / r["train_s"] if reach is not None else None
+            print(f"{r['run']}: final dev {metric} {r['final_f1']:.4f} in {r['train_s']:.0f} s; {name} reaches it in "
                   + (f"{reach:.0f} s ({reach / r['train_s']:.2f}x the time)" if reach is not None else "never"))
     what = ("dev MRR@10 (each anchor's positive among the dev's distinct positives)" if retrieval
             else "dev Spearman (cosine against the gold score)" if a.task == "embed" else "dev F1 (exact spans)")
@@ -327,7 +365,8 @@ def main() -> None:
                         "args": {**vars(a), "model": model_name(model), "train": os.path.basename(a.train),
                                  "dev": os.path.basename(a.dev)}},
                        rows, ["run", "epochs", "final_f1", "best_f1", "train_s", "wall_s_with_eval",
-                              "spanflow_s_to_this_f1", "spanflow_time_ratio", "real_tokens_per_s",
+                              "spanflow_s_to_this_f1", "spanflow_time_ratio", "hf_recipe_s_to_this_f1",
+                              "hf_recipe_time_ratio", "real_tokens_per_s",
                               "padding_efficiency", "precision", "batch", "loss"])
     write_md_curves(md, rows, metric)
 

@@ -206,6 +206,12 @@ def test_similarity_metrics():
     assert similarity_metrics(a, b, [0.1, 0.5, 0.9])["spearman"] == pytest.approx(-1.0)
 
 
+def test_a_nan_cosine_leaves_the_correlation_undefined_not_ranked_last():
+    assert np.isnan(spearman([0.1, 0.2, np.nan, 0.4], [1, 2, 3, 4]))  # a sort ranked NaN largest: 1.0
+    assert np.isnan(similarity_metrics(np.array([[1.0, 0.0], [np.nan, 0.0], [0.0, 1.0]]), np.eye(2)[[0, 0, 0]],
+                                       [1.0, 2.0, 3.0])["spearman"])
+
+
 def test_retrieval_metrics_perfect_and_known_rank():
     corpus = np.eye(4)
     perfect = retrieval_metrics(corpus.copy(), corpus, [0, 1, 2, 3])
@@ -217,6 +223,32 @@ def test_retrieval_metrics_perfect_and_known_rank():
     assert m["mrr@10"] == pytest.approx((1 / 3 + 1) / 2)
     assert m["ndcg@10"] == pytest.approx((1 / np.log2(4) + 1) / 2)
     assert m["recall@1"] == 0.5 and m["recall@10"] == 1.0 and m["n"] == 2
+
+
+def test_an_anchor_with_several_answers_is_one_query_that_misses_none_of_them():
+    """The same question twice with two right answers, beside another: the textbook figures
+    (one query per distinct anchor, all its answers relevant) are perfect here; scored as two
+    queries with one answer each, the other right answer counted as a miss (MRR 0.833)."""
+    from spanflow.tasks.embed.model import Embedder, anchors_answers
+
+    queries, corpus = np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[0.9, 0.1], [1.0, 0.0], [0.0, 1.0]])
+    m = retrieval_metrics(queries, corpus, [[0, 1], [2]])
+    assert m == {"mrr@10": 1.0, "ndcg@10": 1.0, "recall@1": pytest.approx(0.75), "recall@10": 1.0, "n": 2}
+    assert anchors_answers(["q", "q", "r", "q"], [0, 1, 2, 1]) == ([0, 2], [[0, 1], [2]])
+
+    class Fixed(Embedder):  # the vectors above, by text
+        def __init__(self):
+            pass
+
+        def encode(self, texts, **_):
+            return np.array([{"q": [1.0, 0.0], "r": [0.0, 1.0], "x": [0.9, 0.1], "y": [1.0, 0.0], "z": [0.0, 1.0]}[t]
+                             for t in texts])
+
+    from spanflow.tasks.embed.pairs import Pair
+
+    got = Fixed().evaluate([Pair("q", "x"), Pair("q", "y"), Pair("r", "z")] * 4)
+    assert got["mrr@10"] == 1.0 and got["n"] == 2 and got["pairs"] == 12
+    assert "on 12 pairs: 2 distinct anchors" in Embedder.format_metrics(got)
 
 
 def test_retrieval_beyond_ten_counts_zero():

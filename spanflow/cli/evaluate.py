@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from spanflow.cli.common import add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, cut_line
+from spanflow.data.jsonvalues import json_line
 
 
 def add_parser(sub) -> None:
@@ -62,7 +62,7 @@ def run(a: argparse.Namespace) -> int:
                                             "whatever the model finds")
     for w in m.get("warnings", ()):  # on stderr, so that --json's one object stays alone on stdout
         print(f"warning: {w}", file=sys.stderr)
-    print(json.dumps(m) if a.json else model.format_metrics(m))
+    print(json_line(m, ensure_ascii=True) if a.json else model.format_metrics(m))  # an undefined correlation: null
     return 0
 
 

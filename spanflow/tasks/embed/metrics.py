@@ -32,8 +32,12 @@ def pearson(x, y) -> float:
 
 
 def spearman(x, y) -> float:
-    """Spearman rank correlation (Pearson of average ranks); nan when either side is constant."""
+    """Spearman rank correlation (Pearson of average ranks); nan when either side is constant or
+    holds a NaN (which a sort would rank as the largest value: a model with NaN rows would
+    still score)."""
     x, y = _pair_arrays(x, y)
+    if np.isnan(x).any() or np.isnan(y).any():
+        return float("nan")
     return pearson(rank_average(x), rank_average(y))
 
 
@@ -80,14 +84,32 @@ def positive_ranks(queries: np.ndarray, corpus: np.ndarray, positive: list[int])
     return ranks
 
 
-def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list[int]) -> dict:
-    """Each query's one relevant row is corpus[positive[i]], every corpus row a candidate:
-    {"mrr@10", "ndcg@10", "recall@1", "recall@10", "n"}."""
-    ranks = positive_ranks(queries, corpus, positive)
-    if ranks.size == 0:
+def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list) -> dict:
+    """Each query's relevant rows of the corpus, every corpus row a candidate: `positive[i]` is
+    one row or a list of rows (an anchor with several right answers). {"mrr@10" (the first
+    relevant row's), "ndcg@10", "recall@1", "recall@10" (the share of the query's relevant rows
+    in its first k), "n" (queries)}, as information-retrieval evaluators define them."""
+    relevant = [sorted({int(r) for r in p}) if isinstance(p, (list, tuple, set, frozenset)) else [p]
+                for p in positive]
+    if any(not r for r in relevant):
+        raise ValueError("a query without a relevant row")
+    owner = np.repeat(np.arange(len(relevant)), [len(r) for r in relevant])
+    flat = [r for rows in relevant for r in rows]
+    ranks = positive_ranks(np.asarray(queries)[owner] if len(owner) else np.asarray(queries), corpus, flat)
+    if len(relevant) == 0:
         raise ValueError("no queries")
-    top10 = ranks <= 10
-    return {"mrr@10": float(np.where(top10, 1.0 / ranks, 0.0).mean()),
-            "ndcg@10": float(np.where(top10, 1.0 / np.log2(ranks + 1), 0.0).mean()),
-            "recall@1": float((ranks == 1).mean()), "recall@10": float(top10.mean()),
-            "n": int(ranks.size)}
+    n = len(relevant)
+    first = np.full(n, np.inf)
+    np.minimum.at(first, owner, ranks)
+    counts = np.array([len(r) for r in relevant], dtype=np.float64)
+    gains = np.zeros(n)
+    np.add.at(gains, owner, np.where(ranks <= 10, 1.0 / np.log2(ranks + 1), 0.0))
+    ideal = np.array([(1.0 / np.log2(np.arange(2, min(k, 10) + 2))).sum() for k in counts.astype(int)])
+
+    def recall(k: int) -> float:
+        hits = np.zeros(n)
+        np.add.at(hits, owner, (ranks <= k).astype(np.float64))
+        return float((hits / counts).mean())
+
+    return {"mrr@10": float(np.where(first <= 10, 1.0 / first, 0.0).mean()),
+            "ndcg@10": float((gains / ideal).mean()), "recall@1": recall(1), "recall@10": recall(10), "n": n}

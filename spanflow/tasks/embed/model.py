@@ -58,6 +58,21 @@ def distinct_positives(texts: list[str]) -> tuple[list[int], list[int]]:
     return rows, positive
 
 
+def anchors_answers(anchors: list[str], positive: list[int]) -> tuple[list[int], list[list[int]]]:
+    """The pairs of each distinct anchor text as one query (its first pair's row) with the
+    rows of all its positives: an anchor's other right answers are no misses."""
+    at: dict[str, int] = {}
+    queries, relevant = [], []
+    for i, (t, p) in enumerate(zip(anchors, positive)):
+        if t not in at:
+            at[t] = len(queries)
+            queries.append(i)
+            relevant.append([])
+        if p not in relevant[at[t]]:
+            relevant[at[t]].append(p)
+    return queries, relevant
+
+
 class Embedder:
     """A sentence embedder: encoder + pooling (+ normalisation), batched by token budget.
 
@@ -193,7 +208,9 @@ class Embedder:
             m = similarity_metrics(a, b, [e.score for e in examples])
             return {"f1": m["spearman"], **m}
         rows, positive = distinct_positives([e.b for e in examples])
-        m = retrieval_metrics(a, b[rows], positive)
+        queries, relevant = anchors_answers([e.a for e in examples], positive)
+        m = retrieval_metrics(a[queries], b[rows], relevant)
+        m["pairs"] = len(examples)
         if len(rows) <= 10:  # every answer is among the first 10
             m["warnings"] = [f"only {len(rows)} distinct answers to rank: recall@10 is 1 whatever the model "
                              "(evaluate on more pairs)"]
@@ -203,7 +220,10 @@ class Embedder:
     def format_metrics(m: dict) -> str:
         """The evaluate lines: correlation for scored pairs, retrieval figures for pairs."""
         keys = [k for k in ("spearman", "pearson", "mrr@10", "ndcg@10", "recall@1", "recall@10") if k in m]
-        return "\n".join(f"{k:<10} {m[k]:.4f}" for k in keys) + f"\non {m.get('n', 0)} pairs"
+        n = m.get("n", 0)
+        on = (f"on {n} pairs" if "pairs" not in m or m["pairs"] == n
+              else f"on {m['pairs']} pairs: {n} distinct anchors, each with all of its answers")
+        return "\n".join(f"{k:<10} {m[k]:.4f}" for k in keys) + "\n" + on
 
     def save(self, path: str) -> None:
         """A sentence-transformers directory with this model's encoder, pooling and max length."""
