@@ -3,7 +3,8 @@
 In: a directory written by `AutoModelForTokenClassification.save_pretrained` (config.json with
 `id2label` in BIO, IOB1 or BIOES/BILOU, fast tokenizer files beside it) runs as a spanflow
 NER model. Its classifier keeps its own label ids; each id is read as the BIO tag it stands
-for (S-/U- as B-, E-/L- as I-), which decodes every scheme exactly. To continue training,
+for (S-/U- as B-, E-/L- as I-), which decodes every well-formed sequence of any scheme exactly
+(a malformed one, `E-PER E-PER`, reads as one entity where the CoNLL reader finds two). To continue training,
 the classifier is carried over onto spanflow's BIO label rows.
 
 Out: `export_hf` writes a directory that `transformers.pipeline("token-classification")` loads.
