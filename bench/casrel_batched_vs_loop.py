@@ -86,6 +86,11 @@ def timed(model: ReModel, texts: list[str], repeats: int) -> tuple[dict, dict]:
     return {k: median(v) for k, v in times.items()}, triples
 
 
+def _short(path: str) -> str:
+    """A path as the results name it: its last three parts (runs/webnlg/model, data/webnlg/dev.json)."""
+    return "/".join(os.path.normpath(path).split(os.sep)[-3:])
+
+
 def triple_f1(pred: list, gold: list) -> float:
     tp = sum(len(set(p) & set(g)) for p, g in zip(pred, gold))
     n_p, n_g = sum(len(set(p)) for p in pred), sum(len(set(g)) for g in gold)
@@ -110,7 +115,7 @@ def main() -> None:
            "identical_texts_fp32": same, "identical_fp32": all(v == len(texts) for v in same.values()),
            "bf16_triple_f1_to_fp32": triple_f1(trip["bf16"]["batched_cascade"], base32),
            "command": "python bench/casrel_batched_vs_loop.py " + " ".join(
-               f"--{k.replace('_', '-')} {os.path.basename(os.path.normpath(v)) if k in ('model', 'data') else v}"
+               f"--{k.replace('_', '-')} {_short(v) if k in ('model', 'data') else v}"
                for k, v in vars(a).items() if k != "out")}
     rows = []
     for precision in ("fp32", "bf16"):

@@ -64,16 +64,31 @@ def kept_only_if_filled(path: str | None) -> Iterator[None]:
 def temp_dir(parent: str, kind: str) -> str:
     """A new directory `.KIND-PID-XXXX` in `parent`, mode 0777 less the umask."""
     make_dirs(parent)
-    path = tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent)
+    try:
+        path = tempfile.mkdtemp(prefix=f".{kind}-{os.getpid()}-", dir=parent)
+    except FileNotFoundError as e:
+        raise no_new_files(e, parent) from None
     os.chmod(path, 0o777 & ~_umask())
     return path
 
 
 def temp_file(parent: str, kind: str, suffix: str = "") -> tuple[int, str]:
     """(fd, path) of a new file `.KIND-PID-XXXX<suffix>` in `parent`, mode 0666 less the umask."""
-    fd, path = tempfile.mkstemp(prefix=f".{kind}-{os.getpid()}-", suffix=suffix, dir=parent)
+    try:
+        fd, path = tempfile.mkstemp(prefix=f".{kind}-{os.getpid()}-", suffix=suffix, dir=parent)
+    except FileNotFoundError as e:
+        raise no_new_files(e, parent) from None
     os.chmod(path, 0o666 & ~_umask())
     return fd, path
+
+
+def no_new_files(e: OSError, parent: str) -> OSError:
+    """`e` (ENOENT on creating a file) as the refusal it is where `parent` exists (/proc, a
+    file system of fixed entries): an EACCES naming the directory, which the write-error paths
+    report in one line; else `e` itself."""
+    if not os.path.isdir(parent or "."):
+        return e
+    return PermissionError(errno.EACCES, f"no file can be created in {parent or '.'}", e.filename)
 
 
 _SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
@@ -361,7 +376,14 @@ def claim_output(path: str) -> Iterator[None]:
     if key in _HELD:
         yield
         return
-    fd = _locked(lock, path)
+    try:
+        fd = _locked(lock, path)
+    except FileNotFoundError as e:
+        raise WriteError("the output", path, no_new_files(e, parent)) from None
+    except OSError as e:
+        if e.errno in WRITE_ERRNOS:
+            raise WriteError("the output", path, e) from None
+        raise
     _HELD.add(key)
     try:
         os.ftruncate(fd, 0)

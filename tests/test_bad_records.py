@@ -256,9 +256,10 @@ def test_inputs_a_job_would_misread_are_refused_before_any_work(ner_model, embed
 def test_a_job_whose_every_record_failed_says_so(ner_model, tmp_path, capsys):
     src = write(tmp_path, "in.jsonl", b'{"body": "Ann lives in Rome ."}\n{"body": "Bob ."}\n')
     assert main(["predict", "--model", ner_model, "--input", src, "--output", str(tmp_path / "o.jsonl"),
-                 "--precision", "fp32"]) == 0  # the default --field text: no record has it
+                 "--precision", "fp32"]) == 1  # the default --field text: no record has it; no result, status 1
     err = capsys.readouterr().err
-    assert f"warning: every record of {src} is an error record (2); is the text in another field or column" in err
+    assert f"error: every record of {src} is an error record (2); is the text in another field or column" in err
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2  # each error record says why
     assert main(["predict", "--model", ner_model, "--input", src, "--field", "body",
                  "--output", str(tmp_path / "p.jsonl"), "--precision", "fp32"]) == 0
     assert "warning" not in capsys.readouterr().err

@@ -156,3 +156,18 @@ def test_version_prints_the_package_version(capsys):
     assert capsys.readouterr().out == f"spanflow {spanflow.__version__}\n"
     with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
         assert tomllib.load(f)["project"]["version"] == spanflow.__version__
+
+
+def test_train_help_says_what_an_unset_epochs_lr_and_patience_get(commands):
+    """`[per task, docs/defaults.md]` told a user nothing they could use; the values are each
+    task's own table."""
+    from spanflow.tasks.ner.train import DEFAULTS
+
+    helps = {(cmd, flag): shown for cmd, flag, _, shown in _options(commands)}
+    enc, tiny = DEFAULTS["pretrained"], DEFAULTS["tiny"]
+    assert f"[an encoder {enc.epochs:g}, tiny {tiny.epochs:g}; docs/defaults.md]" in helps[("spanflow train ner",
+                                                                                         "--epochs")]
+    assert f"[an encoder {enc.lr:g}, tiny {tiny.lr:g}; scaled to the update size]" in helps[("spanflow train ner",
+                                                                                          "--lr")]
+    assert "scored pairs: an encoder" in helps[("spanflow train embed", "--lr")]
+    assert "tiny never" in helps[("spanflow train re", "--patience")]

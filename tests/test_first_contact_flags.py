@@ -47,7 +47,8 @@ def test_a_cuda_device_the_machine_lacks_is_named(monkeypatch):
     import torch
 
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match=r"^--device cuda:0 asked, but no CUDA device is available$"):
+        with pytest.raises(ConfigError, match=r"^--device cuda:0 asked, but no CUDA device is available \(torch sees "
+                                              r"none; --device auto"):
             pick_device("cuda:0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -80,6 +81,17 @@ def test_training_values_out_of_range_are_refused(field, value, says):
      "spanflow tune: error: argument --budgets: expected whole numbers separated by commas, got '1.5'"),
     (["predict", "--model", "m", "--input", "i", "--output", "o", "--zzz"],
      "spanflow predict: error: unrecognized arguments: --zzz"),
+    # a misspelled required flag is named, not reported as missing ("required: --train")
+    (["train", "ner", "--trian", "t.conll", "--out", "o"],
+     "spanflow train ner: error: unrecognized arguments: --trian t.conll (--trian: did you mean --train?)"),
+    # another tool's flag: what stands for it here
+    (["train", "ner", "--train", "t.conll", "--output-dir", "o"],
+     "spanflow train ner: error: unrecognized arguments: --output-dir o (--output-dir: here --out)"),
+    (["predict", "--model", "m", "--input", "i", "--output", "o", "--batch_size", "8"],
+     "spanflow predict: error: unrecognized arguments: --batch_size 8 (--batch_size: here --max-tokens (a token "
+     "budget: padded tokens per batch, not a count of texts))"),
+    (["train", "ner", "--train", "t.conll", "--out", "o", "--fp16"],
+     "spanflow train ner: error: unrecognized arguments: --fp16 (--fp16: here --precision fp16)"),
     # a flag another task takes is that task's, not a misspelling of --head-lr
     (["train", "re", "--train", "t.json", "--out", "o", "--head", "crf"],
      "spanflow train re: error: unrecognized arguments: --head crf (--head: only spanflow train ner takes it)"),

@@ -3,6 +3,7 @@ content, whatever its name), a --model that is a training folder or another task
 scheme that does not fit, and the formats a command cannot write, each before any model loads."""
 import json
 import os
+import re
 
 import pytest
 
@@ -106,6 +107,18 @@ def test_a_training_folder_given_as_model_says_where_the_model_is(tmp_path):
         task_of_dir(out)
     with pytest.raises(ModelDirError, match=f"is a file; a model is a directory: did you mean {model}\\?"):
         task_of_dir(f"{model}/spanflow.json")
+
+
+def test_a_checkpoint_given_as_model_points_at_the_runs_model(tmp_path):
+    out, model = fake_run(tmp_path)
+    last = f"{out}/checkpoint/model"
+    (tmp_path / "run" / "checkpoint" / "model" / "encoder").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "model" / "spanflow.json").write_text(json.dumps({"format_version": 2,
+                                                                                        "task": "ner"}))
+    said = (f"{out}/checkpoint is a training run's checkpoint, not a model directory: did you mean the run's "
+            f"model, {model}? (the checkpoint's last weights are {last})")
+    with pytest.raises(ModelDirError, match=f"^{re.escape(said)}$"):
+        task_of_dir(f"{out}/checkpoint")
 
 
 def test_a_run_that_has_not_saved_a_model_points_at_its_checkpoint(tmp_path):

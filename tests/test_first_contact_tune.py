@@ -47,7 +47,7 @@ def test_the_set_up_is_said_up_front_and_a_compile_that_cannot_fit_is_left_out()
     assert said[0].endswith("(--budget-seconds 70 compares it)")
     # 5 s of set-up before the call, on the stopped clock: the line is the budget's arithmetic, exactly
     assert said[1] == ("time: 5.0 s of --budget-seconds 15 went to starting, loading the model and preparing "
-                       "the sample (not cut by the budget); 12 runs of about 0.7 s each share the 8 s left")
+                       "the sample (not cut by the budget); up to 12 runs share the 8 s left, at most 0.7 s each")
     assert plan.deadline - stopped_clock() <= 8.5
     roomy = timing.plan_time(timing.TimeBudget(120, stopped_clock() - 5.0, clock=stopped_clock), 12, compare=True,
                              log=said.append)

@@ -1,5 +1,7 @@
 """Input a user gets slightly wrong, named as what it is: a .json file of records, one JSON list,
 wide text, a weight that would turn the loss away, JSON cut off inside a string."""
+import os
+
 import pytest
 
 from spanflow.data.io import read_ner
@@ -250,3 +252,21 @@ def test_a_csv_header_read_as_a_record_is_warned_about_once(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="spanflow"):
         list(read_records(str(plain)))
     assert not caplog.records
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="a directory that takes no new files: Linux's /proc")
+def test_an_output_in_a_directory_that_takes_no_new_files_is_one_line(tmp_path, capsys):
+    """/proc exists, but no file can be made in it: the temporary file's (or the lock's) ENOENT was a
+    traceback naming a hidden file the user never gave."""
+    from spanflow.atomic import claim_output
+    from spanflow.cli.main import main
+    from spanflow.errors import WriteError
+
+    data = tmp_path / "d.conll"
+    data.write_text("Ada\tB-PER\nwrote\tO\n\n")
+    assert main(["convert", str(data), "/proc/x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "to /proc/x.jsonl: no file can be created in /proc" in err and "Traceback" not in err
+    with pytest.raises(WriteError, match=r"^cannot write the output to /proc/x\.jsonl: no file can be created in /proc$"):
+        with claim_output("/proc/x.jsonl"):  # predict's and embed's lock beside their output
+            pass

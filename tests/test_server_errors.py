@@ -165,6 +165,8 @@ def test_two_models_of_one_name_are_refused_and_a_directory_may_hold_an_equals_s
     # a trained model (OUT/model) is named after its run: two runs' models are two names
     assert parse_spec(f"{runs}/model") == ("lr=3e-5", f"{runs}/model")
     assert parse_spec(str(a)) == ("ner", str(a))
+    with pytest.raises(ConfigError, match=r"^--model ner=: no directory after '=' \(NAME=DIR\)$"):
+        parse_spec("ner=")  # was looked for as a directory named "ner="
     assert main(["serve", "--model", str(runs / "model"), "--model", str(a), "--model", str(b)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: two models are named 'ner', {a} and {b} (a model without "

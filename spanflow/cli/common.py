@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from spanflow.data.io import FORMAT_HELP, NER_FORMATS
 from spanflow.data.schemes import SCHEMES
@@ -22,10 +23,78 @@ class Parser(argparse.ArgumentParser):
         self.elsewhere: dict[str, list[str]] = {}  # flags this command lacks -> the commands that take them
 
     def parse_known_args(self, args=None, namespace=None):
+        if self._subparsers is None and " " in self.prog:  # a leaf: a mistyped flag is told before a
+            # required flag is missed (`--trian x` said "required: --train", never naming --trian)
+            given = sys.argv[1:] if args is None else list(args)
+            if any(a.split("=", 1)[0] not in self._option_string_actions for a in _flags_before_end(given)):
+                required = [a for a in self._actions if a.required]
+                for a in required:  # parsed as if none were required, to find what follows each unknown flag
+                    a.required = False
+                try:
+                    _, extras = super().parse_known_args(given, namespace)
+                finally:
+                    for a in required:
+                        a.required = True
+                self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None and " " in self.prog:  # a command's own parser (a leaf)
             self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         return ns, extras
+
+
+def _flags_before_end(args: list[str]) -> list[str]:
+    """The long flags among `args`, up to a `--` (after which everything is a value)."""
+    out = []
+    for a in args:
+        if a == "--":
+            break
+        if a.startswith("--") and len(a) > 2:
+            out.append(a)
+    return out
+
+
+# the flags of other tools (transformers' Trainer and scripts, sentence-transformers, spaCy) -> what
+# stands for them here; a hint names the first one the command takes
+PEER_FLAGS = {
+    "--batch-size": ("--max-tokens", "a token budget: padded tokens per batch, not a count of texts"),
+    "--per-device-train-batch-size": ("--max-tokens", "a token budget: padded tokens per batch"),
+    "--per-device-eval-batch-size": ("--max-tokens", "a token budget: padded tokens per batch"),
+    "--train-batch-size": ("--max-tokens", "a token budget: padded tokens per batch"),
+    "--learning-rate": ("--lr", None),
+    "--num-train-epochs": ("--epochs", None),
+    "--num-epochs": ("--epochs", None),
+    "--fp16": ("--precision", "--precision fp16"),
+    "--bf16": ("--precision", "--precision bf16"),
+    "--no-cuda": ("--device", "--device cpu"),
+    "--use-cpu": ("--device", "--device cpu"),
+    "--output-dir": ("--out", None),
+    "--output-path": ("--output", None),
+    "--model-name-or-path": ("--model", None),
+    "--model-name": ("--model", None),
+    "--train-file": ("--train", None),
+    "--validation-file": ("--dev", None),
+    "--eval-file": ("--dev", None),
+    "--max-seq-length": ("--max-length", None),
+    "--gradient-accumulation-steps": ("--grad-accum", None),
+    "--eval-steps": ("--eval-every", None),
+    "--save-steps": ("--save-every", None),
+    "--logging-steps": ("--log-every", None),
+    "--warmup-steps": ("--warmup-ratio", "a share of the steps"),
+}
+
+
+def _peer_hint(flag: str, known: list[str]) -> str | None:
+    """What this command takes for another tool's `flag`, or None."""
+    target = PEER_FLAGS.get(flag)
+    if target is None:
+        return None
+    name, how = target
+    if name not in known:
+        name = {"--out": "--output", "--output": "--out"}.get(name)
+        if name not in known:
+            return None
+        how = None
+    return how if how and how.startswith("--") else f"{name} ({how})" if how else name
 
 
 def unknown_flags(extras: list[str], known: list[str], elsewhere: dict[str, list[str]] | None = None) -> str:
@@ -41,7 +110,11 @@ def unknown_flags(extras: list[str], known: list[str], elsewhere: dict[str, list
             hints.append(f"{name}: only {' and '.join(elsewhere[name])} take{'s' if len(elsewhere[name]) == 1 else ''} "
                          "it")
             continue
-        flag = name.replace("_", "-")
+        flag = name.replace("_", "-").lower()
+        peer = _peer_hint(flag, known) if name.startswith("--") else None
+        if peer:
+            hints.append(f"{name}: here {peer}")
+            continue
         # a flag it begins (--budget: --budget-seconds) as well as the closest spelling (--budgets)
         near = list(dict.fromkeys([k for k in known if k.startswith(flag + "-")][:1]
                                   + difflib.get_close_matches(flag, known, n=1, cutoff=0.75))) \
@@ -210,17 +283,20 @@ def resume_hint(a, journal_of, where: str) -> str | None:
     return None
 
 
-def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> None:
-    """The stderr line of a job whose input held no texts (it ran, and wrote an empty output), or
-    none that could be read: every record an error record, which a wrong --field or --column makes."""
+def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> int:
+    """The job's exit status, with the stderr line of a job whose input held no texts (a warning:
+    it ran, and wrote an empty output) or none that could be read: every record an error record,
+    which a wrong --field or --column makes (status 1: a script must not take it for a result)."""
     import sys
 
     if not n_texts:
         print(f"warning: {path} holds no texts (an empty file?)", file=sys.stderr)
     elif errors >= n_texts:
-        print(f"warning: every record of {path} is an error record ({errors}); is the text in another field or "
+        print(f"error: every record of {path} is an error record ({errors}); is the text in another field or "
               "column (--field, --column), or the file in another encoding than UTF-8 (iconv -f ENCODING -t "
               "UTF-8)? The output says why for each", file=sys.stderr)
+        return 1
+    return 0
 
 
 def check_input(a) -> None:

@@ -20,8 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--train-size", type=int, default=1500,
                    help="synthetic training texts; the dev set is a fifth of it, at least 100 [%(default)s]")
     p.add_argument("--epochs", type=int, default=6,
-                   help="most epochs; with a pretrained encoder early stopping on dev often ends sooner "
-                        "[%(default)s]")
+                   help="most epochs (early stopping on dev may end a run sooner) [%(default)s]")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of training [%(default)s]")
     p.add_argument("--write-data", metavar="DIR", default=None,
                    help="only write the synthetic data the documentation's examples read (NER CoNLL, CasRel JSON, "

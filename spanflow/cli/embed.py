@@ -71,8 +71,7 @@ def run(a: argparse.Namespace) -> int:
     check_input(a)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         s = run_ray(a, get("embed"))
-        warn_if_empty(a.input, s["rows"], s["errors"])
-        return 0
+        return warn_if_empty(a.input, s["rows"], s["errors"])
     check_output(a.output, WHAT)
     with ExitStack() as held:
         hold_output(held, a.output, WHAT)  # a second job on this output stops here, before any model loads
@@ -113,5 +112,4 @@ def _run(a: argparse.Namespace) -> int:
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
-    warn_if_empty(a.input, s["texts"], s["errors"])
-    return 0
+    return warn_if_empty(a.input, s["texts"], s["errors"])

@@ -16,9 +16,10 @@ def _scalar(annotation) -> type:
     return str
 
 
-def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None) -> None:
+def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, unset=None) -> None:
     """Add a flag for every documented field of dataclass `cls` not in `skip`; with `task`, not for
-    the fields whose "tasks" metadata leaves that task out."""
+    the fields whose "tasks" metadata leaves that task out. `unset(name)`: what an unset field
+    gets, said in its help ahead of the field's own note (None: the note alone)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
@@ -35,8 +36,13 @@ def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None) 
         if typ is bool:
             target.add_argument(flag, action="store_true", help=meta["help"])
             continue
-        unset = meta.get("unset")
-        shown = f"[%(default)s{'; ' + unset if unset else ''}]" if default is not None else f"[{unset or 'unset'}]"
+        said = unset(f.name) if unset else None
+        unset_note = meta.get("unset")
+        if said:
+            rest = unset_note.removeprefix("per task").lstrip(", ") if unset_note else ""
+            unset_note = said + (f"; {rest}" if rest else "")
+        shown = (f"[%(default)s{'; ' + unset_note if unset_note else ''}]" if default is not None
+                 else f"[{unset_note or 'unset'}]")
         target.add_argument(flag, type=typ, default=default, choices=meta.get("choices"), help=f"{meta['help']} {shown}")
 
 

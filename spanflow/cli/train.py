@@ -6,6 +6,7 @@ import dataclasses
 
 from spanflow.cli.common import Parser, add_runtime_args
 from spanflow.cli.options import add_options, options_from
+from spanflow.training.defaults import describe_defaults
 from spanflow.training.options import TrainOptions
 
 
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
     for task in trained:
         tp = by_task.add_parser(task.name, help=task.summary,
                                 description=f"Train a model for {task.summary}; the best is saved to OUT/model.")
-        _add_common(tp, task.name, getattr(task, "data_help", None))
+        _add_common(tp, task, getattr(task, "data_help", None))
         task.add_train_args(tp.add_argument_group(f"{task.name} options"))
         parsers[task.name] = tp
     owners: dict[str, list[str]] = {}  # each flag -> the train commands that take it
@@ -33,7 +34,9 @@ def add_parser(sub) -> None:
         tp.elsewhere = {flag: who for flag, who in owners.items() if flag not in tp._option_string_actions}
 
 
-def _add_common(p, task: str, data: str | None) -> None:
+def _add_common(p, task, data: str | None) -> None:
+    tables = getattr(task, "train_defaults", None)
+    task = task.name
     p.add_argument("--train", required=True, help=f"training data{f': {data}' if data else ''}")
     p.add_argument("--dev", help=f"development data{f' ({data})' if data else ''}, evaluated every epoch (or "
                                  "--eval-every steps) [none: no evaluation; the final model is saved]")
@@ -44,7 +47,7 @@ def _add_common(p, task: str, data: str | None) -> None:
     p.add_argument("--devices", type=int, default=1,
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
                         "[%(default)s]")
-    add_options(p, TrainOptions, task=task)
+    add_options(p, TrainOptions, task=task, unset=(lambda name: describe_defaults(name, tables)) if tables else None)
     add_runtime_args(p, job="train")
 
 

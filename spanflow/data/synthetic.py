@@ -200,7 +200,8 @@ def _write_json(path: str, records: list[dict], *, lines: bool) -> None:
 def write_demo_data(out_dir: str, *, train_size: int = 1500, seed: int = 0) -> list[str]:
     """Write the demo's synthetic data as the files the documentation's examples read; return
     their names. Train files hold `train_size` records and dev files a fifth of that (at least
-    100), the sizes `spanflow demo` trains on; texts.txt holds 20 unlabelled texts to run on."""
+    100), the sizes `spanflow demo` trains on; texts.txt holds 20 unlabelled texts to run on (12 of the NER
+    data's kind, 8 of the relation data's)."""
     if train_size < 1:
         raise ConfigError(f"--train-size must be >= 1, got {train_size}")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -222,7 +223,9 @@ def _ner_files(out_dir: str, train_size: int, dev_size: int, seed: int) -> list[
 
     write_ner(synthetic_ner(train_size, seed=seed), os.path.join(out_dir, "train.conll"))
     write_ner(synthetic_ner(dev_size, seed=seed + 1), os.path.join(out_dir, "dev.conll"))
-    _write_lines(os.path.join(out_dir, "texts.txt"), [e.text for e in synthetic_ner(20, seed=seed + 2)])
+    # texts for every task's model: sentences of the NER data's kind and of the relation data's
+    texts = [e.text for e in synthetic_ner(12, seed=seed + 2)] + [e.text for e in synthetic_re(8, seed=seed + 2)]
+    _write_lines(os.path.join(out_dir, "texts.txt"), texts)
     return ["train.conll", "dev.conll", "texts.txt"]
 
 

@@ -82,6 +82,10 @@ def _unsaved(out: str) -> str | None:
 def run_hint(out: str) -> str | None:
     """What to load from `out` when it is a training --out folder, or None when it is not one."""
     best = os.path.join(out, "model")
+    run_best = os.path.join(os.path.dirname(os.path.normpath(out)), "model")
+    if os.path.basename(os.path.normpath(out)) == "checkpoint" and os.path.isdir(run_best) and holds_model(run_best):
+        return (f"{out} is a training run's checkpoint, not a model directory: did you mean the run's model, "
+                f"{run_best}? (the checkpoint's last weights are {best})")
     if os.path.isdir(best) and holds_model(best):
         return f"{out} is a training output folder, not a model directory: did you mean {best}?"
     unsaved = _unsaved(out)

@@ -18,14 +18,14 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
                         "an ADDRESS (host:6379, ray://host:10001, auto) joins that cluster "
                         "[off: this process runs the job]")
     g.add_argument("--ray-actors", type=int, default=None, metavar="N",
-                   help="model actors at most; the pool starts with those that fit the cluster now (default: one "
-                        "per GPU; without GPUs, as many CPU actors as fit)")
+                   help="model actors at most; the pool starts with those that fit the cluster now [one "
+                        "per GPU; without GPUs, as many CPU actors as fit]")
     g.add_argument("--ray-cpus-per-actor", type=float, default=None, metavar="X",
-                   help="CPUs each model actor reserves, its torch threads (default: 1 with a GPU, else up to 4, "
-                        "their threads sharing out all of the node's CPUs)")
+                   help="CPUs each model actor reserves, its torch threads [1 with a GPU, else up to 4, "
+                        "their threads sharing out all of the node's CPUs]")
     g.add_argument("--ray-gpus-per-actor", type=float, default=None, metavar="X",
-                   help="GPUs each model actor reserves, e.g. 0.5 for two actors on a GPU (default: 1 where "
-                        "the cluster has GPUs)")
+                   help="GPUs each model actor reserves, e.g. 0.5 for two actors on a GPU [1 where "
+                        "the cluster has GPUs]")
 
 
 def _keep(value) -> tuple[str, ...]:

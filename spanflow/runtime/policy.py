@@ -92,7 +92,8 @@ def pick_device(device: str = "auto") -> torch.device:
     if device != "auto":
         dev = _device_named(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"--device {device} asked, but no CUDA device is available")
+            raise ConfigError(f"--device {device} asked, but no CUDA device is available (torch sees none; "
+                              "--device auto, the default, runs on what the machine has)")
         if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                               f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")

@@ -41,6 +41,10 @@ def parse_spec(spec: str) -> tuple[str, str]:
     """(name, directory) of NAME=DIR, or of DIR (named after the directory). A name holds no '=';
     a directory may (lr=3e-5/model), and one that exists as given is taken whole."""
     name, eq, path = spec.partition("=")
+    if eq and not path and not os.path.isdir(spec):
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--model {spec}: no directory after '=' (NAME=DIR)", field="model")
     if not eq or not path or os.path.isdir(spec):
         name, path = "", spec
     return name or default_name(path), path

@@ -34,6 +34,26 @@ class TaskDefaults:
     pack: float = 0.0  # NER: share of training texts joined with their neighbours (see tasks.ner.features.pack_examples)
 
 
+def describe_defaults(field: str, tables: dict[str, dict[str, TaskDefaults]]) -> str | None:
+    """What a task's defaults give an unset `field` (epochs, lr, head_lr, patience), for a
+    command's --help: "an encoder 10, tiny 20"; `tables` maps a kind of data ("" for all) to the
+    task's table by starting point. None for a field no table holds."""
+    if field not in {f.name for f in dataclasses.fields(TaskDefaults)}:
+        return None
+
+    def shown(v) -> str:
+        if v is None:
+            return "as --lr"
+        return "never" if field == "patience" and v == 0 else f"{v:g}"
+
+    parts = []
+    for kind, table in tables.items():
+        values = ", ".join(f"{'an encoder' if start == 'pretrained' else start} {shown(getattr(d, field))}"
+                           for start, d in table.items())
+        parts.append(f"{kind}: {values}" if kind else values)
+    return "; ".join(parts)
+
+
 def for_encoder(table: dict[str, TaskDefaults], encoder) -> TaskDefaults:
     """A task's defaults for this starting point: `tiny` (from scratch) or a pretrained encoder."""
     from spanflow.models.encoder import is_tiny

@@ -33,8 +33,7 @@ class TrainOptions:
     """How to train. `max_tokens` counts padded tokens per micro-batch (see the batcher).
     Unset (None) values take the task's defaults, sized to the data (training/defaults.py)."""
 
-    epochs: int | None = opt(None, "most epochs; with a pretrained encoder early stopping on dev often ends "
-                                   "sooner",
+    epochs: int | None = opt(None, "most epochs (early stopping on dev may end a run sooner)",
                              unset="per task, docs/defaults.md")
     lr: float | None = opt(None, "peak learning rate of the encoder", unset="per task, scaled to the update size")
     head_lr: float | None = opt(None, "learning rate of a freshly initialised head", unset="per task", tasks=SPANS)

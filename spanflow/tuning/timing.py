@@ -59,7 +59,7 @@ def plan_time(budget: TimeBudget, runs: int, *, compare: bool, log: Callable[[st
     if sweep_s <= 0:
         log(said + "none is left: each max length is measured once at its smallest budget")
     else:
-        log(said + f"{runs} runs of about {per_run:.1f} s each share the {sweep_s:.0f} s left"
+        log(said + f"up to {runs} runs share the {sweep_s:.0f} s left, at most {per_run:.1f} s each"
             + (f", then about {COMPILE_SECONDS:.0f} s to compile the encoder" if compare else ""))
     sweep_end = sweep_s - (COMPARE_RUNS * per_run if compare else 0.0)
     return Plan(per_run=per_run, deadline=budget.clock() + max(0.0, sweep_end), compare=compare)

@@ -31,6 +31,13 @@ class EmbedTask:
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
     tune_modes = ("infer", "train")  # infer first: most users of an embedding model only run it
 
+    @property
+    def train_defaults(self) -> dict:
+        """What --help says an unset --epochs, --lr, ... gets, by the kind of training data."""
+        from spanflow.tasks.embed.train import DEFAULTS, RANKING_DEFAULTS
+
+        return {"scored pairs": DEFAULTS, "pairs or triplets": RANKING_DEFAULTS}
+
     @staticmethod
     def export_instead(path: str) -> str:
         """What `spanflow export` says of an embedding model: it is another library's format already,

@@ -10,6 +10,7 @@ from spanflow.tasks.ner.features import make_collate, ner_loss, prepare_windows
 from spanflow.tasks.ner.heads import HEAD_TYPES
 from spanflow.tasks.ner.hf import token_classification_config
 from spanflow.tasks.ner.model import NerModel
+from spanflow.tasks.ner.train import DEFAULTS as NER_DEFAULTS
 from spanflow.tasks.ner.train import start_model, train_ner
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
@@ -21,6 +22,7 @@ class NerTask:
     """Named entities as character-offset spans: the `ner` entry of the task registry."""
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
+    train_defaults = {"": NER_DEFAULTS}  # what --help says an unset --epochs, --lr, ... gets
     request_options = ()  # a body holds the texts and the model: any other field is refused
     exports = ("hf",)
     data_help = "CoNLL columns, JSONL spans or a spaCy .spacy file"
