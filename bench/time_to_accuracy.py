@@ -2,8 +2,8 @@
 
 NER and relations (dev F1): the Hugging Face Trainer (batch 32, and its library default batch 8;
 its default learning rate 5e-5; `hf_bN` in fp32, its default, `hf_bN_bf16` with bf16=True, and
-`_glen` added: its length-grouped batches (train_sampling_strategy="group_by_length", once
-group_by_length=True); its padding efficiency counted
+`_glen` added: its length-grouped batches (group_by_length; train_sampling_strategy in
+transformers 5); its padding efficiency counted
 in the collator) and spanflow with its defaults (bf16 autocast where the device runs bf16
 natively; NER: a CRF head at a learning rate of its own). `spanflow_hf_recipe` is spanflow with
 the Trainer's model and learning rate (a softmax head, every weight at 5e-5): against the
@@ -11,7 +11,7 @@ Trainer it shows what spanflow's speed alone gives, against `spanflow` what its 
 SentenceTransformerTrainer (learning rate 2e-5, warm-up 10%; `st` in fp32, its default, `st_bf16`
 with bf16=True) and spanflow with its defaults. On scored pairs the dev figure is the Spearman of
 the cosine against the gold score, and sentence-transformers trains CoSENTLoss at batch 16 (its
-STS-B example); on pairs without scores it is MRR@10 of each anchor's positive among the dev's
+STS-B example); on pairs without scores it is MRR@10 of each distinct anchor's positives among the dev's
 distinct positives (spanflow's retrieval evaluation), and sentence-transformers trains
 MultipleNegativesRankingLoss at batch 128 with its no-duplicates batch sampler, as its docs advise
 for in-batch negatives (`--st-batch` sets either; no test covers this side, which needs
@@ -68,6 +68,17 @@ def quiet_args() -> dict:
                 use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
 
 
+def length_grouped() -> dict:
+    """The Trainer argument for length-grouped batches: `group_by_length=True` up to transformers 4,
+    `train_sampling_strategy="group_by_length"` since."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"group_by_length": True} if "group_by_length" in names else {"train_sampling_strategy": "group_by_length"}
+
+
 def epoch_eval(score) -> tuple[list[dict], object]:
     """(the curve, a TrainerCallback appending score(model) at each epoch end): training seconds
     with every evaluation taken off the clock."""
@@ -117,8 +128,7 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int, 
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     out = tempfile.mkdtemp(prefix="hf-tta-")
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs,
-                             seed=seed, bf16=bf16, train_sampling_strategy="group_by_length" if group_by_length else "random",
-                             **quiet_args())
+                             seed=seed, bf16=bf16, **(length_grouped() if group_by_length else {}), **quiet_args())
     try:
         Trainer(model=model, args=args, train_dataset=train_f, data_collator=collate, callbacks=[callback]).train()
     finally:
@@ -354,7 +364,7 @@ def main() -> None:
             r[f"{prefix}_time_ratio"] = reach / r["train_s"] if reach is not None else None
             print(f"{r['run']}: final dev {metric} {r['final_f1']:.4f} in {r['train_s']:.0f} s; {name} reaches it in "
                   + (f"{reach:.0f} s ({reach / r['train_s']:.2f}x the time)" if reach is not None else "never"))
-    what = ("dev MRR@10 (each anchor's positive among the dev's distinct positives)" if retrieval
+    what = ("dev MRR@10 (each distinct anchor's positives among the dev's distinct positives)" if retrieval
             else "dev Spearman (cosine against the gold score)" if a.task == "embed" else "dev F1 (exact spans)")
     md = write_results(a.out, f"time_to_accuracy_{a.name}",
                        {"description": f"{a.name} ({a.task}), model {model_name(model)}, epochs "

@@ -378,12 +378,8 @@ def claim_output(path: str) -> Iterator[None]:
         return
     try:
         fd = _locked(lock, path)
-    except FileNotFoundError as e:
+    except FileNotFoundError as e:  # other write faults are named by the job's own writing() context
         raise WriteError("the output", path, no_new_files(e, parent)) from None
-    except OSError as e:
-        if e.errno in WRITE_ERRNOS:
-            raise WriteError("the output", path, e) from None
-        raise
     _HELD.add(key)
     try:
         os.ftruncate(fd, 0)

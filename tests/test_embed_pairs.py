@@ -210,6 +210,10 @@ def test_a_nan_cosine_leaves_the_correlation_undefined_not_ranked_last():
     assert np.isnan(spearman([0.1, 0.2, np.nan, 0.4], [1, 2, 3, 4]))  # a sort ranked NaN largest: 1.0
     assert np.isnan(similarity_metrics(np.array([[1.0, 0.0], [np.nan, 0.0], [0.0, 1.0]]), np.eye(2)[[0, 0, 0]],
                                        [1.0, 2.0, 3.0])["spearman"])
+    # retrieval: NaN compares false with everything, so every rank came out 1 (a perfect score)
+    assert np.isnan(retrieval_metrics(np.full((2, 3), np.nan), np.eye(3), [0, 1])["mrr@10"])
+    with pytest.raises(ValueError, match="3 queries but 2 positives"):
+        retrieval_metrics(np.eye(3), np.eye(3), [0, 1])
 
 
 def test_retrieval_metrics_perfect_and_known_rank():

@@ -104,6 +104,17 @@ def test_a_flag_is_told_by_its_command_with_the_nearest_flag(argv, says, capsys)
     assert err[-1] == says and err[0].startswith("usage: " + says.split(":")[0])  # the command's own usage
 
 
+def test_values_that_look_like_flags_are_still_values():
+    """The check for mistyped flags runs before the parse: a value argparse takes as one (a
+    field named "--my field", anything after `--`) must not be refused by it."""
+    from spanflow.cli.main import build_parser
+
+    a = build_parser().parse_args(["predict", "--model", "m", "--input", "i", "--output", "o", "--field", "--my field"])
+    assert a.field == "--my field"
+    a = build_parser().parse_args(["predict", "--model", "m", "--input", "i", "--output", "o", "--field=--x"])
+    assert a.field == "--x"
+
+
 def test_export_takes_out_as_a_flag_and_its_only_format_by_default(tmp_path, capsys):
     missing = str(tmp_path / "no_model")
     for argv in (["export", "--model", missing, "--out", str(tmp_path / "hf")],

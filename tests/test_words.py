@@ -217,6 +217,11 @@ def test_a_token_the_training_data_had_whole_and_an_abbreviation_keep_their_dot(
     text = "Acme Corp. sued Globex Corp. in the U.S. and e.g. Oslo."
     words = [text[a:b] for a, b in whitespace_words(text, edges)]
     assert words == ["Acme", "Corp.", "sued", "Globex", "Corp.", "in", "the", "U.S.", "and", "e.g.", "Oslo", "."]
+    # a mark after a word kept whole is cut off it; an ellipsis and a domain are no abbreviations
+    text = "(Acme Corp.), Globex Corp., Paris... example.com."
+    marks = {"start": "(", "end": ",.)", "whole": ["Corp."]}
+    assert [text[a:b] for a, b in whitespace_words(text, marks)] == [
+        "(", "Acme", "Corp.", ")", ",", "Globex", "Corp.", ",", "Paris", ".", ".", ".", "example.com", "."]
 
 
 def test_the_cut_punctuation_is_saved_with_the_model(conll_model, tmp_path):

@@ -90,7 +90,9 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
     Byte-level BPE without offset trimming (ModernBERT's tokenizer) and SentencePiece's `▁` in
     DeBERTa-v2's count the space before a word in its first token: a span decoded from them
     would start on it (' Lagos'). A token of whitespace alone is left empty where the token
-    with characters before it ends, so that no word's span reaches over it."""
+    with characters before it ends, so that no word's span reaches over it. (A `▁` that opens a
+    text is given its first character by SentencePiece, so it keeps the first word's label;
+    training and inference read it alike.)"""
     out, blank, last = [], [], 0
     for s, e in offsets:
         gone = False

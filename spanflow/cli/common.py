@@ -35,7 +35,8 @@ class Parser(argparse.ArgumentParser):
                 finally:
                     for a in required:
                         a.required = True
-                self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
+                if extras:  # else what looked like a flag was a value after all: the plain parse decides
+                    self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         ns, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None and " " in self.prog:  # a command's own parser (a leaf)
             self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
@@ -48,7 +49,7 @@ def _flags_before_end(args: list[str]) -> list[str]:
     for a in args:
         if a == "--":
             break
-        if a.startswith("--") and len(a) > 2:
+        if a.startswith("--") and len(a) > 2 and " " not in a:  # argparse takes "--my notes.txt" for a value
             out.append(a)
     return out
 
@@ -283,12 +284,10 @@ def resume_hint(a, journal_of, where: str) -> str | None:
     return None
 
 
-def warn_if_empty(path: str, n_texts: int, errors: int = 0) -> int:
+def job_status(path: str, n_texts: int, errors: int = 0) -> int:
     """The job's exit status, with the stderr line of a job whose input held no texts (a warning:
     it ran, and wrote an empty output) or none that could be read: every record an error record,
     which a wrong --field or --column makes (status 1: a script must not take it for a result)."""
-    import sys
-
     if not n_texts:
         print(f"warning: {path} holds no texts (an empty file?)", file=sys.stderr)
     elif errors >= n_texts:

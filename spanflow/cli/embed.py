@@ -12,7 +12,7 @@ from spanflow.cli.common import (
     add_precision_arg,
     add_quantize_args,
     resume_hint,
-    warn_if_empty,
+    job_status,
 )
 from spanflow.ray.cli import add_ray_args, run_ray
 
@@ -71,7 +71,7 @@ def run(a: argparse.Namespace) -> int:
     check_input(a)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         s = run_ray(a, get("embed"))
-        return warn_if_empty(a.input, s["rows"], s["errors"])
+        return job_status(a.input, s["rows"], s["errors"])
     check_output(a.output, WHAT)
     with ExitStack() as held:
         hold_output(held, a.output, WHAT)  # a second job on this output stops here, before any model loads
@@ -112,4 +112,4 @@ def _run(a: argparse.Namespace) -> int:
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
-    return warn_if_empty(a.input, s["texts"], s["errors"])
+    return job_status(a.input, s["texts"], s["errors"])

@@ -7,7 +7,8 @@ library's error reporting one). Those exit 2 like the WriteError of the writes t
 were writing, because they are the same fault: the same full disk gives the same exit whichever write
 met it, and it is the user's to fix (free space, another --out), not a bug to report. 1: stdout was
 closed by its reader (`spanflow evaluate --json | head -c 10`), quietly, as Python's documentation
-of SIGPIPE recommends; also a training process whose peer in the job (torchrun) stopped. 130:
+of SIGPIPE recommends; also a training process whose peer in the job (torchrun) stopped, and a
+`predict` or `embed` whose every record was an error record (it ran; no result came of it). 130:
 Ctrl-C; 143: SIGTERM (129 SIGHUP, 131 SIGQUIT, which stop a command the same way). Any other
 error is a bug and keeps its traceback.
 

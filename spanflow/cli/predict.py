@@ -5,7 +5,7 @@ import argparse
 import functools
 
 from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, cut_line, resume_hint,
-                                 warn_if_empty)
+                                 job_status)
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -52,7 +52,7 @@ def run(a: argparse.Namespace) -> int:
     task = task_of_dir(a.model)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         s = run_ray(a, task)
-        return warn_if_empty(a.input, s["rows"], s["errors"])
+        return job_status(a.input, s["rows"], s["errors"])
     check_output(a.output)
     output_format(a.output)
     with ExitStack() as held:
@@ -86,4 +86,4 @@ def _run(a: argparse.Namespace, task) -> int:
     print(f"wrote {counted(stats['records'], 'record')} to {a.output} ({counted(stats['errors'], 'error record')})")
     if stats.get("truncated"):  # a model that reads no windows reads a long text's start only
         print(f"note: {cut_line(model, stats['truncated'])}")
-    return warn_if_empty(a.input, stats["records"], stats["errors"])
+    return job_status(a.input, stats["records"], stats["errors"])

@@ -34,20 +34,21 @@ def add_parser(sub) -> None:
         tp.elsewhere = {flag: who for flag, who in owners.items() if flag not in tp._option_string_actions}
 
 
-def _add_common(p, task, data: str | None) -> None:
+def _add_common(p: argparse.ArgumentParser, task, data: str | None) -> None:
+    """The flags every task's training takes; `task` the registry's entry (its defaults told in --help)."""
     tables = getattr(task, "train_defaults", None)
-    task = task.name
+    name = task.name
     p.add_argument("--train", required=True, help=f"training data{f': {data}' if data else ''}")
     p.add_argument("--dev", help=f"development data{f' ({data})' if data else ''}, evaluated every epoch (or "
                                  "--eval-every steps) [none: no evaluation; the final model is saved]")
-    p.add_argument("--model", default="tiny", help=f"a local encoder directory, a spanflow {task} model "
+    p.add_argument("--model", default="tiny", help=f"a local encoder directory, a spanflow {name} model "
                                                   "(to train further), or 'tiny' (a small encoder built "
                                                   "from the training texts) [%(default)s]")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--devices", type=int, default=1,
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
                         "[%(default)s]")
-    add_options(p, TrainOptions, task=task, unset=(lambda name: describe_defaults(name, tables)) if tables else None)
+    add_options(p, TrainOptions, task=name, unset=(lambda field: describe_defaults(field, tables)) if tables else None)
     add_runtime_args(p, job="train")
 
 

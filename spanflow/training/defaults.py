@@ -38,7 +38,7 @@ def describe_defaults(field: str, tables: dict[str, dict[str, TaskDefaults]]) ->
     """What a task's defaults give an unset `field` (epochs, lr, head_lr, patience), for a
     command's --help: "an encoder 10, tiny 20"; `tables` maps a kind of data ("" for all) to the
     task's table by starting point. None for a field no table holds."""
-    if field not in {f.name for f in dataclasses.fields(TaskDefaults)}:
+    if field not in ("epochs", "lr", "head_lr", "patience"):  # pack is NER's recipe flag, said by its own help
         return None
 
     def shown(v) -> str:

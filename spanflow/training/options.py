@@ -36,7 +36,8 @@ class TrainOptions:
     epochs: int | None = opt(None, "most epochs (early stopping on dev may end a run sooner)",
                              unset="per task, docs/defaults.md")
     lr: float | None = opt(None, "peak learning rate of the encoder", unset="per task, scaled to the update size")
-    head_lr: float | None = opt(None, "learning rate of a freshly initialised head", unset="per task", tasks=SPANS)
+    head_lr: float | None = opt(None, "learning rate of a freshly initialised head",
+                                    unset="per task, scaled to the update size", tasks=SPANS)
     weight_decay: float = opt(0.01, "AdamW weight decay")
     warmup_ratio: float = opt(0.1, "share of the steps spent warming the learning rate up")
     max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")

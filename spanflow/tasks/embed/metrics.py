@@ -84,21 +84,27 @@ def positive_ranks(queries: np.ndarray, corpus: np.ndarray, positive: list[int])
     return ranks
 
 
-def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list) -> dict:
+def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list[int] | list[list[int]]) -> dict:
     """Each query's relevant rows of the corpus, every corpus row a candidate: `positive[i]` is
     one row or a list of rows (an anchor with several right answers). {"mrr@10" (the first
     relevant row's), "ndcg@10", "recall@1", "recall@10" (the share of the query's relevant rows
     in its first k), "n" (queries)}, as information-retrieval evaluators define them."""
-    relevant = [sorted({int(r) for r in p}) if isinstance(p, (list, tuple, set, frozenset)) else [p]
+    relevant = [sorted({int(r) for r in p}) if isinstance(p, (list, tuple, set, frozenset, np.ndarray)) else [int(p)]
                 for p in positive]
+    queries = np.asarray(queries)
+    if len(queries) != len(relevant):
+        raise ValueError(f"{len(queries)} queries but {len(relevant)} positives")
+    if not relevant:
+        raise ValueError("no queries")
     if any(not r for r in relevant):
         raise ValueError("a query without a relevant row")
-    owner = np.repeat(np.arange(len(relevant)), [len(r) for r in relevant])
-    flat = [r for rows in relevant for r in rows]
-    ranks = positive_ranks(np.asarray(queries)[owner] if len(owner) else np.asarray(queries), corpus, flat)
-    if len(relevant) == 0:
-        raise ValueError("no queries")
     n = len(relevant)
+    if not (np.isfinite(queries).all() and np.isfinite(np.asarray(corpus)).all()):
+        # NaN compares false with everything: every rank would be 1, a broken model scored perfect
+        return {"mrr@10": float("nan"), "ndcg@10": float("nan"), "recall@1": float("nan"),
+                "recall@10": float("nan"), "n": n}
+    owner = np.repeat(np.arange(n), [len(r) for r in relevant])
+    ranks = positive_ranks(queries[owner], corpus, [r for rows in relevant for r in rows])
     first = np.full(n, np.inf)
     np.minimum.at(first, owner, ranks)
     counts = np.array([len(r) for r in relevant], dtype=np.float64)

@@ -15,6 +15,7 @@ one the data keeps attached stays (`@user`).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
@@ -29,19 +30,43 @@ KINDS = (TOKENIZER, WHITESPACE)
 MATCH_SHARE = 0.99
 
 MAX_WHOLE = 2000  # the most frequent training tokens kept whole: spanflow.json stays small
+# an abbreviation keeps its last dot: letters in runs of one to three, each closed by a dot
+# (U.S., e.g., a.m.); an ellipsis (Paris...) or a domain at a sentence's end (example.com.) does not
+ABBREVIATION = re.compile(r"(?:[^\W\d_]{1,3}\.){2,}")
 
 
-def whitespace_words(text: str, edges: dict | None = None) -> list[tuple[int, int]]:
+def whitespace_words(text: str, edges: dict | None = None, whole: frozenset[str] | None = None
+                     ) -> list[tuple[int, int]]:
     """(start, end) of each whitespace-separated token of `text`; with `edges` ({"start": chars,
     "end": chars, "whole": [tokens]}, see edge_rules) those punctuation marks are cut off a
-    token's ends, one word each, except from a token the training data had whole (`Corp.`) and
-    an abbreviation's last dot (`U.S.`, `e.g.`); a token of punctuation only stays whole."""
+    token's ends, one word each, except where what is left is a token the training data had
+    whole (`Corp.` of `Corp.,`) or an abbreviation (`U.S.`); a token of punctuation only stays
+    whole. `whole`: edges["whole"] as a set, made once by the caller."""
     spans = [m.span() for m in NON_SPACE.finditer(text)]
     if not edges or not (edges.get("start") or edges.get("end")):
         return spans
-    start, end, whole = edges.get("start", ""), edges.get("end", ""), set(edges.get("whole") or ())
-    return [w for s, e in spans
-            for w in ([(s, e)] if text[s:e] in whole else cut_edges(text, s, e, start, end, abbreviations=True))]
+    if whole is None:
+        whole = frozenset(edges.get("whole") or ())
+    start, end = edges.get("start", ""), edges.get("end", "")
+    return [w for s, e in spans for w in _cut(text, s, e, start, end, whole)]
+
+
+def _kept(word: str, whole: frozenset[str]) -> bool:
+    return word in whole or ABBREVIATION.fullmatch(word) is not None
+
+
+def _cut(text: str, s: int, e: int, start: str, end: str, whole: frozenset[str]) -> list[tuple[int, int]]:
+    """One whitespace token cut as whitespace_words says: its end marks off one at a time, until
+    the rest is a word kept whole, then its start marks."""
+    if _kept(text[s:e], whole) or not any(c.isalnum() for c in text[s:e]):
+        return [(s, e)]
+    tail = []
+    while text[e - 1] in end and not text[e - 1].isalnum():
+        e -= 1
+        tail.append((e, e + 1))
+        if _kept(text[s:e], whole):
+            return [(s, e)] + tail[::-1]
+    return cut_edges(text, s, e, start, "") + tail[::-1]
 
 
 def _is_mark(c: str) -> bool:
@@ -49,8 +74,10 @@ def _is_mark(c: str) -> bool:
 
 
 def edge_rules(examples: list[NerExample]) -> dict:
-    """The punctuation marks to cut off each end of a whitespace word: those the training tokens
-    have standing alone more often than at that end of a word."""
+    """{"start", "end": the punctuation marks to cut off each end of a whitespace word, those the
+    training tokens have standing alone more often than at that end of a word (an abbreviation's
+    last dot not counted); "whole": the training tokens these rules would cut, kept whole (at most
+    MAX_WHOLE, the most frequent), where any}."""
     alone: dict[str, int] = {}
     at = {"start": {}, "end": {}}
     for e in examples:
@@ -64,7 +91,7 @@ def edge_rules(examples: list[NerExample]) -> dict:
             while i < j and _is_mark(t[i]):
                 at["start"][t[i]] = at["start"].get(t[i], 0) + 1
                 i += 1
-            if t.endswith(".") and "." in t[i:-1]:  # an abbreviation's dot (`U.S.`) stays in any case
+            if ABBREVIATION.fullmatch(t[i:]):  # an abbreviation's dot (`U.S.`) stays in any case
                 j -= 1
             while j > i and _is_mark(t[j - 1]):
                 at["end"][t[j - 1]] = at["end"].get(t[j - 1], 0) + 1
@@ -73,7 +100,7 @@ def edge_rules(examples: list[NerExample]) -> dict:
     whole: dict[str, int] = {}  # tokens that keep a mark these rules would cut (`Corp.`, `Inc.`), as trained
     for e in examples:
         for a, b in e.words or ():
-            if len(cut_edges(e.text, a, b, cut["start"], cut["end"], abbreviations=True)) > 1:
+            if len(_cut(e.text, a, b, cut["start"], cut["end"], frozenset())) > 1:
                 whole[e.text[a:b]] = whole.get(e.text[a:b], 0) + 1
     kept = sorted(whole, key=lambda t: (-whole[t], t))[:MAX_WHOLE]
     return {**cut, **({"whole": sorted(kept)} if kept else {})}
@@ -96,16 +123,19 @@ def words_of(examples: list[NerExample]) -> str:
 
 def valid_edges(edges) -> bool:
     """Whether `edges` is edge_rules' shape (as read back from a model directory)."""
+    # other keys would be a later spanflow's, which this one does without
     return (isinstance(edges, dict) and all(isinstance(edges.get(k, ""), str) for k in ("start", "end"))
-            and isinstance(edges.get("whole", []), list) and all(isinstance(t, str) for t in edges.get("whole", []))
-            and set(edges) <= {"start", "end", "whole"})
+            and isinstance(edges.get("whole", []), list) and all(isinstance(t, str) for t in edges.get("whole", [])))
 
 
 def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple[int, int]]] | None:
     """The function that cuts plain text into a model's words; None: the tokenizer's words."""
     if kind != WHITESPACE:
         return None
-    return (lambda text: whitespace_words(text, edges)) if edges else whitespace_words
+    if not edges:
+        return whitespace_words
+    whole = frozenset(edges.get("whole") or ())  # once, not per text
+    return lambda text: whitespace_words(text, edges, whole)
 
 
 def config_words(cfg: dict, path: str) -> str:
