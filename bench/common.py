@@ -61,6 +61,16 @@ def warm_up(ratio: float) -> dict:
     return {"warmup_steps": ratio} if major >= 5 else {"warmup_ratio": ratio}
 
 
+def length_grouped(on: bool = True) -> dict:
+    """Hugging Face TrainingArguments for length-grouped batches (or random ones): transformers 5's
+    train_sampling_strategy, 4's group_by_length."""
+    from importlib import metadata
+
+    if int(metadata.version("transformers").split(".")[0]) >= 5:
+        return {"train_sampling_strategy": "group_by_length" if on else "random"}
+    return {"group_by_length": on}
+
+
 def median(xs):
     return statistics.median(xs) if xs else None
 

@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import default_minilm, warm_up, write_results  # noqa: E402
+from common import default_minilm, length_grouped, warm_up, write_results  # noqa: E402
 from spanflow.data.io import read_ner  # noqa: E402
 from spanflow.tasks.metrics import span_prf  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
@@ -77,15 +77,10 @@ def hf_dev_f1(model, tok, labels, dev) -> float:
     return span_prf([e.spans for e in dev], preds)["f1"]
 
 
-def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
-    """Train with the stock Trainer + DataCollatorForTokenClassification; count tokens in the collator."""
-    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
-                              Trainer, TrainingArguments)
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    labels, train_f = hf_features(tok, train)
+def counting(base):
+    """(a collator that calls `base` and counts the tokens of its batches, the counts: "real"
+    and "padded"): the Trainer's padding measured, not simulated."""
     counts = {"real": 0, "padded": 0}
-    base = DataCollatorForTokenClassification(tok)
 
     def collate(batch):
         out = base(batch)
@@ -93,11 +88,22 @@ def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
         counts["padded"] += out["attention_mask"].numel()
         return out
 
+    return collate, counts
+
+
+def hf_run(model_dir, train, dev, *, epochs, lr, strategy, seed, precision):
+    """Train with the stock Trainer + DataCollatorForTokenClassification; count tokens in the collator."""
+    from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
+                              Trainer, TrainingArguments)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    labels, train_f = hf_features(tok, train)
+    collate, counts = counting(DataCollatorForTokenClassification(tok))
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     args = TrainingArguments(output_dir="/tmp/hf_bench", per_device_train_batch_size=32, learning_rate=lr,
                              num_train_epochs=epochs, **warm_up(0.1), weight_decay=0.01, seed=seed,
-                             train_sampling_strategy=strategy, save_strategy="no", eval_strategy="no",
+                             **length_grouped(strategy == "group_by_length"), save_strategy="no", eval_strategy="no",
                              logging_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
                              bf16=(precision == "bf16"))
     trainer = Trainer(model=model, args=args, train_dataset=train_f, data_collator=collate)

@@ -3,11 +3,11 @@
 NER and relations (dev F1): the Hugging Face Trainer (batch 32, and its library default batch 8;
 its default learning rate 5e-5; `hf_bN` in fp32, its default, `hf_bN_bf16` with bf16=True, and
 `_glen` added: its length-grouped batches (group_by_length; train_sampling_strategy in
-transformers 5); its padding efficiency counted
-in the collator) and spanflow with its defaults (bf16 autocast where the device runs bf16
-natively; NER: a CRF head at a learning rate of its own). `spanflow_hf_recipe` is spanflow with
-the Trainer's model and learning rate (a softmax head, every weight at 5e-5): against the
-Trainer it shows what spanflow's speed alone gives, against `spanflow` what its recipe gives. Embeddings: sentence-transformers'
+transformers 5); its padding efficiency counted in the collator) and spanflow with its
+defaults (bf16 autocast where the device runs bf16 natively; NER: a CRF head at a learning
+rate of its own). `spanflow_hf_recipe` is spanflow with the Trainer's model and learning rate
+(a softmax head, every weight at 5e-5): against the Trainer it shows what spanflow's speed
+alone gives, against `spanflow` what its recipe gives. Embeddings: sentence-transformers'
 SentenceTransformerTrainer (learning rate 2e-5, warm-up 10%; `st` in fp32, its default, `st_bf16`
 with bf16=True) and spanflow with its defaults. On scored pairs the dev figure is the Spearman of
 the cosine against the gold score, and sentence-transformers trains CoSENTLoss at batch 16 (its
@@ -51,8 +51,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
-from common import default_minilm, model_name, warm_up, write_results  # noqa: E402
-from ner_train_vs_hf_trainer import hf_dev_f1, hf_features  # noqa: E402
+from common import default_minilm, length_grouped, model_name, warm_up, write_results  # noqa: E402
+from ner_train_vs_hf_trainer import counting, hf_dev_f1, hf_features  # noqa: E402
 from spanflow.training.options import TrainOptions  # noqa: E402
 
 METRIC = {"ner": "F1", "re": "F1", "embed": "Spearman"}  # embed on dev pairs without scores: MRR@10 (main)
@@ -66,17 +66,6 @@ def quiet_args() -> dict:
     there is no GPU."""
     return dict(save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none",
                 use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
-
-
-def length_grouped() -> dict:
-    """The Trainer argument for length-grouped batches: `group_by_length=True` up to transformers 4,
-    `train_sampling_strategy="group_by_length"` since."""
-    import dataclasses
-
-    from transformers import TrainingArguments
-
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return {"group_by_length": True} if "group_by_length" in names else {"train_sampling_strategy": "group_by_length"}
 
 
 def epoch_eval(score) -> tuple[list[dict], object]:
@@ -115,20 +104,12 @@ def hf_curve(model_dir: str, train, dev, *, epochs: int, batch: int, seed: int, 
     tok = AutoTokenizer.from_pretrained(model_dir)
     labels, train_f = hf_features(tok, train)
     curve, callback = epoch_eval(lambda model: hf_dev_f1(model, tok, labels, dev))
-    counts = {"real": 0, "padded": 0}
-    base = DataCollatorForTokenClassification(tok)
-
-    def collate(rows):
-        out = base(rows)
-        counts["real"] += int(out["attention_mask"].sum())
-        counts["padded"] += out["attention_mask"].numel()
-        return out
-
+    collate, counts = counting(DataCollatorForTokenClassification(tok))
     torch.manual_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     out = tempfile.mkdtemp(prefix="hf-tta-")
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, num_train_epochs=epochs,
-                             seed=seed, bf16=bf16, **(length_grouped() if group_by_length else {}), **quiet_args())
+                             seed=seed, bf16=bf16, **length_grouped(group_by_length), **quiet_args())
     try:
         Trainer(model=model, args=args, train_dataset=train_f, data_collator=collate, callbacks=[callback]).train()
     finally:

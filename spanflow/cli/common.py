@@ -23,8 +23,9 @@ class Parser(argparse.ArgumentParser):
         self.elsewhere: dict[str, list[str]] = {}  # flags this command lacks -> the commands that take them
 
     def parse_known_args(self, args=None, namespace=None):
-        if self._subparsers is None and " " in self.prog:  # a leaf: a mistyped flag is told before a
-            # required flag is missed (`--trian x` said "required: --train", never naming --trian)
+        leaf = self._subparsers is None and " " in self.prog  # a command's own parser
+        if leaf:  # a mistyped flag is told before a required flag is missed (`--trian x` said
+            # "required: --train", never naming --trian)
             given = sys.argv[1:] if args is None else list(args)
             if any(a.split("=", 1)[0] not in self._option_string_actions for a in _flags_before_end(given)):
                 required = [a for a in self._actions if a.required]
@@ -38,7 +39,7 @@ class Parser(argparse.ArgumentParser):
                 if extras:  # else what looked like a flag was a value after all: the plain parse decides
                     self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         ns, extras = super().parse_known_args(args, namespace)
-        if extras and self._subparsers is None and " " in self.prog:  # a command's own parser (a leaf)
+        if extras and leaf:
             self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         return ns, extras
 

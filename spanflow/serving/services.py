@@ -45,7 +45,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--model {spec}: no directory after '=' (NAME=DIR)", field="model")
-    if not eq or not path or os.path.isdir(spec):
+    if not eq or os.path.isdir(spec):
         name, path = "", spec
     return name or default_name(path), path
 
