@@ -102,3 +102,34 @@ def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, c
             if comp.expanded + comp.overlapping > before:
                 break
     assert comp.expanded + comp.overlapping > before and caplog.text.count("expanded") == 1
+    # the other alignments: contracted to the tokens inside a span, or left out (strict); each of the model's
+    # entities is set or counted as left out
+    want = predict(model, glued, tmp_path)
+    for mode in ("contract", "strict"):
+        other = spacy.blank("en")
+        comp = other.add_pipe("spanflow_ner", config={"model": model, "alignment": mode})
+        out = list(other.pipe(glued))
+        found = sum(len(d.ents) for d in out)
+        assert comp.expanded == 0 and comp.unaligned > 0, mode
+        assert found + comp.unaligned + comp.overlapping == sum(map(len, want)), mode
+        if mode == "strict":  # only the entities spaCy's tokens hold as they are
+            assert comp.contracted == 0
+            assert all((e.start_char, e.end_char, e.label_) in w for d, w in zip(out, want) for e in d.ents)
+
+
+def test_labels_and_config_errors_name_what_a_spacy_user_set(tmp_path):
+    from spanflow.errors import ConfigError, ModelDirError
+
+    model = train(tmp_path, synthetic_ner(40, seed=5, max_clauses=1), "en")
+    nlp = spacy.blank("en")
+    comp = nlp.add_pipe("spanflow_ner", config={"model": model})
+    assert comp.labels and set(comp.labels) == {x for e in synthetic_ner(40, seed=5, max_clauses=1)
+                                                for _, _, x in e.spans}
+    with pytest.raises(ConfigError, match=r'needs config=\{"model"'):  # spaCy's validation dump before
+        spacy.blank("en").add_pipe("spanflow_ner")
+    with pytest.raises(ConfigError, match="config 'max_tokens' must be positive"):
+        spacy.blank("en").add_pipe("spanflow_ner", config={"model": model, "max_tokens": 0})
+    with pytest.raises(ConfigError, match="alignment must be one of expand, contract, strict"):
+        spacy.blank("en").add_pipe("spanflow_ner", config={"model": model, "alignment": "loose"})
+    with pytest.raises(ModelDirError, match="a relative path, taken from"):
+        spacy.blank("en").add_pipe("spanflow_ner", config={"model": "no/such/model"})

@@ -8,10 +8,11 @@ words `predict` uses (tasks.ner.words). Entities are character spans. A model th
 whitespace-separated words gives spans that start and end at whitespace, which every spaCy
 tokenizer that splits at whitespace also cuts at: they align exactly and equal `predict`'s.
 One that starts or ends inside a spaCy token (a model on the tokenizer's words, or a spaCy
-token that holds a space) is expanded to the tokens around it, and one that would overlap an
-earlier entity after that, or one an earlier component of the pipeline set (which stay), is
-left out: both are counted (`expanded`, `overlapping`) and said in one warning per batch,
-never dropped in silence.
+token that holds a space) is aligned as config "alignment" says (spaCy's `alignment_mode`):
+expanded to the tokens around it (the default), contracted to the tokens inside it, or left
+out (strict); one that would overlap an earlier entity after that, or one an earlier component
+of the pipeline set (which stay), is left out. Each is counted (`expanded`, `contracted`,
+`unaligned`, `overlapping`) and said in one warning per batch, never dropped in silence.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import os
 from spacy.language import Language
 
 log = logging.getLogger("spanflow")
+ALIGNMENTS = ("expand", "contract", "strict")  # spaCy's alignment modes of Doc.char_span
+CONFIG_FLAGS = {"--max-tokens": "max_tokens", "--device": "device", "--precision": "precision"}
 
 
 def _one_thread_after_fork() -> None:
@@ -44,24 +47,21 @@ class SpanflowNer:
     """Sets `doc.ents` from a spanflow NER model (any directory `spanflow predict` takes)."""
 
     def __init__(self, nlp: Language, name: str, model: str, max_tokens: int | None = None, device: str = "auto",
-                 precision: str = "auto"):
-        from spanflow.runtime.loads import Loads
-        from spanflow.runtime.resolve import Asked, resolve_runtime
-        from spanflow.tasks.registry import task_of_dir
+                 precision: str = "auto", alignment: str = "expand"):
+        from spanflow.errors import ConfigError
 
         _fork_on_one_thread()
-        self.name = name
-        # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
-        loads = Loads(task_of_dir(model), model)
-        rt = resolve_runtime(loads.task, model, Asked(device=device, precision=precision, max_tokens=max_tokens),
-                             loads=loads)  # its runtime line names the budget the component runs with
-        self.model = loads.take(rt)
-        if self.model.task != "ner":
-            from spanflow.errors import ConfigError
+        if alignment not in ALIGNMENTS:
+            raise ConfigError(f"spanflow_ner: alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}",
+                              field="alignment")
+        self.name, self.alignment = name, alignment
+        self.model, self.max_tokens = _load(model, max_tokens, device, precision)
+        self.expanded = self.contracted = self.unaligned = self.overlapping = 0
 
-            raise ConfigError(f"spanflow_ner runs NER models; {model} holds a {self.model.task!r} model")
-        self.max_tokens = rt.max_tokens
-        self.expanded = self.overlapping = 0
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The entity types the model tags, as spaCy's own ner gives them."""
+        return tuple(self.model.labels)
 
     def __call__(self, doc):
         (doc,) = self.pipe([doc])  # the whole batch: its warning is said after the last doc
@@ -79,16 +79,20 @@ class SpanflowNer:
         for chunk in chunked(docs, batch_size):
             chunk = list(chunk)
             results = list(self.model.predict_stream((d.text for d in chunk), max_tokens=self.max_tokens))
-            before = (self.expanded, self.overlapping)
+            before = self._counts()
             for doc, spans in zip(chunk, results):
                 self._set_ents(doc, spans)
                 yield doc
-            expanded, overlapping = self.expanded - before[0], self.overlapping - before[1]
-            if expanded or overlapping:
-                log.warning("%s: %d entities did not end on spaCy token boundaries and were expanded to the "
-                            "tokens around them; %d overlapped another entity (the model's or one set before it) "
-                            "and were left out", self.name,
-                            expanded, overlapping)
+            said = [f"{n} {what}" for n, what in zip((a - b for a, b in zip(self._counts(), before)), (
+                "did not end on spaCy token boundaries and were expanded to the tokens around them",
+                "did not end on spaCy token boundaries and were contracted to the tokens inside them",
+                "did not end on spaCy token boundaries and were left out (alignment " + self.alignment + ")",
+                "overlapped another entity (the model's or one set before it) and were left out")) if n]
+            if said:
+                log.warning("%s: of the model's entities, %s", self.name, "; ".join(said))
+
+    def _counts(self) -> tuple[int, int, int, int]:
+        return self.expanded, self.contracted, self.unaligned, self.overlapping
 
     def _set_ents(self, doc, spans) -> None:
         # entities an earlier component set (an entity_ruler's, a preset's) stay, as they do before
@@ -98,10 +102,15 @@ class SpanflowNer:
         ents, last_end = [], -1
         for s, e, label in spans:
             span = doc.char_span(s, e, label=label)
-            if span is None:
-                span = doc.char_span(s, e, label=label, alignment_mode="expand")
-                self.expanded += span is not None  # one that no token holds even expanded is counted below
-            if span is None or span.start < last_end or any(i in taken for i in range(span.start, span.end)):
+            if span is None and self.alignment != "strict":
+                span = doc.char_span(s, e, label=label, alignment_mode=self.alignment)
+                if span is not None and len(span):
+                    self.expanded += self.alignment == "expand"
+                    self.contracted += self.alignment == "contract"
+            if span is None or not len(span):  # no token holds it (contracted: none inside it)
+                self.unaligned += 1
+                continue
+            if span.start < last_end or any(i in taken for i in range(span.start, span.end)):
                 self.overlapping += 1
                 continue
             ents.append(span)
@@ -109,13 +118,43 @@ class SpanflowNer:
         doc.ents = sorted(kept + ents, key=lambda x: x.start)
 
 
+def _load(model: str, max_tokens, device: str, precision: str):
+    """The NER model at `model` and the budget it runs with; an error names the config's keys (a
+    spaCy user sets `max_tokens`, not `--max-tokens`), and a relative path the directory it was
+    taken from (a config.cfg loaded elsewhere keeps the path as it was given)."""
+    from spanflow.errors import ConfigError, ModelDirError
+    from spanflow.runtime.loads import Loads
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.registry import task_of_dir
+
+    try:
+        # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
+        loads = Loads(task_of_dir(model), model)
+        rt = resolve_runtime(loads.task, model, Asked(device=device, precision=precision, max_tokens=max_tokens),
+                             loads=loads)  # its runtime line names the budget the component runs with
+        ner = loads.take(rt)
+    except ConfigError as e:
+        message = str(e)
+        for flag, key in CONFIG_FLAGS.items():
+            message = message.replace(flag, f"config {key!r}")
+        raise ConfigError(f"spanflow_ner: {message}", field=e.field) from e
+    except ModelDirError as e:
+        where = "" if os.path.isabs(model) else f" (a relative path, taken from {os.getcwd()})"
+        raise ModelDirError(f"spanflow_ner: {e}{where}") from e
+    if ner.task != "ner":
+        raise ConfigError(f"spanflow_ner runs NER models; {model} holds a {ner.task!r} model", field="model")
+    return ner, rt.max_tokens
+
+
 @Language.factory("spanflow_ner", default_config={"model": None, "max_tokens": None, "device": "auto",
-                                                   "precision": "auto"})
-def make_spanflow_ner(nlp: Language, name: str, model: str, max_tokens: int | None, device: str,
-                      precision: str) -> SpanflowNer:
-    """The `spanflow_ner` factory: config "model" is a spanflow NER model directory."""
+                                                   "precision": "auto", "alignment": "expand"})
+def make_spanflow_ner(nlp: Language, name: str, model: str | None, max_tokens: int | None, device: str,
+                      precision: str, alignment: str) -> SpanflowNer:
+    """The `spanflow_ner` factory: config "model" is a spanflow NER model directory (typed to take
+    None, its default, so a missing one meets this message, not spaCy's validation dump)."""
     if not model:
         from spanflow.errors import ConfigError
 
-        raise ConfigError('spanflow_ner needs config={"model": "path/to/model"}')
-    return SpanflowNer(nlp, name, model, max_tokens=max_tokens, device=device, precision=precision)
+        raise ConfigError('spanflow_ner needs config={"model": "path/to/model"}', field="model")
+    return SpanflowNer(nlp, name, model, max_tokens=max_tokens, device=device, precision=precision,
+                       alignment=alignment)
