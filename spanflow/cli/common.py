@@ -218,6 +218,22 @@ def add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=None, help="NER: tokens shared by neighbouring windows [as trained]")
 
 
+def check_window_args(model: str, max_length: int | None, stride: int | None) -> None:
+    """--max-length and --stride checked before the model loads (a ConfigError), where its
+    spanflow.json says its limit and the window it was trained on: a --stride past the window
+    was refused only after the weights loaded and the precision was checked."""
+    from spanflow.batching.align import check_window, check_window_floor
+    from spanflow.models.directory import CONFIG, read_model_config
+
+    check_window_floor(max_length, stride)
+    if stride is None and max_length is None or not os.path.isfile(os.path.join(model, CONFIG)):
+        return
+    cfg = read_model_config(model)
+    length = max_length if max_length is not None else cfg.get("max_length")
+    if isinstance(cfg.get("limit"), int) and isinstance(length, int):
+        check_window(length, stride or 0, cfg["limit"])
+
+
 class _Given(argparse.Action):
     """Store the value and note that it was given (`field_given`): a default cannot clash with
     another flag, a value the user typed can."""

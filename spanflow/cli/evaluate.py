@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spanflow.cli.common import add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, cut_line
+from spanflow.cli.common import (add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, check_window_args,
+                                 cut_line)
 from spanflow.data.jsonvalues import json_line
 
 
@@ -29,7 +30,6 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from spanflow.batching.align import check_window_floor
     from spanflow.errors import DataError
     from spanflow.inference.heap import settle
     from spanflow.runtime.loads import Loads
@@ -37,7 +37,7 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tasks.registry import task_of_dir
     from spanflow.tuning.auto import quick_profile
 
-    check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
+    check_window_args(a.model, a.max_length, a.stride)  # before the model loads
     task = task_of_dir(a.model)
     _check_read_flags(task, a)
     if a.scheme:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import functools
 
-from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, cut_line, resume_hint,
-                                 job_status)
+from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, check_window_args, cut_line,
+                                 job_status, resume_hint)
 from spanflow.ray.cli import add_ray_args, run_ray
 
 
@@ -42,13 +42,12 @@ def run(a: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
-    from spanflow.batching.align import check_window_floor
     from spanflow.cli.common import check_input
     from spanflow.inference.predict_job import WHAT, check_output, output_format
     from spanflow.tasks.registry import task_of_dir
 
     check_input(a)
-    check_window_floor(a.max_length, a.stride)  # the model's own limit is checked once it is loaded
+    check_window_args(a.model, a.max_length, a.stride)  # before the model loads
     task = task_of_dir(a.model)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there
         s = run_ray(a, task)
