@@ -56,7 +56,8 @@ def test_a_max_steps_stop_says_the_checkpoint_holds_the_weights_then_resume_name
     out = tmp_path / "run"
     args = ["--train", data[0], "--dev", data[1], "--out", str(out), "--epochs", "2"]
     lines = _train([*args, "--max-steps", "1"], capsys)
-    assert lines[-2] == (f"stopped by --max-steps after step 1 (epoch 1): no {out}/model yet; this run's last weights "
+    # the last line: what the checkpoint's weights tag is said of no model
+    assert lines[-1] == (f"stopped by --max-steps after step 1 (epoch 1): no {out}/model yet; this run's last weights "
                          f"are in {out}/checkpoint/model; the same command with --resume trains on to the end")
     assert not any("model saved" in x or "model is in" in x for x in lines)
     assert sorted(os.listdir(out)) == ["checkpoint", "train_report.jsonl"]

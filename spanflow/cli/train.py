@@ -104,6 +104,6 @@ def run(a: argparse.Namespace) -> int:
     rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
                          log=print if measured else (lambda s: None))
     said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=rt.max_tokens))
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
+    if said and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
         print(said)
     return 0

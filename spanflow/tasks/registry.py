@@ -89,7 +89,8 @@ class Task(Protocol):
         """The task's own `spanflow train TASK` flags."""
 
     def train_from_args(self, a: argparse.Namespace, options) -> str:
-        """Read --train/--dev, train into --out; return the line printed at the end."""
+        """Read --train/--dev, train into --out; return the lines printed at the end ("" for none:
+        training/outcome.closing)."""
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> TaskModel:
         """The trained model in `path`."""

@@ -30,6 +30,14 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
     return f"{score}: the model is in {model}"
 
 
+def closing(out_dir: str, what: str, command: str) -> str:
+    """The run's last lines: `what` its model is, then the command to run it, where the run ran to
+    its end and left one; "" otherwise (a run stopped by --max-steps said it has no model yet:
+    what the weights in its checkpoint tag is no model's)."""
+    after = next_command(out_dir, command)
+    return f"{what}{after}" if after else ""
+
+
 def next_command(out_dir: str, command: str) -> str:
     """"\nnext: COMMAND" with {model} the run's model directory, where the run ran to its end and
     left one; "" otherwise: a run stopped by --max-steps has its weights in the checkpoint, and

@@ -13,7 +13,7 @@ from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder
 from spanflow.tasks.embed.request import read_options
 from spanflow.tasks.registry import Workload, check_model_for
-from spanflow.training.outcome import next_command
+from spanflow.training.outcome import closing
 
 
 TINY_ONLY = ("its encoder is spanflow's own `tiny`: spanflow's commands run it, sentence-transformers and "
@@ -86,8 +86,8 @@ class EmbedTask:
         from spanflow.models.encoder import is_tiny
 
         layout = TINY_ONLY if is_tiny(model.module.encoder) else "a sentence-transformers directory"
-        return (f"embeddings of {model.dim} dimensions ({layout})"
-                + next_command(a.out, "spanflow embed --model {model} --input texts.txt --output vectors.npy"))
+        return closing(a.out, f"embeddings of {model.dim} dimensions ({layout})",
+                       "spanflow embed --model {model} --input texts.txt --output vectors.npy")
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto",
              quantize: str | None = None) -> Embedder:

@@ -14,7 +14,7 @@ from spanflow.tasks.ner.train import DEFAULTS as NER_DEFAULTS
 from spanflow.tasks.ner.train import start_model, train_ner
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
-from spanflow.training.outcome import next_command
+from spanflow.training.outcome import closing
 from spanflow.runtime.policy import Policy
 
 
@@ -70,8 +70,8 @@ class NerTask:
         dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
         # fit() said where the model is
-        return (f"the model tags {counted(len(model.labels), 'label')}: {', '.join(model.labels)}"
-                + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output entities.jsonl"))
+        return closing(a.out, f"the model tags {counted(len(model.labels), 'label')}: {', '.join(model.labels)}",
+                       "spanflow predict --model {model} --input texts.txt --output entities.jsonl")
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
         return NerModel.load(path, device=device, precision=precision)

@@ -11,7 +11,7 @@ from spanflow.tasks.re.train import DEFAULTS as RE_DEFAULTS
 from spanflow.tasks.re.train import check_relations, start_model, train_re
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
-from spanflow.training.outcome import next_command
+from spanflow.training.outcome import closing
 from spanflow.runtime.policy import Policy
 
 
@@ -60,8 +60,8 @@ class ReTask:
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is
-        return (f"the model extracts {counted(len(model.relations), 'relation')}"
-                + next_command(a.out, "spanflow predict --model {model} --input texts.txt --output triples.jsonl"))
+        return closing(a.out, f"the model extracts {counted(len(model.relations), 'relation')}",
+                       "spanflow predict --model {model} --input texts.txt --output triples.jsonl")
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
         return ReModel.load(path, device=device, precision=precision)
