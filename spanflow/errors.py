@@ -38,11 +38,12 @@ class ModelDirError(SpanflowError):
 
 class ConfigError(SpanflowError):
     """An option value that cannot work (e.g. bf16 asked on a device without it); `field`: the
-    request or file field it is in, where there is one (the server's `param`)."""
+    request or file field it is in, where there is one (the server's `param`); `cli`: the message
+    as the command line says it, where it differs (flags, not the Python API's field names)."""
 
-    def __init__(self, message: str = "", *, field: str | None = None):
+    def __init__(self, message: str = "", *, field: str | None = None, cli: str | None = None):
         super().__init__(message)
-        self.field = field
+        self.field, self.cli = field, cli
 
 
 class WriteError(SpanflowError):

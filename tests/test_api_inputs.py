@@ -189,8 +189,8 @@ def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb, tmp_path):
     ("precision", "bfloat16", "unknown precision 'bfloat16'; expected one of auto, fp32, bf16, fp16"),
     ("precision", "int8", "int8 is a quantization, not a precision: use --quantize int8 (embed, serve and tune, "
                           "CPU; Python: quantize=\"int8\")"),
-    ("device", "gpu", "--device gpu: not a device name; use auto, cpu, cuda, cuda:N or mps"),
-    ("device", "meta", "--device meta: spanflow runs on auto, cpu, cuda, cuda:N or mps"),
+    ("device", "gpu", "TrainOptions.device gpu: not a device name; use auto, cpu, cuda, cuda:N or mps"),
+    ("device", "meta", "TrainOptions.device meta: spanflow runs on auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_train_options_check_their_types(field, value, said):
     with pytest.raises(ConfigError) as e:
@@ -279,8 +279,10 @@ def test_a_wrong_argument_is_a_config_error_not_a_python_one(tmp_path, rel, emb)
     (tmp_path / "t.txt").write_text("a\n")
     with pytest.raises(ConfigError, match="errors must be 'raise' or 'record', got 'skip'"):
         read_texts(str(tmp_path / "t.txt"), errors="skip")  # silently meant "raise"
-    with pytest.raises(ConfigError, match="--grad-compression must be one of none, fp16, got 'int8'"):
+    # the Python API's options are named as it sets them; the command line keeps its flags
+    with pytest.raises(ConfigError, match="^TrainOptions.grad_compression must be one of none, fp16, got 'int8'$") as e:
         TrainOptions(grad_compression="int8")
+    assert e.value.cli == "--grad-compression must be one of none, fp16, got 'int8'"
     ex = [ReExample("Ann lives in Rome .", [((0, 3), "lives_in", (13, 17))])]
     with pytest.raises(ConfigError, match="^relations takes a list of relation names, got 'lives_in'"):
         train_re(ex, None, out_dir=str(tmp_path), relations="lives_in")  # read as its letters
@@ -366,8 +368,8 @@ def test_numpy_integers_and_huge_numbers_are_taken_or_named(ner, emb):
     texts = ["Ann lives in Rome ."]
     assert ner.with_precision("bf16").predict(texts, max_tokens=np.int64(64)) == ner.with_precision("bf16").predict(
         texts, max_tokens=64)  # numpy's int reached int.bit_length in the bf16 path
-    for kw, said in ((dict(epochs=10**30), "--epochs must be at most 10000"),
-                     (dict(grad_accum=10**30), "--grad-accum must be between 1 and 4096"),
+    for kw, said in ((dict(epochs=10**30), "TrainOptions.epochs must be at most 10000"),
+                     (dict(grad_accum=10**30), "TrainOptions.grad_accum must be between 1 and 4096"),
                      (dict(lr=10**400), "TrainOptions.lr must be a finite number")):
         with pytest.raises(ConfigError, match=re.escape(said)):
             TrainOptions(**kw)
@@ -391,3 +393,15 @@ def test_nothing_to_score_and_an_empty_dev_are_refused(ner, rel, tmp_path):
     (tmp_path / "t.csv").write_text("a,b\n")
     with pytest.raises(ConfigError, match="column takes a column's index or name, got float 1.5"):
         list(read_texts(str(tmp_path / "t.csv"), column=1.5))
+
+
+def test_an_option_out_of_range_names_the_field_in_the_api_and_the_flag_on_the_command_line(tmp_path, capsys):
+    from spanflow.cli.main import main
+
+    with pytest.raises(ConfigError, match=r"^TrainOptions.max_tokens must be >= 1, got 0$"):
+        TrainOptions(max_tokens=0)
+    data = tmp_path / "t.conll"
+    data.write_text("Ada B-PER\nsmiled O\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "o"), "--warmup-ratio", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --warmup-ratio must be in [0, 1), got 2.0"

@@ -67,7 +67,7 @@ def test_json_cut_off_inside_a_string_reads_as_one_sentence(tmp_path):
 def test_a_class_weight_that_is_not_a_finite_number_above_zero_is_refused_with_the_options(weights):
     from spanflow.training.options import TrainOptions
 
-    with pytest.raises(ConfigError, match="--class-weights: the weight of 'PER' must be a finite number above 0"):
+    with pytest.raises(ConfigError, match="^TrainOptions.class_weights: the weight of 'PER' must be a finite number above 0"):
         TrainOptions(class_weights=weights)  # before any model loads
     assert class_weight_tensor("PER=2", [], ["O", "B-PER", "I-PER"]).tolist() == [1.0, 2.0, 2.0]
     with pytest.raises(ConfigError, match=r"unknown label 'per'; entity labels: PER \(or a BIO tag"):

@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(e, "quiet", False):
             # a bulk job stopped by a full disk keeps what it synced, as on a signal: how to go on is said
             resumable = isinstance(e, WriteError) and args.command in ("predict", "embed")
-            print(f"error: {e}" + (_after_stop(args) if resumable else ""), file=sys.stderr)
+            said = getattr(e, "cli", None) or e  # a ConfigError of the API's options: in the flags' words
+            print(f"error: {said}" + (_after_stop(args) if resumable else ""), file=sys.stderr)
         return _leave_group(2)
     except BrokenPipeError:
         return _stdout_gone()

@@ -79,7 +79,16 @@ class TrainOptions:
                                           "inputs, about a quarter slower", **RECIPES)
 
     def __post_init__(self):
-        """Every value checked here, once, whether it came from the CLI or the Python API."""
+        """Every value checked here, once, whether it came from the CLI or the Python API: an error
+        names the field as the API sets it (TrainOptions.epochs), and the flag to the command line."""
+        from spanflow.errors import ConfigError
+
+        try:
+            self._check()
+        except ConfigError as e:
+            raise in_api_words(e, self) from None
+
+    def _check(self) -> None:
         from spanflow.errors import ConfigError, quote
         from spanflow.training.report_to import check_installed, parse_report_to
 
@@ -228,3 +237,18 @@ def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> Trai
     factor = {"none": 1.0, "sqrt": math.sqrt(world), "linear": float(world)}[opts.lr_scaling]
     head = opts.head_lr * factor if opts.head_lr else None
     return dataclasses.replace(opts, lr=lr * factor, head_lr=head)
+
+
+def in_api_words(e, options):
+    """`e` (a ConfigError that names flags: --max-tokens) with its text naming the fields of
+    `options` as the Python API sets them (TrainOptions.max_tokens); its `cli` keeps the flags,
+    which the command line says."""
+    import re
+
+    from spanflow.errors import ConfigError
+
+    names, cls = {f.name for f in dataclasses.fields(options)}, type(options).__name__
+    flags = str(e)
+    api = re.sub(r"--([a-z][a-z0-9-]*)",
+                 lambda m: f"{cls}.{m[1].replace('-', '_')}" if m[1].replace("-", "_") in names else m[0], flags)
+    return ConfigError(api, field=e.field, cli=flags if api != flags else None)
