@@ -72,6 +72,26 @@ def test_a_killed_job_resumes_to_the_uninterrupted_output(model, src, tmp_path, 
     assert sorted(os.listdir(tmp_path)) == sorted(["in.jsonl", f"out.{ext}", f"ref.{ext}"])  # nothing left beside
 
 
+def test_a_parquet_job_killed_while_its_parts_are_assembled_resumes(model, src, tmp_path, monkeypatch):
+    """Killed after the input's short last part (22 = 5 x 4 + 2) was journaled, while the parts were
+    joined: the resume took that part for another job's (it holds 2 rows, not 4) and refused."""
+    import spanflow.inference.predict_job as job
+
+    out, ref = str(tmp_path / "out.parquet"), str(tmp_path / "ref.parquet")
+    predict_file(model, src, ref, rows_per_group=4, **QUIET)
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(job, "assemble", killed)
+        with pytest.raises(KeyboardInterrupt):
+            predict_file(model, src, out, rows_per_group=4, **QUIET)
+    assert json.loads((tmp_path / "out.parquet.predict.json").read_text())["records"] == 22
+    assert predict_file(model, src, out, rows_per_group=4, resume=True, **QUIET) == {"records": 22, "errors": 1}
+    assert pq.read_table(out).equals(pq.read_table(ref))
+
+
 def test_a_run_without_resume_starts_over_and_removes_what_the_killed_one_left(model, src, tmp_path):
     out = str(tmp_path / "out.parquet")
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)

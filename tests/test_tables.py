@@ -26,7 +26,7 @@ from spanflow.errors import ConfigError, DataError, WriteError
 from spanflow.inference.predict_job import predict_file
 from spanflow.runtime.policy import resolve_policy
 from spanflow.tasks.embed import Embedder, job
-from spanflow.tasks.embed.job import EmbedSpec, embed_file
+from spanflow.tasks.embed.job import EmbedSpec, check_resumable, embed_file
 
 TEXTS = [e.text for e in synthetic_ner(14, seed=3, max_clauses=2)]
 QUIET = dict(progress=False, log=lambda m: None)
@@ -542,6 +542,35 @@ def test_a_killed_embed_to_parquet_resumes_to_the_fresh_file(embedder, tmp_path)
     assert pq.read_table(tmp_path / "out.parquet").column("error").null_count == 12
     assert sorted(os.listdir(tmp_path)) == ["fresh.errors.jsonl", "fresh.parquet", "in.parquet", "out.errors.jsonl",
                                             "out.parquet"]
+
+
+def test_an_embed_resume_refuses_a_model_saved_over_and_takes_a_path_spelled_otherwise(embedder, enc_dir, tmp_path,
+                                                                                      monkeypatch):
+    """The model's directory saved over since the job began: its vectors would join the first
+    model's, row by row, in one output (as predict, the job keeps a digest of the model's files).
+    ./in.txt and in.txt are one file."""
+    import shutil
+
+    from spanflow.errors import ConfigError
+
+    model = tmp_path / "m"
+    shutil.copytree(enc_dir, model)
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS[:10]) + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    spec = EmbedSpec(input="./in.txt", output="out.jsonl", chunk_size=3, model="m")
+    interrupted(embedder, spec, after_chunks=2)
+    config = model / "config.json"
+    config.write_text(config.read_text() + "\n")  # saved over in place
+    with pytest.raises(ConfigError, match=r"^the model m changed since the interrupted job began \(saved over\)"):
+        embed_file(embedder, spec, resume=True, calibrate=False, **QUIET)
+    with pytest.raises(ConfigError, match="changed since the interrupted job began"):
+        check_resumable(spec)  # the command line's check, before the model loads
+    shutil.rmtree(model)
+    shutil.copytree(enc_dir, model)  # the same files, sizes and times (copy2) again
+    again = spec.model_copy(update={"input": str(tmp_path / "in.txt"), "output": str(tmp_path / "out.jsonl")})
+    embed_file(embedder, again, resume=True, calibrate=False, **QUIET)
+    embed_file(embedder, again.model_copy(update={"output": "fresh.jsonl"}), calibrate=False, **QUIET)
+    assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "fresh.jsonl").read_bytes()
 
 
 def test_a_job_journaled_by_the_earlier_single_process_layout_resumes(embedder, tmp_path):

@@ -134,3 +134,13 @@ def assemble(out: str, chunks: int, empty, *, what: str, kind: str) -> None:
             with pa.parquet.ParquetFile(chunk_part(out, w)) as part:
                 for g in range(part.num_row_groups):
                     dst.write(part.read_row_group(g))
+
+
+def model_files(model_dir: str | None) -> str:
+    """A digest of a model directory's files (sizes and times): a model saved over in place is
+    another model, whose results a resumed job must not mix with the first one's."""
+    from spanflow.runtime.cache import model_fingerprint
+
+    if not model_dir:
+        return ""
+    return hashlib.sha1(model_fingerprint(model_dir).encode()).hexdigest()[:16]

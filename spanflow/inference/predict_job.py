@@ -35,8 +35,8 @@ from spanflow.data.tables import (
     table_rows,
 )
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import assemble, chunk_part, write_chunk, write_journal
-from spanflow.inference.predict_journal import PredictJob, PredictPaths, PredictSpec, model_files, open_job
+from spanflow.inference.journal import assemble, chunk_part, model_files, write_chunk, write_journal
+from spanflow.inference.predict_journal import PredictJob, PredictPaths, PredictSpec, open_job
 
 WHAT = "the predictions"
 ROWS = 8192  # rows per Parquet row group
@@ -241,7 +241,7 @@ def _write_parquet(model, preds: Iterable[tuple], done: _Done, keep: Sequence[st
     at the end the parts, in order, as the output."""
     batch: list[tuple] = []
     parts = done.job.parts
-    _check_parts(done.P.out, parts, every, _table(model, [], keep, types).schema)
+    _check_parts(done.P.out, parts, every, done.job.records, _table(model, [], keep, types).schema)
 
     def flush() -> None:
         nonlocal batch, parts
@@ -261,17 +261,20 @@ def _write_parquet(model, preds: Iterable[tuple], done: _Done, keep: Sequence[st
     assemble(done.P.out, parts, _table(model, [], keep, types), what=WHAT, kind="predict")
 
 
-def _check_parts(out: str, parts: int, rows: int, schema) -> None:
+def _check_parts(out: str, parts: int, rows: int, records: int, schema) -> None:
     """A ConfigError, before any record is predicted, for a finished part that cannot be
-    assembled: cut (no footer), or of another job (other rows or columns)."""
+    assembled: cut (no footer), or of another job (other rows or columns). Each part holds `rows`
+    records but the last, which holds the rest of the `records` done: a job killed after its
+    input's short last part was journaled, while the parts were assembled, goes on from there."""
     from spanflow.data.tables import pyarrow
 
     pa = pyarrow()
     for k in range(parts):
         path = chunk_part(out, k)
+        want = rows if k < parts - 1 else records - rows * (parts - 1)
         try:
             with pa.parquet.ParquetFile(path) as f:
-                ok = f.metadata.num_rows == rows and f.schema_arrow.equals(schema)
+                ok = 0 < want <= rows and f.metadata.num_rows == want and f.schema_arrow.equals(schema)
         except (OSError, pa.lib.ArrowException):
             ok = False
         if not ok:

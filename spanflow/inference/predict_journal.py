@@ -9,7 +9,6 @@ until the job ends.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Literal
@@ -89,16 +88,6 @@ class PredictPaths:
                 raise ConfigError(f"{p} is a directory where the job keeps a file of its own; remove it")
             with contextlib.suppress(FileNotFoundError):
                 os.remove(p)
-
-
-def model_files(model_dir: str | None) -> str:
-    """A digest of a model directory's files (sizes and times): a model saved over in place is
-    another model, whose results a resumed job must not mix with the first one's."""
-    from spanflow.runtime.cache import model_fingerprint
-
-    if not model_dir:
-        return ""
-    return hashlib.sha1(model_fingerprint(model_dir).encode()).hexdigest()[:16]
 
 
 def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) -> PredictJob:

@@ -50,7 +50,7 @@ from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import assemble, check_unchanged, write_chunk
+from spanflow.inference.journal import assemble, check_unchanged, model_files, write_chunk
 from spanflow.tasks.embed.journal import (
     ChunkDone,
     EmbedSpec,
@@ -178,7 +178,7 @@ def check_resumable(spec: EmbedSpec) -> None:
     if not _resumes(P, fmt):
         return
     job = read_journal(P.journal, Job)
-    now = {**spec.model_dump(), "format": fmt}
+    now = {**spec.model_dump(), "format": fmt, "model_files": model_files(spec.model)}
     if spec.max_length is None:  # the model's own, known once it loads (checked then)
         del now["max_length"]
     _same_job(P, job, now, spec.input, os.path.getsize(spec.input), None)
@@ -193,12 +193,24 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
     """A ConfigError where `job` (the journal's) was run with other settings than `now` (a subset
     of its spec's), or on an input of another size or, where `sha256` is given, content."""
     was = job.spec.model_dump()
-    # a journal of a version that kept no max_length ran at the model's own: not compared
-    key = next((k for k in now if was[k] != now[k] and not (k == "max_length" and was[k] is None)), None)
+    # a journal of a version that kept no max_length ran at the model's own, and one that kept no
+    # digest of the model's files cannot tell: neither is compared. Paths are compared as the files
+    # they name (./in.parquet is in.parquet)
+    key = next((k for k in now if not _same_value(k, was[k], now[k])
+                and not (k in ("max_length", "model_files") and not was[k])), None)
+    if key == "model_files":
+        raise ConfigError(f"the model {now.get('model') or '(in memory)'} changed since the interrupted job began "
+                          "(saved over): its vectors would mix two models'; drop --resume to start over")
     if key is not None:
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); remove it or drop --resume")
     check_unchanged(path, job.input, size, sha256, "rows")
+
+
+def _same_value(key: str, was, now) -> bool:
+    if key in ("input", "output", "model") and was and now:
+        return os.path.abspath(was) == os.path.abspath(now)
+    return was == now
 
 
 def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool) -> Job:
@@ -277,7 +289,7 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
     """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, stats)."""
     # the length texts are cut at as run (the model's own where none was asked): what a resume must match
     ident = JobIdentity(**{**spec.model_dump(), "max_length": embedder.max_length}, format=fmt, dim=embedder.dim,
-                        precision=embedder.precision_name)
+                        precision=embedder.precision_name, model_files=model_files(spec.model))
     if resume and not _resumes(P, fmt):  # finished, or never begun: said, as the whole input is embedded again
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume)

@@ -55,6 +55,10 @@ class JobIdentity(EmbedSpec):
     # one of a single process (1) still resumes; a sharded one is a job with other settings
     world: Literal[1] = 1
     precision: str  # a resumed job must not mix precisions
+    # a digest of the model directory's files (inference/journal.model_files): a model saved
+    # over in place is another model, whose vectors must not join the first one's ("": an earlier
+    # version's journal, or a model in memory)
+    model_files: str = ""
 
 
 class Job(BaseModel):
