@@ -334,3 +334,22 @@ def test_an_out_that_cannot_be_a_directory_is_named_for_what_it_is(tmp_path, cap
                                                "which does not exist; create it, or give another --out")):
         assert main([*run, out]) == 2
         assert capsys.readouterr().err.strip() == f"error: {said}"  # was "cannot write to --out ...: File exists"
+
+
+@pytest.mark.parametrize("command", ["predict", "embed"])
+def test_ray_flags_need_ray_and_a_range_before_ray_starts(tmp_path, capsys, monkeypatch, command):
+    """Without --ray the --ray-* flags did nothing (this process ran the job); with it, a count of
+    0 was refused only once Ray had started and the model loaded."""
+    import spanflow.ray.job as job
+
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: pytest.fail("Ray started"))
+    texts = tmp_path / "t.txt"
+    texts.write_text("Ada lives in Paris .\n", encoding="utf-8")
+    io = ["--model", str(tmp_path / "none"), "--input", str(texts), "--output", str(tmp_path / "out")]
+    lines = error_lines([command, *io, "--ray-gpus-per-actor", "0.5"], capsys)
+    assert lines == ["error: --ray-gpus-per-actor applies to a job on Ray Data: add --ray (or drop "
+                     "--ray-gpus-per-actor; without --ray this process runs the job)"]
+    assert error_lines([command, *io, "--ray", "--ray-actors", "0"], capsys) == [
+        "error: --ray-actors must be positive, got 0"]
+    assert error_lines([command, *io, "--ray", "--ray-cpus-per-actor", "-1"], capsys) == [
+        "error: --ray-cpus-per-actor must be positive, got -1.0"]

@@ -14,7 +14,7 @@ from spanflow.cli.common import (
     resume_hint,
     job_status,
 )
-from spanflow.ray.cli import add_ray_args, run_ray
+from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
 
 
 def add_parser(sub) -> None:
@@ -66,6 +66,7 @@ def run(a: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("spanflow embed runs as one process, not sharded over torchrun ranks; to spread a job "
                           "over devices or machines use --ray (docs/ray.md)")
+    check_ray_args(a)  # before Ray starts or a model loads
     check_model_for(a.model, "embed")  # a model of another task is named, before any model loads
     check_window_floor(a.max_length, None)  # the model's own limit is checked once it is loaded
     check_input(a)

@@ -6,7 +6,7 @@ import functools
 
 from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, check_window_args, cut_line,
                                  job_status, resume_hint)
-from spanflow.ray.cli import add_ray_args, run_ray
+from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
 
 
 def add_parser(sub) -> None:
@@ -47,6 +47,7 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.tasks.registry import task_of_dir
 
     check_input(a)
+    check_ray_args(a)  # before Ray starts or a model loads
     check_window_args(a.model, a.max_length, a.stride)  # before the model loads
     task = task_of_dir(a.model)
     if a.ray is not None:  # its output is a directory of Parquet files, checked there

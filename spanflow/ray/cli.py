@@ -28,6 +28,22 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
                         "the cluster has GPUs]")
 
 
+RAY_FLAGS = {"ray_actors": "--ray-actors", "ray_cpus_per_actor": "--ray-cpus-per-actor",
+             "ray_gpus_per_actor": "--ray-gpus-per-actor"}
+
+
+def check_ray_args(a: argparse.Namespace) -> None:
+    """The --ray-* flags checked before Ray starts or a model loads: each applies with --ray only
+    (without it, the job ran in this process and the flag did nothing), and each within its range."""
+    given = [flag for dest, flag in RAY_FLAGS.items() if getattr(a, dest, None) is not None]
+    if given and a.ray is None:
+        raise ConfigError(f"{given[0]} applies to a job on Ray Data: add --ray (or drop {given[0]}; without --ray "
+                          "this process runs the job)")
+    from spanflow.ray.resources import check_asked
+
+    check_asked(a.ray_actors, a.ray_cpus_per_actor, a.ray_gpus_per_actor)
+
+
 def _keep(value) -> tuple[str, ...]:
     if not value:
         return ()

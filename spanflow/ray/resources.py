@@ -55,15 +55,20 @@ class Actors:
                 + (f", {self.threads} threads" if self.threads != max(1, int(self.cpus)) else ""))
 
 
+def check_asked(count: int | None, cpus: float | None, gpus: float | None) -> None:
+    """A ConfigError for an actor count, or CPUs or GPUs an actor reserves, that no pool can have."""
+    for name, value in (("--ray-actors", count), ("--ray-cpus-per-actor", cpus)):
+        if value is not None and not value > 0:  # NaN too
+            raise ConfigError(f"{name} must be positive, got {value}")
+    if gpus is not None and not gpus >= 0:
+        raise ConfigError(f"--ray-gpus-per-actor must be 0 or more, got {gpus}")
+
+
 def plan_actors(nodes: list[dict], *, count: int | None = None, cpus: float | None = None,
                 gpus: float | None = None, device: str = "auto") -> Actors:
     """The actor pool for `nodes` (each alive node's resources: {"CPU": n, "GPU": n}); `count`,
     `cpus`, `gpus`: what was asked (None: follow the cluster); `device`: the --device asked."""
-    for name, value in (("--ray-actors", count), ("--ray-cpus-per-actor", cpus)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{name} must be positive, got {value}")
-    if gpus is not None and gpus < 0:
-        raise ConfigError(f"--ray-gpus-per-actor must be 0 or more, got {gpus}")
+    check_asked(count, cpus, gpus)
     on_gpu = device == "auto" or device.startswith("cuda")
     total_gpus = sum(n.get("GPU", 0) for n in nodes)
     use_gpus = gpus if gpus is not None else (1.0 if total_gpus and on_gpu else 0.0)
