@@ -71,6 +71,8 @@ def test_pandas_and_numpy_batches_come_back_as_themselves_with_the_same_rows(ner
     assert p(pa.table({"text": pa.array([], pa.string())})).column_names == ["text", "entities", "error"]
     cats = p(pa.table({"text": pa.array(TEXTS).dictionary_encode()}))  # a categorical column (was a crash)
     assert cats["entities"].to_pylist() == want
+    for kind in (pa.large_string(), getattr(pa, "string_view", pa.string)()):  # other string layouts, as the CLI
+        assert p(pa.table({"text": pa.array(TEXTS).cast(kind)}))["entities"].to_pylist() == want  # takes them
 
 
 def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):

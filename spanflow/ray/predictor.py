@@ -12,8 +12,6 @@ from typing import Any
 
 from spanflow.errors import ConfigError, as_path
 
-STRINGS = ("string", "large_string", "null")  # Arrow types a text column may have (null: all missing)
-
 
 class Predictor:
     """Runs a spanflow model directory (NER, relations, or an encoder: embeddings) over the text
@@ -136,10 +134,10 @@ def _surrogate(text: str) -> int | None:
 def _arrow_texts(col, column: str) -> tuple[list[str | None], list[str | None]]:
     import pyarrow as pa
 
-    from spanflow.data.tables import readable_strings
+    from spanflow.data.tables import holds_texts, readable_strings
 
     kind = col.type.value_type if pa.types.is_dictionary(col.type) else col.type  # a categorical column's values
-    if str(kind) not in STRINGS:
+    if not holds_texts(kind):  # strings of any layout (views too, as the CLI takes), or all null
         raise ConfigError(f"column {column!r} holds {kind}, not strings", field="column")
     arr, bad = readable_strings(col)
     texts = arr.to_pylist()
