@@ -594,3 +594,22 @@ def test_a_resume_with_another_loss_or_data_kind_names_it_first(tmp_path, capsys
     train_embedder(scored, None, model="tiny", out_dir=str(tmp_path / "r"),
                    options=TrainOptions(**opts, max_steps=2, resume=True), log_fn=lines.append)
     assert any(x.startswith("resumed from") for x in lines)
+
+
+def test_matryoshka_always_trains_the_whole_vector(tmp_path, monkeypatch):
+    """Sizes that leave out the model's own left the full embedding (what embed and the server give
+    by default) out of the loss: it is added, and said."""
+    import spanflow.tasks.embed.train as t
+
+    asked = []
+    monkeypatch.setattr(t, "matryoshka", lambda loss, dims: asked.append(list(dims)) or loss)
+    for dims in ((8, 4), None):
+        lines = []
+        model = train_embedder(codes(40, 1), None, model="tiny", out_dir=str(tmp_path / str(dims)),
+                               options=TrainOptions(max_steps=1, log_every=0, patience=0),
+                               config=EmbedTraining(matryoshka_dims=dims), log_fn=lines.append)
+        if dims:
+            assert asked == [[model.dim, 8, 4]]
+            assert any(f"Matryoshka dims [{model.dim}, 8, 4] ({model.dim}, the whole vector, added);" in x
+                       for x in lines), lines
+    assert len(asked) == 1  # none asked: no Matryoshka loss

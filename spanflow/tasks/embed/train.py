@@ -325,18 +325,23 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
             raise ConfigError("--loss angle reads each embedding as complex numbers: it needs even sizes "
                               f"(the model's {emb.dim}{f', --matryoshka-dims {list(dims)}' if dims else ''})",
                               field="loss")
-        fn = matryoshka(loss, sorted(set(dims), reverse=True)) if dims else loss
+        # the whole vector is always trained: a size list without it left the full embedding (what
+        # embed and the server give unless asked for fewer dimensions) out of the loss
+        added = bool(dims) and emb.dim not in dims
+        dims = sorted({*dims, emb.dim}, reverse=True) if dims else None
+        fn = matryoshka(loss, dims) if dims else loss
         items, cut = items_of(emb, train, scored=name in SCORED_LOSSES)
         what = "scored training pairs" if name in SCORED_LOSSES else (
             "training triplets" if train[0].negative is not None else "training pairs")
         run.log(f"{len(train)} {what}; {NAMES[name]}{' (symmetric)' if config.symmetric else ''}"
-                f"{f', Matryoshka dims {list(dims)}' if dims else ''}; {emb.module.pooling.mode} pooling, "
+                f"{f', Matryoshka dims {dims}' if dims else ''}"
+                f"{f' ({emb.dim}, the whole vector, added)' if added else ''}; {emb.module.pooling.mode} pooling, "
                 f"max length {emb.max_length}" + (f" ({cut} texts longer, cut there)" if cut else ""))
         table = DEFAULTS if name in SCORED_LOSSES else RANKING_DEFAULTS
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
         kind = "scored pairs" if train[0].score is not None else "triplets" if train[0].negative is not None else "pairs"
         course = {"training data of": kind, "--loss": name, "--symmetric": config.symmetric,
-                  "--matryoshka-dims": sorted(set(dims), reverse=True) if dims else None,  # as the loss reads them
+                  "--matryoshka-dims": dims,  # as the loss reads them
                   "--pairs-per-step": config.pairs_per_step}
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
