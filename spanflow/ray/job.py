@@ -92,7 +92,9 @@ def connected(address: str) -> Iterator[object]:
 
     ours = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
-        ray.init(address=None if address == "local" else address, include_dashboard=False)
+        # the driver's own INFO lines ("Started a local Ray instance") off the terminal, as Ray Data's
+        ray.init(address=None if address == "local" else address, include_dashboard=False,
+                 logging_level=logging.WARNING)
         if ours is not None:  # ray.init puts its own in (a stack dump, exit 15): SIGTERM ends the job as Ctrl-C
             signal.signal(signal.SIGTERM, ours)
     except (ConnectionError, ValueError) as e:  # no cluster there; an address Ray cannot parse
@@ -374,13 +376,15 @@ def _held_errors() -> Iterator[list]:
     """Ray Data's error records for the terminal, held back while the job runs and printed at
     its end, unless the caller clears what it is given: a job failing with a SpanflowError
     or an OSError raises it as itself, and Ray Data's tracebacks of it (one calling it "internal
-    code" that should be reported to Ray) would bury its one line. Its log file keeps them."""
+    code" that should be reported to Ray) would bury its one line. Its INFO records (the plan,
+    the progress every few seconds: 30 lines for a job of seconds) stay off the terminal, whose
+    job lines are the actors' and the summary. Its log file keeps them all."""
     held = _Held()
 
     class Hold(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.levelno < logging.ERROR:
-                return True
+                return record.levelno >= logging.WARNING
             held.keep(record)
             return False
 
