@@ -372,6 +372,11 @@ def test_the_timeout_counts_from_the_start_of_the_request(model_dirs, monkeypatc
     with client({"emb": model_dirs["emb"]}, timeout=30) as c:
         r = c.post("/v1/embeddings", json={"input": "Grace flew to Oslo"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+    assert r.json()["error"]["message"].startswith("request not served within 30s;")
+    ticks = iter(range(0, 10**6, 20))
+    with client({"emb": model_dirs["emb"]}, timeout=0.5) as c:  # a fraction of a second said as given ("0s")
+        r = c.post("/v1/embeddings", json={"input": "Grace flew to Oslo"})
+    assert r.status_code == 504 and r.json()["error"]["message"].startswith("request not served within 0.5s;")
 
 
 def test_a_large_request_whose_client_goes_is_dropped_from_the_queue():

@@ -199,7 +199,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             except TooMuchWork as e:
                 raise HttpError(413, f"{e} (--timeout {opts.timeout:g})") from None
             except asyncio.TimeoutError:
-                raise HttpError(504, f"request not served within {opts.timeout:.0f}s; its queued work was "
+                raise HttpError(504, f"request not served within {opts.timeout:g}s; its queued work was "
                                      "dropped") from None
             except ClientGone:  # no one reads the answer; the status counts it in /metrics
                 return Response(status_code=499)
