@@ -189,8 +189,8 @@ def test_paths_and_pairs_of_the_wrong_type_are_named(ner, emb, tmp_path):
     ("precision", "bfloat16", "unknown precision 'bfloat16'; expected one of auto, fp32, bf16, fp16"),
     ("precision", "int8", "int8 is a quantization, not a precision: use --quantize int8 (embed, serve and tune, "
                           "CPU; Python: quantize=\"int8\")"),
-    ("device", "gpu", "TrainOptions.device gpu: not a device name; use auto, cpu, cuda, cuda:N or mps"),
-    ("device", "meta", "TrainOptions.device meta: spanflow runs on auto, cpu, cuda, cuda:N or mps"),
+    ("device", "gpu", "TrainOptions.device='gpu': not a device name; use auto, cpu, cuda, cuda:N or mps"),
+    ("device", "meta", "TrainOptions.device='meta': spanflow runs on auto, cpu, cuda, cuda:N or mps"),
 ])
 def test_train_options_check_their_types(field, value, said):
     with pytest.raises(ConfigError) as e:
@@ -400,6 +400,11 @@ def test_an_option_out_of_range_names_the_field_in_the_api_and_the_flag_on_the_c
 
     with pytest.raises(ConfigError, match=r"^TrainOptions.max_tokens must be >= 1, got 0$"):
         TrainOptions(max_tokens=0)
+    from spanflow.tasks.embed.train import EmbedTraining
+
+    with pytest.raises(ConfigError, match=r"^EmbedTraining.pairs_per_step must be >= 2, got 1$") as e:
+        EmbedTraining(pairs_per_step=1)
+    assert e.value.cli == "--pairs-per-step must be >= 2, got 1" and e.value.field == "pairs_per_step"
     data = tmp_path / "t.conll"
     data.write_text("Ada B-PER\nsmiled O\n", encoding="utf-8")
     capsys.readouterr()

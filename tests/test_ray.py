@@ -635,7 +635,7 @@ def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_a
     ray_data.addHandler(terminal)
     try:
         with _held_errors() as held:
-            inner.info("progress")  # the plan and progress (30 lines a job of seconds): the log file's only
+            inner.info("plan")  # the plan and progress (30 lines a job of seconds): the log file's only
             inner.warning("progress")
             inner.error("Exception occurred in Ray Data or Ray Core internal code")
             assert out.getvalue() == "progress\n"  # warnings shown as they come, errors held

@@ -175,7 +175,7 @@ def test_a_missing_extra_is_named_before_training(name, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(report_to.importlib.util, "find_spec",
                         lambda mod, *a: None if mod in ("tensorboard", "mlflow") else real(mod, *a))
-    with pytest.raises(ConfigError, match=rf"--report-to {name} needs {name}, which is not installed: "
+    with pytest.raises(ConfigError, match=rf"^TrainOptions.report_to='{name}' needs {name}, which is not installed: "
                                           rf"pip install 'spanflow\[{name}\]'"):
         TrainOptions(report_to=name)
     assert report_to.resolve(TrainOptions(report_to="all").report_to) == []  # `all`: only what is installed

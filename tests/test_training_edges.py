@@ -152,7 +152,8 @@ def test_weights_gone_non_finite_before_the_first_evaluation_are_never_kept_as_t
 def test_options_out_of_every_range_are_refused_when_made(field, value, message):
     with pytest.raises(ConfigError) as e:
         TrainOptions(**{field: value})
-    assert str(e.value) == message
+    flag = "--" + field.replace("_", "-")  # the command line says the flag; the Python API names the field
+    assert e.value.cli == message and str(e.value) == f"TrainOptions.{field}{message[len(flag):]}"
 
 
 def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):

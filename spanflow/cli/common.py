@@ -230,6 +230,7 @@ def check_window_args(model: str, max_length: int | None, stride: int | None) ->
         return
     cfg = read_model_config(model)
     length = max_length if max_length is not None else cfg.get("max_length")
+    stride = stride if cfg.get("task") == "ner" else None  # another task's model says it takes none, once loaded
     if isinstance(cfg.get("limit"), int) and isinstance(length, int):
         check_window(length, stride or 0, cfg["limit"])
 

@@ -58,10 +58,10 @@ class Actors:
 def check_asked(count: int | None, cpus: float | None, gpus: float | None) -> None:
     """A ConfigError for an actor count, or CPUs or GPUs an actor reserves, that no pool can have."""
     for name, value in (("--ray-actors", count), ("--ray-cpus-per-actor", cpus)):
-        if value is not None and not value > 0:  # NaN too
-            raise ConfigError(f"{name} must be positive, got {value}")
-    if gpus is not None and not gpus >= 0:
-        raise ConfigError(f"--ray-gpus-per-actor must be 0 or more, got {gpus}")
+        if value is not None and not 0 < value < math.inf:  # NaN too
+            raise ConfigError(f"{name} must be a positive number, got {value}")
+    if gpus is not None and not 0 <= gpus < math.inf:
+        raise ConfigError(f"--ray-gpus-per-actor must be a number, 0 or more, got {gpus}")
 
 
 def plan_actors(nodes: list[dict], *, count: int | None = None, cpus: float | None = None,

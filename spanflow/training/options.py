@@ -241,14 +241,25 @@ def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> Trai
 
 def in_api_words(e, options):
     """`e` (a ConfigError that names flags: --max-tokens) with its text naming the fields of
-    `options` as the Python API sets them (TrainOptions.max_tokens); its `cli` keeps the flags,
-    which the command line says."""
+    `options` as the Python API sets them (TrainOptions.max_tokens; a flag followed by the value
+    given, TrainOptions.device='gpu'); its `cli` keeps the flags, which the command line says,
+    and its `field` is the first field named where it had none."""
     import re
 
     from spanflow.errors import ConfigError
 
-    names, cls = {f.name for f in dataclasses.fields(options)}, type(options).__name__
+    names, cls, named = {f.name for f in dataclasses.fields(options)}, type(options).__name__, []
+
+    def field(m: re.Match) -> str:
+        name = m[1].replace("-", "_")
+        if name not in names:
+            return m[0]
+        named.append(name)
+        value, given = getattr(options, name), (m[2] or " ")[1:]
+        if given and (given == value or isinstance(value, (list, tuple)) and given in value):  # the value given
+            return f"{cls}.{name}={given!r}"
+        return f"{cls}.{name}{m[2] or ''}"
+
     flags = str(e)
-    api = re.sub(r"--([a-z][a-z0-9-]*)",
-                 lambda m: f"{cls}.{m[1].replace('-', '_')}" if m[1].replace("-", "_") in names else m[0], flags)
-    return ConfigError(api, field=e.field, cli=flags if api != flags else None)
+    api = re.sub(r"--([a-z][a-z0-9-]*)( [^ :,;]+)?", field, flags)
+    return ConfigError(api, field=e.field or (named[0] if named else None), cli=flags if api != flags else None)

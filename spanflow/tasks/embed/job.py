@@ -208,6 +208,8 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
 
 
 def _same_value(key: str, was, now) -> bool:
+    """Whether a journaled setting is the one given now; paths (absolute in a journal of this
+    version, as typed in an earlier one's) as the files they name."""
     if key in ("input", "output", "model") and was and now:
         return os.path.abspath(was) == os.path.abspath(now)
     return was == now
@@ -288,8 +290,11 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
            log) -> tuple[Job, Stats]:
     """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, stats)."""
     # the length texts are cut at as run (the model's own where none was asked): what a resume must match
-    ident = JobIdentity(**{**spec.model_dump(), "max_length": embedder.max_length}, format=fmt, dim=embedder.dim,
-                        precision=embedder.precision_name, model_files=model_files(spec.model))
+    # paths as the files they name: a resume from another directory names them otherwise
+    paths = {k: os.path.abspath(v) for k, v in (("input", spec.input), ("output", spec.output), ("model", spec.model))
+             if v}
+    ident = JobIdentity(**{**spec.model_dump(), **paths, "max_length": embedder.max_length}, format=fmt,
+                        dim=embedder.dim, precision=embedder.precision_name, model_files=model_files(spec.model))
     if resume and not _resumes(P, fmt):  # finished, or never begun: said, as the whole input is embedded again
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume)

@@ -26,7 +26,7 @@ from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
 from spanflow.training.defaults import TaskDefaults, for_encoder, update_tokens
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions, check_options, check_types
+from spanflow.training.options import TrainOptions, check_options, check_types, in_api_words
 from spanflow.training.setup import Run
 
 # the rates are at REFERENCE_TOKENS padded tokens per update and follow the update size
@@ -57,6 +57,14 @@ class EmbedTraining:
     pairs_per_step: int | None = None  # ranking: pairs per optimizer update (the negatives' pool)
 
     def __post_init__(self):
+        """Checked as TrainOptions are: an error names the field (EmbedTraining.loss), the
+        command line the flag."""
+        try:
+            self._check()
+        except ConfigError as e:
+            raise in_api_words(e, self) from None
+
+    def _check(self) -> None:
         check_types(self, skip=("matryoshka_dims",))
         dims = self.matryoshka_dims
         if dims is not None and not (isinstance(dims, (tuple, list)) and all(
@@ -327,7 +335,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                               field="loss")
         # the whole vector is always trained: a size list without it left the full embedding (what
         # embed and the server give unless asked for fewer dimensions) out of the loss
-        added = bool(dims) and emb.dim not in dims
+        asked = sorted(set(dims), reverse=True) if dims else None  # a resume compares these (the model's own is
+        added = bool(dims) and emb.dim not in dims                  # added alike to both runs)
         dims = sorted({*dims, emb.dim}, reverse=True) if dims else None
         fn = matryoshka(loss, dims) if dims else loss
         items, cut = items_of(emb, train, scored=name in SCORED_LOSSES)
@@ -341,7 +350,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
         kind = "scored pairs" if train[0].score is not None else "triplets" if train[0].negative is not None else "pairs"
         course = {"training data of": kind, "--loss": name, "--symmetric": config.symmetric,
-                  "--matryoshka-dims": dims,  # as the loss reads them
+                  "--matryoshka-dims": asked,
                   "--pairs-per-step": config.pairs_per_step}
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,

@@ -139,7 +139,8 @@ def _load(model: str, max_tokens, device: str, precision: str):
             message = message.replace(flag, f"config {key!r}")
         raise ConfigError(f"spanflow_ner: {message}", field=e.field) from e
     except ModelDirError as e:
-        where = "" if os.path.isabs(model) else f" (a relative path, taken from {os.getcwd()})"
+        missing = not os.path.exists(model) and not os.path.isabs(model)
+        where = f" (a relative path, taken from {os.getcwd()})" if missing else ""
         raise ModelDirError(f"spanflow_ner: {e}{where}") from e
     if ner.task != "ner":
         raise ConfigError(f"spanflow_ner runs NER models; {model} holds a {ner.task!r} model", field="model")
