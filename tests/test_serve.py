@@ -163,6 +163,17 @@ def test_api_key(model_dirs):
         warnings.simplefilter("error")  # the schema's operation ids are unique: no warning at the first /docs
         paths = c.get("/openapi.json").json()["paths"]
         assert set(paths["/health"]) == {"get"} and set(paths["/ready"]) == {"get"}
+    # each route's body is in the schema (the handlers read the raw body: /docs could send none, and a
+    # generated client had no types)
+    with client(model_dirs) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+    body = lambda route: paths[route]["post"]["requestBody"]["content"]["application/json"]["schema"]  # noqa: E731
+    ner, emb = body("/v1/ner"), body("/v1/embeddings")
+    assert ner["required"] == ["texts"] and set(ner["properties"]) == {"texts", "model"}
+    assert ner["additionalProperties"] is False and emb["required"] == ["input"]
+    assert set(emb["properties"]) == {"input", "model", "encoding_format", "dimensions", "user"}
+    assert emb["properties"]["encoding_format"]["enum"] == ["float", "base64"]
+    assert emb["properties"]["dimensions"]["type"] == "integer"
 
 
 def test_served_crf_model_decodes_like_predict(tmp_path):

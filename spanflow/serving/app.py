@@ -24,7 +24,7 @@ from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
 from spanflow.serving.guard import Guard, error_body
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
-from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body
+from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body, request_schema
 from spanflow.serving.services import Service, check_names
 from spanflow.tasks.registry import tasks as all_tasks
 
@@ -213,7 +213,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     for task in {s.task.name: s.task for s in services}.values():
         if task.route:
-            app.post(task.route)(route(task))
+            body = {"required": True, "content": {"application/json": {"schema": request_schema(task)}}}
+            app.post(task.route, openapi_extra={"requestBody": body})(route(task))
 
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(Guard, api_key=opts.api_key, routes=routes,

@@ -134,3 +134,16 @@ def read_body(body: dict, field: str, limits: Limits, options: tuple[str, ...] |
     if not req.texts and field in NOT_EMPTY:
         raise InvalidRequest(f"'{field}' is an empty list: send at least one text {ROUTE_FIELDS[field]}", field)
     return req
+
+
+def request_schema(task) -> dict:
+    """The JSON schema of a task route's body, for /openapi.json (the handlers read the raw body,
+    so the framework cannot derive it): the texts in the task's own field, `model`, and the task's
+    own options (`Task.request_schema()`, their properties); any other field is refused (422)."""
+    field = task.request_field
+    texts = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
+             "description": "a text, or a list of texts"}
+    model = {"type": "string", "description": "the served model's name (any, where one model of the task is served)"}
+    options = task.request_schema() if hasattr(task, "request_schema") else {}
+    return {"type": "object", "title": f"{task.name} request", "required": [field],
+            "properties": {field: texts, "model": model, **options}, "additionalProperties": False}

@@ -110,7 +110,8 @@ class Task(Protocol):
     # optional members: claims(path) -> bool, for directories without spanflow.json that the task
     # loads (checked before they are taken for encoders); request_params(model, body) -> dict for
     # the server, reading the body's `request_options` (the names of the fields it takes beyond the
-    # texts and the model; where given, a body with another field is refused); export(model, to,
+    # texts and the model; where given, a body with another field is refused) and request_schema()
+    # -> dict, their JSON schema properties (the server's /openapi.json); export(model, to,
     # out, log_fn) and `exports`, the formats `spanflow export` writes
     # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`: a
     # string, or a function of the model's path);

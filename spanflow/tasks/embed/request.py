@@ -29,7 +29,7 @@ class EmbedOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     encoding_format: EncodingFormat = "float"
-    dimensions: int | None = None
+    dimensions: int | None = Field(None, json_schema_extra={"type": "integer", "minimum": 1})
     user: expect(Annotated[str, Field(strict=True)], "a string") | None = None
 
     @field_validator("dimensions", mode="plain")

@@ -145,6 +145,13 @@ class EmbedTask:
 
     request_options = ("encoding_format", "dimensions", "user")  # OpenAI's; any other field is refused
 
+    def request_schema(self) -> dict:
+        """The JSON schema properties of the options above (the server's /openapi.json)."""
+        from spanflow.tasks.embed.request import EmbedOptions
+
+        props = EmbedOptions.model_json_schema()["properties"]
+        return {k: props[k] for k in self.request_options}
+
     def request_params(self, model: Embedder, body: dict) -> dict:
         """OpenAI's embeddings options: `encoding_format` float|base64, `dimensions` (truncate, then
         renormalise), `user` (accepted, unused); the schema is tasks/embed/request.py."""
