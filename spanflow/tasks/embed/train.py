@@ -335,8 +335,9 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                               field="loss")
         # the whole vector is always trained: a size list without it left the full embedding (what
         # embed and the server give unless asked for fewer dimensions) out of the loss
-        asked = sorted(set(dims), reverse=True) if dims else None  # a resume compares these (the model's own is
-        added = bool(dims) and emb.dim not in dims                  # added alike to both runs)
+        # a resume compares the sizes asked (the model's own is added alike to both runs)
+        asked = sorted(set(dims), reverse=True) if dims else None
+        added = bool(dims) and emb.dim not in dims
         dims = sorted({*dims, emb.dim}, reverse=True) if dims else None
         fn = matryoshka(loss, dims) if dims else loss
         items, cut = items_of(emb, train, scored=name in SCORED_LOSSES)
