@@ -57,11 +57,12 @@ def _flags_before_end(args: list[str]) -> list[str]:
 
 # the flags of other tools (transformers' Trainer and scripts, sentence-transformers, spaCy) -> what
 # stands for them here; a hint names the first one the command takes
+BUDGET = ("--max-tokens", "a token budget: padded tokens per batch")
 PEER_FLAGS = {
-    "--batch-size": ("--max-tokens", "a token budget: padded tokens per batch, not a count of texts"),
-    "--per-device-train-batch-size": ("--max-tokens", "a token budget: padded tokens per batch"),
-    "--per-device-eval-batch-size": ("--max-tokens", "a token budget: padded tokens per batch"),
-    "--train-batch-size": ("--max-tokens", "a token budget: padded tokens per batch"),
+    "--batch-size": (BUDGET[0], f"{BUDGET[1]}, not a count of texts"),
+    "--per-device-train-batch-size": BUDGET,
+    "--per-device-eval-batch-size": BUDGET,
+    "--train-batch-size": BUDGET,
     "--learning-rate": ("--lr", None),
     "--num-train-epochs": ("--epochs", None),
     "--num-epochs": ("--epochs", None),

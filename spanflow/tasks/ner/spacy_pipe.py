@@ -25,6 +25,11 @@ from spacy.language import Language
 log = logging.getLogger("spanflow")
 ALIGNMENTS = ("expand", "contract", "strict")  # spaCy's alignment modes of Doc.char_span
 CONFIG_FLAGS = {"--max-tokens": "max_tokens", "--device": "device", "--precision": "precision"}
+OFF = "did not end on spaCy token boundaries and were"
+# what each of the component's counts (_counts' order) says of the entities it counts
+COUNTED = (f"{OFF} expanded to the tokens around them", f"{OFF} contracted to the tokens inside them",
+           f"{OFF} left out (alignment {{}})", "overlapped another entity (the model's or one set before it) and "
+           "were left out")
 
 
 def _one_thread_after_fork() -> None:
@@ -83,11 +88,8 @@ class SpanflowNer:
             for doc, spans in zip(chunk, results):
                 self._set_ents(doc, spans)
                 yield doc
-            said = [f"{n} {what}" for n, what in zip((a - b for a, b in zip(self._counts(), before)), (
-                "did not end on spaCy token boundaries and were expanded to the tokens around them",
-                "did not end on spaCy token boundaries and were contracted to the tokens inside them",
-                "did not end on spaCy token boundaries and were left out (alignment " + self.alignment + ")",
-                "overlapped another entity (the model's or one set before it) and were left out")) if n]
+            grown = [now - was for now, was in zip(self._counts(), before)]
+            said = [f"{n} {what.format(self.alignment)}" for n, what in zip(grown, COUNTED) if n]
             if said:
                 log.warning("%s: of the model's entities, %s", self.name, "; ".join(said))
 
