@@ -91,6 +91,30 @@ def test_bioes_iob1_and_extra_columns(tmp_path):
     assert read_ner(p)[0].entities() == [("A B", "X"), ("C", "Y")]
 
 
+def test_iob1_is_told_by_where_its_b_tags_stand(tmp_path, caplog):
+    iob1 = "EU\tI-ORG\nrejects\tO\nGerman\tI-MISC\n\nIn\tO\nGermany\tI-LOC\nFrance\tB-LOC\nand\tO\nSpain\tI-LOC\n"
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        ex = read_ner(write(tmp_path, "iob1.conll", iob1), strict=True)  # nothing to repair: IOB1 is read as IOB1
+    assert [e.entities() for e in ex] == [[("EU", "ORG"), ("German", "MISC")],
+                                          [("Germany", "LOC"), ("France", "LOC"), ("Spain", "LOC")]]
+    assert "inside tag" not in caplog.text
+    bio = "EU\tB-ORG\nrejects\tO\nGerman\tI-MISC\n"  # a B- after O: BIO, whose stray I- is repaired
+    with pytest.raises(DataError, match="follows no B-MISC"):
+        read_ner(write(tmp_path, "bio.conll", bio), strict=True)
+
+
+def test_a_tag_of_another_scheme_names_the_line_the_file_s_scheme_was_told_by(tmp_path, caplog):
+    p = write(tmp_path, "mix.conll", "Grace\tB-PER\nHopper\tI-PER\n\nBei\tB-LOC\njing\tM-LOC\nx\tE-LOC\n")
+    with pytest.raises(DataError, match=r"not valid in the BMES scheme \(the file reads as BMES from line 5's "
+                                        r"'M-LOC'") as e:
+        read_ner(p)
+    assert e.value.line == 2
+    stray = write(tmp_path, "s.conll", "Grace\tB-PER\nHopper\tI-PER\n\nOslo\tS-LOC\n")  # BIO with one S-
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        read_ner(stray)
+    assert "reads as BIOES from line 4's 'S-LOC'" in caplog.text
+
+
 def test_mixed_cjk_and_latin_join():
     text, offs = join_tokens(["我", "爱", "Python", "和", "北京"])
     assert text == "我爱 Python 和北京"
@@ -100,7 +124,7 @@ def test_mixed_cjk_and_latin_join():
 def test_a_conll_file_of_document_marks_alone_is_not_called_empty(tmp_path):
     with pytest.raises(DataError, match=r"d\.conll: holds no sentences, only -DOCSTART- lines$"):
         read_ner(write(tmp_path, "d.conll", "-DOCSTART- O\n\n-DOCSTART- O\n"))
-    with pytest.raises(DataError, match=r"e\.conll: file is empty$"):
+    with pytest.raises(DataError, match=r"e\.conll: file is empty: no sentences found$"):
         read_ner(write(tmp_path, "e.conll", "\n \n"))
 
 
@@ -161,6 +185,18 @@ def test_a_tab_or_space_after_the_last_column_ends_it(tmp_path):
     assert [e.entities() for e in read_ner(p)] == [[("Grace Hopper", "PER")], [("Oslo", "LOC")]]
 
 
+def test_spaces_around_a_tab_pad_the_columns_and_stay_out_of_tokens(tmp_path):
+    p = write(tmp_path, "pad.conll", "Grace \tB-PER\n Hopper\t I-PER\nNew York \t B-LOC\n")
+    (ex,) = read_ner(p)
+    assert ex.text == "Grace Hopper New York"  # a token's inner space stays
+    assert ex.entities() == [("Grace Hopper", "PER"), ("New York", "LOC")]
+
+
+def test_a_conll_file_whose_first_token_is_a_brace_reads_as_conll(tmp_path):
+    (ex,) = read_ner(write(tmp_path, "brace.conll", "{\tO\nGrace\tB-PER\n}\tO\n"))
+    assert ex.text == "{ Grace }" and ex.entities() == [("Grace", "PER")]
+
+
 def test_bio_scheme_rejects_bmes_tags(tmp_path):
     p = write(tmp_path, "b.conll", "a B-PER\nb M-PER\n")
     with pytest.raises(DataError, match="not valid in the BIO scheme"):
@@ -191,7 +227,8 @@ def test_jsonl_both_entity_shapes(tmp_path):
 @pytest.mark.parametrize("rec,needle", [
     ('{"text": "abc", "entities": [[0, 9, "X"]]}', "out of range"),
     ('{"text": "abcdef", "entities": [[0, 4, "X"], [2, 5, "Y"]]}', "overlap"),
-    ('{"text": "abc", "entities": [[2, 1, "X"]]}', "out of range"),
+    ('{"text": "abc", "entities": [[2, 1, "X"]]}', "is reversed: its end must come after its start"),
+    ('{"text": "abc", "entities": [[1, 1, "X"]]}', "is empty"),
     ('{"text": "abc", "entities": [{"start": 0}]}', "lacks 'end'"),
     ('{"txt": "abc"}', 'string "text"'),
     ('{"text": "abc", ', "invalid JSON"),
@@ -201,6 +238,16 @@ def test_jsonl_errors(tmp_path, rec, needle):
     with pytest.raises(DataError) as e:
         read_ner(p)
     assert needle in str(e.value) and e.value.line == 2
+
+
+def test_an_entity_whose_own_text_is_not_what_its_offsets_cut_is_refused(tmp_path):
+    ok = {"text": "José at Hooli", "entities": [{"start": 8, "end": 13, "label": "ORG", "text": "Hooli"}]}
+    bytes_counted = {"text": "José at Hooli now", "entities": [{"start": 9, "end": 14, "label": "ORG", "text": "Hooli"}]}
+    assert read_ner(write(tmp_path, "ok.jsonl", json.dumps(ok) + "\n"))[0].entities() == [("Hooli", "ORG")]
+    p = write(tmp_path, "b.jsonl", json.dumps(ok) + "\n" + json.dumps(bytes_counted) + "\n")
+    with pytest.raises(DataError, match=r"holds 'ooli ' but its \"text\" says 'Hooli'; 'Hooli' is at \[8, 13\]") as e:
+        read_ner(p)
+    assert e.value.line == 2 and "not bytes" in str(e.value)
 
 
 def test_read_texts_plain_and_error_records(tmp_path):

@@ -100,6 +100,20 @@ def test_dev_labels_missing_from_train_are_named(tmp_path, capsys):
     assert "none of the --dev labels occurs in --train (ALIEN, ROBOT)" in out
 
 
+def test_names_alike_but_for_case_or_space_and_one_unseen_dev_label_are_said():
+    from spanflow.training.setup import warn_alike, warn_unseen
+
+    said = []
+    warn_alike({"PER", "Per", "LOC", "ORG ", "ORG", "MISC"}, "labels", said.append)
+    warn_alike({"PER", "LOC"}, "labels", said.append)
+    assert said == ["warning: labels that differ only in case or white space are learned as labels of their own: "
+                    "'ORG' and 'ORG '; 'PER' and 'Per'"]
+    warn_unseen(["LOC", "PER"], {"LOC", "ORG"}, "labels", said.append)
+    warn_unseen(["LOC", "PER"], {"LOC", "ORG", "X"}, "labels", said.append)
+    assert said[1:] == ["warning: 1 --dev label never occurs in --train and counts as a miss: ORG",
+                        "warning: 2 --dev labels never occur in --train and count as misses: ORG, X"]
+
+
 def test_damaged_model_directories_are_one_error_line(trained, tmp_path, capsys):
     d, train, model = trained
     pred = ["--input", train, "--output", str(tmp_path / "p.jsonl")]

@@ -231,3 +231,19 @@ def test_entities_off_the_words_are_named_when_training_starts():
     as_lists = [NerExample(e.text, [list(s) for s in e.spans]) for e in (good, *bad)]  # as the API takes them
     prepare_windows(as_lists, tok, l2i, max_length=32, stride=8, log=said.append)
     assert said[1] == said[0]
+
+
+def test_evaluate_warns_of_gold_entities_no_prediction_can_match():
+    from spanflow.models.encoder import build_tiny
+    from spanflow.runtime.policy import resolve_policy
+
+    texts = ["Grace Hopper works at Hooli", "xGrace works"]
+    enc, tok = build_tiny(texts)
+    model = NerModel(encoder=enc, tokenizer=tok, labels=["ORG", "PER"], limit=32, policy=resolve_policy("fp32", "cpu"))
+    on_words = [NerExample(texts[0], [(0, 12, "PER"), (22, 27, "ORG")])]
+    assert "warnings" not in model.evaluate(on_words)
+    off = [NerExample(texts[0], [(0, 13, "PER"), (22, 27, "ORG")]), NerExample(texts[1], [(1, 6, "PER")])]
+    (said,) = model.evaluate(off)["warnings"]  # a space at the edge, a cut word
+    assert said.startswith("2 of the data's 3 gold entities do not start and end on the words the model tags")
+    assert said.endswith("the first: 'Grace Hopper ' (PER) in 'Grace Hopper works at Hooli' can only be found as "
+                         "'Grace Hopper' (PER)")

@@ -53,8 +53,10 @@ def check_spans(text: str, spans: list[Span]) -> str | None:
             return f"span {quote((s, e, lab))} needs a label that is a non-empty string"
     prev_end, prev = -1, None
     for s, e, lab in sorted(spans):
-        if s < 0 or e > len(text) or s >= e:
+        if s < 0 or e > len(text):
             return f"span {quote((s, e, lab))} is out of range for a text of {len(text)} characters"
+        if s >= e:
+            return f"span {quote((s, e, lab))} is {'empty' if s == e else 'reversed'}: its end must come after its start"
         if s < prev_end:
             return f"spans {prev!r} and {(s, e, lab)!r} overlap"
         prev_end, prev = e, (s, e, lab)

@@ -16,7 +16,7 @@ from spanflow.errors import DataError, as_path
 NER_FORMATS = ("conll", "jsonl", "docbin")
 # how the readers pick a format: what --format's help says, wherever a command takes one
 FORMAT_HELP = ("NER data format [detected from the content; where it leaves doubt, the extension (.jsonl/.json "
-               "JSONL, .spacy DocBin), else the first line]")
+               "JSONL, .spacy DocBin, .conll/.bio/.bmes CoNLL), else the first line]")
 # what each reader takes, by the name sniff gives, and the format it is read as
 NER_SNIFFED = {"conll": "conll", "ner-jsonl": "jsonl", "texts-jsonl": "jsonl", "docbin": "docbin"}
 RE_SNIFFED = {"casrel": "casrel", "re-jsonl": "jsonl", "texts-jsonl": "jsonl"}
@@ -41,8 +41,8 @@ def _format_of(path: str, fmt: str | None, sniffed: dict[str, str], takes: str, 
 
 
 def detect_format(path: str) -> str:
-    """By content (formats/sniff.py), else by extension (.jsonl/.json -> jsonl, .spacy -> docbin),
-    else by the first non-blank line."""
+    """By content (formats/sniff.py), else by extension (.jsonl/.json -> jsonl, .spacy -> docbin,
+    .conll/.bio/.bmes -> conll), else by the first non-blank line."""
     found = sniff(path)
     return NER_SNIFFED.get(found.name if found else "") or _by_name(path)
 
@@ -66,8 +66,8 @@ def _by_name(path: str) -> str:
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
         return "jsonl"
-    if kind == "docbin":
-        return "docbin"
+    if kind in ("docbin", "conll"):  # a .conll file whose first token is "{" is still CoNLL
+        return kind
     for _, line in read_lines(path):
         if line.strip():
             return "jsonl" if line.lstrip().startswith("{") else "conll"

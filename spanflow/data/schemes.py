@@ -25,16 +25,28 @@ def split_tag(tag: str) -> tuple[str, str | None]:
     return "?", None
 
 
-def detect_scheme(tags: list[str]) -> str:
-    """Guess the scheme from the prefixes seen in a whole file."""
-    prefixes = {split_tag(t)[0] for t in tags}
+def detect_scheme(sentences: list[list[str]]) -> str:
+    """Guess the scheme from the tags of a whole file, a list a sentence. IOB1 (CoNLL-2003's own
+    files) starts entities with I- and keeps B- for an entity right after one of its type: a
+    file whose every B-X follows an X tag, and whose I- tags open some entity, is IOB1."""
+    prefixes = {split_tag(t)[0] for tags in sentences for t in tags}
     if "M" in prefixes:
         return "bmes"
     if prefixes & {"E", "S", "L", "U"}:
         return "bioes"
-    if "I" in prefixes and "B" not in prefixes:
-        return "iob1"
-    return "bio"
+    if "I" not in prefixes:
+        return "bio"
+    opened = splitting = False  # an I- tag that opens an entity; a B- tag after another type
+    for tags in sentences:
+        before = None
+        for tag in tags:
+            p, lab = split_tag(tag)
+            if p == "I" and before != lab:
+                opened = True
+            elif p == "B" and before != lab:
+                splitting = True
+            before = lab
+    return "iob1" if opened and not splitting else "bio"
 
 
 def decode_tags(tags: list[str], scheme: str) -> tuple[list[tuple[int, int, str]], list[Repair]]:

@@ -33,8 +33,22 @@ def warn_unseen(trained: list[str], dev: set[str], what: str, log: Callable[[str
         log(f"warning: none of the --dev {what} occurs in --train ({', '.join(unseen[:10])}"
             f"{', ...' if len(unseen) > 10 else ''}): dev F1 will stay 0; check that the two files match")
     else:
-        log(f"warning: {len(unseen)} --dev {what} never occur in --train and count as misses: "
+        said = (f"{what} never occur in --train and count as misses" if len(unseen) > 1 else
+                f"{what[:-1]} never occurs in --train and counts as a miss")
+        log(f"warning: {len(unseen)} --dev {said}: "
             f"{', '.join(unseen[:10])}{', ...' if len(unseen) > 10 else ''}")
+
+
+def warn_alike(names: set[str], what: str, log: Callable[[str], None]) -> None:
+    """One warning line where `what` (labels, relations) differ only in case or white space:
+    each is learned as a type of its own, which is seldom what the data meant."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        groups.setdefault(" ".join(name.split()).casefold(), []).append(name)
+    alike = [g for g in groups.values() if len(g) > 1]
+    if alike:
+        log(f"warning: {what} that differ only in case or white space are learned as {what} of their own: "
+            + "; ".join(" and ".join(repr(n) for n in g) for g in alike[:5]) + ("; ..." if len(alike) > 5 else ""))
 
 
 def check_dev_gold(dev: list | None, gold: Callable[[object], bool], what: str, hint: str = "") -> None:

@@ -32,7 +32,9 @@ def _sentences(path: str):
         line = line.rstrip(" \t")  # a tab or space after the last column ends it, as a newline does
         # columns are apart by tabs or ASCII spaces: a token of other white space (U+3000, the
         # ideographic space of Chinese corpora) is a token
-        cols = line.split("\t") if "\t" in line else [c for c in line.split(" ") if c]
+        # columns padded with spaces around their tabs (`Grace \tB-PER`) lose them: a token's
+        # edges are never ASCII spaces, which would end up inside the text and its spans
+        cols = [c.strip(" ") for c in line.split("\t")] if "\t" in line else [c for c in line.split(" ") if c]
         if cols and cols[0] == "-DOCSTART-":
             continue
         if not cols or not cols[0]:  # the line starts with its tab: a tag and no token
@@ -103,7 +105,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
             if split_tag(tag)[0] == "?":
                 raise DataError(f"unknown tag {quote(tag)}; expected O or a B-/I-/E-/S-/M- prefixed label",
                                 path=path, line=lineno)
-    detected = detect_scheme([t for s in sentences for _, _, t in s])
+    detected = detect_scheme([[t for _, _, t in s] for s in sentences])
+    asked = bool(scheme)
     scheme = _asked_scheme(scheme, detected, path) if scheme else detected
     allowed = _ALLOWED[scheme] + "O"
     examples, repaired, unclosed = [], [], []
@@ -111,7 +114,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
         for lineno, _, tag in sent:
             if split_tag(tag)[0] not in allowed:
                 raise DataError(f"tag {quote(tag)} is not valid in the {scheme.upper()} scheme"
-                                + _suggest(scheme, detected), path=path, line=lineno)
+                                + (_suggest(scheme, detected) if asked else _told_by(sentences, scheme)),
+                                path=path, line=lineno)
         tokens = [tok for _, tok, _ in sent]
         spans, repairs = decode_tags([tag for _, _, tag in sent], scheme)
         if repairs:
@@ -127,8 +131,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
                     path, len(repaired), _lines(repaired))
     if unclosed:
         log.warning("%s: %d entities have no closing E- (or L-) tag and were read as ending at their last tag "
-                    "(lines %s)",
-                    path, len(unclosed), _lines(unclosed))
+                    "(lines %s)%s",
+                    path, len(unclosed), _lines(unclosed), "" if asked else _told_by(sentences, scheme))
     return examples
 
 
@@ -142,6 +146,18 @@ def _asked_scheme(scheme: str, detected: str, path: str) -> str:
         raise DataError(f"unknown tag scheme {scheme!r}; expected one of {', '.join(SCHEMES)} (this file's tags "
                         f"are {detected.upper()}, which is found when the scheme is left out)", path=path)
     return name
+
+
+def _told_by(sentences, scheme: str) -> str:
+    """Which line made the file read as `scheme` (its first tag of that scheme's own), for an
+    error about a tag of another scheme in the same file."""
+    own = {"bmes": "M", "bioes": "ESLU"}.get(scheme, "")
+    for sent in sentences:
+        for lineno, _, tag in sent:
+            if split_tag(tag)[0] in own:
+                return (f" (the file reads as {scheme.upper()} from line {lineno}'s {quote(tag)}: one file holds one "
+                        "scheme; --scheme names it)")
+    return ""
 
 
 def _suggest(asked: str, detected: str) -> str:

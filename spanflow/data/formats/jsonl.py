@@ -20,6 +20,19 @@ def _span(item, path: str, lineno: int):
     raise DataError(f"entity {quote(item)} is neither [start, end, label] nor an object", path=path, line=lineno)
 
 
+def _check_quoted(text: str, raw: list, spans: list, path: str, lineno: int) -> None:
+    """An entity object's own "text" (as predict writes it) against the text its offsets cut:
+    a mismatch means offsets counted in other units (bytes, UTF-16) or from another text."""
+    for item, (start, end, _) in zip(raw, spans):
+        quoted = item.get("text") if isinstance(item, dict) else None
+        if isinstance(quoted, str) and text[start:end] != quoted:
+            at = text.find(quoted)
+            where = f"; {quote(quoted)} is at [{at}, {at + len(quoted)}]" if at >= 0 else ""
+            raise DataError(f"entity [{start}, {end}] holds {quote(text[start:end])} but its \"text\" says "
+                            f"{quote(quoted)}{where}: offsets count characters (code points) of the record's "
+                            "text, not bytes or UTF-16 units", path=path, line=lineno)
+
+
 def parse_record(line: str, path: str, lineno: int) -> dict:
     """Parse one JSON object line, or raise a DataError naming the line."""
     rec = parse_json(line, path, lineno)
@@ -46,6 +59,7 @@ def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
         problem = check_spans(rec["text"], spans)
         if problem:
             raise DataError(problem, path=path, line=lineno)
+        _check_quoted(rec["text"], raw, spans, path, lineno)
         examples.append(NerExample(rec["text"], sorted(spans)))
         for *_, lab in spans:
             first.setdefault(lab, lineno)

@@ -60,11 +60,11 @@ def prepare_windows(examples: list[NerExample], tokenizer, label2id: dict[str, i
                        sep_id=tokenizer.sep_token_id, labels=labels, lines=lines)
 
 
-def warn_moved(examples: list[NerExample], encs: list, labels: list[list[int]], label2id: dict[str, int],
-               log: Callable[[str], None]) -> None:
-    """One warning line where tags on words do not give an example's spans back: a span that
-    starts or ends inside a word (it trains as the whole words it touches), two in one word
-    (they train as one) or one across a line break; with the first such entity."""
+def moved_spans(examples: list[NerExample], encs: list, labels: list[list[int]], label2id: dict[str, int],
+                verb: str = "trains as") -> tuple[int, str | None]:
+    """How many of the examples' spans tags on words do not give back (a span that starts or ends
+    inside a word, two in one word, one across a line break), and the first of them, said with
+    `verb` and what its words give instead."""
     id2label = sorted(label2id, key=label2id.get)
     moved, first = 0, None
     for e, enc, lab in zip(examples, encs, labels):
@@ -74,9 +74,17 @@ def warn_moved(examples: list[NerExample], encs: list, labels: list[list[int]], 
             moved += len(lost)
             if first is None:
                 s, t, kind = lost[0]
-                over = [g for g in got if g[0] < t and s < g[1]]  # what the words it touches train as
-                first = (f"{e.text[s:t]!r} ({kind}) in {e.text[max(0, s - 30):t + 30]!r} trains as "
+                over = [g for g in got if g[0] < t and s < g[1]]  # what the words it touches give
+                first = (f"{e.text[s:t]!r} ({kind}) in {e.text[max(0, s - 30):t + 30]!r} {verb} "
                          + (" and ".join(f"{e.text[a:b]!r} ({k})" for a, b, k in sorted(over)) or "no entity"))
+    return moved, first
+
+
+def warn_moved(examples: list[NerExample], encs: list, labels: list[list[int]], label2id: dict[str, int],
+               log: Callable[[str], None]) -> None:
+    """One warning line where tags on words do not give an example's spans back (moved_spans):
+    they train as the whole words they touch, or as one."""
+    moved, first = moved_spans(examples, encs, labels, label2id)
     if moved:
         total = sum(len(e.spans) for e in examples)
         log(f"warning: {moved} of {total} training entities do not start and end on the words the model tags (the "

@@ -25,8 +25,8 @@ from spanflow.models.encoder import encoder_max_length, keeps_rng
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
 from spanflow.tasks.metrics import format_table, span_prf, with_unknown
-from spanflow.tasks.ner.bio import decode_spans
-from spanflow.tasks.ner.features import bio_label_list
+from spanflow.tasks.ner.bio import bio_labels, decode_spans
+from spanflow.tasks.ner.features import bio_label_list, moved_spans
 from spanflow.tasks.ner.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
 from spanflow.tasks.ner.hf import (
     bio_rows,
@@ -237,8 +237,25 @@ class NerModel:
         check_examples(examples, NerExample, "examples", empty="there is nothing to score")
         pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
                                                               words=[e.words for e in ex]), dist)
-        return with_unknown(span_prf([e.spans for e in examples], pred), self.labels,
-                            {lab for e in examples for _, _, lab in e.spans}, "labels")
+        m = with_unknown(span_prf([e.spans for e in examples], pred), self.labels,
+                         {lab for e in examples for _, _, lab in e.spans}, "labels")
+        off = self._off_words(examples)
+        return {**m, "warnings": [*m.get("warnings", []), off]} if off else m
+
+    def _off_words(self, examples: list[NerExample]) -> str | None:
+        """A warning where gold entities do not start and end on the words this model tags (a span
+        with a space at its edge, one that cuts a word): no prediction can match them."""
+        texts = [e.text for e in examples]
+        encs = encode_texts(self.tokenizer, texts, text_words(list(paired(texts, [e.words for e in examples])),
+                                                              splitter(self.words, self.word_edges)))
+        label2id = {t: i for i, t in enumerate(bio_label_list(sorted({s[2] for e in examples for s in e.spans})))}
+        moved, first = moved_spans(examples, encs, [bio_labels(enc, e.spans, label2id) for enc, e in
+                                                    zip(encs, examples)], label2id, "can only be found as")
+        if not moved:
+            return None
+        total = sum(len(e.spans) for e in examples)
+        return (f"{moved} of the data's {total} gold entities do not start and end on the words the model tags, so "
+                f"no prediction can match them and each counts as a miss; the first: {first}")
 
 
 def _edges(edges, path: str, where: str) -> dict | None:

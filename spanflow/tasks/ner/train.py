@@ -29,7 +29,7 @@ from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_options
 from spanflow.runtime.policy import Policy
-from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_unseen
+from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alike, warn_unseen
 
 # what the training line's `words:` means for the texts the model will read
 WORDS_MEAN = {WHITESPACE: "plain text is cut into words at its spaces, as these tokens were, and an entity starts and "
@@ -112,6 +112,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         opts, log = run.opts, run.log
         if dev:
             warn_unseen(labels, {lab for e in dev for _, _, lab in e.spans}, "labels", log)
+        warn_alike({lab for e in [*train, *(dev or [])] for _, _, lab in e.spans}, "labels", log)
         # label smoothing and class weights are softmax recipes: asking for one picks that head for a new model
         softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
         nm = start_model(run.source, train, labels, opts, run.policy, head,

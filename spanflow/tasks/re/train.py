@@ -18,7 +18,7 @@ from spanflow.tasks.re.model import SPECIAL_TOKENS, ReModel
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_options
-from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_unseen
+from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alike, warn_unseen
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
 DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
@@ -96,6 +96,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         if dev:
             warn_unseen(relations, {r for e in dev for _, r, _ in e.triples}
                         | {r for e in dev for _, r, _ in e.unlocated}, "relations", log)
+        warn_alike({r for e in [*train, *(dev or [])] for _, r, _ in [*e.triples, *e.unlocated]}, "relations", log)
         rm = start_model(run.source, train, relations, opts, run.policy, resuming=run.source != model)
         feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
         log(f"{counted(len(train), 'training text')}, {counted(sum(len(e.triples) for e in train), 'triple')}, "
