@@ -286,6 +286,9 @@ def test_a_wrong_argument_is_a_config_error_not_a_python_one(tmp_path, rel, emb)
     ex = [ReExample("Ann lives in Rome .", [((0, 3), "lives_in", (13, 17))])]
     with pytest.raises(ConfigError, match="^relations takes a list of relation names, got 'lives_in'"):
         train_re(ex, None, out_dir=str(tmp_path), relations="lives_in")  # read as its letters
+    with pytest.raises(ConfigError, match="^relations names 'lives_in' more than once"):  # before any training
+        train_re(ex, None, out_dir=str(tmp_path / "twice"), relations=["lives_in", "born_in", "lives_in"])
+    assert not (tmp_path / "twice").exists()
     with pytest.raises(ConfigError, match="^all_subjects takes True or False, got 'no'"):
         train_re(ex, None, out_dir=str(tmp_path), all_subjects="no")
     for opts, said in ((TrainOptions(stride=16), r"TrainOptions.stride \(--stride\) applies to NER training"),

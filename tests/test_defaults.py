@@ -127,6 +127,14 @@ def test_a_run_that_does_not_learn_says_so(tmp_path):
                   patience=1)
     assert any(x.startswith("early stop after step 4 (epoch 1)") for x in early), early
     assert sum("not learning" in x for x in early) == 1
+    calls = []
+
+    def climbing(m, b):  # a loss that grows with every step: no slow start, an overshoot
+        calls.append(1)
+        return (m.w * 0 + float(len(calls))) * b["x"].numel()
+
+    rising = [x for x in _loop(tmp_path / "d", climbing, lr=0.1) if "not learning" in x]
+    assert rising and all("the loss rose" in x and x.endswith("try a lower --lr") for x in rising)
 
 
 def test_training_auto_precision_is_bf16_only_on_native_bf16_cpus(monkeypatch):

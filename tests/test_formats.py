@@ -250,6 +250,13 @@ def test_an_entity_whose_own_text_is_not_what_its_offsets_cut_is_refused(tmp_pat
     assert e.value.line == 2 and "not bytes" in str(e.value)
 
 
+def test_indented_json_given_as_jsonl_is_told_so_with_the_jq_line(tmp_path):
+    p = write(tmp_path, "pretty.jsonl", '{\n  "text": "Ann",\n  "entities": []\n}\n')
+    with pytest.raises(DataError, match=r"pretty\.jsonl:1: JSONL holds one whole JSON object a line.*indented JSON\?\); "
+                                        r"write each record on one line: jq -c \. .*pretty\.jsonl > .*pretty\.lines\.jsonl"):
+        read_ner(p, fmt="jsonl")
+
+
 def test_read_texts_plain_and_error_records(tmp_path):
     assert list(read_texts(write(tmp_path, "t.txt", "one\n\nthree\n"))) == ["one", "", "three"]
     p = write(tmp_path, "t.jsonl", '{"text": "a"}\nnot json\n{"text": "c"}\n')

@@ -100,8 +100,28 @@ def test_a_span_the_cut_crosses_is_lost_not_trained_in_part(caplog):
     ex = [ReExample("a b c d e", [((0, 1), "r", (4, 7)), ((0, 1), "r", (2, 3))])]
     with caplog.at_level("WARNING", logger="spanflow"):
         f = prepare_features(ex, Tok(), {"r": 0}, max_length=5, encs=[enc])[0]
-    assert f.subjects == {(1, 1): [(0, 2, 2)]} and "1 triples fell outside the tokens kept" in caplog.text
+    assert f.subjects == {(1, 1): [(0, 2, 2)]} and "1 triple fell outside the tokens kept" in caplog.text
     assert "outside the model's set" not in caplog.text  # no relation unknown: not said
+    assert "does not start and end on the model's tokens" not in caplog.text
+
+
+def test_a_subject_or_object_inside_a_word_is_said_with_what_it_trains_as(caplog):
+    from spanflow.batching.align import Encoded
+    from spanflow.data.examples import ReExample
+    from spanflow.tasks.re.features import prepare_features, trained_triples
+
+    class Tok:
+        cls_token_id, sep_token_id = 1, 2
+
+    text = "Stanford hired Ada ."  # "Ford" found inside "Stanford"
+    enc = Encoded(ids=[5, 6, 7, 8], offsets=[(0, 8), (9, 14), (15, 18), (19, 20)], first=[True] * 4)
+    ex = [ReExample(text, [((15, 18), "works_for", (4, 8))])]
+    with caplog.at_level("WARNING", logger="spanflow"):
+        feats = prepare_features(ex, Tok(), {"works_for": 0}, max_length=16, encs=[enc])
+    assert feats[0].subjects == {(3, 3): [(0, 1, 1)]} and trained_triples(feats) == 1
+    assert ("1 triple with a subject or object that does not start and end on the model's tokens (found inside a "
+            "word, or offsets that cut one): the first, 'ford' in 'Stanford hired Ada .' trains as 'Stanford'"
+            ) in caplog.text
 
 
 def test_next_true():
@@ -221,6 +241,14 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(long), "--json"]) == 0
     assert ("warning: 1 text(s) were longer than the 64 tokens the model reads: only their start was scored"
             in capsys.readouterr().err)
+    same = tmp_path / "same.jsonl"  # the reader's warnings join --json's list, said once on stderr
+    same.write_text(json.dumps({"text": "Ann met Bob", "relations": [{"head": [0, 3], "type": "r", "tail": [0, 3]}]})
+                    + "\n")
+    assert main(["evaluate", "--model", str(out / "model"), "--data", str(same), "--json"]) == 0
+    got = capsys.readouterr()
+    said = json.loads(got.out)["warnings"]
+    assert said[0].startswith(f"{same}: 1 of 1 relations have a head and tail that are the same span")
+    assert "the same span" not in got.err  # logged once by the reader (pytest keeps logs), not printed again
 
 
 def test_re_recipes_train_and_class_weights_are_rejected(tmp_path):
@@ -306,6 +334,9 @@ def test_training_data_with_no_placed_triple_is_named_with_the_logged_warning(tm
      "has \"relations\" and no \"triple_list\": CasRel JSON's triples are [subject, relation, object] lists under "
      "\"triple_list\"; JSONL relations ({\"text\", \"relations\"}) are one object a line: jq -c '.[]'"),
     ({"text": "Ada was born in Paris", "triples": [["Ada", "born_in", "Paris"]]}, "has \"triples\" and no"),
+    ({"text": "Ada was born in Paris", "triplets": [["Ada", "born_in", "Paris"]]}, "has \"triplets\" and no"),
+    ({"text": "Ada was born in Paris", "spo": [{"subject": "Ada", "predicate": "born_in", "object": "Paris"}]},
+     "has \"spo\" and no"),
 ])
 def test_a_list_with_triples_under_another_key_is_named_not_read_as_texts(tmp_path, rec, said):
     """Read as texts without triples, such a file trained nothing ("holds no triples") or, as --dev,
@@ -317,3 +348,31 @@ def test_a_list_with_triples_under_another_key_is_named_not_read_as_texts(tmp_pa
     assert "record 2 (of the list, from 1) " + said in str(e.value)
     path.write_text(json.dumps([{"text": "Bob ran"}, {"text": "no triples", "relations": []}]))  # texts: as before
     assert [x.triples for x in read_re(str(path))] == [[], []]
+
+
+def test_a_lone_surrogate_in_a_json_text_is_refused_at_its_record(tmp_path):
+    from spanflow.data.io import read_ner
+
+    casrel = tmp_path / "s.json"
+    casrel.write_text('[{"text": "Ada \\ud800 Lovelace", "triple_list": [["Ada", "r", "Lovelace"]]}]')
+    with pytest.raises(DataError, match=r"s\.json: record 1 \(of the list, from 1\): \"text\" is not valid Unicode: "
+                                        r"a lone surrogate '\\ud800' at character 4"):
+        read_re(str(casrel))
+    for name, rec in (("r.jsonl", '{"text": "Ada \\udfff", "relations": []}'),
+                      ("n.jsonl", '{"text": "Ada \\udfff", "entities": []}')):
+        (tmp_path / name).write_text('{"text": "fine", "relations": [], "entities": []}\n' + rec + "\n")
+        with pytest.raises(DataError, match="is not valid Unicode") as e:
+            (read_re if name == "r.jsonl" else read_ner)(str(tmp_path / name))
+        assert e.value.line == 2
+
+
+def test_a_jsonl_relation_of_one_span_to_itself_is_gold_not_trained(tmp_path, caplog):
+    p = tmp_path / "same.jsonl"
+    p.write_text(json.dumps({"text": "Ada Lovelace works for Globex .", "relations": [
+        {"head": [0, 12], "type": "works_for", "tail": [0, 12]},
+        {"head": [0, 12], "type": "works_for", "tail": [23, 29]}]}) + "\n")
+    with caplog.at_level("WARNING", logger="spanflow"):
+        (ex,) = read_re(str(p))
+    assert ex.triples == [((0, 12), "works_for", (23, 29))]
+    assert ex.unlocated == [("Ada Lovelace", "works_for", "Ada Lovelace")]
+    assert "1 of 2 relations have a head and tail that are the same span (e.g. line 1:" in caplog.text

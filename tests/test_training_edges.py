@@ -222,7 +222,7 @@ def test_a_relation_list_beside_the_data_that_lacks_its_relations_is_refused(tmp
                  "--out", str(tmp_path / "out"), "--epochs", "1", "--log-every", "0"]) == 0
     out = capsys.readouterr().out
     assert f"relations: the 3 of {tmp_path / 'rel2id.json'}, in its order" in out
-    assert "2 training texts, 2 triples, 3 relations of the list given" in out
+    assert "2 training texts, 2 triples trained on, 3 relations of the list given" in out
     assert json.loads((tmp_path / "out" / "model" / "spanflow.json").read_text())["relations"] == [
         "makes", "lives_in", "founded"]
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 
 from spanflow.cli.common import (add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, check_window_args,
@@ -29,6 +31,24 @@ def add_parser(sub) -> None:
     add_window_args(p)
 
 
+@contextlib.contextmanager
+def logged_warnings():
+    """The messages of the warnings logged to "spanflow" inside the block, as a list."""
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                said.append(record.getMessage())
+
+    handler, log = Keep(), logging.getLogger("spanflow")
+    log.addHandler(handler)
+    try:
+        yield said
+    finally:
+        log.removeHandler(handler)
+
+
 def run(a: argparse.Namespace) -> int:
     from spanflow.errors import DataError
     from spanflow.inference.heap import settle
@@ -44,7 +64,8 @@ def run(a: argparse.Namespace) -> int:
         from spanflow.data.io import refuse_tag_flags
 
         refuse_tag_flags([a.data], a.format, scheme=a.scheme, strict=False)
-    examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
+    with logged_warnings() as read_said:  # the reader's warnings: on stderr as logged, and in --json's list
+        examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
     loads = Loads(task, a.model)
@@ -62,6 +83,8 @@ def run(a: argparse.Namespace) -> int:
                                             "whatever the model finds")
     for w in m.get("warnings", ()):  # on stderr, so that --json's one object stays alone on stdout
         print(f"warning: {w}", file=sys.stderr)
+    if read_said:
+        m["warnings"] = [*read_said, *m.get("warnings", ())]
     print(json_line(m, ensure_ascii=True) if a.json else model.format_metrics(m))  # an undefined correlation: null
     return 0
 

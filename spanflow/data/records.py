@@ -11,10 +11,9 @@ import json
 import logging
 import numbers
 import os
-import re
 from collections.abc import Iterator, Sequence
 
-from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines_or_errors
+from spanflow.data.formats.common import SURROGATE, jq_lines, kind_of, parse_json, read_lines_or_errors
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
@@ -51,9 +50,6 @@ def _json_kind(path: str) -> str:
     return "jsonl" if head.startswith("{") else "text"
 
 
-# a JSON string can still spell a lone surrogate (an escape such as \ud800): no character, so no tokenizer
-# takes it and no UTF-8 output can hold it
-SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _kept_value(value) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Iterator
 
-from spanflow.data.records import SURROGATE
+from spanflow.data.formats.common import SURROGATE
 from spanflow.errors import ConfigError, quote
 
 

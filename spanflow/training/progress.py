@@ -124,7 +124,10 @@ def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = Fa
         return
     steps = r.st["global_step"]
     moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
-    if loss > 0.8 * first:
+    if loss > 1.05 * first:  # a loss that climbs is no slow start: the steps overshoot
+        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss rose ({moved}) in {steps} optimizer steps; "
+              f"the steps overshoot: try a lower --lr{_or_head(r, '/')}")
+    elif loss > 0.8 * first:
         r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
               f"give it more updates (a smaller --max-tokens, more --epochs) or a higher --lr{_or_head(r, '/')}")
     elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)

@@ -7,7 +7,7 @@ import re
 
 from spanflow.data.examples import ReExample, is_offset
 from spanflow.data.formats.common import jq_lines, parse_json, read_lines
-from spanflow.data.formats.jsonl import parse_record
+from spanflow.data.formats.jsonl import check_unicode, parse_record
 from spanflow.errors import DataError, quote
 
 log = logging.getLogger("spanflow")
@@ -65,6 +65,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path)
+        check_unicode(rec["text"], path, None, f"record {k} (of the list, from 1): ")
         ex = ReExample(rec["text"])
         if "triple_list" not in rec:
             _other_key(rec, k, path)
@@ -102,14 +103,26 @@ OTHER_KEYS = ("relations", "triples", "spo_list", "relation_list", "relation_men
 
 def _other_key(rec: dict, k: int, path: str) -> None:
     """A DataError for a record whose triples are under another key than "triple_list" (read
-    silently as a text with none): JSONL relations written as one list, or another corpus's key."""
+    silently as a text with none): JSONL relations written as one list, another corpus's key, or
+    any key holding a list of triple-like items (a misspelt "triplets")."""
     key = next((key for key in OTHER_KEYS if isinstance(rec.get(key), list) and rec[key]), None)
+    key = key or next((key for key, v in rec.items() if _triple_like(v)), None)
     if key is None:
         return
     hint = f'; JSONL relations ({{"text", "relations"}}) are one object a line: {jq_lines(path)}' \
         if key == "relations" else ""
     raise DataError(f'record {k} (of the list, from 1) has "{key}" and no "triple_list": CasRel JSON\'s triples are '
                     f'[subject, relation, object] lists under "triple_list"{hint}', path=path)
+
+
+def _triple_like(value) -> bool:
+    """A non-empty list whose first item looks like a triple: three strings, or an object with a
+    subject and an object."""
+    first = value[0] if isinstance(value, list) and value else None
+    if isinstance(first, (list, tuple)):
+        return len(first) == 3 and all(isinstance(x, str) for x in first)
+    return isinstance(first, dict) and any(k in first for k in ("subject", "head", "sub")) and \
+        any(k in first for k in ("object", "tail", "obj"))
 
 
 def _unplaced(triples: list, why: str) -> str:
@@ -123,7 +136,7 @@ def _unplaced(triples: list, why: str) -> str:
 def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
     """{"text", "relations": [{"head": [s, e], "type": r, "tail": [s, e]}]} per line."""
     path = os.fspath(path)
-    out, total, twice = [], 0, 0
+    out, total, twice, same = [], 0, 0, []
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
@@ -135,7 +148,11 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
         for r in relations:
             t = _relation(r, ex.text, path, lineno)
             total += 1
-            if t not in ex.triples:  # a triple given twice is one, as in CasRel JSON
+            if t[0] == t[2]:  # no cascade tags one span as both: gold for scoring, as in CasRel JSON
+                named = (ex.text[slice(*t[0])], t[1], ex.text[slice(*t[2])])
+                same.append((lineno, named))
+                ex.unlocated.append(named)
+            elif t not in ex.triples:  # a triple given twice is one, as in CasRel JSON
                 ex.triples.append(t)
             else:
                 twice += 1
@@ -143,6 +160,10 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
     if not out:
         raise DataError("file is empty: no records found", path=path)
     _said_twice(path, twice, total)
+    if same:
+        log.warning("%s: %d of %d relations have a head and tail that are the same span (e.g. %s); they are kept "
+                    "as gold for evaluation but not trained on", path, len(same), total,
+                    "; ".join(f"line {k}: {t!r}" for k, t in same[:3]))
     return out
 
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Iterator
 
 from spanflow.errors import DataError
+
+# a JSON string can still spell a lone surrogate (an escape such as \ud800): no character, so no tokenizer
+# takes it and no UTF-8 output can hold it
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 STREAM = ("a pipe or device, not a file: its data can be read once, and an input is read more than once (checked, "

@@ -5,7 +5,7 @@ import json
 import os
 
 from spanflow.data.examples import NerExample, check_spans, tag_labels
-from spanflow.data.formats.common import parse_json, read_lines
+from spanflow.data.formats.common import SURROGATE, jq_lines, parse_json, read_lines
 from spanflow.errors import DataError, quote
 
 
@@ -35,10 +35,26 @@ def _check_quoted(text: str, raw: list, spans: list, path: str, lineno: int) -> 
 
 def parse_record(line: str, path: str, lineno: int) -> dict:
     """Parse one JSON object line, or raise a DataError naming the line."""
+    if line.strip() in ("{", "["):  # JSON written across lines (json.dump(..., indent=2)), not one object a line
+        import shlex
+
+        jq = jq_lines(path) if line.strip() == "[" else \
+            f"jq -c . {shlex.quote(path)} > {shlex.quote(os.path.splitext(path)[0] + '.lines.jsonl')}"
+        raise DataError("JSONL holds one whole JSON object a line, and this line opens one that goes on over the "
+                        f"next lines (indented JSON?); write each record on one line: {jq}", path=path, line=lineno)
     rec = parse_json(line, path, lineno)
     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
         raise DataError('expected an object with a string "text" field', path=path, line=lineno)
+    check_unicode(rec["text"], path, lineno)
     return rec
+
+
+def check_unicode(text: str, path: str, line: int | None, where: str = "") -> None:
+    """A DataError where a JSON text spells a lone surrogate (`"\\ud800"`), which no tokenizer takes."""
+    m = SURROGATE.search(text)
+    if m:
+        raise DataError(f'{where}"text" is not valid Unicode: a lone surrogate {m.group()!a} at character {m.start()}',
+                        path=path, line=line)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[NerExample]:

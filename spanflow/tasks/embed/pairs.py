@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
-from spanflow.data.records import SURROGATE
+from spanflow.data.formats.common import SURROGATE
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from spanflow.batching.align import Encoded, encode_texts
 from spanflow.batching.collate import pad_rows
 from spanflow.data.examples import ReExample
+from spanflow.errors import counted
 
 log = logging.getLogger("spanflow")
 
@@ -45,10 +46,12 @@ def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFe
 
 def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int], *, max_length: int,
                      encs: list[Encoded] | None = None) -> list[ReFeature]:
-    """Features for training/eval; texts longer than max_length are cut, and counted."""
+    """Features for training/eval; texts longer than max_length are cut, and counted, and so are
+    subjects and objects that do not start and end on tokens (they train as the tokens they touch)."""
     encs = encs or encode_texts(tokenizer, [e.text for e in examples])
     limit = max_length - 2
-    cut = lost = unknown = 0
+    cut = lost = unknown = moved = 0
+    first = None
     feats = input_features(encs, tokenizer, max_length)
     for f, ex, enc in zip(feats, examples, encs):
         cut += len(enc.ids) > limit
@@ -61,12 +64,26 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
                 lost += 1
                 continue
             f.subjects.setdefault(ts, []).append((rel2id[rel], *to))
-    said = ([f"{cut} texts longer than {max_length} tokens were cut; {lost} triples fell outside the tokens kept"]
-            if cut or lost else [])
-    said += [f"{unknown} triples have a relation outside the model's set"] if unknown else []
+            off = [(span, got) for span, got in ((s, ts), (o, to))
+                   if (enc.offsets[got[0] - 1][0], enc.offsets[got[1] - 1][1]) != tuple(span)]
+            moved += bool(off)
+            if off and first is None:
+                (a, b), (u, v) = off[0]
+                first = (f"{ex.text[a:b]!r} in {ex.text[max(0, a - 30):b + 30]!r} trains as "
+                         f"{ex.text[enc.offsets[u - 1][0]:enc.offsets[v - 1][1]]!r}")
+    said = ([f"{counted(cut, 'text')} longer than {max_length} tokens were cut; {counted(lost, 'triple')} fell "
+             "outside the tokens kept and are not trained on"] if cut or lost else [])
+    said += [f"{counted(unknown, 'triple')} with a relation outside the model's set"] if unknown else []
+    said += [f"{counted(moved, 'triple')} with a subject or object that does not start and end on the model's "
+             f"tokens (found inside a word, or offsets that cut one): the first, {first}"] if moved else []
     if said:
         log.warning("; ".join(said))
     return feats
+
+
+def trained_triples(feats: list[ReFeature]) -> int:
+    """The triples features hold: those the model trains on."""
+    return sum(len(objs) for f in feats for objs in f.subjects.values())
 
 
 def make_collate(pad_id: int, num_relations: int, *, seed: int = 0, all_subjects: bool = False,

@@ -13,6 +13,7 @@ from spanflow.tasks.re.features import (
     make_casrel_loss,
     make_collate,
     prepare_features,
+    trained_triples,
 )
 from spanflow.tasks.re.model import SPECIAL_TOKENS, ReModel
 from spanflow.training.defaults import TaskDefaults, for_encoder
@@ -77,6 +78,10 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     if relations is not None and (isinstance(relations, str) or not isinstance(relations, (list, tuple))
                                   or not all(isinstance(r, str) and r for r in relations)):
         raise ConfigError(f"relations takes a list of relation names, got {quote(relations, 60)}")
+    twice = sorted({r for r in relations or () if relations.count(r) > 1})
+    if twice:  # caught here, not after the run, when the model directory would refuse them
+        raise ConfigError(f"relations names {', '.join(map(repr, twice))} more than once: each relation is one "
+                          "output of the model, named once")
     if not isinstance(all_subjects, bool):
         raise ConfigError(f"all_subjects takes True or False, got {quote(all_subjects, 40)}")
     check_examples(train, ReExample, "train")
@@ -99,7 +104,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         warn_alike({r for e in [*train, *(dev or [])] for _, r, _ in [*e.triples, *e.unlocated]}, "relations", log)
         rm = start_model(run.source, train, relations, opts, run.policy, resuming=run.source != model)
         feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
-        log(f"{counted(len(train), 'training text')}, {counted(sum(len(e.triples) for e in train), 'triple')}, "
+        log(f"{counted(len(train), 'training text')}, {counted(trained_triples(feats), 'triple')} trained on, "
             f"{counted(len(relations), 'relation')} {source}"
             + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
         weights = rarity_weights(feature_relations(feats), opts.oversample) if opts.oversample else None
