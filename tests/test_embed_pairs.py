@@ -287,3 +287,46 @@ def test_a_json_list_of_pairs_is_named_with_its_conversion(tmp_path, text):
     with pytest.raises(DataError, match=r"p\.json:1: is one JSON list; pair files are JSONL, one object a line "
                                         r"\(convert it with jq -c '\.\[\]' .*p\.json > .*p\.jsonl\)"):
         read_pairs(path)
+
+
+def test_a_header_of_known_names_in_another_order_is_read_by_its_names(tmp_path):
+    scored = write(tmp_path, "s.csv", "score,sentence1,sentence2\n4.0,the cat sat,a cat sat\n1.0,dogs run,a dog ran\n")
+    assert read_pairs(scored) == [Pair("the cat sat", "a cat sat", 1.0), Pair("dogs run", "a dog ran", 0.0)]
+    swapped = write(tmp_path, "p.csv", "positive,anchor\na cat sat,the cat sat\na dog ran,dogs run\n")
+    assert read_pairs(swapped) == [Pair("the cat sat", "a cat sat"), Pair("dogs run", "a dog ran")]
+    neg = write(tmp_path, "t.tsv", "negative\tanchor\tpositive\nfish swim\tthe cat sat\ta cat sat\n")
+    assert read_pairs(neg) == [Pair("the cat sat", "a cat sat", negative="fish swim")]
+
+
+def test_an_unknown_header_is_said_and_a_text_or_code_in_the_first_row_is_no_header(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="spanflow"):
+        got = read_pairs(write(tmp_path, "qa.csv", "q,a\nthe cat sat,a cat sat\ndogs run,a dog ran\n"))
+    assert got[0] == Pair("q", "a") and "its first row (q, a) looks like a header" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="spanflow"):  # pairs of single words are data, said of none
+        assert len(read_pairs(write(tmp_path, "w.csv", "cat,dog\nbird,fish\n"))) == 2
+    assert "looks like a header" not in caplog.text
+    # a first negative that is a text, later ones years: triplets, not a header over scores
+    t = write(tmp_path, "t.csv", "the cat sat,a cat sat,fish swim\ndogs run,a dog ran,1999\nx y,z w,rain falls\n")
+    assert [p.negative for p in read_pairs(t)] == ["fish swim", "1999", "rain falls"]
+    # chosen by index: an unselected column's "n/a" over a number makes no header
+    w = write(tmp_path, "i.csv", "n/a,the cat sat,a cat sat,4\n5,dogs run,a dog ran,3\n7,birds fly,a bird flew,1\n")
+    assert len(read_pairs(w, columns="1,2,3")) == 3
+
+
+def test_a_jsonl_third_key_is_never_dropped_unsaid(tmp_path):
+    both = write(tmp_path, "b.jsonl", '{"anchor": "x", "positive": "y", "negative": "z", "score": 1}\n')
+    with pytest.raises(DataError, match=r"b\.jsonl:1: record has both 'score' and 'negative'.*--columns"):
+        read_pairs(both)
+    later = write(tmp_path, "l.jsonl", '{"anchor": "x", "positive": "y", "negative": "z"}\n'
+                                       '{"anchor": "u", "positive": "v", "negative": "w", "score": 3}\n')
+    with pytest.raises(DataError, match=r"l\.jsonl:2: record has a 'score' key that the first record"):
+        read_pairs(later)
+    assert read_pairs(both, columns="anchor,positive,negative") == [Pair("x", "y", negative="z")]
+
+
+def test_a_csv_whose_quoted_fields_run_over_lines_is_read_as_pairs(tmp_path):
+    text = ('query,passage\nwhat is paris,"Paris is the capital.\nIt lies on the Seine.\nIt has museums."\n'
+            'who wrote hamlet,"Shakespeare wrote it.\nAround 1600.\nSet in Denmark."\n')
+    got = read_pairs(write(tmp_path, "ml.csv", text))
+    assert [p.a for p in got] == ["what is paris", "who wrote hamlet"] and got[1].b.endswith("Set in Denmark.")

@@ -613,3 +613,13 @@ def test_matryoshka_always_trains_the_whole_vector(tmp_path, monkeypatch):
             assert any(f"Matryoshka dims [{model.dim}, 8, 4] ({model.dim}, the whole vector, added);" in x
                        for x in lines), lines
     assert len(asked) == 1  # none asked: no Matryoshka loss
+
+
+def test_ranking_asked_for_scored_pairs_says_their_scores_are_not_read(tmp_path):
+    train = [Pair(f"a{i} b", f"c{i} d", score=float(i % 4)) for i in range(12)]
+    lines = []
+    train_embedder(train, None, model="tiny", out_dir=str(tmp_path / "r"), options=TrainOptions(max_steps=1, log_every=0),
+                   config=EmbedTraining(loss="ranking"), log_fn=lines.append)
+    said = next(x for x in lines if x.startswith("12 training pairs"))
+    assert said.startswith("12 training pairs (scored; the ranking loss takes every pair as a match whatever its "
+                           "score: 6 scored in the lower half of the range train as matches too); ranking loss")

@@ -175,13 +175,13 @@ def _table(lines: list[str]) -> Format | None:
     """Rows of two or more columns of one width, split by tabs or commas, their first cells sentences
     (a row of another width here and there is the reader's to name, with its line)."""
     for delimiter, name in (("\t", "TSV"), (",", "CSV")):
-        if sum(delimiter in line for line in lines) < 0.8 * len(lines):
-            continue
         quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-        try:
+        try:  # by records, not lines: a quoted CSV field may run over several lines
             rows = list(csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter, quoting=quoting))
         except csv.Error:
             return None
+        if sum(len(r) >= 2 for r in rows) < 0.8 * len(rows):
+            continue
         width = max(set(map(len, rows)), key=[len(r) for r in rows].count)
         if width < 2 or sum(len(r) == width for r in rows) < 0.8 * len(rows):
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import math
 import numbers
 import os
@@ -22,6 +23,8 @@ from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lin
 from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.data.formats.common import SURROGATE
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
+
+log = logging.getLogger("spanflow")
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,27 @@ def _is_known_header(row: list[str]) -> bool:
             and (len(names) == 2 or names[2] in SCORE_NAMES | NEGATIVE_NAMES))
 
 
+def _named_order(row: list[str]) -> list[int] | None:
+    """The columns of a header row of known names in any order (score,sentence1,sentence2), as
+    first text, second text[, score or negative]; None where the row is not such a header."""
+    names = [f.strip().lower() for f in row]
+    if len(names) not in (2, 3):
+        return None
+    roles = [FIRST_NAMES, SECOND_NAMES, SCORE_NAMES | NEGATIVE_NAMES][:len(names)]
+    order = [next((i for i, n in enumerate(names) if n in role), None) for role in roles]
+    return order if None not in order and len(set(order)) == len(names) else None
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")  # what a column name looks like: no spaces, short
+
+
+def _looks_named(rows: list[list[str]]) -> bool:
+    """A first row every field of which looks like a column name, where the next rows do not
+    (pairs of single words are data): an unknown header, read as a pair unless said."""
+    named = [all(_NAME.fullmatch(f.strip()) for f in r) for r in rows[:50]]
+    return len(named) > 1 and named[0] and not any(named[1:])
+
+
 def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     rows = list(_table_rows(path, kind))
     if not rows:
@@ -240,13 +264,22 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     by_name = cols is not None and not any(digits)
     idx = _column_indices(path, rows, cols, by_name)
     header = by_name or _is_known_header([rows[0][1][i] for i in idx if i < len(rows[0][1])])
+    order = None if cols is not None or header else _named_order(rows[0][1])
+    if order:  # known names in another order: each column read as its name says
+        idx, header = order, True
     if not header and len(rows) > 1 and (cols is not None or len(idx) == 3):
-        # an unnamed header: a field of it (the third, unless columns are chosen) is no number
-        # while the next row's is
+        # an unnamed header: a field of it (the third, unless columns are chosen) that looks like a
+        # name (no spaces, short: "sim", not "n/a" or a text) and is no number, while the next row's is
         first, second = rows[0][1], rows[1][1]
         # (an empty field names nothing: a first record whose score is missing is data, and its line's error)
-        header = any(_number(first[i]) is None and first[i].strip() and i < len(second)
-                     and _number(second[i]) is not None for i in (range(len(first)) if cols is not None else [2]))
+        header = any(i < len(first) and _NAME.fullmatch(first[i].strip()) and _number(first[i]) is None
+                     and i < len(second) and _number(second[i]) is not None
+                     for i in (range(len(first)) if cols is not None else [2]))
+    picked = [[r[i] for i in idx if i < len(r)] for _, r in rows[:50]]
+    if not header and _looks_named(picked):
+        log.warning("%s: its first row (%s) looks like a header of names this reader does not know, and is read as "
+                    "a pair; name the columns sentence1,sentence2[,score] or anchor,positive[,negative], or give "
+                    "--columns by name, to skip it", path, ", ".join(picked[0]))
     data = rows[1:] if header else rows
     if not data:
         return []
@@ -360,11 +393,11 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
             keys = keys or _json_keys(rec, path, line)
             third_kind = _json_third_kind(rec, keys)
             first = line
-        elif cols is None and len(keys) == 2:  # the first record set the keys: a third one here would be dropped
-            extra = next((k for k in THIRD_KEYS if k in rec), None)
+        elif cols is None:  # the first record set the keys: another third one here would be dropped
+            extra = next((k for k in THIRD_KEYS if k in rec and k not in keys), None)
             if extra:
                 raise DataError(f"record has a {quote(extra)} key that the first record (line {first}) lacks: give "
-                                "every record one, or none", path=path, line=line)
+                                "every record the same keys, or pick them with --columns", path=path, line=line)
         missing = [k for k in keys if k not in rec]
         if missing:
             raise DataError(f"record has no {quote(missing[0])} key", path=path, line=line)
@@ -376,8 +409,12 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
 def _json_keys(rec: dict, path: str, line: int) -> list[str]:
     for a, b in JSON_TEXT_KEYS:
         if a in rec and b in rec:
-            third = next((k for k in THIRD_KEYS if k in rec), None)
-            return [a, b] + ([third] if third else [])
+            thirds = [k for k in THIRD_KEYS if k in rec]
+            if len(thirds) > 1:  # a pair is scored or has a negative: reading one would drop the other unsaid
+                raise DataError(f"record has both {' and '.join(map(quote, thirds))}: a pair is scored or has a "
+                                f"negative; pick the keys with --columns (e.g. {a},{b},{thirds[0]})",
+                                path=path, line=line)
+            return [a, b] + thirds
     raise DataError(f"expected keys sentence1/sentence2[/score], s1/s2, text1/text2, anchor/positive"
                     f"[/negative] or query/positive[/negative]; got {quote(sorted(rec))}", path=path, line=line)
 
