@@ -635,3 +635,41 @@ def test_a_resume_scored_on_other_dev_data_is_refused(files, reference, tmp_path
                  "--resume", "--epochs", "4"]) == 2
     err = capsys.readouterr().err
     assert "--dev 10 examples, digest " in err and "(now 5 examples, digest " in err, err
+
+
+STOP_IN_A_CALLBACK = r"""
+import os, signal, sys, time, weakref
+from spanflow.cli import main as m
+
+m._install_handlers(True)
+
+
+class Held:
+    pass
+
+
+def callback(_):  # as torch.compile's weakref callbacks: a raise in here Python prints and drops
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(10**5):
+        pass
+
+
+held = Held()
+ref = weakref.ref(held, callback)
+try:
+    del held  # the callback runs, and the stop lands in it
+    end = time.monotonic() + 60
+    while time.monotonic() < end:  # the command goes on: the stop must still end it
+        pass
+    print("ran on, deaf to the stop")
+except m.Terminated as e:
+    print("stopped", e.signum)
+"""
+
+
+def test_a_stop_that_lands_where_python_cannot_raise_still_stops_the_command():
+    """A SIGTERM during torch.compile landed in a weakref callback: Python printed and dropped it, and
+    the command ran on to its end with every stop signal ignored."""
+    got = subprocess.run([sys.executable, "-c", STOP_IN_A_CALLBACK], capture_output=True, text=True, timeout=120)
+    assert got.stdout.strip() == "stopped 15", (got.stdout, got.stderr)
+    assert "Exception ignored" not in got.stderr

@@ -349,7 +349,8 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
         capsys.readouterr()
         assert main(["serve", "--device", "cpu", "--model", f"ner={model_dirs['ner']}",
                      "--model", f"emb={model_dirs['emb']}", *flags]) == 0
-        out = capsys.readouterr().out
+        got = capsys.readouterr()
+        out = got.out + got.err
         app, kw = started.pop()
         assert kw["http"].__name__ == "DeadlineProtocol"
         with TestClient(app) as c:
@@ -361,6 +362,9 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
     batches, out = serve("--max-tokens", "auto")
     assert batches == {"ner": 1, "emb": 1}  # the default budget holds all n
     assert f"max_tokens {budget}" not in out and f"max_tokens {default}" in out
+    # how to get a measured one: a command that caches it, or tune and --profile
+    assert f"`spanflow embed --model {model_dirs['emb']} --input YOUR_TEXTS --output OUT --max-tokens auto` " \
+           "measures and caches one" in out and "--profile DIR/profile.json" in out
     assert asked == ["compile", "compile"]
     profile = tmp_path / "profile.json"  # measured by tune for the NER model: eager was faster there
     profile.write_text(json.dumps({"task": "ner", "mode": "infer", "best": {"max_tokens": budget, "max_length": 32},

@@ -310,6 +310,15 @@ def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
     assert len(calls) == 1  # the second run read the cached profile
     assert calls[0]["precision"] == "fp32" and calls[0]["mode"] == "train"  # what was resolved, never "auto"
     assert "auto: cached" in log[-1]
+    (cached,) = (tmp_path / "cache" / "profiles").iterdir()
+    cached.write_text('{"best": nu')  # a damaged cache entry is measured again, not an error for good
+    assert resolve("auto", measure=fake_measure) == 2048 and len(calls) == 2
+    assert any("the cached profile is unreadable" in x and "measuring it again" in x for x in log)
+    assert resolve("auto", measure=fake_measure) == 2048 and len(calls) == 2 and "auto: cached" in log[-1]
+    prof.write_text(json.dumps({"task": "ner", "mode": "train", "device": "NVIDIA H100 80GB HBM3",
+                                "best": {"max_tokens": 262144}, "points": []}))  # another device's budget: said
+    assert resolve(profile=str(prof)) == 262144
+    assert "measured on NVIDIA H100 80GB HBM3, this run is on cpu (" in log[-1] and "threads): tune again here)" in log[-1]
 
 
 def test_train_max_tokens_auto_is_resolved_after_parsing_and_cached(ner_file, tmp_path, monkeypatch, capsys):
@@ -493,3 +502,12 @@ def test_training_is_tuned_at_the_samples_longest_text_not_the_encoders_limit(ne
     prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256], budget_seconds=20, sample=16,
                 repeats=1, out=str(tmp_path), log_fn=lambda s: None)
     assert [p["max_tokens"] for p in prof["points"]] == [256] and 8 <= prof["points"][0]["max_length"] < 256
+
+
+def test_a_directory_named_as_an_output_of_tune_is_refused_before_the_sweep(ner_file, tmp_path):
+    for name in ("profile.json", "profile.png"):
+        out = tmp_path / name.split(".")[1]
+        (out / name).mkdir(parents=True)
+        with pytest.raises(DataError, match=f"{name}: is a directory"):
+            tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[512], budget_seconds=20, sample=32,
+                 out=str(out), backends=False, plot=False, log_fn=lambda s: pytest.fail(f"the sweep ran: {s}"))

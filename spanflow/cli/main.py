@@ -68,9 +68,29 @@ def _on_stop(signum, frame):
     process, and a second one raised inside a clean-up, leaving a lock or a temporary behind)."""
     for sig in (signal.SIGINT, *STOPS):
         signal.signal(sig, signal.SIG_IGN)
+    _stopped.append(signum)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated(signum)
+
+
+_stopped: list[int] = []  # the stop signals _on_stop raised, in order
+
+
+def _on_unraisable(hook):
+    """sys.unraisablehook: a stop raised where Python cannot raise (a weakref callback or __del__,
+    as torch.compile runs many) is printed and dropped, and the stop signals stay ignored: the command
+    would run on, deaf to Ctrl-C. The stop is raised again at the next statement instead."""
+    def on(u) -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt) and _stopped and hasattr(signal, "setitimer"):
+            signum = _stopped[-1]
+            # a timer's signal lands after this hook and its callback have returned: _on_stop raises the
+            # stop where the main thread then is (inside another such callback, this hook arms it again)
+            signal.signal(signal.SIGALRM, lambda *_: _on_stop(signum, None))
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            return
+        hook(u)
+    return on
 
 
 def _install_handlers(entry: bool) -> None:
@@ -81,6 +101,7 @@ def _install_handlers(entry: bool) -> None:
     if entry:
         for sig in (signal.SIGINT, *STOPS):  # serve's uvicorn installs its own for SIGTERM and SIGINT, to drain
             signal.signal(sig, _on_stop)
+        sys.unraisablehook = _on_unraisable(sys.unraisablehook)
     else:
         signal.signal(signal.SIGTERM, _on_sigterm)
 

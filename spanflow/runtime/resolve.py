@@ -16,7 +16,7 @@ import torch
 from spanflow.errors import ConfigError
 from spanflow.runtime.backend import choose_backend
 from spanflow.runtime.budget import default_budget
-from spanflow.runtime.cache import cache_path
+from spanflow.runtime.cache import cache_path, device_name
 from spanflow.runtime.files import Profile, cache_write, read_profile, write_profile
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import QUANTIZATIONS, check_quantize, pick_device, resolve_policy
@@ -171,6 +171,9 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
         running = " ".join(x for x in (key["precision"], key["quantize"]) if x)
         other = f"; measured in {measured}, this run is {running}: tune again in it" if measured and (
             measured != running) else ""  # another precision holds other memory per token
+        here = device_name(key["device"])
+        if prof.device and prof.device != here:  # another device's budget may not fit this one's memory
+            other += f"; measured on {prof.device}, this run is on {here}: tune again here"
         return prof.best.max_tokens, f"from {asked.profile}{other}"
     default = None if job == "train" else default_budget(job, key["device"])
     why_default = "the default for this device" if default else "training's default"
@@ -178,11 +181,16 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
         return default, why_default
     cached = cache_path("profiles", **key)
     if os.path.exists(cached):
-        return read_profile(cached, task=key["task"], mode=key["mode"]).best.max_tokens, f"auto: cached {cached}"
+        try:
+            return read_profile(cached, task=key["task"], mode=key["mode"]).best.max_tokens, f"auto: cached {cached}"
+        except ConfigError as e:  # a damaged cache entry is measured again, never a dead end
+            log(f"max_tokens auto: the cached profile is unreadable ({e}); measuring it again")
     if not data or measure is None:  # nothing to measure on (serve): the default, and how to get a measured one
-        log(f"max_tokens auto: no cached profile for {key['model']} on this device; using the default (measure "
-            f"one with: spanflow tune --task {key['task']} --mode {key['mode']} --model {key['model']} "
-            "--data YOUR_TEXTS)")
+        run = "embed" if key["task"] == "embed" else "predict"
+        log(f"max_tokens auto: no cached profile for {key['model']} on this device; using the default (a "
+            f"`spanflow {run} --model {key['model']} --input YOUR_TEXTS --output OUT --max-tokens auto` measures and "
+            f"caches one; or `spanflow tune --task {key['task']} --mode {key['mode']} --model {key['model']} --data "
+            "YOUR_TEXTS --out DIR` and --profile DIR/profile.json)")
         return default, f"auto: no cached profile, {why_default}"
     log("max_tokens auto: no profile for this model and device yet; measuring one (about 30 s)")
     prof = measure(task=key["task"], model=key["model"], data=data, mode=key["mode"], precision=key["precision"],

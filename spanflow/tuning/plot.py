@@ -36,6 +36,9 @@ def plot_profile(profile: dict, path: str) -> str | None:
     axes[2].set_title("quality vs max length" if q else "quality (inference mode only)")
     fig.suptitle(f"spanflow tune: {profile['task']} {profile['mode']} on {profile['device']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    from spanflow.atomic import atomic_path
+
+    with atomic_path(path, suffix=".png") as tmp:  # a stopped run leaves no half a picture
+        fig.savefig(tmp, dpi=90, format="png")
     plt.close(fig)
     return path

@@ -68,6 +68,10 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         make_dirs(out)
         if not os.access(out, os.W_OK | os.X_OK):
             raise ConfigError(f"--out {out}: not writable by this user")
+    from spanflow.data.io import check_output_file
+
+    for name in ("profile.json", "profile.png"):  # a directory of that name would stop the write after the sweep
+        check_output_file(os.path.join(out or ".", name))
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
     policy = resolve_policy(rt.precision, rt.device)
@@ -126,8 +130,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     near = within_noise(best, eligible(points, **limits))
     if near:
         log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best: "
-               f"these runs do not tell them apart in speed (--repeats {2 * max(1, repeats)} or a larger "
-               "--budget-seconds measures them longer)")
+               f"these runs do not tell them apart in speed (--repeats {2 * max(1, repeats)} measures each point "
+               "more times, with the --budget-seconds to hold them)")
     if any(p.quality is not None for p in points):
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
                f"only within {QUALITY_TOLERANCE} of the best")
