@@ -309,6 +309,8 @@ def test_an_unknown_header_is_said_and_a_text_or_code_in_the_first_row_is_no_hea
     # a first negative that is a text, later ones years: triplets, not a header over scores
     t = write(tmp_path, "t.csv", "the cat sat,a cat sat,fish swim\ndogs run,a dog ran,1999\nx y,z w,rain falls\n")
     assert [p.negative for p in read_pairs(t)] == ["fish swim", "1999", "rain falls"]
+    spaced = write(tmp_path, "s.csv", "Sentence A,Sentence B,Similarity Score\na cat,the cat,4.5\ndogs,a dog,3.8\n")
+    assert read_pairs(spaced) == [Pair("a cat", "the cat", 1.0), Pair("dogs", "a dog", 0.0)]  # a header of spaces
     # chosen by index: an unselected column's "n/a" over a number makes no header
     w = write(tmp_path, "i.csv", "n/a,the cat sat,a cat sat,4\n5,dogs run,a dog ran,3\n7,birds fly,a bird flew,1\n")
     assert len(read_pairs(w, columns="1,2,3")) == 3
@@ -323,6 +325,19 @@ def test_a_jsonl_third_key_is_never_dropped_unsaid(tmp_path):
     with pytest.raises(DataError, match=r"l\.jsonl:2: record has a 'score' key that the first record"):
         read_pairs(later)
     assert read_pairs(both, columns="anchor,positive,negative") == [Pair("x", "y", negative="z")]
+
+
+def test_prose_whose_quotes_run_over_lines_is_still_plain_text():
+    import tempfile
+
+    from spanflow.data.formats.sniff import sniff
+
+    prose = ('"Come here\nnow," she said to him.\nHe looked up at her, slowly.\n"Why, though?" he asked, and she '
+             'laughed.\nThey walked on, together, to the shop.\nIt was late, and the lights were on.\n"Stop," she '
+             'said, "now."\nHe stopped, at last, by the door.\nThe end came soon, as it does.\n')
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prose)
+    assert sniff(f.name).name == "text"
 
 
 def test_a_csv_whose_quoted_fields_run_over_lines_is_read_as_pairs(tmp_path):

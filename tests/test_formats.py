@@ -113,6 +113,11 @@ def test_a_tag_of_another_scheme_names_the_line_the_file_s_scheme_was_told_by(tm
     with caplog.at_level(logging.WARNING, logger="spanflow"):
         read_ner(stray)
     assert "reads as BIOES from line 4's 'S-LOC'" in caplog.text
+    caplog.clear()
+    bioes = write(tmp_path, "e.conll", "Grace\tB-PER\nHopper\tE-PER\n\nAda\tB-PER\nL.\tI-PER\n")  # one unclosed
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        read_ner(bioes)
+    assert "no closing E- (or L-) tag" in caplog.text and "reads as" not in caplog.text
 
 
 def test_mixed_cjk_and_latin_join():
@@ -190,6 +195,8 @@ def test_spaces_around_a_tab_pad_the_columns_and_stay_out_of_tokens(tmp_path):
     (ex,) = read_ner(p)
     assert ex.text == "Grace Hopper New York"  # a token's inner space stays
     assert ex.entities() == [("Grace Hopper", "PER"), ("New York", "LOC")]
+    (ex,) = read_ner(write(tmp_path, "sp.conll", "Ann\tB-PER\n \tO\nran\tO\n"))  # a token of one space is a token
+    assert ex.entities() == [("Ann", "PER")] and ex.text.split(" ")[-1] == "ran" and len(ex.words) == 3
 
 
 def test_a_conll_file_whose_first_token_is_a_brace_reads_as_conll(tmp_path):
@@ -245,16 +252,21 @@ def test_an_entity_whose_own_text_is_not_what_its_offsets_cut_is_refused(tmp_pat
     bytes_counted = {"text": "José at Hooli now", "entities": [{"start": 9, "end": 14, "label": "ORG", "text": "Hooli"}]}
     assert read_ner(write(tmp_path, "ok.jsonl", json.dumps(ok) + "\n"))[0].entities() == [("Hooli", "ORG")]
     p = write(tmp_path, "b.jsonl", json.dumps(ok) + "\n" + json.dumps(bytes_counted) + "\n")
-    with pytest.raises(DataError, match=r"holds 'ooli ' but its \"text\" says 'Hooli'; 'Hooli' is at \[8, 13\]") as e:
+    with pytest.raises(DataError, match=r"holds 'ooli ' but its \"text\" says 'Hooli'; 'Hooli' is first at \[8, 13\]") as e:
         read_ner(p)
     assert e.value.line == 2 and "not bytes" in str(e.value)
 
 
-def test_indented_json_given_as_jsonl_is_told_so_with_the_jq_line(tmp_path):
+def test_indented_json_given_as_jsonl_is_told_so_with_a_jq_line_that_keeps_the_input(tmp_path):
     p = write(tmp_path, "pretty.jsonl", '{\n  "text": "Ann",\n  "entities": []\n}\n')
     with pytest.raises(DataError, match=r"pretty\.jsonl:1: JSONL holds one whole JSON object a line.*indented JSON\?\); "
-                                        r"write each record on one line: jq -c \. .*pretty\.jsonl > .*pretty\.lines\.jsonl"):
+                                        r"write each record on one line: jq -c '\.' .*pretty\.jsonl > .*pretty\.lines\.jsonl$"):
         read_ner(p, fmt="jsonl")
+    from spanflow.data.io import read_re
+
+    listed = write(tmp_path, "list.jsonl", '[\n  {"text": "Ann", "relations": []}\n]\n')
+    with pytest.raises(DataError, match=r"jq -c '\.\[\]' .*list\.jsonl > .*list\.lines\.jsonl$"):  # never > list.jsonl
+        read_re(listed, fmt="jsonl")
 
 
 def test_read_texts_plain_and_error_records(tmp_path):

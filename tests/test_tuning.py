@@ -319,6 +319,9 @@ def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
                                 "best": {"max_tokens": 262144}, "points": []}))  # another device's budget: said
     assert resolve(profile=str(prof)) == 262144
     assert "measured on NVIDIA H100 80GB HBM3, this run is on cpu (" in log[-1] and "threads): tune again here)" in log[-1]
+    prof.write_text(json.dumps({"task": "ner", "mode": "train", "device": "cpu (96 threads)",
+                                "best": {"max_tokens": 777}, "points": []}))  # a CPU's threads hold no memory
+    assert resolve(profile=str(prof)) == 777 and "measured on" not in log[-1]
 
 
 def test_train_max_tokens_auto_is_resolved_after_parsing_and_cached(ner_file, tmp_path, monkeypatch, capsys):
@@ -510,4 +513,4 @@ def test_a_directory_named_as_an_output_of_tune_is_refused_before_the_sweep(ner_
         (out / name).mkdir(parents=True)
         with pytest.raises(DataError, match=f"{name}: is a directory"):
             tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[512], budget_seconds=20, sample=32,
-                 out=str(out), backends=False, plot=False, log_fn=lambda s: pytest.fail(f"the sweep ran: {s}"))
+                 out=str(out), backends=False, plot=True, log_fn=lambda s: pytest.fail(f"the sweep ran: {s}"))

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 from spanflow.cli.common import (add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, check_window_args,
                                  cut_line)
@@ -32,7 +33,7 @@ def add_parser(sub) -> None:
 
 
 @contextlib.contextmanager
-def logged_warnings():
+def logged_warnings() -> Iterator[list[str]]:
     """The messages of the warnings logged to "spanflow" inside the block, as a list."""
     said: list[str] = []
 

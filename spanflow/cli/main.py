@@ -80,9 +80,10 @@ _stopped: list[int] = []  # the stop signals _on_stop raised, in order
 def _on_unraisable(hook):
     """sys.unraisablehook: a stop raised where Python cannot raise (a weakref callback or __del__,
     as torch.compile runs many) is printed and dropped, and the stop signals stay ignored: the command
-    would run on, deaf to Ctrl-C. The stop is raised again at the next statement instead."""
+    would run on, deaf to Ctrl-C. The stop is raised again instead, about 10 ms later."""
     def on(u) -> None:
-        if isinstance(u.exc_value, KeyboardInterrupt) and _stopped and hasattr(signal, "setitimer"):
+        if (isinstance(u.exc_value, KeyboardInterrupt) and _stopped and hasattr(signal, "setitimer")
+                and threading.current_thread() is threading.main_thread()):  # signal.signal's thread
             signum = _stopped[-1]
             # a timer's signal lands after this hook and its callback have returned: _on_stop raises the
             # stop where the main thread then is (inside another such callback, this hook arms it again)
@@ -90,6 +91,7 @@ def _on_unraisable(hook):
             signal.setitimer(signal.ITIMER_REAL, 0.01)
             return
         hook(u)
+    on.spanflow = True
     return on
 
 
@@ -101,7 +103,8 @@ def _install_handlers(entry: bool) -> None:
     if entry:
         for sig in (signal.SIGINT, *STOPS):  # serve's uvicorn installs its own for SIGTERM and SIGINT, to drain
             signal.signal(sig, _on_stop)
-        sys.unraisablehook = _on_unraisable(sys.unraisablehook)
+        if not getattr(sys.unraisablehook, "spanflow", False):  # once, however often main() runs
+            sys.unraisablehook = _on_unraisable(sys.unraisablehook)
     else:
         signal.signal(signal.SIGTERM, _on_sigterm)
 

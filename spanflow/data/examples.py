@@ -56,7 +56,8 @@ def check_spans(text: str, spans: list[Span]) -> str | None:
         if s < 0 or e > len(text):
             return f"span {quote((s, e, lab))} is out of range for a text of {len(text)} characters"
         if s >= e:
-            return f"span {quote((s, e, lab))} is {'empty' if s == e else 'reversed'}: its end must come after its start"
+            how = "empty" if s == e else "reversed"
+            return f"span {quote((s, e, lab))} is {how}: its end must come after its start"
         if s < prev_end:
             return f"spans {prev!r} and {(s, e, lab)!r} overlap"
         prev_end, prev = e, (s, e, lab)

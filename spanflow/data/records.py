@@ -50,8 +50,6 @@ def _json_kind(path: str) -> str:
     return "jsonl" if head.startswith("{") else "text"
 
 
-
-
 def _kept_value(value) -> str | None:
     """A kept JSONL value as the string an output column holds: strings as they are, others as JSON."""
     return value if value is None or isinstance(value, str) else json.dumps(value, ensure_ascii=False)

@@ -172,7 +172,8 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
         other = f"; measured in {measured}, this run is {running}: tune again in it" if measured and (
             measured != running) else ""  # another precision holds other memory per token
         here = device_name(key["device"])
-        if prof.device and prof.device != here:  # another device's budget may not fit this one's memory
+        if prof.device and prof.device != here and not (prof.device.startswith("cpu") and here.startswith("cpu")):
+            # another device's budget may not fit this one's memory (a CPU's thread count changes none)
             other += f"; measured on {prof.device}, this run is on {here}: tune again here"
         return prof.best.max_tokens, f"from {asked.profile}{other}"
     default = None if job == "train" else default_budget(job, key["device"])
@@ -184,7 +185,8 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
         try:
             return read_profile(cached, task=key["task"], mode=key["mode"]).best.max_tokens, f"auto: cached {cached}"
         except ConfigError as e:  # a damaged cache entry is measured again, never a dead end
-            log(f"max_tokens auto: the cached profile is unreadable ({e}); measuring it again")
+            log(f"max_tokens auto: the cached profile is unreadable ({e}); "
+                + ("measuring it again" if data and measure is not None else "left aside"))
     if not data or measure is None:  # nothing to measure on (serve): the default, and how to get a measured one
         run = "embed" if key["task"] == "embed" else "predict"
         log(f"max_tokens auto: no cached profile for {key['model']} on this device; using the default (a "

@@ -6,8 +6,8 @@ import os
 import re
 
 from spanflow.data.examples import ReExample, is_offset
-from spanflow.data.formats.common import jq_lines, parse_json, read_lines
-from spanflow.data.formats.jsonl import check_unicode, parse_record
+from spanflow.data.formats.common import check_unicode, jq_lines, parse_json, read_lines
+from spanflow.data.formats.jsonl import parse_record
 from spanflow.errors import DataError, quote
 
 log = logging.getLogger("spanflow")

@@ -15,6 +15,14 @@ from spanflow.errors import DataError
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def check_unicode(text: str, path: str, line: int | None, where: str = "") -> None:
+    """A DataError where a JSON text spells a lone surrogate (`"\\ud800"`), which no tokenizer takes."""
+    m = SURROGATE.search(text)
+    if m:
+        raise DataError(f'{where}"text" is not valid Unicode: a lone surrogate {m.group()!a} at character {m.start()}',
+                        path=path, line=line)
+
+
 STREAM = ("a pipe or device, not a file: its data can be read once, and an input is read more than once (checked, "
           "counted, then run); write it to a file first")
 
@@ -114,13 +122,16 @@ EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".spacy": 
               ".tsv": "tsv", ".npy": "npy", ".conll": "conll", ".bio": "conll", ".bmes": "conll", ".txt": "text"}
 
 
-def jq_lines(path: str, select: str = "", suffix: str = ".jsonl") -> str:
+def jq_lines(path: str, select: str = "", suffix: str = ".jsonl", each: str = ".[]") -> str:
     """The jq command that writes a JSON list's records one a line (`select`: a filter after
-    `.[]`, such as `{text}`), beside it with `suffix`: what messages about a JSON list offer."""
+    `.[]`, such as `{text}`; `each="."`: a stream of indented objects), beside it with `suffix`:
+    what messages about a JSON list offer."""
     import shlex
 
-    out = shlex.quote(os.path.splitext(path)[0] + suffix)
-    return f"jq -c '.[]{f' | {select}' if select else ''}' {shlex.quote(path)} > {out}"
+    out = os.path.splitext(path)[0] + suffix
+    if os.path.abspath(out) == os.path.abspath(path):  # `> file` would empty the input before jq reads it
+        out = os.path.splitext(path)[0] + ".lines" + suffix
+    return f"jq -c '{each}{f' | {select}' if select else ''}' {shlex.quote(path)} > {shlex.quote(out)}"
 
 
 def kind_of(path: str) -> str | None:

@@ -32,9 +32,9 @@ def _sentences(path: str):
         line = line.rstrip(" \t")  # a tab or space after the last column ends it, as a newline does
         # columns are apart by tabs or ASCII spaces: a token of other white space (U+3000, the
         # ideographic space of Chinese corpora) is a token
-        # columns padded with spaces around their tabs (`Grace \tB-PER`) lose them: a token's
-        # edges are never ASCII spaces, which would end up inside the text and its spans
-        cols = [c.strip(" ") for c in line.split("\t")] if "\t" in line else [c for c in line.split(" ") if c]
+        # columns padded with spaces around their tabs (`Grace \tB-PER`) lose them, or they would end
+        # up inside the text and its spans; a token that is only spaces (spaCy's for a double space) stays
+        cols = [c.strip(" ") or c for c in line.split("\t")] if "\t" in line else [c for c in line.split(" ") if c]
         if cols and cols[0] == "-DOCSTART-":
             continue
         if not cols or not cols[0]:  # the line starts with its tab: a tag and no token
@@ -132,7 +132,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     if unclosed:
         log.warning("%s: %d entities have no closing E- (or L-) tag and were read as ending at their last tag "
                     "(lines %s)%s",
-                    path, len(unclosed), _lines(unclosed), "" if asked else _told_by(sentences, scheme))
+                    path, len(unclosed), _lines(unclosed), "" if asked or _closes(sentences) else
+                    _told_by(sentences, scheme))
     return examples
 
 
@@ -158,6 +159,12 @@ def _told_by(sentences, scheme: str) -> str:
                 return (f" (the file reads as {scheme.upper()} from line {lineno}'s {quote(tag)}: one file holds one "
                         "scheme; --scheme names it)")
     return ""
+
+
+def _closes(sentences) -> bool:
+    """Whether any entity of the file ends on an E- (or L-) tag: a BIOES file whose entities
+    lack a few; none at all is a file of another scheme read as BIOES for an S- tag or two."""
+    return any(split_tag(tag)[0] in "EL" for sent in sentences for _, _, tag in sent)
 
 
 def _suggest(asked: str, detected: str) -> str:

@@ -5,7 +5,7 @@ import json
 import os
 
 from spanflow.data.examples import NerExample, check_spans, tag_labels
-from spanflow.data.formats.common import SURROGATE, jq_lines, parse_json, read_lines
+from spanflow.data.formats.common import check_unicode, jq_lines, parse_json, read_lines
 from spanflow.errors import DataError, quote
 
 
@@ -27,19 +27,17 @@ def _check_quoted(text: str, raw: list, spans: list, path: str, lineno: int) -> 
         quoted = item.get("text") if isinstance(item, dict) else None
         if isinstance(quoted, str) and text[start:end] != quoted:
             at = text.find(quoted)
-            where = f"; {quote(quoted)} is at [{at}, {at + len(quoted)}]" if at >= 0 else ""
+            where = f"; {quote(quoted)} is first at [{at}, {at + len(quoted)}]" if at >= 0 else ""
+            why = ("a space at its edge" if text[start:end].strip() == quoted.strip() else
+                   "offsets count characters (code points) of the record's text, not bytes or UTF-16 units")
             raise DataError(f"entity [{start}, {end}] holds {quote(text[start:end])} but its \"text\" says "
-                            f"{quote(quoted)}{where}: offsets count characters (code points) of the record's "
-                            "text, not bytes or UTF-16 units", path=path, line=lineno)
+                            f"{quote(quoted)}{where}: {why}", path=path, line=lineno)
 
 
 def parse_record(line: str, path: str, lineno: int) -> dict:
     """Parse one JSON object line, or raise a DataError naming the line."""
     if line.strip() in ("{", "["):  # JSON written across lines (json.dump(..., indent=2)), not one object a line
-        import shlex
-
-        jq = jq_lines(path) if line.strip() == "[" else \
-            f"jq -c . {shlex.quote(path)} > {shlex.quote(os.path.splitext(path)[0] + '.lines.jsonl')}"
+        jq = jq_lines(path, each=".[]" if line.strip() == "[" else ".")
         raise DataError("JSONL holds one whole JSON object a line, and this line opens one that goes on over the "
                         f"next lines (indented JSON?); write each record on one line: {jq}", path=path, line=lineno)
     rec = parse_json(line, path, lineno)
@@ -48,13 +46,6 @@ def parse_record(line: str, path: str, lineno: int) -> dict:
     check_unicode(rec["text"], path, lineno)
     return rec
 
-
-def check_unicode(text: str, path: str, line: int | None, where: str = "") -> None:
-    """A DataError where a JSON text spells a lone surrogate (`"\\ud800"`), which no tokenizer takes."""
-    m = SURROGATE.search(text)
-    if m:
-        raise DataError(f'{where}"text" is not valid Unicode: a lone surrogate {m.group()!a} at character {m.start()}',
-                        path=path, line=line)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[NerExample]:

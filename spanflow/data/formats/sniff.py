@@ -176,11 +176,17 @@ def _table(lines: list[str]) -> Format | None:
     (a row of another width here and there is the reader's to name, with its line)."""
     for delimiter, name in (("\t", "TSV"), (",", "CSV")):
         quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-        try:  # by records, not lines: a quoted CSV field may run over several lines
-            rows = list(csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter, quoting=quoting))
+        lined = sum(delimiter in line for line in lines) >= 0.8 * len(lines)
+        if not lined and delimiter == "\t":
+            continue
+        try:  # lines short of the delimiter: quoted CSV fields over several lines, if they parse strictly as such
+            rows = list(csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter, quoting=quoting,
+                                   strict=not lined))
         except csv.Error:
+            if not lined:  # prose whose quotes run over lines ('"Come here\nnow," she said'): not a table
+                continue
             return None
-        if sum(len(r) >= 2 for r in rows) < 0.8 * len(rows):
+        if not lined and sum(len(r) >= 2 for r in rows) < 0.8 * len(rows):
             continue
         width = max(set(map(len, rows)), key=[len(r) for r in rows].count)
         if width < 2 or sum(len(r) == width for r in rows) < 0.8 * len(rows):

@@ -19,9 +19,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from spanflow.data.formats.common import jq_lines, kind_of, parse_json, read_lines
+from spanflow.data.formats.common import SURROGATE, jq_lines, kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
-from spanflow.data.formats.common import SURROGATE
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
 log = logging.getLogger("spanflow")
@@ -247,6 +246,26 @@ def _named_order(row: list[str]) -> list[int] | None:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")  # what a column name looks like: no spaces, short
 
 
+# what a missing value is written as: a first row holding one is data, not a header
+MISSING = {"n/a", "na", "nan", "null", "none", "-", "?", "--"}
+
+
+def _unnamed_header(rows, fields) -> bool:
+    """Whether the first row is a header of names this reader does not know: one of its `fields` is
+    no number (nor empty, nor a missing value's mark) where the next row's is, and so are three
+    quarters or more of the rest ("Similarity Score" over scores; a triplet's first negative over
+    other texts, some of them years, is data)."""
+    first, rest = rows[0][1], [r for _, r in rows[1:51]]
+    for i in fields:
+        head = first[i].strip() if i < len(first) else ""
+        below = [r[i] for r in rest if i < len(r) and r[i].strip()]
+        if (head and head.lower() not in MISSING and _number(head) is None and i < len(rest[0])
+                and _number(rest[0][i]) is not None
+                and 4 * sum(_number(v) is not None for v in below) >= 3 * len(below)):
+            return True
+    return False
+
+
 def _looks_named(rows: list[list[str]]) -> bool:
     """A first row every field of which looks like a column name, where the next rows do not
     (pairs of single words are data): an unknown header, read as a pair unless said."""
@@ -268,13 +287,7 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
     if order:  # known names in another order: each column read as its name says
         idx, header = order, True
     if not header and len(rows) > 1 and (cols is not None or len(idx) == 3):
-        # an unnamed header: a field of it (the third, unless columns are chosen) that looks like a
-        # name (no spaces, short: "sim", not "n/a" or a text) and is no number, while the next row's is
-        first, second = rows[0][1], rows[1][1]
-        # (an empty field names nothing: a first record whose score is missing is data, and its line's error)
-        header = any(i < len(first) and _NAME.fullmatch(first[i].strip()) and _number(first[i]) is None
-                     and i < len(second) and _number(second[i]) is not None
-                     for i in (range(len(first)) if cols is not None else [2]))
+        header = _unnamed_header(rows, range(len(rows[0][1])) if cols is not None else [2])
     picked = [[r[i] for i in idx if i < len(r)] for _, r in rows[:50]]
     if not header and _looks_named(picked):
         log.warning("%s: its first row (%s) looks like a header of names this reader does not know, and is read as "
@@ -411,8 +424,8 @@ def _json_keys(rec: dict, path: str, line: int) -> list[str]:
         if a in rec and b in rec:
             thirds = [k for k in THIRD_KEYS if k in rec]
             if len(thirds) > 1:  # a pair is scored or has a negative: reading one would drop the other unsaid
-                raise DataError(f"record has both {' and '.join(map(quote, thirds))}: a pair is scored or has a "
-                                f"negative; pick the keys with --columns (e.g. {a},{b},{thirds[0]})",
+                raise DataError(f"record has both {' and '.join(map(quote, thirds))}: a pair has one third field "
+                                f"(a score or a negative); pick the keys with --columns (e.g. {a},{b},{thirds[0]})",
                                 path=path, line=line)
             return [a, b] + thirds
     raise DataError(f"expected keys sentence1/sentence2[/score], s1/s2, text1/text2, anchor/positive"

@@ -343,7 +343,9 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
         items, cut = items_of(emb, train, scored=name in SCORED_LOSSES)
         what = "scored training pairs" if name in SCORED_LOSSES else (
             "training triplets" if train[0].negative is not None else "training pairs")
-        if name not in SCORED_LOSSES and train[0].score is not None:  # asked for: said, as it is no slip to hide
+        # --loss ranking on scored pairs: every pair trains as a match, the low-scored ones too; asked
+        # for, so not refused, but said, where a slip would otherwise train unseen
+        if name not in SCORED_LOSSES and train[0].score is not None:
             mid = (min(p.score for p in train) + max(p.score for p in train)) / 2
             low = sum(p.score < mid for p in train)
             what += (f" (scored; the ranking loss takes every pair as a match whatever its score: {low} scored in the "
