@@ -1,7 +1,8 @@
 """`spanflow serve` against Infinity (infinity-emb), an embedding server, on the same model and machine.
 
 Each server serves one sentence-transformers directory on loopback, alone on the machine: it is
-started, timed to ready, loaded by the same closed-loop clients (bench/load_test's keep-alive
+started, timed to ready (and, for spanflow, to its compile done: the load starts then, in the
+steady state of both), loaded by the same closed-loop clients (bench/load_test's keep-alive
 connections), then stopped; the servers take turns, in reversed order every other repeat.
 Every text is sent once per server run (no result cache can answer). Configurations: each
 server at its defaults (spanflow: --precision auto; Infinity: its torch engine, fp32 on a CPU,
@@ -45,8 +46,9 @@ CONFIGS = [
 LEVELS = [(1, 1), (8, 1), (32, 1), (4, 32)]
 
 
-def start(server: str, flags: list[str], model: str, port: int, infinity: str) -> tuple[subprocess.Popen, float]:
-    """The server, ready: (process, seconds from launch to its first answered readiness probe)."""
+def start(server: str, flags: list[str], model: str, port: int, infinity: str) -> tuple[subprocess.Popen, float, float]:
+    """The server, ready: (process, seconds from launch to its first answered readiness probe, and
+    to its steady state: spanflow's compile, which runs aside once it is ready, done)."""
     import httpx
 
     if server == "spanflow":
@@ -62,7 +64,8 @@ def start(server: str, flags: list[str], model: str, port: int, infinity: str) -
     while time.perf_counter() - t < 300:
         try:
             if httpx.get(probe, timeout=1).status_code == 200:
-                return proc, time.perf_counter() - t
+                ready = time.perf_counter() - t
+                return proc, ready, steady(server, probe, t) or ready
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
@@ -71,6 +74,17 @@ def start(server: str, flags: list[str], model: str, port: int, infinity: str) -
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"{server} did not become ready")
+
+
+def steady(server: str, probe: str, t: float) -> float | None:
+    """Seconds from launch until no model of a spanflow server is "compiling" (its /ready says)."""
+    import httpx
+
+    if server != "spanflow":
+        return None
+    while "compiling" in httpx.get(probe, timeout=5).json().get("backends", {}).values():
+        time.sleep(0.1)
+    return time.perf_counter() - t
 
 
 def path_of(server: str) -> str:
@@ -165,13 +179,14 @@ def main() -> None:
         picked = rng.permutation(len(pool))[:need]  # one draw a repeat: every configuration gets the same texts
         for name, server, flags in order:
             port = free_port()
-            proc, ready = start(server, flags, model, port, a.infinity)
+            proc, ready, settled = start(server, flags, model, port, a.infinity)
             try:
                 path = path_of(server)
                 seen = vectors(port, path, sample)  # also warms the server up
                 if rep == 0 and name.startswith("infinity, defaults"):
                     ref = seen
                 runs.setdefault((name, "ready"), []).append(ready)
+                runs.setdefault((name, "steady"), []).append(settled)
                 runs.setdefault((name, "vectors"), []).append(seen)
                 for k, (clients, per) in enumerate(LEVELS):
                     chunk = [pool[i] for i in picked[k * a.texts:(k + 1) * a.texts]]
@@ -185,6 +200,7 @@ def main() -> None:
     for name, server, flags in CONFIGS:
         cos = np.sum(runs[(name, "vectors")][0] * ref, axis=1)
         base = {"config": name, "ready_s": float(np.median(runs[(name, "ready")])),
+                "steady_s": float(np.median(runs[(name, "steady")])),
                 "cosine_vs_fp32_mean": float(cos.mean()), "cosine_vs_fp32_min": float(cos.min())}
         for clients, per in LEVELS:
             rs = runs[(name, clients, per)]
@@ -200,12 +216,13 @@ def main() -> None:
         "description": f"model {model_name(a.model)}, loopback, {a.texts} distinct texts per level "
                        f"and run, medians of {a.repeats} runs; one server at a time, the order reversed every "
                        "other repeat; ready_s: launch to the first answered readiness probe (spanflow /ready, "
-                       "Infinity /health, after its own warm-up); cosine_vs_fp32: each configuration's vectors "
+                       "Infinity /health, after its own warm-up); steady_s: launch to spanflow's compile done "
+                       "(it runs aside once the server is ready; the load starts then), Infinity's ready_s; cosine_vs_fp32: each configuration's vectors "
                        "for 256 texts against Infinity's fp32 ones; Infinity runs without its vector disk cache; "
                        "the load generator shares the CPU",
         "infinity_environment": peer_versions(a.infinity), "spanflow_version": metadata.version("spanflow")},
         rows, ["config", "clients", "texts_per_request", "texts_per_s", "ratio_vs_infinity_defaults", "p50_ms",
-               "p95_ms", "errors", "ready_s", "cosine_vs_fp32_mean", "cosine_vs_fp32_min", "texts_per_s_runs"])
+               "p95_ms", "errors", "ready_s", "steady_s", "cosine_vs_fp32_mean", "cosine_vs_fp32_min", "texts_per_s_runs"])
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ def free_port() -> int:
 
 
 def start_server(model: str, port: int, extra: list[str], tree: str | None = None) -> subprocess.Popen:
-    """`spanflow serve` on loopback, ready; `tree`: run another checkout's server (before/after)."""
+    """`spanflow serve` on loopback, ready and its compile done (it runs aside once the server is
+    ready: measured before then, a run would time the compile); `tree`: another checkout's server
+    (before/after)."""
     import httpx
 
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree)) if tree else None
@@ -45,7 +47,8 @@ def start_server(model: str, port: int, extra: list[str], tree: str | None = Non
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+            r = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1)
+            if r.status_code == 200 and "compiling" not in r.json().get("backends", {}).values():
                 return proc
         except httpx.HTTPError:
             pass

@@ -60,3 +60,38 @@ def test_a_failed_compile_runs_eager_and_says_why(monkeypatch):
     assert backend.use_backend(model, "compile", lines.append) == "eager"
     assert model.module.encoder is eager and "no C++ compiler found" in lines[0]
     assert len(model.predict(TEXTS[:3])) == 3
+
+
+def test_a_server_compiles_aside_and_serves_eager_until_the_compile_is_done(monkeypatch):
+    import threading
+
+    model = tiny_ner()
+    eager = model.module.encoder
+    want = model.predict(TEXTS[:9])
+    release, warming = threading.Event(), threading.Event()
+
+    class Slow(torch.nn.Module):  # a compile that holds its warm-up until released
+        def __init__(self, inner):
+            super().__init__()
+            self._orig_mod = inner
+
+        def forward(self, *a, **k):
+            warming.set()
+            assert release.wait(60), "never released"
+            return self._orig_mod(*a, **k)
+
+    monkeypatch.setattr(torch, "compile", lambda module, **_: Slow(module))
+    lines = []
+    thread = backend.compile_aside(model, lines.append)
+    assert warming.wait(60)  # the compile's warm-up runs, on its own thread
+    assert model.module.encoder is eager and backend.backend_of(model) == "compiling"
+    assert model.predict(TEXTS[:9]) == want  # served meanwhile, eager
+    release.set()
+    thread.join(60)
+    assert isinstance(model.module.encoder, Slow) and model.module.encoder._orig_mod is eager
+    assert backend.backend_of(model) == "compile" and "batches now run compiled" in lines[-1]
+    assert model.predict(TEXTS[:9]) == want
+    failing = tiny_ner()
+    monkeypatch.setattr(torch, "compile", lambda module, **_: (_ for _ in ()).throw(RuntimeError("no C++ compiler")))
+    backend.compile_aside(failing, lines.append).join(60)
+    assert backend.backend_of(failing) == "eager" and "no C++ compiler" in lines[-1]

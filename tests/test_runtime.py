@@ -45,12 +45,20 @@ def served(monkeypatch):
     """`spanflow serve` up to the point it would listen: the app and options it would serve."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
+
     import spanflow.cli.serve as serve_cli
 
     seen = {"models": []}
     monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: seen.update(app=app, **kw))
-    # compiling is test_backend.py's; here: the models that would be served
-    monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: seen["models"].append(model) or "eager")
+    real = serve_cli.load_services
+
+    def loaded(a):  # the models that would be served
+        services, budgets = real(a)
+        seen["models"] += [s.model for s in services]
+        return services, budgets
+
+    monkeypatch.setattr(serve_cli, "load_services", loaded)
+    monkeypatch.setattr("spanflow.serving.app.start_backend", lambda model, name: None)  # compiling: test_backend.py
     return seen
 
 

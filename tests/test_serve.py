@@ -329,7 +329,6 @@ def _batches(metrics: str, model: str) -> int:
 
 
 def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeypatch, capsys, tmp_path):
-    import spanflow.cli.serve as serve_cli
     from spanflow.cli.main import main
     from spanflow.runtime.budget import default_budget
 
@@ -337,7 +336,7 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
     started = []
     monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: started.append((app, kw)))
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
-    monkeypatch.setattr(serve_cli, "use_backend", lambda model, name: asked.append(name) or "eager")
+    monkeypatch.setattr("spanflow.serving.app.start_backend", lambda model, name: asked.append(name))
     text = min(TEXTS, key=len)
     lengths = load_service(f"ner={model_dirs['ner']}", device="cpu").units([text])[1]
     assert len(lengths) == 1  # one window

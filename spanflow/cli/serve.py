@@ -7,7 +7,6 @@ import sys
 
 from spanflow.cli.common import add_budget_args, add_device_arg, add_precision_arg, add_quantize_args
 from spanflow.cli.options import add_options, options_from
-from spanflow.inference.backend import use_backend
 from spanflow.runtime.backend import BACKENDS
 from spanflow.serving.options import ServeOptions
 
@@ -56,9 +55,7 @@ def load_services(a: argparse.Namespace) -> tuple[list, dict[str, int]]:
         quantize = a.quantize if not quantizes or a.quantize in getattr(task, "quantizations", ()) else None
         rt = resolve_runtime(task, path, Asked.from_args(a, profile=mine, quantize=quantize), job="serve",
                              loads=loads, batching=not a.no_batching, name=name)
-        s = Service(name, task, loads.take(rt))
-        use_backend(s.model, rt.backend)
-        services.append(s)
+        services.append(Service(name, task, loads.take(rt), backend=rt.backend))
         per_model[name] = rt.max_tokens
     return services, per_model
 

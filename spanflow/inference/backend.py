@@ -2,6 +2,8 @@
 (which of the two a command runs is spanflow/runtime/backend.py's choice)."""
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from collections.abc import Callable
 
@@ -17,23 +19,74 @@ def use_backend(model, backend: str, log: Callable[[str], None] = print) -> str:
     operator the compiler does not take), the model stays eager and one line says why.
     Returns the backend in use.
     """
-    if backend != "compile":
+    module = _compilable(model, log) if backend == "compile" else None
+    if module is None:
         return "eager"
-    module = getattr(model, "module", None)
-    if module is None or not hasattr(module, "encoder"):
-        log("backend compile: this model has no encoder to compile; running eager")
-        return "eager"
-
-    def warm():
-        units, _, _ = model.units(WARM_TEXTS)
-        for n in (1, 2, 5, len(units)):
-            model.run_batch(units[:n])
-
-    seconds = _compile(module, warm, log)
+    seconds = _compile(module, lambda: _warm(model, model.units(WARM_TEXTS)[0]), log)
     if seconds is None:
         return "eager"
     log(f"backend compile: warm-up compiled in {seconds:.1f} s")
     return "compile"
+
+
+def _compilable(model, log: Callable[[str], None]):
+    """`model`'s module where it has an encoder to compile, else None with one line that says so."""
+    module = getattr(model, "module", None)
+    if module is None or not hasattr(module, "encoder"):
+        log("backend compile: this model has no encoder to compile; running eager")
+        return None
+    return module
+
+
+def _warm(model, units: list) -> None:
+    """Warm-up batches through the model's own serving path, of sizes whose shapes a server meets."""
+    for n in (1, 2, 5, len(units)):
+        model.run_batch(units[:n])
+
+
+def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread | None:
+    """Compile `model`'s encoder on a thread of its own, its warm-up batches run through a shadow
+    of the model, and swap it in when done: a server is ready, and serves eager, while the compile
+    (seconds to tens of seconds) runs. Where it fails the model stays eager and one line says why.
+    Returns the thread (None for a model with no encoder to compile)."""
+    module = _compilable(model, log)
+    if module is None:
+        return None
+    shadow = copy.copy(model)
+    shadow.module = copy.copy(module)
+    shadow.module._modules = dict(module._modules)  # its own encoder slot; the weights are the same tensors
+    units, _, _ = model.units(WARM_TEXTS)  # here: a tokenizer is never entered by two threads at once
+
+    def run() -> None:
+        with _one_at_a_time:  # a server of several models compiles them in turn, not all at once
+            seconds = _compile(shadow.module, lambda: _warm(shadow, units), log)
+        if seconds is not None:
+            module.encoder = shadow.module.encoder  # one attribute: the next batch runs compiled
+            log(f"backend compile: compiled in {seconds:.1f} s while serving eager; batches now run compiled")
+
+    thread = threading.Thread(target=run, name="spanflow-compile", daemon=True)
+    _aside[id(module)] = thread
+    thread.start()
+    return thread
+
+
+_aside: dict[int, threading.Thread] = {}  # a compiling module (by id) -> its thread
+_one_at_a_time = threading.Lock()
+
+
+def start_backend(model, backend: str, log: Callable[[str], None] = print) -> None:
+    """A server's start: `compile` runs aside (compile_aside), so that the server is ready at once."""
+    if backend == "compile":
+        compile_aside(model, log)
+
+
+def backend_of(model) -> str:
+    """What runs `model`'s encoder now: compiling (eager until it is done), compile or eager."""
+    module = getattr(model, "module", None)
+    thread = _aside.get(id(module))
+    if thread is not None and thread.is_alive():
+        return "compiling"
+    return "compile" if hasattr(getattr(module, "encoder", None), "_orig_mod") else "eager"
 
 
 def compare_backends(module, measure: Callable[[], dict], log: Callable[[str], None] = print) -> dict:
@@ -62,8 +115,8 @@ def _compile(module, warm: Callable[[], object], log: Callable[[str], None]) -> 
 
     eager = module.encoder
     t = time.perf_counter()
-    module.encoder = torch.compile(eager, dynamic=True)
     try:
+        module.encoder = torch.compile(eager, dynamic=True)
         warm()
     except Exception as e:  # noqa: BLE001 - inductor raises many types; any of them means: run eager
         module.encoder = eager

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from spanflow.errors import SpanflowError
+from spanflow.inference.backend import backend_of, start_backend
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
@@ -74,6 +75,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         settle()
         cuda = [s.model.policy.device for s in services if s.model.policy.device.type == "cuda"]
         state["gpu"] = GpuUtilSampler(cuda[0]) if cuda else None  # NVML, when installed (the gpu extra)
+        for s in services:  # a compile runs aside, started once the eager warm-up is done: ready now
+            start_backend(s.model, s.backend)
         state["ready"] = True
         yield
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
@@ -120,7 +123,8 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     async def ready():
         if not state["ready"]:  # the server stops: what is queued is finished, nothing new is taken
             raise HttpError(503, "the server is stopping")
-        return {"status": "ready", "models": {s.name: s.task.name for s in services}}
+        return {"status": "ready", "models": {s.name: s.task.name for s in services},
+                "backends": {s.name: backend_of(s.model) for s in services}}
 
     @app.get("/v1/models")
     async def models():

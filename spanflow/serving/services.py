@@ -17,6 +17,7 @@ class Service:
     name: str
     task: Task
     model: TaskModel
+    backend: str = "eager"  # what runs its encoder once the server is ready (compile: started then, aside)
 
     def units(self, texts: list[str]):
         """(units, token lengths, context for assemble); run off the event loop."""
