@@ -95,3 +95,19 @@ def test_a_server_compiles_aside_and_serves_eager_until_the_compile_is_done(monk
     monkeypatch.setattr(torch, "compile", lambda module, **_: (_ for _ in ()).throw(RuntimeError("no C++ compiler")))
     backend.compile_aside(failing, lines.append).join(60)
     assert backend.backend_of(failing) == "eager" and "no C++ compiler" in lines[-1]
+
+
+def test_eager_batches_beside_a_compile_keep_their_low_precision_path():
+    """torch.compiler.is_compiling() is one flag for the process: while a server compiled aside, the
+    eager batches of its model thread skipped the row rounding of bf16 products (models/linear.py)."""
+    from spanflow.models.linear import low_precision
+
+    model = tiny_ner()
+    x, w = torch.zeros(3, 32, dtype=torch.bfloat16), torch.zeros(32, 32, dtype=torch.bfloat16)
+    thread = backend.compile_aside(model, lambda line: None)  # a real compile, on its own thread
+    seen = []
+    while thread.is_alive():
+        seen.append(low_precision(x, w))
+    thread.join()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert backend.backend_of(model) == "compile"

@@ -194,9 +194,10 @@ def _leave_now(rc: int, entry: bool) -> int:
     compile, tens of seconds), the process ends now: exiting normally would wait for that work.
     Nothing it writes is at a final path until renamed there (atomic.py). `entry`: main() is the
     process's command line (not a call from a program or a test, whose process goes on)."""
+    from spanflow.inference.backend import compiling
     from spanflow.runtime.threads import model_thread_busy
 
-    if entry and model_thread_busy():
+    if entry and (model_thread_busy() or compiling()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

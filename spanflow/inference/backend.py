@@ -55,14 +55,21 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
     shadow = copy.copy(model)
     shadow.module = copy.copy(module)
     shadow.module._modules = dict(module._modules)  # its own encoder slot; the weights are the same tensors
-    units, _, _ = model.units(WARM_TEXTS)  # here: a tokenizer is never entered by two threads at once
+    try:  # here: a tokenizer is never entered by two threads at once
+        units, _, _ = model.units(WARM_TEXTS)
+    except Exception as e:  # noqa: BLE001 - as a failed compile: the model stays eager, and says why
+        log(f"backend compile failed ({type(e).__name__}: {str(e)[:200]}); running eager")
+        return None
 
     def run() -> None:
+        from spanflow.inference.heap import settle
+
         with _one_at_a_time:  # a server of several models compiles them in turn, not all at once
             seconds = _compile(shadow.module, lambda: _warm(shadow, units), log)
         if seconds is not None:
             module.encoder = shadow.module.encoder  # one attribute: the next batch runs compiled
             log(f"backend compile: compiled in {seconds:.1f} s while serving eager; batches now run compiled")
+        settle()  # the compiler's objects, made after the server's own were settled, out of full collections
 
     thread = threading.Thread(target=run, name="spanflow-compile", daemon=True)
     _aside[id(module)] = thread
@@ -78,6 +85,12 @@ def start_backend(model, backend: str, log: Callable[[str], None] = print) -> No
     """A server's start: `compile` runs aside (compile_aside), so that the server is ready at once."""
     if backend == "compile":
         compile_aside(model, log)
+
+
+def compiling() -> bool:
+    """Whether a compile started aside still runs (a process that stops then ends at once: waiting
+    for the thread would wait for the compile)."""
+    return any(t.is_alive() for t in _aside.values())
 
 
 def backend_of(model) -> str:

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from spanflow.models.dropout import Dropout, dropout
-from spanflow.models.linear import Linear, low_precision, rounded_rows
+from spanflow.models.linear import Linear, low_precision, rounded_rows, tracing
 from spanflow.models.files import WEIGHTS, Config, json_object, write_encoder
 
 
@@ -95,7 +95,7 @@ def _sdpa_without_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
     budget come in many shapes, so on a GPU a training step spent most of its time building them
     (bench/results/device_step_profile.md). The memory-efficient kernel takes the padding mask.
     Under torch.compile the choice is traced into the graph, where dynamo can trace it."""
-    if torch.compiler.is_compiling() and not _dynamo_traces_sdpa_kernel():
+    if tracing() and not _dynamo_traces_sdpa_kernel():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # no graph break per layer
     with sdpa_kernel(_NOT_CUDNN):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)

@@ -71,10 +71,16 @@ def _autocast_dtype() -> torch.dtype | None:
     return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
 
 
+def tracing() -> bool:
+    """Whether this code is being traced by torch.compile. Not `is_compiling()`, which is one flag for
+    the process: a server compiling aside would turn it on for the eager batches of another thread."""
+    return torch.compiler.is_dynamo_compiling()
+
+
 def low_precision(x: torch.Tensor, weight) -> torch.dtype | None:
     """The dtype a CPU product of x and weight runs in, where that is bf16 or fp16; else None.
     None inside torch.compile: a rounding there would pin a dynamic graph to one row count."""
-    if x.device.type != "cpu" or not isinstance(weight, torch.Tensor) or torch.compiler.is_compiling():
+    if x.device.type != "cpu" or not isinstance(weight, torch.Tensor) or tracing():
         return None  # not weight: a quantized layer's packed weight is not oneDNN's bf16 path
     dt = _autocast_dtype() or x.dtype
     return dt if dt in (torch.bfloat16, torch.float16) else None
