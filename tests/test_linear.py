@@ -129,7 +129,7 @@ def test_compiled_graphs_are_not_rounded(monkeypatch):
     # a rounding traced into a dynamic graph would pin it to one row count (a recompile per B * T)
     layer = Linear(16, 24)
     x = torch.randn(5, 7, 16)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
     with torch.autocast("cpu", dtype=torch.bfloat16), _Rows() as seen:
         assert layer(x).shape == (5, 7, 24)
     assert seen.rows == [35]
