@@ -74,7 +74,8 @@ def _autocast_dtype() -> torch.dtype | None:
 def tracing() -> bool:
     """Whether this code is being traced by torch.compile. Not `is_compiling()`, which is one flag for
     the process: a server compiling aside would turn it on for the eager batches of another thread."""
-    return torch.compiler.is_dynamo_compiling()
+    asked = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling  # (older torch)
+    return asked()
 
 
 def low_precision(x: torch.Tensor, weight) -> torch.dtype | None:
