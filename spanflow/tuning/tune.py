@@ -70,8 +70,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
             raise ConfigError(f"--out {out}: not writable by this user")
     from spanflow.data.io import check_output_file
 
-    for name in ("profile.json", "profile.png")[:2 if plot else 1]:  # a directory of that name would stop the
-        check_output_file(os.path.join(out or ".", name))                # write after the sweep
+    # a directory of that name would stop the write after the sweep: told now
+    for name in ("profile.json", "profile.png")[:2 if plot else 1]:
+        check_output_file(os.path.join(out or ".", name))
     rt = resolve_runtime(get(task), model, Asked(device=device, precision=precision, quantize=quantize, force=force),
                          job="train" if mode == "train" else "infer", sweeps=True, log=log_fn)
     policy = resolve_policy(rt.precision, rt.device)

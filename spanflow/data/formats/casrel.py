@@ -65,7 +65,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path)
-        check_unicode(rec["text"], path, None, f"record {k} (of the list, from 1): ")
+        check_unicode(rec["text"], path, None, f'record {k} (of the list, from 1): "text"')
         ex = ReExample(rec["text"])
         if "triple_list" not in rec:
             _other_key(rec, k, path)

@@ -15,11 +15,12 @@ from spanflow.errors import DataError
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def check_unicode(text: str, path: str, line: int | None, where: str = "") -> None:
-    """A DataError where a JSON text spells a lone surrogate (`"\\ud800"`), which no tokenizer takes."""
+def check_unicode(text: str, path: str, line: int | None, what: str = '"text"') -> None:
+    """A DataError where a JSON text (`what` holds it) spells a lone surrogate (`"\\ud800"`), which
+    no tokenizer takes."""
     m = SURROGATE.search(text)
     if m:
-        raise DataError(f'{where}"text" is not valid Unicode: a lone surrogate {m.group()!a} at character {m.start()}',
+        raise DataError(f"{what} is not valid Unicode: a lone surrogate {m.group()!a} at character {m.start()}",
                         path=path, line=line)
 
 
@@ -126,8 +127,6 @@ def jq_lines(path: str, select: str = "", suffix: str = ".jsonl", each: str = ".
     """The jq command that writes a JSON list's records one a line (`select`: a filter after
     `.[]`, such as `{text}`; `each="."`: a stream of indented objects), beside it with `suffix`:
     what messages about a JSON list offer."""
-    import shlex
-
     out = os.path.splitext(path)[0] + suffix
     if os.path.abspath(out) == os.path.abspath(path):  # `> file` would empty the input before jq reads it
         out = os.path.splitext(path)[0] + ".lines" + suffix

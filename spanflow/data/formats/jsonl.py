@@ -47,7 +47,6 @@ def parse_record(line: str, path: str, lineno: int) -> dict:
     return rec
 
 
-
 def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
     """Read NER examples; spans out of range or overlapping are DataErrors naming the line."""
     path = os.fspath(path)

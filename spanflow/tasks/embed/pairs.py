@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from spanflow.data.formats.common import SURROGATE, jq_lines, kind_of, parse_json, read_lines
+from spanflow.data.formats.common import SURROGATE, check_unicode, jq_lines, kind_of, parse_json, read_lines
 from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
@@ -173,9 +173,7 @@ def _text(value, path: str, line: int, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"empty {what}" if isinstance(value, str) or value is None
                         else f"{what} is not a string: {quote(value)}", path=path, line=line)
-    bad = SURROGATE.search(value)  # a JSON escape such as \ud800: no character, so no tokenizer takes it
-    if bad:
-        raise DataError(f"{what} is not valid Unicode: a lone surrogate {bad.group()!a}", path=path, line=line)
+    check_unicode(value, path, line, what)
     return value
 
 

@@ -213,11 +213,15 @@ class NerModel:
     def units(self, texts: list[str], words: list | None = None):
         """(windows with their word starts, window lengths, encodings): the server's units
         (`words`: see predict_stream)."""
-        pairs = list(paired(texts, words))
-        encs = encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)))
+        encs = self._encode(texts, words)
         wins = windows_for(encs, max_length=self.max_length, stride=self.stride, cls_id=self.tokenizer.cls_token_id,
                            sep_id=self.tokenizer.sep_token_id, lines=self.lines)
         return [(w, word_starts(encs, w)) for w in wins], [len(w) for w in wins], encs
+
+    def _encode(self, texts: list[str], words: list | None):
+        """The texts' encodings, cut into the model's words (`words`: each text's own, or None)."""
+        pairs = list(paired(texts, words))
+        return encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)))
 
     def run_batch(self, units: list) -> list:
         """Label ids of each window (a CRF head decodes over its word starts)."""
@@ -245,9 +249,7 @@ class NerModel:
     def _off_words(self, examples: list[NerExample]) -> str | None:
         """A warning where gold entities do not start and end on the words this model tags (a span
         with a space at its edge, one that cuts a word): no prediction can match them."""
-        texts = [e.text for e in examples]
-        encs = encode_texts(self.tokenizer, texts, text_words(list(paired(texts, [e.words for e in examples])),
-                                                              splitter(self.words, self.word_edges)))
+        encs = self._encode([e.text for e in examples], [e.words for e in examples])
         label2id = {t: i for i, t in enumerate(bio_label_list(sorted({s[2] for e in examples for s in e.spans})))}
         moved, first = moved_spans(examples, encs, [bio_labels(enc, e.spans, label2id) for enc, e in
                                                     zip(encs, examples)], label2id, "can only be found as")

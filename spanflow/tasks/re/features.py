@@ -38,6 +38,11 @@ def token_span(enc: Encoded, span: tuple[int, int], limit: int) -> tuple[int, in
     return (toks[0] + 1, toks[-1] + 1) if toks and toks[-1] < limit else None
 
 
+def char_span(enc: Encoded, tokens: tuple[int, int]) -> tuple[int, int]:
+    """The characters a token span (input positions, as token_span gives) covers."""
+    return enc.offsets[tokens[0] - 1][0], enc.offsets[tokens[1] - 1][1]
+
+
 def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFeature]:
     """Model inputs ([CLS] tokens [SEP], cut at max_length) without labels."""
     cls, sep, limit = tokenizer.cls_token_id, tokenizer.sep_token_id, max_length - 2
@@ -64,13 +69,12 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
                 lost += 1
                 continue
             f.subjects.setdefault(ts, []).append((rel2id[rel], *to))
-            off = [(span, got) for span, got in ((s, ts), (o, to))
-                   if (enc.offsets[got[0] - 1][0], enc.offsets[got[1] - 1][1]) != tuple(span)]
+            off = [(span, chars) for span, chars in ((s, char_span(enc, ts)), (o, char_span(enc, to)))
+                   if chars != tuple(span)]
             moved += bool(off)
             if off and first is None:
                 (a, b), (u, v) = off[0]
-                first = (f"{ex.text[a:b]!r} in {ex.text[max(0, a - 30):b + 30]!r} trains as "
-                         f"{ex.text[enc.offsets[u - 1][0]:enc.offsets[v - 1][1]]!r}")
+                first = f"{ex.text[a:b]!r} in {ex.text[max(0, a - 30):b + 30]!r} trains as {ex.text[u:v]!r}"
     said = ([f"{counted(cut, 'text')} longer than {max_length} tokens were cut; {counted(lost, 'triple')} fell "
              "outside the tokens kept and are not trained on"] if cut or lost else [])
     said += [f"{counted(unknown, 'triple')} with a relation outside the model's set"] if unknown else []
