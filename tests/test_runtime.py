@@ -198,6 +198,12 @@ def test_profile_errors_name_file_field_and_value(tmp_path):
     p.write_text(json.dumps({"task": "ner", "best": None, "points": []}))
     with pytest.raises(ConfigError, match="has no best point"):
         read_profile(str(p))
+    p.write_text(json.dumps({"task": "ner", "best": {"max_tokens": 512, "oom": True}}))
+    with pytest.raises(ConfigError, match=r"best point \(max_tokens 512\) ran out of memory"):
+        read_profile(str(p))
+    p.write_text(json.dumps({"task": "ner", "precision": "int4", "best": {"max_tokens": 512}}))
+    with pytest.raises(ConfigError, match="'precision'.*got \"int4\""):
+        read_profile(str(p))
     p.write_text("{")
     with pytest.raises(ConfigError, match="is unreadable"):
         read_profile(str(p))

@@ -369,6 +369,21 @@ def test_diagnose_padding_and_environment():
     assert {"torch", "cuda_available", "cpu_threads", "nvml", "cpu_bf16"} <= set(env)
 
 
+def test_diagnose_names_only_losses_its_fix_removes():
+    r = {"padding_efficiency": 0.6, "texts_per_update": 4, "data_frac": 0.05, "optimizer_frac": 0.05,
+         "real_tokens_per_s": 100.0}
+    # random batches that pad as token-budget batches do on this data: padding is not what they lose
+    same = diagnose(r, {**r, "padding_efficiency": 0.62, "texts_per_update": 30, "real_tokens_per_s": 300.0})
+    assert not any("padding" in f for f in same) and "batch by token budget" in same[0]
+    better = diagnose(r, {**r, "padding_efficiency": 0.95, "texts_per_update": 30, "real_tokens_per_s": 300.0})
+    assert any("padding efficiency 0.60" in f and "0.95 on this data" in f for f in better)
+    # spanflow's own batches at a budget given: the budget is the fix, not "batch by token budget"
+    own = diagnose(r, own=True, asked=True)
+    assert own and "raise --max-tokens" in own[0] and "batch by token budget" not in own[0]
+    # at training's own budget, a few long texts an update are not underfeeding
+    assert diagnose(r, own=True, asked=False) == []
+
+
 def test_doctor_probes_any_task_and_a_sample_smaller_than_its_steps(tmp_path):
     import json
 

@@ -45,7 +45,7 @@ class Profile(BaseModel):
     model: str | None = None
     task: str | None = None
     mode: Literal["train", "infer"] | None = None
-    precision: str | None = None
+    precision: Literal["fp32", "bf16", "fp16"] | None = None  # what tune ran in (the policy's name)
     quantize: Literal["int8"] | None = None
     best: Point | None = None
     points: list[Point] = []
@@ -85,6 +85,8 @@ def read_profile(path: str, *, task: str | None = None, mode: str | None = None)
         raise ConfigError(f"profile {path}: {explain(e)}") from None
     if prof.best is None:
         raise ConfigError(f"profile {path} has no best point (every point ran out of memory or broke a limit)")
+    if prof.best.oom:  # tune never picks one: a hand-edited file would run a budget known not to fit
+        raise ConfigError(f"profile {path}: its best point (max_tokens {prof.best.max_tokens}) ran out of memory")
     for k, v in (("task", task), ("mode", mode)):
         if v and getattr(prof, k) and getattr(prof, k) != v:
             raise ConfigError(f"profile {path} was measured for {k} {getattr(prof, k)!r}, not {v!r}")

@@ -155,7 +155,7 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
                 column: int | None, measure: Callable[..., dict] | None,
                 log: Callable[[str], None]) -> tuple[int | None, str]:
     """An explicit number wins; then --profile; `auto` uses the cached profile for this model,
-    device, task, mode, precision and quantization, measuring a short one (about 30 s) with
+    device, task, mode, precision and quantization, measuring a short one (up to about 30 s) with
     `measure` when none exists; else the default of the budget table."""
     value = asked.max_tokens
     if value not in (None, "auto"):
@@ -194,7 +194,7 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
             f"caches one; or `spanflow tune --task {key['task']} --mode {key['mode']} --model {key['model']} --data "
             "YOUR_TEXTS --out DIR` and --profile DIR/profile.json)")
         return default, f"auto: no cached profile, {why_default}"
-    log("max_tokens auto: no profile for this model and device yet; measuring one (about 30 s)")
+    log("max_tokens auto: no profile for this model and device yet; measuring one (up to about 30 s)")
     prof = measure(task=key["task"], model=key["model"], data=data, mode=key["mode"], precision=key["precision"],
                    quantize=key["quantize"], device=str(key["device"]), field=field, column=column)
     kept = cache_write(write_profile, cached, prof, "measured profile")  # measure() raises where no point ran

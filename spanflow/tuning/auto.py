@@ -1,4 +1,4 @@
-"""`--max-tokens auto` when no profile is cached: a short tune sweep (about 30 s), whose
+"""`--max-tokens auto` when no profile is cached: a short tune sweep (up to about 30 s), whose
 profile spanflow/runtime/resolve.py then caches for this model and device."""
 from __future__ import annotations
 

@@ -85,20 +85,27 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
             "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps}
 
 
-def diagnose(r: dict, healthy: dict | None = None, *, own: bool = False) -> list[str]:
+def diagnose(r: dict, healthy: dict | None = None, *, own: bool = False, asked: bool = True) -> list[str]:
     """The losses of utilization in a probe, biggest first, each with its fix. `own`: the probe
     ran spanflow's own batches, whose padding is the spread of lengths left inside a bucket (a
-    pair's two sides, each padded apart, for embeddings): not a loss it can name a fix for."""
+    pair's two sides, each padded apart, for embeddings): not a loss it can name a fix for; and
+    `asked` False, at training's own budget for the device, whose few long texts an update are
+    no underfeeding either. `healthy`: the same data in spanflow's batches, for the losses
+    those batches would share."""
     found = []
-    if r["padding_efficiency"] < 0.85 and not own:
+    # the fix named is token-budget batches: a loss they share (the `healthy` probe's) is none it fixes
+    fixed = healthy["padding_efficiency"] - 0.05 if healthy else 0.85
+    if r["padding_efficiency"] < min(0.85, fixed) and not own:
         found.append((1 - r["padding_efficiency"],
                       f"padding efficiency {r['padding_efficiency']:.2f}: {1 - r['padding_efficiency']:.0%} of compute "
-                      "is spent on padding; batch by token budget over length-sorted buckets (spanflow train does)"))
-    if r["texts_per_update"] < 8:
+                      "is spent on padding; batch by token budget over length-sorted buckets (spanflow train does"
+                      + (f": {healthy['padding_efficiency']:.2f} on this data)" if healthy else ")")))
+    if r["texts_per_update"] < 8 and not (own and not asked):  # training's own budget is sized to the device
         loss = 1 - r["real_tokens_per_s"] / healthy["real_tokens_per_s"] if healthy else 0.5
+        fix = "raise --max-tokens, or leave it unset" if own else "batch by token budget"
         found.append((loss, f"batch of {r['texts_per_update']:.0f} text(s) per update: the device is underfed and "
-                            "the optimizer runs after every few examples; batch by token budget (spanflow train "
-                            "sizes it to the data: docs/defaults.md)"))
+                            f"the optimizer runs after every few examples; {fix} (spanflow train sizes it to the "
+                            "data: docs/defaults.md)"))
     if r["data_frac"] > 0.2:
         found.append((r["data_frac"], f"{r['data_frac']:.0%} of step time goes to preparing data: pre-tokenize, "
                                       "and collate in a background thread (spanflow's loop prefetches)"))
@@ -169,7 +176,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
     log_fn(f"measured: {r['real_tokens_per_s']:.0f} real tok/s{mfu}, padding efficiency {r['padding_efficiency']:.2f}, "
            f"{r['texts_per_update']:.1f} texts/update; time: data {r['data_frac']:.0%}, compute "
            f"{r['compute_frac']:.0%}, optimizer {r['optimizer_frac']:.0%}")
-    findings = diagnose(r, healthy, own=not batch_size)
+    findings = diagnose(r, healthy, own=not batch_size, asked=asked)
     if healthy:
         log_fn(f"with token-budget batches (max_tokens {max_tokens}): {healthy['real_tokens_per_s']:.0f} real "
                f"tok/s, {healthy['real_tokens_per_s'] / r['real_tokens_per_s']:.1f}x")
