@@ -111,3 +111,27 @@ def test_eager_batches_beside_a_compile_keep_their_low_precision_path():
     thread.join()
     assert seen and set(seen) == {torch.bfloat16}
     assert backend.backend_of(model) == "compile"
+
+
+@pytest.mark.parametrize("speeds, best", [
+    ((100, 0, 95, 90, 105), "compile"),  # the runs overlap: the first pair alone would have said eager
+    ((100, 0, 90, 101, 95), "eager"),    # eager faster in every run
+    ((90, 0, 100, 95, 99), "compile"),
+])
+def test_compare_backends_measures_each_side_in_turn_and_takes_eager_only_when_always_faster(monkeypatch, speeds,
+                                                                                               best):
+    class Module:
+        encoder = "eager"
+
+    module, seen = Module(), []
+    monkeypatch.setattr(torch, "compile", lambda enc, **kw: "compiled")
+    calls = iter(speeds)  # eager, the compiling run (discarded), compiled, eager, compiled
+
+    def measure():
+        seen.append(module.encoder)
+        return {"real_tokens_per_s": float(next(calls))}
+
+    out = backend.compare_backends(module, measure, log=lambda s: None)
+    assert seen == ["eager", "compiled", "compiled", "eager", "compiled"]
+    assert module.encoder == "eager" and out["best"] == best
+    assert out["eager_runs"] == [speeds[0], speeds[3]] and out["compile_runs"] == [speeds[2], speeds[4]]

@@ -87,7 +87,9 @@ def test_tune_infer_compares_backends_and_plots(ner_file, tmp_path, monkeypatch)
     b = json.loads((tmp_path / "profile.json").read_text())["backend"]
     assert b["eager"] > 0 and b["best"] in ("eager", "compile")
     assert b["compile"] is None or (b["compile"] > 0 and b["compile_s"] > 0)
-    assert b["best"] == ("compile" if b["compile"] and b["compile"] > b["eager"] else "eager")
+    if b["compile"] is not None:  # each side measured twice; eager only where it was faster in every run
+        assert len(b["eager_runs"]) == len(b["compile_runs"]) == 2
+        assert b["best"] == ("eager" if max(b["compile_runs"]) < min(b["eager_runs"]) else "compile")
     # the default install (make test / make demo) has the plot extra: the picture is drawn
     assert (tmp_path / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

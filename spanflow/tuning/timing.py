@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 COMPILE_SECONDS = 30.0  # compiling an encoder for the backend comparison takes about this (tens of seconds)
 FINISH_SECONDS = 1.5  # writing the profile, its table and its plot, and the interpreter exiting
-COMPARE_RUNS = 3  # runs of the best point the comparison takes: eager, compiling, compiled
+COMPARE_RUNS = 5  # runs of the best point the comparison takes: eager, compiling, then compiled and eager in turn
 
 
 @dataclass
