@@ -345,3 +345,33 @@ def test_a_csv_whose_quoted_fields_run_over_lines_is_read_as_pairs(tmp_path):
             'who wrote hamlet,"Shakespeare wrote it.\nAround 1600.\nSet in Denmark."\n')
     got = read_pairs(write(tmp_path, "ml.csv", text))
     assert [p.a for p in got] == ["what is paris", "who wrote hamlet"] and got[1].b.endswith("Set in Denmark.")
+
+
+def test_what_was_read_is_said_in_one_line(tmp_path):
+    said = []
+    raw = write(tmp_path, "sts.csv", "a cat sits,a cat is sitting,5.0\na dog runs,the sky is blue,0\nmen play,people play,2.5\n")
+    read_pairs(raw, log_fn=said.append)
+    assert said == [f"read {raw}: 3 scored pairs from columns 0,1,2 (counted from 0; no header row); scores 0 to 5, "
+                    "read as similarity 0 to 1"]
+    named = write(tmp_path, "named.csv", "score,sentence1,sentence2\n4,a b,c d\n1,e f,g h\n")
+    read_pairs(named, log_fn=said.append)
+    assert said[-1] == (f"read {named}: 2 scored pairs from its header's columns sentence1,sentence2,score; scores 1 "
+                        "to 4, read as similarity 0 to 1")
+    trip = write(tmp_path, "t.jsonl", "".join(json.dumps({"anchor": a, "positive": p, "negative": n}) + "\n"
+                                              for a, p, n in TRIPLETS))
+    read_pairs(trip, log_fn=said.append)
+    assert said[-1] == f"read {trip}: 2 triplets from the keys anchor,positive,negative"
+    one = write(tmp_path, "one.tsv", "q one\tp one\n")
+    read_pairs(one, columns="1,0", log_fn=said.append)
+    assert said[-1] == f"read {one}: 1 pair from columns 1,0 (counted from 0; no header row)"
+
+
+def test_a_label_of_nli_classes_read_as_similarity_is_warned(tmp_path, caplog):
+    nli = write(tmp_path, "nli.csv", "sentence1,sentence2,label\na b,c d,0\ne f,g h,1\ni j,k l,2\n")
+    graded = write(tmp_path, "graded.csv", "sentence1,sentence2,label\na b,c d,0\ne f,g h,1\ni j,k l,3\n")
+    with caplog.at_level("WARNING", logger="spanflow"):
+        read_pairs(graded)
+        assert "NLI" not in caplog.text
+        pairs = read_pairs(nli)
+    assert "its label holds 0, 1 and 2 only" in caplog.text and "contradictions train as the closest" in caplog.text
+    assert [p.score for p in pairs] == [0.0, 0.5, 1.0]  # still read as asked: the warning says what it means

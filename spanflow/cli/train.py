@@ -8,6 +8,7 @@ from spanflow.cli.common import Parser, add_runtime_args
 from spanflow.cli.options import add_options, options_from
 from spanflow.training.defaults import describe_defaults
 from spanflow.training.options import TrainOptions
+from spanflow.training.outcome import say_once
 
 
 def add_parser(sub) -> None:
@@ -104,6 +105,6 @@ def run(a: argparse.Namespace) -> int:
     rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
                          log=print if measured else (lambda s: None))
     said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=rt.max_tokens))
-    if said and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
-        print(said)
+    if said:
+        say_once(said)
     return 0

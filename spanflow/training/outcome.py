@@ -30,6 +30,12 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
     return f"{score}: the model is in {model}"
 
 
+def say_once(line: str) -> None:
+    """print(line) on rank 0 of a torchrun job, or outside one: a line each rank would repeat."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(line)
+
+
 def closing(out_dir: str, what: str, command: str) -> str:
     """The run's last lines: `what` its model is, then the command to run it, where the run ran to
     its end and left one; "" otherwise (a run stopped by --max-steps said it has no model yet:

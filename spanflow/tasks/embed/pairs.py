@@ -16,7 +16,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from spanflow.data.formats.common import SURROGATE, check_unicode, jq_lines, kind_of, parse_json, read_lines
@@ -101,11 +101,13 @@ SNIFFED = {"pairs", "scored-pairs", "triplets", "pairs-jsonl", "table"}
 TAKES = "embedding data is pairs, scored pairs or triplets in CSV, TSV or JSONL"
 
 
-def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None) -> list[Pair]:
+def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None,
+               log_fn: Callable[[str], None] | None = None) -> list[Pair]:
     """Every pair in `path` (.csv, .tsv, .txt with tabs, .jsonl/.json one object a line).
     `columns` names the 2 or 3 columns to read, by index ("0,1,2", [0, 1, 2]) or by header name /
     JSONL key ("s1,s2,score", ["s1", "s2", "score"]). Any unreadable row is a DataError naming the
-    file and line."""
+    file and line. `log_fn`, where given, is told in one line what was read: the kind, the columns
+    or keys, whether a header row was skipped, and the scores' range."""
     path = as_path(path, "read_pairs")
     cols = _parse_columns(columns)
     if not os.path.exists(path):  # before its name's suffix is judged
@@ -113,14 +115,40 @@ def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None) -
     refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
-        pairs = _read_jsonl(path, cols)
+        pairs, fields = _read_jsonl(path, cols)
     elif kind in ("csv", "tsv", "text"):
-        pairs = _read_table(path, kind, cols)
+        pairs, fields = _read_table(path, kind, cols)
     else:
         raise DataError("unsupported pairs file: expected .csv, .tsv, .txt, .jsonl or .json", path=path)
     if not pairs:
         raise DataError("no pairs", path=path)
+    _warn_classes(path, pairs, fields)
+    if log_fn is not None:
+        noun = {"scored pairs": "scored pair", "triplets": "triplet"}.get(_kind(pairs[0]), "pair")
+        log_fn(f"read {path}: {counted(len(pairs), noun)} from {fields}{_range(pairs)}")
     return _normalise(pairs)
+
+
+def _range(pairs: list[Pair]) -> str:
+    """How the scores are taken: their range, put on 0 to 1 (similarity)."""
+    scores = [p.score for p in pairs if p.score is not None]
+    if not scores:
+        return ""
+    lo, hi = min(scores), max(scores)
+    if lo == hi:
+        return f"; every score is {lo:g}, read as similarity 1"
+    return f"; scores {lo:g} to {hi:g}, read as similarity 0 to 1"
+
+
+def _warn_classes(path: str, pairs: list[Pair], fields: str) -> None:
+    """A warning where a `label` read as similarity holds 0, 1 and 2 only: NLI's classes, whose
+    order (entailment 0, contradiction 2) is the reverse of a similarity's."""
+    if "label" not in fields or {p.score for p in pairs} != {0, 1, 2}:
+        return
+    log.warning("%s: its label holds 0, 1 and 2 only, read as similarity (2 the most alike). If these are NLI "
+                "classes (0 entailment, 1 neutral, 2 contradiction), contradictions train as the closest pairs: "
+                "keep the entailment pairs as anchor,positive (the contradictions as a third column named "
+                "negative) instead", path)
 
 
 def _parse_columns(columns: str | Sequence[str | int] | None) -> list[str] | None:
@@ -271,10 +299,11 @@ def _looks_named(rows: list[list[str]]) -> bool:
     return len(named) > 1 and named[0] and not any(named[1:])
 
 
-def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
+def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair], str]:
+    """The pairs, and which columns they were read from, as the first line of train embed says."""
     rows = list(_table_rows(path, kind))
     if not rows:
-        return []
+        return [], ""
     digits = [_index(c) for c in cols or []]
     if any(digits) and not all(digits):
         raise ConfigError("columns: use all indices or all names, not both", field="columns")
@@ -293,7 +322,7 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
                     "--columns by name, to skip it", path, ", ".join(picked[0]))
     data = rows[1:] if header else rows
     if not data:
-        return []
+        return [], ""
     filled = data[0][1]
     if len(idx) == 3:  # the first data row with a third field decides its kind (an empty one is that row's error)
         filled = next((row for _, row in data if len(row) > idx[2] and row[idx[2]].strip()), filled)
@@ -312,7 +341,11 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> list[Pair]:
                             path=path, line=line)
         pairs.append(_make(path, line, row[idx[0]], row[idx[1]],
                            row[idx[2]] if len(idx) == 3 else None, third_kind))
-    return pairs
+    if header:
+        fields = f"its header's columns {','.join(rows[0][1][i].strip() for i in idx)}"
+    else:
+        fields = f"columns {','.join(map(str, idx))} (counted from 0; no header row)"
+    return pairs, fields
 
 
 def _spanning(row: list[str]) -> str:
@@ -385,7 +418,8 @@ def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header
 
 # --- JSONL -----------------------------------------------------------------------------------
 
-def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
+def _read_jsonl(path: str, cols: list[str] | None) -> tuple[list[Pair], str]:
+    """The pairs, and the keys they were read from."""
     if cols is not None and any(_index(c) for c in cols):
         raise ConfigError("columns: a JSONL file's columns are its keys, not indices", field="columns")
     keys: list[str] | None = cols
@@ -414,7 +448,7 @@ def _read_jsonl(path: str, cols: list[str] | None) -> list[Pair]:
             raise DataError(f"record has no {quote(missing[0])} key", path=path, line=line)
         pairs.append(_make(path, line, rec[keys[0]], rec[keys[1]],
                            rec[keys[2]] if len(keys) == 3 else None, third_kind))
-    return pairs
+    return pairs, f"the keys {','.join(keys or [])}"
 
 
 def _json_keys(rec: dict, path: str, line: int) -> list[str]:

@@ -13,7 +13,7 @@ from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder
 from spanflow.tasks.embed.request import read_options
 from spanflow.tasks.registry import Workload, check_model_for
-from spanflow.training.outcome import closing
+from spanflow.training.outcome import closing, say_once
 
 
 TINY_ONLY = ("its encoder is spanflow's own `tiny`: spanflow's commands run it, sentence-transformers and "
@@ -76,9 +76,9 @@ class EmbedTask:
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         config = EmbedTraining(loss=a.loss, symmetric=a.symmetric, matryoshka_dims=parse_dims(a.matryoshka_dims),
                                pairs_per_step=a.pairs_per_step)
-        train = read_pairs(a.train, columns=a.columns)
+        train = read_pairs(a.train, columns=a.columns, log_fn=say_once)  # what was read, before it trains
         check_pairs(train, a.train, 2)  # named by their files here (the API names them train and dev)
-        dev = read_pairs(a.dev, columns=a.columns) if a.dev else None
+        dev = read_pairs(a.dev, columns=a.columns, log_fn=say_once) if a.dev else None
         if dev is not None:
             check_pairs(dev, a.dev, SCORED)
         model = train_embedder(train, dev, model=a.model, out_dir=a.out, options=options, config=config)

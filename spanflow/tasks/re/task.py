@@ -1,8 +1,6 @@
 """The `re` entry of the task registry: what the CLI, the server and tune ask of relation extraction."""
 from __future__ import annotations
 
-import os
-
 from spanflow.errors import counted
 from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
@@ -11,7 +9,7 @@ from spanflow.tasks.re.train import DEFAULTS as RE_DEFAULTS
 from spanflow.tasks.re.train import check_relations, start_model, train_re
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
-from spanflow.training.outcome import closing
+from spanflow.training.outcome import closing, say_once
 from spanflow.runtime.policy import Policy
 
 
@@ -55,8 +53,7 @@ class ReTask:
                 check_relations(train, relations)
             except ConfigError as e:
                 raise DataError(f"{e} (the relation list read beside --train)", path=vocab_path(a.train)) from None
-            if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 says it for all
-                print(f"relations: the {len(relations)} of {vocab_path(a.train)}, in its order")
+            say_once(f"relations: the {len(relations)} of {vocab_path(a.train)}, in its order")
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is
