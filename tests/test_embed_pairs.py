@@ -148,7 +148,10 @@ def test_columns_by_index_and_name(tmp_path):
     ("k.jsonl", '{"s1": "a", "s2": "b", "score": 1}\n{"s1": "a", "s2": "b", "score": "x"}\n',
      r"k\.jsonl:2: score is not a number"),
     ("t.txt", "no tabs here\n", r"t\.txt: a \.txt pairs file must be tab-separated"),
-    ("w.csv", "a,b,c,d\n", r"w\.csv:1: expected 2 or 3 columns"),
+    ("w.csv", "a,b,c,d\n", r"w\.csv:1: expected 2 or 3 columns, the first record has 4; pick 2 or 3 of them with "
+                           r"--columns \(0,1,2 or header names\)"),
+    ("qa.jsonl", '{"id": 3, "question": "why", "answer": "because"}\n',
+     r"got \['answer', 'id', 'question'\]; or name yours with --columns \(e\.g\. question,answer\)"),
     # a quote never closed takes the lines after it into one field: named as that, where it starts
     ("q.csv", 'a,b,1\n"c,d,2\ne,f,3\ng,h,4\n', r"q\.csv:2: record has 1 column, the file's first has 3 \(a quoted "
      r"field starts here and runs over 3 lines: a quote never closed\?"),
@@ -375,3 +378,13 @@ def test_a_label_of_nli_classes_read_as_similarity_is_warned(tmp_path, caplog):
         pairs = read_pairs(nli)
     assert "its label holds 0, 1 and 2 only" in caplog.text and "contradictions train as the closest" in caplog.text
     assert [p.score for p in pairs] == [0.0, 0.5, 1.0]  # still read as asked: the warning says what it means
+
+
+def test_a_csv_split_by_semicolons_is_told_so_and_prose_is_not(tmp_path):
+    semi = write(tmp_path, "semi.csv", "a b;c d;1\ne f;g h;2\n")
+    with pytest.raises(DataError, match="plain text lines.*its fields look separated by semicolons"):
+        read_pairs(semi)
+    prose = write(tmp_path, "prose.csv", "I came; I saw\nthen I left\n")
+    with pytest.raises(DataError, match="plain text lines") as e:
+        read_pairs(prose)
+    assert "separated by" not in str(e.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import logging
 import math
 import numbers
@@ -112,7 +113,8 @@ def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None,
     cols = _parse_columns(columns)
     if not os.path.exists(path):  # before its name's suffix is judged
         raise DataError("file not found", path=path)
-    refuse_other(path, sniff(path), SNIFFED, TAKES)  # another task's data is named, not misread
+    fmt = sniff(path)
+    refuse_other(path, fmt, SNIFFED, TAKES + _separated(path, fmt))  # another task's data is named, not misread
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
         pairs, fields = _read_jsonl(path, cols)
@@ -127,6 +129,18 @@ def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None,
         noun = {"scored pairs": "scored pair", "triplets": "triplet"}.get(_kind(pairs[0]), "pair")
         log_fn(f"read {path}: {counted(len(pairs), noun)} from {fields}{_range(pairs)}")
     return _normalise(pairs)
+
+
+def _separated(path: str, fmt) -> str:
+    """For a file read as plain text: the hint where its first line's fields are split by another
+    separator (semicolons, bars) than CSV's or TSV's."""
+    if fmt is None or fmt.name != "text":
+        return ""
+    lines = [t for _, t in itertools.islice(((n, t) for n, t in read_lines(path) if t.strip()), 5)]
+    # fields: the same one or two separators on every line (prose has a semicolon here and there)
+    if lines and any(len({t.count(sep) for t in lines}) == 1 and lines[0].count(sep) in (1, 2) for sep in ";|"):
+        return _other_separator(path, lines[:1])
+    return ""
 
 
 def _range(pairs: list[Pair]) -> str:
@@ -371,7 +385,8 @@ def _column_indices(path: str, rows, cols: list[str] | None, by_name: bool) -> l
     line, first = rows[0]
     if cols is None:
         if len(first) not in (2, 3):
-            raise DataError(f"expected 2 or 3 columns, the first record has {len(first)}"
+            pick = "; pick 2 or 3 of them with --columns (0,1,2 or header names)" if len(first) > 3 else ""
+            raise DataError(f"expected 2 or 3 columns, the first record has {len(first)}{pick}"
                             f"{_other_separator(path, first)}{_spanning(first)}", path=path, line=line)
         return list(range(len(first)))
     if not by_name:
@@ -460,8 +475,10 @@ def _json_keys(rec: dict, path: str, line: int) -> list[str]:
                                 f"(a score or a negative); pick the keys with --columns (e.g. {a},{b},{thirds[0]})",
                                 path=path, line=line)
             return [a, b] + thirds
+    texts = [k for k, v in rec.items() if isinstance(v, str)]
+    pick = f"; or name yours with --columns (e.g. {','.join(texts[:2])})" if len(texts) >= 2 else ""
     raise DataError(f"expected keys sentence1/sentence2[/score], s1/s2, text1/text2, anchor/positive"
-                    f"[/negative] or query/positive[/negative]; got {quote(sorted(rec))}", path=path, line=line)
+                    f"[/negative] or query/positive[/negative]; got {quote(sorted(rec))}{pick}", path=path, line=line)
 
 
 def _json_third_kind(rec: dict, keys: list[str]) -> str | None:
