@@ -388,3 +388,8 @@ def test_a_csv_split_by_semicolons_is_told_so_and_prose_is_not(tmp_path):
     with pytest.raises(DataError, match="plain text lines") as e:
         read_pairs(prose)
     assert "separated by" not in str(e.value)
+
+
+def test_scores_at_the_ends_of_a_float_normalise_without_overflow(tmp_path):
+    pairs = read_pairs(write(tmp_path, "huge.csv", "a b,c d,-1e308\ne f,g h,1e308\ni j,k l,0\n"))
+    assert [p.score for p in pairs] == [0.0, 1.0, 0.5]

@@ -207,8 +207,8 @@ def _normalise(pairs: list[Pair]) -> list[Pair]:
     if not scores:
         return pairs
     lo, hi = min(scores), max(scores)
-    span = hi - lo
-    return [replace(p, score=(p.score - lo) / span if span else 1.0) for p in pairs]
+    span = hi / 2 - lo / 2  # halves: a range of -1e308 to 1e308 is no overflow
+    return [replace(p, score=(p.score / 2 - lo / 2) / span if span else 1.0) for p in pairs]
 
 
 def _text(value, path: str, line: int, what: str) -> str:
