@@ -258,6 +258,28 @@ def test_an_anchor_with_several_answers_is_one_query_that_misses_none_of_them():
     assert "on 12 pairs: 2 distinct anchors" in Embedder.format_metrics(got)
 
 
+def test_triplets_are_also_scored_by_whether_each_anchor_is_closer_to_its_positive():
+    from spanflow.tasks.embed.model import Embedder
+
+    vectors = {"q": [1.0, 0.0], "r": [0.0, 1.0], "x": [0.9, 0.1], "z": [0.0, 1.0], "n1": [0.0, 1.0],
+               "far": [-1.0, 0.0]}
+
+    class Fixed(Embedder):
+        def __init__(self):
+            pass
+
+        def encode(self, texts, **_):
+            return np.array([vectors[t] for t in texts])
+
+    # (q, x, n1): x is closer; (r, z, far): z is; (q, x, q): the negative is the anchor itself, closer than x
+    got = Fixed().evaluate([Pair("q", "x", negative="n1"), Pair("r", "z", negative="far"),
+                            Pair("q", "x", negative="q")])
+    assert got["triplet_accuracy"] == pytest.approx(2 / 3) and got["mrr@10"] == 1.0
+    assert "triplet_accuracy 0.6667" in Embedder.format_metrics(got) and "on 3 triplets: 2 distinct anchors" in \
+        Embedder.format_metrics(got)
+    assert "triplet_accuracy" not in Fixed().evaluate([Pair("q", "x"), Pair("r", "z")])
+
+
 def test_retrieval_beyond_ten_counts_zero():
     corpus = np.eye(12)
     query = np.linspace(1.0, 0.1, 12)[None, :]  # row 11 ranks twelfth

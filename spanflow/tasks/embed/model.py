@@ -191,19 +191,23 @@ class Embedder:
 
     def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
         """Scored pairs (tasks.embed.pairs.Pair with a score): Spearman and Pearson of the pairs'
-        cosine against the scores; pairs without scores: retrieval of each `b` among all of them.
-        "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""
+        cosine against the scores; pairs without scores: retrieval of each `b` among all of them,
+        and for triplets also "triplet_accuracy", the share of anchors closer to their positive than
+        to their negative. "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""
         from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
         from spanflow.tasks.embed.pairs import SCORED, check_pairs
 
         check_pairs(examples, "examples", SCORED)
 
-        def both_sides(part: list) -> list:  # one pass over both sides: one sort, one set of batches
-            rows = self.encode([e.a for e in part] + [e.b for e in part], max_tokens=max_tokens)
-            return list(zip(rows[:len(part)], rows[len(part):]))
+        k = 3 if examples[0].negative is not None else 2  # triplets: their negatives too
 
-        pairs = shard_gather(examples, both_sides, dist)  # under torchrun each rank embeds its share
-        a, b = np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
+        def every_side(part: list) -> list:  # one pass over all sides: one sort, one set of batches
+            texts = [e.a for e in part] + [e.b for e in part] + ([e.negative for e in part] if k == 3 else [])
+            rows = self.encode(texts, max_tokens=max_tokens)
+            return list(zip(*(rows[i * len(part):(i + 1) * len(part)] for i in range(k))))
+
+        sides = shard_gather(examples, every_side, dist)  # under torchrun each rank embeds its share
+        a, b = np.stack([x[0] for x in sides]), np.stack([x[1] for x in sides])
         if all(e.score is not None for e in examples):
             m = similarity_metrics(a, b, [e.score for e in examples])
             return {"f1": m["spearman"], **m}
@@ -211,6 +215,8 @@ class Embedder:
         queries, relevant = anchors_answers([e.a for e in examples], positive)
         m = retrieval_metrics(a[queries], b[rows], relevant)
         m["pairs"] = len(examples)
+        if k == 3:  # sentence-transformers' TripletEvaluator: each anchor closer to its positive than its negative
+            m["triplet_accuracy"] = float(np.mean(cosines(a, b) > cosines(a, np.stack([x[2] for x in sides]))))
         if len(rows) <= 10:  # every answer is among the first 10
             m["warnings"] = [f"only {len(rows)} distinct answers to rank: recall@10 is 1 whatever the model "
                              "(evaluate on more pairs)"]
@@ -219,10 +225,11 @@ class Embedder:
     @staticmethod
     def format_metrics(m: dict) -> str:
         """The evaluate lines: correlation for scored pairs, retrieval figures for pairs."""
-        keys = [k for k in ("spearman", "pearson", "mrr@10", "ndcg@10", "recall@1", "recall@10") if k in m]
-        n = m.get("n", 0)
-        on = (f"on {n} pairs" if "pairs" not in m or m["pairs"] == n
-              else f"on {m['pairs']} pairs: {n} distinct anchors, each with all of its answers")
+        keys = [k for k in ("spearman", "pearson", "mrr@10", "ndcg@10", "recall@1", "recall@10", "triplet_accuracy")
+                if k in m]
+        n, noun = m.get("n", 0), "triplets" if "triplet_accuracy" in m else "pairs"
+        on = (f"on {n} {noun}" if "pairs" not in m or m["pairs"] == n
+              else f"on {m['pairs']} {noun}: {n} distinct anchors, each with all of its answers")
         return "\n".join(f"{k:<10} {m[k]:.4f}" for k in keys) + "\n" + on
 
     def save(self, path: str) -> None:
