@@ -12,6 +12,7 @@ from spanflow.data.synthetic import synthetic_re
 from spanflow.errors import DataError
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract, next_true
 from spanflow.models.encoder import build_tiny
+from spanflow.data.examples import ReExample
 from spanflow.tasks.re import ReModel, train_re
 from spanflow.tasks.re.metrics import re_metrics
 from spanflow.training.options import TrainOptions
@@ -189,6 +190,14 @@ def test_overfit_and_save_load(tmp_path):
                      log_fn=lambda s: None)
     m = model.evaluate(data)
     assert m["f1"] >= 0.95, m["f1"]
+    assert "warnings" not in m  # every gold span on the model's tokens
+    (s, rel, o), text = data[0].triples[0], data[0].text
+    cut = ReExample(text, [((s[0] + 1, s[1]), rel, o)])  # a subject that starts inside its first word
+    said = model.evaluate([cut, *data[1:]])["warnings"]
+    assert said == [f"1 of the data's {1 + sum(len(e.triples) for e in data[1:])} gold triples have a subject or object that "
+                    "does not start and end on the model's tokens, so no prediction can match them and each counts "
+                    f"as a miss; the first: {text[s[0] + 1:s[1]]!r} in {text[:s[1] + 30]!r} can only be found as "
+                    f"{text[s[0]:s[1]]!r}"]
     again = ReModel.load(str(tmp_path / "model"))
     texts = [e.text for e in data]
     assert again.predict(texts) == model.predict(texts)

@@ -43,6 +43,17 @@ def char_span(enc: Encoded, tokens: tuple[int, int]) -> tuple[int, int]:
     return enc.offsets[tokens[0] - 1][0], enc.offsets[tokens[1] - 1][1]
 
 
+def off_tokens(text: str, enc: Encoded, *found: tuple[tuple[int, int], tuple[int, int]], verb: str) -> str | None:
+    """For a triple's subject and object, each (its char span, its token span): None where both start
+    and end on the model's tokens, else the first that does not, said as `'Ford' in '...Stanford...'
+    <verb> 'Stanford'`."""
+    for (a, b), tokens in found:
+        u, v = char_span(enc, tokens)
+        if (u, v) != (a, b):
+            return f"{text[a:b]!r} in {text[max(0, a - 30):b + 30]!r} {verb} {text[u:v]!r}"
+    return None
+
+
 def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFeature]:
     """Model inputs ([CLS] tokens [SEP], cut at max_length) without labels."""
     cls, sep, limit = tokenizer.cls_token_id, tokenizer.sep_token_id, max_length - 2
@@ -69,12 +80,9 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
                 lost += 1
                 continue
             f.subjects.setdefault(ts, []).append((rel2id[rel], *to))
-            off = [(span, chars) for span, chars in ((s, char_span(enc, ts)), (o, char_span(enc, to)))
-                   if chars != tuple(span)]
-            moved += bool(off)
-            if off and first is None:
-                (a, b), (u, v) = off[0]
-                first = f"{ex.text[a:b]!r} in {ex.text[max(0, a - 30):b + 30]!r} trains as {ex.text[u:v]!r}"
+            off = off_tokens(ex.text, enc, (s, ts), (o, to), verb="trains as")
+            moved += off is not None
+            first = first or off
     said = ([f"{counted(cut, 'text')} longer than {max_length} tokens were cut; {counted(lost, 'triple')} fell "
              "outside the tokens kept and are not trained on"] if cut or lost else [])
     said += [f"{counted(unknown, 'triple')} with a relation outside the model's set"] if unknown else []

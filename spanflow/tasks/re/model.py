@@ -26,7 +26,7 @@ from spanflow.runtime.precision import load_auto
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.metrics import format_table, with_unknown
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
-from spanflow.tasks.re.features import input_features, make_collate
+from spanflow.tasks.re.features import input_features, make_collate, off_tokens, token_span
 from spanflow.tasks.re.metrics import re_metrics
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
@@ -213,6 +213,24 @@ class ReModel:
         pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
-        return with_unknown(re_metrics(gold, got), self.relations, {r for g in gold for _, r, _ in g}, "relations")
+        m = with_unknown(re_metrics(gold, got), self.relations, {r for g in gold for _, r, _ in g}, "relations")
+        off = self._off_tokens(examples)
+        return {**m, "warnings": [*m.get("warnings", []), off]} if off else m
+
+    def _off_tokens(self, examples: list[ReExample]) -> str | None:
+        """A warning where gold subjects or objects do not start and end on the model's tokens ("Ford"
+        inside "Stanford"): the model extracts whole tokens, so no prediction can match them."""
+        moved, first = 0, None
+        for ex, enc in zip(examples, encode_texts(self.tokenizer, [e.text for e in examples])):
+            for s, _, o in ex.triples:
+                spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
+                off = off_tokens(ex.text, enc, *[x for x in spans if x[1] is not None], verb="can only be found as")
+                moved += off is not None
+                first = first or off
+        if not moved:
+            return None
+        return (f"{moved} of the data's {sum(len(e.triples) for e in examples)} gold triples have a subject or object "
+                f"that does not start and end on the model's tokens, so no prediction can match them and each counts "
+                f"as a miss; the first: {first}")
 
 
