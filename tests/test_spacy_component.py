@@ -133,3 +133,29 @@ def test_labels_and_config_errors_name_what_a_spacy_user_set(tmp_path):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": model, "alignment": "loose"})
     with pytest.raises(ModelDirError, match="a relative path, taken from"):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": "no/such/model"})
+
+
+def test_a_saved_pipeline_carries_its_model_and_loads_where_the_model_path_is_gone(tmp_path):
+    import shutil
+
+    from spanflow.errors import ModelDirError
+
+    model = train(tmp_path, synthetic_ner(40, seed=7, max_clauses=1), "en")
+    texts = [e.text for e in synthetic_ner(10, seed=8, max_clauses=1)]
+    nlp = spacy.blank("en")
+    nlp.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32"})
+    want = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in nlp.pipe(texts)]
+    assert sum(map(len, want)) >= 3  # a model that finds entities: the comparison is not between empty lists
+    nlp.to_disk(tmp_path / "pipeline")
+    assert (tmp_path / "pipeline" / "spanflow_ner" / "model" / "spanflow.json").is_file()
+    nlp.to_disk(tmp_path / "pipeline")  # saved over: the copy replaced whole
+    shutil.move(model, tmp_path / "elsewhere")  # the pipeline on another machine: the config's path is gone
+    moved = spacy.load(tmp_path / "pipeline")
+    got = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in moved.pipe(texts)]
+    assert got == want
+    # a pipeline whose saved copy is gone too names the config's path, as add_pipe does
+    shutil.rmtree(tmp_path / "pipeline" / "spanflow_ner" / "model")
+    with pytest.raises(ModelDirError, match=re.escape(model)):
+        spacy.load(tmp_path / "pipeline")
+    with pytest.raises(ModelDirError):  # by hand, outside a config: at once
+        spacy.blank("en").add_pipe("spanflow_ner", config={"model": model})

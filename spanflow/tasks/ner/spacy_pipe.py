@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 
 from spacy.language import Language
 
@@ -60,8 +61,42 @@ class SpanflowNer:
             raise ConfigError(f"spanflow_ner: alignment must be one of {', '.join(ALIGNMENTS)}, got {alignment!r}",
                               field="alignment")
         self.name, self.alignment = name, alignment
-        self.model, self.max_tokens = _load(model, max_tokens, device, precision)
+        self._asked = (max_tokens, device, precision)  # what from_disk loads a saved copy with
         self.expanded = self.contracted = self.unaligned = self.overlapping = 0
+        self.model_dir, self._missing = model, None
+        if not os.path.exists(model) and _from_config():
+            # spacy.load builds the pipeline from its config.cfg, then calls from_disk, which loads the copy
+            # nlp.to_disk saved beside it: a config path of another machine is no error until that has failed
+            self._missing, self.model, self.max_tokens = model, None, max_tokens
+            return
+        self.model, self.max_tokens = _load(model, max_tokens, device, precision)
+
+    def to_disk(self, path, *, exclude=()) -> None:
+        """nlp.to_disk: a copy of the model directory in the pipeline's own (`<name>/model`), so
+        that spacy.load finds it wherever the pipeline is moved; written aside, then renamed in."""
+        import shutil
+
+        from spanflow.atomic import atomic_dir
+
+        self._loaded()
+        os.makedirs(path, exist_ok=True)
+        with atomic_dir(os.path.join(path, "model"), "spacy") as tmp:
+            shutil.copytree(self.model_dir, tmp, dirs_exist_ok=True)
+
+    def from_disk(self, path, *, exclude=()):
+        """nlp.from_disk / spacy.load: the model copy to_disk saved (a pipeline saved without one
+        keeps the model its config names)."""
+        saved = os.path.join(path, "model")
+        if os.path.isdir(saved):
+            self.model, self.max_tokens = _load(saved, *self._asked)
+            self.model_dir, self._missing = saved, None
+        self._loaded()
+        return self
+
+    def _loaded(self) -> None:
+        """The error a missing config path would have raised, where no saved copy came instead."""
+        if self._missing is not None:
+            _load(self._missing, *self._asked)  # raises, naming the path
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -69,6 +104,7 @@ class SpanflowNer:
         return tuple(self.model.labels)
 
     def __call__(self, doc):
+        self._loaded()
         (doc,) = self.pipe([doc])  # the whole batch: its warning is said after the last doc
         return doc
 
@@ -81,6 +117,7 @@ class SpanflowNer:
     def pipe(self, docs, batch_size: int = 1000):
         from spanflow.batching.prefetch import chunked
 
+        self._loaded()
         for chunk in chunked(docs, batch_size):
             chunk = list(chunk)
             results = list(self.model.predict_stream((d.text for d in chunk), max_tokens=self.max_tokens))
@@ -118,6 +155,17 @@ class SpanflowNer:
             ents.append(span)
             last_end = span.end
         doc.ents = sorted(kept + ents, key=lambda x: x.start)
+
+
+def _from_config() -> bool:
+    """Whether spaCy is building this component from a pipeline's config (Language.from_config, as
+    spacy.load does before from_disk), not from a user's add_pipe."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "from_config" and frame.f_globals.get("__name__") == "spacy.language":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _load(model: str, max_tokens, device: str, precision: str):
