@@ -151,8 +151,12 @@ def test_a_saved_pipeline_carries_its_model_and_loads_where_the_model_path_is_go
     nlp.to_disk(tmp_path / "pipeline")  # saved over: the copy replaced whole
     shutil.move(model, tmp_path / "elsewhere")  # the pipeline on another machine: the config's path is gone
     moved = spacy.load(tmp_path / "pipeline")
-    got = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in moved.pipe(texts)]
+    docs = list(moved.pipe(texts))
+    got = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in docs]
     assert got == want
+    comp = moved.get_pipe("spanflow_ner")
+    again = [moved.get_pipe("spanflow_ner")(d) for d in docs]  # run twice: its own entities are no overlap
+    assert [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in again] == want and comp.overlapping == 0
     # a pipeline whose saved copy is gone too names the config's path, as add_pipe does
     shutil.rmtree(tmp_path / "pipeline" / "spanflow_ner" / "model")
     with pytest.raises(ModelDirError, match=re.escape(model)):

@@ -138,6 +138,7 @@ class SpanflowNer:
         # spaCy's own ner; the model's that would overlap one are left out
         kept = list(doc.ents)
         taken = {i for ent in kept for i in range(ent.start, ent.end)}
+        same = {(ent.start, ent.end, ent.label_) for ent in kept}  # a doc run through twice: its own, no overlap
         ents, last_end = [], -1
         for s, e, label in spans:
             span = doc.char_span(s, e, label=label)
@@ -148,6 +149,8 @@ class SpanflowNer:
                     self.contracted += self.alignment == "contract"
             if span is None or not len(span):  # no token holds it (contracted: none inside it)
                 self.unaligned += 1
+                continue
+            if (span.start, span.end, span.label_) in same:
                 continue
             if span.start < last_end or any(i in taken for i in range(span.start, span.end)):
                 self.overlapping += 1
