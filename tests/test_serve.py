@@ -150,6 +150,10 @@ def test_api_key(model_dirs):
         assert c.get("/health").status_code == 200
         assert c.head("/health").status_code == 200  # a load balancer's probe
         assert c.head("/ready", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        # a readiness probe holds no secret: /ready answers it, naming no model
+        assert c.get("/ready").json() == {"status": "ready"} and c.head("/ready").status_code == 200
+        assert c.get("/ready", headers={"Authorization": "Bearer s3cret"}).json()["models"] == {"emb": "embed"}
+        assert c.get("/ready", headers={"Authorization": "Bearer wrong"}).json() == {"status": "ready"}
         assert c.post("/v1/embeddings", json={"input": "a"}).status_code == 401
         ok = c.post("/v1/embeddings", json={"input": "a"}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and c.get("/metrics").status_code == 401

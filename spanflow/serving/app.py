@@ -120,9 +120,11 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
 
     @app.head("/ready", include_in_schema=False)
     @app.get("/ready")
-    async def ready():
+    async def ready(request: Request):
         if not state["ready"]:  # the server stops: what is queued is finished, nothing new is taken
             raise HttpError(503, "the server is stopping")
+        if not getattr(request.state, "keyed", True):  # a probe without the key: ready, and nothing more
+            return {"status": "ready"}
         return {"status": "ready", "models": {s.name: s.task.name for s in services},
                 "backends": {s.name: backend_of(s.model) for s in services}}
 

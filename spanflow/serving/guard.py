@@ -8,7 +8,8 @@ import logging
 
 log = logging.getLogger("spanflow.serve")
 
-OPEN_PATHS = ("/health",)
+# probes: a readiness probe (Kubernetes httpGet) holds no secret; /ready names its models only to the key
+OPEN_PATHS = ("/health", "/ready")
 
 
 def key_matches(header: bytes | None, key: str) -> bool:
@@ -21,7 +22,8 @@ def key_matches(header: bytes | None, key: str) -> bool:
 class Guard:
     """ASGI middleware around the whole app (docs and OpenAPI schema included).
 
-    Every path but /health needs the API key when one is set; every response's status is
+    Every path but /health and /ready needs the API key when one is set (/ready says its
+    models only with it); every response's status is
     counted under its route (unknown paths under "other", so clients cannot grow the label
     set); an exception no handler turned into a response becomes one 500 JSON answer and
     one log line with its traceback, and is counted like any other status.
@@ -45,12 +47,13 @@ class Guard:
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
         route = self.label(path)
-        if self.api_key and path not in OPEN_PATHS:
-            headers = dict(scope.get("headers") or [])
-            if not key_matches(headers.get(b"authorization"), self.api_key):
-                self.count(route, 401)
-                return await _send_json(send, 401, "missing or wrong API key (Authorization: Bearer ...)",
-                                        [(b"www-authenticate", b"Bearer")])
+        keyed = not self.api_key or key_matches(dict(scope.get("headers") or []).get(b"authorization"),
+                                                 self.api_key)
+        if not keyed and path not in OPEN_PATHS:
+            self.count(route, 401)
+            return await _send_json(send, 401, "missing or wrong API key (Authorization: Bearer ...)",
+                                    [(b"www-authenticate", b"Bearer")])
+        scope.setdefault("state", {})["keyed"] = keyed  # an open route may say more to the key's holder
         started = []
 
         async def send_counting(message):
