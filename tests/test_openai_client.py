@@ -70,6 +70,10 @@ def test_dimensions_truncate_and_renormalise(live):
     np.testing.assert_allclose(v, cut, atol=1e-5)
     with pytest.raises(openai.UnprocessableEntityError, match="dimensions"):
         client.embeddings.create(model="emb", input=TEXTS, dimensions=want.shape[1] + 1)
+    # the full width is the model's own rows, as without `dimensions`: not normalised where the model is not
+    assert not np.allclose(np.linalg.norm(want, axis=1), 1.0, atol=1e-3)
+    full = client.embeddings.create(model="emb", input=TEXTS, dimensions=want.shape[1], encoding_format="float")
+    np.testing.assert_allclose(vectors(full), want, atol=1e-5)
 
 
 def test_token_ids_are_refused_and_any_model_name_reaches_the_one_model(live):

@@ -162,7 +162,7 @@ class EmbedTask:
         """OpenAI's embeddings response shape: float rows stay numpy until the JSON encoder;
         base64 is the little-endian float32 bytes of each row, as OpenAI's clients decode it."""
         rows = np.stack(results) if results else np.zeros((0, model.dim), dtype=np.float32)
-        if params.get("dimensions"):
+        if params.get("dimensions") and params["dimensions"] < rows.shape[1]:  # the full width is the row as is
             rows = rows[:, :params["dimensions"]]
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
         if params.get("encoding_format") == "base64":
