@@ -397,7 +397,8 @@ def test_embed_resume_refuses_another_max_length(st_dir, tmp_path, capsys):
     for other in ([], ["--max-length", "16"]):  # the model's own (24), or another
         assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                      "--precision", "fp32", *other]) == 2
-        assert f"max_length 8 then, {other[1] if other else 24} now" in capsys.readouterr().err
+        assert (f"max_length 8 then, {other[1] if other else 24} now); give --max-length 8 to go on with it"
+                in capsys.readouterr().err)
         assert not (tmp_path / "out.npy").exists()
     assert main(["embed", "--model", st_dir, "--input", src, "--output", out, "--chunk-size", "5", "--resume",
                  "--precision", "fp32", "--max-length", "8"]) == 0

@@ -433,6 +433,42 @@ def test_resume_refuses_a_part_shorter_than_its_journal_says(emb, tmp_path):
     assert part.stat().st_size == 10 and not os.path.exists(spec.output)
 
 
+@pytest.mark.parametrize("ext, harm, said", [
+    ("npy", lambda out: os.truncate(out + ".partial", 128), "bytes, fewer than the"),
+    ("npy", lambda out: os.remove(out + ".ids.partial"), "the ids the job wrote when it began, is gone"),
+    ("parquet", lambda out: os.remove(out + ".chunk0.parquet"), ".chunk0.parquet, a part"),
+    ("parquet", lambda out: os.truncate(out + ".chunk1.parquet", 100), ".chunk1.parquet, a part"),
+])
+def test_resume_refuses_finished_rows_that_are_cut_or_gone_before_embedding_more(emb, tmp_path, ext, harm, said):
+    """A finished chunk's rows lost from the .npy (they would read as zeros), its ids, or a Parquet
+    part: one error before any text is embedded, not zeros or a traceback after the rest."""
+    from spanflow.errors import ConfigError
+    from spanflow.tasks.embed import Embedder
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / f"out.{ext}"), chunk_size=3)
+    quiet = dict(calibrate=False, progress=False, log=lambda m: None)
+    calls, real = [0], Embedder._embed_ids
+
+    def dies(self, ids, *a, **kw):
+        calls[0] += 1
+        if calls[0] > 2:
+            raise KeyboardInterrupt
+        return real(self, ids, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Embedder, "_embed_ids", dies)
+        with pytest.raises(KeyboardInterrupt):
+            embed_file(emb, spec, **quiet)
+    harm(spec.output)
+    calls[0] = 0
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Embedder, "_embed_ids", dies)
+        with pytest.raises(ConfigError, match="drop --resume to start over") as e:
+            embed_file(emb, spec, resume=True, **quiet)
+    assert said in str(e.value) and calls[0] == 0 and not os.path.exists(spec.output)
+
+
 def test_a_fresh_run_removes_what_killed_runs_left(emb, tmp_path):
     from spanflow.tasks.embed.job import EmbedSpec, embed_file
 

@@ -240,7 +240,7 @@ def test_embed_resume_refuses_a_journal_of_other_settings_naming_the_setting(tmp
         embed_file(Stub(), spec.model_copy(update={"chunk_size": 2}), resume=True, calibrate=False, progress=False,
                    log=lambda m: None)
     assert str(e.value) == (f"{spec.output}.progress.json belongs to a job with other settings (chunk_size 4 then, "
-                            "2 now); remove it or drop --resume")
+                            "2 now); give --chunk-size 4 to go on with it, or drop --resume to start over")
 
 
 def test_embed_resume_of_another_job_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
@@ -256,7 +256,8 @@ def test_embed_resume_of_another_job_is_refused_before_the_model_loads(tmp_path,
     run = ["embed", "--model", str(tmp_path / "enc"), "--input", spec.input, "--output", spec.output, "--resume"]
     assert main(run + ["--chunk-size", "2"]) == 2
     assert capsys.readouterr().err == (f"error: {spec.output}.progress.json belongs to a job with other settings "
-                                       "(chunk_size 4 then, 2 now); remove it or drop --resume\n")
+                                       "(chunk_size 4 then, 2 now); give --chunk-size 4 to go on with it, or drop "
+                                       "--resume to start over\n")
     with open(spec.input, "a") as f:
         f.write("d\n")
     assert main(run + ["--chunk-size", "4"]) == 2

@@ -394,6 +394,20 @@ def test_jsonl_outputs_hold_valid_json_and_the_ids_parquet_holds(ner_model, embe
     assert errors == [{"id": 11, "row": 1, "error": null}]
 
 
+def test_a_lone_surrogate_in_a_jsonl_id_or_kept_field_is_written_to_parquet_as_its_escape(ner_model, embedder,
+                                                                                          tmp_path):
+    src = tmp_path / "in.jsonl"  # JSON's "\ud800" escape: a str Python holds and UTF-8 cannot
+    src.write_text('{"id": "a\\ud800", "text": "Grace works", "tag": "t\\udc80"}\n'
+                   '{"id": "b", "text": "Ada", "tag": "x"}\n', encoding="utf-8")
+    predict_file(ner_model, str(src), str(tmp_path / "p.parquet"), progress=False, id_column="id", keep=["tag"])
+    embed_file(embedder, EmbedSpec(input=str(src), output=str(tmp_path / "e.parquet"), id_column="id", keep=["tag"]),
+               calibrate=False, **QUIET)
+    for name in ("p.parquet", "e.parquet"):
+        t = pq.read_table(tmp_path / name)
+        assert t.column("id").to_pylist() == ["a\\ud800", "b"]  # the escape's characters, as JSONL output shows it
+        assert t.column("tag").to_pylist() == ["t\\udc80", "x"]
+
+
 def test_predict_text_lines_to_parquet_and_an_empty_input(ner_model, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")

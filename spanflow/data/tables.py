@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from spanflow.atomic import atomic_path, writing
+from spanflow.data.formats.common import SURROGATE
 from spanflow.errors import ConfigError, DataError, quote
 
 if TYPE_CHECKING:
@@ -444,7 +445,15 @@ def _array(values, type_):
     pa = pyarrow()
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values if type_ is None or values.type == type_ else values.cast(type_)
-    return pa.array(values, type=type_)
+    return pa.array([_utf8(v) for v in values], type=type_)
+
+
+def _utf8(value):
+    """`value` with each lone surrogate in its strings (a JSONL id or field of "\ud800", which
+    Parquet's UTF-8 cannot hold) written as its escape, `\ud800`, as the JSONL output shows it."""
+    if isinstance(value, str) and SURROGATE.search(value):  # (a kept JSON object arrives as its JSON text)
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 def output_table(model, ids, texts: Sequence[str], results, errors: Sequence, kept: Mapping | None = None,
@@ -459,7 +468,7 @@ def output_table(model, ids, texts: Sequence[str], results, errors: Sequence, ke
     """
     pa = pyarrow()
     kept = kept or {}
-    errs = [None if e is None else e if isinstance(e, str) else str(e) for e in errors]
+    errs = [None if e is None else _utf8(e if isinstance(e, str) else str(e)) for e in errors]
     res = [None if e is not None else r for r, e in zip(results, errs)]
     typ = (lambda name: types.field(name).type if types is not None and name in types.names else None)
     result = model.arrow_results(list(texts), res, **opts)

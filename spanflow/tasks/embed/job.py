@@ -50,7 +50,7 @@ from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import assemble, check_unchanged, model_files, write_chunk
+from spanflow.inference.journal import assemble, check_unchanged, chunk_part, model_files, write_chunk
 from spanflow.tasks.embed.journal import (
     ChunkDone,
     EmbedSpec,
@@ -202,9 +202,18 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
         raise ConfigError(f"the model {now.get('model') or '(in memory)'} changed since the interrupted job began "
                           "(saved over): its vectors would mix two models'; drop --resume to start over")
     if key is not None:
+        flag = FLAGS.get(key)
+        go_on = (f"give {flag} {was[key]} to go on with it, or drop --resume to start over"
+                 if flag and was[key] is not None and (key != "precision" or was[key] in ("fp32", "bf16", "fp16"))
+                 else "remove it or drop --resume")
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
-                          f"{now[key]!r} now); remove it or drop --resume")
+                          f"{now[key]!r} now); {go_on}")
     check_unchanged(path, job.input, size, sha256, "rows")
+
+
+# a journaled setting a resume can be told to match, by the flag that sets it
+FLAGS = {"max_length": "--max-length", "precision": "--precision", "chunk_size": "--chunk-size", "dtype": "--dtype",
+         "field": "--field", "column": "--column"}
 
 
 def _same_value(key: str, was, now) -> bool:
@@ -250,6 +259,29 @@ def _progress(P: JobPaths, resume: bool) -> Progress:
             with open(f, "a+b") as fh:
                 fh.truncate(end)
     return prog
+
+
+def _check_done(P: JobPaths, fmt: str, job: Job, prog: Progress, size: int) -> None:
+    """A ConfigError, before any text is embedded, where a file the finished chunks are in is gone
+    or cut: an .npy job's ids (written when it began), a Parquet job's parts. (The .npy rows are
+    checked as it opens, the JSONL part by _progress.)"""
+    if fmt == "npy" and not any(os.path.exists(p) for p in (P.ids_partial, P.ids)):
+        raise ConfigError(f"{P.ids_partial}, the ids the job wrote when it began, is gone; drop --resume to start over")
+    if fmt != "parquet":
+        return
+    from spanflow.data.tables import pyarrow
+
+    pa = pyarrow()
+    for w in sorted(prog.done):
+        path = chunk_part(P.out, w)
+        try:
+            with pa.parquet.ParquetFile(path) as f:
+                whole = f.metadata.num_rows == min(size, job.n - w * size)
+        except (OSError, pa.lib.ArrowException):
+            whole = False
+        if not whole:
+            raise ConfigError(f"{path}, a part {P.progress} records as done, is gone or damaged; drop --resume to "
+                              "start over")
 
 
 def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resume: bool = False, force: bool = False,
@@ -299,6 +331,7 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume)
     prog = _progress(P, resume)
+    _check_done(P, fmt, job, prog, spec.chunk_size)
     if prog.done:
         log(f"resuming: {len(prog.done)} chunks already done")
     out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)

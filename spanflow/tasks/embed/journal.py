@@ -212,4 +212,8 @@ def npy_offset(path: str, shape: tuple[int, int], dtype: str) -> int:
         got = None
     if got is None or got[0] != shape or got[1] or got[2] != np.dtype(dtype):
         raise ConfigError(f"{path} is damaged or was not written by this job; remove it or drop --resume")
+    need = offset + shape[0] * shape[1] * np.dtype(dtype).itemsize  # laid out whole when the job began
+    if os.path.getsize(path) < need:  # cut: writing on would leave finished rows as zeros
+        raise ConfigError(f"{path} holds {os.path.getsize(path)} bytes, fewer than the {need} of its {shape[0]} rows: "
+                          "it was cut; drop --resume to start over")
     return offset
