@@ -280,6 +280,26 @@ def test_triplets_are_also_scored_by_whether_each_anchor_is_closer_to_its_positi
     assert "triplet_accuracy" not in Fixed().evaluate([Pair("q", "x"), Pair("r", "z")])
 
 
+def test_a_query_is_not_ranked_against_its_own_text_among_the_answers():
+    from spanflow.tasks.embed.model import Embedder
+
+    vectors = {"q": [1.0, 0.0], "x": [0.9, 0.3], "r": [0.0, 1.0], "z": [0.2, 0.9]}
+
+    class Fixed(Embedder):
+        def __init__(self):
+            pass
+
+        def encode(self, texts, **_):
+            return np.array([vectors[t] for t in texts])
+
+    # the pairs listed both ways: q's own text is an answer (of x), and the closest row to it
+    both = [Pair("q", "x"), Pair("x", "q"), Pair("r", "z"), Pair("z", "r")]
+    got = Fixed().evaluate(both)
+    assert got["recall@1"] == 1.0 and got["mrr@10"] == 1.0
+    # an anchor whose own text is its right answer still counts it
+    assert Fixed().evaluate([Pair("q", "q"), Pair("r", "z")])["recall@1"] == 1.0
+
+
 def test_retrieval_beyond_ten_counts_zero():
     corpus = np.eye(12)
     query = np.linspace(1.0, 0.1, 12)[None, :]  # row 11 ranks twelfth

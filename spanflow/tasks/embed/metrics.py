@@ -62,11 +62,14 @@ def similarity_metrics(a: np.ndarray, b: np.ndarray, scores) -> dict:
     return {"spearman": spearman(cos, scores), "pearson": pearson(cos, scores), "n": int(cos.size)}
 
 
-def positive_ranks(queries: np.ndarray, corpus: np.ndarray, positive: list[int]) -> np.ndarray:
+def positive_ranks(queries: np.ndarray, corpus: np.ndarray, positive: list[int],
+                   skip: list[int] | None = None) -> np.ndarray:
     """1-based rank of each query's positive among all corpus rows by cosine; a row tied with
-    the positive counts as ahead of it when it comes first in the corpus (a stable sort)."""
+    the positive counts as ahead of it when it comes first in the corpus (a stable sort).
+    `skip[i]`: a corpus row that is no candidate for query i (-1: none)."""
     q, c = _unit(queries), _unit(corpus)
     pos = np.asarray(positive, dtype=np.int64)
+    off = np.full(pos.size, -1, dtype=np.int64) if skip is None else np.asarray(skip, dtype=np.int64)
     if q.shape[0] != pos.size:
         raise ValueError(f"{q.shape[0]} queries but {pos.size} positives")
     if q.shape[1] != c.shape[1]:
@@ -80,15 +83,18 @@ def positive_ranks(queries: np.ndarray, corpus: np.ndarray, positive: list[int])
         p = pos[s:s + QUERY_BLOCK]
         target = sims[np.arange(p.size), p][:, None]
         ahead = (sims > target) | ((sims == target) & (cols[None, :] < p[:, None]))
+        ahead &= cols[None, :] != off[s:s + QUERY_BLOCK, None]
         ranks[s:s + QUERY_BLOCK] = 1 + ahead.sum(axis=1)
     return ranks
 
 
-def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list[int] | list[list[int]]) -> dict:
-    """Each query's relevant rows of the corpus, every corpus row a candidate: `positive[i]` is
-    one row or a list of rows (an anchor with several right answers). {"mrr@10" (the first
-    relevant row's), "ndcg@10", "recall@1", "recall@10" (the share of the query's relevant rows
-    in its first k), "n" (queries)}, as information-retrieval evaluators define them."""
+def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list[int] | list[list[int]],
+                      skip: list[int] | None = None) -> dict:
+    """Each query's relevant rows of the corpus, every corpus row a candidate but `skip[i]` (a row
+    query i is not ranked against, -1: none): `positive[i]` is one row or a list of rows (an anchor
+    with several right answers). {"mrr@10" (the first relevant row's), "ndcg@10", "recall@1",
+    "recall@10" (the share of the query's relevant rows in its first k), "n" (queries)}, as
+    information-retrieval evaluators define them."""
     relevant = [sorted({int(r) for r in p}) if isinstance(p, (list, tuple, set, frozenset, np.ndarray)) else [int(p)]
                 for p in positive]
     queries = np.asarray(queries)
@@ -104,7 +110,8 @@ def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, positive: list[in
         return {"mrr@10": float("nan"), "ndcg@10": float("nan"), "recall@1": float("nan"),
                 "recall@10": float("nan"), "n": n}
     owner = np.repeat(np.arange(n), [len(r) for r in relevant])
-    ranks = positive_ranks(queries[owner], corpus, [r for rows in relevant for r in rows])
+    ranks = positive_ranks(queries[owner], corpus, [r for rows in relevant for r in rows],
+                           None if skip is None else np.asarray(skip, dtype=np.int64)[owner])
     first = np.full(n, np.inf)
     np.minimum.at(first, owner, ranks)
     counts = np.array([len(r) for r in relevant], dtype=np.float64)

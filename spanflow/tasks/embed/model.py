@@ -213,7 +213,11 @@ class Embedder:
             return {"f1": m["spearman"], **m}
         rows, positive = distinct_positives([e.b for e in examples])
         queries, relevant = anchors_answers([e.a for e in examples], positive)
-        m = retrieval_metrics(a[queries], b[rows], relevant)
+        # a query's own text among the answers ((x, y) beside (y, x)) is no candidate, as in training's loss
+        row_of = {examples[r].b: k for k, r in enumerate(rows)}
+        own = [row_of.get(examples[q].a, -1) for q in queries]
+        skip = [-1 if k in rel else k for k, rel in zip(own, relevant)]
+        m = retrieval_metrics(a[queries], b[rows], relevant, skip)
         m["pairs"] = len(examples)
         if k == 3:  # sentence-transformers' TripletEvaluator: each anchor closer to its positive than its negative
             m["triplet_accuracy"] = float(np.mean(cosines(a, b) > cosines(a, np.stack([x[2] for x in sides]))))
