@@ -2,6 +2,7 @@
 the run's end, a loss that diverges, an early stop resumed with another patience, scores that
 cannot be ordered, relation records without triples."""
 import json
+import os
 
 import pytest
 
@@ -163,6 +164,16 @@ def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):
     same = [Pair(f"text number {i}", f"another text {i}", 1.0) for i in range(20)]
     with pytest.raises(ConfigError, match="every training pair has the same score: --loss cosent"):
         train_embedder(same, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None)
+
+
+def test_training_pairs_of_one_answer_are_refused_for_the_ranking_loss(tmp_path):
+    from spanflow import train_embedder
+    from spanflow.tasks.embed.pairs import Pair
+
+    for same in ([Pair("a cat sits", "a cat is sitting")] * 6, [Pair(f"q{i}", "same answer") for i in range(6)]):
+        with pytest.raises(ConfigError, match="every training pair has the same second text"):
+            train_embedder(same, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None)
+    assert not os.path.exists(tmp_path / "model")
 
 
 def test_a_relation_record_with_null_triples_is_a_text_without_any(tmp_path):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from spanflow.batching.collate import pad_rows
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, quote
 from spanflow.inference.heap import GrowthTrim, available_bytes
 from spanflow.models.encoder import start_encoder
 from spanflow.runtime.budget import default_budget
@@ -180,6 +180,11 @@ def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
         raise ConfigError(f"every training pair has the same score: --loss {name} learns from pairs scored apart and "
                           "would learn nothing; without the score column the pairs train with --loss ranking",
                           field="loss")
+    if name == "ranking" and len({p.b for p in train}) == 1 and all(p.negative is None for p in train):
+        # each anchor's answer is every other's: no other answer to tell it from, a loss of 0 from the start
+        raise ConfigError(f"every training pair has the same second text ({quote(train[0].b, 40)}): the ranking loss "
+                          "learns to tell a pair's answer from the others' and would learn nothing; give pairs "
+                          "with different answers, or triplets", field="loss")
     if config.symmetric and name != "ranking":
         raise ConfigError("--symmetric applies to the ranking loss (pairs and triplets)", field="symmetric")
     if config.pairs_per_step is not None and name != "ranking":
