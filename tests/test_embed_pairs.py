@@ -275,9 +275,13 @@ def test_triplets_are_also_scored_by_whether_each_anchor_is_closer_to_its_positi
     got = Fixed().evaluate([Pair("q", "x", negative="n1"), Pair("r", "z", negative="far"),
                             Pair("q", "x", negative="q")])
     assert got["triplet_accuracy"] == pytest.approx(2 / 3) and got["mrr@10"] == 1.0
-    assert "triplet_accuracy 0.6667" in Embedder.format_metrics(got) and "on 3 triplets: 2 distinct anchors" in \
-        Embedder.format_metrics(got)
+    lines = Embedder.format_metrics(got).splitlines()
+    assert lines[-2] == "triplet_accuracy  0.6667" and lines[-1] == "on 3 triplets: 2 distinct anchors, each with all " \
+        "of its answers"
+    assert len({line.index("1.0000") for line in lines[:-2]} | {lines[-2].index("0.6667")}) == 1  # one column
     assert "triplet_accuracy" not in Fixed().evaluate([Pair("q", "x"), Pair("r", "z")])
+    scored = Fixed().evaluate([Pair("q", "x", 1.0), Pair("r", "z", 0.5), Pair("q", "far", 0.0)])
+    assert scored["pairs"] == scored["n"] == 3  # the key every kind's --json has
 
 
 def test_a_query_is_not_ranked_against_its_own_text_among_the_answers():

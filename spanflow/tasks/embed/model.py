@@ -210,7 +210,7 @@ class Embedder:
         a, b = np.stack([x[0] for x in sides]), np.stack([x[1] for x in sides])
         if all(e.score is not None for e in examples):
             m = similarity_metrics(a, b, [e.score for e in examples])
-            return {"f1": m["spearman"], **m}
+            return {"f1": m["spearman"], **m, "pairs": len(examples)}
         rows, positive = distinct_positives([e.b for e in examples])
         queries, relevant = anchors_answers([e.a for e in examples], positive)
         # a query's own text among the answers ((x, y) beside (y, x)) is no candidate, as in training's loss
@@ -234,7 +234,8 @@ class Embedder:
         n, noun = m.get("n", 0), "triplets" if "triplet_accuracy" in m else "pairs"
         on = (f"on {n} {noun}" if "pairs" not in m or m["pairs"] == n
               else f"on {m['pairs']} {noun}: {n} distinct anchors, each with all of its answers")
-        return "\n".join(f"{k:<10} {m[k]:.4f}" for k in keys) + "\n" + on
+        width = max(map(len, keys), default=0)
+        return "\n".join(f"{k:<{width}}  {m[k]:.4f}" for k in keys) + "\n" + on
 
     def save(self, path: str) -> None:
         """A sentence-transformers directory with this model's encoder, pooling and max length."""
