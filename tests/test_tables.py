@@ -492,6 +492,9 @@ def test_kept_columns_need_an_output_that_holds_them(embedder, tmp_path):
     with pytest.raises(ConfigError, match="^--keep-columns embedding: the output has a column of its own named "):
         embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "o.parquet"), column="body",
                                        keep=["embedding"]), calibrate=False, **QUIET)
+    with pytest.raises(ConfigError, match=r"^--dtype float16 sets the vectors of an \.npy or \.parquet output; JSONL "):
+        embed_file(embedder, EmbedSpec(input=src, output=str(tmp_path / "o.jsonl"), column="body", dtype="float16"),
+                   calibrate=False, **QUIET)
     assert sorted(os.listdir(tmp_path)) == ["in.parquet"]
 
 

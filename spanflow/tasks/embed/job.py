@@ -105,6 +105,9 @@ def check_spec(spec: EmbedSpec) -> str:
     fmt = _out_format(spec.output)
     if spec.dtype not in ("float32", "float16"):
         raise ConfigError(f"--dtype must be float32 or float16, got {spec.dtype!r}")
+    if spec.dtype != "float32" and fmt == "jsonl":  # it would be taken and change nothing
+        raise ConfigError(f"--dtype {spec.dtype} sets the vectors of an .npy or .parquet output; JSONL writes them as "
+                          "decimal numbers", field="dtype")
     if spec.chunk_size < 1:
         raise ConfigError(f"--chunk-size must be a positive integer, got {spec.chunk_size}")
     if not os.path.exists(spec.input):
