@@ -148,6 +148,8 @@ def test_schemes_read_as_bio_and_unusable_directories_are_one_line(tmp_path, cap
     assert bio_rows(["O", "I-PER", "I-LOC", "B-LOC"], ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]) == [0, 3, 2, 1, 1]
     with pytest.raises(ModelDirError, match="LABEL_0"):
         bio_tags("d", {0: "LABEL_0", 1: "LABEL_1"})
+    with pytest.raises(ModelDirError, match="id2label's ids are 0, 1, 3; they must be 0 to 2"):
+        bio_tags("d", {"0": "O", "1": "B-PER", "3": "I-PER"})  # output 2 would be read as I-PER
     from transformers import BertConfig, BertForTokenClassification
 
     enc, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
@@ -239,3 +241,29 @@ def test_an_encoder_without_fused_attention_and_a_sentencepiece_tokenizer_trains
     spans = [s for text, row in zip(TEXTS, predicted(tmp_path / "p.jsonl")) for s in ((text, *x) for x in row)]
     assert spans  # the model tags something, and no span starts or ends on a space
     assert all(not text[s].isspace() and not text[e - 1].isspace() for text, s, e, _ in spans)
+
+
+def test_a_classifier_with_layers_between_encoder_and_classifier_is_refused_both_ways(tmp_path, capsys):
+    """ModernBERT's token classifier runs a dense layer and a norm (its `head`) before the
+    classifier: loaded without them, or exported with them random, its logits are another model's."""
+    from transformers import ModernBertConfig, ModernBertForTokenClassification, ModernBertModel
+
+    from spanflow.errors import ConfigError
+    from spanflow.tasks.ner import NerModel
+    from spanflow.tasks.ner.hf import export_hf
+
+    _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    cfg = ModernBertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
+                           eos_token_id=tok.sep_token_id, cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id,
+                           num_labels=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"}, label2id={"O": 0, "B-PER": 1,
+                                                                                               "I-PER": 2})
+    ModernBertForTokenClassification(cfg).save_pretrained(tmp_path / "mb")
+    tok.save_pretrained(tmp_path / "mb")
+    with pytest.raises(ModelDirError, match=r"ModernBertForTokenClassification has layers between its encoder and its "
+                                            r"classifier \(head\)"):
+        NerModel.load(str(tmp_path / "mb"), precision="fp32")
+    model = NerModel(encoder=ModernBertModel(cfg), tokenizer=tok, labels=["PER"], limit=64, head_type="softmax")
+    with pytest.raises(ConfigError, match=r"layers between its encoder and its classifier \(head\)"):
+        export_hf(model, str(tmp_path / "out"), log_fn=lambda s: None)
+    assert not (tmp_path / "out").exists()

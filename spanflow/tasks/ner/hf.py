@@ -46,9 +46,13 @@ def bio_tags(path: str, id2label: dict | None) -> list[str]:
     if not isinstance(id2label, dict) or not id2label:
         raise ModelDirError(f"{path}/config.json has no id2label: the labels of its classifier are unknown")
     try:
-        names = [id2label[k] for k in sorted(id2label, key=int)]
+        ids = sorted(id2label, key=int)
     except (TypeError, ValueError):
         raise ModelDirError(f"{path}/config.json: id2label keys must be label ids") from None
+    if [int(k) for k in ids] != list(range(len(ids))):  # read by position, a gap would give outputs the wrong names
+        raise ModelDirError(f"{path}/config.json: id2label's ids are {', '.join(map(str, ids[:10]))}; they must be "
+                            f"0 to {len(ids) - 1}, one per output of the classifier")
+    names = [id2label[k] for k in ids]
     tags = []
     for name in names:
         name = str(name)
@@ -97,7 +101,19 @@ def load_token_classifier(path: str):
     classifier = getattr(full, "classifier", None)
     if not isinstance(classifier, nn.Linear) or classifier.out_features != len(tags):
         raise ModelDirError(f"{path}: expected a linear `classifier` with {len(tags)} outputs on the encoder")
+    between = layers_between(full)
+    if between:  # run without them, its logits would be another model's
+        raise ModelDirError(f"{path}: {type(full).__name__} has layers between its encoder and its classifier "
+                            f"({', '.join(between)}), which spanflow does not run; only an encoder and a linear "
+                            "classifier load as an NER model")
     return getattr(full, full.base_model_prefix), tokenizer, classifier, tags
+
+
+def layers_between(full) -> list[str]:
+    """The names of a token-classification model's layers with weights other than its encoder and
+    its `classifier` (ModernBERT's `head`: a dense layer and a norm before the classifier)."""
+    return [name for name, m in full.named_children() if name not in (full.base_model_prefix, "classifier")
+            and any(True for _ in m.parameters())]
 
 
 def _classifier_outputs(path: str) -> int | None:
@@ -181,6 +197,10 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
                "(docs/ner.md)")
     quiet_transformers()  # no progress bar of its writing shards among the command's lines
     full = AutoModelForTokenClassification.from_config(cfg)
+    between = layers_between(full)
+    if between:  # they would be written with random weights, and the export run through them
+        raise ConfigError(f"{type(full).__name__} has layers between its encoder and its classifier "
+                          f"({', '.join(between)}) that this model has no weights for; it cannot be exported to it")
     missing, _ = getattr(full, full.base_model_prefix).load_state_dict(encoder.state_dict(), strict=False)
     if missing:
         raise ConfigError(f"the encoder's weights do not fill {type(full).__name__}: missing {missing[:3]}")
