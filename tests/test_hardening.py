@@ -155,6 +155,12 @@ def test_pickled_weights_are_refused_with_how_to_convert(tmp_path, capsys):
     train = write_jsonl(tmp_path / "t.jsonl", TRAIN)
     fails(["train", "ner", "--train", train, "--model", str(tmp_path / "enc"), "--out", str(tmp_path / "o")],
           capsys, "pytorch_model.bin", "safe_serialization=True")
+    # a token classifier is converted by its own class: AutoModel would save its encoder alone
+    cfg = json.loads((tmp_path / "enc" / "config.json").read_text())
+    (tmp_path / "enc" / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForTokenClassification"],
+                                                              "id2label": {"0": "O", "1": "B-PER", "2": "I-PER"}}))
+    fails(["train", "ner", "--train", train, "--model", str(tmp_path / "enc"), "--out", str(tmp_path / "o")],
+          capsys, "from transformers import BertForTokenClassification; BertForTokenClassification.from_pretrained(")
 
 
 def test_a_truncated_checkpoint_is_one_error_line(trained, tmp_path, capsys):

@@ -208,11 +208,22 @@ def require_safetensors(path: str) -> None:
         return
     pickles = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
     if pickles:
+        cls = _architecture(path)  # its own class: AutoModel would save the encoder alone, without a classifier
         raise ModelDirError(
             f"{path} holds its weights only as {pickles[0]} (a pickle, which spanflow does not load: it can run "
-            "code). Convert it once, where you trust the file: python -c \"from transformers import AutoModel; "
-            f"AutoModel.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\"")
+            f"code). Convert it once, where you trust the file: python -c \"from transformers import {cls}; "
+            f"{cls}.from_pretrained('{path}').save_pretrained('{path}', safe_serialization=True)\"")
     raise ModelDirError(f"{path} has no model.safetensors")
+
+
+def _architecture(path: str) -> str:
+    """The transformers class config.json names (`architectures`), else AutoModel."""
+    try:
+        archs = config_object(os.path.join(path, "config.json")).get("architectures") or []
+    except ModelDirError:  # no config to read: the advice names the generic class
+        archs = []
+    name = archs[0] if archs and isinstance(archs[0], str) else ""
+    return name if name.isidentifier() else "AutoModel"
 
 
 def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
