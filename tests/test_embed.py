@@ -1,6 +1,7 @@
 import itertools
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -81,6 +82,38 @@ def test_a_sentence_transformers_6_directory_is_read(tmp_path):
     with pytest.raises(ModelDirError, match="pooling 'weightedmean'; spanflow pools one of mean, cls, max or "
                                             "lasttoken"):
         Embedder.load(d)
+
+
+def test_do_lower_case_lowers_the_texts_and_survives_a_save(tmp_path):
+    d = make_dir(tmp_path / "st", ST_MODULES, max_seq_length=24)
+    cased = Embedder.load(d, precision="fp32")
+    assert not np.allclose(cased.encode("Grace HOPPER works"), cased.encode("grace hopper works"), atol=1e-4)
+    (tmp_path / "st" / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 24,
+                                                                           "do_lower_case": True}))
+    lower = Embedder.load(d, precision="fp32")  # as sentence-transformers: the text lowercased, then tokenized
+    np.testing.assert_allclose(lower.encode("Grace HOPPER works"), cased.encode("grace hopper works"), atol=1e-6)
+    lower.save(str(tmp_path / "saved"))
+    again = Embedder.load(str(tmp_path / "saved"), precision="fp32")
+    np.testing.assert_allclose(again.encode("Grace HOPPER works"), cased.encode("grace hopper works"), atol=1e-6)
+    assert lower.with_precision("fp32").lowercase and again.lowercase
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("1_Pooling/config.json", {"pooling_mode_mean_tokens": True, "pooling_mode_weightedmean_tokens": True},
+     "pooling mean and weightedmean_tokens; spanflow pools one of"),
+    ("1_Pooling/config.json", {"pooling_mode_weightedmean_tokens": True}, "pooling weightedmean_tokens; spanflow"),
+    ("modules.json", {"0": "Transformer"}, "expected a list of module objects"),
+    ("sentence_bert_config.json", {"max_seq_length": "256"}, "max_seq_length must be a positive whole number, "
+                                                             "got '256'"),
+    ("sentence_bert_config.json", {"max_seq_length": -1}, "max_seq_length must be a positive whole number, got -1"),
+    ("config_sentence_transformers.json", {"prompts": {"query": "query: "}, "default_prompt_name": "query"},
+     "default_prompt_name 'query' puts 'query: ' before every text"),
+])
+def test_a_sentence_transformers_setting_spanflow_would_not_honour_is_one_error(tmp_path, name, content, said):
+    d = make_dir(tmp_path / "st", ST_MODULES, max_seq_length=24)
+    (tmp_path / "st" / name).write_text(json.dumps(content))
+    with pytest.raises(ModelDirError, match=re.escape(said)):
+        Embedder.load(d, precision="fp32")
 
 
 def test_loading_leaves_the_random_state_and_names_a_broken_config(tmp_path):

@@ -81,8 +81,9 @@ class Embedder:
     """
 
     def __init__(self, *, encoder: nn.Module, tokenizer, pooling: Pooling, max_length: int | None = None,
-                 precision: str = "auto", quantize: str | None = None, device: str = "auto"):
+                 precision: str = "auto", quantize: str | None = None, device: str = "auto", lowercase: bool = False):
         self.tokenizer, self.quantize = tokenizer, quantize
+        self.lowercase = lowercase  # sentence-transformers' do_lower_case: texts lowercased before the tokenizer
         self.limit = encoder_max_length(encoder, tokenizer)  # the longest input the encoder takes
         self.max_length = min(max_length or self.limit, self.limit)  # None: the encoder's limit
         self.policy = resolve_policy("fp32" if quantize else precision, device)
@@ -123,7 +124,7 @@ class Embedder:
         encoder, tokenizer = load_encoder(cfg["encoder_dir"])
         return cls(encoder=encoder, tokenizer=tokenizer, pooling=Pooling(mode=cfg["pooling"],
                    normalize=cfg["normalize"]), max_length=cfg["max_seq_length"], precision=precision,
-                   quantize=quantize, device=device)
+                   quantize=quantize, device=device, lowercase=cfg["lowercase"])
 
     def with_precision(self, precision: str, quantize: str | None = None) -> "Embedder":
         """This model in another precision or quantization, made from its fp32 weights in
@@ -131,7 +132,7 @@ class Embedder:
         fp32 = self._fp32 or self.module
         return Embedder(encoder=fp32.encoder, tokenizer=self.tokenizer, pooling=fp32.pooling,
                         max_length=self.max_length, precision=precision, quantize=quantize,
-                        device=str(self.policy.device))
+                        device=str(self.policy.device), lowercase=self.lowercase)
 
     task = "embed"
 
@@ -243,12 +244,17 @@ class Embedder:
 
         fp32 = self._fp32 or self.module
         write_embedding_dir(path, encoder=fp32.encoder, tokenizer=self.tokenizer, pooling=fp32.pooling.mode,
-                            normalize=fp32.pooling.normalize, max_length=self.max_length)
+                            normalize=fp32.pooling.normalize, max_length=self.max_length, lowercase=self.lowercase)
 
     def _fast_backend(self):
         from tokenizers import Tokenizer
 
         backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+        if self.lowercase:  # before the tokenizer's own normalizer, as sentence-transformers lowers the text
+            from tokenizers import normalizers
+
+            backend.normalizer = normalizers.Sequence([normalizers.Lowercase()] + (
+                [backend.normalizer] if backend.normalizer is not None else []))
         backend.no_padding()
         backend.enable_truncation(self.max_length)
         return backend

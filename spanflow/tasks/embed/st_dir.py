@@ -20,7 +20,7 @@ def _json(path: str) -> dict | list:
 
 
 def read_embedding_config(path: str) -> dict:
-    """{"encoder_dir", "pooling", "normalize", "max_seq_length"} for an ST or plain HF directory.
+    """{"encoder_dir", "pooling", "normalize", "max_seq_length", "lowercase"} for an ST or plain HF directory.
 
     A plain Hugging Face encoder gets mean pooling, no normalisation and its own max length.
     """
@@ -29,17 +29,24 @@ def read_embedding_config(path: str) -> dict:
 
         raise ModelDirError(missing_dir(path))  # a file, or OUT/model of a run that has saved none yet
     modules_file = os.path.join(path, "modules.json")
+    cfg = {"encoder_dir": path, "pooling": "mean", "normalize": False, "max_seq_length": None, "lowercase": False}
     if not os.path.exists(modules_file):
-        return {"encoder_dir": path, "pooling": "mean", "normalize": False, "max_seq_length": None}
-    cfg = {"encoder_dir": path, "pooling": "mean", "normalize": False, "max_seq_length": None}
-    for mod in _json(modules_file):
-        kind = mod.get("type", "").rsplit(".", 1)[-1]
-        mod_dir = os.path.join(path, mod.get("path", ""))
+        return cfg
+    modules = _json(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ModelDirError(f"{modules_file}: expected a list of module objects ({{\"type\": ..., \"path\": ...}})")
+    _no_default_prompt(path)
+    for mod in modules:
+        kind = str(mod.get("type", "")).rsplit(".", 1)[-1]
+        mod_dir = os.path.join(path, str(mod.get("path", "")))
         if kind == "Transformer":
             cfg["encoder_dir"] = mod_dir
             sb = os.path.join(mod_dir, "sentence_bert_config.json")
             if os.path.exists(sb):
-                cfg["max_seq_length"] = _json(sb).get("max_seq_length")
+                sbc = _json(sb)
+                sbc = sbc if isinstance(sbc, dict) else {}
+                cfg["max_seq_length"] = _max_length(sbc.get("max_seq_length"), sb)
+                cfg["lowercase"] = sbc.get("do_lower_case") is True  # the texts lowercased before tokenizing
             tok = os.path.join(mod_dir, "tokenizer_config.json")
             if cfg["max_seq_length"] is None and os.path.exists(tok):  # sentence-transformers 6 keeps it there
                 limit = _json(tok).get("model_max_length")
@@ -53,7 +60,8 @@ def read_embedding_config(path: str) -> dict:
                 asked = repr(mode)
             else:  # earlier ones set a flag for each
                 modes = [name for key, name in _POOL_KEYS.items() if pc.get(key)]
-                modes += ["mean_sqrt_len_tokens"] if pc.get("pooling_mode_mean_sqrt_len_tokens") else []
+                modes += [name for name in ("mean_sqrt_len_tokens", "weightedmean_tokens")
+                          if pc.get(f"pooling_mode_{name}")]
                 asked = " and ".join(modes) or "no mode"
             if len(modes) != 1 or modes[0] not in _POOL_KEYS.values():
                 raise ModelDirError(f"{mod_dir}: pooling {asked}; spanflow pools one of mean, cls, max or lasttoken")
@@ -66,7 +74,30 @@ def read_embedding_config(path: str) -> dict:
     return cfg
 
 
-def write_embedding_dir(path: str, *, encoder, tokenizer, pooling: str, normalize: bool, max_length: int) -> None:
+def _max_length(value, path: str) -> int | None:
+    """sentence_bert_config.json's max_seq_length: a positive whole number, or none given."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelDirError(f"{path}: max_seq_length must be a positive whole number, got {value!r}")
+    return value
+
+
+def _no_default_prompt(path: str) -> None:
+    """A ModelDirError where config_sentence_transformers.json names a default prompt, which
+    sentence-transformers puts before every text and spanflow does not: its vectors would differ."""
+    f = os.path.join(path, "config_sentence_transformers.json")
+    cfg = _json(f) if os.path.exists(f) else {}
+    name = cfg.get("default_prompt_name") if isinstance(cfg, dict) else None
+    if name:
+        prompt = (cfg.get("prompts") or {}).get(name) if isinstance(cfg.get("prompts"), dict) else None
+        raise ModelDirError(f"{f}: default_prompt_name {name!r} puts {prompt!r} before every text in "
+                            "sentence-transformers, which spanflow does not do: remove default_prompt_name and put "
+                            "the prompt in your texts")
+
+
+def write_embedding_dir(path: str, *, encoder, tokenizer, pooling: str, normalize: bool, max_length: int,
+                        lowercase: bool = False) -> None:
     """A sentence-transformers directory (Transformer at the top, Pooling, optional Normalize) that
     sentence-transformers and spanflow load alike; written aside and renamed into place, a full
     disk told as a WriteError naming `path` (models.directory.write_aside)."""
@@ -85,7 +116,7 @@ def write_embedding_dir(path: str, *, encoder, tokenizer, pooling: str, normaliz
         pool = {"word_embedding_dimension": encoder.config.hidden_size, "pooling_mode_mean_sqrt_len_tokens": False,
                 "pooling_mode_weightedmean_tokens": False, **{k: v == pooling for k, v in _POOL_KEYS.items()}}
         for name, obj in (("modules.json", modules), ("sentence_bert_config.json",
-                          {"max_seq_length": max_length, "do_lower_case": False}),
+                          {"max_seq_length": max_length, "do_lower_case": lowercase}),
                           (os.path.join("1_Pooling", "config.json"), pool)):
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
                 json.dump(obj, f, indent=2)

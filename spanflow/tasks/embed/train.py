@@ -160,11 +160,12 @@ def start_embedder(source: str, texts: list[str], opts: TrainOptions, policy) ->
     """The model to train: an embedding directory's encoder, pooling and normalisation (a plain
     encoder: mean pooling), or `tiny`; fp32 weights, the loop's autocast doing the casting."""
     cfg = read_embedding_config(source) if source != "tiny" else {"encoder_dir": "tiny", "pooling": "mean",
-                                                                  "normalize": False, "max_seq_length": None}
+                                                                  "normalize": False, "max_seq_length": None,
+                                                                  "lowercase": False}
     encoder, tokenizer, _ = start_encoder(cfg["encoder_dir"], texts, max_length=opts.max_length, seed=opts.seed)
     pooling = Pooling(mode=cfg["pooling"], normalize=cfg["normalize"])
     emb = Embedder(encoder=encoder, tokenizer=tokenizer, pooling=pooling, precision="fp32", device=str(policy.device),
-                   max_length=opts.max_length or cfg["max_seq_length"])
+                   max_length=opts.max_length or cfg["max_seq_length"], lowercase=cfg["lowercase"])
     emb.policy = policy  # evaluation during training runs in the training precision's autocast
     return emb
 
