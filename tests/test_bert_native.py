@@ -133,6 +133,31 @@ def test_native_tokenizer_encodes_as_transformers_does(bert_dir, tmp_path):
     (tmp_path / "odd" / "tokenizer_config.json").write_text(json.dumps({**cfg, "cls_token": "<s>"}))
     assert native_tokenizer.load(str(tmp_path / "odd")) is None
 
+@pytest.mark.parametrize("settings", [{"do_lower_case": True}, {"do_lower_case": False, "strip_accents": True},
+                                      {"strip_accents": False, "do_lower_case": True},
+                                      {"tokenize_chinese_chars": False, "do_lower_case": False}])
+def test_a_bert_tokenizers_config_sets_its_normalizer_as_in_transformers(bert_dir, tmp_path, settings):
+    """transformers builds a BertTokenizer's normalizer from tokenizer_config.json's do_lower_case,
+    strip_accents and tokenize_chinese_chars, over tokenizer.json's: the native tokenizer too."""
+    import shutil
+
+    from spanflow.models import tokenizer as native_tokenizer
+    from spanflow.models.encoder import load_tokenizer
+
+    d, _, _ = bert_dir
+    shutil.copytree(d, tmp_path / "t")
+    cfg = json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())
+    (tmp_path / "t" / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "BertTokenizer",
+                                                                      **settings}))
+    texts = TEXTS[:5] + ["Grace HOPPER", "Ünïcödé naïve café", "中文 北京"]
+    ours, theirs = native_tokenizer.load(str(tmp_path / "t")), load_tokenizer(str(tmp_path / "t"))
+    assert ours is not None and type(theirs).__name__.startswith("BertTokenizer")
+    a = ours(texts, return_offsets_mapping=True)
+    b = theirs(texts, return_offsets_mapping=True)
+    assert a["input_ids"] == b["input_ids"]
+    assert [[tuple(o) for o in x] for x in a["offset_mapping"]] == [[tuple(o) for o in x] for x in b["offset_mapping"]]
+
+
 
 def sdpa_spy(monkeypatch):
     """Record, at each scaled_dot_product_attention call, whether cuDNN's and the memory-efficient

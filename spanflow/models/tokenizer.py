@@ -92,6 +92,7 @@ def load(path: str) -> FastTokenizer | None:
         return None
     if any(backend.token_to_id(t) is None for t in special.values()):
         return None
+    _bert_settings(backend, cfg)
     if _content(cfg.get("unk_token")):
         special["unk_token"] = _content(cfg.get("unk_token"))
     limit = cfg.get("model_max_length")
@@ -104,6 +105,29 @@ def load(path: str) -> FastTokenizer | None:
                 files[name] = f.read()
     return FastTokenizer(backend, special=special, files=files,
                          model_max_length=limit if isinstance(limit, int) and limit > 0 else NO_LIMIT)
+
+
+# tokenizer_config.json's keys for a BERT tokenizer's normalizer, and BertNormalizer's names for them
+BERT_KEYS = {"do_lower_case": "lowercase", "strip_accents": "strip_accents",
+             "tokenize_chinese_chars": "handle_chinese_chars"}
+
+
+def _bert_settings(backend, cfg: dict) -> None:
+    """A BertTokenizer's normalizer as tokenizer_config.json sets it: transformers builds it from
+    do_lower_case, strip_accents and tokenize_chinese_chars there, over what tokenizer.json says
+    (a cased model whose config says so, saved with a lowercasing tokenizer.json). A key the
+    config lacks keeps tokenizer.json's setting."""
+    from tokenizers import normalizers
+
+    given = {BERT_KEYS[k]: v for k, v in cfg.items() if k in BERT_KEYS and (v is None or isinstance(v, bool))}
+    if cfg.get("tokenizer_class") not in ("BertTokenizer", "BertTokenizerFast") or not given:
+        return
+    now = json.loads(backend.to_str()).get("normalizer") or {}
+    if now.get("type") != "BertNormalizer":
+        return
+    settings = {k: now.get(k) for k in ("clean_text", "handle_chinese_chars", "strip_accents", "lowercase")}
+    if {**settings, **given} != settings:
+        backend.normalizer = normalizers.BertNormalizer(**{**settings, **given})
 
 
 def from_backend(backend, *, special: dict[str, str], model_max_length: int) -> FastTokenizer:
