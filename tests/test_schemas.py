@@ -414,3 +414,30 @@ def test_the_server_keeps_its_status_codes_for_bodies_that_are_not_json_objects(
     r = server.post("/v1/embeddings", json={"input": ["a", "b c"], "model": "text-embedding-3-small",
                                             "dimensions": 4, "user": "u"})
     assert r.status_code == 200 and [len(d["embedding"]) for d in r.json()["data"]] == [4, 4]
+
+
+@pytest.mark.parametrize("task, key, value, said", [
+    ("ner", "id2label", list(range(5)), "'id2label' must be a non-empty list of distinct names"),
+    ("ner", "id2label", ["O", "DATE", "B-PER", "I-PER", "X"], "id2label in spanflow.json holds 'DATE', which is not O "
+                                                               "or B-/I- plus one of its labels"),
+    ("ner", "lines", "false", "lines in spanflow.json must be true or false, got 'false'"),
+    ("re", "threshold", None, "threshold must be a number between 0 and 1, got None (in spanflow.json)"),
+    ("re", "threshold", "0.5", "threshold must be a number between 0 and 1, got '0.5' (in spanflow.json)"),
+])
+def test_a_models_own_settings_of_the_wrong_kind_are_one_error_naming_them(tmp_path, task, key, value, said):
+    from helpers import tiny_bert
+
+    from spanflow.tasks.ner import NerModel
+    from spanflow.tasks.re import ReModel
+
+    enc, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    if task == "ner":
+        model, cls = NerModel(encoder=enc, tokenizer=tok, labels=["PER"], limit=64, head_type="softmax"), NerModel
+    else:
+        model, cls = ReModel(encoder=enc, tokenizer=tok, relations=["born_in"], limit=64), ReModel
+    model.save(str(tmp_path / "m"))
+    cfg = json.loads((tmp_path / "m" / CONFIG).read_text())
+    (tmp_path / "m" / CONFIG).write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(ModelDirError) as e:
+        cls.load(str(tmp_path / "m"), precision="fp32")
+    assert str(tmp_path / "m") in str(e.value) and said in str(e.value)

@@ -184,7 +184,8 @@ def fill_head(head: nn.Module, state: dict, path: str) -> nn.Module:
     try:
         head.load_state_dict(state)
     except RuntimeError as e:
-        raise ModelDirError(f"{path}: head.safetensors does not match {CONFIG} ({str(e).splitlines()[0][:200]})") \
+        # the first line only names the head's class: what does not fit is on the next
+        raise ModelDirError(f"{path}: head.safetensors does not match {CONFIG} ({' '.join(str(e).split())[:300]})") \
             from None
     return head
 

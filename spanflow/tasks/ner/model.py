@@ -91,7 +91,7 @@ class NerModel:
         if head_type not in HEAD_TYPES:
             raise ModelDirError(f"{path}: unknown head {str(head_type)[:50]!r}; this spanflow knows "
                                 f"{', '.join(HEAD_TYPES)}")
-        id2label = cfg.get("id2label") or bio_label_list(labels)
+        id2label = _id2label(cfg, labels, path)
         head = make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=id2label)
         # format 1 had no "limit": its "max_length" was the limit, "window" (when present) the length read
         old = "limit" not in cfg
@@ -100,7 +100,7 @@ class NerModel:
                    stride=config_count(cfg, "stride", path, DEFAULT_STRIDE), head=fill_head(head, head_state, path),
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
-                   lines=cfg.get("lines", True) is not False, words=config_words(cfg, path),
+                   lines=_flag(cfg, "lines", path, True), words=config_words(cfg, path),
                    word_edges=_edges(cfg.get("word_edges"), path, "word_edges in spanflow.json"))
 
     @classmethod
@@ -258,6 +258,27 @@ class NerModel:
         total = sum(len(e.spans) for e in examples)
         return (f"{moved} of the data's {total} gold entities do not start and end on the words the model tags, so "
                 f"no prediction can match them and each counts as a miss; the first: {first}")
+
+
+def _id2label(cfg: dict, labels: list[str], path: str) -> list[str]:
+    """The classifier's BIO tag per output: spanflow.json's id2label (a classifier imported from
+    Hugging Face keeps its own order), each O or B-/I- plus one of its labels; else spanflow's order."""
+    if cfg.get("id2label") is None:
+        return bio_label_list(labels)
+    tags = check_names(cfg, "id2label", path)
+    bad = next((t for t in tags if t != "O" and not (t[:2] in ("B-", "I-") and t[2:] in labels)), None)
+    if bad is not None:
+        raise ModelDirError(f"{path}: id2label in spanflow.json holds {bad[:50]!r}, which is not O or B-/I- plus one "
+                            f"of its labels ({', '.join(labels[:8])})")
+    return tags
+
+
+def _flag(cfg: dict, key: str, path: str, default: bool) -> bool:
+    """cfg[key] as true or false (`default` when absent), or a ModelDirError ("false" is no false)."""
+    value = cfg.get(key, default)
+    if not isinstance(value, bool):
+        raise ModelDirError(f"{path}: {key} in spanflow.json must be true or false, got {str(value)[:50]!r}")
+    return value
 
 
 def _edges(edges, path: str, where: str) -> dict | None:

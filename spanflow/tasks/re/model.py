@@ -11,7 +11,7 @@ from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE
 from spanflow.batching.prefetch import chunked
 from spanflow.data.examples import ReExample, Triple, check_examples
-from spanflow.errors import ConfigError, as_path
+from spanflow.errors import ConfigError, ModelDirError, as_path
 from spanflow.models.directory import (
     check_names,
     config_int,
@@ -38,6 +38,14 @@ def check_threshold(threshold) -> float:
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0.0 < threshold < 1.0:
         raise ConfigError(f"threshold must be a number between 0 and 1, got {threshold!r:.60}")
     return float(threshold)
+
+
+def _threshold(value, path: str) -> float:
+    """spanflow.json's threshold, checked as check_threshold checks one given: a ModelDirError naming the file."""
+    try:
+        return check_threshold(value)
+    except ConfigError as e:
+        raise ModelDirError(f"{path}: {e} (in spanflow.json)") from None
 
 
 SPECIAL_TOKENS = ("cls", "sep")  # what an input starts and ends with (padding falls back to id 0)
@@ -76,7 +84,7 @@ class ReModel:
         # format 1's max_length was the limit; a format 2 model saved before it kept its own reads the limit
         return cls(encoder=encoder, tokenizer=tokenizer, relations=relations, limit=limit,
                    max_length=config_int(cfg, "max_length", path, limit) if "limit" in cfg else None,
-                   threshold=cfg.get("threshold", 0.5),
+                   threshold=_threshold(cfg.get("threshold", 0.5), path),
                    head=fill_head(head, head_state, path), policy=resolve_policy(precision, device))
 
     def save(self, path: str) -> None:
