@@ -103,6 +103,8 @@ def test_do_lower_case_lowers_the_texts_and_survives_a_save(tmp_path):
      "pooling mean and weightedmean_tokens; spanflow pools one of"),
     ("1_Pooling/config.json", {"pooling_mode_weightedmean_tokens": True}, "pooling weightedmean_tokens; spanflow"),
     ("modules.json", {"0": "Transformer"}, "expected a list of module objects"),
+    ("modules.json", [ST_MODULES[0], ST_MODULES[2]], "names no Pooling module"),
+    ("modules.json", [], "names no Pooling module"),
     ("sentence_bert_config.json", {"max_seq_length": "256"}, "max_seq_length must be a positive whole number, "
                                                              "got '256'"),
     ("sentence_bert_config.json", {"max_seq_length": -1}, "max_seq_length must be a positive whole number, got -1"),

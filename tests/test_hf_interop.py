@@ -267,3 +267,20 @@ def test_a_classifier_with_layers_between_encoder_and_classifier_is_refused_both
     with pytest.raises(ConfigError, match=r"layers between its encoder and its classifier \(head\)"):
         export_hf(model, str(tmp_path / "out"), log_fn=lambda s: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_token_classifier_is_not_embedded_as_an_encoder(trained, tmp_path, capsys):
+    from transformers import BertConfig, BertForTokenClassification
+
+    _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    BertForTokenClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=32, num_labels=3,
+                                          id2label={0: "O", 1: "B-PER", 2: "I-PER"},
+                                          label2id={"O": 0, "B-PER": 1, "I-PER": 2})).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    (tmp_path / "in.txt").write_text("a b\n")
+    rc = main(["embed", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.txt"), "--output",
+               str(tmp_path / "o.npy")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a 'ner' model from elsewhere" in err and "'spanflow predict' runs it as 'ner'" in err
+    assert not (tmp_path / "o.npy").exists()

@@ -188,6 +188,11 @@ def check_model_for(path: str, task: str, *, start: bool = False) -> Task:
                             "or sentence-transformers directory")
     held = task_of_dir(path)
     own = os.path.exists(os.path.join(path, "spanflow.json"))
+    if not own and task == ENCODER_TASK and held.name != ENCODER_TASK and not start:
+        # a classifier from elsewhere (a HF token classifier): its encoder's pooled vectors ignore the classifier
+        raise ModelDirError(f"{path} is a {held.name!r} model from elsewhere (its config.json names a classifier); "
+                            "embeddings come from an encoder or sentence-transformers directory; "
+                            f"'spanflow predict' runs it as {held.name!r}")
     if held.name == task or (not own and (start or task == ENCODER_TASK)):
         return held
     if not own:  # an encoder (or a classifier from elsewhere) where a trained model is needed

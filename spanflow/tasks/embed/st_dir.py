@@ -71,6 +71,8 @@ def read_embedding_config(path: str) -> dict:
         else:
             raise ModelDirError(f"{path}: module type {mod.get('type')!r} is not supported "
                                 "(supported: Transformer, Pooling, Normalize)")
+    if not any(str(m.get("type", "")).endswith("Pooling") for m in modules):  # sentence-transformers refuses it too
+        raise ModelDirError(f"{modules_file} names no Pooling module: how token vectors become one is not said")
     return cfg
 
 
