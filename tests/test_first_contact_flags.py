@@ -357,3 +357,12 @@ def test_ray_flags_need_ray_and_a_range_before_ray_starts(tmp_path, capsys, monk
         "error: --ray-cpus-per-actor must be a positive number, got -1.0"]
     assert error_lines([command, *io, "--ray", "--ray-gpus-per-actor", "inf"], capsys) == [
         "error: --ray-gpus-per-actor must be a number, 0 or more, got inf"]
+
+
+def test_a_model_path_with_an_unexpanded_tilde_names_the_path_it_stands_for(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # --model=~/m: the shell expands no ~ after "="
+    (tmp_path / "m").mkdir()
+    (tmp_path / "t.txt").write_text("Ann\n")
+    monkeypatch.chdir(tmp_path)
+    assert error_lines(["predict", "--model=~/m", "--input", "t.txt", "--output", "p.jsonl"], capsys) == [
+        f"error: model directory not found: ~/m (a ~ is not expanded here: give {tmp_path / 'm'})"]

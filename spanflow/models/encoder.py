@@ -98,6 +98,8 @@ def missing_dir(path: str) -> str:
         return not_a_model(path)
     path_ = os.path.normpath(path)
     unsaved = _unsaved(os.path.dirname(path_) or ".") if os.path.basename(path_) == "model" else None
+    if path.startswith("~") and os.path.exists(os.path.expanduser(path)):  # --model=~/m: no shell expands it
+        return f"model directory not found: {path} (a ~ is not expanded here: give {os.path.expanduser(path)})"
     return f"model directory not found: {path}" + (f"; {unsaved}" if unsaved else _tiny_hint(path))
 
 
