@@ -290,3 +290,15 @@ def test_a_max_length_above_what_the_encoder_reads_is_refused_not_cut(tmp_path):
     with pytest.raises(ConfigError, match=f"^--max-length 128 is above what {tmp_path / 'enc'} reads: 64 tokens"):
         train_ner(DATA, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / "o"), log_fn=lambda s: None,
                   options=opts(max_length=128))
+
+
+def test_the_api_is_told_of_embed_training_fields_and_the_command_line_of_flags(tmp_path):
+    from spanflow import EmbedTraining, train_embedder
+    from spanflow.tasks.embed.pairs import Pair
+
+    scored = [Pair("a b", "c d", 1.0), Pair("e f", "g h", 0.0)]
+    with pytest.raises(ConfigError) as e:
+        train_embedder(scored, None, model="tiny", out_dir=str(tmp_path), log_fn=None,
+                       config=EmbedTraining(symmetric=True))
+    assert str(e.value) == "EmbedTraining.symmetric applies to the ranking loss (pairs and triplets)"
+    assert e.value.cli == "--symmetric applies to the ranking loss (pairs and triplets)"

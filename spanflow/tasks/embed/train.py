@@ -326,7 +326,10 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
     if dev is not None:
         check_pairs(dev, "dev", SCORED)
     config = config or EmbedTraining()
-    name = choose_loss(train, config)
+    try:
+        name = choose_loss(train, config)
+    except ConfigError as e:  # the API names EmbedTraining's fields; the command line keeps the flags
+        raise in_api_words(e, config) from None
     loss = LOSSES[name] if not config.symmetric else functools.partial(LOSSES[name], symmetric=True)
 
     def setup(run: Run) -> Plan:
