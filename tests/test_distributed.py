@@ -279,6 +279,52 @@ def test_cli_devices_relaunches_under_torchrun(tmp_path):
     assert all(r_["real_tokens_per_s"] > 0 and 0 < r_["padding_efficiency"] <= 1 for r_ in reps)
 
 
+def _auto_budget_worker(rank, world, port, out):
+    """`spanflow train --max-tokens auto` on one rank of a group, its measurement of the budget
+    answering by rank (as two ranks measuring side by side picked two budgets), the budget
+    training takes recorded."""
+    _join(rank, world, port)
+    os.environ["SPANFLOW_CACHE"] = os.path.join(out, f"cache{rank}")
+    from spanflow.cli.main import main
+    from spanflow.tasks.ner import train as ner_train
+    from spanflow.tuning import auto
+
+    measured = []
+
+    def measure(**kw):
+        measured.append(rank)
+        return {"best": {"max_tokens": 256 * (rank + 1)}, "points": []}
+
+    auto.quick_profile = measure
+    real = ner_train.train_ner
+
+    def train_ner(*a, options, **kw):
+        with open(os.path.join(out, f"budget.{rank}"), "w") as f:
+            json.dump({"max_tokens": options.max_tokens, "measured": measured}, f)
+        return real(*a, options=options, **kw)
+
+    ner_train.train_ner = train_ner
+    import spanflow.tasks.ner.task as ner_task
+    ner_task.train_ner = train_ner
+    from spanflow.data.formats.jsonl import write_jsonl_record
+
+    data = os.path.join(out, "train.jsonl")
+    if rank == 0:
+        with open(data + ".tmp", "w") as f:
+            for e in synthetic_ner(12, seed=2):
+                write_jsonl_record(f, e.text, e.spans)
+        os.replace(data + ".tmp", data)
+    broadcast(None, init_from_env())  # the file is there for both
+    main(["train", "ner", "--train", data, "--out", os.path.join(out, "run"), "--epochs", "1", "--max-tokens",
+          "auto", "--log-every", "0"])
+
+
+def test_max_tokens_auto_is_measured_by_rank_0_and_taken_by_every_rank(tmp_path):
+    mp.spawn(_auto_budget_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    got = [json.load(open(tmp_path / f"budget.{r}")) for r in (0, 1)]
+    assert got == [{"max_tokens": 256, "measured": [0]}, {"max_tokens": 256, "measured": []}]
+
+
 def test_max_steps_writes_a_partial_report(tmp_path):
     nm, windows, hooks = setup_task()
     opts = TrainOptions(**{**OPTS, "max_steps": 2})

@@ -92,19 +92,25 @@ def run(a: argparse.Namespace) -> int:
         argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process
         i = next(k for k, x in enumerate(argv) if x == "--devices" or x.startswith("--devices="))
         return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices)
-    from spanflow.training.distributed import init_from_env
+    from spanflow.training.distributed import broadcast, init_from_env, on_main
 
     # under torchrun, the group is joined before the data is read: a rank that stops on its own
     # data (another machine's copy) is then a peer the others hear of, not one they wait for at
     # the group's start (for gloo's half hour)
-    init_from_env()
+    d = init_from_env()
     task = get(a.task)
     # the device and precision are decided again, and said, by the training set-up on each rank by the
     # same policy; a measured budget (auto, --profile) is said here, with the training log (stdout)
     measured = a.max_tokens == "auto" or a.profile is not None
-    rt = resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
-                         log=print if measured else (lambda s: None))
-    said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=rt.max_tokens))
+
+    def budget() -> int | None:
+        return resolve_runtime(task, a.model, Asked.from_args(a), job="train", data=a.train, measure=quick_profile,
+                               log=print if measured else (lambda s: None)).max_tokens
+
+    # rank 0 alone measures (or reads the cached profile) and every rank takes its budget: ranks
+    # measuring side by side each picked its own, and ranks of other budgets waited on each other for ever
+    max_tokens = broadcast(on_main(budget, d), d)
+    said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=max_tokens))
     if said:
         say_once(said)
     return 0
