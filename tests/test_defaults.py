@@ -31,6 +31,9 @@ def test_update_size_follows_the_data_within_device_bounds():
     assert update_tokens([32] * 10 ** 6, torch.device("cuda")) > device_budget(CPU)
     # two processes share one update: each takes half
     assert update_tokens(small, CPU, world=2) == 512
+    # the floor is the job's: 2 processes take as many updates an epoch as one (not half as many)
+    assert update_tokens([32] * 800, CPU) == 256 and update_tokens([32] * 800, CPU, world=2) == 128
+    assert update_tokens([32] * 3300, CPU, world=8) * 8 == update_tokens([32] * 3300, CPU) == 1024
 
 
 def test_fill_defaults_fills_only_what_is_unset():

@@ -67,10 +67,40 @@ def _record_peak_measurements(path):
     device._matmul_rate = timed
 
 
+class _Bar:
+    """A terminal's progress bar as the loop sees it, one second old whenever asked: the rate it is
+    given is the tokens it counts; written to OUT/bar.json as the loop sets it."""
+
+    format_dict = {"elapsed": 1.0}
+
+    def __init__(self, out):
+        self.out, self.shown = out, []
+
+    def update(self, n):
+        pass
+
+    def set_postfix(self, **kw):
+        self.shown.append(kw["tok_s"])
+        with open(os.path.join(self.out, "bar.json"), "w") as f:
+            json.dump(self.shown, f)
+
+    def close(self):
+        pass
+
+
+def _with_bar(out, rank=0):
+    """The loop's progress bar on rank 0 as on a terminal (_Bar), none on the others."""
+    from spanflow.training import loop
+
+    loop.progress_bar = lambda r: _Bar(out) if rank == 0 else None
+
+
 def _worker(rank, world, port, out, extra):
     d = _join(rank, world, port)
     _record_peak_measurements(os.path.join(out, f"peak_measured.{rank}"))
     extra = dict(extra)
+    if extra.pop("bar", False):
+        _with_bar(out, rank)
     head = extra.pop("head", "softmax")
     _sparse_below(extra.pop("vocab_rows", None))
     nm, windows, hooks = setup_task(head)
@@ -125,6 +155,8 @@ def _sparse_below(rows):
 
 
 def single_process(out, **extra):
+    if extra.pop("bar", False):
+        _with_bar(str(out))
     head = extra.pop("head", "softmax")
     nm, windows, hooks = setup_task(head)
     opts = TrainOptions(**{**OPTS, **extra})
@@ -182,6 +214,17 @@ def test_ddp_logs_the_global_loss_as_one_process_would(tmp_path):
     ddp, one = step_losses(tmp_path / "ddp"), step_losses(tmp_path / "single")
     assert len(ddp) == len(one) >= 2
     assert ddp == pytest.approx(one, rel=1e-3)
+
+
+def test_ddp_progress_bar_rate_counts_every_ranks_tokens(tmp_path, monkeypatch):
+    """The bar's tokens/s is the job's: every rank's tokens, as one process training on the global batch counts."""
+    from spanflow.training import loop
+
+    run_ddp(tmp_path / "ddp", log_every=3, bar=True)
+    monkeypatch.setattr(loop, "progress_bar", loop.progress_bar)  # single_process's bar is undone after the test
+    single_process(tmp_path / "single", log_every=3, bar=True)
+    ddp, one = (json.load(open(tmp_path / d / "bar.json")) for d in ("ddp", "single"))
+    assert len(ddp) == len(one) >= 2 and ddp == one
 
 
 @pytest.mark.slow

@@ -72,11 +72,13 @@ def update_tokens(lengths: list[int], device: torch.device, world: int = 1) -> i
     About UPDATES_PER_EPOCH updates per epoch, rounded to a power of two, never fewer
     tokens than the longest item nor more than the device's budget: on a large data set
     the update is as large as the device runs well; on a small one it is cut so the model
-    still takes enough steps. More processes share one update.
+    still takes enough steps. More processes share one update: the whole job's update is sized
+    (its floor too), then split, so N processes take as many updates an epoch as one does.
     """
-    total = sum(lengths) / max(1, world)
-    want = 2 ** round(math.log2(max(1.0, total / UPDATES_PER_EPOCH)))
-    return int(max(max(lengths, default=1), MIN_UPDATE_TOKENS, min(want, device_budget(device))))
+    world = max(1, world)
+    want = 2 ** round(math.log2(max(1.0, sum(lengths) / UPDATES_PER_EPOCH)))
+    return int(max(max(lengths, default=1), -(-MIN_UPDATE_TOKENS // world),
+                   min(-(-want // world), device_budget(device))))
 
 
 TINY = ("model tiny (a small encoder and vocabulary built from scratch on --train, no pretrained weights; "

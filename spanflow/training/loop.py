@@ -232,12 +232,13 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
         gs = st["global_step"]
         if r.bar is not None:
             r.bar.update(1)
-            r.bar_tokens += sum(b["real_tokens"] for b in micro if b["weight"])
+        r.bar_tokens += sum(b["real_tokens"] for b in micro if b["weight"])  # this rank's: summed at log points
         if opts.log_every and gs % opts.log_every == 0:
-            # host sync, log points only; each rank holds its share of the global loss: their sum is the loss
-            loss_now = all_sum([r.running.item() / r.n_running], r.dist)[0]
+            # host sync, log points only; each rank holds its share of the global loss: their sum is the loss,
+            # and the sum of their tokens the whole job's, which the bar's rate is of
+            loss_now, job_tokens = all_sum([r.running.item() / r.n_running, float(r.bar_tokens)], r.dist)
             if r.dist.is_main:
-                _log_step(r, gs, loss_now, lr_used)
+                _log_step(r, gs, loss_now, lr_used, job_tokens)
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:
@@ -257,10 +258,11 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
     return True
 
 
-def _log_step(r: LoopState, gs: int, loss_now: float, lr: float) -> None:
-    """Step `gs`'s loss and the rate it trained at (--lr as the schedule stood), printed and reported alike."""
+def _log_step(r: LoopState, gs: int, loss_now: float, lr: float, tokens: float) -> None:
+    """Step `gs`'s loss and the rate it trained at (--lr as the schedule stood), printed and reported
+    alike; the bar's rate is of the `tokens` every rank trained on since it began."""
     if r.bar is not None:
-        tok_s = r.bar_tokens / max(r.bar.format_dict["elapsed"], 1e-9)
+        tok_s = tokens / max(r.bar.format_dict["elapsed"], 1e-9)
         r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
     else:
         r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {lr:.2e}")
