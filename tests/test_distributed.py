@@ -311,11 +311,15 @@ def test_cli_devices_relaunches_under_torchrun(tmp_path):
             write_jsonl_record(f, e.text, e.spans)
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "spanflow", "train", "ner", "--train", str(train), "--dev", str(train),
+    dev = tmp_path / "dev.conll"  # a BIO file whose second entity opens with I-: a reader's warning
+    dev.write_text("Ada B-PER\nLovelace I-PER\nworks O\n\nGrace I-PER\nworks O\n\n")
+    r = subprocess.run([sys.executable, "-m", "spanflow", "train", "ner", "--train", str(train), "--dev", str(dev),
                         "--out", str(out), "--epochs", "2", "--max-tokens", "512", "--max-length", "64",
                         "--devices", "2", "--lr-scaling", "sqrt"], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "2 processes" in r.stdout + r.stderr
+    # every rank reads the file; rank 0 alone says what it found
+    assert r.stderr.count("with no opening tag") == 1, r.stderr[-2000:]
     reps = [json.loads(x) for x in open(out / "train_report.jsonl")]
     assert len(reps) == 2  # rank 0 alone writes the report
     assert (out / "model" / "spanflow.json").exists()
@@ -546,6 +550,21 @@ def test_a_rank_killed_by_a_signal_is_named_whichever_rank_failed_first(monkeypa
 
     def failed(_args):  # rank 1 killed; rank 0 then stopped on the lost peer (exit 1), and its failure came first
         raise ChildFailedError("spanflow", {0: ProcessFailure(local_rank=0, pid=11, exitcode=1, error_file=""),
+                                            1: ProcessFailure(local_rank=1, pid=12, exitcode=-9, error_file="")})
+
+    monkeypatch.setattr(run, "run", failed)
+    assert relaunch(["train", "ner"], 2) == 1
+    assert capsys.readouterr().err.splitlines()[1:] == ["error: rank 1 was killed by signal 9"]
+
+
+def test_the_launchers_own_stop_of_the_survivors_is_not_named_as_a_failure(monkeypatch, capsys):
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from spanflow.training.distributed import relaunch
+
+    def failed(_args):  # rank 1 killed; the agent then stopped rank 0 with SIGTERM before it met a collective
+        raise ChildFailedError("spanflow", {0: ProcessFailure(local_rank=0, pid=11, exitcode=-15, error_file=""),
                                             1: ProcessFailure(local_rank=1, pid=12, exitcode=-9, error_file="")})
 
     monkeypatch.setattr(run, "run", failed)

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if not root.handlers:  # as logging.basicConfig: a program that set up logging keeps its own
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_LowerLevel())
+        if _rank() != 0:  # under torchrun every rank reads the same data: its warnings are rank 0's to say
+            handler.setLevel(logging.ERROR)
         root.addHandler(handler)
         root.setLevel(logging.INFO)
     entry = argv is None

@@ -145,6 +145,8 @@ def relaunch(argv: list[str], devices: int) -> int:
         run.run(run.parse_args(args))
     except ChildFailedError as e:
         killed = sorted((rank, -f.exitcode) for rank, f in e.failures.items() if f.exitcode < 0)
+        # the agent stops the survivors of a killed rank with SIGTERM: those are not what failed
+        killed = [k for k in killed if k[1] != signal.SIGTERM] or killed
         if killed:  # killed by a signal: nothing of its own was printed (the survivors' line says a peer went)
             print("error: " + ", ".join(f"rank {rank} was killed by signal {sig}" for rank, sig in killed),
                   file=sys.stderr)
