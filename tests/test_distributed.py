@@ -570,3 +570,20 @@ def test_the_launchers_own_stop_of_the_survivors_is_not_named_as_a_failure(monke
     monkeypatch.setattr(run, "run", failed)
     assert relaunch(["train", "ner"], 2) == 1
     assert capsys.readouterr().err.splitlines()[1:] == ["error: rank 1 was killed by signal 9"]
+
+
+def test_the_launcher_shares_this_machines_cores_among_its_processes(monkeypatch, capsys):
+    from torch.distributed import run
+
+    from spanflow.training.distributed import relaunch
+
+    seen = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(run, "run", lambda args: seen.append(os.environ["OMP_NUM_THREADS"]))
+    assert relaunch(["train", "ner"], 4) == 0
+    assert seen == ["4"]  # torchrun would have set 1 a process, and said so in a banner
+    assert capsys.readouterr().err.startswith("launching: torchrun --nproc-per-node 4 -m spanflow train ner "
+                                              "(OMP_NUM_THREADS=4)")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting stays
+    assert relaunch(["train", "ner"], 4) == 0 and seen[-1] == "3"

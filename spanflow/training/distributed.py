@@ -138,7 +138,10 @@ def relaunch(argv: list[str], devices: int) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = ["--nproc-per-node", str(devices), "-m", "spanflow", *argv]
-    print(f"launching: torchrun {' '.join(args)}", file=sys.stderr)
+    if "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default is 1 a process, whatever the cores
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // devices))
+    print(f"launching: torchrun {' '.join(args)} (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})", file=sys.stderr)
     # the failed rank printed why; the launcher's own log of it would be a second, noisier line
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
