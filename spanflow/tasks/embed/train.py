@@ -390,7 +390,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                 plan.step = step_of(fn, run, *cache_for(o)[:2])
             if o is not run.opts:
                 run.log(f"{NAMES[name]} over each update: {o.grad_accum} micro-batches of {o.max_tokens} tokens "
-                        "from different length buckets, ranked together")
+                        f"{f'on each of {world} processes ' if world > 1 else ''}from different length buckets, "
+                        "ranked together")
         else:
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             if pairs > len(items):  # an update holds the data at most: sized (and its rate scaled) for that
