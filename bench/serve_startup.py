@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -58,7 +59,7 @@ def wait_ready(proc: subprocess.Popen, port: int, err, deadline: float = 300) ->
     raise RuntimeError("the server did not become ready")
 
 
-async def run_load(port: int, texts: list[str], clients: int, launched: float, until: float) -> tuple[list, float | None]:
+async def run_load(port: int, texts, clients: int, launched: float, until: float) -> tuple[list, float | None]:
     """Closed-loop clients until `until` s after launch; ([(answered at, latency)], compiled at), both
     in seconds after launch (compiled: when /ready first named no model "compiling"; None: never)."""
     done: list[tuple[float, float]] = []
@@ -114,23 +115,26 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8, help="closed-loop clients, one text a request [%(default)s]")
     ap.add_argument("--seconds", type=float, default=30.0, help="seconds after launch the load runs to [%(default)s]")
     ap.add_argument("--repeats", type=int, default=3, help="runs per backend; medians are reported [%(default)s]")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="the backends to run [%(default)s]")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="serve_startup")
     a = ap.parse_args()
     model = os.path.abspath(a.model)
     texts = read_texts(a.data)
-    runs: dict[str, list[dict]] = {b: [] for b in BACKENDS}
+    backends = tuple(b for b in BACKENDS if b in a.backends.split(","))
+    runs: dict[str, list[dict]] = {b: [] for b in backends}
     eager_window: list[tuple[float, float]] = []  # the auto runs' compile windows, for eager's like seconds
     for rep in range(a.repeats):
-        for backend in (BACKENDS if rep % 2 == 0 else BACKENDS[::-1]):
+        for backend in (backends if rep % 2 == 0 else backends[::-1]):
             port = free_port()
             proc, launched, err = launch(model, backend, port)
             try:
                 wait_ready(proc, port, err)
                 ready = time.perf_counter() - launched
-                order = np.random.default_rng(rep).permutation(len(texts))  # the same texts for both backends
-                done, compiled = asyncio.run(run_load(port, [texts[i] for i in order], a.clients, launched,
-                                                      a.seconds))
+                # the same texts for both backends, as many times over as the load takes (no server caches)
+                order = np.random.default_rng(rep).permutation(len(texts))
+                feed = (texts[i] for _ in itertools.count() for i in order)
+                done, compiled = asyncio.run(run_load(port, feed, a.clients, launched, a.seconds))
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
@@ -141,7 +145,7 @@ def main() -> None:
     # eager has no compile: its "window" is the auto runs' median one, so the seconds compared are alike
     window_end = median([c for _, c in eager_window]) if eager_window else a.seconds / 2
     rows = []
-    for backend in BACKENDS:
+    for backend in backends:
         ends = [r["compiled"] if backend == "auto" and r["compiled"] is not None else window_end for r in runs[backend]]
         each = [summarise(r["done"], r["ready"], max(end, r["ready"] + 1e-3), a.seconds)
                 for r, end in zip(runs[backend], ends)]

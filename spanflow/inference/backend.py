@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +65,7 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
     def run() -> None:
         from spanflow.inference.heap import settle
 
+        _background()
         with _one_at_a_time:  # a server of several models compiles them in turn, not all at once
             seconds = _compile(shadow.module, lambda: _warm(shadow, units), log)
         if seconds is not None:
@@ -75,6 +77,21 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
     _aside[id(module)] = thread
     thread.start()
     return thread
+
+
+# the compile thread's niceness: 10 served eager beside the compile at about normal latency and
+# finished it soon enough; 19 starved the compile, 0 the serving (bench/serve_startup.py)
+NICE = 10
+
+
+def _background() -> None:
+    """This thread (and the compiler processes it starts, which inherit it) at a lower CPU
+    priority (NICE): the server's own threads, serving eager meanwhile, come first. Where the
+    system has no per-thread priority, nothing changes."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError):  # no setpriority (Windows), or a thread id it does not take (macOS)
+        pass
 
 
 _aside: dict[int, threading.Thread] = {}  # a compiling module (by id) -> its thread
