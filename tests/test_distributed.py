@@ -583,6 +583,7 @@ def test_the_launcher_shares_this_machines_cores_among_its_processes(monkeypatch
     monkeypatch.setattr(run, "run", lambda args: seen.append(os.environ["OMP_NUM_THREADS"]))
     assert relaunch(["train", "ner"], 4) == 0
     assert seen == ["4"]  # torchrun would have set 1 a process, and said so in a banner
+    assert "OMP_NUM_THREADS" not in os.environ  # for the launch only: the caller's environment is as it was
     assert capsys.readouterr().err.startswith("launching: torchrun --nproc-per-node 4 -m spanflow train ner "
                                               "(OMP_NUM_THREADS=4)")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting stays

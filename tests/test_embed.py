@@ -96,6 +96,9 @@ def test_do_lower_case_lowers_the_texts_and_survives_a_save(tmp_path):
     again = Embedder.load(str(tmp_path / "saved"), precision="fp32")
     np.testing.assert_allclose(again.encode("Grace HOPPER works"), cased.encode("grace hopper works"), atol=1e-6)
     assert lower.with_precision("fp32").lowercase and again.lowercase
+    # a bulk job's tokenizing stage (Ray) lowers the text as encode does
+    assert lower.pretokenizer()(["Grace HOPPER works"])["input_ids"].to_pylist() == \
+        cased.tokenize(["grace hopper works"])[0]
 
 
 @pytest.mark.parametrize("name, content, said", [

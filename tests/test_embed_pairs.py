@@ -424,6 +424,15 @@ def test_a_label_of_nli_classes_read_as_similarity_is_warned(tmp_path, caplog):
         pairs = read_pairs(nli)
     assert "its label holds 0, 1 and 2 only" in caplog.text and "contradictions train as the closest" in caplog.text
     assert [p.score for p in pairs] == [0.0, 0.5, 1.0]  # still read as asked: the warning says what it means
+    caplog.clear()
+    capital = write(tmp_path, "cap.csv", "Sentence1,Sentence2,Label\na b,c d,0\ne f,g h,1\ni j,k l,2\n")
+    with caplog.at_level("WARNING", logger="spanflow"):
+        read_pairs(capital)  # a header's names in any case
+    assert "its label holds 0, 1 and 2 only" in caplog.text
+    # a header shorter than the columns picked: read, and said by index
+    said = []
+    short = write(tmp_path, "short.csv", "sentence1,sentence2\na b,c d,1\ne f,g h,0\n")
+    assert len(read_pairs(short, columns="0,1,2", log_fn=said.append)) == 2 and "columns sentence1,sentence2,2" in said[0]
 
 
 def test_a_csv_split_by_semicolons_is_told_so_and_prose_is_not(tmp_path):

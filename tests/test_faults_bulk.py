@@ -469,6 +469,32 @@ def test_resume_refuses_finished_rows_that_are_cut_or_gone_before_embedding_more
     assert said in str(e.value) and calls[0] == 0 and not os.path.exists(spec.output)
 
 
+def test_an_npy_job_whose_ids_an_earlier_version_named_resumes(emb, tmp_path):
+    from spanflow.tasks.embed import Embedder
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / "out.npy"), chunk_size=3)
+    quiet = dict(calibrate=False, progress=False, log=lambda m: None)
+    calls, real = [0], Embedder._embed_ids
+
+    def dies(self, ids, *a, **kw):
+        calls[0] += 1
+        if calls[0] > 2:
+            raise KeyboardInterrupt
+        return real(self, ids, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Embedder, "_embed_ids", dies)
+        with pytest.raises(KeyboardInterrupt):
+            embed_file(emb, spec, **quiet)
+    os.replace(tmp_path / "out.npy.ids.partial", tmp_path / "out.ids.txt.partial")  # the name it had then
+    embed_file(emb, spec, resume=True, **quiet)
+    fresh = EmbedSpec(input=spec.input, output=str(tmp_path / "fresh" / "out.npy"), chunk_size=3)
+    os.mkdir(tmp_path / "fresh")
+    embed_file(emb, fresh, **quiet)
+    assert finished_files(spec.output) == finished_files(fresh.output)
+
+
 def test_a_fresh_run_removes_what_killed_runs_left(emb, tmp_path):
     from spanflow.tasks.embed.job import EmbedSpec, embed_file
 

@@ -162,8 +162,9 @@ def test_training_pairs_of_one_score_are_refused_for_a_scored_loss(tmp_path):
     from spanflow.tasks.embed.pairs import Pair
 
     same = [Pair(f"text number {i}", f"another text {i}", 1.0) for i in range(20)]
-    with pytest.raises(ConfigError, match="every training pair has the same score: --loss cosent"):
+    with pytest.raises(ConfigError, match="every training pair has the same score: EmbedTraining.loss cosent") as e:
         train_embedder(same, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None)
+    assert e.value.cli.startswith("every training pair has the same score: --loss cosent")  # the command line's
 
 
 def test_training_pairs_of_one_answer_are_refused_for_the_ranking_loss(tmp_path):

@@ -29,6 +29,7 @@ from spanflow import __version__
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.cli.common import Parser
 from spanflow.errors import SpanflowError, WriteError
+from spanflow.training.outcome import job_rank
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
             "doctor": doctor, "convert": convert, "export": export, "demo": demo}
@@ -114,23 +115,9 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
              "NCCL communicator was aborted")
 
 
-def _rank() -> int:
-    """This process's rank in its torchrun job (the group's, or torchrun's environment before the
-    group is joined); 0 outside one, whatever RANK a cluster's pod environment sets."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return 0
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
 def _say(line: str) -> None:
     """A stop line, from rank 0 alone: every rank of a job meets the same signal or lost peer."""
-    if _rank() == 0:
+    if job_rank() == 0:
         print(line, file=sys.stderr)
 
 
@@ -216,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if not root.handlers:  # as logging.basicConfig: a program that set up logging keeps its own
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_LowerLevel())
-        if _rank() != 0:  # under torchrun every rank reads the same data: its warnings are rank 0's to say
+        if job_rank() != 0:  # under torchrun every rank reads the same data: its warnings are rank 0's to say
             handler.setLevel(logging.ERROR)
         root.addHandler(handler)
         root.setLevel(logging.INFO)

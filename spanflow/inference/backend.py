@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -79,18 +80,21 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
     return thread
 
 
-# the compile thread's niceness: 10 served eager beside the compile at about normal latency and
-# finished it soon enough; 19 starved the compile, 0 the serving (bench/serve_startup.py)
+# how much the compile thread's niceness is raised: at 10 the eager serving beside the compile kept
+# its median latency and the compile took 18 s; 19 starved the compile, 0 the serving (bench/serve_startup.py)
 NICE = 10
 
 
 def _background() -> None:
-    """This thread (and the compiler processes it starts, which inherit it) at a lower CPU
-    priority (NICE): the server's own threads, serving eager meanwhile, come first. Where the
-    system has no per-thread priority, nothing changes."""
+    """This thread (and the compiler processes it starts, which inherit it) NICE steps lower in
+    CPU priority than it was: the server's own threads, serving eager meanwhile, come first.
+    Linux only, where a thread has a priority of its own (elsewhere the id would name a process)."""
+    if not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-    except (AttributeError, OSError):  # no setpriority (Windows), or a thread id it does not take (macOS)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
+    except OSError:  # a system that refuses it: the compile runs at the server's priority
         pass
 
 
@@ -125,8 +129,8 @@ def compare_backends(module, measure: Callable[[], dict], log: Callable[[str], N
     of a tune sweep) `repeats` times in turn (eager, compiled, eager, ...): one run of each is
     noise enough to flip the verdict between two tunes. The compile itself happens in a
     discarded first run and is timed apart. The encoder is eager again afterwards. Compiled
-    wins unless eager was faster in every run, the batching server's own default where the
-    runs cannot tell them apart. Returns {"eager", "compile" (medians), "eager_runs",
+    wins unless every eager run was faster than every compiled one: the batching server's own
+    default where the runs cannot tell them apart. Returns {"eager", "compile" (medians), "eager_runs",
     "compile_runs", "compile_s", "best"}."""
     import statistics
 

@@ -115,11 +115,13 @@ BERT_KEYS = {"do_lower_case": "lowercase", "strip_accents": "strip_accents",
 def _bert_settings(backend, cfg: dict) -> None:
     """A BertTokenizer's normalizer as tokenizer_config.json sets it: transformers builds it from
     do_lower_case, strip_accents and tokenize_chinese_chars there, over what tokenizer.json says
-    (a cased model whose config says so, saved with a lowercasing tokenizer.json). A key the
-    config lacks keeps tokenizer.json's setting."""
+    (a cased model whose config says so, saved with a lowercasing tokenizer.json). Unlike
+    transformers, a key the config lacks keeps tokenizer.json's setting rather than the class's
+    default (do_lower_case true would lowercase a cased model's text)."""
     from tokenizers import normalizers
 
-    given = {BERT_KEYS[k]: v for k, v in cfg.items() if k in BERT_KEYS and (v is None or isinstance(v, bool))}
+    given = {BERT_KEYS[k]: v for k, v in cfg.items()  # strip_accents alone may be null: "as lowercase says"
+             if k in BERT_KEYS and (isinstance(v, bool) or (v is None and k == "strip_accents"))}
     if cfg.get("tokenizer_class") not in ("BertTokenizer", "BertTokenizerFast") or not given:
         return
     now = json.loads(backend.to_str()).get("normalizer") or {}

@@ -123,7 +123,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     async def ready(request: Request):
         if not state["ready"]:  # the server stops: what is queued is finished, nothing new is taken
             raise HttpError(503, "the server is stopping")
-        if not getattr(request.state, "keyed", True):  # a probe without the key: ready, and nothing more
+        if not getattr(request.state, "keyed", False):  # a probe without the key: ready, and nothing more
             return {"status": "ready"}
         return {"status": "ready", "models": {s.name: s.task.name for s in services},
                 "backends": {s.name: backend_of(s.model) for s in services}}

@@ -134,16 +134,27 @@ def relaunch(argv: list[str], devices: int) -> int:
     0 when all finished; 1, naming them, when ranks were killed by a signal (they said nothing);
     else the exit code of the first rank that failed (its own error line said why)."""
     from torch.distributed import run
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = ["--nproc-per-node", str(devices), "-m", "spanflow", *argv]
-    if "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default is 1 a process, whatever the cores
+    own = "OMP_NUM_THREADS" not in os.environ  # torchrun's own default is 1 a process, whatever the cores
+    if own:  # set for the launch (its processes inherit it), and taken back after: the caller's environment
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores // devices))
     print(f"launching: torchrun {' '.join(args)} (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})", file=sys.stderr)
     # the failed rank printed why; the launcher's own log of it would be a second, noisier line
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        return _launch(run, args)
+    finally:
+        if own:
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _launch(run, args: list[str]) -> int:
+    """torch.distributed.run with `args`; relaunch's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
         run.run(run.parse_args(args))
     except ChildFailedError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 
 
 def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, rescored: float | None = None,
@@ -30,9 +31,23 @@ def outcome_line(summary: dict, out_dir: str, *, metric: str, precision: str, re
     return f"{score}: the model is in {model}"
 
 
+def job_rank() -> int:
+    """This process's rank in its torchrun job (the group's, or torchrun's environment before the
+    group is joined); 0 outside one, whatever RANK a cluster's pod environment sets."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return 0
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def say_once(line: str) -> None:
     """print(line) on rank 0 of a torchrun job, or outside one: a line each rank would repeat."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if job_rank() == 0:
         print(line)
 
 

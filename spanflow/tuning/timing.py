@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 COMPILE_SECONDS = 30.0  # compiling an encoder for the backend comparison takes about this (tens of seconds)
 FINISH_SECONDS = 1.5  # writing the profile, its table and its plot, and the interpreter exiting
-COMPARE_RUNS = 5  # runs of the best point the comparison takes: eager, compiling, then compiled and eager in turn
+BACKEND_REPEATS = 2  # runs of each backend in the comparison (inference.backend.compare_backends' repeats)
+COMPARE_RUNS = 2 * BACKEND_REPEATS + 1  # of the best point: eager, compiling, then compiled and eager in turn
 
 
 @dataclass

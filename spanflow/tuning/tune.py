@@ -16,7 +16,7 @@ from spanflow.runtime.resolve import Asked, resolve_runtime
 from spanflow.tuning.measures import measure_of
 from spanflow.tuning.sweep import (QUALITY_TOLERANCE, eligible, geometric, is_oom, pick_best, quality_floor, sweep,
                                    within_noise)
-from spanflow.tuning.timing import TimeBudget, compile_fits, plan_time
+from spanflow.tuning.timing import BACKEND_REPEATS, TimeBudget, compile_fits, plan_time
 
 MODES = ("train", "infer")
 
@@ -121,7 +121,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         from spanflow.inference.backend import compare_backends
 
         profile["backend"] = compare_backends(w.module, lambda: measure(best.max_tokens, best.max_length,
-                                                                        plan.per_run), log_fn)
+                                                                        plan.per_run), log_fn,
+                                              repeats=BACKEND_REPEATS)
     out_dir = out or "."
     path = os.path.join(out_dir, "profile.json")
     log_fn(format_table(profile))

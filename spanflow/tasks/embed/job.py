@@ -200,7 +200,8 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
     # digest of the model's files cannot tell: neither is compared. Paths are compared as the files
     # they name (./in.parquet is in.parquet)
     key = next((k for k in now if not _same_value(k, was[k], now[k])
-                and not (k in ("max_length", "model_files") and not was[k])), None)
+                and not (k in ("max_length", "model_files") and not was[k])
+                and not (k == "dtype" and was.get("format") == "jsonl")), None)  # JSONL rows never had one
     if key == "model_files":
         raise ConfigError(f"the model {now.get('model') or '(in memory)'} changed since the interrupted job began "
                           "(saved over): its vectors would mix two models'; drop --resume to start over")
@@ -272,8 +273,6 @@ def _check_done(P: JobPaths, fmt: str, job: Job, prog: Progress, size: int) -> N
         raise ConfigError(f"{P.ids_partial}, the ids the job wrote when it began, is gone; drop --resume to start over")
     if fmt != "parquet":
         return
-    from spanflow.data.tables import pyarrow
-
     pa = pyarrow()
     for w in sorted(prog.done):
         path = chunk_part(P.out, w)
@@ -355,9 +354,6 @@ def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, out: "_ChunkWriter"
     elif os.path.exists(P.errors) and not _other_outputs(P.out):
         os.remove(P.errors)  # an older run's: not this output's errors (another output's is kept)
     if fmt == "npy":
-        older = os.path.splitext(P.out)[0] + ".ids.txt.partial"  # the name a job before this version used
-        if not os.path.exists(P.ids_partial) and os.path.exists(older):
-            os.replace(older, P.ids_partial)
         if os.path.exists(P.ids_partial):  # absent: a kill after its rename, before the output's
             os.replace(P.ids_partial, P.ids)
         os.replace(P.partial, P.out)

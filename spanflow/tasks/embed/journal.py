@@ -145,7 +145,8 @@ class JobPaths:
     def legacy(self) -> list[tuple[str, str]]:
         """(name then, name now) of the files a single-process job of an earlier version journaled."""
         return [(f"{self.out}.progress.rank0.json", self.progress), (f"{self.out}.part0", self.part),
-                (f"{self.out}.errors.part0", self.errors_part)]
+                (f"{self.out}.errors.part0", self.errors_part),
+                (os.path.splitext(self.out)[0] + ".ids.txt.partial", self.ids_partial)]  # an .npy's ids
 
     def adopt_legacy(self) -> None:
         """Give an earlier version's files of this job today's names, so that --resume goes on with them."""

@@ -200,15 +200,15 @@ class Embedder:
 
         check_pairs(examples, "examples", SCORED)
 
-        k = 3 if examples[0].negative is not None else 2  # triplets: their negatives too
+        sides = 3 if examples[0].negative is not None else 2  # triplets: their negatives too
 
         def every_side(part: list) -> list:  # one pass over all sides: one sort, one set of batches
-            texts = [e.a for e in part] + [e.b for e in part] + ([e.negative for e in part] if k == 3 else [])
+            texts = [e.a for e in part] + [e.b for e in part] + ([e.negative for e in part] if sides == 3 else [])
             rows = self.encode(texts, max_tokens=max_tokens)
-            return list(zip(*(rows[i * len(part):(i + 1) * len(part)] for i in range(k))))
+            return list(zip(*(rows[i * len(part):(i + 1) * len(part)] for i in range(sides))))
 
-        sides = shard_gather(examples, every_side, dist)  # under torchrun each rank embeds its share
-        a, b = np.stack([x[0] for x in sides]), np.stack([x[1] for x in sides])
+        vectors = shard_gather(examples, every_side, dist)  # under torchrun each rank embeds its share
+        a, b = np.stack([x[0] for x in vectors]), np.stack([x[1] for x in vectors])
         if all(e.score is not None for e in examples):
             m = similarity_metrics(a, b, [e.score for e in examples])
             return {"f1": m["spearman"], **m, "pairs": len(examples)}
@@ -220,8 +220,8 @@ class Embedder:
         skip = [-1 if k in rel else k for k, rel in zip(own, relevant)]
         m = retrieval_metrics(a[queries], b[rows], relevant, skip)
         m["pairs"] = len(examples)
-        if k == 3:  # sentence-transformers' TripletEvaluator: each anchor closer to its positive than its negative
-            m["triplet_accuracy"] = float(np.mean(cosines(a, b) > cosines(a, np.stack([x[2] for x in sides]))))
+        if sides == 3:  # sentence-transformers' TripletEvaluator: each anchor closer to its positive than its negative
+            m["triplet_accuracy"] = float(np.mean(cosines(a, b) > cosines(a, np.stack([x[2] for x in vectors]))))
         if len(rows) <= 10:  # every answer is among the first 10
             m["warnings"] = [f"only {len(rows)} distinct answers to rank: recall@10 is 1 whatever the model "
                              "(evaluate on more pairs)"]
@@ -250,24 +250,20 @@ class Embedder:
         from tokenizers import Tokenizer
 
         backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
-        if self.lowercase:  # before the tokenizer's own normalizer, as sentence-transformers lowers the text
-            from tokenizers import normalizers
-
-            backend.normalizer = normalizers.Sequence([normalizers.Lowercase()] + (
-                [backend.normalizer] if backend.normalizer is not None else []))
         backend.no_padding()
         backend.enable_truncation(self.max_length)
         return backend
 
     def tokenize(self, texts: list[str]) -> tuple[list[list[int]], int]:
         """Token ids with special tokens, truncated at max_length; and how many were cut."""
-        encs = self._backend.encode_batch(texts)
+        # do_lower_case: Python's lower(), as sentence-transformers lowers the text (a Greek final sigma included)
+        encs = self._backend.encode_batch([t.lower() for t in texts] if self.lowercase else texts)
         return [e.ids for e in encs], sum(1 for e in encs if e.overflowing)
 
     def pretokenizer(self) -> "TokenIds":
         """This model's tokenization without its weights (picklable): a bulk job's CPU stage
         runs it apart from the model, and predict_tokens takes what it makes."""
-        return TokenIds(self._backend)
+        return TokenIds(self._backend, lowercase=self.lowercase)
 
     def predict_tokens(self, columns: dict, *, max_tokens: int | None = None,
                        on_batch: Callable | None = None) -> np.ndarray:
@@ -421,13 +417,14 @@ class TokenIds:
     """texts -> {"input_ids": list<int32> token ids with special tokens, cut at the model's max
     length; "truncated": bool, whether a text was cut}, as Arrow arrays."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, lowercase: bool = False):
         self.backend = backend  # a tokenizers.Tokenizer with the model's truncation; pickles as its JSON
+        self.lowercase = lowercase  # the model's do_lower_case, as Embedder.tokenize applies it
 
     def __call__(self, texts: list[str]) -> dict:
         import pyarrow as pa
 
-        encs = self.backend.encode_batch(texts)
+        encs = self.backend.encode_batch([t.lower() for t in texts] if self.lowercase else texts)
         ids = [e.ids for e in encs]
         at = np.zeros(len(ids) + 1, dtype=np.int32)
         np.cumsum(np.fromiter(map(len, ids), dtype=np.int32, count=len(ids)), out=at[1:])

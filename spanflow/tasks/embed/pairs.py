@@ -117,14 +117,14 @@ def read_pairs(path: str, *, columns: str | Sequence[str | int] | None = None,
     refuse_other(path, fmt, SNIFFED, TAKES + _separated(path, fmt))  # another task's data is named, not misread
     kind = kind_of(path)
     if kind in ("jsonl", "json"):
-        pairs, fields = _read_jsonl(path, cols)
+        pairs, fields, third = _read_jsonl(path, cols)
     elif kind in ("csv", "tsv", "text"):
-        pairs, fields = _read_table(path, kind, cols)
+        pairs, fields, third = _read_table(path, kind, cols)
     else:
         raise DataError("unsupported pairs file: expected .csv, .tsv, .txt, .jsonl or .json", path=path)
     if not pairs:
         raise DataError("no pairs", path=path)
-    _warn_classes(path, pairs, fields)
+    _warn_classes(path, pairs, third)
     if log_fn is not None:
         noun = {"scored pairs": "scored pair", "triplets": "triplet"}.get(_kind(pairs[0]), "pair")
         log_fn(f"read {path}: {counted(len(pairs), noun)} from {fields}{_range(pairs)}")
@@ -154,10 +154,10 @@ def _range(pairs: list[Pair]) -> str:
     return f"; scores {lo:g} to {hi:g}, read as similarity 0 to 1"
 
 
-def _warn_classes(path: str, pairs: list[Pair], fields: str) -> None:
-    """A warning where a `label` read as similarity holds 0, 1 and 2 only: NLI's classes, whose
-    order (entailment 0, contradiction 2) is the reverse of a similarity's."""
-    if "label" not in fields or {p.score for p in pairs} != {0, 1, 2}:
+def _warn_classes(path: str, pairs: list[Pair], third: str | None) -> None:
+    """A warning where a third column or key named `label` read as similarity holds 0, 1 and 2
+    only: NLI's classes, whose order (entailment 0, contradiction 2) is the reverse of a similarity's."""
+    if (third or "").strip().lower() != "label" or {p.score for p in pairs} != {0, 1, 2}:
         return
     log.warning("%s: its label holds 0, 1 and 2 only, read as similarity (2 the most alike). If these are NLI "
                 "classes (0 entailment, 1 neutral, 2 contradiction), contradictions train as the closest pairs: "
@@ -313,11 +313,12 @@ def _looks_named(rows: list[list[str]]) -> bool:
     return len(named) > 1 and named[0] and not any(named[1:])
 
 
-def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair], str]:
-    """The pairs, and which columns they were read from, as the first line of train embed says."""
+def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair], str, str | None]:
+    """The pairs, which columns they were read from (as the first line of train embed says), and
+    the third column's name where a header gives one."""
     rows = list(_table_rows(path, kind))
     if not rows:
-        return [], ""
+        return [], "", None
     digits = [_index(c) for c in cols or []]
     if any(digits) and not all(digits):
         raise ConfigError("columns: use all indices or all names, not both", field="columns")
@@ -336,7 +337,7 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair
                     "--columns by name, to skip it", path, ", ".join(picked[0]))
     data = rows[1:] if header else rows
     if not data:
-        return [], ""
+        return [], "", None
     filled = data[0][1]
     if len(idx) == 3:  # the first data row with a third field decides its kind (an empty one is that row's error)
         filled = next((row for _, row in data if len(row) > idx[2] and row[idx[2]].strip()), filled)
@@ -355,11 +356,13 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair
                             path=path, line=line)
         pairs.append(_make(path, line, row[idx[0]], row[idx[1]],
                            row[idx[2]] if len(idx) == 3 else None, third_kind))
+    head = rows[0][1]
     if header:
-        fields = f"its header's columns {','.join(rows[0][1][i].strip() for i in idx)}"
+        fields = f"its header's columns {','.join(head[i].strip() if i < len(head) else str(i) for i in idx)}"
     else:
         fields = f"columns {','.join(map(str, idx))} (counted from 0; no header row)"
-    return pairs, fields
+    third = head[idx[2]].strip() if header and len(idx) == 3 and idx[2] < len(head) else None
+    return pairs, fields, third
 
 
 def _spanning(row: list[str]) -> str:
@@ -433,8 +436,8 @@ def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header
 
 # --- JSONL -----------------------------------------------------------------------------------
 
-def _read_jsonl(path: str, cols: list[str] | None) -> tuple[list[Pair], str]:
-    """The pairs, and the keys they were read from."""
+def _read_jsonl(path: str, cols: list[str] | None) -> tuple[list[Pair], str, str | None]:
+    """The pairs, the keys they were read from, and the third key."""
     if cols is not None and any(_index(c) for c in cols):
         raise ConfigError("columns: a JSONL file's columns are its keys, not indices", field="columns")
     keys: list[str] | None = cols
@@ -463,7 +466,7 @@ def _read_jsonl(path: str, cols: list[str] | None) -> tuple[list[Pair], str]:
             raise DataError(f"record has no {quote(missing[0])} key", path=path, line=line)
         pairs.append(_make(path, line, rec[keys[0]], rec[keys[1]],
                            rec[keys[2]] if len(keys) == 3 else None, third_kind))
-    return pairs, f"the keys {','.join(keys or [])}"
+    return pairs, f"the keys {','.join(keys or [])}", keys[2] if keys and len(keys) == 3 else None
 
 
 def _json_keys(rec: dict, path: str, line: int) -> list[str]:

@@ -185,7 +185,7 @@ def choose_loss(train: list[Pair], config: EmbedTraining) -> str:
         # each anchor's answer is every other's: no other answer to tell it from, a loss of 0 from the start
         raise ConfigError(f"every training pair has the same second text ({quote(train[0].b, 40)}): the ranking loss "
                           "learns to tell a pair's answer from the others' and would learn nothing; give pairs "
-                          "with different answers, or triplets", field="loss")
+                          "with different answers, or triplets")
     if config.symmetric and name != "ranking":
         raise ConfigError("--symmetric applies to the ranking loss (pairs and triplets)", field="symmetric")
     if config.pairs_per_step is not None and name != "ranking":

@@ -63,13 +63,13 @@ class SpanflowNer:
         self.name, self.alignment = name, alignment
         self._asked = (max_tokens, device, precision)  # what from_disk loads a saved copy with
         self.expanded = self.contracted = self.unaligned = self.overlapping = 0
-        self.model_dir, self._missing = model, None
-        if not os.path.exists(model) and _from_config():
-            # spacy.load builds the pipeline from its config.cfg, then calls from_disk, which loads the copy
-            # nlp.to_disk saved beside it: a config path of another machine is no error until that has failed
-            self._missing, self.model, self.max_tokens = model, None, max_tokens
-            return
-        self.model, self.max_tokens = _load(model, max_tokens, device, precision)
+        self.model_dir, self.model, self.max_tokens = model, None, max_tokens
+        if not _from_config():  # spacy.load builds from config.cfg, then from_disk loads the saved copy:
+            self._load(model)    # the config's path (perhaps another machine's) only where no copy comes
+
+    def _load(self, path: str) -> None:
+        self.model, self.max_tokens = _load(path, *self._asked)
+        self.model_dir = path
 
     def to_disk(self, path, *, exclude=()) -> None:
         """nlp.to_disk: a copy of the model directory in the pipeline's own (`<name>/model`), so
@@ -84,24 +84,23 @@ class SpanflowNer:
             shutil.copytree(self.model_dir, tmp, dirs_exist_ok=True)
 
     def from_disk(self, path, *, exclude=()):
-        """nlp.from_disk / spacy.load: the model copy to_disk saved (a pipeline saved without one
-        keeps the model its config names)."""
+        """nlp.from_disk / spacy.load: the model copy to_disk saved, else (a pipeline saved without
+        one) the model its config names."""
         saved = os.path.join(path, "model")
-        if os.path.isdir(saved):
-            self.model, self.max_tokens = _load(saved, *self._asked)
-            self.model_dir, self._missing = saved, None
-        self._loaded()
+        self._load(saved if os.path.isdir(saved) else self.model_dir)
         return self
 
     def _loaded(self) -> None:
-        """The error a missing config path would have raised, where no saved copy came instead."""
-        if self._missing is not None:
-            _load(self._missing, *self._asked)  # raises, naming the path
+        """The model, loaded from the config's path where the pipeline was built from a config
+        that no from_disk followed (a missing path raises here, naming it)."""
+        if self.model is None:
+            self._load(self.model_dir)
 
     @property
     def labels(self) -> tuple[str, ...]:
-        """The entity types the model tags, as spaCy's own ner gives them."""
-        return tuple(self.model.labels)
+        """The entity types the model tags, as spaCy's own ner gives them (none while spacy.load
+        builds the pipeline, which asks before from_disk has loaded the model)."""
+        return tuple(self.model.labels) if self.model is not None else ()
 
     def __call__(self, doc):
         self._loaded()
@@ -162,7 +161,8 @@ class SpanflowNer:
 
 def _from_config() -> bool:
     """Whether spaCy is building this component from a pipeline's config (Language.from_config, as
-    spacy.load does before from_disk), not from a user's add_pipe."""
+    spacy.load does before from_disk), not from a user's add_pipe: spaCy passes its factories no
+    sign of it, so its frames are asked (spaCy 3's spacy.language.Language.from_config)."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "from_config" and frame.f_globals.get("__name__") == "spacy.language":
