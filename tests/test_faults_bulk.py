@@ -404,30 +404,47 @@ def test_a_kill_at_any_step_of_the_final_moves_then_resume_gives_the_fresh_files
     assert k > 5  # the steps: the output's and the errors' moves, the journal, the parts
 
 
-def test_resume_refuses_a_part_shorter_than_its_journal_says(emb, tmp_path):
-    from spanflow.errors import ConfigError
-    from spanflow.tasks.embed import Embedder
-    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+QUIET = dict(calibrate=False, progress=False, log=lambda m: None)
 
-    spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / "out.jsonl"), chunk_size=3)
-    quiet = dict(calibrate=False, progress=False, log=lambda m: None)
+
+@contextmanager
+def dying_after(batches: int):
+    """Embedder._embed_ids raising KeyboardInterrupt after `batches` batches, as a kill would
+    stop a job there; yields the count of batches asked for."""
+    from spanflow.tasks.embed import Embedder
+
     calls, real = [0], Embedder._embed_ids
 
     def dies(self, ids, *a, **kw):
         calls[0] += 1
-        if calls[0] > 2:
+        if calls[0] > batches:
             raise KeyboardInterrupt
         return real(self, ids, *a, **kw)
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(Embedder, "_embed_ids", dies)
-        with pytest.raises(KeyboardInterrupt):
-            embed_file(emb, spec, **quiet)
+        yield calls
+
+
+def interrupted(emb, spec) -> None:
+    """A job of `spec` stopped after its first two batches: chunks done, and a journal."""
+    from spanflow.tasks.embed.job import embed_file
+
+    with dying_after(2), pytest.raises(KeyboardInterrupt):
+        embed_file(emb, spec, **QUIET)
+
+
+def test_resume_refuses_a_part_shorter_than_its_journal_says(emb, tmp_path):
+    from spanflow.errors import ConfigError
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / "out.jsonl"), chunk_size=3)
+    interrupted(emb, spec)
     part = tmp_path / "out.jsonl.part"
     size = part.stat().st_size
     part.write_bytes(part.read_bytes()[:10])
     with pytest.raises(ConfigError) as e:
-        embed_file(emb, spec, resume=True, **quiet)
+        embed_file(emb, spec, resume=True, **QUIET)
     assert str(e.value) == (f"{part} holds 10 bytes, fewer than the {size} that {spec.output}.progress.chunks.json "
                             "records as finished: it was cut or removed; drop --resume to start over")
     assert part.stat().st_size == 10 and not os.path.exists(spec.output)
@@ -443,55 +460,26 @@ def test_resume_refuses_finished_rows_that_are_cut_or_gone_before_embedding_more
     """A finished chunk's rows lost from the .npy (they would read as zeros), its ids, or a Parquet
     part: one error before any text is embedded, not zeros or a traceback after the rest."""
     from spanflow.errors import ConfigError
-    from spanflow.tasks.embed import Embedder
     from spanflow.tasks.embed.job import EmbedSpec, embed_file
 
     spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / f"out.{ext}"), chunk_size=3)
-    quiet = dict(calibrate=False, progress=False, log=lambda m: None)
-    calls, real = [0], Embedder._embed_ids
-
-    def dies(self, ids, *a, **kw):
-        calls[0] += 1
-        if calls[0] > 2:
-            raise KeyboardInterrupt
-        return real(self, ids, *a, **kw)
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(Embedder, "_embed_ids", dies)
-        with pytest.raises(KeyboardInterrupt):
-            embed_file(emb, spec, **quiet)
+    interrupted(emb, spec)
     harm(spec.output)
-    calls[0] = 0
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(Embedder, "_embed_ids", dies)
-        with pytest.raises(ConfigError, match="drop --resume to start over") as e:
-            embed_file(emb, spec, resume=True, **quiet)
+    with dying_after(2) as calls, pytest.raises(ConfigError, match="drop --resume to start over") as e:
+        embed_file(emb, spec, resume=True, **QUIET)
     assert said in str(e.value) and calls[0] == 0 and not os.path.exists(spec.output)
 
 
 def test_an_npy_job_whose_ids_an_earlier_version_named_resumes(emb, tmp_path):
-    from spanflow.tasks.embed import Embedder
     from spanflow.tasks.embed.job import EmbedSpec, embed_file
 
     spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / "out.npy"), chunk_size=3)
-    quiet = dict(calibrate=False, progress=False, log=lambda m: None)
-    calls, real = [0], Embedder._embed_ids
-
-    def dies(self, ids, *a, **kw):
-        calls[0] += 1
-        if calls[0] > 2:
-            raise KeyboardInterrupt
-        return real(self, ids, *a, **kw)
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(Embedder, "_embed_ids", dies)
-        with pytest.raises(KeyboardInterrupt):
-            embed_file(emb, spec, **quiet)
+    interrupted(emb, spec)
     os.replace(tmp_path / "out.npy.ids.partial", tmp_path / "out.ids.txt.partial")  # the name it had then
-    embed_file(emb, spec, resume=True, **quiet)
+    embed_file(emb, spec, resume=True, **QUIET)
     fresh = EmbedSpec(input=spec.input, output=str(tmp_path / "fresh" / "out.npy"), chunk_size=3)
     os.mkdir(tmp_path / "fresh")
-    embed_file(emb, fresh, **quiet)
+    embed_file(emb, fresh, **QUIET)
     assert finished_files(spec.output) == finished_files(fresh.output)
 
 
