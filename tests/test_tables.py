@@ -254,6 +254,8 @@ def test_csv_columns_by_header_name_skip_the_header(tmp_path):
         read_rows(str(tmp_path / "x.txt"), keep=["a"])
     with pytest.raises(ConfigError, match="^--column: .*x.txt is plain text lines, with no columns"):
         read_rows(str(tmp_path / "x.txt"), column="body")
+    with pytest.raises(ConfigError, match="^--field body: .*x.txt is plain text lines, with no columns"):
+        read_rows(str(tmp_path / "x.txt"), field="body")  # taken and ignored before
 
 
 def test_jsonl_takes_a_column_name_as_its_field_and_needs_the_id_it_was_told_of(tmp_path):

@@ -134,8 +134,9 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     kind = input_kind(path)
     if kind in ("csv", "tsv"):
         return _csv_records(path, "\t" if kind == "tsv" else ",", column, skip_header, id_column, keep)
-    if kind == "text" and (column is not None or id_column is not None or keep):
-        flag = "--column" if column is not None else "--id-column" if id_column is not None else "--keep-columns"
+    if kind == "text" and (column is not None or id_column is not None or keep or field != "text"):
+        flag = ("--column" if column is not None else "--id-column" if id_column is not None
+                else "--keep-columns" if keep else f"--field {field}")  # a field asked of lines that have none
         raise ConfigError(f"{flag}: {path} is plain text lines, with no columns; use JSONL, CSV/TSV or Parquet")
     if isinstance(column, int):
         raise ConfigError(f"--column {column}: {path} is JSONL, whose records have fields, not numbered columns; "
