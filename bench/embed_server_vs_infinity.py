@@ -49,8 +49,6 @@ LEVELS = [(1, 1), (8, 1), (32, 1), (4, 32)]
 def start(server: str, flags: list[str], model: str, port: int, infinity: str) -> tuple[subprocess.Popen, float, float]:
     """The server, ready: (process, seconds from launch to its first answered readiness probe, and
     to its steady state: spanflow's compile, which runs aside once it is ready, done)."""
-    import httpx
-
     if server == "spanflow":
         cmd = [sys.executable, "-m", "spanflow", "serve", "--model", f"emb={model}", "--port", str(port), *flags]
         probe, env = f"http://127.0.0.1:{port}/ready", None
@@ -61,19 +59,29 @@ def start(server: str, flags: list[str], model: str, port: int, infinity: str) -
     t = time.perf_counter()
     err = tempfile.TemporaryFile()  # a file, not a pipe: a server that logs much never blocks on it
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-    while time.perf_counter() - t < 300:
+    wait_answered(proc, probe, err)
+    ready = time.perf_counter() - t
+    return proc, ready, steady(server, probe, t) or ready
+
+
+def wait_answered(proc: subprocess.Popen, probe: str, err, *, poll: float = 0.1, deadline: float = 300.0) -> None:
+    """Until `probe` answers 200; the server's stderr (`err`, a file) as the error where it exits
+    first, and killed where it does not answer by `deadline` seconds."""
+    import httpx
+
+    t = time.perf_counter()
+    while time.perf_counter() - t < deadline:
         try:
             if httpx.get(probe, timeout=1).status_code == 200:
-                ready = time.perf_counter() - t
-                return proc, ready, steady(server, probe, t) or ready
+                return
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
             err.seek(0)
             raise RuntimeError(err.read().decode()[-2000:])
-        time.sleep(0.1)
+        time.sleep(poll)
     proc.kill()
-    raise RuntimeError(f"{server} did not become ready")
+    raise RuntimeError(f"{probe} did not answer in {deadline:g} s")
 
 
 def steady(server: str, probe: str, t: float) -> float | None:

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from common import default_minilm, median, model_name, write_results  # noqa: E402
-from embed_server_vs_infinity import read_texts  # noqa: E402
+from embed_server_vs_infinity import read_texts, wait_answered  # noqa: E402
 from load_test import Connection, free_port  # noqa: E402
 
 BACKENDS = ("auto", "eager")
@@ -40,23 +40,6 @@ def launch(model: str, backend: str, port: int) -> tuple[subprocess.Popen, float
     proc = subprocess.Popen([sys.executable, "-m", "spanflow", "serve", "--model", f"emb={model}", "--port", str(port),
                              "--backend", backend], stdout=subprocess.DEVNULL, stderr=err)
     return proc, t, err
-
-
-def wait_ready(proc: subprocess.Popen, port: int, err, deadline: float = 300) -> None:
-    import httpx
-
-    t = time.perf_counter()
-    while time.perf_counter() - t < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            err.seek(0)
-            raise RuntimeError(err.read().decode()[-2000:])
-        time.sleep(0.02)
-    raise RuntimeError("the server did not become ready")
 
 
 async def run_load(port: int, texts, clients: int, launched: float, until: float) -> tuple[list, float | None]:
@@ -129,7 +112,7 @@ def main() -> None:
             port = free_port()
             proc, launched, err = launch(model, backend, port)
             try:
-                wait_ready(proc, port, err)
+                wait_answered(proc, f"http://127.0.0.1:{port}/ready", err, poll=0.02)
                 ready = time.perf_counter() - launched
                 # the same texts for both backends, as many times over as the load takes (no server caches)
                 order = np.random.default_rng(rep).permutation(len(texts))

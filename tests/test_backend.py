@@ -142,3 +142,15 @@ def test_compare_backends_measures_each_side_in_turn_and_takes_eager_only_when_a
     assert seen == ["eager", "compiled", "compiled", "eager", "compiled"]
     assert module.encoder == "eager" and out["best"] == best
     assert out["eager_runs"] == [speeds[0], speeds[3]] and out["compile_runs"] == [speeds[2], speeds[4]]
+
+
+@pytest.mark.skipif(not LINUX, reason="a thread has a CPU priority of its own on Linux only")
+def test_a_refused_priority_is_said_and_the_compile_goes_on(monkeypatch):
+    def refuse(*a):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    lines = []
+    backend._background(lines.append)
+    assert lines == ["backend compile: runs at the server's own CPU priority, the eager batches beside it slower "
+                     "(lowering it was refused: Operation not permitted)"]

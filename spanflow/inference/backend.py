@@ -66,7 +66,7 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
     def run() -> None:
         from spanflow.inference.heap import settle
 
-        _background()
+        _background(log)
         with _one_at_a_time:  # a server of several models compiles them in turn, not all at once
             seconds = _compile(shadow.module, lambda: _warm(shadow, units), log)
         if seconds is not None:
@@ -85,17 +85,19 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
 NICE = 10
 
 
-def _background() -> None:
+def _background(log: Callable[[str], None]) -> None:
     """This thread (and the compiler processes it starts, which inherit it) NICE steps lower in
     CPU priority than it was: the server's own threads, serving eager meanwhile, come first.
-    Linux only, where a thread has a priority of its own (elsewhere the id would name a process)."""
+    Linux only, where a thread has a priority of its own (elsewhere the id would name a process);
+    a system that refuses it is said in one line, and the compile runs at the server's priority."""
     if not sys.platform.startswith("linux"):
         return
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
-    except OSError:  # a system that refuses it: the compile runs at the server's priority
-        pass
+    except OSError as e:
+        log(f"backend compile: runs at the server's own CPU priority, the eager batches beside it slower "
+            f"(lowering it was refused: {e.strerror or e})")
 
 
 _aside: dict[int, threading.Thread] = {}  # a compiling module (by id) -> its thread
