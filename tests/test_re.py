@@ -385,3 +385,15 @@ def test_a_jsonl_relation_of_one_span_to_itself_is_gold_not_trained(tmp_path, ca
     assert ex.triples == [((0, 12), "works_for", (23, 29))]
     assert ex.unlocated == [("Ada Lovelace", "works_for", "Ada Lovelace")]
     assert "1 of 2 relations have a head and tail that are the same span (e.g. line 1:" in caplog.text
+
+
+def test_trainings_scoring_of_each_epoch_leaves_the_span_check_out(monkeypatch, tmp_path):
+    """The per-epoch dev score does not tokenize the dev data again for a warning training never prints."""
+    checked = []
+    monkeypatch.setattr(ReModel, "_off_tokens", lambda self, ex: checked.append(len(ex)))
+    data = synthetic_re(12, seed=1, max_clauses=1)
+    model = train_re(data, data, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                     options=TrainOptions(epochs=2, max_tokens=160, max_length=64, log_every=0))
+    assert checked == []
+    model.evaluate(data)  # as spanflow evaluate asks
+    assert checked == [12]

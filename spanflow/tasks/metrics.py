@@ -57,6 +57,11 @@ def unknown_names(known: list[str], gold: set[str], what: str) -> list[str]:
     return [f"{len(unknown)} of the data's {what} {verb}: {listed(unknown, near)}"]
 
 
+def with_warning(metrics: dict, line: str | None) -> dict:
+    """`metrics` with `line` added to its "warnings" (none where `line` is None)."""
+    return {**metrics, "warnings": [*metrics.get("warnings", []), line]} if line else metrics
+
+
 def with_unknown(metrics: dict, known: list[str], gold: set[str], what: str) -> dict:
     """`metrics` with its "warnings" (unknown_names) where the data names `what` the model lacks."""
     warnings = unknown_names(known, gold, what)

@@ -64,8 +64,9 @@ class TaskModel(Protocol):
         text, null where a result is None; data/tables.py has the columns). A model without it
         writes JSONL only: a Parquet output is a ConfigError before any work."""
 
-    def evaluate(self, examples: list, *, max_tokens: int | None = None) -> dict:
-        """Metrics on labelled examples, with at least "f1"."""
+    def evaluate(self, examples: list, *, max_tokens: int | None = None, check_spans: bool = True) -> dict:
+        """Metrics on labelled examples, with at least "f1"; `check_spans` False leaves out the
+        check of gold spans against the model's words (training's scoring of each epoch)."""
 
     def format_metrics(self, m: dict) -> str:
         """The evaluate table."""

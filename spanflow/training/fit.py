@@ -28,7 +28,7 @@ class Plan:
     """What a task trains: its model, the items (len() = tokens) and how they become a loss.
 
     `model` is the task's model object: `.module` (the nn.Module with an `.encoder`), `.save(dir)`
-    and `.evaluate(examples, dist=...)` returning at least {"f1": ...}."""
+    and `.evaluate(examples, dist=..., check_spans=False)` returning at least {"f1": ...}."""
 
     model: Any
     items: list
@@ -65,7 +65,9 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         opts = fill_defaults(plan.options or run.opts, plan.defaults, lengths=[len(it) for it in plan.items],
                              device=run.policy.device, world=run.dist.world, log=run.log,
                              tiny=model == "tiny" and run.source == model, dev=bool(dev))
-        evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist)) if dev else None
+        # each epoch's score alone: the check of gold spans against the model's words, which training
+        # never printed, tokenized the dev data again every time
+        evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist, check_spans=False)) if dev else None
         start = _start_score(plan, dev, run, model)
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
@@ -78,7 +80,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
         best = best_model(summary, out_dir, lambda d: load(d, device=str(policy.device), precision=policy.name),
                           plan.model)
         encoders = _encoders(plan.model, best)
-        rescored = best.evaluate(dev, dist=run.dist)["f1"] if dev and encoders else None
+        rescored = best.evaluate(dev, dist=run.dist, check_spans=False)["f1"] if dev and encoders else None
         run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
                              encoders=encoders))
         if start is not None and summary["best_f1"] is not None and not summary["best_f1"] > start:
@@ -104,7 +106,7 @@ def _start_score(plan: Plan, dev: list | None, run: Run, model: str) -> float | 
     module = plan.model.module
     module.eval()
     try:
-        score = plan.model.evaluate(dev, dist=run.dist)["f1"]
+        score = plan.model.evaluate(dev, dist=run.dist, check_spans=False)["f1"]
     finally:
         module.train()
     run.log(f"the starting model, untrained: dev {plan.metric} {score:.4f}")

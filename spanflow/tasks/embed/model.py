@@ -190,11 +190,13 @@ class Embedder:
                                         children=[pa.array(rows.reshape(-1))])
         return pa.table({"embedding": vectors})
 
-    def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
+    def evaluate(self, examples: list, *, max_tokens: int | None = None, dist: Dist = Dist(),
+                 check_spans: bool = True) -> dict:
         """Scored pairs (tasks.embed.pairs.Pair with a score): Spearman and Pearson of the pairs'
         cosine against the scores; pairs without scores: retrieval of each `b` among all of them,
         and for triplets also "triplet_accuracy", the share of anchors closer to their positive than
-        to their negative. "f1" is the figure training keeps the best model by (Spearman, or MRR@10)."""
+        to their negative. "f1" is the figure training keeps the best model by (Spearman, or MRR@10).
+        `check_spans`: the task interface's (pairs have no spans to check)."""
         from spanflow.tasks.embed.metrics import retrieval_metrics, similarity_metrics
         from spanflow.tasks.embed.pairs import SCORED, check_pairs
 

@@ -24,7 +24,7 @@ from spanflow.models.directory import (
 from spanflow.models.encoder import encoder_max_length, keeps_rng
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
-from spanflow.tasks.metrics import format_table, span_prf, with_unknown
+from spanflow.tasks.metrics import format_table, span_prf, with_unknown, with_warning
 from spanflow.tasks.ner.bio import bio_labels, decode_spans
 from spanflow.tasks.ner.features import bio_label_list, moved_spans
 from spanflow.tasks.ner.heads import HEAD_TYPES, EncoderWithHead, make_tagging_head
@@ -236,15 +236,17 @@ class NerModel:
         return [decode_spans(enc, merge_windows(len(enc.ids), per_text[i]), self.id2label) if enc.ids else []
                 for i, enc in enumerate(encs)]
 
-    def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
-        """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun)."""
+    def evaluate(self, examples: list[NerExample], *, max_tokens: int | None = None, dist: Dist = Dist(),
+                 check_spans: bool = True) -> dict:
+        """Entity-level exact-span P/R/F1, overall and per label (sharded over ranks under torchrun);
+        `check_spans`: also warn of gold entities off the model's words (training's scoring of each
+        epoch, which said them at its start, leaves it out: it would tokenize the dev data again)."""
         check_examples(examples, NerExample, "examples", empty="there is nothing to score")
         pred = shard_gather(examples, lambda ex: self.predict([e.text for e in ex], max_tokens=max_tokens,
                                                               words=[e.words for e in ex]), dist)
         m = with_unknown(span_prf([e.spans for e in examples], pred), self.labels,
                          {lab for e in examples for _, _, lab in e.spans}, "labels")
-        off = self._off_words(examples)
-        return {**m, "warnings": [*m.get("warnings", []), off]} if off else m
+        return with_warning(m, self._off_words(examples) if check_spans else None)
 
     def _off_words(self, examples: list[NerExample]) -> str | None:
         """A warning where gold entities do not start and end on the words this model tags (a span

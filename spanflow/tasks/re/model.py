@@ -24,7 +24,7 @@ from spanflow.models.linear import full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.precision import load_auto
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
-from spanflow.tasks.metrics import format_table, with_unknown
+from spanflow.tasks.metrics import format_table, with_unknown, with_warning
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
 from spanflow.tasks.re.features import input_features, make_collate, off_tokens, token_span
 from spanflow.tasks.re.metrics import re_metrics
@@ -215,15 +215,16 @@ class ReModel:
         return (format_table({**m, "per_label": m["per_relation"]}, name="relation")
                 + f"\npartial (last-word) match: precision {p['precision']:.4f} recall {p['recall']:.4f} f1 {p['f1']:.4f}")
 
-    def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist()) -> dict:
-        """Exact and partial triple P/R/F1 (sharded over ranks under torchrun)."""
+    def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist(),
+                 check_spans: bool = True) -> dict:
+        """Exact and partial triple P/R/F1 (sharded over ranks under torchrun); `check_spans`: also
+        warn of gold subjects and objects off the model's tokens (as NerModel.evaluate)."""
         check_examples(examples, ReExample, "examples", empty="there is nothing to score")
         pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
         m = with_unknown(re_metrics(gold, got), self.relations, {r for g in gold for _, r, _ in g}, "relations")
-        off = self._off_tokens(examples)
-        return {**m, "warnings": [*m.get("warnings", []), off]} if off else m
+        return with_warning(m, self._off_tokens(examples) if check_spans else None)
 
     def _off_tokens(self, examples: list[ReExample]) -> str | None:
         """A warning where gold subjects or objects do not start and end on the model's tokens ("Ford"
