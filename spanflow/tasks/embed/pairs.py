@@ -136,7 +136,7 @@ def _separated(path: str, fmt) -> str:
     separator (semicolons, bars) than CSV's or TSV's."""
     if fmt is None or fmt.name != "text":
         return ""
-    lines = [t for _, t in itertools.islice(((n, t) for n, t in read_lines(path) if t.strip()), 5)]
+    lines = list(itertools.islice((t for _, t in read_lines(path) if t.strip()), 5))
     # fields: the same one or two separators on every line (prose has a semicolon here and there)
     if lines and any(len({t.count(sep) for t in lines}) == 1 and lines[0].count(sep) in (1, 2) for sep in ";|"):
         return _other_separator(path, lines[:1])
