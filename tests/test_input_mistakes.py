@@ -270,3 +270,32 @@ def test_an_output_in_a_directory_that_takes_no_new_files_is_one_line(tmp_path, 
     with pytest.raises(WriteError, match=r"^cannot write the output to /proc/x\.jsonl: no file can be created in /proc$"):
         with claim_output("/proc/x.jsonl"):  # predict's and embed's lock beside their output
             pass
+
+
+def test_labelled_data_in_windows_1252_is_told_how_to_convert(tmp_path):
+    p = tmp_path / "lat.conll"
+    p.write_bytes("Par\u00eds\tB-LOC\n\n".encode("cp1252"))
+    with pytest.raises(DataError, match=r"lat\.conll:1: invalid UTF-8 at byte 3 .*iconv -f WINDOWS-1252 -t UTF-8"):
+        read_ner(p)
+
+
+def test_a_byte_order_mark_inside_joined_files_is_dropped_and_said(tmp_path, caplog):
+    # `cat a.conll b.conll`: b's byte-order mark begins a later line, and its -DOCSTART- mark
+    p = tmp_path / "joined.conll"
+    p.write_bytes(b"Paris\tB-LOC\n\n\xef\xbb\xbf-DOCSTART-\tO\n\n\xef\xbb\xbfRome\tB-LOC\n\n")
+    with caplog.at_level("WARNING", logger="spanflow"):
+        got = read_ner(p)
+    assert [(e.text, e.spans) for e in got] == [("Paris", [(0, 5, "LOC")]), ("Rome", [(0, 4, "LOC")])]
+    assert "2 byte-order marks inside the file dropped" in caplog.text and "line 3, 5" in caplog.text
+
+
+@pytest.mark.parametrize("body, line, other", [
+    ("# sent_id = 1\nParis\tB-LOC\n\n", 1, 2),
+    ("Paris\tB-LOC\n# text = Rome\nRome\tB-LOC\n\n", 2, 1),
+])
+def test_a_comment_line_in_conll_is_named_as_one(tmp_path, body, line, other):
+    p = tmp_path / "c.conll"
+    p.write_text(body)
+    with pytest.raises(DataError, match=rf"c\.conll:{line}: a line that starts with '#' and has other columns than "
+                                        rf"line {other}: a comment\?"):
+        read_ner(p)

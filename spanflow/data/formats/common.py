@@ -3,12 +3,15 @@ data, record by record for bulk input)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
 from collections.abc import Iterator
 
 from spanflow.errors import DataError
+
+log = logging.getLogger("spanflow")
 
 # a JSON string can still spell a lone surrogate (an escape such as \ud800): no character, so no tokenizer
 # takes it and no UTF-8 output can hold it
@@ -100,13 +103,27 @@ def _decode(raw: bytes, lineno: int, path: str) -> str | DataError:
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-    """Yield (line_number, line_without_newline); invalid UTF-8 or a missing file is a DataError."""
+    """Yield (line_number, line_without_newline) of labelled data; invalid UTF-8 or a missing file
+    is a DataError. A byte-order mark that begins a later line (files joined with `cat`) is
+    dropped and said once the file is read."""
     path = os.fspath(path)
+    marks = []
     for lineno, raw in _numbered_raw(path):
         line = _decode(raw, lineno, path)
         if isinstance(line, DataError):
-            raise line
+            raise DataError(f"{line.reason}; {LATIN1_HINT} {shlex.quote(path)} > NEW", path=path, line=lineno)
+        if line.startswith("\ufeff"):
+            line = line[1:]
+            marks.append(lineno)
         yield lineno, line
+    if marks:
+        log.warning("%s: %s inside the file dropped (a file joined after another keeps its own), on line %s%s",
+                    path, "a byte-order mark" if len(marks) == 1 else f"{len(marks)} byte-order marks",
+                    ", ".join(map(str, marks[:5])), " ..." if len(marks) > 5 else "")
+
+
+# what an invalid UTF-8 line of labelled data suggests: most such files are in a Western 8-bit encoding
+LATIN1_HINT = "is the file in another encoding, such as Windows-1252 (Latin-1)? Convert it: iconv -f WINDOWS-1252 -t UTF-8"
 
 
 def read_lines_or_errors(path: str | os.PathLike) -> Iterator[tuple[int, str | DataError]]:

@@ -19,7 +19,7 @@ _ALLOWED = {"bio": "BI", "iob1": "BI", "bioes": "BIESLU", "bmes": "BMES"}
 def _sentences(path: str):
     """Yield lists of (line_number, token, tag)."""
     sent: list[tuple[int, str, str]] = []
-    ncols, ncols_line = None, None
+    ncols, ncols_line, first = None, None, ""
     for lineno, line in read_lines(path):
         if not line.strip():
             if sent:
@@ -46,8 +46,13 @@ def _sentences(path: str):
                             + (" (other white space, such as U+3000 or U+00A0, is part of a token)" if other else ""),
                             path=path, line=lineno)
         if ncols is None:
-            ncols, ncols_line = len(cols), lineno
+            ncols, ncols_line, first = len(cols), lineno, line
         elif len(cols) != ncols:
+            if first.startswith("#") or line.startswith("#"):
+                at, other = (ncols_line, lineno) if first.startswith("#") else (lineno, ncols_line)
+                raise DataError(f"a line that starts with '#' and has other columns than line {other}: a comment? "
+                                "CoNLL data here is token and tag lines only: leave comments out, e.g. "
+                                "grep -v '^# '", path=path, line=at)
             raise DataError(f"expected {ncols} columns as on line {ncols_line}, got {len(cols)}",
                             path=path, line=lineno)
         sent.append((lineno, cols[0], cols[-1].strip()))
