@@ -24,7 +24,7 @@ from spanflow.tasks.ner.features import (
 from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_config
 from spanflow.tasks.ner.model import DEFAULT_STRIDE, NerModel
 from spanflow.tasks.ner.tagging import SPECIAL_TOKENS
-from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, words_of
+from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, shown_marks, words_of
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_options
@@ -139,8 +139,8 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "
             f"words: {nm.words} ({WORDS_MEAN[nm.words]}"
-            + (f"; punctuation cut off a word's start: {nm.word_edges['start'] or 'none'}, end: "
-               f"{nm.word_edges['end'] or 'none'}" if nm.word_edges else "") + ")")
+            + (f"; punctuation cut off a word's start: {shown_marks(nm.word_edges['start'])}; off its end: "
+               f"{shown_marks(nm.word_edges['end'])}" if nm.word_edges else "") + ")")
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))

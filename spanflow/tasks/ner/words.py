@@ -69,6 +69,11 @@ def _cut(text: str, s: int, e: int, start: str, end: str, whole: frozenset[str])
     return cut_edges(text, s, e, start, "") + tail[::-1]
 
 
+def shown_marks(chars: str) -> str:
+    """Marks as a line shows them: apart by spaces, an invisible one (U+200B) by its code point."""
+    return " ".join(c if c.isprintable() else f"U+{ord(c):04X}" for c in chars) or "none"
+
+
 def _is_mark(c: str) -> bool:
     return not c.isalnum() and not c.isspace()
 
