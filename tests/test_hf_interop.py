@@ -284,3 +284,25 @@ def test_a_token_classifier_is_not_embedded_as_an_encoder(trained, tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and "is a 'ner' model from elsewhere" in err and "'spanflow predict' runs it as 'ner'" in err
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_a_sequence_classifier_is_refused_where_it_would_run_and_trains_from_its_encoder(tmp_path, capsys):
+    """A cross-encoder or text classifier from elsewhere: predict wrote its encoder's pooled vectors
+    as embeddings, unsaid; its encoder is still a place for training to start."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=32,
+                                             num_labels=1)).save_pretrained(tmp_path / "ce")
+    tok.save_pretrained(tmp_path / "ce")
+    (tmp_path / "in.txt").write_text("a b\n")
+    for cmd in ("predict", "embed"):
+        out = tmp_path / f"{cmd}.jsonl"
+        rc = main([cmd, "--model", str(tmp_path / "ce"), "--input", str(tmp_path / "in.txt"), "--output", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "is a BertForSequenceClassification (its config.json says so)" in err, (cmd, err)
+        assert not out.exists()
+    train = write_data(tmp_path / "t.jsonl", DATA)
+    assert main(["train", "ner", "--train", train, "--model", str(tmp_path / "ce"), "--out", str(tmp_path / "o"),
+                 "--max-steps", "1", "--log-every", "0"]) == 0

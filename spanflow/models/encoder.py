@@ -210,7 +210,7 @@ def require_safetensors(path: str) -> None:
         return
     pickles = [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".ckpt"))]
     if pickles:
-        cls = _architecture(path)  # its own class: AutoModel would save the encoder alone, without a classifier
+        cls = architecture(path)  # its own class: AutoModel would save the encoder alone, without a classifier
         raise ModelDirError(
             f"{path} holds its weights only as {pickles[0]} (a pickle, which spanflow does not load: it can run "
             f"code). Convert it once, where you trust the file: python -c \"from transformers import {cls}; "
@@ -218,7 +218,7 @@ def require_safetensors(path: str) -> None:
     raise ModelDirError(f"{path} has no model.safetensors")
 
 
-def _architecture(path: str) -> str:
+def architecture(path: str) -> str:
     """The transformers class config.json names (`architectures`), else AutoModel."""
     try:
         archs = config_object(os.path.join(path, "config.json")).get("architectures") or []

@@ -156,12 +156,18 @@ def tasks() -> list[Task]:
     return [get(n) for n in names()]
 
 
-def task_of_dir(path: str) -> Task:
+# classifiers from elsewhere whose outputs no task here runs: their encoder's pooled vectors are no
+# sentence embeddings (a cross-encoder's least of all), though training may start from that encoder
+SEQUENCE_HEADS = ("ForSequenceClassification", "ForMultipleChoice", "ForQuestionAnswering")
+
+
+def task_of_dir(path: str, *, start: bool = False) -> Task:
     """The task a model directory holds: spanflow.json's "task", or ENCODER_TASK for a plain encoder.
-    A path that holds neither (a training --out folder, a file) is a ModelDirError saying what it is."""
+    A path that holds neither (a training --out folder, a file) is a ModelDirError saying what it is,
+    as is (unless training `start`s from its encoder) a sequence classifier from elsewhere."""
     from spanflow.atomic import found_dir
     from spanflow.models.directory import CONFIG, read_model_config
-    from spanflow.models.encoder import holds_model, missing_dir, not_a_model
+    from spanflow.models.encoder import architecture, holds_model, missing_dir, not_a_model
 
     if not found_dir(path) or not holds_model(path):
         raise ModelDirError(not_a_model(path) if os.path.exists(path) else missing_dir(path))
@@ -169,6 +175,12 @@ def task_of_dir(path: str) -> Task:
         for task in tasks():  # a directory from elsewhere that a task knows (a HF token classifier)
             if getattr(task, "claims", None) and task.claims(path):
                 return task
+        head = architecture(path)
+        if not start and head.endswith(SEQUENCE_HEADS):
+            raise ModelDirError(f"{path} is a {head} (its config.json says so): a classifier of whole texts or "
+                                "text pairs, such as a cross-encoder, which spanflow does not run, and its "
+                                "encoder's pooled vectors are no sentence embeddings; training can start from "
+                                f"its encoder ('spanflow train ner|re|embed --model {path}')")
         return get(ENCODER_TASK)
     task = read_model_config(path).get("task")
     if task not in _TASKS:
@@ -187,7 +199,7 @@ def check_model_for(path: str, task: str, *, start: bool = False) -> Task:
                             f"{task!r} model directory (train one with 'spanflow train {task} --model tiny')"
                             if task != ENCODER_TASK else "'tiny' is for training; embeddings come from an encoder "
                             "or sentence-transformers directory")
-    held = task_of_dir(path)
+    held = task_of_dir(path, start=start)
     own = os.path.exists(os.path.join(path, "spanflow.json"))
     if not own and task == ENCODER_TASK and held.name != ENCODER_TASK and not start:
         # a classifier from elsewhere (a HF token classifier): its encoder's pooled vectors ignore the classifier
