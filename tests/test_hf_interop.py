@@ -284,12 +284,18 @@ def test_a_token_classifier_is_not_embedded_as_an_encoder(trained, tmp_path, cap
     err = capsys.readouterr().err
     assert rc == 2 and "is a 'ner' model from elsewhere" in err and "'spanflow predict' runs it as 'ner'" in err
     assert not (tmp_path / "o.npy").exists()
+    from spanflow import Embedder
+
+    with pytest.raises(ModelDirError, match=r"is a BertForTokenClassification, an NER model \(NerModel.load runs it\)"):
+        Embedder.load(str(tmp_path / "m"), precision="fp32")
 
 
 def test_a_sequence_classifier_is_refused_where_it_would_run_and_trains_from_its_encoder(tmp_path, capsys):
     """A cross-encoder or text classifier from elsewhere: predict wrote its encoder's pooled vectors
     as embeddings, unsaid; its encoder is still a place for training to start."""
     from transformers import BertConfig, BertForSequenceClassification
+
+    from spanflow import Embedder
 
     _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
     BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
@@ -303,6 +309,11 @@ def test_a_sequence_classifier_is_refused_where_it_would_run_and_trains_from_its
         err = capsys.readouterr().err
         assert rc == 2 and "is a BertForSequenceClassification (its config.json says so)" in err, (cmd, err)
         assert not out.exists()
+    with pytest.raises(ModelDirError, match="is a BertForSequenceClassification"):
+        Embedder.load(str(tmp_path / "ce"), precision="fp32")
     train = write_data(tmp_path / "t.jsonl", DATA)
     assert main(["train", "ner", "--train", train, "--model", str(tmp_path / "ce"), "--out", str(tmp_path / "o"),
                  "--max-steps", "1", "--log-every", "0"]) == 0
+    (tmp_path / "pairs.tsv").write_text("a b\tb a\na\tb\nb a b\ta\n")
+    assert main(["train", "embed", "--train", str(tmp_path / "pairs.tsv"), "--model", str(tmp_path / "ce"), "--out",
+                 str(tmp_path / "e"), "--max-steps", "1", "--log-every", "0"]) == 0

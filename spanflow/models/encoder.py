@@ -218,6 +218,22 @@ def require_safetensors(path: str) -> None:
     raise ModelDirError(f"{path} has no model.safetensors")
 
 
+# classifiers from elsewhere whose outputs no task here runs: their encoder's pooled vectors are no
+# sentence embeddings (a cross-encoder's least of all), though training may start from that encoder
+SEQUENCE_HEADS = ("ForSequenceClassification", "ForMultipleChoice", "ForQuestionAnswering")
+
+
+def sequence_classifier(path: str) -> str | None:
+    """Why `path` is refused where a model runs, for a classifier of whole texts or pairs from
+    elsewhere (config.json's architecture); None for any other directory."""
+    head = architecture(path)
+    if not head.endswith(SEQUENCE_HEADS):
+        return None
+    return (f"{path} is a {head} (its config.json says so): a classifier of whole texts or text pairs, such as a "
+            "cross-encoder, which spanflow does not run, and its encoder's pooled vectors are no sentence "
+            f"embeddings; training can start from its encoder ('spanflow train ner|re|embed --model {path}')")
+
+
 def architecture(path: str) -> str:
     """The transformers class config.json names (`architectures`), else AutoModel."""
     try:

@@ -156,18 +156,13 @@ def tasks() -> list[Task]:
     return [get(n) for n in names()]
 
 
-# classifiers from elsewhere whose outputs no task here runs: their encoder's pooled vectors are no
-# sentence embeddings (a cross-encoder's least of all), though training may start from that encoder
-SEQUENCE_HEADS = ("ForSequenceClassification", "ForMultipleChoice", "ForQuestionAnswering")
-
-
 def task_of_dir(path: str, *, start: bool = False) -> Task:
     """The task a model directory holds: spanflow.json's "task", or ENCODER_TASK for a plain encoder.
     A path that holds neither (a training --out folder, a file) is a ModelDirError saying what it is,
     as is (unless training `start`s from its encoder) a sequence classifier from elsewhere."""
     from spanflow.atomic import found_dir
     from spanflow.models.directory import CONFIG, read_model_config
-    from spanflow.models.encoder import architecture, holds_model, missing_dir, not_a_model
+    from spanflow.models.encoder import holds_model, missing_dir, not_a_model, sequence_classifier
 
     if not found_dir(path) or not holds_model(path):
         raise ModelDirError(not_a_model(path) if os.path.exists(path) else missing_dir(path))
@@ -175,12 +170,9 @@ def task_of_dir(path: str, *, start: bool = False) -> Task:
         for task in tasks():  # a directory from elsewhere that a task knows (a HF token classifier)
             if getattr(task, "claims", None) and task.claims(path):
                 return task
-        head = architecture(path)
-        if not start and head.endswith(SEQUENCE_HEADS):
-            raise ModelDirError(f"{path} is a {head} (its config.json says so): a classifier of whole texts or "
-                                "text pairs, such as a cross-encoder, which spanflow does not run, and its "
-                                "encoder's pooled vectors are no sentence embeddings; training can start from "
-                                f"its encoder ('spanflow train ner|re|embed --model {path}')")
+        refused = None if start else sequence_classifier(path)
+        if refused:
+            raise ModelDirError(refused)
         return get(ENCODER_TASK)
     task = read_model_config(path).get("task")
     if task not in _TASKS:

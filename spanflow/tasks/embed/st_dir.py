@@ -6,6 +6,7 @@ import os
 
 from spanflow.atomic import found_dir
 from spanflow.errors import ModelDirError
+from spanflow.models.encoder import architecture, sequence_classifier
 
 _POOL_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
               "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "lasttoken"}
@@ -19,10 +20,11 @@ def _json(path: str) -> dict | list:
         raise ModelDirError(f"{path} is unreadable: {e}") from None
 
 
-def read_embedding_config(path: str) -> dict:
+def read_embedding_config(path: str, *, start: bool = False) -> dict:
     """{"encoder_dir", "pooling", "normalize", "max_seq_length", "lowercase"} for an ST or plain HF directory.
 
-    A plain Hugging Face encoder gets mean pooling, no normalisation and its own max length.
+    A plain Hugging Face encoder gets mean pooling, no normalisation and its own max length; a
+    classifier from elsewhere is refused, unless training `start`s from its encoder.
     """
     if not found_dir(path):
         from spanflow.models.encoder import missing_dir
@@ -31,6 +33,15 @@ def read_embedding_config(path: str) -> dict:
     modules_file = os.path.join(path, "modules.json")
     cfg = {"encoder_dir": path, "pooling": "mean", "normalize": False, "max_seq_length": None, "lowercase": False}
     if not os.path.exists(modules_file):
+        if start:
+            return cfg
+        head = architecture(path)  # the API's check; the commands refuse these before loading anything
+        if head.endswith("ForTokenClassification"):
+            raise ModelDirError(f"{path} is a {head}, an NER model (NerModel.load runs it): its encoder's pooled "
+                                "vectors ignore its classifier; embeddings come from an encoder or "
+                                "sentence-transformers directory")
+        if sequence_classifier(path):
+            raise ModelDirError(sequence_classifier(path))
         return cfg
     modules = _json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):

@@ -159,7 +159,7 @@ cosent_loss = _batch_loss(LOSSES["cosent"])  # CoSENT on one batch of scored pai
 def start_embedder(source: str, texts: list[str], opts: TrainOptions, policy) -> Embedder:
     """The model to train: an embedding directory's encoder, pooling and normalisation (a plain
     encoder: mean pooling), or `tiny`; fp32 weights, the loop's autocast doing the casting."""
-    cfg = read_embedding_config(source) if source != "tiny" else {"encoder_dir": "tiny", "pooling": "mean",
+    cfg = read_embedding_config(source, start=True) if source != "tiny" else {"encoder_dir": "tiny", "pooling": "mean",
                                                                   "normalize": False, "max_seq_length": None,
                                                                   "lowercase": False}
     encoder, tokenizer, _ = start_encoder(cfg["encoder_dir"], texts, max_length=opts.max_length, seed=opts.seed)
