@@ -6,8 +6,11 @@ STAMP := $(VENV)/.spanflow-installed
 
 .PHONY: demo test install clean
 
+# A python whose own site-packages hold torch (a CUDA build, say) lends it to the venv, which
+# then sees that python's packages too; otherwise the venv is isolated.
 $(BIN)/python:
-	$(PY) -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then $(PY) -m venv --system-site-packages $(VENV); \
+	else $(PY) -m venv $(VENV); fi
 
 # torch is pinned only when no torch is importable, so a machine that already has a
 # CUDA build keeps it. TORCH_PIP_ARGS picks the build, e.g. PyTorch's CPU index.
