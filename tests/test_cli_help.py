@@ -169,5 +169,22 @@ def test_train_help_says_what_an_unset_epochs_lr_and_patience_get(commands):
                                                                                          "--epochs")]
     assert f"[an encoder {enc.lr:g}, tiny {tiny.lr:g}; scaled to the update size]" in helps[("spanflow train ner",
                                                                                           "--lr")]
-    assert "scored pairs: an encoder" in helps[("spanflow train embed", "--lr")]
+    # the embedding tables go by the loss (--loss ranking on scored pairs takes the ranking table);
+    # a value the same under both is said once
+    from spanflow.tasks.embed.train import DEFAULTS as SCORED, RANKING_DEFAULTS as RANKING
+
+    assert (f"CoSENT or AnglE (scored pairs): an encoder {SCORED['pretrained'].lr:g}" in
+            helps[("spanflow train embed", "--lr")]
+            and f"ranking (pairs or triplets): an encoder {RANKING['pretrained'].lr:g}" in
+            helps[("spanflow train embed", "--lr")])
+    assert SCORED["pretrained"].epochs == RANKING["pretrained"].epochs
+    assert (f"[an encoder {SCORED['pretrained'].epochs:g}, tiny {SCORED['tiny'].epochs:g}; docs/defaults.md]" in
+            helps[("spanflow train embed", "--epochs")])
     assert "tiny never" in helps[("spanflow train re", "--patience")]
+
+
+def test_train_embed_max_tokens_help_says_the_ranking_loss_sets_micro_batches(commands):
+    helps = {(cmd, flag): shown for cmd, flag, _, shown in _options(commands)}
+    said = helps[("spanflow train embed", "--max-tokens")]
+    assert "[the ranking loss: its --pairs-per-step update's micro-batches" in said and "CoSENT and AnglE: sized" in said
+    assert "the ranking loss" not in helps[("spanflow train ner", "--max-tokens")]

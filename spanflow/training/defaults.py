@@ -46,12 +46,11 @@ def describe_defaults(field: str, tables: dict[str, dict[str, TaskDefaults]]) ->
             return "as --lr"
         return "never" if field == "patience" and v == 0 else f"{v:g}"
 
-    parts = []
-    for kind, table in tables.items():
-        values = ", ".join(f"{'an encoder' if start == 'pretrained' else start} {shown(getattr(d, field))}"
-                           for start, d in table.items())
-        parts.append(f"{kind}: {values}" if kind else values)
-    return "; ".join(parts)
+    said = {kind: ", ".join(f"{'an encoder' if start == 'pretrained' else start} {shown(getattr(d, field))}"
+                            for start, d in table.items()) for kind, table in tables.items()}
+    if len(set(said.values())) == 1:  # the same whatever the kind: said once
+        return next(iter(said.values()))
+    return "; ".join(f"{kind}: {values}" if kind else values for kind, values in said.items())
 
 
 def for_encoder(table: dict[str, TaskDefaults], encoder) -> TaskDefaults:

@@ -8,6 +8,7 @@ import torch
 
 from spanflow.batching.collate import pad_rows
 from spanflow.errors import ConfigError
+from spanflow.runtime.budget import describe_budget
 from spanflow.runtime.policy import QUANTIZATIONS
 from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.model import MIN_MEAN_COSINE, Embedder
@@ -33,10 +34,11 @@ class EmbedTask:
 
     @property
     def train_defaults(self) -> dict:
-        """What --help says an unset --epochs, --lr, ... gets, by the kind of training data."""
+        """What --help says an unset --epochs, --lr, ... gets, by the loss (each kind of data's own
+        under --loss auto)."""
         from spanflow.tasks.embed.train import DEFAULTS, RANKING_DEFAULTS
 
-        return {"scored pairs": DEFAULTS, "pairs or triplets": RANKING_DEFAULTS}
+        return {"CoSENT or AnglE (scored pairs)": DEFAULTS, "ranking (pairs or triplets)": RANKING_DEFAULTS}
 
     @staticmethod
     def export_instead(path: str) -> str:
@@ -67,7 +69,12 @@ class EmbedTask:
                             "server's 'dimensions') [none]")
         p.add_argument("--pairs-per-step", type=int, default=None,
                        help="ranking: pairs per optimizer update, the pool of in-batch negatives; a gradient cache "
-                            "holds memory to one micro-batch [256, fewer for a small data set]")
+                            "holds memory to one micro-batch of at most --max-tokens [256, fewer for a small data "
+                            "set]")
+        budget = p._option_string_actions["--max-tokens"]  # the group shares its parser's flags
+        budget.help = budget.help.replace("[sized from the data", "[the ranking loss: its --pairs-per-step update's "
+                                          f"micro-batches, at most {describe_budget('train')}; CoSENT and AnglE: "
+                                          "sized from the data", 1)
 
     def train_from_args(self, a, options) -> str:
         from spanflow.tasks.embed.pairs import SCORED, check_pairs, read_pairs
