@@ -397,3 +397,17 @@ def test_trainings_scoring_of_each_epoch_leaves_the_span_check_out(monkeypatch, 
     assert checked == []
     model.evaluate(data)  # as spanflow evaluate asks
     assert checked == [12]
+
+
+def test_a_gold_span_the_extracted_span_widens_past_is_said_as_the_model_extracts_it():
+    """The model extracts a subject over the characters its tokens are widened to (a variation
+    selector the tokenizer dropped); a gold 'Ada' there is a miss, and evaluate's check said nothing."""
+    from spanflow.batching.align import Encoded
+    from spanflow.tasks.re.features import off_tokens
+
+    text = "Ada\ufe0f met Bob"
+    enc = Encoded(ids=[5, 6, 7], offsets=[(0, 3), (5, 8), (9, 12)], first=[True] * 3, starts=[0, 5, 9],
+                  ends=[4, 8, 12])
+    assert off_tokens(text, enc, ((9, 12), (3, 3)), verb="can only be found as") is None
+    assert off_tokens(text, enc, ((0, 3), (1, 1)), verb="can only be found as") == \
+        "'Ada' in 'Ada\ufe0f met Bob' can only be found as 'Ada\ufe0f'"

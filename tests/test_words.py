@@ -241,3 +241,11 @@ def test_the_cut_punctuation_is_saved_with_the_model(conll_model, tmp_path):
     assert again.predict(texts) != again.predict(texts, words=[whitespace_words(t) for t in texts])  # "madrid."
     ends = [{b for _, b in w} for w in cut]
     assert all(e in ends[k] for k, spans in enumerate(again.predict(texts)) for _, e, _ in spans)
+
+
+def test_plain_text_words_leave_invisible_format_characters_off_their_ends():
+    from spanflow.tasks.ner.words import WHITESPACE, splitter
+
+    text = "\ufeffZo\u00eb lives in Z\u00fcrich\u200b \u200f \u200b"
+    for edges in (None, {"start": "", "end": "."}):
+        assert [text[s:e] for s, e in splitter(WHITESPACE, edges)(text)] == ["Zo\u00eb", "lives", "in", "Z\u00fcrich"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import unicodedata
 from dataclasses import dataclass
 
 
@@ -142,26 +143,34 @@ def _widen(text: str, offsets: list[tuple[int, int]],
            owner: dict[int, tuple[int, int]] | None = None) -> tuple[list[int], list[int]]:
     """Stretch token bounds over neighbouring non-space characters that produced no token.
 
-    Characters such as U+FE0F or U+FEFF vanish in the tokenizer; when they are glued to a
-    word they belong to it, so a span decoded from tokens still covers them. One between two
-    tokens goes to the one before (as a variation selector or joiner follows its character),
-    never to both: two entities side by side never share it. Where the text's own words are
-    given (`owner`, word_owner's), a token stretches within its word only (a character that is a
-    word of its own stays outside the entities around it).
+    Characters such as U+FE0F (a variation selector) vanish in the tokenizer; when they are
+    glued to a word they belong to it, so a span decoded from tokens still covers them. One
+    between two tokens goes to the one before (as a variation selector follows its character),
+    never to both: two entities side by side never share it. An invisible format character
+    (category Cf: U+FEFF, a zero-width space, a soft hyphen, a direction mark) is no part of a
+    word's ends, so a token never stretches over one, except within the text's own words where
+    they are given (`owner`, word_owner's: the tokens a corpus was annotated on, which an entity
+    covers whole); there a token stretches within its word only (a character that is a word of
+    its own stays outside the entities around it).
     """
     owner = owner or {}
     starts, ends = [], []
     for j, (s, e) in enumerate(offsets):
         lo = ends[j - 1] if j else 0
         hi = offsets[j + 1][0] if j + 1 < len(offsets) else len(text)
-        wa, wb = owner.get(s, (0, len(text)))
-        while s > max(lo, wa) and not text[s - 1].isspace():
+        word = owner.get(s)
+        wa, wb = word or (0, len(text))
+        while s > max(lo, wa) and _glued(text[s - 1], word is not None):
             s -= 1
-        while e < min(hi, wb) and not text[e].isspace():
+        while e < min(hi, wb) and _glued(text[e], word is not None):
             e += 1
         starts.append(s)
         ends.append(e)
     return starts, ends
+
+
+def _glued(c: str, in_word: bool) -> bool:
+    return not c.isspace() and (in_word or unicodedata.category(c) != "Cf")
 
 
 MIN_LENGTH = 8  # the shortest window read, in training as in inference

@@ -16,6 +16,7 @@ one the data keeps attached stays (`@user`).
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
@@ -137,10 +138,23 @@ def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple
     """The function that cuts plain text into a model's words; None: the tokenizer's words."""
     if kind != WHITESPACE:
         return None
-    if not edges:
-        return whitespace_words
-    whole = frozenset(edges.get("whole") or ())  # once, not per text
-    return lambda text: whitespace_words(text, edges, whole)
+    whole = frozenset((edges or {}).get("whole") or ())  # once, not per text
+    return lambda text: visible(text, whitespace_words(text, edges, whole))
+
+
+def visible(text: str, words: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`words` without the invisible format characters at their ends (U+FEFF, a zero-width space, a
+    direction mark: category Cf), which are no part of an entity in plain text; a word of them
+    alone is none."""
+    out = []
+    for s, e in words:
+        while s < e and unicodedata.category(text[s]) == "Cf":
+            s += 1
+        while e > s and unicodedata.category(text[e - 1]) == "Cf":
+            e -= 1
+        if s < e:
+            out.append((s, e))
+    return out
 
 
 def config_words(cfg: dict, path: str) -> str:

@@ -39,8 +39,11 @@ def token_span(enc: Encoded, span: tuple[int, int], limit: int) -> tuple[int, in
 
 
 def char_span(enc: Encoded, tokens: tuple[int, int]) -> tuple[int, int]:
-    """The characters a token span (input positions, as token_span gives) covers."""
-    return enc.offsets[tokens[0] - 1][0], enc.offsets[tokens[1] - 1][1]
+    """The characters a token span (input positions, as token_span gives) covers, as the model
+    extracts it: over the characters its tokens are widened to (a variation selector after a word)."""
+    starts = enc.starts or [a for a, _ in enc.offsets]
+    ends = enc.ends or [b for _, b in enc.offsets]
+    return starts[tokens[0] - 1], ends[tokens[1] - 1]
 
 
 def off_tokens(text: str, enc: Encoded, *found: tuple[tuple[int, int], tuple[int, int]], verb: str) -> str | None:
