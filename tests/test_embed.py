@@ -290,6 +290,19 @@ def test_embed_file_npy_ids_and_error_rows(st_dir, tmp_path):
     assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.progress.json"))
 
 
+def test_an_id_with_any_line_break_keeps_the_ids_file_one_line_per_vector(st_dir, tmp_path):
+    """Only \\n was replaced: an id holding \\r or U+2028 gave an ids file of more lines than
+    vectors (as splitlines or pandas read it), unsaid."""
+    emb = Embedder.load(st_dir)
+    ids = ["a\rb", "c\u2028d", "e\x85f", "g\r\nh", "plain"]
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": i, "text": t}) for i, t in zip(ids, TEXTS)])
+    said = []
+    embed_file(emb, EmbedSpec(input=src, output=str(tmp_path / "v.npy")), progress=False, log=said.append)
+    got = (tmp_path / "v.ids.txt").read_text(encoding="utf-8").splitlines()
+    assert got == ["a b", "c d", "e f", "g  h", "plain"] and len(np.load(tmp_path / "v.npy")) == 5
+    assert any(s.startswith("note: 4 ids held line breaks, written as spaces in") for s in said), said
+
+
 def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
     emb = Embedder.load(st_dir)
     src = tmp_path / "in.csv"

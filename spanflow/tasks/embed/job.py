@@ -44,12 +44,13 @@ import numpy as np
 from tqdm import tqdm
 
 from spanflow.atomic import hold_output, make_output_folder, writing
+from spanflow.batching.align import LINE_BREAK
 from spanflow.data.formats.common import kind_of
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
-from spanflow.errors import ConfigError, DataError
+from spanflow.errors import ConfigError, DataError, counted
 from spanflow.inference.journal import assemble, check_unchanged, chunk_part, model_files, write_chunk
 from spanflow.tasks.embed.journal import (
     ChunkDone,
@@ -147,21 +148,28 @@ def _rows(spec: EmbedSpec):
                      id_column=spec.id_column, keep=spec.keep)
 
 
-def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None) -> int:
+def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None, log, ids_name: str = "") -> int:
     """Count the records (and write their ids, one per line, to `ids_tmp`): a table's count is
-    in its metadata and its ids need only its id column; other inputs take one streaming pass."""
+    in its metadata and its ids need only its id column; other inputs take one streaming pass.
+    An id's line breaks (any that str.splitlines() breaks at) are written as spaces, and said."""
     table = is_table(spec.input)
     if table and ids_tmp is None:
         return table_rows(spec.input)
     ids = table_ids(spec.input, spec.id_column) if table else (r.id for r in _rows(spec))
     if ids_tmp is None:
         return sum(1 for _ in ids)
-    n = 0
+    n = broken = 0
     # an id may hold what UTF-8 cannot (a lone surrogate from JSON): escaped, never a crash
     with open(ids_tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
         for rid in ids:
-            f.write(("" if rid is None else str(rid)).replace("\n", " ") + "\n")
+            text = "" if rid is None else str(rid)
+            line = LINE_BREAK.sub(" ", text)
+            broken += line != text
+            f.write(line + "\n")
             n += 1
+    if broken:
+        log(f"note: {counted(broken, 'id')} held line breaks, written as spaces in {ids_name} "
+            "(one line per vector); a JSONL or Parquet output keeps ids as they are")
     return n
 
 
@@ -228,7 +236,7 @@ def _same_value(key: str, was, now) -> bool:
     return was == now
 
 
-def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool) -> Job:
+def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool, log) -> Job:
     """Reuse the journal of an interrupted job, or count the input and lay out the output."""
     source = fingerprint(spec.input)
     if resume and _resumes(P, fmt):
@@ -239,7 +247,7 @@ def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: i
     P.remove_leftovers()
     try:
         with writing(WHAT, P.out):
-            n = _count_and_ids(spec, P.ids_partial if fmt == "npy" else None)
+            n = _count_and_ids(spec, P.ids_partial if fmt == "npy" else None, log, P.ids)
             job = Job(spec=ident, input=source, n=n, chunks=-(-n // spec.chunk_size))
             if fmt == "npy":
                 lay_out_npy(P.partial, n, dim, spec.dtype)
@@ -331,7 +339,7 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
                         dim=embedder.dim, precision=embedder.precision_name, model_files=model_files(spec.model))
     if resume and not _resumes(P, fmt):  # finished, or never begun: said, as the whole input is embedded again
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
-    job = _open_job(spec, fmt, ident, P, embedder.dim, resume)
+    job = _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
     prog = _progress(P, resume)
     _check_done(P, fmt, job, prog, spec.chunk_size)
     if prog.done:
