@@ -303,3 +303,18 @@ def test_the_api_is_told_of_embed_training_fields_and_the_command_line_of_flags(
                        config=EmbedTraining(symmetric=True))
     assert str(e.value) == "EmbedTraining.symmetric applies to the ranking loss (pairs and triplets)"
     assert e.value.cli == "--symmetric applies to the ranking loss (pairs and triplets)"
+
+
+def test_a_step_line_whose_loss_is_nan_stops_the_run_there_and_quotes_the_peak_lr(tmp_path):
+    """Divergence was caught at the epoch's end (an epoch of nan step lines, hours on real data),
+    and the advice quoted the decayed rate ('lower --lr (0.00e+00 now)')."""
+    lines = []
+    with pytest.raises(ConfigError, match=r"^the training loss is nan by step (\d+): training diverged; lower --lr "
+                                          r"\(its peak is 1e\+06\) or --head-lr") as e:
+        train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path), log_fn=lines.append,
+                  options=opts(lr=1e6, head_lr=1e6, max_grad_norm=0.0, warmup_ratio=0.0, max_tokens=128,
+                               log_every=1, epochs=3))
+    stop = int(str(e.value).split("by step ")[1].split(":")[0])
+    steps = [x for x in lines if x.startswith("step ")]
+    epoch_steps = int(steps[0].split("/")[1].split()[0])
+    assert stop < epoch_steps and len(steps) == stop and "loss nan" in steps[-1]  # stopped at its first nan line

@@ -22,8 +22,8 @@ from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linea
 from spanflow.training.plan import epoch_plan
 from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
-from spanflow.training.progress import (check_finite, learning_check, loss_window, lr_now, progress_bar,
-                                        report_period, window_loss)
+from spanflow.training.progress import (check_finite, check_logged_loss, learning_check, loss_window, lr_now,
+                                        progress_bar, report_period, window_loss)
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters
 from spanflow.training.resume import (check_epochs_left, check_resume_agrees, check_steps_left, resumed_at,
@@ -239,6 +239,7 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
             loss_now, job_tokens = all_sum([r.running.item() / r.n_running, float(r.bar_tokens)], r.dist)
             if r.dist.is_main:
                 _log_step(r, gs, loss_now, lr_used, job_tokens)
+            check_logged_loss(r, loss_now)  # every rank holds the same sum: all stop together
             r.running.zero_()
             r.n_running = 0
         if opts.eval_every and gs % opts.eval_every == 0:

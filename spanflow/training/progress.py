@@ -91,11 +91,24 @@ def check_finite(r: LoopState) -> None:
     loss = window_loss(r) if r.recent and r.scaler is None else 0.0
     if math.isfinite(loss) and _finite(r.model):
         return
+    raise diverged(r, f"the training loss is {loss}" if not math.isfinite(loss) else "the weights are not finite")
+
+
+def check_logged_loss(r: LoopState, loss: float) -> None:
+    """check_finite's error at a step line whose loss (already on the host) is not finite: a run
+    stops there, not an epoch later. Under fp16's loss scaler a skipped step's loss is no sign."""
+    if not math.isfinite(loss) and r.scaler is None:
+        raise diverged(r, f"the training loss is {loss}")
+
+
+def diverged(r: LoopState, what: str):
+    """The ConfigError of a diverged run, quoting the peak learning rate (the schedule's rate at
+    the point it is caught may have decayed to 0)."""
     from spanflow.errors import ConfigError
 
-    what = f"the training loss is {loss}" if not math.isfinite(loss) else "the weights are not finite"
-    raise ConfigError(f"{what} by step {r.st['global_step']}: training diverged; lower --lr "
-                      f"({lr_now(r):.2e} now){_or_head(r)}, keep --max-grad-norm above 0, or try --precision fp32")
+    peak = r.opts.lr or r.scheduler.base_lrs[0]
+    return ConfigError(f"{what} by step {r.st['global_step']}: training diverged; lower --lr (its peak is "
+                       f"{peak:.2g}){_or_head(r)}, keep --max-grad-norm above 0, or try --precision fp32")
 
 
 def _or_head(r: LoopState, joined: str = " or ") -> str:
