@@ -42,3 +42,60 @@ def test_bad_choices_are_config_errors():
 def test_int8_is_no_precision_and_the_error_names_quantize():
     with pytest.raises(ConfigError, match="int8 is a quantization, not a precision: use --quantize int8"):
         resolve_policy("int8", "cpu")
+
+
+def _nan_in(path, name=None):
+    """Write one NaN into a safetensors file (its tensor `name`, else its first floating one)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(path)
+    key = name or next(k for k, v in state.items() if v.is_floating_point())
+    state[key] = state[key].clone()
+    state[key].view(-1)[0] = float("nan")
+    save_file(state, path)
+    return key
+
+
+def test_a_model_whose_weights_hold_nan_is_refused_at_load_naming_the_weight(tmp_path, capsys):
+    """A NaN weight gave all-NaN embeddings (the .npy's error-row mark) or no entities at all, exit 0,
+    and `--quantize int8` a traceback."""
+    from helpers import tiny_bert
+
+    from spanflow.cli.main import main
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.data.formats.jsonl import write_jsonl_record
+
+    texts = [e.text for e in synthetic_ner(20, seed=1)]
+    enc, tok = tiny_bert(texts, hidden=16, layers=1, heads=2)
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    key = _nan_in(str(tmp_path / "enc" / "model.safetensors"))
+    (tmp_path / "in.txt").write_text("\n".join(texts[:3]) + "\n")
+    for extra in ([], ["--quantize", "int8"]):
+        rc = main(["embed", "--model", str(tmp_path / "enc"), "--input", str(tmp_path / "in.txt"), "--output",
+                   str(tmp_path / "v.npy"), *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"its weight {key} holds NaN values" in err and "Traceback" not in err, err
+        assert not (tmp_path / "v.npy").exists()
+    with open(tmp_path / "t.jsonl", "w", encoding="utf-8") as f:
+        for e in synthetic_ner(20, seed=1):
+            write_jsonl_record(f, e.text, e.spans)
+    assert main(["train", "ner", "--train", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "run"),
+                 "--epochs", "1", "--log-every", "0"]) == 0
+    model = tmp_path / "run" / "model"
+    head = _nan_in(str(model / "head.safetensors"))
+    rc = main(["predict", "--model", str(model), "--input", str(tmp_path / "in.txt"), "--output",
+               str(tmp_path / "p.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"head.safetensors: its weight {head} holds NaN values" in err
+
+
+def test_a_named_precision_whose_agreement_is_nan_is_refused(monkeypatch):
+    """`nan < 0.999` is False: a bf16 run whose cosines came out nan passed the gate."""
+    from spanflow.tasks.embed.model import Embedder
+
+    nan = {"precision": "bf16", "n": 3, "mean_cosine": float("nan"), "min_cosine": float("nan"), "threshold": 0.999}
+    monkeypatch.setattr(Embedder, "calibrate", lambda self, texts, what="": nan)
+    with pytest.raises(ConfigError, match=r"bf16 embeddings reach a mean cosine of nan"):
+        Embedder.check_precision(object.__new__(Embedder), ["a"])
+    assert Embedder.check_precision(object.__new__(Embedder), ["a"], force=True) is nan

@@ -149,9 +149,13 @@ def load_head_state(path: str) -> dict:
     if not os.path.exists(f):
         raise ModelDirError(f"{path} lacks head.safetensors")
     try:
-        return load_file(f)
+        state = load_file(f)
     except Exception as e:  # safetensors raises its own error type for a truncated or corrupt file
         raise ModelDirError(f"{f} is unreadable (truncated or corrupt?): {str(e)[:200]}") from None
+    from spanflow.models.encoder import refuse_nan
+
+    refuse_nan(f, state.items())
+    return state
 
 
 def _config_value(cfg: dict, key: str, path: str, kind: TypeAdapter, default=None):

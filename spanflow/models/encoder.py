@@ -57,12 +57,25 @@ def load_encoder(path: str, *, native: bool = True) -> tuple[nn.Module, object]:
         # tiny is plain PyTorch for training and inference alike
         encoder = load_tiny(path) if is_tiny_dir(path) else load_native(path) if native else None
         tokenizer = (native_tokenizer.load(path) if native else None) or load_tokenizer(path)
-        return _load_weights(path) if encoder is None else encoder, tokenizer
+        encoder = _load_weights(path) if encoder is None else encoder
+        refuse_nan(path, encoder.named_parameters())
+        return encoder, tokenizer
     except ModelDirError:
         raise
     except Exception as e:  # truncated safetensors, a config without a usable architecture, ...
         raise ModelDirError(f"{path}: the encoder weights are unreadable (truncated or corrupt?): "
                             f"{type(e).__name__}: {str(e)[:200]}") from None
+
+
+def refuse_nan(path: str, tensors) -> None:
+    """A ModelDirError naming the first of the (name, tensor) pairs that holds NaN: a model saved
+    from a diverged training (or damaged), whose every output would be NaN or empty, unsaid."""
+    import torch
+
+    for name, t in tensors:
+        if t.is_floating_point() and bool(torch.isnan(t).any()):
+            raise ModelDirError(f"{path}: its weight {name} holds NaN values: saved from a training that diverged, or "
+                                "damaged; train it again (a lower --lr), or use an earlier copy")
 
 
 def holds_model(path: str) -> bool:

@@ -373,7 +373,7 @@ class Embedder:
         """Calibrate and refuse (ConfigError) a reduced precision whose mean cosine to fp32 is
         below its threshold, unless `force`."""
         cal = self.calibrate(texts, what="check_precision")
-        if cal and cal["mean_cosine"] < cal["threshold"] and not force:
+        if cal and not cal["mean_cosine"] >= cal["threshold"] and not force:  # a nan mean fails too
             raise ConfigError(f"{cal['precision']} embeddings reach a mean cosine of {cal['mean_cosine']:.5f} "
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
                               "use a higher precision, or --force to accept (Python: force=True)")
