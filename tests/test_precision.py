@@ -99,3 +99,26 @@ def test_a_named_precision_whose_agreement_is_nan_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"bf16 embeddings reach a mean cosine of nan"):
         Embedder.check_precision(object.__new__(Embedder), ["a"])
     assert Embedder.check_precision(object.__new__(Embedder), ["a"], force=True) is nan
+
+
+def test_with_precision_refuses_auto_and_a_bf16_twin_shares_the_fp32_tables():
+    """with_precision('auto') gave fp32 without a word; the bf16 twin deep-copied the embedding
+    tables its docstring says are shared (66 MiB more for MiniLM)."""
+    from helpers import tiny_bert
+
+    from spanflow.tasks.embed.model import Embedder
+    from spanflow.tasks.embed.pooling import Pooling
+
+    enc, tok = tiny_bert(["a b c", "d e f"], hidden=16, layers=1, heads=2)
+    emb = Embedder(encoder=enc, tokenizer=tok, pooling=Pooling(mode="mean", normalize=False), precision="fp32")
+    with pytest.raises(ConfigError, match=r"^with_precision takes 'fp32', 'bf16' or 'fp16'; 'auto' is chosen"):
+        emb.with_precision("auto")
+    twin = emb.with_precision("bf16")
+    fp32 = {p.data_ptr() for p in emb.module.parameters()}
+    kept = [n for n, p in twin.module.named_parameters() if p.dtype == torch.float32]
+    assert kept and all(p.data_ptr() in fp32 for n, p in twin.module.named_parameters() if n in kept)
+    assert any("word_embeddings" in n for n in kept)
+    assert [(n, p.dtype) for n, p in twin.module.named_parameters() if p.dtype != torch.float32]  # Linear cast
+    import numpy as np
+
+    np.testing.assert_allclose(twin.encode(["a b c"]), emb.encode(["a b c"]), atol=0.05)

@@ -107,6 +107,15 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def twin_precision(precision: str) -> str:
+    """`precision` for a model's with_precision: 'auto' is refused (a ConfigError), as its choice is a
+    check of the model's results that a load runs, not the device's fastest precision."""
+    if precision == "auto":
+        raise ConfigError("with_precision takes 'fp32', 'bf16' or 'fp16'; 'auto' is chosen by a check of the "
+                          "model's results when it loads: load(path, precision='auto'), the default")
+    return precision
+
+
 def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: bool = False) -> Policy:
     """bf16 where the accelerator has it, fp16 + GradScaler otherwise on CUDA; TF32 matmuls
     on Ampere and newer. On CPU `auto` is fp32, or bf16 when `cpu_bf16` and the CPU runs

@@ -233,10 +233,10 @@ def autocast_twin(model: TaskModel, precision: str, quantize: str | None = None)
     reading the directory again (the optional `with_precision` member of a task model)."""
     import copy
 
-    from spanflow.runtime.policy import resolve_policy
+    from spanflow.runtime.policy import resolve_policy, twin_precision
 
     if quantize:
         raise ConfigError(f"--quantize {quantize} applies to embedding models, not {model.task} models")
     twin = copy.copy(model)
-    twin.policy = resolve_policy(precision, str(model.policy.device))
+    twin.policy = resolve_policy(twin_precision(precision), str(model.policy.device))
     return twin

@@ -19,7 +19,7 @@ from spanflow.errors import ConfigError, as_path
 from spanflow.models.encoder import encoder_max_length, keeps_rng, load_encoder
 from spanflow.models.linear import Linear, full_batches
 from spanflow.runtime.budget import infer_tokens
-from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy
+from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy, twin_precision
 from spanflow.runtime.precision import load_auto
 from spanflow.tasks.embed.metrics import cosines
 from spanflow.tasks.embed.pooling import Pooling
@@ -129,6 +129,7 @@ class Embedder:
     def with_precision(self, precision: str, quantize: str | None = None) -> "Embedder":
         """This model in another precision or quantization, made from its fp32 weights in
         memory (no second read of the directory); the fp32 weights are shared, not copied."""
+        twin_precision(precision)
         fp32 = self._fp32 or self.module
         return Embedder(encoder=fp32.encoder, tokenizer=self.tokenizer, pooling=fp32.pooling,
                         max_length=self.max_length, precision=precision, quantize=quantize,
@@ -386,7 +387,7 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         from torch.ao.quantization import quantize_dynamic
     except ImportError:
         raise ConfigError("int8 needs torch.ao.quantization, which this torch build lacks") from None
-    out = copy.deepcopy(model)
+    out = _copy_linear(model)
     for m in out.modules():
         if type(m) is Linear:  # the quantizer matches the exact class
             m.__class__ = nn.Linear
@@ -400,11 +401,19 @@ def _precast_linear(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     same fp32 weights to the same values on every forward; done once, the outputs are
     bit-identical and small batches, where those casts weigh most, run faster. LayerNorm and
     embeddings stay fp32, as autocast keeps them."""
-    out = copy.deepcopy(model)
+    out = _copy_linear(model)
     for m in out.modules():
         if isinstance(m, nn.Linear):
             m.to(dtype)
     return out
+
+
+def _copy_linear(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose Linear layers are its own, to be cast or quantized; every other
+    weight (embedding tables, LayerNorm) is the fp32 model's own tensor, shared, not copied."""
+    linear = {id(p) for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters()}
+    shared = {id(p): p for p in model.parameters() if id(p) not in linear}  # deepcopy's memo reuses them
+    return copy.deepcopy(model, shared)
 
 
 class _null:
