@@ -135,3 +135,13 @@ def test_an_incomplete_cached_verdict_names_its_field_and_is_checked_again(bf16_
     assert check(tmp_path, again, ["a"], said)[0] == "fp32"
     assert len(said) == 1 and f"{cached} is incomplete ({problem}" in said[0] and "checking again" in said[0]
     assert again.loads == ["fp32", "bf16"]
+
+
+def test_the_verdict_says_how_few_found_items_a_score_rests_on(bf16_device, tmp_path):
+    """An RE check scored 'triple F1 1.0000 on 40 input texts' where fp32 had found 2 triples."""
+    task = FakeTask(1.0)
+    task.predict_stream = lambda texts: iter([[("s", "r", "o")] if i < 2 else [] for i, _ in enumerate(texts)])
+    texts = [f"text {i}" for i in range(MIN_SAMPLE)]
+    precision, why = check(tmp_path, task, texts, [])
+    assert precision == "bf16" and why == f"auto: agreement 1.0000 to fp32 on {MIN_SAMPLE} input texts, where fp32 " \
+                                          "found 2, gate 0.9"

@@ -68,6 +68,8 @@ def test_options_of_several_processes_given_to_one_are_said():
     assert o.grad_compression == "none"  # its dense tables (compression's need) would only slow one process
     assert lines[-1] == ("warning: --lr-scaling sqrt and --grad-compression fp16 apply to runs of several processes "
                          "(torchrun); this one has one: nothing to scale or compress")
+    fill_defaults(TrainOptions(grad_compression="fp16"), D, lengths=[32] * 300, device=CPU, log=lines.append)
+    assert lines[-1].startswith("warning: --grad-compression fp16 applies to runs of several processes")
     lines.clear()
     fill_defaults(TrainOptions(lr_scaling="sqrt"), D, lengths=[32] * 300, device=CPU, world=2, log=lines.append)
     assert not any(x.startswith("warning:") for x in lines)

@@ -125,6 +125,8 @@ def _said(v: Verdict, where: str) -> tuple[str, str]:
     if v.compared == 0:
         return "fp32", (f"auto: the {v.precision} check had nothing to compare: the model found nothing in fp32 "
                         f"{where}; fp32 kept")
+    if v.compared is not None and v.compared != v.n:  # spans or triples: how few the score rests on
+        where += f", where fp32 found {v.compared}"
     if v.passed:
         return v.precision, f"auto: {v.measure} {v.score:.4f} to fp32 {where}, gate {v.gate}"
     return "fp32", (f"auto: {v.precision} reached {v.measure} {v.score:.4f} to fp32 {where}, below the gate "

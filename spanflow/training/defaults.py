@@ -129,7 +129,7 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     alone = [f"--{f.replace('_', '-')} {getattr(opts, f)}" for f in ("lr_scaling", "grad_compression")
              if world == 1 and getattr(opts, f) != "none"]
     if alone:  # options of several processes, given to one: said, not silently nothing
-        log(f"warning: {' and '.join(alone)} apply to runs of several processes (torchrun); this one has one: "
+        log(f"warning: {' and '.join(alone)} {'apply' if len(alone) > 1 else 'applies'} to runs of several processes (torchrun); this one has one: "
             "nothing to scale or compress")
     idle = [f"--{f.replace('_', '-')} {getattr(opts, f)}" for f in ("eval_every", "patience")
             if not dev and getattr(opts, f) is not None]
