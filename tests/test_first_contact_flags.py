@@ -372,3 +372,14 @@ def test_a_model_path_with_an_unexpanded_tilde_names_the_path_it_stands_for(tmp_
     monkeypatch.chdir(tmp_path)
     assert error_lines(["predict", "--model=~/m", "--input", "t.txt", "--output", "p.jsonl"], capsys) == [
         f"error: model directory not found: ~/m (a ~ is not expanded here: give {tmp_path / 'm'})"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--train-size", "-5"], "error: --train-size must be >= 1, got -5"),
+    (["--epochs", "0"], "error: --epochs must be >= 1, got 0"),
+])
+def test_demo_refuses_a_size_or_epochs_below_one_before_making_data(tmp_path, capsys, argv, said):
+    """`demo --train-size -5` made '0 train' texts and failed on 'no entities'; --epochs 0 after the data."""
+    assert main(["demo", "--out", str(tmp_path / "d"), *argv]) == 2
+    out = capsys.readouterr()
+    assert said in out.err and "synthetic data" not in out.out and not (tmp_path / "d").exists()

@@ -14,13 +14,14 @@ from spanflow.training.options import TrainOptions
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="train a tiny NER model on synthetic data, end to end",
                        description="Generate synthetic NER data, train a 'tiny' model on it with the default "
-                                   "flags, evaluate it, tag two sentences and print the report: the whole "
-                                   "pipeline on a CPU, with no data or model to download.")
+                                   "flags (but --epochs), evaluate it, tag two sentences and print the report: the "
+                                   "whole pipeline on a CPU, with no data or model to download.")
     p.add_argument("--out", default="demo_out", help="output directory [%(default)s]")
     p.add_argument("--train-size", type=int, default=1500,
                    help="synthetic training texts; the dev set is a fifth of it, at least 100 [%(default)s]")
     p.add_argument("--epochs", type=int, default=6,
-                   help="most epochs (early stopping on dev may end a run sooner) [%(default)s]")
+                   help="epochs to train ('tiny' runs them all: its default --patience never stops early) "
+                        "[%(default)s]")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of training [%(default)s]")
     p.add_argument("--write-data", metavar="DIR", default=None,
                    help="only write the synthetic data the documentation's examples read (NER CoNLL, CasRel JSON, "
@@ -59,6 +60,11 @@ def write_data(out_dir: str, *, train_size: int = 1500, seed: int = 0) -> list[s
 
 
 def run(a: argparse.Namespace) -> int:
+    from spanflow.errors import ConfigError
+
+    for flag, value in (("--train-size", a.train_size), ("--epochs", a.epochs)):
+        if value < 1:  # before any data is made
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
     if a.write_data is not None:
         write_data(a.write_data, train_size=a.train_size, seed=a.seed)
         return 0
