@@ -100,7 +100,7 @@ SEEDS = {
 ENCODERS = {"MINILM_DIR", "ENCODER_DIR", "path/to/all-MiniLM-L6-v2"}
 DATA_OF_TASK = {"ner": "train.conll", "re": "train_triples.json", "embed": "texts.txt"}
 # values of placeholders in a synopsis, where a flag's type needs one
-VALUES = {"N": "2", "LR": "1e-3", "GB": "8", "MS": "100", "KEY": "docs-key", "NAME": "text", "A,B": "text"}
+VALUES = {"N": "2", "LR": "1e-3", "GIB": "8", "MS": "100", "KEY": "docs-key", "NAME": "text", "A,B": "text"}
 NUMBERS = {"--max-tokens": "512", "--max-length": "64", "--stride": "16", "--epochs": "1", "--column": "0"}
 FENCE = re.compile(r"^ {0,3}```(\w*)\s*$")
 

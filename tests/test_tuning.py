@@ -436,7 +436,7 @@ def test_probe_memory_is_per_point_not_the_process_high_water():
     (dict(budgets=[0]), "--budgets must each be >= 1, got 0"),
     (dict(sample=0), "--sample must be >= 1, got 0"),
     (dict(repeats=0), "--repeats must be >= 1, got 0"),
-    (dict(max_memory_gb=0.0), "--max-memory must be > 0 GB, got 0"),
+    (dict(max_memory_gb=0.0), "--max-memory must be > 0 GiB, got 0"),
     (dict(latency_slo_ms=0.0), "--latency-slo must be > 0 ms, got 0"),
     (dict(quantize="int8"), "--quantize int8 is for inference"),  # it wrote an fp32 profile named int8
 ])

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mode", choices=["train", "infer"], default=None,
                    help="train: training steps from --model; infer: the trained model's inference "
                         "[train; infer for embed and for a task that does not train]")
-    p.add_argument("--max-memory", type=float, default=None, help="GB; points above are not chosen [no limit]")
+    p.add_argument("--max-memory", type=float, default=None, help="GiB (2**30 bytes) of peak memory; points above are not chosen [no limit]")
     p.add_argument("--latency-slo", type=float, default=None, help="ms at p95; points above are not chosen [no limit]")
     p.add_argument("--max-lengths", type=_ints, default=None, metavar="N,N",
                    help="max lengths to try, e.g. 128,256,512 [infer: the length the model reads; train: the "

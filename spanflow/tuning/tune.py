@@ -160,7 +160,7 @@ def check_ranges(*, budgets: list[int] | None, sample: int, repeats: int, budget
            f"--sample must be >= 1, got {sample}" if sample < 1 else "",
            f"--repeats must be >= 1, got {repeats}" if repeats < 1 else "",
            f"--budget-seconds must be > 0, got {budget_seconds:g}" if not budget_seconds > 0 else "",
-           f"--max-memory must be > 0 GB, got {max_memory_gb:g}" if max_memory_gb is not None
+           f"--max-memory must be > 0 GiB, got {max_memory_gb:g}" if max_memory_gb is not None
            and not max_memory_gb > 0 else "",
            f"--latency-slo must be > 0 ms, got {latency_slo_ms:g}" if latency_slo_ms is not None
            and not latency_slo_ms > 0 else ""]
@@ -176,8 +176,8 @@ def _missed(points: list, max_memory_gb: float | None, latency_slo_ms: float | N
     if pick_best(ran, max_memory_bytes=int(max_memory_gb * 2**30) if max_memory_gb else None,
                  latency_slo_ms=latency_slo_ms):  # within the limits, but not the quality
         return f"no point within the limits kept the quality within {QUALITY_TOLERANCE} of the best"
-    limits = [f"--max-memory {max_memory_gb:g} GB (the least used: {min(p.peak_memory_bytes for p in ran) / 2**30:.2f}"
-              " GB)" if max_memory_gb else "",
+    limits = [f"--max-memory {max_memory_gb:g} GiB (the least used: {min(p.peak_memory_bytes for p in ran) / 2**30:.2f}"
+              " GiB)" if max_memory_gb else "",
               f"--latency-slo {latency_slo_ms:g} ms (the lowest p95: {min(p.latency_p95_ms for p in ran):.1f} ms)"
               if latency_slo_ms else ""]
     return "no point met " + " and ".join(x for x in limits if x)
