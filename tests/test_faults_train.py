@@ -506,8 +506,11 @@ def test_a_fresh_run_stopped_in_a_finished_out_is_never_resumed_as_the_old_run(f
         assert train(files, out, "--lr", "3e-3") == 2
     assert (out / "model").is_dir() and not (out / "checkpoint").exists()  # the old run's checkpoint went at the start
     capsys.readouterr()
-    assert train(files, out, "--resume") == 0
-    assert f"no checkpoint in {out / 'checkpoint'}; starting from the beginning" in capsys.readouterr().out
+    assert train(files, out, "--resume") == 2  # nothing to go on from, and a model a new run would replace
+    assert (f"--resume: {out / 'checkpoint'} holds no checkpoint to go on from, and {out / 'model'} holds a model an "
+            "earlier run saved" in capsys.readouterr().err)
+    assert (out / "model").is_dir()
+    assert train(files, out) == 0
     assert_same_weights(out / "model", reference / "model")
 
 

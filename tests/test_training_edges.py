@@ -318,3 +318,20 @@ def test_a_step_line_whose_loss_is_nan_stops_the_run_there_and_quotes_the_peak_l
     steps = [x for x in lines if x.startswith("step ")]
     epoch_steps = int(steps[0].split("/")[1].split()[0])
     assert stop < epoch_steps and len(steps) == stop and "loss nan" in steps[-1]  # stopped at its first nan line
+
+
+def test_a_resume_on_the_same_texts_relabelled_is_refused(tmp_path):
+    """Only the items' lengths were compared: corrected labels (the likeliest change between a stop
+    and a resume) continued the checkpoint's run on other data, unsaid."""
+    from spanflow.data.examples import NerExample
+
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None, options=opts(max_steps=2))
+    swap = {"PER": "LOC", "LOC": "PER"}
+    relabelled = [NerExample(e.text, [(s, t, swap.get(lab, lab)) for s, t, lab in e.spans]) for e in DATA]
+    with pytest.raises(ConfigError, match=r"other training data of the same lengths \(its labels, targets or tokens "
+                                          r"differ\)"):
+        train_ner(relabelled, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                  options=opts(resume=True))
+    lines = []  # the same data resumes
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lines.append, options=opts(resume=True))
+    assert any(x.startswith("resumed from ") for x in lines)

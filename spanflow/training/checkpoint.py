@@ -3,6 +3,7 @@ renamed into place: a kill or a full disk leaves the last good checkpoint as it 
 full disk says so in one WriteError."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -158,8 +159,30 @@ def run_identity(items: list, opts, origin: str | None, processes: int = 1, cour
     lengths = np.fromiter((len(it) for it in items), dtype=np.int64, count=len(items))
     options = json.loads(json.dumps({k: getattr(opts, k) for k in COURSE}, default=_plain))  # numpy scalars too
     return {"model": origin, "model_files": _model_files(origin), "items": len(items), "tokens": int(lengths.sum()),
-            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "options": options, "processes": processes,
-            "course": json.loads(json.dumps(course or {}, default=_plain))}
+            "digest": hashlib.sha1(lengths.tobytes()).hexdigest()[:16], "content": _content(items),
+            "options": options, "processes": processes, "course": json.loads(json.dumps(course or {}, default=_plain))}
+
+
+def _content(items: list) -> str:
+    """A digest of what the training items hold, their targets too (labels, triples, scores): the
+    same texts relabelled are other data, which a digest of their lengths does not tell."""
+    import hashlib
+
+    return hashlib.sha1(repr([_fields(it) for it in items]).encode()).hexdigest()[:16]
+
+
+def _fields(x):
+    """An item as plain values: a dataclass's or a __slots__ class's fields, recursively (the
+    default repr of a slots class is its address)."""
+    if dataclasses.is_dataclass(x):
+        return [_fields(getattr(x, f.name)) for f in dataclasses.fields(x)]
+    if hasattr(x, "__slots__") and not isinstance(x, (str, bytes)):
+        return [_fields(getattr(x, k, None)) for k in x.__slots__]
+    if isinstance(x, (list, tuple)):  # token ids and labels: plain already, and the bulk of the data
+        return x if not x or isinstance(x[0], (int, float, str)) else [_fields(v) for v in x]
+    if isinstance(x, dict):
+        return sorted((repr(k), _fields(v)) for k, v in x.items())
+    return x.tolist() if hasattr(x, "tolist") else x
 
 
 def _said(value) -> str:
@@ -217,6 +240,8 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     if (saved.get("items"), saved.get("tokens"), saved.get("digest")) != (now["items"], now["tokens"], now["digest"]):
         changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens "
                        f"(now {now['items']}, {now['tokens']})")
+    elif saved.get("content", now["content"]) != now["content"]:  # a checkpoint from before the record: not checked
+        changed.append("other training data of the same lengths (its labels, targets or tokens differ)")
     for k, v in (saved.get("options") or {}).items():
         if k in MODEL_OWN and now["options"].get(k) is None:
             continue  # unset: the checkpoint's model's own, which the resumed run continues with
