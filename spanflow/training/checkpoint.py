@@ -240,7 +240,7 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     if (saved.get("items"), saved.get("tokens"), saved.get("digest")) != (now["items"], now["tokens"], now["digest"]):
         changed.append(f"training data of {saved.get('items')} items, {saved.get('tokens')} tokens "
                        f"(now {now['items']}, {now['tokens']})")
-    elif saved.get("content", now["content"]) != now["content"]:  # a checkpoint from before the record: not checked
+    elif None not in (saved.get("content"), now.get("content")) and saved["content"] != now["content"]:
         changed.append("other training data of the same lengths (its labels, targets or tokens differ)")
     for k, v in (saved.get("options") or {}).items():
         if k in MODEL_OWN and now["options"].get(k) is None:
