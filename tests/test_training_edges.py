@@ -335,3 +335,33 @@ def test_a_resume_on_the_same_texts_relabelled_is_refused(tmp_path):
     lines = []  # the same data resumes
     train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lines.append, options=opts(resume=True))
     assert any(x.startswith("resumed from ") for x in lines)
+
+
+def test_a_resume_with_other_epochs_says_the_schedule_changed(tmp_path):
+    """--epochs is no part of a run's identity (a larger one trains on), but leaving it out on a
+    resume took the default and stretched the decay unsaid."""
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None, options=opts(max_steps=2))
+    lines = []
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lines.append,
+              options=opts(resume=True, epochs=3, max_steps=3))
+    assert any(x.startswith("note: the checkpoint's run had --epochs 2, this one 3: the learning rate's decay now runs "
+                            "to the end of epoch 3 from step 2") for x in lines), lines
+    lines.clear()
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lines.append,
+              options=opts(resume=True, epochs=3, max_steps=4))
+    assert not any("--epochs" in x for x in lines)  # the same as the checkpoint's now
+
+
+def test_a_max_steps_stop_reports_the_score_of_its_weights_not_the_best_so_far(tmp_path):
+    """The partial epoch's line (and train_report.jsonl) carried the best score so far, another
+    model's, beside the last weights; evaluate on them gave another figure."""
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path / "a"), log_fn=lambda s: None,
+              options=opts(max_steps=5, max_tokens=128, eval_every=1))
+    reps = [json.loads(x) for x in (tmp_path / "a" / "train_report.jsonl").read_text().splitlines()]
+    state = json.loads((tmp_path / "a" / "checkpoint" / "state.json").read_text())
+    assert reps[-1]["partial"] and reps[-1]["step"] == 5 and reps[-1]["dev_f1"] == state["last_f1"]
+    # no evaluation at the stop: no score for weights never scored
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path / "b"), log_fn=lambda s: None,
+              options=opts(max_steps=7, max_tokens=128))
+    reps = [json.loads(x) for x in (tmp_path / "b" / "train_report.jsonl").read_text().splitlines()]
+    assert reps[-1]["partial"] and reps[-1]["dev_f1"] is None and reps[0]["dev_f1"] is not None

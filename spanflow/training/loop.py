@@ -158,7 +158,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     os.makedirs(out_dir, exist_ok=True)
     identity = run_identity(items, opts, origin, processes=dist.world, course=hooks.course)
     st = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "best_f1": None, "best_step": None, "bad_evals": 0,
-          "stopped": False, "first_loss": None, "run": identity, "precision": policy.name}
+          "stopped": False, "first_loss": None, "run": identity, "precision": policy.name, "epochs": opts.epochs}
     _check_ranks_agree(identity, model, dist)  # before DDP, whose own check is a traceback of parameter sizes
     r = LoopState(model, wrap_ddp(model, dist, device, opts.grad_compression), items, hooks, opts, policy, dist,
                   log, optimizer, scheduler, scaler, None, st, out_dir, total_steps, torch.zeros((), device=device))
@@ -175,6 +175,10 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
             log(f"note: the checkpoint's {r.st['global_step']} steps were trained in {was}; this run goes on in "
                 f"{policy.name}, and its scores are of a model trained in both")
         r.st["precision"] = policy.name
+        if r.st.get("epochs", opts.epochs) != opts.epochs:  # allowed; the schedule's change is said
+            log(f"note: the checkpoint's run had --epochs {r.st['epochs']}, this one {opts.epochs}: the learning "
+                f"rate's decay now runs to the end of epoch {opts.epochs} from step {r.st['global_step']}")
+        r.st["epochs"] = opts.epochs
         # --patience may change on resume: an early stop is decided again by the one given now, also
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
@@ -253,7 +257,10 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
             check_finite(r)  # diverged weights never replace the last checkpoint a resume would start from
             _checkpoint(r)
         if gs == opts.max_steps:
-            report_period(r, epoch, _close_period(meter, r.dist), st["best_f1"], partial=True)  # the partial epoch too
+            # the partial epoch too, with the dev score of these weights where one was taken at this step
+            # (the best so far is another model's)
+            report_period(r, epoch, _close_period(meter, r.dist),
+                          st.get("last_f1") if st.get("last_eval_step") == gs else None, partial=True)
             return False
         wait_start = time.perf_counter()
     return True
