@@ -365,3 +365,16 @@ def test_a_max_steps_stop_reports_the_score_of_its_weights_not_the_best_so_far(t
               options=opts(max_steps=7, max_tokens=128))
     reps = [json.loads(x) for x in (tmp_path / "b" / "train_report.jsonl").read_text().splitlines()]
     assert reps[-1]["partial"] and reps[-1]["dev_f1"] is None and reps[0]["dev_f1"] is not None
+
+
+def test_a_resume_on_data_of_other_labels_is_told_as_a_resume(tmp_path):
+    """The refusal advised starting from OUT/checkpoint/model/encoder, which fits no resume."""
+    from spanflow.data.examples import NerExample
+
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None, options=opts(max_steps=2))
+    fewer = [NerExample(e.text, [s for s in e.spans if s[2] != "DATE"]) for e in DATA]
+    with pytest.raises(ConfigError, match=r"^--resume: the checkpoint in .*checkpoint is of a run with labels "
+                                          r"\['DATE', .*\(the data has \['LOC', .*; resume with the data it was "
+                                          r"started with, or start a new run") as e:
+        train_ner(fewer, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None, options=opts(resume=True))
+    assert "encoder" not in str(e.value)

@@ -55,12 +55,18 @@ def softmax_flags(opts: TrainOptions) -> str:
 
 
 def start_model(model: str, train: list[NerExample], labels: list[str], opts: TrainOptions,
-                policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD) -> NerModel:
+                policy: Policy, head_type: str | None = None, fresh_head: str = DEFAULT_HEAD, *,
+                resuming: bool = False) -> NerModel:
     """The model to train: a spanflow NER model to continue (its head unless another is
-    asked for), or a fresh head on a local encoder or `tiny`; head_type None: as found, else `fresh_head`."""
+    asked for; `resuming`: a checkpoint's), or a fresh head on a local encoder or `tiny`;
+    head_type None: as found, else `fresh_head`."""
     if continues(model):
         start = (NerModel.load(model, device=str(policy.device), precision="fp32") if is_model_dir(model)
                  else NerModel.from_hf(model, device=str(policy.device), bio=True))
+        if start.labels != sorted(labels) and resuming:
+            raise ConfigError(f"--resume: the checkpoint in {os.path.dirname(model)} is of a run with labels "
+                              f"{start.labels} (the data has {sorted(labels)}); resume with the data it was started "
+                              "with, or start a new run (another --out, or no --resume)")
         if start.labels != sorted(labels):
             start_from = (f"its encoder (--model {os.path.join(model, 'encoder')})" if is_model_dir(model)
                           else "an encoder")
@@ -116,7 +122,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         # label smoothing and class weights are softmax recipes: asking for one picks that head for a new model
         softmax_recipe = bool(opts.label_smoothing or opts.class_weights is not None)
         nm = start_model(run.source, train, labels, opts, run.policy, head,
-                         fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD)
+                         fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD, resuming=run.source != model)
         if nm.head_type == "crf" and softmax_recipe:
             raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
         if softmax_recipe and head is None and DEFAULT_HEAD != "softmax" and not continues(run.source):
