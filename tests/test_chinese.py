@@ -62,3 +62,15 @@ def test_chinese_bmes_trains_and_predicts_char_offsets(tmp_path):
     text = "王芳在腾讯集团工作，现居杭州。"
     (spans,) = again.predict([text])
     assert [(text[s:e], lab) for s, e, lab in spans] == [("王芳", "NAME"), ("腾讯集团", "ORG"), ("杭州", "LOC")]
+
+
+def test_training_says_what_it_read_and_the_tag_scheme_it_found(tmp_path, capsys):
+    """BMES data trained with no word of its scheme; spanflow.json's tag_scheme is the model's (BIO)."""
+    from spanflow.cli.main import main
+
+    make_file(tmp_path / "train.bmes", 20, seed=0)
+    assert main(["train", "ner", "--train", str(tmp_path / "train.bmes"), "--out", str(tmp_path / "o"),
+                 "--max-steps", "1", "--log-every", "0"]) == 0
+    out = capsys.readouterr().out
+    n = len(read_ner(tmp_path / "train.bmes"))
+    assert f"read train.bmes: {n} sentences, " in out and "entities; tags BMES (detected)" in out

@@ -188,3 +188,10 @@ def test_train_embed_max_tokens_help_says_the_ranking_loss_sets_micro_batches(co
     said = helps[("spanflow train embed", "--max-tokens")]
     assert "[the ranking loss: its --pairs-per-step update's micro-batches" in said and "CoSENT and AnglE: sized" in said
     assert "the ranking loss" not in helps[("spanflow train ner", "--max-tokens")]
+
+
+def test_each_train_command_names_its_own_dev_score_in_patience(commands):
+    helps = {(cmd, flag): shown for cmd, flag, _, shown in _options(commands)}
+    assert "(entity F1)" in helps[("spanflow train ner", "--patience")]
+    assert "(triple F1)" in helps[("spanflow train re", "--patience")]
+    assert "(Spearman on scored pairs, MRR@10 on pairs or triplets)" in helps[("spanflow train embed", "--patience")]

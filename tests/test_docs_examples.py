@@ -338,7 +338,8 @@ class Page:
     def spanflow(self, argv: list[str]) -> None:
         from spanflow.cli.main import main
 
-        argv = argv + SPEED.get(argv[0], [])
+        if argv[0] != "doctor" or "--model" in argv:  # doctor's --steps belongs to its probe alone
+            argv = argv + SPEED.get(argv[0], [])
         where, out = f"{self.page}: spanflow {shlex.join(argv)}", _value(argv, "--out")
         key = None
         if argv[0] == "train":  # the same training on the same data: copied

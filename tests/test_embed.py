@@ -303,6 +303,14 @@ def test_an_id_with_any_line_break_keeps_the_ids_file_one_line_per_vector(st_dir
     assert any(s.startswith("note: 4 ids held line breaks, written as spaces in") for s in said), said
 
 
+def test_a_text_of_invisible_characters_only_counts_as_empty(st_dir, tmp_path):
+    """'\\u200b\\u200d\\ufeff' gets the empty text's vector, but the summary counted it as a text."""
+    emb = Embedder.load(st_dir)
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps({"text": t}) for t in ["", "\u200b\u200d\ufeff", " ", "a b"]])
+    s = embed_file(emb, EmbedSpec(input=src, output=str(tmp_path / "v.npy")), progress=False, log=lambda m: None)
+    assert s["empty"] == 3 and s["texts"] == 4
+
+
 def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
     emb = Embedder.load(st_dir)
     src = tmp_path / "in.csv"

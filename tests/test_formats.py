@@ -151,6 +151,13 @@ def test_korean_words_keep_their_spaces_and_syllable_lines_join():
     assert join_tokens(["서울", "에서", "我", "爱"])[0] == "서울 에서 我爱"
 
 
+def test_a_flag_in_a_character_level_sentence_keeps_it_unspaced():
+    """A flag is two code points (regional indicators): one such token sent a BMES sentence to word
+    joining, '王芳 1 9 6 6 年生于 🇨🇳 I B M 公司'."""
+    tokens = list("王芳1966年生于") + ["\U0001F1E8\U0001F1F3"] + list("IBM公司")
+    assert join_tokens(tokens)[0] == "王芳1966年生于\U0001F1E8\U0001F1F3IBM公司"
+
+
 def test_spaced_korean_is_written_a_word_a_line_and_reads_back(tmp_path):
     from spanflow.data.formats.tokens import plain_words
 

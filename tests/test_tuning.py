@@ -531,3 +531,12 @@ def test_a_directory_named_as_an_output_of_tune_is_refused_before_the_sweep(ner_
         with pytest.raises(DataError, match=f"{name}: is a directory"):
             tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[512], budget_seconds=20, sample=32,
                  out=str(out), backends=False, plot=True, log_fn=lambda s: pytest.fail(f"the sweep ran: {s}"))
+
+
+@pytest.mark.parametrize("argv, flag", [(["--steps", "3"], "--steps"), (["--task", "re"], "--task")])
+def test_doctor_without_a_probe_refuses_the_probes_own_flags(capsys, argv, flag):
+    """`doctor --steps 3` or `--task re` alone printed the machine report and ignored them."""
+    from spanflow.cli.main import main
+
+    assert main(["doctor", *argv]) == 2
+    assert f"error: {flag} sets the training probe, which needs --model and --data" in capsys.readouterr().err

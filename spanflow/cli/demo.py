@@ -20,8 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--train-size", type=int, default=1500,
                    help="synthetic training texts; the dev set is a fifth of it, at least 100 [%(default)s]")
     p.add_argument("--epochs", type=int, default=6,
-                   help="epochs to train ('tiny' runs them all: its default --patience never stops early) "
-                        "[%(default)s]")
+                   help="most epochs (early stopping on dev may end a run sooner) [%(default)s: 'tiny' runs them "
+                        "all, its default --patience never stops early]")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of training [%(default)s]")
     p.add_argument("--write-data", metavar="DIR", default=None,
                    help="only write the synthetic data the documentation's examples read (NER CoNLL, CasRel JSON, "

@@ -6,6 +6,8 @@ import argparse
 from spanflow.cli.common import add_device_arg, add_precision_arg, add_task_arg
 from spanflow.runtime.budget import describe_budget
 
+STEPS = 8  # training updates a probe runs unless --steps says
+
 
 def add_parser(sub) -> None:
     from spanflow.tasks.registry import names
@@ -14,7 +16,8 @@ def add_parser(sub) -> None:
                        description="Print the machine: versions, devices and the precisions they run. With "
                                    "--model and --data, run a few training updates and say where the time goes "
                                    "(padding, small batches, preparing data, the optimizer) and what to change.")
-    p.add_argument("--model", help="encoder directory or 'tiny' [none: the machine report only]")
+    p.add_argument("--model", help="encoder directory, a spanflow model to train further, or 'tiny' [none: the "
+                                   "machine report only]")
     p.add_argument("--data", help="training data of --task [none: the machine report only]")
     add_task_arg(p, names(), shown="a spanflow model's own, else the task --data is for (told from its content), else ner")
     p.add_argument("--batch-size", type=int, default=None,
@@ -23,16 +26,22 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="padded tokens per batch (longest x count) of the probed token-budget batches "
                         f"[{describe_budget('train')}: the most training takes]")
-    p.add_argument("--steps", type=int, default=8, help="training updates probed [%(default)s]")
+    p.add_argument("--steps", type=int, default=None, help=f"training updates probed [{STEPS}]")
     add_precision_arg(p)
     add_device_arg(p)
 
 
 def run(a: argparse.Namespace) -> int:
+    from spanflow.errors import ConfigError
     from spanflow.tuning.doctor import doctor
 
+    if not (a.model or a.data):  # the probe's own flags alone would be silently nothing
+        given = next((f for f, v in (("--task", a.task), ("--steps", a.steps)) if v is not None), None)
+        if given:
+            raise ConfigError(f"{given} sets the training probe, which needs --model and --data")
     doctor(model=a.model, data=a.data, task=a.task or _task_of(a.model, a.data), batch_size=a.batch_size,
-           max_tokens=a.max_tokens, precision=a.precision, device=a.device, steps=a.steps,
+           max_tokens=a.max_tokens, precision=a.precision, device=a.device,
+           steps=STEPS if a.steps is None else a.steps,
            task_from="--task" if a.task else "told from --model and --data")
     return 0
 

@@ -42,7 +42,7 @@ def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, 
             rest = unset_note.removeprefix("per task").lstrip(", ") if unset_note else ""
             unset_note = said + (f"; {rest}" if rest else "")
         shown = (f"[%(default)s{'; ' + unset_note if unset_note else ''}]" if default is not None
-                 else f"[{unset_note or 'unset'}]")
+                 else f"[{unset_note or 'none'}]")
         target.add_argument(flag, type=typ, default=default, choices=meta.get("choices"), help=f"{meta['help']} {shown}")
 
 

@@ -50,6 +50,8 @@ def _add_common(p: argparse.ArgumentParser, task, data: str | None) -> None:
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
                         "[%(default)s]")
     add_options(p, TrainOptions, task=name, unset=(lambda field: describe_defaults(field, tables)) if tables else None)
+    patience = p._option_string_actions["--patience"]
+    patience.help = patience.help.replace("(F1, Spearman, MRR@10)", f"({getattr(task, 'dev_metric', 'F1')})")
     add_runtime_args(p, job="train")
 
 

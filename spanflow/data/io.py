@@ -75,19 +75,25 @@ def _by_name(path: str) -> str:
 
 
 def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | None = None,
-             strict: bool = False) -> list[NerExample]:
-    """Read labelled NER data from CoNLL columns, JSONL or a spaCy DocBin (detected unless `fmt` is given)."""
+             strict: bool = False, log_fn=None) -> list[NerExample]:
+    """Read labelled NER data from CoNLL columns, JSONL or a spaCy DocBin (detected unless `fmt` is
+    given); `log_fn`: told what was read (a CoNLL file's tag scheme too)."""
     path = as_path(path, "read_ner")
     fmt = _format_of(path, fmt, NER_SNIFFED, NER_TAKES, _by_name)
     if fmt == "conll":
-        return read_conll(path, scheme=scheme, strict=strict)
+        return read_conll(path, scheme=scheme, strict=strict, log_fn=log_fn)
     if fmt == "jsonl":
-        return read_jsonl(path)
-    if fmt == "docbin":
+        examples = read_jsonl(path)
+    elif fmt == "docbin":
         from spanflow.data.formats.docbin import read_docbin
 
-        return read_docbin(path)
-    raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
+        examples = read_docbin(path)
+    else:
+        raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
+    if log_fn is not None:
+        log_fn(f"read {os.path.basename(path)}: {len(examples)} texts, {sum(len(e.spans) for e in examples)} "
+               f"entities ({'JSONL' if fmt == 'jsonl' else 'a spaCy DocBin'})")
+    return examples
 
 
 def output_format(path: str) -> str:

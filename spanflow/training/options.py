@@ -73,7 +73,7 @@ class TrainOptions:
                                    "multi-sentence sequences", unset="0: off", tasks=NER, **RECIPES)
     pack_span: float = opt(1.0, "NER: the longest joined training text, in multiples of the longest single text "
                                 "(longer packs: docs/defaults.md, long documents)", tasks=NER, **RECIPES)
-    oversample: float = opt(0.0, "entity-aware sampling: draw examples of rare types (f_max/f)^X times as often "
+    oversample: float = opt(0.0, "draw examples of rare entity types or relations (f_max/f)^X times as often "
                                  "(0: off)", tasks=SPANS, **RECIPES)
     grad_checkpointing: bool = opt(False, "recompute layer activations in backward: far less memory on long "
                                           "inputs, about a quarter slower", **RECIPES)

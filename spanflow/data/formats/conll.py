@@ -62,7 +62,10 @@ def _sentences(path: str):
 
 def _one_character(token: str) -> bool:
     """Whether `token` is one character as a reader sees it: one code point, or one followed by
-    marks (a variation selector is one), a skin tone or a joiner's sequence (`❤️`, `é` decomposed)."""
+    marks (a variation selector is one), a skin tone or a joiner's sequence (`❤️`, `é` decomposed),
+    or a flag (two regional indicators, `🇨🇳`)."""
+    if len(token) == 2 and all(0x1F1E6 <= ord(c) <= 0x1F1FF for c in token):  # a flag: two regional indicators
+        return True
     joined = False
     for c in token[1:]:
         if not (joined or unicodedata.category(c) in ("Mn", "Me", "Cf") or 0x1F3FB <= ord(c) <= 0x1F3FF):
@@ -91,13 +94,15 @@ def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     return "".join(parts), offsets
 
 
-def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bool = False) -> list[NerExample]:
+def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bool = False,
+               log_fn=None) -> list[NerExample]:
     """Read a CoNLL column file into NerExamples with character-offset spans.
 
     `scheme` is one of bio, iob1, bioes, bmes (detected from the file when None). An inside
     tag that opens no entity is read as an entity start and reported as a warning (the
     IOB1 repair), as is an entity with no E- tag in BIOES or BMES (read as ending at its last
-    tag); with `strict=True` either is an error instead.
+    tag); with `strict=True` either is an error instead. `log_fn`: told what was read, the
+    scheme too.
     """
     path = os.fspath(path)
     sentences = list(_sentences(path))
@@ -131,6 +136,10 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
         text, offsets = join_tokens(tokens)
         char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
         examples.append(NerExample(text, char_spans, words=offsets))
+    if log_fn is not None:
+        log_fn(f"read {os.path.basename(path)}: {len(examples)} sentences, "
+               f"{sum(len(e.spans) for e in examples)} entities; tags {scheme.upper()} "
+               f"({'as --scheme says' if asked else 'detected'})")
     if repaired:
         log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",
                     path, len(repaired), _lines(repaired))

@@ -37,6 +37,7 @@ import itertools
 import os
 import shutil
 import time
+import unicodedata
 from collections import deque
 from contextlib import ExitStack
 
@@ -146,6 +147,12 @@ def _other_outputs(out: str) -> list[str]:
 def _rows(spec: EmbedSpec):
     return read_rows(spec.input, field=spec.field, column=spec.column, skip_header=spec.skip_header,
                      id_column=spec.id_column, keep=spec.keep)
+
+
+def blank(text: str) -> bool:
+    """Whether a text holds nothing to read: white space and invisible format characters (U+200B,
+    U+FEFF) only, which give the empty text's vector."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
 
 
 def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None, log, ids_name: str = "") -> int:
@@ -479,7 +486,7 @@ def _run_chunks(embedder, spec: EmbedSpec, job: Job, prog: Progress, out: _Chunk
     try:
         for emb in embedder.encode_stream(texts(), chunk_size=W, max_tokens=max_tokens, on_batch=on_batch):
             w, chunk = pending.popleft()
-            st.empty += sum(1 for r in chunk if isinstance(r.text, str) and not r.text.strip())
+            st.empty += sum(1 for r in chunk if isinstance(r.text, str) and blank(r.text))
             st.truncated += embedder.truncated
             embedder.truncated = 0
             st.errors += sum(1 for r in chunk if isinstance(r.text, DataError))

@@ -27,6 +27,7 @@ class EmbedTask:
 
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
+    dev_metric = "Spearman on scored pairs, MRR@10 on pairs or triplets"  # what --patience counts evaluations without a gain in
     bulk_command = "embed"
     data_help = "pairs, scored pairs or triplets in CSV, TSV or JSONL"
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision

@@ -14,7 +14,7 @@ from spanflow.tasks.ner.train import DEFAULTS as NER_DEFAULTS
 from spanflow.tasks.ner.train import start_model, train_ner
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
 from spanflow.training.options import TrainOptions
-from spanflow.training.outcome import closing
+from spanflow.training.outcome import closing, say_once
 from spanflow.runtime.policy import Policy
 
 
@@ -28,6 +28,7 @@ class NerTask:
     data_help = "CoNLL columns, JSONL spans or a spaCy .spacy file"
     # --precision auto keeps a reduced precision whose entities agree with fp32's to this F1
     agreement_name, precision_gate = "entity F1", 0.98
+    dev_metric = "entity F1"  # what --patience counts evaluations without a gain in
 
     @staticmethod
     def agreement(ref: list, got: list) -> float:
@@ -61,13 +62,13 @@ class NerTask:
 
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         refuse_tag_flags([a.train, a.dev], a.format, scheme=a.scheme, strict=a.strict)
-        train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict)
+        train = read_ner(a.train, fmt=a.format, scheme=a.scheme, strict=a.strict, log_fn=say_once)
         if not any(e.spans for e in train):  # said of the file here; train_ner can name none
             from spanflow.errors import DataError
 
             raise DataError(f"holds no entities to train on ({len(train)} texts, every token outside any entity)",
                             path=a.train)
-        dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict) if a.dev else None
+        dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict, log_fn=say_once) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
         # fit() said where the model is
         return closing(a.out, f"the model tags {counted(len(model.labels), 'label')}: {', '.join(model.labels)}",

@@ -24,6 +24,7 @@ class ReTask:
                       "'spanflow serve', or from Python (spanflow.tasks.re.ReModel.load)")
     # --precision auto keeps a reduced precision whose triples agree with fp32's to this F1
     agreement_name, precision_gate = "triple F1", 0.98
+    dev_metric = "triple F1"  # what --patience counts evaluations without a gain in
 
     @staticmethod
     def agreement(ref: list, got: list) -> float:
