@@ -249,3 +249,14 @@ def test_plain_text_words_leave_invisible_format_characters_off_their_ends():
     text = "\ufeffZo\u00eb lives in Z\u00fcrich\u200b \u200f \u200b"
     for edges in (None, {"start": "", "end": "."}):
         assert [text[s:e] for s, e in splitter(WHITESPACE, edges)(text)] == ["Zo\u00eb", "lives", "in", "Z\u00fcrich"]
+
+
+def test_a_zero_width_space_inside_a_word_is_a_word_boundary():
+    """Thai, Khmer and Burmese mark word boundaries with U+200B, no space: the whole line was one
+    word, so one entity."""
+    from spanflow.tasks.ner.words import WHITESPACE, splitter
+
+    text = "\u0e2a\u0e21\u0e0a\u0e32\u0e22\u200b\u0e44\u0e1b\u200b\u0e01\u0e23\u0e38\u0e07\u0e40\u0e17\u0e1e \u0e04\u0e23\u0e31\u0e1a"
+    assert [text[s:e] for s, e in splitter(WHITESPACE)(text)] == [
+        "\u0e2a\u0e21\u0e0a\u0e32\u0e22", "\u0e44\u0e1b", "\u0e01\u0e23\u0e38\u0e07\u0e40\u0e17\u0e1e",
+        "\u0e04\u0e23\u0e31\u0e1a"]

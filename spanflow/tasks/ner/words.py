@@ -143,18 +143,28 @@ def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple
 
 
 def visible(text: str, words: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """`words` without the invisible format characters at their ends (U+FEFF, a zero-width space, a
-    direction mark: category Cf), which are no part of an entity in plain text; a word of them
-    alone is none."""
+    """`words` cut at each zero-width space inside them (U+200B: how Thai, Khmer or Burmese text
+    marks a word boundary it draws no space at) and without the invisible format characters at
+    their ends (U+FEFF, a direction mark: category Cf), which are no part of an entity in plain
+    text; a word of them alone is none."""
     out = []
-    for s, e in words:
-        while s < e and unicodedata.category(text[s]) == "Cf":
-            s += 1
-        while e > s and unicodedata.category(text[e - 1]) == "Cf":
-            e -= 1
-        if s < e:
-            out.append((s, e))
+    for a, b in words:
+        for s, e in _cut_at_zero_width_space(text, a, b):
+            while s < e and unicodedata.category(text[s]) == "Cf":
+                s += 1
+            while e > s and unicodedata.category(text[e - 1]) == "Cf":
+                e -= 1
+            if s < e:
+                out.append((s, e))
     return out
+
+
+def _cut_at_zero_width_space(text: str, s: int, e: int) -> list[tuple[int, int]]:
+    cuts = [i for i in range(s, e) if text[i] == "\u200b"]
+    if not cuts:
+        return [(s, e)]
+    bounds = [s, *cuts, e]
+    return [(bounds[0], bounds[1])] + [(c + 1, d) for c, d in zip(bounds[1:-1], bounds[2:])]
 
 
 def config_words(cfg: dict, path: str) -> str:
