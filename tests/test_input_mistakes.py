@@ -78,7 +78,8 @@ def test_a_class_weight_that_is_not_a_finite_number_above_zero_is_refused_with_t
     (["embed", "--model", "m", "--input", "in.txt", "--output", "{d}/v.npy"], "v.npy.progress.json",
      "terminated; the same command with --resume goes on from the last chunk written"),
     (["train", "ner", "--train", "t.conll", "--out", "{d}/run"], "run/checkpoint/state.json",
-     "terminated; the same command with --resume goes on from {d}/run/checkpoint"),
+     "terminated; the same command with --resume goes on from {d}/run/checkpoint (step 56, in epoch 3): the steps "
+     "after it are trained again"),
     (["embed", "--model", "m", "--input", "in.txt", "--output", "{d}/w.npy"], None, "terminated"),
 ])
 def test_a_stopped_job_says_how_it_goes_on_where_it_left_something(tmp_path, monkeypatch, capsys, argv, left, said):
@@ -86,7 +87,7 @@ def test_a_stopped_job_says_how_it_goes_on_where_it_left_something(tmp_path, mon
 
     if left:
         (tmp_path / left).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / left).write_text("{}")
+        (tmp_path / left).write_text('{"global_step": 56, "epoch": 2, "step_in_epoch": 6}')
     module = cli.COMMANDS[argv[0]]
 
     def stopped(a):
@@ -299,3 +300,15 @@ def test_a_comment_line_in_conll_is_named_as_one(tmp_path, body, line, other):
     with pytest.raises(DataError, match=rf"c\.conll:{line}: a line that starts with '#' and has other columns than "
                                         rf"line {other}: a comment\?"):
         read_ner(p)
+
+
+def test_a_stopped_run_says_where_its_checkpoint_is_in_the_run(tmp_path):
+    """'interrupted; ... goes on from OUT/checkpoint' left unsaid how much a resume trains again."""
+    from spanflow.cli.train import _at
+
+    state = tmp_path / "checkpoint" / "state.json"
+    state.parent.mkdir()
+    state.write_text('{"global_step": 40, "epoch": 2, "step_in_epoch": 0}')
+    assert _at(str(tmp_path)) == " (step 40, the end of epoch 2): the steps after it are trained again"
+    state.write_text("not json")
+    assert _at(str(tmp_path)) == ""

@@ -71,8 +71,25 @@ def after_stop(a: argparse.Namespace) -> str | None:
         return None
     # this run's own, or the one it resumed from: an earlier run's may be refused by a resume
     if written is not None and (getattr(a, "resume", False) or written >= psutil.Process().create_time()):
-        return f"; the same command with --resume goes on from {os.path.join(out, 'checkpoint')}"
+        return f"; the same command with --resume goes on from {os.path.join(out, 'checkpoint')}{_at(out)}"
     return None
+
+
+def _at(out: str) -> str:
+    """' (step N, in epoch E)' of the checkpoint in `out`: what a resume repeats of the steps since."""
+    import json
+    import os
+
+    from spanflow.training.checkpoint import STATE
+
+    try:
+        with open(os.path.join(out, "checkpoint", STATE), encoding="utf-8") as f:
+            st = json.load(f)
+        epoch, inside = int(st["epoch"]), int(st.get("step_in_epoch", 0))
+        where = f"in epoch {epoch + 1}" if inside else f"the end of epoch {epoch}"
+        return f" (step {int(st['global_step'])}, {where}): the steps after it are trained again"
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable: the path alone is still the answer
+        return ""
 
 
 def run(a: argparse.Namespace) -> int:
