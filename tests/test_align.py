@@ -215,3 +215,12 @@ def test_an_invisible_format_character_is_no_part_of_an_entity_but_within_a_give
     assert [text[s:e] for s, e, _ in decode_spans(enc, tags, labels)] == ["Ann", "Bob"]
     enc, tags = _tagged(encode_texts(tiny_tokenizer, [text], words=[[(0, 4), (4, 7), (8, 9)]])[0])
     assert [text[s:e] for s, e, _ in decode_spans(enc, tags, labels)] == [f"Ann{mark}", "Bob"]
+
+
+def test_a_tokenizer_that_keeps_an_invisible_character_in_a_token_loses_it_from_the_offsets():
+    """Byte-level BPE and SentencePiece count a zero-width space in a token ('\\u200bZoë'): its
+    span would start on it."""
+    from spanflow.batching.align import _trim
+
+    assert _trim("\u200bZo\u00eb x\u200f", [(0, 4), (5, 6), (6, 7)]) == ([(1, 4), (5, 6), (6, 6)],
+                                                                           [False, False, True])

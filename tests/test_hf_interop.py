@@ -317,3 +317,27 @@ def test_a_sequence_classifier_is_refused_where_it_would_run_and_trains_from_its
     (tmp_path / "pairs.tsv").write_text("a b\tb a\na\tb\nb a b\ta\n")
     assert main(["train", "embed", "--train", str(tmp_path / "pairs.tsv"), "--model", str(tmp_path / "ce"), "--out",
                  str(tmp_path / "e"), "--max-steps", "1", "--log-every", "0"]) == 0
+
+
+def test_a_token_classifier_whose_weights_hold_nan_is_refused(tmp_path, capsys):
+    """A classifier from elsewhere loads through transformers, not spanflow's encoder loader: its NaN
+    weights predicted no entities at all, exit 0."""
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertForTokenClassification
+
+    _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
+    BertForTokenClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=32, num_labels=3,
+                                          id2label={0: "O", 1: "B-PER", 2: "I-PER"},
+                                          label2id={"O": 0, "B-PER": 1, "I-PER": 2})).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    f = str(tmp_path / "m" / "model.safetensors")
+    state = load_file(f)
+    key = next(k for k in state if "query.weight" in k)
+    state[key][0, 0] = float("nan")
+    save_file(state, f)
+    (tmp_path / "in.txt").write_text("a b\n")
+    rc = main(["predict", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.txt"), "--output",
+               str(tmp_path / "o.jsonl"), "--precision", "fp32"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds NaN values" in err and "query.weight" in err, err

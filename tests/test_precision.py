@@ -122,3 +122,6 @@ def test_with_precision_refuses_auto_and_a_bf16_twin_shares_the_fp32_tables():
     import numpy as np
 
     np.testing.assert_allclose(twin.encode(["a b c"]), emb.encode(["a b c"]), atol=0.05)
+    int8 = emb.with_precision("fp32", quantize="int8")  # quantize_dynamic copied the copy again
+    tables = [p for n, p in int8.module.named_parameters() if "word_embeddings" in n]
+    assert tables and all(p.data_ptr() in fp32 for p in tables)

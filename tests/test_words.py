@@ -260,3 +260,13 @@ def test_a_zero_width_space_inside_a_word_is_a_word_boundary():
     assert [text[s:e] for s, e in splitter(WHITESPACE)(text)] == [
         "\u0e2a\u0e21\u0e0a\u0e32\u0e22", "\u0e44\u0e1b", "\u0e01\u0e23\u0e38\u0e07\u0e40\u0e17\u0e1e",
         "\u0e04\u0e23\u0e31\u0e1a"]
+
+
+def test_an_invisible_character_at_a_words_edge_hides_no_punctuation_from_the_cut():
+    from spanflow.tasks.ner.words import WHITESPACE, splitter
+
+    edges = {"start": "(", "end": ".,)"}
+    for text, want in (("Z\u00fcrich.\u200b is", ["Z\u00fcrich", ".", "is"]),
+                       ("\u200b(Paris) x", ["(", "Paris", ")", "x"]),
+                       ("Paris,\u200bLyon x", ["Paris", ",", "Lyon", "x"])):
+        assert [text[s:e] for s, e in splitter(WHITESPACE, edges)(text)] == want, text

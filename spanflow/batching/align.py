@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numbers
 import re
-import unicodedata
 from dataclasses import dataclass
+
+from spanflow.data.formats.common import invisible
 
 
 IGNORE = -100
@@ -23,7 +24,7 @@ class Encoded:
     offsets: list[tuple[int, int]]  # character (start, end) of each token in the text
     first: list[bool]  # True where a token starts a word: the positions that carry a label
     starts: list[int] | None = None  # token start widened over adjacent characters with no token
-    ends: list[int] | None = None  # token end widened likewise (e.g. a trailing U+FEFF)
+    ends: list[int] | None = None  # token end widened likewise (e.g. a trailing U+FE0F)
     # True where a line break lies between a token and the one before; None: the text is one line
     breaks: list[bool] | None = None
 
@@ -87,7 +88,8 @@ def _breaks(text: str, offsets: list[tuple[int, int]]) -> list[bool]:
 
 
 def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[bool]]:
-    """(offsets without the whitespace at a token's ends, which tokens held whitespace alone).
+    """(offsets without the whitespace (or invisible format characters) at a token's ends, which
+    tokens held them alone).
     Byte-level BPE without offset trimming (ModernBERT's tokenizer) and SentencePiece's `▁` in
     DeBERTa-v2's count the space before a word in its first token: a span decoded from them
     would start on it (' Lagos'). A token of whitespace alone is left empty where the token
@@ -97,10 +99,10 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
     out, blank, last = [], [], 0
     for s, e in offsets:
         gone = False
-        if s < e and (text[s].isspace() or text[e - 1].isspace()):
-            while s < e and text[s].isspace():
+        if s < e and (_edge(text[s]) or _edge(text[e - 1])):
+            while s < e and _edge(text[s]):
                 s += 1
-            while e > s and text[e - 1].isspace():
+            while e > s and _edge(text[e - 1]):
                 e -= 1
             gone = s == e
             if gone:
@@ -110,6 +112,12 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
         blank.append(gone)
         out.append((s, e))
     return out, blank
+
+
+def _edge(c: str) -> bool:
+    """What a token's offsets lose at their ends: white space, and an invisible format character
+    that a tokenizer keeping it (byte-level BPE, SentencePiece) counts in a token."""
+    return c.isspace() or invisible(c)
 
 
 def _no_blank_firsts(first: list[bool], blank: list[bool]) -> None:
@@ -170,7 +178,7 @@ def _widen(text: str, offsets: list[tuple[int, int]],
 
 
 def _glued(c: str, in_word: bool) -> bool:
-    return not c.isspace() and (in_word or unicodedata.category(c) != "Cf")
+    return not c.isspace() and (in_word or not invisible(c))
 
 
 MIN_LENGTH = 8  # the shortest window read, in training as in inference

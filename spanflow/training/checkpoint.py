@@ -149,9 +149,10 @@ MODEL_OWN = ("max_length", "stride")
 def run_identity(items: list, opts, origin: str | None, processes: int = 1, course: dict | None = None) -> dict:
     """What a checkpoint's run was: the model it started from (`origin` as given, and what its
     files are: the same encoder copied elsewhere is the same model), its training items (how many,
-    their tokens, a digest of their lengths), the options that set its course, as JSON holds them, and
-    its processes (the global batch, and the learning rate scaled to it, follow their number), and
-    the task's own `course` (its loss and the kind of data it trains on)."""
+    their tokens, a digest of their lengths and one of their content), the options that set its
+    course, as JSON holds them, and its processes (the global batch, and the learning rate scaled
+    to it, follow their number), and the task's own `course` (its loss and the kind of data it
+    trains on)."""
     import hashlib
 
     import numpy as np
@@ -163,26 +164,49 @@ def run_identity(items: list, opts, origin: str | None, processes: int = 1, cour
             "options": options, "processes": processes, "course": json.loads(json.dumps(course or {}, default=_plain))}
 
 
-def _content(items: list) -> str:
+def _content(items: list) -> str | None:
     """A digest of what the training items hold, their targets too (labels, triples, scores): the
-    same texts relabelled are other data, which a digest of their lengths does not tell."""
+    same texts relabelled are other data, which a digest of their lengths does not tell. Hashed
+    item by item (no copy of the data in memory); None where an item has no stable plain form
+    (a class of a task plugged in from elsewhere, say): then it is not compared."""
     import hashlib
 
-    return hashlib.sha1(repr([_fields(it) for it in items]).encode()).hexdigest()[:16]
+    h = hashlib.sha1()
+    try:
+        for it in items:
+            h.update(repr(_fields(it)).encode())
+    except _NoPlainForm:
+        return None
+    return h.hexdigest()[:16]
+
+
+class _NoPlainForm(Exception):
+    pass
+
+
+PLAIN = (int, float, str, bool, bytes, type(None))
 
 
 def _fields(x):
-    """An item as plain values: a dataclass's or a __slots__ class's fields, recursively (the
-    default repr of a slots class is its address)."""
+    """An item as plain values, recursively: a dataclass's fields, a class's attributes (its
+    __dict__ or __slots__, beside its list's items for a list subclass): an object's default repr
+    is its address, which no other process shares."""
+    if isinstance(x, PLAIN):
+        return x
     if dataclasses.is_dataclass(x):
         return [_fields(getattr(x, f.name)) for f in dataclasses.fields(x)]
-    if hasattr(x, "__slots__") and not isinstance(x, (str, bytes)):
-        return [_fields(getattr(x, k, None)) for k in x.__slots__]
+    if hasattr(x, "tolist"):  # numpy arrays and scalars, tensors
+        return x.tolist()
+    own = sorted(vars(x).items()) if hasattr(x, "__dict__") else []
+    own += [(k, getattr(x, k, None)) for k in getattr(type(x), "__slots__", ())]
     if isinstance(x, (list, tuple)):  # token ids and labels: plain already, and the bulk of the data
-        return x if not x or isinstance(x[0], (int, float, str)) else [_fields(v) for v in x]
+        items = x if not x or isinstance(x[0], PLAIN) else [_fields(v) for v in x]
+        return [list(items), [(k, _fields(v)) for k, v in own]] if own else items
     if isinstance(x, dict):
         return sorted((repr(k), _fields(v)) for k, v in x.items())
-    return x.tolist() if hasattr(x, "tolist") else x
+    if own or hasattr(type(x), "__slots__"):
+        return [(k, _fields(v)) for k, v in own]
+    raise _NoPlainForm(type(x).__name__)
 
 
 def _said(value) -> str:

@@ -188,8 +188,11 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         # lines past the checkpoint are reported again by this run
         on_main(lambda: trim_report(r.report_path, r.st), dist)
     else:
-        if opts.resume:
-            log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning")
+        if opts.resume:  # a retry after a stop before the first checkpoint: goes on, and says what it replaces
+            kept = os.path.join(out_dir, "model")
+            log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning"
+                + (f" (warning: {kept}, a model a run before saved, is replaced at this run's first save)"
+                   if os.path.isdir(kept) else ""))
         # a fresh run starts a fresh report, and an earlier run's checkpoint goes now: left beside
         # this run's first models, a --resume after a stop would take that run's state for this one's
         on_main(lambda: (_remove(r.report_path), _remove_tree(r.ckpt_dir)), dist)

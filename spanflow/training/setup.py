@@ -72,10 +72,6 @@ def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn:
     if earlier and not opts.resume:
         log(f"note: {out_dir} holds an earlier run's {' and '.join(earlier)}; this run starts over and replaces "
             f"{'them' if len(earlier) > 1 else 'it'} (--resume continues that run instead)")
-    if opts.resume and earlier == ["model"]:  # (a damaged checkpoint is refused by its own error)  # asked to go on, not to replace it
-        raise ConfigError(f"--resume: {ckpt} holds no checkpoint to go on from, and {os.path.join(out_dir, 'model')} "
-                          "holds a model an earlier run saved, which a run from the beginning would replace: drop "
-                          "--resume to start over (replacing it), or give another --out")
     source = os.path.join(ckpt, "model") if opts.resume and has_checkpoint(ckpt) else model
     return Run(opts, dist, policy, log, source)
 

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shlex
+import unicodedata
 from collections.abc import Iterator
 
 from spanflow.errors import DataError
@@ -168,6 +169,12 @@ def parse_json(text: str, path: str, line: int | None = None):
         raise DataError("invalid JSON: nested too deeply", path=path, line=line) from None
     except ValueError as e:  # int() of more digits than sys.get_int_max_str_digits()
         raise DataError(f"invalid JSON: {str(e)[:120]}", path=path, line=line) from None
+
+
+def invisible(ch: str) -> bool:
+    """An invisible format character (Unicode category Cf: U+FEFF, a zero-width space, a direction
+    mark, a soft hyphen): no part of a word's edge, and nothing to read on its own."""
+    return unicodedata.category(ch) == "Cf"
 
 
 def is_hangul(ch: str) -> bool:

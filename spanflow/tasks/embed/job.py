@@ -37,7 +37,6 @@ import itertools
 import os
 import shutil
 import time
-import unicodedata
 from collections import deque
 from contextlib import ExitStack
 
@@ -46,7 +45,7 @@ from tqdm import tqdm
 
 from spanflow.atomic import hold_output, make_output_folder, writing
 from spanflow.batching.align import LINE_BREAK
-from spanflow.data.formats.common import kind_of
+from spanflow.data.formats.common import invisible, kind_of
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
@@ -151,8 +150,8 @@ def _rows(spec: EmbedSpec):
 
 def blank(text: str) -> bool:
     """Whether a text holds nothing to read: white space and invisible format characters (U+200B,
-    U+FEFF) only, which give the empty text's vector."""
-    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+    U+FEFF) only (a WordPiece tokenizer gives it the empty text's vector)."""
+    return all(c.isspace() or invisible(c) for c in text)
 
 
 def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None, log, ids_name: str = "") -> int:

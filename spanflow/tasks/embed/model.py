@@ -393,7 +393,7 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
             m.__class__ = nn.Linear
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its deprecation notice is for torch developers, not users
-        return quantize_dynamic(out, {nn.Linear}, dtype=torch.qint8)
+        return quantize_dynamic(out, {nn.Linear}, dtype=torch.qint8, inplace=True)  # `out` is a copy already
 
 
 def _precast_linear(model: nn.Module, dtype: torch.dtype) -> nn.Module:

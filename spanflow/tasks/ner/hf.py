@@ -74,6 +74,7 @@ def load_token_classifier(path: str):
     from spanflow.models.encoder import (
         load_tokenizer,
         quiet_transformers,
+        refuse_nan,
         require_safetensors,
         require_special_tokens,
     )
@@ -98,6 +99,7 @@ def load_token_classifier(path: str):
     except Exception as e:  # an architecture transformers lacks, truncated weights, ...
         raise ModelDirError(f"{path}: the token-classification model does not load ({type(e).__name__}: "
                             f"{str(e)[:200]})") from None
+    refuse_nan(path, full.named_parameters())
     classifier = getattr(full, "classifier", None)
     if not isinstance(classifier, nn.Linear) or classifier.out_features != len(tags):
         raise ModelDirError(f"{path}: expected a linear `classifier` with {len(tags)} outputs on the encoder")

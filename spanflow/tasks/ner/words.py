@@ -16,10 +16,10 @@ one the data keeps attached stays (`@user`).
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
+from spanflow.data.formats.common import invisible
 from spanflow.data.formats.tokens import NON_SPACE, cut_edges
 from spanflow.errors import ModelDirError
 
@@ -36,14 +36,16 @@ MAX_WHOLE = 2000  # the most frequent training tokens kept whole: spanflow.json 
 ABBREVIATION = re.compile(r"(?:[^\W\d_]{1,3}\.){2,}")
 
 
-def whitespace_words(text: str, edges: dict | None = None, whole: frozenset[str] | None = None
-                     ) -> list[tuple[int, int]]:
+def whitespace_words(text: str, edges: dict | None = None, whole: frozenset[str] | None = None, *,
+                     plain: bool = False) -> list[tuple[int, int]]:
     """(start, end) of each whitespace-separated token of `text`; with `edges` ({"start": chars,
     "end": chars, "whole": [tokens]}, see edge_rules) those punctuation marks are cut off a
     token's ends, one word each, except where what is left is a token the training data had
     whole (`Corp.` of `Corp.,`) or an abbreviation (`U.S.`); a token of punctuation only stays
     whole. `whole`: edges["whole"] as a set, made once by the caller."""
     spans = [m.span() for m in NON_SPACE.finditer(text)]
+    if plain:  # plain text's words, before their punctuation is cut: see visible
+        spans = visible(text, spans)
     if not edges or not (edges.get("start") or edges.get("end")):
         return spans
     if whole is None:
@@ -139,7 +141,7 @@ def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple
     if kind != WHITESPACE:
         return None
     whole = frozenset((edges or {}).get("whole") or ())  # once, not per text
-    return lambda text: visible(text, whitespace_words(text, edges, whole))
+    return lambda text: whitespace_words(text, edges, whole, plain=True)
 
 
 def visible(text: str, words: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -150,9 +152,9 @@ def visible(text: str, words: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out = []
     for a, b in words:
         for s, e in _cut_at_zero_width_space(text, a, b):
-            while s < e and unicodedata.category(text[s]) == "Cf":
+            while s < e and invisible(text[s]):
                 s += 1
-            while e > s and unicodedata.category(text[e - 1]) == "Cf":
+            while e > s and invisible(text[e - 1]):
                 e -= 1
             if s < e:
                 out.append((s, e))
