@@ -154,7 +154,7 @@ def blank(text: str) -> bool:
     return all(c.isspace() or invisible(c) for c in text)
 
 
-def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None, log, ids_name: str = "") -> int:
+def _count_and_ids(spec: EmbedSpec, ids_tmp: str | None, log=print, ids_name: str = "") -> int:
     """Count the records (and write their ids, one per line, to `ids_tmp`): a table's count is
     in its metadata and its ids need only its id column; other inputs take one streaming pass.
     An id's line breaks (any that str.splitlines() breaks at) are written as spaces, and said."""
@@ -242,7 +242,8 @@ def _same_value(key: str, was, now) -> bool:
     return was == now
 
 
-def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool, log) -> Job:
+def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: int, resume: bool,
+              log=print) -> Job:
     """Reuse the journal of an interrupted job, or count the input and lay out the output."""
     source = fingerprint(spec.input)
     if resume and _resumes(P, fmt):
