@@ -73,4 +73,4 @@ def test_training_says_what_it_read_and_the_tag_scheme_it_found(tmp_path, capsys
                  "--max-steps", "1", "--log-every", "0"]) == 0
     out = capsys.readouterr().out
     n = len(read_ner(tmp_path / "train.bmes"))
-    assert f"read train.bmes: {n} sentences, " in out and "entities; tags BMES (detected)" in out
+    assert f"read {tmp_path / 'train.bmes'}: {n} sentences, " in out and "entities; tags BMES (detected)" in out

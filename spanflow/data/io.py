@@ -91,7 +91,7 @@ def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | N
     else:
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
     if log_fn is not None:
-        log_fn(f"read {os.path.basename(path)}: {len(examples)} texts, {sum(len(e.spans) for e in examples)} "
+        log_fn(f"read {path}: {len(examples)} texts, {sum(len(e.spans) for e in examples)} "
                f"entities ({'JSONL' if fmt == 'jsonl' else 'a spaCy DocBin'})")
     return examples
 

@@ -137,7 +137,7 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
         char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
         examples.append(NerExample(text, char_spans, words=offsets))
     if log_fn is not None:
-        log_fn(f"read {os.path.basename(path)}: {len(examples)} sentences, "
+        log_fn(f"read {path}: {len(examples)} sentences, "
                f"{sum(len(e.spans) for e in examples)} entities; tags {scheme.upper()} "
                f"({'as --scheme says' if asked else 'detected'})")
     if repaired:
