@@ -311,6 +311,34 @@ def test_a_text_of_invisible_characters_only_counts_as_empty(st_dir, tmp_path):
     assert s["empty"] == 3 and s["texts"] == 4
 
 
+def test_a_very_long_text_is_tokenized_only_as_far_as_its_max_length_reads(st_dir):
+    """A megabyte line was tokenized whole (its overflowing pieces held: about 150 MiB a MB) for
+    the 256 tokens the model reads; the ids it gets are the same."""
+    from spanflow.batching.align import CHARS_PER_TOKEN
+    from spanflow.tasks.embed.model import TokenIds
+
+    emb = Embedder.load(st_dir)
+    long = " ".join(TEXTS * 2000)
+    nospace = "ab," * (emb.max_length * CHARS_PER_TOKEN)  # no white space to cut at: read whole
+    whole = [e.ids for e in emb._backend.encode_batch([long, nospace, "a b"])]
+    seen = []
+    real = emb._backend
+
+    class Recording:
+        truncation = real.truncation
+
+        def encode_batch(self, texts):
+            seen.extend(len(t) for t in texts)
+            return real.encode_batch(texts)
+
+    emb._backend = Recording()
+    ids, cut = emb.tokenize([long, nospace, "a b"])
+    assert ids == whole and cut == 2
+    assert seen[0] <= emb.max_length * CHARS_PER_TOKEN < len(long)
+    got = TokenIds(Recording())([long, "a b"])
+    assert got["input_ids"].to_pylist() == [whole[0], whole[2]] and got["truncated"].to_pylist() == [True, False]
+
+
 def test_embed_file_csv_column_to_jsonl(st_dir, tmp_path):
     emb = Embedder.load(st_dir)
     src = tmp_path / "in.csv"

@@ -178,3 +178,16 @@ def test_files_the_job_did_not_make_are_kept(model, src, tmp_path):
     assert predict_file(model, src, out, rows_per_group=4, **QUIET)["records"] == 22
     assert (tmp_path / "out.jsonl.chunk1.notes").read_text() == "keep me"
     assert (tmp_path / "out.jsonl.chunk0.parquet").read_text() == "mine too"
+
+
+def test_the_progress_total_counts_a_csvs_records_not_its_lines(model, tmp_path, monkeypatch):
+    """A CSV with a header row and a cell of two lines ended its bar at 3/5 records."""
+    from spanflow.inference import predict_job
+
+    src = tmp_path / "in.csv"
+    src.write_text('id,text\n1,"Ada went\nhome"\n2,Bob came\n3,Eve left\n', encoding="utf-8")
+    totals = []
+    real = predict_job.tqdm
+    monkeypatch.setattr(predict_job, "tqdm", lambda *a, **k: totals.append(k["total"]) or real(*a, **k))
+    predict_file(model, str(src), str(tmp_path / "out.jsonl"), column="text", id_column="id", **QUIET)
+    assert totals == [3] and len((tmp_path / "out.jsonl").read_text().splitlines()) == 3

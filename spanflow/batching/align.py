@@ -72,6 +72,38 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
     return out
 
 
+# characters per token a text is read to before it is tokenized, for a model that reads only its first
+# tokens (at a white space past it): more than any tokenizer's tokens hold on average, so those tokens are
+# the whole text's, while a megabyte line is not tokenized whole for the few hundred tokens read of it
+CHARS_PER_TOKEN = 32
+
+
+def read_prefix(text: str, max_tokens: int) -> str:
+    """`text` up to its last white space before max_tokens x CHARS_PER_TOKEN characters (the whole
+    of it where it is no longer, or has no white space near there: a cut inside a word could change
+    that word's tokens). A caller that gets no more than `max_tokens` tokens from a cut text
+    tokenizes it whole instead (see encode_heads)."""
+    limit = max_tokens * CHARS_PER_TOKEN
+    if len(text) <= limit:
+        return text
+    for i in range(limit, max(0, limit - 1000), -1):
+        if text[i].isspace():
+            return text[:i]
+    return text
+
+
+def encode_heads(tokenizer, texts: list[str], max_tokens: int) -> list[Encoded]:
+    """encode_texts of what a model reading the first `max_tokens` tokens of each text needs: its
+    read_prefix, or the whole text where that prefix gives no more tokens than are read. Offsets
+    are the original text's (a prefix keeps them)."""
+    cut = [read_prefix(t, max_tokens) for t in texts]
+    encs = encode_texts(tokenizer, cut)
+    whole = [i for i, (c, t, e) in enumerate(zip(cut, texts, encs)) if len(c) < len(t) and len(e.ids) <= max_tokens]
+    for i, e in zip(whole, encode_texts(tokenizer, [texts[i] for i in whole])):
+        encs[i] = e
+    return encs
+
+
 # what str.splitlines() breaks at: \r alone and U+2028 end a line as \n does
 LINE_BREAK = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 

@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from spanflow.atomic import clean_stale, hold_output, make_output_folder, writing
-from spanflow.data.formats.common import read_lines_or_errors
+from spanflow.data.formats.common import kind_of, read_lines_or_errors
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import Column, read_rows
 from spanflow.data.tables import (
@@ -124,8 +124,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
             job = open_job(P, spec, src, resume, log)
         rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
                                           id_column=id_column, keep=keep), job.records, None)
-        # a bad line is a record too
-        total = table_rows(src) if is_table(src) else sum(1 for _ in read_lines_or_errors(src))
+        total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column)
         if job.records > total:  # a journal edited by hand: going on would write a short or doubled output
             raise ConfigError(f"{P.journal} records {job.records} records as done, but {src} holds {total}; remove it "
                               "or drop --resume to start over")
@@ -280,3 +279,14 @@ def _check_parts(out: str, parts: int, rows: int, records: int, schema) -> None:
         if not ok:
             raise ConfigError(f"{path}, a part the journal records as done, is damaged or of another job; drop "
                               "--resume to start over")
+
+
+def _records(src: str, **reading) -> int:
+    """How many records `src` holds, as read_rows reads them: a table's from its metadata; a CSV's
+    or TSV's by reading them (a header row is none, and a quoted cell may span lines); else its
+    lines (a bad line is a record too)."""
+    if is_table(src):
+        return table_rows(src)
+    if kind_of(src) in ("csv", "tsv"):
+        return sum(1 for _ in read_rows(src, **reading))
+    return sum(1 for _ in read_lines_or_errors(src))

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spanflow.batching.align import check_window
+from spanflow.batching.align import check_window, read_prefix
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
@@ -260,7 +260,7 @@ class Embedder:
     def tokenize(self, texts: list[str]) -> tuple[list[list[int]], int]:
         """Token ids with special tokens, truncated at max_length; and how many were cut."""
         # do_lower_case: Python's lower(), as sentence-transformers lowers the text (a Greek final sigma included)
-        encs = self._backend.encode_batch([t.lower() for t in texts] if self.lowercase else texts)
+        encs = encode_cut(self._backend, texts, self.max_length, self.lowercase)
         return [e.ids for e in encs], sum(1 for e in encs if e.overflowing)
 
     def pretokenizer(self) -> "TokenIds":
@@ -424,6 +424,20 @@ class _null:
         return False
 
 
+def encode_cut(backend, texts: list[str], max_length: int, lowercase: bool = False) -> list:
+    """backend.encode_batch (its truncation at `max_length`) of each text read only so far as its
+    first `max_length` tokens need (batching.align.read_prefix), or whole where that prefix gives
+    no more than max_length tokens (it could have changed them). `lowercase`: Python's lower() first."""
+    cut = [read_prefix(t, max_length) for t in texts]
+    encs = backend.encode_batch([t.lower() for t in cut] if lowercase else cut)
+    whole = [i for i, (c, t, e) in enumerate(zip(cut, texts, encs)) if len(c) < len(t) and not e.overflowing]
+    if whole:
+        again = backend.encode_batch([texts[i].lower() if lowercase else texts[i] for i in whole])
+        for i, e in zip(whole, again):
+            encs[i] = e
+    return encs
+
+
 class TokenIds:
     """texts -> {"input_ids": list<int32> token ids with special tokens, cut at the model's max
     length; "truncated": bool, whether a text was cut}, as Arrow arrays."""
@@ -435,7 +449,7 @@ class TokenIds:
     def __call__(self, texts: list[str]) -> dict:
         import pyarrow as pa
 
-        encs = self.backend.encode_batch([t.lower() for t in texts] if self.lowercase else texts)
+        encs = encode_cut(self.backend, texts, self.backend.truncation["max_length"], self.lowercase)
         ids = [e.ids for e in encs]
         at = np.zeros(len(ids) + 1, dtype=np.int32)
         np.cumsum(np.fromiter(map(len, ids), dtype=np.int32, count=len(ids)), out=at[1:])

@@ -11,6 +11,7 @@ from spanflow.batching.align import (
     windows_for,
 )
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE
+from spanflow.batching.prefetch import chunked
 from spanflow.data.examples import NerExample, Span, check_examples
 from spanflow.errors import ConfigError, ModelDirError, as_path
 from spanflow.models.directory import (
@@ -44,6 +45,7 @@ from spanflow.runtime.policy import Policy, resolve_policy
 
 log = logging.getLogger("spanflow")
 DEFAULT_STRIDE = 32  # tokens shared by neighbouring windows of a long text
+CHECK_CHUNK = 4096  # examples evaluate's span check tokenizes at a time
 
 
 class NerModel:
@@ -251,10 +253,13 @@ class NerModel:
     def _off_words(self, examples: list[NerExample]) -> str | None:
         """A warning where gold entities do not start and end on the words this model tags (a span
         with a space at its edge, one that cuts a word): no prediction can match them."""
-        encs = self._encode([e.text for e in examples], [e.words for e in examples])
         label2id = {t: i for i, t in enumerate(bio_label_list(sorted({s[2] for e in examples for s in e.spans})))}
-        moved, first = moved_spans(examples, encs, [bio_labels(enc, e.spans, label2id) for enc, e in
-                                                    zip(encs, examples)], label2id, "can only be found as")
+        moved, first = 0, None
+        for part in chunked(examples, CHECK_CHUNK):  # a chunk at a time: its memory, not the file's
+            encs = self._encode([e.text for e in part], [e.words for e in part])
+            n, said = moved_spans(part, encs, [bio_labels(enc, e.spans, label2id) for enc, e in zip(encs, part)],
+                                  label2id, "can only be found as")
+            moved, first = moved + n, first or said
         if not moved:
             return None
         total = sum(len(e.spans) for e in examples)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from spanflow.batching.align import Encoded, check_window, encode_texts
+from spanflow.batching.align import Encoded, check_window, encode_heads, encode_texts
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE
 from spanflow.batching.prefetch import chunked
@@ -49,6 +49,9 @@ def _threshold(value, path: str) -> float:
 
 
 SPECIAL_TOKENS = ("cls", "sep")  # what an input starts and ends with (padding falls back to id 0)
+
+
+CHECK_CHUNK = 4096  # examples evaluate's span check tokenizes at a time (its memory, not the file's)
 
 
 class ReModel:
@@ -117,8 +120,9 @@ class ReModel:
                  on_batch: Callable | None) -> list[list[Triple]]:
         # the short batches: few distinct products (models/linear.py)
         with full_batches(self._budget(max_tokens), self.max_length):
-            return self.predict_encoded(encode_texts(self.tokenizer, texts), max_tokens=max_tokens,
-                                        threshold=threshold, on_batch=on_batch)
+            # a long text is tokenized only as far as the max length reads ([CLS] and [SEP] take two)
+            encs = encode_heads(self.tokenizer, texts, self.max_length - 2)
+            return self.predict_encoded(encs, max_tokens=max_tokens, threshold=threshold, on_batch=on_batch)
 
     def _budget(self, max_tokens: int | None) -> int:
         return max(check_max_tokens(max_tokens) or infer_tokens(self.policy.device), self.max_length)
@@ -197,7 +201,7 @@ class ReModel:
 
     def units(self, texts: list[str]):
         """(encodings, token lengths, None): the server's units, tokenized once."""
-        encs = encode_texts(self.tokenizer, texts)
+        encs = encode_heads(self.tokenizer, texts, self.max_length - 2)
         return encs, [min(len(e.ids) + 2, self.max_length) for e in encs], None
 
     def run_batch(self, units: list) -> list:
@@ -220,7 +224,9 @@ class ReModel:
         """Exact and partial triple P/R/F1 (sharded over ranks under torchrun); `check_spans`: also
         warn of gold subjects and objects off the model's tokens (as NerModel.evaluate)."""
         check_examples(examples, ReExample, "examples", empty="there is nothing to score")
-        pred = shard_gather([e.text for e in examples], lambda t: self.predict(t, max_tokens=max_tokens), dist)
+        # a chunk of texts at a time: memory bounded as a bulk job's, whatever the file's size
+        pred = shard_gather([e.text for e in examples],
+                            lambda t: list(self.predict_stream(t, max_tokens=max_tokens)), dist)
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
         m = with_unknown(re_metrics(gold, got), self.relations, {r for g in gold for _, r, _ in g}, "relations")
@@ -230,7 +236,8 @@ class ReModel:
         """A warning where gold subjects or objects do not start and end on the model's tokens ("Ford"
         inside "Stanford"): the model extracts whole tokens, so no prediction can match them."""
         moved, first = 0, None
-        for ex, enc in zip(examples, encode_texts(self.tokenizer, [e.text for e in examples])):
+        for ex, enc in ((ex, enc) for part in chunked(examples, CHECK_CHUNK)
+                        for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part]))):
             for s, _, o in ex.triples:
                 spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
                 off = off_tokens(ex.text, enc, *[x for x in spans if x[1] is not None], verb="can only be found as")
