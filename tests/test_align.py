@@ -224,3 +224,19 @@ def test_a_tokenizer_that_keeps_an_invisible_character_in_a_token_loses_it_from_
 
     assert _trim("\u200bZo\u00eb x\u200f", [(0, 4), (5, 6), (6, 7)]) == ([(1, 4), (5, 6), (6, 6)],
                                                                            [False, False, True])
+
+
+def test_a_long_text_is_cut_only_at_a_space_after_a_word():
+    """A control character Python calls white space (\\x1c, U+0085) joins two words for BERT, and a
+    run of spaces is one token for byte-level BPE: a cut there could change the last word's tokens."""
+    from spanflow.batching.align import CHARS_PER_TOKEN, read_prefix
+
+    limit = 4 * CHARS_PER_TOKEN
+    for sep in ("\x1c", "\x85"):
+        text = "a" * (limit - 4) + sep + "bcdefgh ij"
+        assert read_prefix(text, 4) == text, repr(sep)  # no space after a word near the cut: whole
+    text = "a" * (limit - 4) + "  bcdefgh ij"  # cut where the word ends, before its run of spaces
+    assert read_prefix(text, 4) == "a" * (limit - 4)
+    text = "word " * limit
+    cut = read_prefix(text, 4)
+    assert cut.endswith("word") and limit - 5 < len(cut) <= limit and text.startswith(cut + " ")

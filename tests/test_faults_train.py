@@ -508,7 +508,8 @@ def test_a_fresh_run_stopped_in_a_finished_out_is_never_resumed_as_the_old_run(f
     capsys.readouterr()
     assert train(files, out, "--resume") == 0  # a retry goes on from the beginning, and says what it replaces
     assert (f"no checkpoint in {out / 'checkpoint'}; starting from the beginning (warning: {out / 'model'}, a model "
-            "a run before saved, is replaced at this run's first save)" in capsys.readouterr().out)
+            "a run before saved, is replaced at this run's first save; its train_report.jsonl goes now)"
+            in capsys.readouterr().out)
     assert_same_weights(out / "model", reference / "model")
 
 
@@ -694,3 +695,22 @@ def test_the_content_digest_holds_no_address_and_sees_a_plugged_items_label():
     assert _content([Plain([1, 2], 1)]) == _content([Plain([1, 2], 1)])  # two objects, two addresses
     assert _content([Plain([1, 2], 1)]) != _content([Plain([1, 2], 2)])
     assert _content([object()]) is None  # no plain form: not compared, never a false refusal
+
+    class Base:
+        __slots__ = ("text",)
+
+    class Item(Base):
+        __slots__ = "labels"  # one name, as a str
+
+    def item(text, labels):
+        it = Item()
+        it.text, it.labels = text, labels
+        return it
+
+    assert _content([item("a", [1])]) != _content([item("b", [1])])  # a parent's slot counts
+    assert _content([item("a", [1])]) != _content([item("a", [2])])
+    assert _content([[None, Plain([1], 1)]]) == _content([[None, Plain([1], 1)]])  # a list not plain throughout
+    cycle = Plain([1], 1)
+    cycle.parent = cycle
+    assert _content([cycle]) is None
+    assert _content([{"a": {1, 2}}]) == _content([{"a": {2, 1}}])

@@ -185,9 +185,12 @@ def test_the_progress_total_counts_a_csvs_records_not_its_lines(model, tmp_path,
     from spanflow.inference import predict_job
 
     src = tmp_path / "in.csv"
-    src.write_text('id,text\n1,"Ada went\nhome"\n2,Bob came\n3,Eve left\n', encoding="utf-8")
+    src.write_text('id,text,lang\n1,"Ada went\nhome",en\n2,Bob came,en\n3,Eve left,en\n', encoding="utf-8")
     totals = []
     real = predict_job.tqdm
     monkeypatch.setattr(predict_job, "tqdm", lambda *a, **k: totals.append(k["total"]) or real(*a, **k))
     predict_file(model, str(src), str(tmp_path / "out.jsonl"), column="text", id_column="id", **QUIET)
     assert totals == [3] and len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
+    totals.clear()  # the columns kept name the header too, in the count as in the read
+    predict_file(model, str(src), str(tmp_path / "kept.jsonl"), keep=["lang"], column=1, **QUIET)
+    assert totals == [len((tmp_path / "kept.jsonl").read_text().splitlines())] == [3]

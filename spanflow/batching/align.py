@@ -79,15 +79,17 @@ CHARS_PER_TOKEN = 32
 
 
 def read_prefix(text: str, max_tokens: int) -> str:
-    """`text` up to its last white space before max_tokens x CHARS_PER_TOKEN characters (the whole
-    of it where it is no longer, or has no white space near there: a cut inside a word could change
-    that word's tokens). A caller that gets no more than `max_tokens` tokens from a cut text
+    """`text` up to its last space after a word before max_tokens x CHARS_PER_TOKEN characters (the
+    whole of it where it is no longer, or has no such space near there: a cut inside a word could
+    change that word's tokens). A caller that gets no more than `max_tokens` tokens from a cut text
     tokenizes it whole instead (see encode_heads)."""
     limit = max_tokens * CHARS_PER_TOKEN
     if len(text) <= limit:
         return text
     for i in range(limit, max(0, limit - 1000), -1):
-        if text[i].isspace():
+        # a space after a word: every tokenizer splits there (a control character Python calls white
+        # space may join two words for BERT; a run of spaces may be one token for byte-level BPE)
+        if text[i] == " " and not text[i - 1].isspace():
             return text[:i]
     return text
 

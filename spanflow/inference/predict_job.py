@@ -124,7 +124,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
             job = open_job(P, spec, src, resume, log)
         rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
                                           id_column=id_column, keep=keep), job.records, None)
-        total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column)
+        total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
         if job.records > total:  # a journal edited by hand: going on would write a short or doubled output
             raise ConfigError(f"{P.journal} records {job.records} records as done, but {src} holds {total}; remove it "
                               "or drop --resume to start over")

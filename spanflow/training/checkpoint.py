@@ -175,7 +175,7 @@ def _content(items: list) -> str | None:
     try:
         for it in items:
             h.update(repr(_fields(it)).encode())
-    except _NoPlainForm:
+    except (_NoPlainForm, RecursionError):  # a cycle (a parent pointer) has no plain form either
         return None
     return h.hexdigest()[:16]
 
@@ -197,16 +197,28 @@ def _fields(x):
         return [_fields(getattr(x, f.name)) for f in dataclasses.fields(x)]
     if hasattr(x, "tolist"):  # numpy arrays and scalars, tensors
         return x.tolist()
+    slots = _slots(type(x))
     own = sorted(vars(x).items()) if hasattr(x, "__dict__") else []
-    own += [(k, getattr(x, k, None)) for k in getattr(type(x), "__slots__", ())]
-    if isinstance(x, (list, tuple)):  # token ids and labels: plain already, and the bulk of the data
-        items = x if not x or isinstance(x[0], PLAIN) else [_fields(v) for v in x]
+    own += [(k, getattr(x, k, None)) for k in slots]
+    if isinstance(x, (list, tuple)):  # token ids and labels: plain already (ends checked), the bulk of the data
+        items = x if not x or isinstance(x[0], PLAIN) and isinstance(x[-1], PLAIN) else [_fields(v) for v in x]
         return [list(items), [(k, _fields(v)) for k, v in own]] if own else items
     if isinstance(x, dict):
         return sorted((repr(k), _fields(v)) for k, v in x.items())
-    if own or hasattr(type(x), "__slots__"):
+    if isinstance(x, (set, frozenset)):
+        return sorted(repr(_fields(v)) for v in x)
+    if own or slots:
         return [(k, _fields(v)) for k, v in own]
     raise _NoPlainForm(type(x).__name__)
+
+
+def _slots(cls) -> list[str]:
+    """The __slots__ of `cls` and the classes it derives from (one name may stand alone as a str)."""
+    names = []
+    for c in cls.__mro__:
+        own = c.__dict__.get("__slots__", ())
+        names += [n for n in ((own,) if isinstance(own, str) else own) if n not in ("__dict__", "__weakref__")]
+    return names
 
 
 def _said(value) -> str:
