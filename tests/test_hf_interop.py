@@ -269,15 +269,20 @@ def test_a_classifier_with_layers_between_encoder_and_classifier_is_refused_both
     assert not (tmp_path / "out").exists()
 
 
-def test_a_token_classifier_is_not_embedded_as_an_encoder(trained, tmp_path, capsys):
+def tiny_token_classifier(path) -> None:
+    """A Hugging Face BertForTokenClassification of PER tags, with its tokenizer, saved at `path`."""
     from transformers import BertConfig, BertForTokenClassification
 
     _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
     BertForTokenClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
                                           num_attention_heads=2, intermediate_size=32, num_labels=3,
                                           id2label={0: "O", 1: "B-PER", 2: "I-PER"},
-                                          label2id={"O": 0, "B-PER": 1, "I-PER": 2})).save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
+                                          label2id={"O": 0, "B-PER": 1, "I-PER": 2})).save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+def test_a_token_classifier_is_not_embedded_as_an_encoder(trained, tmp_path, capsys):
+    tiny_token_classifier(tmp_path / "m")
     (tmp_path / "in.txt").write_text("a b\n")
     rc = main(["embed", "--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.txt"), "--output",
                str(tmp_path / "o.npy")])
@@ -323,14 +328,8 @@ def test_a_token_classifier_whose_weights_hold_nan_is_refused(tmp_path, capsys):
     """A classifier from elsewhere loads through transformers, not spanflow's encoder loader: its NaN
     weights predicted no entities at all, exit 0."""
     from safetensors.torch import load_file, save_file
-    from transformers import BertConfig, BertForTokenClassification
 
-    _, tok = tiny_bert(TEXTS, hidden=16, layers=1, heads=2)
-    BertForTokenClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
-                                          num_attention_heads=2, intermediate_size=32, num_labels=3,
-                                          id2label={0: "O", 1: "B-PER", 2: "I-PER"},
-                                          label2id={"O": 0, "B-PER": 1, "I-PER": 2})).save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
+    tiny_token_classifier(tmp_path / "m")
     f = str(tmp_path / "m" / "model.safetensors")
     state = load_file(f)
     key = next(k for k in state if "query.weight" in k)
