@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spanflow.data.formats.common import invisible
@@ -94,16 +95,23 @@ def read_prefix(text: str, max_tokens: int) -> str:
     return text
 
 
-def encode_heads(tokenizer, texts: list[str], max_tokens: int) -> list[Encoded]:
-    """encode_texts of what a model reading the first `max_tokens` tokens of each text needs: its
-    read_prefix, or the whole text where that prefix gives no more tokens than are read. Offsets
-    are the original text's (a prefix keeps them)."""
+def encode_prefixes(texts: list[str], max_tokens: int, encode: Callable[[list[str]], list],
+                    overflows: Callable[[object], bool]) -> list:
+    """`encode(texts)` of what a model reading the first `max_tokens` tokens of each text needs:
+    its read_prefix, or the whole text where the prefix's encoding does not `overflow` the tokens
+    read (the cut could have changed them). Offsets are the original text's (a prefix keeps them)."""
     cut = [read_prefix(t, max_tokens) for t in texts]
-    encs = encode_texts(tokenizer, cut)
-    whole = [i for i, (c, t, e) in enumerate(zip(cut, texts, encs)) if len(c) < len(t) and len(e.ids) <= max_tokens]
-    for i, e in zip(whole, encode_texts(tokenizer, [texts[i] for i in whole])):
+    encs = encode(cut)
+    whole = [i for i, (c, t, e) in enumerate(zip(cut, texts, encs)) if len(c) < len(t) and not overflows(e)]
+    for i, e in zip(whole, encode([texts[i] for i in whole]) if whole else ()):
         encs[i] = e
     return encs
+
+
+def encode_heads(tokenizer, texts: list[str], max_tokens: int) -> list[Encoded]:
+    """encode_texts through encode_prefixes: the encodings of the first `max_tokens` tokens' text."""
+    return encode_prefixes(texts, max_tokens, lambda ts: encode_texts(tokenizer, ts),
+                           lambda e: len(e.ids) > max_tokens)
 
 
 # what str.splitlines() breaks at: \r alone and U+2028 end a line as \n does

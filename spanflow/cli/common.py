@@ -153,16 +153,18 @@ class Precisions(tuple):
         return value == "int8" or tuple.__contains__(self, value)
 
 
-def add_runtime_args(p: argparse.ArgumentParser, *, job: str = "infer") -> None:
-    """--max-tokens, --profile, --precision and --device; `job` ("infer", "serve", "train") names the default budget."""
-    add_budget_args(p, job=job)
+def add_runtime_args(p: argparse.ArgumentParser, *, job: str = "infer", budget: str | None = None) -> None:
+    """--max-tokens, --profile, --precision and --device; `job` ("infer", "serve", "train") names the
+    default budget, which `budget` says instead where a task sizes it its own way."""
+    add_budget_args(p, job=job, budget=budget)
     add_precision_arg(p)
     add_device_arg(p)
 
 
-def add_budget_args(p: argparse.ArgumentParser, *, job: str) -> None:
-    """--max-tokens and --profile, with `job`'s default budget in the help."""
-    p.add_argument("--max-tokens", default=None, help=f"{MAX_TOKENS_HELP} ({AUTO_HELP[job]}) [{BUDGET_DEFAULTS[job]}]")
+def add_budget_args(p: argparse.ArgumentParser, *, job: str, budget: str | None = None) -> None:
+    """--max-tokens and --profile, with `job`'s default budget in the help (`budget`: said instead)."""
+    p.add_argument("--max-tokens", default=None,
+                   help=f"{MAX_TOKENS_HELP} ({AUTO_HELP[job]}) [{budget or BUDGET_DEFAULTS[job]}]")
     p.add_argument("--profile", default=None,
                    help="a profile.json from 'spanflow tune' (--mode train for training, infer otherwise): run "
                         "its best token budget, and for serve its backend [none; an explicit --max-tokens wins]")

@@ -16,10 +16,12 @@ def _scalar(annotation) -> type:
     return str
 
 
-def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, unset=None) -> None:
+def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, unset=None,
+                words: dict[str, str] | None = None) -> None:
     """Add a flag for every documented field of dataclass `cls` not in `skip`; with `task`, not for
     the fields whose "tasks" metadata leaves that task out. `unset(name)`: what an unset field
-    gets, said in its help ahead of the field's own note (None: the note alone)."""
+    gets, said in its help ahead of the field's own note (None: the note alone). `words`: what a
+    help's `{name}` stands for (a task's own word, such as its dev score)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
@@ -31,10 +33,11 @@ def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, 
                 groups[meta["group"]] = p.add_argument_group(meta["group"], meta.get("group_help"))
             target = groups[meta["group"]]
         flag = "--" + f.name.replace("_", "-")
+        text = meta["help"].format_map(words) if words else meta["help"]
         typ = _scalar(f.type)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if typ is bool:
-            target.add_argument(flag, action="store_true", help=meta["help"])
+            target.add_argument(flag, action="store_true", help=text)
             continue
         said = unset(f.name) if unset else None
         unset_note = meta.get("unset")
@@ -43,7 +46,7 @@ def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, 
             unset_note = said + (f"; {rest}" if rest else "")
         shown = (f"[%(default)s{'; ' + unset_note if unset_note else ''}]" if default is not None
                  else f"[{unset_note or 'none'}]")
-        target.add_argument(flag, type=typ, default=default, choices=meta.get("choices"), help=f"{meta['help']} {shown}")
+        target.add_argument(flag, type=typ, default=default, choices=meta.get("choices"), help=f"{text} {shown}")
 
 
 def options_from(cls, a: argparse.Namespace, **given):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from spanflow.cli.common import Parser, add_runtime_args
+from spanflow.cli.common import BUDGET_DEFAULTS, Parser, add_runtime_args
 from spanflow.cli.options import add_options, options_from
 from spanflow.training.defaults import describe_defaults
 from spanflow.training.options import TrainOptions
@@ -49,10 +49,9 @@ def _add_common(p: argparse.ArgumentParser, task, data: str | None) -> None:
     p.add_argument("--devices", type=int, default=1,
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
                         "[%(default)s]")
-    add_options(p, TrainOptions, task=name, unset=(lambda field: describe_defaults(field, tables)) if tables else None)
-    patience = p._option_string_actions["--patience"]
-    patience.help = patience.help.replace("(F1, Spearman, MRR@10)", f"({getattr(task, 'dev_metric', 'F1')})")
-    add_runtime_args(p, job="train")
+    add_options(p, TrainOptions, task=name, unset=(lambda field: describe_defaults(field, tables)) if tables else None,
+                words={"dev_metric": getattr(task, "dev_metric", "F1")})
+    add_runtime_args(p, job="train", budget=getattr(task, "train_budget_note", "") + BUDGET_DEFAULTS["train"])
 
 
 def after_stop(a: argparse.Namespace) -> str | None:

@@ -72,10 +72,14 @@ def refuse_nan(path: str, tensors) -> None:
     from a diverged training (or damaged), whose every output would be NaN or empty, unsaid."""
     import torch
 
-    for name, t in tensors:
-        if t.is_floating_point() and bool(torch.isnan(t).any()):
-            raise ModelDirError(f"{path}: its weight {name} holds NaN values: saved from a training that diverged, or "
-                                "damaged; train it again (a lower --lr), or use an earlier copy")
+    named = [(name, t) for name, t in tensors if t.is_floating_point()]
+    if not named:
+        return
+    flags = torch.stack([torch.isnan(t).any() for _, t in named])
+    if flags.any():  # one host sync for the whole model, not one a tensor
+        name = named[int(flags.nonzero()[0])][0]
+        raise ModelDirError(f"{path}: its weight {name} holds NaN values: saved from a training that diverged, or "
+                            "damaged; train it again (a lower --lr), or use an earlier copy")
 
 
 def holds_model(path: str) -> bool:

@@ -4,6 +4,7 @@ full disk says so in one WriteError."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -212,13 +213,14 @@ def _fields(x):
     raise _NoPlainForm(type(x).__name__)
 
 
-def _slots(cls) -> list[str]:
+@functools.lru_cache(maxsize=None)  # once a class, not once an item
+def _slots(cls) -> tuple[str, ...]:
     """The __slots__ of `cls` and the classes it derives from (one name may stand alone as a str)."""
     names = []
     for c in cls.__mro__:
         own = c.__dict__.get("__slots__", ())
         names += [n for n in ((own,) if isinstance(own, str) else own) if n not in ("__dict__", "__weakref__")]
-    return names
+    return tuple(names)
 
 
 def _said(value) -> str:

@@ -51,7 +51,7 @@ class TrainOptions:
     device: str = "auto"  # runtime flag
     seed: int = opt(0, "seed of initialisation, shuffling and dropout")
     eval_every: int | None = opt(None, "evaluate every N optimizer steps", unset="once per epoch")
-    patience: int | None = opt(None, "evaluations without a better dev score (F1, Spearman, MRR@10) before "
+    patience: int | None = opt(None, "evaluations without a better dev score ({dev_metric}) before "
                                                                    "stopping (0: never stop)",
                                unset="per task, docs/training.md")
     save_every: int | None = opt(None, "also checkpoint every N optimizer steps", unset="at epoch ends")

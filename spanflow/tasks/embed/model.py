@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spanflow.batching.align import check_window, read_prefix
+from spanflow.batching.align import check_window, encode_prefixes
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
 from spanflow.batching.prefetch import chunked, prefetch
@@ -426,16 +426,11 @@ class _null:
 
 def encode_cut(backend, texts: list[str], max_length: int, lowercase: bool = False) -> list:
     """backend.encode_batch (its truncation at `max_length`) of each text read only so far as its
-    first `max_length` tokens need (batching.align.read_prefix), or whole where that prefix gives
-    no more than max_length tokens (it could have changed them). `lowercase`: Python's lower() first."""
-    cut = [read_prefix(t, max_length) for t in texts]
-    encs = backend.encode_batch([t.lower() for t in cut] if lowercase else cut)
-    whole = [i for i, (c, t, e) in enumerate(zip(cut, texts, encs)) if len(c) < len(t) and not e.overflowing]
-    if whole:
-        again = backend.encode_batch([texts[i].lower() if lowercase else texts[i] for i in whole])
-        for i, e in zip(whole, again):
-            encs[i] = e
-    return encs
+    first `max_length` tokens need (batching.align.encode_prefixes). `lowercase`: Python's lower()
+    first."""
+    return encode_prefixes(texts, max_length,
+                           lambda ts: backend.encode_batch([t.lower() for t in ts] if lowercase else ts),
+                           lambda e: bool(e.overflowing))
 
 
 class TokenIds:

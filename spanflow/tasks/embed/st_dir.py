@@ -32,13 +32,15 @@ def read_embedding_config(path: str, *, start: bool = False) -> dict:
         raise ModelDirError(missing_dir(path))  # a file, or OUT/model of a run that has saved none yet
     modules_file = os.path.join(path, "modules.json")
     cfg = {"encoder_dir": path, "pooling": "mean", "normalize": False, "max_seq_length": None, "lowercase": False}
-    head = architecture(path) if not start else ""  # the API's check; the commands refuse these before any load
-    if head.endswith("ForTokenClassification") and not os.path.exists(modules_file):
-        raise ModelDirError(f"{path} is a {head}, an NER model (NerModel.load runs it): its encoder's pooled "
-                            "vectors ignore its classifier; embeddings come from an encoder or "
-                            "sentence-transformers directory")
-    if head and sequence_classifier(path):  # as the commands refuse it, a modules.json beside it or not
-        raise ModelDirError(sequence_classifier(path))
+    if not start:  # the API's checks; the commands refuse these before any load
+        refused = sequence_classifier(path)  # as the commands refuse it, a modules.json beside it or not
+        if refused:
+            raise ModelDirError(refused)
+        head = architecture(path)
+        if head.endswith("ForTokenClassification") and not os.path.exists(modules_file):
+            raise ModelDirError(f"{path} is a {head}, an NER model (NerModel.load runs it): its encoder's pooled "
+                                "vectors ignore its classifier; embeddings come from an encoder or "
+                                "sentence-transformers directory")
     if not os.path.exists(modules_file):
         return cfg
     modules = _json(modules_file)

@@ -28,6 +28,12 @@ class EmbedTask:
     name, summary, route, request_field, trains = "embed", "sentence embeddings", "/v1/embeddings", "input", True
     agreement_name, precision_gate = "mean cosine", MIN_MEAN_COSINE["bf16"]
     dev_metric = "Spearman on scored pairs, MRR@10 on pairs or triplets"  # what --patience counts evaluations without a gain in
+
+    @property
+    def train_budget_note(self) -> str:
+        """What train --help says ahead of the default --max-tokens: the ranking loss sizes its update in pairs."""
+        return f"the ranking loss: its --pairs-per-step update's micro-batches, at most {describe_budget('train')}; " \
+               "CoSENT and AnglE: "
     bulk_command = "embed"
     data_help = "pairs, scored pairs or triplets in CSV, TSV or JSONL"
     quantizations = QUANTIZATIONS  # --quantize int8; its gate is Embedder.check_precision
@@ -72,10 +78,6 @@ class EmbedTask:
                        help="ranking: pairs per optimizer update, the pool of in-batch negatives; a gradient cache "
                             "holds memory to one micro-batch of at most --max-tokens [256, fewer for a small data "
                             "set]")
-        budget = p._option_string_actions["--max-tokens"]  # the group shares its parser's flags
-        budget.help = budget.help.replace("[sized from the data", "[the ranking loss: its --pairs-per-step update's "
-                                          f"micro-batches, at most {describe_budget('train')}; CoSENT and AnglE: "
-                                          "sized from the data", 1)
 
     def train_from_args(self, a, options) -> str:
         from spanflow.tasks.embed.pairs import SCORED, check_pairs, read_pairs

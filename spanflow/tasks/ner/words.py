@@ -30,6 +30,7 @@ KINDS = (TOKENIZER, WHITESPACE)
 # (punctuation split off, 10-20% of whitespace tokens) fall far below this share
 MATCH_SHARE = 0.99
 
+BETWEEN_ZWSP = re.compile("[^\u200b]+")  # a whitespace word's pieces between zero-width spaces
 MAX_WHOLE = 2000  # the most frequent training tokens kept whole: spanflow.json stays small
 # an abbreviation keeps its last dot: letters in runs of one to three, each closed by a dot
 # (U.S., e.g., a.m.); an ellipsis (Paris...) or a domain at a sentence's end (example.com.) does not
@@ -151,7 +152,7 @@ def visible(text: str, words: list[tuple[int, int]]) -> list[tuple[int, int]]:
     text; a word of them alone is none."""
     out = []
     for a, b in words:
-        for s, e in _cut_at_zero_width_space(text, a, b):
+        for s, e in (m.span() for m in BETWEEN_ZWSP.finditer(text, a, b)):
             while s < e and invisible(text[s]):
                 s += 1
             while e > s and invisible(text[e - 1]):
@@ -159,14 +160,6 @@ def visible(text: str, words: list[tuple[int, int]]) -> list[tuple[int, int]]:
             if s < e:
                 out.append((s, e))
     return out
-
-
-def _cut_at_zero_width_space(text: str, s: int, e: int) -> list[tuple[int, int]]:
-    cuts = [i for i in range(s, e) if text[i] == "\u200b"]
-    if not cuts:
-        return [(s, e)]
-    bounds = [s, *cuts, e]
-    return [(bounds[0], bounds[1])] + [(c + 1, d) for c, d in zip(bounds[1:-1], bounds[2:])]
 
 
 def config_words(cfg: dict, path: str) -> str:

@@ -51,7 +51,7 @@ def _threshold(value, path: str) -> float:
 SPECIAL_TOKENS = ("cls", "sep")  # what an input starts and ends with (padding falls back to id 0)
 
 
-CHECK_CHUNK = 4096  # examples evaluate's span check tokenizes at a time (its memory, not the file's)
+CHECK_CHUNK = 4096  # examples evaluate's span check tokenizes at a time
 
 
 class ReModel:
@@ -236,13 +236,14 @@ class ReModel:
         """A warning where gold subjects or objects do not start and end on the model's tokens ("Ford"
         inside "Stanford"): the model extracts whole tokens, so no prediction can match them."""
         moved, first = 0, None
-        for ex, enc in ((ex, enc) for part in chunked(examples, CHECK_CHUNK)
-                        for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part]))):
-            for s, _, o in ex.triples:
-                spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
-                off = off_tokens(ex.text, enc, *[x for x in spans if x[1] is not None], verb="can only be found as")
-                moved += off is not None
-                first = first or off
+        for part in chunked(examples, CHECK_CHUNK):  # a chunk at a time: its memory, not the file's
+            for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part])):
+                for s, _, o in ex.triples:
+                    spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
+                    off = off_tokens(ex.text, enc, *[x for x in spans if x[1] is not None],
+                                     verb="can only be found as")
+                    moved += off is not None
+                    first = first or off
         if not moved:
             return None
         return (f"{moved} of the data's {sum(len(e.triples) for e in examples)} gold triples have a subject or object "
