@@ -533,3 +533,28 @@ def test_an_output_name_embed_does_not_write_names_the_ones_it_does(tmp_path):
                                 f"{str(tmp_path / name)!r}{hint}")
     for name in ("v.ndjson", "v.pq", "v.NPY"):
         check_spec(EmbedSpec(input=str(src), output=str(tmp_path / name)))  # taken
+
+
+def test_encode_normalize_gives_unit_rows_in_the_same_direction(hf_dir):
+    emb = Embedder.load(hf_dir)  # mean pooling, no Normalize module: rows are not unit length
+    raw = emb.encode(TEXTS[:4])
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1, atol=1e-3)
+    unit = emb.encode(TEXTS[:4], normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, atol=1e-5)
+    np.testing.assert_allclose(unit, raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=1e-5)
+    np.testing.assert_allclose(emb.encode(TEXTS[0], normalize=True), unit[0], atol=1e-5)
+    streamed = np.concatenate(list(emb.encode_stream(iter(TEXTS[:4]), chunk_size=3, normalize=True)))
+    np.testing.assert_allclose(streamed, unit, atol=1e-5)
+
+
+def test_similarity_is_the_cosine_of_every_pair(hf_dir):
+    emb = Embedder.load(hf_dir)
+    a, b = emb.encode(TEXTS[:2]), emb.encode(TEXTS[2:5])
+    sim = emb.similarity(a, b)
+    assert sim.shape == (2, 3) and sim.dtype == np.float32
+    want = [[float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)) for y in b] for x in a]
+    np.testing.assert_allclose(sim, want, atol=1e-5)
+    np.testing.assert_allclose(emb.similarity(a[0], b), want[0], atol=1e-5)
+    assert emb.similarity(a[0], a[0]) == pytest.approx(1, abs=1e-5)
+    with pytest.raises(ValueError, match="width"):
+        emb.similarity(a, b[:, :3])

@@ -48,6 +48,22 @@ def _unit(m: np.ndarray) -> np.ndarray:
     return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
 
 
+def unit_rows(m: np.ndarray) -> np.ndarray:
+    """`m`'s rows scaled to unit length, in float32 (an all-zero row stays zero)."""
+    return _unit(m).astype(np.float32)
+
+
+def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of every row of `a` with every row of `b` (a 1-d side is one row, and its axis is
+    dropped from the result), in float32."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape[-1:] != b.shape[-1:]:
+        raise ValueError(f"a and b differ in width: shapes {a.shape} and {b.shape}")
+    m = (_unit(np.atleast_2d(a)) @ _unit(np.atleast_2d(b)).T).astype(np.float32)
+    m = m[:, 0] if b.ndim == 1 else m
+    return m[0] if a.ndim == 1 else m
+
+
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity of two (n, d) arrays."""
     a, b = _unit(a), _unit(b)

@@ -21,7 +21,7 @@ from spanflow.models.linear import Linear, full_batches
 from spanflow.runtime.budget import infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, check_quantize, resolve_policy, twin_precision
 from spanflow.runtime.precision import load_auto
-from spanflow.tasks.embed.metrics import cosines
+from spanflow.tasks.embed.metrics import cosine_matrix, cosines, unit_rows
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
@@ -332,10 +332,12 @@ class Embedder:
         return out
 
     def encode_stream(self, texts: Iterable[str], *, chunk_size: int = 8192, max_tokens: int | None = None,
-                      on_batch: Callable | None = None) -> Iterator[np.ndarray]:
+                      on_batch: Callable | None = None, normalize: bool = False) -> Iterator[np.ndarray]:
         """One (n, dim) float32 array per `chunk_size` texts, in input order; the next chunk is
-        tokenized in a background thread while this one computes."""
-        return self._encode_stream(text_stream(texts, "encode_stream"), chunk_size, max_tokens, on_batch)
+        tokenized in a background thread while this one computes. `normalize`: unit-length rows
+        (for inner-product search) whatever the model's own Normalize module says."""
+        parts = self._encode_stream(text_stream(texts, "encode_stream"), chunk_size, max_tokens, on_batch)
+        return (unit_rows(p) for p in parts) if normalize else parts
 
     def _encode_stream(self, texts: Iterable[str], chunk_size: int, max_tokens: int | None,
                        on_batch: Callable | None) -> Iterator[np.ndarray]:
@@ -348,12 +350,20 @@ class Embedder:
             self.truncated += n_cut
             yield self._embed_ids(ids, max_tokens, on_batch=on_batch)
 
-    def encode(self, texts: list[str] | str, *, max_tokens: int | None = None) -> np.ndarray:
-        """(len(texts), dim) float32 embeddings in input order; one string: its (dim,) embedding."""
+    def encode(self, texts: list[str] | str, *, max_tokens: int | None = None, normalize: bool = False) -> np.ndarray:
+        """(len(texts), dim) float32 embeddings in input order; one string: its (dim,) embedding.
+        `normalize`: unit-length rows, as sentence-transformers' `normalize_embeddings`."""
         texts, one = text_list(texts, "encode")
         parts = list(self._encode_stream(texts, 8192, max_tokens, None))
         out = np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
+        out = unit_rows(out) if normalize else out
         return out[0] if one else out
+
+    @staticmethod
+    def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Cosine similarity of every row of `a` with every row of `b`: an (len(a), len(b)) float32
+        matrix (one vector on either side: a vector of its similarities)."""
+        return cosine_matrix(a, b)
 
     def calibrate(self, texts: list[str], *, max_tokens: int | None = None, what: str = "calibrate") -> dict | None:
         """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32. `what`:
