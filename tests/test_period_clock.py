@@ -5,6 +5,7 @@ import json
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from test_distributed import setup_task
@@ -69,6 +70,69 @@ def test_the_epochs_checkpoint_is_not_the_next_epochs_time(tmp_path, monkeypatch
     assert all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
 
 
+def test_a_checkpoint_inside_the_period_is_its_save_share_and_the_split_is_of_the_wall_time(tmp_path, monkeypatch):
+    from spanflow.training import loop
+
+    nm, windows, hooks = setup_task()
+    offset, lines = [0.0], []
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    save = loop.save_checkpoint
+
+    def slow_save(*a, **k):  # writing a checkpoint takes EVAL_S on the patched clock
+        offset[0] += EVAL_S
+        return save(*a, **k)
+
+    monkeypatch.setattr(loop, "save_checkpoint", slow_save)
+    opts = TrainOptions(epochs=1, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0, save_every=2)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lines.append)
+    rep = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")][0]
+    inside = rep["steps"] // 2  # the --save-every checkpoints in the period (the epoch's own is outside it)
+    assert rep["wall_s"] > inside * EVAL_S
+    assert rep["save_frac"] == pytest.approx(inside * EVAL_S / rep["wall_s"], rel=1e-3)
+    shares = ("data_wait_frac", "compute_frac", "optimizer_frac", "save_frac", "other_frac")
+    assert sum(rep[k] for k in shares) == pytest.approx(1) and all(rep[k] >= 0 for k in shares)
+    assert rep["compute_frac"] < 0.01  # of the wall time, which the saves took nearly all of
+    line = next(x for x in lines if x.startswith("epoch 1"))
+    assert f"save {rep['save_frac']:.0%}" in line
+
+
+def test_a_best_models_save_is_not_the_next_periods_time(tmp_path, monkeypatch):
+    from spanflow.training import loop
+
+    nm, windows, hooks = setup_task()
+    hooks.evaluate = lambda model: {"f1": 0.5}  # the first evaluation's model is the best: saved
+    offset = [0.0]
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    save = loop._save
+
+    def slow_save(*a, **k):
+        offset[0] += EVAL_S
+        return save(*a, **k)
+
+    monkeypatch.setattr(loop, "_save", slow_save)
+    opts = TrainOptions(epochs=2, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
+    summary = train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path),
+                         log=lambda s: None)
+    reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
+    assert all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
+    seconds = summary["seconds"]  # the closing time line's parts: the save counted as saving
+    assert seconds["saving"] >= EVAL_S and seconds["loop"] >= seconds["saving"] + seconds["evaluation"]
+
+
+def test_the_split_of_a_period_with_time_outside_its_phases():
+    m = report.Meter(torch.device("cpu"), "fp32")
+    m.started = time.perf_counter() - 10.0  # a 10 s period
+    m.add_time("data_wait", 1.0)
+    m.add_time("compute", 6.0)
+    m.add_time("optimizer", 1.0)
+    rep = m.report()
+    assert rep["compute_frac"] == pytest.approx(0.6, rel=1e-2) and rep["other_frac"] == pytest.approx(0.2, abs=0.01)
+    assert "time: data 10% compute 60% optim 10% other 20%" in report.format_report({**rep, "steps": 1})
+    m.close()
+
+
 class _Stops:
     """A sampler's stop event that lets its loop run `n` times, then stops it."""
 
@@ -104,7 +168,8 @@ def test_the_epoch_line_says_its_seconds_loss_and_which_peak(tmp_path):
         # the loss is there though no step line printed one (--log-every 0), as the report says it
         assert rep["loss"] > 0 and f"loss {rep['loss']:.4f}" in line
         assert line.startswith(f"epoch {rep['epoch']} step {rep['step']} (") and " s training) | loss " in line
-        assert f"MFU {rep['mfu'] * 100:.1f}% of the measured matmul peak" in line  # the CPU's basis
+        shown = float(line.split("MFU ")[1].split("%")[0])  # two significant digits below 1%
+        assert shown == pytest.approx(rep["mfu"] * 100, rel=0.05) and "% of the measured matmul peak" in line
         assert "GPU util" not in line and rep["gpu_util"] is None  # nothing sampled: nothing shown
 
 
@@ -169,3 +234,44 @@ def test_the_epoch_report_leaves_out_the_evaluations_memory(tmp_path, monkeypatc
     assert len(samplers) == 1 and len(eval_peaks) == 2 and len(reps) == 2
     # epoch 2's period follows epoch 1's evaluation: its peak is its training's
     assert all(r["peak_memory_bytes"] < min(eval_peaks) - 200 * MIB for r in reps), (reps, eval_peaks)
+
+
+def test_step_lines_count_to_max_steps_and_say_the_time_spent_and_left(tmp_path):
+    nm, windows, hooks = setup_task()
+    lines: list[str] = []
+    opts = TrainOptions(epochs=3, lr=1e-3, max_tokens=200, patience=0, log_every=1, seed=0, max_steps=3)
+    train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lines.append)
+    steps = [x for x in lines if x.startswith("step ")]
+    assert [x.split()[1] for x in steps] == ["1/3", "2/3", "3/3"]  # the run ends at --max-steps, not the plan's end
+    assert all(" elapsed" in x for x in steps)
+    assert " left" in steps[0] and " left" not in steps[-1]  # the last step has none left
+
+
+def test_a_run_ends_saying_where_its_time_went(tmp_path):
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.tasks.ner import train_ner
+
+    data = synthetic_ner(30, seed=1, max_clauses=1)
+    lines: list[str] = []
+    train_ner(data, data[:10], model="tiny", out_dir=str(tmp_path), log_fn=lines.append,
+              options=TrainOptions(epochs=2, max_tokens=512, max_length=64, log_every=0, patience=0))
+    (line,) = [x for x in lines if x.startswith("time: ")]
+    assert " in all: training steps " in line and ", dev evaluation " in line, line
+    total = float(line.split("time: ")[1].split(" s")[0])
+    trained = sum(json.loads(x)["wall_s"] for x in open(tmp_path / "train_report.jsonl"))
+    steps = float(line.split("training steps ")[1].split(" s")[0])
+    assert steps == pytest.approx(trained, rel=0.1, abs=0.1) and total > steps  # the periods are the steps' time
+
+
+def test_a_tiny_models_mfu_is_of_the_fp32_peak_on_a_cpu_and_says_so():
+    nm, _, _ = setup_task()
+    cpu = torch.device("cpu")
+    assert report.mfu_precision(nm.module, cpu, "bf16") == "fp32"  # its recurrence runs fp32 under autocast
+    assert report.mfu_precision(nm.module, torch.device("cuda"), "bf16") == "bf16"
+    assert report.mfu_precision(torch.nn.Linear(2, 2), cpu, "bf16") == "bf16"  # no say of its own: the run's
+    rep = {"epoch": 1, "step": 10, "wall_s": 2.0, "real_tokens_per_s": 900.0, "padded_tokens_per_s": 1000.0,
+           "padding_efficiency": 0.9, "data_wait_frac": 0.0, "compute_frac": 0.9, "optimizer_frac": 0.1,
+           "peak_memory_bytes": 2**20, "mfu": 0.026, "mfu_basis": "measured_matmul", "precision": "bf16"}
+    assert "MFU 2.6% of the measured fp32 matmul peak" in report.format_report({**rep, "mfu_precision": "fp32"})
+    assert "MFU 2.6% of the measured matmul peak" in report.format_report({**rep, "mfu_precision": "bf16"})
+    assert "MFU 0.065% of" in report.format_report({**rep, "mfu": 0.00065})  # below 1%: two digits, not 0.0%

@@ -194,3 +194,23 @@ def test_a_failing_reporter_is_dropped_and_training_goes_on():
     reps.log_metrics({"train/loss": 1.0}, step=1)
     reps.log_metrics({"train/loss": 0.9}, step=2)
     assert Broken.calls == 1 and len(lines) == 1 and "reporting to broken failed (OSError: disk full)" in lines[0]
+
+
+def test_an_embedding_runs_dev_score_is_charted_under_its_own_name(tmp_path):
+    pytest.importorskip("tensorboard")
+    from spanflow.tasks.embed.pairs import Pair
+    from spanflow.tasks.embed.train import train_embedder
+
+    texts = [e.text for e in synthetic_ner(24, seed=3)]
+    pairs = [Pair(texts[i], texts[i + 12], (i % 5) / 4) for i in range(12)]
+    opts = TrainOptions(epochs=2, lr=3e-3, max_tokens=4096, log_every=0, patience=0, report_to="tensorboard")
+    train_embedder(pairs, pairs, model="tiny", out_dir=str(tmp_path), options=opts, log_fn=lambda s: None)
+    reps = [json.loads(line) for line in open(tmp_path / "train_report.jsonl")]
+    ea = read_events(tmp_path / "runs")
+    tags = set(ea.Tags()["scalars"])
+    assert "dev/f1" not in tags and "best/dev_f1" not in tags  # a Spearman is no F1
+    assert [v for _, v in scalars(ea, "dev/spearman")] == pytest.approx([r["dev_f1"] for r in reps], abs=1e-6)
+    assert "dev/pearson" in tags and "dev/n" not in tags  # the other scores, not the counts
+    best = max(range(len(reps)), key=lambda k: reps[k]["dev_f1"])
+    assert scalars(ea, "best/dev_spearman") == [(reps[best]["step"], pytest.approx(reps[best]["dev_f1"], abs=1e-6))]
+    assert [v for _, v in scalars(ea, "epoch/wall_s")] == pytest.approx([r["wall_s"] for r in reps], rel=1e-5)

@@ -353,6 +353,11 @@ def test_doctor_names_starvation(ner_file):
     assert not any("batch of" in f or "padding" in f for f in healthy["findings"])
     # its MFU as training's report computes it, printed; a budget asked for is not explained
     assert 0 < healthy["probe"]["mfu"] < 1 and f"MFU {healthy['probe']['mfu']:.1%}" in "\n".join(lines)
+    # of the peak the tiny model's work runs at on a CPU (its recurrence stays fp32 under autocast), said
+    from spanflow.monitor.report import device_peak
+
+    assert healthy["probe"]["peak_flops"] == device_peak(torch.device("cpu"), "fp32")[0]
+    assert f"of {healthy['probe']['peak_flops'] / 1e12:.2f} TFLOP/s (measured fp32 peak)" in "\n".join(lines)
     assert "probe: 4 updates of token-budget batches, max_tokens 768" in lines
     assert any(x.startswith("probing `spanflow train ner` (--task), device ") for x in lines)  # the task it probed
     lines.clear()

@@ -83,6 +83,12 @@ class TinyModel(nn.Module):
             y = self._recur(x, lengths)
         return SimpleNamespace(last_hidden_state=self.dropout(y))  # (B, T, H)
 
+    @staticmethod
+    def matmul_precision(device_type: str, precision: str) -> str:
+        """The precision most of this model's matmul work runs in under `precision`'s autocast: the
+        recurrence's, fp32 on a CPU (`_recur`). An MFU is taken against that precision's peak."""
+        return "fp32" if device_type == "cpu" else precision
+
     def _recur(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The BiLSTM over the real tokens of each row; padding stays zero. (B, T, E) -> (B, T, H)"""
         if x.device.type == "cpu":

@@ -29,6 +29,14 @@ def train_flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
     return 6 * n + 12 * layers * hidden * seq_len
 
 
+def mfu_precision(model: torch.nn.Module, device: torch.device, precision: str) -> str:
+    """The precision whose peak a training MFU is taken against: the run's, unless its encoder keeps
+    its main matmuls in another under autocast (`matmul_precision`, the tiny model's fp32 recurrence
+    on a CPU), whose peak can be 10x lower."""
+    own = getattr(getattr(model, "encoder", None), "matmul_precision", None)
+    return own(device.type, precision) if own is not None else precision
+
+
 @dataclass
 class Meter:
     """Accumulates one reporting period: tokens, phase times, steps."""
@@ -40,7 +48,8 @@ class Meter:
     padded: int = 0
     steps: int = 0
     held_peak: int = 0  # the period's memory peak before an excluded evaluation
-    times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0})
+    # "save": checkpoints and best-model saves inside the period (an evaluation is left out of it)
+    times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0, "save": 0.0})
     started: float = field(init=False)  # set once the peak is measured (__post_init__)
 
     def __post_init__(self):
@@ -98,19 +107,25 @@ class Meter:
         if self.spans is not None:
             self.times.update(self.spans.take())  # waits for the period's last work: before the wall clock
         wall = max(time.perf_counter() - self.started, 1e-9)
-        total = sum(self.times.values()) or 1e-9
+        # shares of the period's wall time, the rest "other" (log points, reporters, the loop itself);
+        # on a GPU the stream's phase times and the host's data wait can overlap and sum past it
+        whole = max(wall, sum(self.times.values()))
         peak, basis = device_peak(self.device, self.precision)
         achieved = self.flops_per_token * self.padded / wall
         out = {
             "real_tokens_per_s": self.real / wall,
             "padded_tokens_per_s": self.padded / wall,
             "padding_efficiency": self.real / self.padded if self.padded else 1.0,
-            "data_wait_frac": self.times["data_wait"] / total,
-            "compute_frac": self.times["compute"] / total,
-            "optimizer_frac": self.times["optimizer"] / total,
+            "data_wait_frac": self.times["data_wait"] / whole,
+            "compute_frac": self.times["compute"] / whole,
+            "optimizer_frac": self.times["optimizer"] / whole,
+            "save_frac": self.times["save"] / whole,
+            "other_frac": 1 - sum(self.times.values()) / whole,
             "peak_memory_bytes": max(self.held_peak, self._peak()),
             "mfu": achieved / (peak * devices) if peak and self.flops_per_token else None,
             "mfu_basis": basis,
+            "mfu_precision": self.precision,
+            "peak_flops": peak * devices if peak else None,  # what the MFU is of: every device's peak together
             "gpu_util": self.gpu.take(),
             "wall_s": wall,
             "steps": self.steps,
@@ -152,7 +167,8 @@ def _device_name(device: torch.device) -> str:
 
 
 SCALARS = ("real_tokens_per_s", "padded_tokens_per_s", "padding_efficiency", "data_wait_frac", "compute_frac",
-           "optimizer_frac", "peak_memory_bytes", "mfu", "gpu_util")  # what dashboards chart of each report
+           "optimizer_frac", "save_frac", "other_frac", "peak_memory_bytes", "mfu", "gpu_util", "wall_s",
+           "loss")  # what dashboards chart of each report
 
 
 def report_scalars(r: dict, prefix: str) -> dict:
@@ -160,14 +176,30 @@ def report_scalars(r: dict, prefix: str) -> dict:
     return {f"{prefix}/{k}": float(r[k]) for k in SCALARS if r.get(k) is not None}
 
 
-PEAK_BASIS = {"measured_matmul": "of the measured matmul peak", "datasheet": "of the datasheet peak"}
+# {p}: the precision the peak is of, where it is not the run's (the model's matmuls ran in another)
+PEAK_BASIS = {"measured_matmul": "of the measured {p}matmul peak", "datasheet": "of the datasheet {p}peak"}
+
+
+def _split(r: dict) -> str:
+    """Where the period's time went; save and other only where they took a share (a report of an
+    earlier version has neither)."""
+    parts = [f"data {r['data_wait_frac']:.0%}", f"compute {r['compute_frac']:.0%}", f"optim {r['optimizer_frac']:.0%}"]
+    parts += [f"{name} {r[k]:.0%}" for name, k in (("save", "save_frac"), ("other", "other_frac"))
+              if (r.get(k) or 0) >= 0.005]
+    return " ".join(parts)
+
+
+def _percent(x: float) -> str:
+    """A share as a percentage with two significant digits below 1% (0.0% said nothing)."""
+    return f"{x * 100:.1f}%" if x >= 0.01 or x == 0 else f"{x * 100:.2g}%"
 
 
 def format_report(r: dict) -> str:
     """One human line per report: the period's training seconds, loss, throughput and where its
     time went, MFU against the peak it names, and the dev score."""
-    mfu = f"{r['mfu'] * 100:.1f}% {PEAK_BASIS.get(r.get('mfu_basis'), '')}".rstrip() if r.get("mfu") is not None \
-        else "n/a"
+    other = r.get("mfu_precision") and r.get("precision") and r["mfu_precision"] != r["precision"]
+    basis = PEAK_BASIS.get(r.get("mfu_basis"), "").format(p=f"{r['mfu_precision']} " if other else "")
+    mfu = f"{_percent(r['mfu'])} {basis}".rstrip() if r.get("mfu") is not None else "n/a"
     head = f"epoch {r.get('epoch', '-')}{' (partial)' if r.get('partial') else ''} step {r.get('step', '-')}"
     if r.get("wall_s") is not None:
         head += f" ({r['wall_s']:.{1 if r['wall_s'] < 10 else 0}f} s training)"
@@ -177,8 +209,7 @@ def format_report(r: dict) -> str:
     else:
         parts += [f"{r['real_tokens_per_s']:.0f} real tok/s ({r['padded_tokens_per_s']:.0f} padded)",
                   f"padding eff {r['padding_efficiency']:.2f}",
-                  f"time: data {r['data_wait_frac']:.0%} compute {r['compute_frac']:.0%} "
-                  f"optim {r['optimizer_frac']:.0%}",
+                  "time: " + _split(r),
                   f"peak mem {r['peak_memory_bytes'] / 2**20:.0f} MiB",
                   f"MFU {mfu}"]
     if r.get("gpu_util") is not None:  # NVML's figure; a CPU run has none to show

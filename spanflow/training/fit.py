@@ -7,6 +7,7 @@ else, before and after, is here once.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions, check_options
 from spanflow.training.outcome import outcome_line
+from spanflow.training.progress import clock_time
 from spanflow.training.outdir import claim_out_dir
 from spanflow.training.setup import Run, best_model, prepare_encoder, start_run
 
@@ -56,6 +58,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
 
     `model` is where training starts: a model directory of the task, an encoder directory or
     `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one."""
+    began = time.perf_counter()
     out_dir, model = as_path(out_dir, "out_dir"), as_path(model, "model")
     check_options(options)
     with claim_out_dir(out_dir, init_from_env()):  # the group first, so every rank learns of a refused claim
@@ -81,11 +84,23 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
                           plan.model)
         encoders = _encoders(plan.model, best)
         rescored = best.evaluate(dev, dist=run.dist, check_spans=False)["f1"] if dev and encoders else None
+        run.log(time_line(time.perf_counter() - began, summary["seconds"]))  # before the line saying how to go on
         run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
                              encoders=encoders))
         if start is not None and summary["best_f1"] is not None and not summary["best_f1"] > start:
             run.log(unbeaten_line(start, summary["best_f1"], plan.metric, model, plan.untrained_hint))
         return best
+
+
+def time_line(total: float, seconds: dict) -> str:
+    """Where the run's time went: its steps, its dev evaluations, its saves (models and checkpoints)
+    and the rest (loading the model and data, sizing the batches, measuring the peak, the best model's
+    reload)."""
+    steps = seconds["loop"] - seconds["evaluation"] - seconds["saving"]
+    parts = [("training steps", steps), ("dev evaluation", seconds["evaluation"]), ("saving", seconds["saving"]),
+             ("start-up and the rest", total - seconds["loop"])]
+    return f"time: {clock_time(total)} in all: " + ", ".join(f"{name} {clock_time(max(0.0, t))}"
+                                                           for name, t in parts if t or name != "dev evaluation")
 
 
 def _dev_said(dev: list | None) -> str:

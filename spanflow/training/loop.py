@@ -6,7 +6,8 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from torch import nn
 from spanflow.atomic import recover_dir, writing
 from spanflow.errors import DataError, PeerFailed
 from spanflow.batching.prefetch import prefetch
-from spanflow.monitor.report import Meter, measure_peak, train_flops_per_token
+from spanflow.monitor.report import Meter, measure_peak, mfu_precision, train_flops_per_token
 from spanflow.training.checkpoint import (check_checkpoint, has_checkpoint, load_checkpoint, run_identity,
                                           save_checkpoint)
 from spanflow.training.distributed import Dist, all_sum, broadcast, gather, in_turn, on_main, wrap_ddp
@@ -22,10 +23,10 @@ from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linea
 from spanflow.training.plan import epoch_plan
 from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
-from spanflow.training.progress import (check_finite, check_logged_loss, learning_check, loss_window, lr_now,
+from spanflow.training.progress import (check_finite, check_logged_loss, elapsed_left, learning_check, loss_window, lr_now,
                                         progress_bar, report_period, window_loss)
 from spanflow.runtime.policy import Policy
-from spanflow.training.report_to import Reporters, build_reporters
+from spanflow.training.report_to import Reporters, build_reporters, dev_scalars
 from spanflow.training.resume import (check_epochs_left, check_resume_agrees, check_steps_left, resumed_at,
                                       trim_report)
 from spanflow.training.state import LoopState, TaskHooks
@@ -57,6 +58,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         r.recent.append(torch.tensor(v if dist.is_main else 0.0, device=policy.device))  # each rank holds a share
     model.train()
     r.bar = progress_bar(r)
+    r.clock = (time.perf_counter(), r.st["global_step"])
     final = None  # the summary the reporters close with; None when training failed
     try:
         while r.st["epoch"] < opts.epochs and not r.st["stopped"]:
@@ -107,7 +109,9 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         log(f"early stop after {where}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
     if final["best_f1"] is None:  # no dev score picked a model (no --dev, or a finished run resumed): the last
-        on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
+        with _spent(r, "saving"):
+            on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
+        final["seconds"] = _seconds(r)
     return final
 
 
@@ -116,7 +120,12 @@ def _summary(r: LoopState, completed: bool) -> dict:
     the end (False: stopped by max_steps, with only the checkpoint's model from this run)."""
     return {"best_f1": r.st["best_f1"], "best_step": r.st.get("best_step"), "global_step": r.st["global_step"],
             "epoch": r.st["epoch"] + (0 if completed else 1), "completed": completed,
-            "best_precision": r.st.get("best_precision")}
+            "best_precision": r.st.get("best_precision"), "seconds": _seconds(r)}
+
+
+def _seconds(r: LoopState) -> dict:
+    """This process's time in the loop, and the evaluations' and saves' shares of it."""
+    return {"loop": time.perf_counter() - r.clock[0], **r.spent}
 
 
 def _check_ranks_agree(identity: dict, model: nn.Module, dist: Dist) -> None:
@@ -200,13 +209,14 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     if opts.resume:
         check_resume_agrees(r, bool(resumed), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
-                                  else None, log=log) if dist.is_main else Reporters()
-    r.reporters.log_params({**opts.to_dict(), "precision": policy.name, "device": str(device),
+                                  else None, log=log, metric=hooks.metric) if dist.is_main else Reporters()
+    r.reporters.log_params({**opts.to_dict(), "dev_metric": hooks.metric, "precision": policy.name, "device": str(device),
                             "processes": dist.world, "model": origin, "train_items": len(items)})
     mean_len = sum(len(it) for it in items) / max(1, len(items))
+    basis = mfu_precision(model, device, policy.name)
     if device.type == "cpu":  # a CPU's peak is measured (a GPU's is its datasheet's): ranks side by side read a share
-        in_turn(lambda: measure_peak(device, policy.name), dist)
-    r.meter = Meter(device, policy.name, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
+        in_turn(lambda: measure_peak(device, basis), dist)
+    r.meter = Meter(device, basis, flops_per_token=train_flops_per_token(model, mean_len))  # the clock starts
     return r
 
 
@@ -259,7 +269,9 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
                 return True
         if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
             check_finite(r)  # diverged weights never replace the last checkpoint a resume would start from
-            _checkpoint(r)
+            t_save = time.perf_counter()
+            _checkpoint(r)  # the period's time, as a real run pays it: its own share of the split
+            meter.add_time("save", time.perf_counter() - t_save)
         if gs == opts.max_steps:
             # the partial epoch too, with the dev score of these weights where one was taken at this step
             # (the best so far is another model's)
@@ -277,11 +289,26 @@ def _log_step(r: LoopState, gs: int, loss_now: float, lr: float, tokens: float) 
         tok_s = tokens / max(r.bar.format_dict["elapsed"], 1e-9)
         r.bar.set_postfix(loss=f"{loss_now:.4f}", tok_s=f"{tok_s:.0f}", refresh=False)
     else:
-        r.log(f"step {gs}/{r.total_steps} loss {loss_now:.4f} lr {lr:.2e}")
+        r.log(f"step {gs}/{r.last_step} loss {loss_now:.4f} lr {lr:.2e} | " + elapsed_left(r, gs))
     r.reporters.log_metrics({"train/loss": loss_now, "train/lr": lr}, gs)
 
 
+@contextmanager
+def _spent(r: LoopState, what: str) -> Iterator[None]:
+    """Count the time inside toward `what` of the run's closing time line (fit.time_line)."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        r.spent[what] += time.perf_counter() - t
+
+
 def _checkpoint(r: LoopState) -> None:
+    with _spent(r, "saving"):
+        _write_checkpoint(r)
+
+
+def _write_checkpoint(r: LoopState) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
     if r.st.get("first_loss") is None and r.recent:  # the learning check's first window, not yet full
         r.st["first_window"] = all_sum([float(x) for x in r.recent], r.dist)  # host syncs, at checkpoints only
@@ -301,13 +328,14 @@ def _evaluate(r: LoopState) -> float | None:
         return None
     st = r.st
     catch_up(r.optimizer)  # the model evaluated (and kept if best) holds every update its rows were owed
-    with r.meter.excluded():  # the period counts training (and its saves) only
-        r.model.eval()
-        metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
+    with r.meter.excluded():  # the period counts training (and its checkpoints) only; a best model's save is
+        r.model.eval()        # the evaluation's (at an epoch's end no period is open to take it)
+        with _spent(r, "evaluation"):
+            metrics = r.hooks.evaluate(r.model)  # every rank takes part: evaluation is sharded and gathered
         r.model.train()
-    f1 = metrics["f1"]
-    st["last_f1"], st["last_eval_step"] = f1, st["global_step"]  # the epoch line's figure under --eval-every
-    on_main(lambda: _keep_best(r, metrics), r.dist)
+        f1 = metrics["f1"]
+        st["last_f1"], st["last_eval_step"] = f1, st["global_step"]  # the epoch line's figure under --eval-every
+        on_main(lambda: _keep_best(r, metrics), r.dist)
     f1, st["best_f1"], st["bad_evals"], st["stopped"] = broadcast(
         (f1, st["best_f1"], st["bad_evals"], st["stopped"]), r.dist)
     return f1
@@ -316,12 +344,12 @@ def _evaluate(r: LoopState) -> float | None:
 def _keep_best(r: LoopState, metrics: dict) -> None:
     """Rank 0: log the dev metrics; save a new best model, or count an evaluation without gain."""
     st, f1 = r.st, metrics["f1"]
-    r.reporters.log_metrics({f"dev/{k}": metrics[k] for k in ("f1", "precision", "recall") if k in metrics},
-                            st["global_step"])
+    r.reporters.log_metrics(dev_scalars(metrics, r.hooks.metric), st["global_step"])
     if f1 == f1 and (st["best_f1"] is None or f1 > st["best_f1"]):  # NaN (a diverged model) is never the best
         st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
         st["best_precision"] = r.policy.name  # a resume in another precision: the best was scored in this one
-        _save(r.hooks, "the best model", os.path.join(r.out_dir, "model"))  # a full disk: the last best stays
+        with _spent(r, "saving"):
+            _save(r.hooks, "the best model", os.path.join(r.out_dir, "model"))  # a full disk: the last best stays
     else:
         st["bad_evals"] += 1
         if r.opts.patience and st["bad_evals"] >= r.opts.patience:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,10 +24,29 @@ def progress_bar(r: LoopState):
         return None
     from tqdm import tqdm
 
-    bar = tqdm(total=r.total_steps, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
+    bar = tqdm(total=r.last_step, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
     log = r.log
     r.log = lambda s: bar.write(s) if log is print else log(s)
     return bar
+
+
+def elapsed_left(r: LoopState, step: int) -> str:
+    """The time this process has trained (evaluations and saves included) and, at its pace so far,
+    about how long the steps left to the plan's end (or --max-steps) take; an early stop ends sooner."""
+    start, first = r.clock
+    spent = time.perf_counter() - start
+    done, left = step - first, max(0, r.last_step - step)
+    return f"{clock_time(spent)} elapsed" + (f", about {clock_time(spent / done * left)} left" if done and left else "")
+
+
+def clock_time(seconds: float) -> str:
+    """4.2 s, 12 s, 3m 05s, 1h 02m."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m}m {s:02d}s" if m < 60 else f"{m // 60}h {m % 60:02d}m"
 
 
 def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial: bool = False,

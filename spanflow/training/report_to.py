@@ -43,6 +43,19 @@ class Reporter(Protocol):
         """`final`: the loop's summary (best_f1, best_step, global_step, completed); None when training failed."""
 
 
+def dev_key(metric: str) -> str:
+    """The dashboards' name of a task's dev score: `f1`, `spearman`, `mrr@10`."""
+    return metric.lower().replace(" ", "_")
+
+
+def dev_scalars(metrics: dict, metric: str) -> dict:
+    """An evaluation's scores (its floats, not its counts) as `dev/NAME` scalars: evaluate's `f1` is
+    the task's score whatever it is (an embedding model's Spearman), and is charted under that name."""
+    key = dev_key(metric)
+    out = {f"dev/{k}": v for k, v in metrics.items() if isinstance(v, float) and k != "f1"}
+    return {f"dev/{key}": metrics["f1"], **out}
+
+
 def parse_report_to(value: str | list | tuple | None) -> str:
     """The canonical comma list of a --report-to value; ConfigError naming an unknown reporter."""
     items = value.split(",") if isinstance(value, str) else list(value or [])
@@ -83,8 +96,9 @@ def resolve(report_to: str) -> list[str]:
 class Reporters:
     """Every reporter of the run behind the one interface; a failing one is dropped with a warning."""
 
-    def __init__(self, reporters: dict[str, Reporter] | None = None, log: Callable[[str], None] = print):
-        self.reporters, self.log = dict(reporters or {}), log
+    def __init__(self, reporters: dict[str, Reporter] | None = None, log: Callable[[str], None] = print,
+                 metric: str = "F1"):
+        self.reporters, self.log, self.key = dict(reporters or {}), log, dev_key(metric)
 
     def _each(self, method: str, *args) -> None:
         for name, rep in list(self.reporters.items()):
@@ -103,18 +117,18 @@ class Reporters:
             self._each("log_metrics", {k: float(v) for k, v in metrics.items() if _is_number(v)}, step)
 
     def close(self, final: dict | None) -> None:
-        self._each("close", final)
+        self._each("close", None if final is None else {**final, "key": self.key})
 
 
 def build_reporters(report_to: str, *, out_dir: str, resumed_step: int | None,
-                    log: Callable[[str], None] = print) -> Reporters:
+                    log: Callable[[str], None] = print, metric: str = "F1") -> Reporters:
     """The reporters `report_to` asks for, started; `resumed_step` is the checkpoint's global step
     when the run resumes, else None."""
     check_installed(report_to)
     names = resolve(report_to)
     if "all" in report_to.split(",") and not names:
         log(f"--report-to all: none of {', '.join(REPORTERS)} is installed; only OUT/train_report.jsonl is written")
-    built = Reporters({}, log)
+    built = Reporters({}, log, metric)
     try:
         for name in names:
             built.reporters[name] = (TensorBoardReporter if name == "tensorboard" else MlflowReporter)(
@@ -148,7 +162,8 @@ class TensorBoardReporter:
     def log_params(self, params: dict) -> None:
         from torch.utils.tensorboard.summary import hparams
 
-        exp, start, self._end = hparams(_flat(params), {"dev/f1": 0.0, "best/dev_f1": 0.0})
+        key = dev_key(params.get("dev_metric", "F1"))
+        exp, start, self._end = hparams(_flat(params), {f"dev/{key}": 0.0, f"best/dev_{key}": 0.0})
         self.writer.file_writer.add_summary(exp)
         self.writer.file_writer.add_summary(start)
 
@@ -159,7 +174,7 @@ class TensorBoardReporter:
     def close(self, final: dict | None) -> None:
         if final is not None:
             if final.get("best_f1") is not None:
-                self.writer.add_scalar("best/dev_f1", final["best_f1"], final.get("best_step") or final["global_step"])
+                self.writer.add_scalar(f"best/dev_{final['key']}", final["best_f1"], _best_step(final))
             if getattr(self, "_end", None) is not None:
                 self.writer.file_writer.add_summary(self._end)  # the HParams tab marks the run done
         self.writer.close()
@@ -211,11 +226,15 @@ class MlflowReporter:
         if final is None:
             self.client.set_terminated(self.run_id, "FAILED")
             return
-        best = {"best/dev_f1": final.get("best_f1"), "best/step": final.get("best_step")}
-        if final.get("best_f1") is not None:
-            self.log_metrics({k: float(v) for k, v in best.items() if v is not None}, final["global_step"])
+        best = {f"best/dev_{final['key']}": final.get("best_f1"), "best/step": final.get("best_step")}
+        if final.get("best_f1") is not None:  # at the best's step, as TensorBoard charts it
+            self.log_metrics({k: float(v) for k, v in best.items() if v is not None}, _best_step(final))
         self.client.set_tag(self.run_id, "spanflow.completed", str(bool(final.get("completed"))).lower())
         self.client.set_terminated(self.run_id, "FINISHED")
+
+
+def _best_step(final: dict) -> int:
+    return final.get("best_step") or final["global_step"]
 
 
 def _tracking_uri(local_dir: str | None) -> str:

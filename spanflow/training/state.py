@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -62,6 +62,13 @@ class LoopState:
     bar: object = None  # a progress bar on a terminal (progress_bar), else None and plain log lines
     bar_tokens: int = 0
     reporters: Reporters | None = None  # TensorBoard / MLflow (--report-to), rank 0 only
+    clock: tuple[float, int] = (0.0, 0)  # (perf_counter, global step) where this process began its steps
+    spent: dict = field(default_factory=lambda: {"evaluation": 0.0, "saving": 0.0})  # seconds, this process
+
+    @property
+    def last_step(self) -> int:
+        """The step this run ends at unless an early stop comes first: the plan's last, or --max-steps."""
+        return min(self.total_steps, self.opts.max_steps or self.total_steps)
 
     @property
     def ckpt_dir(self) -> str:

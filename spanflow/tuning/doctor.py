@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from spanflow.batching.batcher import token_budget_batches
-from spanflow.monitor.report import device_peak, measure_peak, train_flops_per_token
+from spanflow.monitor.report import device_peak, measure_peak, mfu_precision, train_flops_per_token
 from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.budget import default_budget
@@ -78,11 +78,13 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
         texts += len(b)
     wall = sum(times.values())
     # MFU as the training report computes it (6N + attention per padded token, over the device's peak)
-    peak, _ = device_peak(policy.device, policy.name)
+    basis = mfu_precision(w.module, policy.device, policy.name)
+    peak, kind = device_peak(policy.device, basis)
     flops = train_flops_per_token(w.module, real / max(1, texts)) * padded
     return {"real_tokens_per_s": real / wall, "padding_efficiency": real / padded, "texts_per_update": texts / steps,
             "data_frac": times["data"] / wall, "compute_frac": times["compute"] / wall,
-            "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps}
+            "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps,
+            "peak_flops": peak, "peak": f"{'measured' if kind == 'measured_matmul' else 'datasheet'} {basis} peak"}
 
 
 def diagnose(r: dict, healthy: dict | None = None, *, own: bool = False, asked: bool = True) -> list[str]:
@@ -169,10 +171,11 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
         log_fn(f"probe: {steps} updates of token-budget batches, max_tokens {max_tokens}"
                + ("" if asked else " (the most `spanflow train` takes on this device; it takes fewer where the data "
                                    "is small: about 100 updates an epoch)"))
-    measure_peak(policy.device, policy.name)  # the MFU's peak, measured before the probe's steps, as training does
+    measure_peak(policy.device, mfu_precision(w.module, policy.device, policy.name))  # before the probe, as training
     r = _probe(w, windows, batches, policy, steps)
     healthy = _probe(w, windows, healthy_batches, policy, min(steps, 4)) if batch_size else None
-    mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
+    mfu = (f", MFU {r['mfu']:.1%} of {r['peak_flops'] / 1e12:.2f} TFLOP/s ({r['peak']})" if r["mfu"] is not None
+           else "")
     log_fn(f"measured: {r['real_tokens_per_s']:.0f} real tok/s{mfu}, padding efficiency {r['padding_efficiency']:.2f}, "
            f"{r['texts_per_update']:.1f} texts/update; time: data {r['data_frac']:.0%}, compute "
            f"{r['compute_frac']:.0%}, optimizer {r['optimizer_frac']:.0%}")
