@@ -240,3 +240,52 @@ def test_a_long_text_is_cut_only_at_a_space_after_a_word():
     text = "word " * limit
     cut = read_prefix(text, 4)
     assert cut.endswith("word") and limit - 5 < len(cut) <= limit and text.startswith(cut + " ")
+
+
+def _words(tok, text):
+    enc = encode_texts(tok, [text])[0]
+    heads = [j for j, f in enumerate(enc.first) if f] + [len(enc.first)]
+    return [text[enc.starts[j]:enc.ends[k - 1]] for j, k in zip(heads, heads[1:])]
+
+
+GLUED = [("Grace Hopper, born in (Switzerland).", [(0, 12, "PER"), (23, 34, "LOC")]),
+         ("\"Hooli\" hired Ada Lovelace; Lima!", [(1, 6, "ORG"), (14, 26, "PER"), (28, 32, "LOC")]),
+         ("北京是首都。", [(0, 2, "LOC")])]
+
+
+def test_sentencepiece_words_end_at_punctuation_and_ideographs_as_berts_do():
+    """SentencePiece's words split at spaces only: 'Hopper,' was one word, so an entity took the comma,
+    one in brackets or quotes was lost, and a line of Chinese was one word."""
+    from tokenizers import models, pre_tokenizers
+
+    from spanflow.data.examples import NerExample
+
+    texts = [e.text for e in synthetic_ner(60, seed=3)] + [t for t, _ in GLUED]
+    tok = _tokenizer(models.Unigram(), pre_tokenizers.Metaspace(), texts)
+    assert _words(tok, GLUED[0][0]) == ["Grace", "Hopper", ",", "born", "in", "(", "Switzerland", ")", "."]
+    assert _words(tok, GLUED[2][0]) == ["北", "京", "是", "首", "都", "。"]
+    ex = [NerExample(text=t, spans=s) for t, s in GLUED]
+    assert roundtrip(tok, ex) == [e.spans for e in ex]
+
+
+def test_a_token_its_tokenizer_left_empty_does_not_take_its_words_label():
+    """RoBERTa's trim_offsets leaves a bare 'Ġ' (a vocabulary without its merge with the next
+    letter) empty: it started the word, so the word's label sat on a token that decodes to nothing,
+    and 'Umbrella Labs' came back as 'Labs'."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from spanflow.data.examples import NerExample
+
+    t = Tokenizer(models.BPE(unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.train_from_iterator([e.text for e in synthetic_ner(60, seed=3)], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "</s>", "[UNK]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t.post_processor = processors.RobertaProcessing(("</s>", 1), ("<s>", 0), trim_offsets=True)
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
+    text = "Grace met Zq Umbrella Qx here ."
+    raw = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    assert (13, 13) in [tuple(o) for o in raw]  # the trap: the empty 'Ġ' before 'Umbrella'
+    assert _words(tok, text) == ["Grace", "met", "Zq", "Umbrella", "Qx", "here", "."]
+    ex = [NerExample(text=text, spans=[(13, 24, "ORG")])]
+    assert roundtrip(tok, ex) == [[(13, 24, "ORG")]]

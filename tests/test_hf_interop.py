@@ -340,3 +340,20 @@ def test_a_token_classifier_whose_weights_hold_nan_is_refused(tmp_path, capsys):
                str(tmp_path / "o.jsonl"), "--precision", "fp32"])
     err = capsys.readouterr().err
     assert rc == 2 and "holds NaN values" in err and "query.weight" in err, err
+
+
+@pytest.mark.parametrize("kind", ["mpnet", "roberta"])
+def test_the_longest_input_of_an_encoder_whose_positions_follow_padding_runs(kind):
+    """MPNet (as RoBERTa) numbers positions from padding_idx + 1: its limit counted every position
+    table row, and an input of that length failed inside the model."""
+    from transformers import MPNetConfig, MPNetModel, RobertaConfig, RobertaModel
+
+    from spanflow.models.encoder import encoder_max_length
+
+    cls, cfg = {"mpnet": (MPNetModel, MPNetConfig), "roberta": (RobertaModel, RobertaConfig)}[kind]
+    model = cls(cfg(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                    max_position_embeddings=40)).eval()
+    n = encoder_max_length(model, tokenizer=None)
+    assert n == 38
+    with torch.no_grad():
+        model(input_ids=torch.full((1, n), 5))  # the longest input it is given runs

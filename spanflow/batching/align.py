@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numbers
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spanflow.data.formats.common import invisible
+from spanflow.data.formats.common import invisible, unspaced
 
 
 IGNORE = -100
@@ -64,6 +65,7 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
         else:
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
+            first = _split_punctuation(text, offsets, first, blank)
         _no_blank_firsts(first, blank)
         breaks = _breaks(text, offsets) if LINE_BREAK.search(text) else None
         if breaks:  # a word never runs across a line break (SentencePiece's words split at spaces only)
@@ -140,8 +142,10 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
     training and inference read it alike.)"""
     out, blank, last = [], [], 0
     for s, e in offsets:
-        gone = False
-        if s < e and (_edge(text[s]) or _edge(text[e - 1])):
+        gone = s == e  # a token its tokenizer already left empty (RoBERTa's trim_offsets on a bare `Ġ`)
+        if gone:
+            s = e = last
+        elif _edge(text[s]) or _edge(text[e - 1]):
             while s < e and _edge(text[s]):
                 s += 1
             while e > s and _edge(text[e - 1]):
@@ -154,6 +158,34 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
         blank.append(gone)
         out.append((s, e))
     return out, blank
+
+
+def _split_punctuation(text: str, offsets: list[tuple[int, int]], first: list[bool],
+                       blank: list[bool]) -> list[bool]:
+    """The tokenizer's words cut also at punctuation, as BERT's and byte-level BPE's already are:
+    SentencePiece's words split at spaces only, so 'Hopper,' and '(Switzerland)' were one word each
+    and an entity took the comma or was lost in the brackets; and a line of Chinese, which has no
+    spaces, was one word (BERT makes each ideograph one). A token that begins with punctuation or
+    a character of a script written without spaces (Chinese, Japanese), or follows one that ends
+    with either, starts a word (a token holding letters and punctuation stays whole: words start
+    only where tokens do)."""
+    out, after, last = [], False, 0
+    for f, (s, e), b in zip(first, offsets, blank):
+        if b or s == e:
+            out.append(f)
+            continue
+        # a token over the one before's characters (SentencePiece gives a text's opening `▁` its first
+        # character) is that one's word
+        out.append(f or (s >= last and (after or punctuation(text[s]) or unspaced(text[s]))))
+        after, last = punctuation(text[e - 1]) or unspaced(text[e - 1]), max(last, e)
+    return out
+
+
+def punctuation(c: str) -> bool:
+    """BERT's punctuation: a non-alphanumeric printable ASCII character, or Unicode category P."""
+    if c.isascii():
+        return 33 <= ord(c) <= 126 and not c.isalnum()
+    return unicodedata.category(c).startswith("P")
 
 
 def _edge(c: str) -> bool:

@@ -261,12 +261,18 @@ def architecture(path: str) -> str:
     return name if name.isidentifier() else "AutoModel"
 
 
+# model types whose position ids count from padding_idx + 1 (transformers' create_position_ids_from_input_ids)
+POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "longformer", "data2vec-text",
+                           "roberta-prelayernorm", "xlm-roberta-xl", "ibert", "luke", "xmod")
+
+
 def encoder_max_length(encoder: nn.Module, tokenizer) -> int:
     """Longest input the encoder accepts, special tokens included."""
     cfg = encoder.config
     n = getattr(cfg, "max_position_embeddings", 512)
-    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        n -= 2  # these count positions from padding_idx + 1
+    if getattr(cfg, "model_type", "") in POSITIONS_AFTER_PADDING:
+        pad = getattr(cfg, "pad_token_id", None)
+        n -= (pad if isinstance(pad, int) else 1) + 1  # the first padding_idx + 1 positions are never used
     tok_max = getattr(tokenizer, "model_max_length", n) or n
     return int(min(n, tok_max))
 
