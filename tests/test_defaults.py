@@ -89,12 +89,12 @@ def test_options_of_evaluation_given_without_dev_are_said():
 
 
 def test_default_rates_follow_the_update_size_by_square_root():
-    o = fill_defaults(TrainOptions(max_tokens=4 * REFERENCE_TOKENS), D, lengths=[32] * 100, device=CPU,
+    o = fill_defaults(TrainOptions(max_tokens=4 * REFERENCE_TOKENS), D, lengths=[32] * 1000, device=CPU,
                       log=lambda s: None)
     assert o.lr == pytest.approx(2 * D.lr) and o.head_lr == pytest.approx(2 * D.head_lr)
     # --lr-scaling scales a given rate by the world; a default one already counts the world's tokens
     o = fill_defaults(TrainOptions(max_tokens=REFERENCE_TOKENS, lr=1e-4, lr_scaling="sqrt"), D,
-                      lengths=[32] * 100, device=CPU, world=4, log=lambda s: None)
+                      lengths=[32] * 1000, device=CPU, world=4, log=lambda s: None)
     assert o.lr == pytest.approx(2e-4) and o.head_lr == pytest.approx(D.head_lr * 2)
     with pytest.raises(ConfigError):
         fill_defaults(TrainOptions(llrd=0.0), D, lengths=[32], device=CPU, log=lambda s: None)
@@ -179,14 +179,16 @@ def test_inference_window_is_the_trained_length(tmp_path):
     for bad in ((2, None), (10 ** 6, None), (16, 14)):
         with pytest.raises(ConfigError):
             again.set_max_length(*bad)
+    with pytest.raises(ConfigError, match="half the window's 30 tokens"):
+        again.set_max_length(32, 16)  # more than half a window: refused, not cut unsaid
     # a kept overlap wider than a shorter window is cut to half of it where windows are made
-    again.set_max_length(32, 24)
+    again.set_max_length(32, 15)
     again.set_max_length(12)
-    assert (again.max_length, again.stride) == (12, 24)
+    assert (again.max_length, again.stride) == (12, 15)
     wins = again.units([long])[0]
     assert all(b.start - a.start == 10 - 5 for (a, _), (b, _) in zip(wins, wins[1:]))  # 10 content tokens, step 5
     again.set_max_length(32)
-    assert (again.max_length, again.stride) == (32, 24)
+    assert (again.max_length, again.stride) == (32, 15)
 
 
 def test_a_model_trained_on_multi_line_texts_reads_lines_together(tmp_path):
@@ -250,3 +252,18 @@ def test_a_budget_below_the_texts_scales_the_rates_to_what_a_batch_holds():
     lines.clear()
     fill_defaults(TrainOptions(max_tokens=64), D, lengths=[64] * 200, device=CPU, log=lines.append)
     assert not any("below the median" in x for x in lines)
+
+
+@pytest.mark.parametrize("asked", [dict(max_tokens=100_000), dict(max_tokens=256, grad_accum=100)])
+def test_an_update_larger_than_the_data_scales_the_rates_to_the_data_and_says_so(asked):
+    """A budget past the whole training set makes one update an epoch of the whole set: the unset
+    rates followed the budget asked (20x too high for 40 texts under --max-tokens 100000)."""
+    lines = []
+    big = fill_defaults(TrainOptions(**asked), D, lengths=[30] * 40, device=CPU, log=lines.append)
+    whole = fill_defaults(TrainOptions(max_tokens=1200), D, lengths=[30] * 40, device=CPU, log=lambda s: None)
+    assert big.lr == pytest.approx(whole.lr) and big.head_lr == pytest.approx(whole.head_lr)
+    assert any("holds the whole training set (1200 padded tokens): 1 update per epoch, and unset learning rates "
+               "follow 1200 tokens" in x for x in lines), lines
+    lines.clear()
+    fill_defaults(TrainOptions(**asked, lr=1e-4, head_lr=1e-3), D, lengths=[30] * 40, device=CPU, log=lines.append)
+    assert any(x.endswith("1 update per epoch") for x in lines), lines  # rates given: nothing follows

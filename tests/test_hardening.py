@@ -263,7 +263,7 @@ def test_a_window_that_cannot_work_is_one_error_line(trained, tmp_path, capsys):
     # a stride past the trained window is refused from spanflow.json, before the weights load and the
     # precision is checked (their runtime line)
     for argv in (["predict", "--model", model, *out], ["evaluate", "--model", model, "--data", train]):
-        err = fails([*argv, "--stride", "500"], capsys, "--stride must be between 0 and max length - 3")
+        err = fails([*argv, "--stride", "500"], capsys, "--stride must be between 0 and half the window's")
         assert "runtime:" not in err, err
         err = fails([*argv, "--max-length", "100000"], capsys, "--max-length must be between 8 and the model's limit")
         assert "runtime:" not in err, err

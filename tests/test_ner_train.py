@@ -203,15 +203,15 @@ def test_continued_model_takes_given_window_and_stride(tmp_path):
     def start(model, **kw):
         return start_model(model, data, labels, TrainOptions(**kw), policy)
 
-    assert start("tiny", max_length=16).stride == 32  # the default, which make_windows caps at half a short window
+    assert start("tiny", max_length=16).stride == 7  # the default 32, as far as half a short window takes it
     start("tiny", max_length=48, stride=8).save(str(tmp_path / "m"))
     m = str(tmp_path / "m")
     assert (start(m).limit, start(m).stride) == (48, 8)  # unset: as it was trained
     assert (start(m, max_length=24, stride=4).limit, start(m, max_length=24, stride=4).stride) == (24, 4)
     with pytest.raises(ConfigError, match="--max-length 64 is above"):
         start(m, max_length=64)  # the tiny encoder was built for 48 positions
-    with pytest.raises(ConfigError, match="--stride must be between 0 and max length - 3"):
-        start(m, stride=46)  # windows of 46 tokens would advance by none
+    with pytest.raises(ConfigError, match=r"--stride must be between 0 and half the window's 46 tokens \(23\), got 24"):
+        start(m, stride=24)  # more than windows overlap by: it was taken, saved, and cut to 23 unsaid
 
 
 def test_entities_off_the_words_are_named_when_training_starts():

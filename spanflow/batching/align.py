@@ -265,8 +265,9 @@ def check_window(max_length: int, stride: int, limit: int) -> tuple[int, int]:
     _whole(max_length, stride)
     if not MIN_LENGTH <= max_length <= limit:
         raise ConfigError(f"--max-length must be between {MIN_LENGTH} and the model's limit {limit}, got {max_length}")
-    if not 0 <= stride < max_length - 2:
-        raise ConfigError(f"--stride must be between 0 and max length - 3 ({max_length - 3}), got {stride}")
+    if not 0 <= stride <= max_stride(max_length):  # what make_windows honours: more left too few new tokens a window
+        raise ConfigError(f"--stride must be between 0 and half the window's {max_length - 2} tokens "
+                          f"({max_stride(max_length)}), got {stride}")
     return max_length, stride
 
 
@@ -291,6 +292,11 @@ def _whole(max_length, stride) -> None:
             raise ConfigError(f"--{name} must be a whole number of tokens, got {v!r:.60}")
 
 
+def max_stride(max_length: int) -> int:
+    """The most tokens neighbouring windows of `max_length` (special tokens included) share: half a window."""
+    return (max_length - 2) // 2
+
+
 def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int, int]]:
     """Cut [0, n_tokens) into windows of at most max_length-2 content tokens.
 
@@ -303,7 +309,7 @@ def make_windows(n_tokens: int, max_length: int, stride: int) -> list[tuple[int,
         raise ValueError("max_length must be at least 3")
     if n_tokens <= size:
         return [(0, n_tokens)]
-    step = max(1, size - min(stride, size // 2))
+    step = max(1, size - min(stride, max_stride(max_length)))
     out, a = [], 0
     while True:
         b = min(a + size, n_tokens)

@@ -96,19 +96,29 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     """
     auto = [TINY] if tiny else []
     max_tokens = opts.max_tokens
+    # the first epoch's plan: what the budget gives on this data (batches are rarely full: the token
+    # total over the budget counts too few updates)
+    plan = epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens or update_tokens(lengths, device, world)),
+                      0, world) if lengths else []
     if max_tokens is None:
         max_tokens = update_tokens(lengths, device, world)
-        # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives
-        # here, from the first epoch's plan (batches are rarely full: the token total over the
-        # budget counts too few)
-        updates = max(1, len(epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world)))
-        auto.append(f"max_tokens {max_tokens} (about {counted(updates, 'update')} per epoch)")
+        # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives here
+        auto.append(f"max_tokens {max_tokens} (about {counted(max(1, len(plan)), 'update')} per epoch)")
     typical = sorted(lengths)[len(lengths) // 2] if lengths else 0
     if max_tokens < typical:  # a batch holds a text at least: the update is larger than the budget asked
         log(f"note: a budget of {max_tokens} tokens a batch (--max-tokens) is below the median training text "
             f"({typical} tokens): a batch holds one text at least, so updates hold more than the budget, and unset "
             f"learning rates follow {typical}")
-    scale = math.sqrt(max(max_tokens, typical) * opts.grad_accum * world / REFERENCE_TOKENS)
+    update = max(max_tokens, typical) * opts.grad_accum * world
+    whole = sum(max(lengths[i] for i in mb) * len(mb) for step in plan for mb in step if mb)
+    if len(plan) == 1 and whole < update:  # the budget holds more than the data: one update, of the whole set
+        if opts.max_tokens is not None:  # a budget of the defaults' is said in their line
+            accum = f" x --grad-accum {opts.grad_accum}" if opts.grad_accum > 1 else ""
+            follow = f", and unset learning rates follow {whole} tokens" if opts.lr is None or opts.head_lr is None else ""
+            log(f"note: an update of --max-tokens {max_tokens}{accum} tokens holds the whole training set ({whole} "
+                f"padded tokens): 1 update per epoch{follow}")
+        update = whole
+    scale = math.sqrt(update / REFERENCE_TOKENS)
     checked = scaled_options(opts, default_lr=defaults.lr * scale, world=world)  # --lr-scaling for rates given
     lr = checked.lr if opts.lr is not None else defaults.lr * scale
     head_lr = checked.head_lr if opts.head_lr is not None else (defaults.head_lr * scale if defaults.head_lr else None)

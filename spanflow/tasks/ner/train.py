@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from spanflow.batching.align import check_window
+from spanflow.batching.align import check_window, max_stride
 from spanflow.batching.collate import round_up
 from spanflow.batching.sampling import rarity_weights
 from spanflow.data.examples import NerExample, check_examples
@@ -88,10 +88,11 @@ def start_model(model: str, train: list[NerExample], labels: list[str], opts: Tr
 
 
 def _stride(opts: TrainOptions, limit: int, otherwise: int) -> int:
-    """--stride where given (a ConfigError where it leaves a window no new token), else `otherwise`:
-    a continued model's own, or the default (make_windows caps either at half a short window)."""
+    """--stride where given (a ConfigError past half the window), else `otherwise`: a continued model's
+    own, or the default, as far as a window of `limit` takes it (make_windows's cap, so the model
+    directory records the overlap its windows have)."""
     if opts.stride is None:
-        return otherwise
+        return min(otherwise, max_stride(limit))
     return check_window(limit, opts.stride, limit)[1]
 
 
