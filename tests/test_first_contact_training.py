@@ -2,6 +2,7 @@
 left only the checkpoint), a defaults line that names the tiny start and a run without --dev, no
 lock file left in OUT, the umask's modes on every file, a learning check whose loss figures are the
 step lines', and a final dev score that `spanflow evaluate` reproduces."""
+import json
 import os
 import re
 import stat
@@ -49,7 +50,12 @@ def test_a_run_without_model_or_dev_names_the_tiny_start_and_keeps_the_last_epoc
     where = [x for x in lines if f"{out}/model" in x and not x.startswith("next: ")]
     assert where == [f"no --dev to pick a best model by: the model of the last epoch (step 4) is in {out}/model"]
     assert lines[-1] == f"next: spanflow predict --model {out}/model --input texts.txt --output entities.jsonl"
-    assert sorted(os.listdir(out)) == ["checkpoint", "model", "train_report.jsonl"]  # no lock file left behind
+    assert sorted(os.listdir(out)) == ["checkpoint", "model", "train_options.json", "train_report.jsonl"]  # no lock
+    # what ran, every default filled in: an explicit budget, the rates the defaults took, the head
+    ran = json.loads((out / "train_options.json").read_text())
+    assert ran["max_tokens"] == 512 and ran["epochs"] == 2 and ran["precision"] == "fp32" and ran["model"] == "tiny"
+    assert f"lr {ran['lr']:.2g}" in defaults and ran["train_items"] > 0
+    assert any("; head crf; words: " in x for x in lines)  # the head it trained, named though nobody chose it
 
 
 def test_a_max_steps_stop_says_the_checkpoint_holds_the_weights_then_resume_names_the_model(data, tmp_path, capsys):
@@ -60,7 +66,7 @@ def test_a_max_steps_stop_says_the_checkpoint_holds_the_weights_then_resume_name
     assert lines[-1] == (f"stopped by --max-steps after step 1 (epoch 1): no {out}/model yet; this run's last weights "
                          f"are in {out}/checkpoint/model; the same command with --resume trains on to the end")
     assert not any("model saved" in x or "model is in" in x for x in lines)
-    assert sorted(os.listdir(out)) == ["checkpoint", "train_report.jsonl"]
+    assert sorted(os.listdir(out)) == ["checkpoint", "train_options.json", "train_report.jsonl"]
     lines = _train([*args, "--resume"], capsys)
     where = [x for x in lines if f"{out}/model" in x and not x.startswith("next: ")]
     assert len(where) == 1 and re.fullmatch(rf"best dev F1 \d\.\d{{4}} \(fp32, step \d of 4\): the model is in "

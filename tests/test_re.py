@@ -428,3 +428,13 @@ def test_a_very_long_text_is_tokenized_only_as_far_as_the_max_length_reads():
     assert got[1].ids == full[1].ids
     nospace = "ab," * (64 * CHARS_PER_TOKEN)  # no white space near the cut: tokenized whole
     assert encode_heads(tok, [nospace], 64)[0].ids == encode_texts(tok, [nospace])[0].ids
+
+
+def test_a_budget_below_the_longest_training_text_is_refused_as_ners_is(tmp_path):
+    """A --max-tokens set to cap memory ran every longer text in a batch over it, unsaid."""
+    from spanflow.errors import ConfigError
+
+    data = synthetic_re(20, seed=1)
+    with pytest.raises(ConfigError, match=r"^--max-tokens 8 is below the longest training text, \d+ tokens"):
+        train_re(data, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
+                 options=TrainOptions(epochs=1, max_tokens=8, max_length=64, log_every=0))

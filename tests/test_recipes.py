@@ -296,6 +296,11 @@ def test_auto_class_weights_favour_rare_labels_and_keep_the_mean():
         class_weight_tensor("C=2", wins, ID2LABEL)
     with pytest.raises(ConfigError, match="LABEL=WEIGHT"):
         class_weight_tensor("A:2", wins, ID2LABEL)
+    # taken as given, they weighed nothing (and switched a new model to the softmax head) or kept the last
+    for text, said in (("", "LABEL=WEIGHT"), (",", "LABEL=WEIGHT"), ("A=2,A=3", "'A' is given twice"),
+                       ("auto,A=2", "'auto' stands alone")):
+        with pytest.raises(ConfigError, match=said):
+            TrainOptions(class_weights=text)
 
 
 def test_layerwise_lr_decay_groups():
@@ -413,6 +418,14 @@ def test_cli_train_with_recipes_from_docbin(tmp_path, capsys):
     assert read_model_config(str(tmp_path / "run" / "model"))["head"] == "crf"
     capsys.readouterr()
     assert main(args + ["--out", str(tmp_path / "bad"), "--head", "crf", "--label-smoothing", "0.1"]) == 2
-    assert "apply to the softmax head" in capsys.readouterr().err
+    assert "error: --label-smoothing applies to the softmax head, not the CRF" in capsys.readouterr().err  # its own
     assert main(args + ["--out", str(tmp_path / "bad"), "--class-weights", "person=x"]) == 2
     assert "LABEL=WEIGHT" in capsys.readouterr().err
+
+
+def test_pack_span_without_pack_is_said_to_do_nothing(tmp_path):
+    lines: list[str] = []
+    data = synthetic_ner(20, seed=1, max_clauses=1)
+    train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=small_opts(epochs=1, pack_span=3.0),
+              log_fn=lines.append)
+    assert "warning: --pack-span 3 has no effect without --pack (no texts are joined)" in lines

@@ -324,6 +324,11 @@ def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
     prof.write_text(json.dumps({"task": "ner", "mode": "train", "device": "cpu (96 threads)",
                                 "best": {"max_tokens": 777}, "points": []}))  # a CPU's threads hold no memory
     assert resolve(profile=str(prof)) == 777 and "measured on" not in log[-1]
+    for model, said in (("/some/other/encoder", True), ("tiny", False)):  # another model's budget: said, still taken
+        prof.write_text(json.dumps({"task": "ner", "mode": "train", "model": model, "best": {"max_tokens": 777},
+                                    "points": []}))
+        assert resolve(profile=str(prof)) == 777
+        assert (f"measured for {model}, this run is tiny: tune again for it" in log[-1]) == said, log[-1]
 
 
 def test_train_max_tokens_auto_is_resolved_after_parsing_and_cached(ner_file, tmp_path, monkeypatch, capsys):

@@ -151,6 +151,11 @@ def _gate(model, texts: list | None, force: bool) -> str:
             f"{cal['threshold']}" + (", accepted by --force" if below else ""))
 
 
+def _where(model: str) -> str:
+    """A model as a profile names it: a directory's real path, or a name such as `tiny`."""
+    return os.path.realpath(model) if os.path.exists(model) else model
+
+
 def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data: str | None, field: str,
                 column: int | None, measure: Callable[..., dict] | None,
                 log: Callable[[str], None]) -> tuple[int | None, str]:
@@ -175,6 +180,9 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
         if prof.device and prof.device != here and not (prof.device.startswith("cpu") and here.startswith("cpu")):
             # another device's budget may not fit this one's memory (a CPU's thread count changes none)
             other += f"; measured on {prof.device}, this run is on {here}: tune again here"
+        if prof.model and key["model"] and _where(prof.model) != _where(str(key["model"])):
+            # another model's budget: other widths and lengths hold other memory and speed per token
+            other += f"; measured for {prof.model}, this run is {key['model']}: tune again for it"
         return prof.best.max_tokens, f"from {asked.profile}{other}"
     default = None if job == "train" else default_budget(job, key["device"])
     why_default = "the default for this device" if default else "training's default"

@@ -2,6 +2,7 @@
 clipping, warmup + linear decay, evaluation, early stopping, checkpoints and reports."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from spanflow.atomic import recover_dir, writing
+from spanflow.atomic import atomic_open, recover_dir, writing
 from spanflow.errors import DataError, PeerFailed
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, measure_peak, mfu_precision, train_flops_per_token
@@ -210,8 +211,10 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         check_resume_agrees(r, bool(resumed), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log, metric=hooks.metric) if dist.is_main else Reporters()
-    r.reporters.log_params({**opts.to_dict(), "dev_metric": hooks.metric, "precision": policy.name, "device": str(device),
-                            "processes": dist.world, "model": origin, "train_items": len(items)})
+    params = {**opts.to_dict(), "dev_metric": hooks.metric, "precision": policy.name, "device": str(device),
+              "processes": dist.world, "model": origin, "train_items": len(items)}
+    r.reporters.log_params(params)
+    on_main(lambda: _write_params(out_dir, params), dist)  # what ran, resolved, beside the report
     mean_len = sum(len(it) for it in items) / max(1, len(items))
     basis = mfu_precision(model, device, policy.name)
     if device.type == "cpu":  # a CPU's peak is measured (a GPU's is its datasheet's): ranks side by side read a share
@@ -354,6 +357,18 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
         st["bad_evals"] += 1
         if r.opts.patience and st["bad_evals"] >= r.opts.patience:
             st["stopped"] = True
+
+
+OPTIONS_FILE = "train_options.json"
+
+
+def _write_params(out_dir: str, params: dict) -> None:
+    """OUT/train_options.json: the run's options as they took effect (every default filled in), its
+    precision, device, processes, starting model and item count; a resumed run writes its own."""
+    path = os.path.join(out_dir, OPTIONS_FILE)
+    with writing("the run's options", path), atomic_open(path, "report") as f:
+        json.dump(params, f, indent=2, ensure_ascii=False, default=str)
+        f.write("\n")
 
 
 def _remove(path: str) -> None:

@@ -151,12 +151,20 @@ def parse_weights(text: str) -> dict[str, float]:
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.rpartition("=")
+        if part == "auto":
+            raise ConfigError("--class-weights: 'auto' stands alone (it weighs every label); or give LABEL=WEIGHT "
+                              f"pairs, got {text!r}")
         try:
-            out[key.strip()] = float(value)
+            weight = float(value)
         except ValueError:
             sep = ""
         if not sep or not key.strip():
             raise ConfigError(f"--class-weights: expected LABEL=WEIGHT pairs or 'auto', got {part!r}")
+        if key.strip() in out:
+            raise ConfigError(f"--class-weights: {key.strip()!r} is given twice, in {text!r}")
+        out[key.strip()] = weight
+    if not out:
+        raise ConfigError(f"--class-weights: expected LABEL=WEIGHT pairs or 'auto', got {text!r}")
     return check_weights(out)
 
 

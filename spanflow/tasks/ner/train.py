@@ -125,14 +125,16 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         nm = start_model(run.source, train, labels, opts, run.policy, head,
                          fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD, resuming=run.source != model)
         if nm.head_type == "crf" and softmax_recipe:
-            raise ConfigError("--label-smoothing and --class-weights apply to the softmax head, not the CRF")
+            raise ConfigError(f"{softmax_flags(opts)} to the softmax head, not the CRF")
         if softmax_recipe and head is None and DEFAULT_HEAD != "softmax" and not continues(run.source):
             log(f"note: {softmax_flags(opts)} to the softmax head only: this new model takes a softmax head "
                 f"instead of the default {DEFAULT_HEAD} (docs/recipes.md compares them)")
         label2id = {lab: i for i, lab in enumerate(nm.id2label)}
         defaults = for_encoder(DEFAULTS, nm.module.encoder)
-        texts = pack_examples(train, opts.pack if opts.pack is not None else defaults.pack, span=opts.pack_span,
-                              seed=opts.seed)
+        pack = opts.pack if opts.pack is not None else defaults.pack
+        if not pack and opts.pack_span != TrainOptions.pack_span:  # the default: 1
+            log(f"warning: --pack-span {opts.pack_span:g} has no effect without --pack (no texts are joined)")
+        texts = pack_examples(train, pack, span=opts.pack_span, seed=opts.seed)
         nm.lines = single_line(texts)
         nm.words = words_of(train)  # plain text is cut as the training data's tokens were, when it can be
         nm.word_edges = edge_rules(train) if nm.words == WHITESPACE else None
@@ -145,6 +147,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         nm.max_length = min(nm.limit, round_up(longest, 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "
+            f"head {nm.head_type}; "
             f"words: {nm.words} ({WORDS_MEAN[nm.words]}"
             + (f"; punctuation cut off a word's start: {shown_marks(nm.word_edges['start'])}; off its end: "
                f"{shown_marks(nm.word_edges['end'])}" if nm.word_edges else "") + ")")

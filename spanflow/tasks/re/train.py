@@ -104,6 +104,11 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         warn_alike({r for e in [*train, *(dev or [])] for _, r, _ in [*e.triples, *e.unlocated]}, "relations", log)
         rm = start_model(run.source, train, relations, opts, run.policy, resuming=run.source != model)
         feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
+        longest = max((len(f) for f in feats), default=0)
+        if opts.max_tokens is not None and opts.max_tokens < longest:  # as NER's: a budget set to cap memory holds
+            raise ConfigError(f"--max-tokens {opts.max_tokens} is below the longest training text, {longest} tokens "
+                              f"(at most --max-length): one text must fit in a batch (give --max-tokens {longest} "
+                              "or more, or a lower --max-length)")
         log(f"{counted(len(train), 'training text')}, {counted(trained_triples(feats), 'triple')} trained on, "
             f"{counted(len(relations), 'relation')} {source}"
             + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
