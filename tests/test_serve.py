@@ -70,6 +70,11 @@ def test_routes_and_shapes(model_dirs):
         assert 'spanflow_requests_total{route="/v1/ner",status="200"}' in m and "spanflow_batch_tokens_bucket" in m
         if sys.platform.startswith("linux"):  # the CPU split by thread reads /proc
             assert re.search(r'^spanflow_thread_cpu_\w+\{thread="model"\} ', m, re.MULTILINE)  # the split by role
+        # a CPU server exports no GPU figures (they read as an idle GPU), and says what runs each model
+        assert "spanflow_accelerator" not in m
+        for name in ("ner", "emb"):
+            assert sum(float(x) for x in re.findall(rf'^spanflow_backend\{{backend="\w+",model="{name}"\}} (\S+)', m,
+                                                    re.MULTILINE)) == 1, name
 
 
 def test_metrics_count_served_batches_padded_as_they_ran(model_dirs):
@@ -340,7 +345,8 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
     started = []
     monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: started.append((app, kw)))
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
-    monkeypatch.setattr("spanflow.serving.app.start_backend", lambda model, name: asked.append(name))
+    monkeypatch.setattr("spanflow.serving.app.start_backend",
+                        lambda model, name, log=print: asked.append(name) or log(f"backend {name}"))
     text = min(TEXTS, key=len)
     lengths = load_service(f"ner={model_dirs['ner']}", device="cpu").units([text])[1]
     assert len(lengths) == 1  # one window
@@ -360,10 +366,12 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
             assert c.post("/v1/ner", json={"texts": [text] * n}).status_code == 200
             assert c.post("/v1/embeddings", json={"input": [text] * n}).status_code == 200
             metrics = c.get("/metrics").text
-        return {m: _batches(metrics, m) for m in ("ner", "emb")}, out  # (the warm-up is not counted)
+        late = capsys.readouterr()  # what the server printed as it started (its backends' lines)
+        return {m: _batches(metrics, m) for m in ("ner", "emb")}, out + late.out  # (the warm-up is not counted)
 
     batches, out = serve("--max-tokens", "auto")
     assert batches == {"ner": 1, "emb": 1}  # the default budget holds all n
+    assert "ner: backend " in out and "emb: backend " in out  # of two models, each backend's line names its own
     assert f"max_tokens {budget}" not in out and f"max_tokens {default}" in out
     # how to get a measured one: a command that caches it, or tune and --profile
     assert f"`spanflow embed --model {model_dirs['emb']} --input YOUR_TEXTS --output OUT --max-tokens auto` " \

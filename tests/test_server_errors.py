@@ -78,6 +78,11 @@ def test_unknown_paths_and_wrong_methods_answer_in_the_error_shape(client):
     err = error_of(client.post("/v1/embed", json={"inputs": ["a"]}), 404)
     assert err["message"].startswith("no route POST /v1/embed; the routes are ") and "POST /v1/embeddings, " in \
         err["message"] and "POST /v1/ner" in err["message"]
+    assert "GET /v1/models/{name}," in err["message"] and ":path" not in err["message"]  # the router's converter
+    # a number past Python's digit limit: the message is the client's, not Python's advice to raise the limit
+    err = error_of(client.post("/v1/ner", content=b'{"texts": [], "model": ' + b"9" * 5000 + b"}",
+                               headers={"Content-Type": "application/json"}), 400)
+    assert err["message"] == "malformed JSON: a number too long to read"
     err = error_of(client.post("/v1/relations", json={"texts": ["a"]}), 404)  # a route of a task not loaded
     assert err["message"] == ("no re model is loaded on this server, so /v1/relations is not served; loaded: "
                               "ner (ner), emb (embed)")

@@ -22,7 +22,7 @@ from spanflow.inference.backend import backend_of, start_backend
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
-from spanflow.serving.guard import Guard, error_body
+from spanflow.serving.guard import Guard, error_body, route_shown
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
 from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body, request_schema
@@ -47,7 +47,7 @@ class HttpError(Exception):
 def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     # one batcher per name: a second model of a name would take the first's
     check_names([(s.name, f"the {s.task.name} model") for s in services])
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(accelerator=any(s.model.policy.device.type == "cuda" for s in services))
     started = int(time.time())
     state = {"ready": False, "batchers": {}, "gpu": None}
 
@@ -76,7 +76,9 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         cuda = [s.model.policy.device for s in services if s.model.policy.device.type == "cuda"]
         state["gpu"] = GpuUtilSampler(cuda[0]) if cuda else None  # NVML, when installed (the gpu extra)
         for s in services:  # a compile runs aside, started once the eager warm-up is done: ready now
-            start_backend(s.model, s.backend)
+            # of several models, each compile line says which it is of
+            start_backend(s.model, s.backend, (lambda line, n=s.name: print(f"{n}: {line}")) if len(services) > 1
+                          else print)
         state["ready"] = True
         yield
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued
@@ -146,10 +148,12 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         for name, b in state["batchers"].items():
             metrics.queue_depth.labels(name).set(b.depth)
             metrics.queue_tokens.labels(name).set(b.queued_tokens)
-        if torch.cuda.is_available():
+        for s in services:
+            metrics.set_backend(s.name, backend_of(s.model))
+        if metrics.gpu_memory is not None:
             metrics.gpu_memory.set(torch.cuda.memory_allocated())
         util = state["gpu"].take() if state["gpu"] else None  # the mean since the last scrape
-        if util is not None:
+        if util is not None and metrics.gpu_util is not None:
             metrics.gpu_util.set(util)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -247,7 +251,7 @@ def _routing_message(request: Request, exc, app: FastAPI, headers: dict, service
         return (f"no {unloaded.name} model is loaded on this server, so {path} is not served; loaded: "
                 + ", ".join(f"{s.name} ({s.task.name})" for s in services))
     if exc.status_code == 404:
-        routes = sorted({f"{m} {r.path}" for r in app.routes for m in getattr(r, "methods", None) or ()
+        routes = sorted({f"{m} {route_shown(r.path)}" for r in app.routes for m in getattr(r, "methods", None) or ()
                          if m != "HEAD" and not r.path.startswith("/docs/")}, key=lambda x: x.split()[::-1])
         return f"no route {request.method} {path}; the routes are {', '.join(routes)}"
     return str(exc.detail)[:200]
@@ -316,7 +320,8 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> dict:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as e:  # also too deep nesting and integers over Python's digit limit
-        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+        reason = ("nested too deeply" if isinstance(e, RecursionError)
+                  else "a number too long to read" if "integer string conversion" in str(e) else str(e)[:200])
         raise HttpError(400, f"malformed JSON: {reason}") from None
     if not isinstance(body, dict):
         raise HttpError(400, "the body must be a JSON object")

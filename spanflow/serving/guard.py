@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 
 log = logging.getLogger("spanflow.serve")
 
@@ -17,6 +18,11 @@ def key_matches(header: bytes | None, key: str) -> bool:
     UTF-8, as clients send a key that is not ASCII, compared in constant time."""
     scheme, _, token = (header or b"").strip().partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode("utf-8"))
+
+
+def route_shown(path: str) -> str:
+    """A route as its users read it: `/v1/models/{name}`, without the router's `:path` converter."""
+    return re.sub(r"\{(\w+):\w+\}", r"{\1}", path)
 
 
 class Guard:
@@ -33,7 +39,7 @@ class Guard:
         self.app, self.api_key, self.count = app, api_key, count
         self.routes = {r for r in routes if "{" not in r}
         # a route with a parameter ("/v1/models/{name:path}") is one label: its path up to the parameter
-        self.prefixes = sorted(((r[:r.index("{")], r) for r in routes if "{" in r), key=lambda p: -len(p[0]))
+        self.prefixes = sorted(((r[:r.index("{")], route_shown(r)) for r in routes if "{" in r), key=lambda p: -len(p[0]))
 
     def label(self, path: str) -> str:
         """The route `path` is counted under: itself, its route's template, or "other" (unknown

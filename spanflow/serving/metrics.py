@@ -14,7 +14,9 @@ _SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class ServerMetrics:
-    def __init__(self):
+    def __init__(self, accelerator: bool = True):
+        """`accelerator`: a model runs on a GPU, whose memory and utilisation are exported (on a CPU
+        server they would read as an idle GPU)."""
         self.registry = r = CollectorRegistry()
         self.requests = Counter("spanflow_requests", "HTTP requests", ["route", "status"], registry=r)
         self.queue_depth = Gauge("spanflow_queue_depth", "units (texts or windows) waiting", ["model"], registry=r)
@@ -32,15 +34,21 @@ class ServerMetrics:
                                ["model", "phase"], buckets=_SECONDS, registry=r)
         self.padding = Gauge("spanflow_padding_efficiency", "real / padded tokens, cumulative", ["model"],
                              registry=r)
-        self.gpu_memory = Gauge("spanflow_accelerator_memory_bytes", "CUDA memory allocated", registry=r)
-        self.gpu_util = Gauge("spanflow_accelerator_utilization", "NVML GPU utilization, percent", registry=r)
+        self.gpu_memory = Gauge("spanflow_accelerator_memory_bytes", "CUDA memory allocated",
+                                registry=r) if accelerator else None
+        self.gpu_util = Gauge("spanflow_accelerator_utilization", "NVML GPU utilization, percent (0-100)",
+                              registry=r) if accelerator else None
+        self.backend = Gauge("spanflow_backend", "1 for what runs each model's batches now: eager, compile, or "
+                             "compiling (a compile running aside while batches run eager)", ["model", "backend"],
+                             registry=r)
         self._real: dict[str, int] = {}
         self._padded: dict[str, int] = {}
         self._phases: dict[tuple[str, str], object] = {}
         self.thread_cpu = Gauge("spanflow_thread_cpu_seconds", "CPU time of the server's threads since start, by "
                                 "role: event_loop (HTTP, JSON, small requests' tokenizing), io (large requests'), "
-                                "model (the thread that runs batches), native (threads Python did not start: the "
-                                "OpenMP workers of the model's ops)", ["thread"], registry=r)
+                                "model (the thread that runs batches), compile (a compile aside, at start), native "
+                                "(threads Python did not start: the OpenMP workers of the model's ops), other (any "
+                                "thread else, such as a library's)", ["thread"], registry=r)
 
     def phase_of(self, model: str, phase: str):
         """The phase histogram's child for a model and phase, looked up once."""
@@ -63,13 +71,19 @@ class ServerMetrics:
             self.padding.labels(model).set(self._real[model] / self._padded[model])
         return observe
 
+    def set_backend(self, model: str, backend: str) -> None:
+        """Mark `backend` as what runs `model` now (the others it can be at 0)."""
+        for b in ("eager", "compile", "compiling"):
+            self.backend.labels(model, b).set(1 if b == backend else 0)
+
     def render(self) -> bytes:
         for role, seconds in thread_cpu().items():
             self.thread_cpu.labels(role).set(round(seconds, 3))
         return generate_latest(self.registry)
 
 
-_ROLES = (("MainThread", "event_loop"), ("spanflow-io", "io"), ("spanflow-model", "model"))
+_ROLES = (("MainThread", "event_loop"), ("spanflow-io", "io"), ("spanflow-model", "model"),
+          ("spanflow-compile", "compile"))
 
 
 def thread_cpu() -> dict[str, float]:
