@@ -1,6 +1,7 @@
 import gc
 import json
 import os
+import re
 
 import pytest
 
@@ -171,3 +172,24 @@ def test_predict_on_an_empty_input_says_so(trained, tmp_path, capsys):
                  str(tmp_path / "out.jsonl")]) == 0
     out, err = capsys.readouterr()
     assert "wrote 0 records" in out and f"warning: {empty} holds no texts (an empty file?)" in err
+
+
+def test_predict_says_how_fast_its_texts_went(trained, tmp_path, capsys):
+    from spanflow.tasks.ner import NerModel
+
+    d, data = trained
+    texts = [e.text for e in data[:12]]
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(inp),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("wrote 12 records"))
+    m = re.search(r" in ([\d.]+)s: (\d+) texts/s, (\d+) real tokens/s, padding efficiency ([\d.]+)$", line)
+    assert m, line
+    seconds, per_s, tok_s, eff = float(m[1]), int(m[2]), int(m[3]), float(m[4])
+    tok = NerModel.load(str(d / "run" / "model")).tokenizer
+    real = sum(len(tok(t)["input_ids"]) for t in texts)  # each text one window, its special tokens included
+    # both rates are of one time: their ratio is the real tokens a text (the time shown is rounded)
+    assert seconds >= 0 and per_s > 0 and tok_s / per_s == pytest.approx(real / 12, rel=0.05)
+    assert 0 < eff <= 1

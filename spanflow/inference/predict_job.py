@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack
@@ -131,15 +132,17 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
         # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
         bar = tqdm(total=total, initial=job.records, unit="text", disable=None if progress else True,
                    dynamic_ncols=True, mininterval=0.5)
+        tally = {"texts": 0, "real_tokens": 0, "padded_tokens": 0}
+        started = time.perf_counter()
         try:
-            preds = _predictions(model, rows, bar, max_tokens)
+            preds = _predictions(model, rows, bar, max_tokens, tally)
             done = _Done(P, job, model)
             if fmt == "parquet":
                 _write_parquet(model, preds, done, keep, types, rows_per_group)
             else:
                 _write_jsonl(model, preds, done, keep, with_id=id_column is not None, every=rows_per_group)
             P.remove_leftovers()  # the output is in place: the journal has nothing left to resume
-            stats = {"records": job.records, "errors": job.errors}
+            stats = {"records": job.records, "errors": job.errors, "seconds": time.perf_counter() - started, **tally}
             if getattr(model, "truncated", None) is not None:
                 stats["truncated"] = job.truncated
             return stats
@@ -174,10 +177,10 @@ class _Done:
         write_journal(self.P.journal, job)
 
 
-def _predictions(model, rows: Iterable, bar, max_tokens: int | None) -> Iterator[tuple]:
-    """(record, result) in input order; an unreadable record is predicted as "" (its result unused)."""
+def _predictions(model, rows: Iterable, bar, max_tokens: int | None, tally: dict) -> Iterator[tuple]:
+    """(record, result) in input order; an unreadable record is predicted as "" (its result unused).
+    `tally` counts the texts run and their real and padded tokens."""
     pending: deque = deque()  # records in input order; thread-safe append/popleft
-    real = [0]
 
     def texts():
         for r in rows:
@@ -185,10 +188,12 @@ def _predictions(model, rows: Iterable, bar, max_tokens: int | None) -> Iterator
             yield r.text if isinstance(r.text, str) else ""
 
     def on_batch(n_texts: int, real_tokens: int, padded: int) -> None:
-        real[0] += real_tokens
+        tally["texts"] += n_texts
+        tally["real_tokens"] += real_tokens
+        tally["padded_tokens"] += padded
         if n_texts:
             bar.update(n_texts)
-            bar.set_postfix(tok_s=f"{real[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
+            bar.set_postfix(tok_s=f"{tally['real_tokens'] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
 
     for result in model.predict_stream(texts(), max_tokens=max_tokens, on_batch=on_batch):
         yield pending.popleft(), result
