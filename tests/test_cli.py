@@ -29,7 +29,7 @@ def test_evaluate_json_shape(trained, capsys):
     d, _ = trained
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(d / "train.jsonl"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {"f1", "precision", "recall", "support", "per_label"} <= set(out)
+    assert {"f1", "precision", "recall", "support", "per_label", "seconds"} <= set(out) and out["seconds"] > 0
     assert out["f1"] > 0.9 and set(out["per_label"]["PER"]) == {"f1", "precision", "recall", "support"}
 
 
@@ -38,6 +38,9 @@ def test_evaluate_table(trained, capsys):
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(d / "train.jsonl")]) == 0
     out, err = capsys.readouterr()
     assert "overall" in out and "PER" in out and "warning" not in err
+    n = sum(1 for _ in open(d / "train.jsonl"))
+    assert re.search(rf"^scored {n} examples in [\d.]+s \(\d+ a second; loading the model and data not counted\)$",
+                     out.splitlines()[-1]), out
     plain = d / "no_entities.jsonl"  # texts without entities: F1 0 whatever the model finds, and said so
     plain.write_text('{"text": "nothing to find here", "entities": []}\n', encoding="utf-8")
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(plain)]) == 0

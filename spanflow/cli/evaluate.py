@@ -5,11 +5,13 @@ import argparse
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Iterator
 
 from spanflow.cli.common import (add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, check_window_args,
                                  cut_line)
 from spanflow.data.jsonvalues import json_line
+from spanflow.errors import counted
 
 
 def add_parser(sub) -> None:
@@ -76,7 +78,9 @@ def run(a: argparse.Namespace) -> int:
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
     cut = getattr(model, "truncated", None)  # a model that reads no windows counts the texts it cuts
+    started = time.perf_counter()
     m = model.evaluate(examples, max_tokens=rt.max_tokens)
+    seconds = time.perf_counter() - started
     if cut is not None and model.truncated > cut:
         m.setdefault("warnings", []).append(cut_line(model, model.truncated - cut, "scored"))
     if m.get("support") == 0:  # entities or triples: none in the data, so no score can be earned
@@ -86,7 +90,12 @@ def run(a: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if read_said:
         m["warnings"] = [*read_said, *m.get("warnings", ())]
-    print(json_line(m, ensure_ascii=True) if a.json else model.format_metrics(m))  # an undefined correlation: null
+    if a.json:
+        print(json_line({**m, "seconds": round(seconds, 3)}, ensure_ascii=True))  # an undefined correlation: null
+    else:
+        print(model.format_metrics(m))
+        print(f"scored {counted(len(examples), 'example')} in {seconds:.{2 if seconds < 1 else 1}f}s "
+              f"({len(examples) / max(seconds, 1e-9):.0f} a second; loading the model and data not counted)")
     return 0
 
 
