@@ -357,3 +357,24 @@ def test_the_longest_input_of_an_encoder_whose_positions_follow_padding_runs(kin
     assert n == 38
     with torch.no_grad():
         model(input_ids=torch.full((1, n), 5))  # the longest input it is given runs
+
+
+def test_an_encoders_pooler_is_kept_frozen_and_saved_back(tmp_path):
+    """A RoBERTa-family encoder was loaded without its pooler, so every directory spanflow saved lacked
+    it and sentence-transformers reported it newly initialised; one without a pooler gets none."""
+    from transformers import AutoModel, RobertaConfig, RobertaModel
+
+    from spanflow.models.encoder import _load_weights
+
+    cfg = RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=40)
+    torch.manual_seed(0)
+    RobertaModel(cfg).save_pretrained(tmp_path / "with")
+    enc = _load_weights(str(tmp_path / "with"))
+    want = AutoModel.from_pretrained(tmp_path / "with").pooler.dense.weight
+    assert torch.equal(enc.pooler.dense.weight, want) and not any(p.requires_grad for p in enc.pooler.parameters())
+    enc.save_pretrained(tmp_path / "saved")
+    _, info = AutoModel.from_pretrained(tmp_path / "saved", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    RobertaModel(cfg, add_pooling_layer=False).save_pretrained(tmp_path / "without")
+    assert _load_weights(str(tmp_path / "without")).pooler is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import json
 import os
 
 import torch
@@ -177,11 +178,34 @@ def _load_weights(path: str) -> nn.Module:
 
 
 def _from_pretrained(auto, path: str, kwargs: dict) -> nn.Module:
+    # the pooler is unused by token-level heads and mean pooling: left out, or where the checkpoint
+    # holds one, kept frozen (DDP and the optimizer skip it), so a save writes it back and the next
+    # library to load the directory (sentence-transformers) finds no weight missing
+    pooler = _has_pooler(path)
     try:
-        # the pooler is unused by token-level heads; leaving it out keeps DDP free of unused params
-        return auto.from_pretrained(path, add_pooling_layer=False, **kwargs)
+        model = auto.from_pretrained(path, add_pooling_layer=pooler, **kwargs)
     except TypeError:
         return auto.from_pretrained(path, **kwargs)
+    if getattr(model, "pooler", None) is not None:
+        model.pooler.requires_grad_(False)
+    return model
+
+
+def _has_pooler(path: str) -> bool:
+    """Whether the directory's safetensors weights hold a pooler (read from their headers only)."""
+    from safetensors import SafetensorError, safe_open
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    try:
+        if os.path.exists(index):
+            with open(index, encoding="utf-8") as f:
+                names = list(json.load(f).get("weight_map", {}))
+        else:
+            with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+                names = list(f.keys())
+    except (OSError, ValueError, AttributeError, SafetensorError):  # missing or damaged: the load says which
+        return False
+    return any(n.startswith("pooler.") or ".pooler." in n for n in names)
 
 
 # a tokenizer's vocabulary: without one of these, transformers builds a tokenizer of a few special
