@@ -215,9 +215,10 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 return Response(status_code=499)
             answer = lambda: _json(service.respond(texts, units, results, ctx, sum(lengths), params))  # noqa: E731
             response = answer() if small else await off_loop(answer)
-            for name, seconds in (("read", t1 - t0), ("tokenize", t2 - t1), ("batch", t3 - t2),
-                                  ("respond", time.perf_counter() - t3)):
+            t4 = time.perf_counter()
+            for name, seconds in (("read", t1 - t0), ("tokenize", t2 - t1), ("batch", t3 - t2), ("respond", t4 - t3)):
                 metrics.phase_of(service.name, name).observe(seconds)
+            metrics.served(service.name, t4 - t0, len(texts), sum(lengths))
             return response
         return handle
 

@@ -32,6 +32,12 @@ class ServerMetrics:
         self.phase = Histogram("spanflow_request_phase_seconds", "a request's time by phase: read (body and JSON), "
                                "tokenize, batch (queue wait and compute), respond (assemble and encode)",
                                ["model", "phase"], buckets=_SECONDS, registry=r)
+        self.request_seconds = Histogram("spanflow_request_seconds", "an answered request's time, its body's first "
+                                         "byte read to its answer made (the sum of its phases)", ["model"],
+                                         buckets=_SECONDS, registry=r)
+        self.texts = Counter("spanflow_texts", "texts answered", ["model"], registry=r)
+        self.real_tokens = Counter("spanflow_real_tokens", "tokens of the texts answered, padding left out (NER: of "
+                                   "their windows)", ["model"], registry=r)
         self.padding = Gauge("spanflow_padding_efficiency", "real / padded tokens, cumulative", ["model"],
                              registry=r)
         self.gpu_memory = Gauge("spanflow_accelerator_memory_bytes", "CUDA memory allocated",
@@ -57,6 +63,12 @@ class ServerMetrics:
         if child is None:
             child = self._phases[key] = self.phase.labels(model, phase)
         return child
+
+    def served(self, model: str, seconds: float, texts: int, tokens: int) -> None:
+        """One answered request of `texts` texts, `tokens` real tokens, `seconds` long."""
+        self.request_seconds.labels(model).observe(seconds)
+        self.texts.labels(model).inc(texts)
+        self.real_tokens.labels(model).inc(tokens)
 
     def batch_observer(self, model: str):
         def observe(lengths: list[int], seconds: float, waits: list[float]) -> None:
