@@ -47,7 +47,7 @@ def test_a_precision_that_agrees_is_kept_and_the_verdict_cached(bf16_device, tmp
     again = FakeTask(0.0)  # a cached verdict is not measured again
     precision, why = check(tmp_path, again, texts[:3], said)
     assert precision == "bf16" and again.loads == [] and not said
-    assert why == f"auto: agreement 0.9500 to fp32 checked before on {MIN_SAMPLE} input texts, gate 0.9"
+    assert why == f"auto: agreement 0.9500 to fp32 on {MIN_SAMPLE} input texts (an earlier run's check), gate 0.9"
     [cached] = (tmp_path / "cache" / "verdicts").glob("*.json")
     assert json.loads(cached.read_text()) == {"precision": "bf16", "measure": "agreement", "score": 0.95, "gate": 0.9,
                                               "n": MIN_SAMPLE, "passed": True, "source": "input",

@@ -47,11 +47,11 @@ def test_a_small_input_is_topped_up_and_a_much_larger_one_checks_again(bf16_devi
     assert f"on 2 input texts and {MIN_SAMPLE - 2} built-in sentences (the input has fewer than {MIN_SAMPLE})" in why
     larger = [f"text number {i}" for i in range(1500)]
     task.runs.clear()
-    assert "checked before" in _check(tmp_path, task, larger[:2 * GROWTH])[1] and task.runs == []  # within GROWTH
+    assert "(an earlier run's check)" in _check(tmp_path, task, larger[:2 * GROWTH])[1] and task.runs == []  # within GROWTH
     precision, why = _check(tmp_path, task, larger)
-    assert task.runs == [SAMPLE, SAMPLE] and f"on {SAMPLE} input texts" in why and "checked before" not in why
+    assert task.runs == [SAMPLE, SAMPLE] and f"on {SAMPLE} input texts" in why and "(an earlier run's check)" not in why
     task.runs.clear()
-    assert "checked before" in _check(tmp_path, task, larger)[1] and task.runs == []  # a full sample stands
+    assert "(an earlier run's check)" in _check(tmp_path, task, larger)[1] and task.runs == []  # a full sample stands
 
 
 def test_nothing_found_in_fp32_is_no_pass(bf16_device, tmp_path):
@@ -61,7 +61,7 @@ def test_nothing_found_in_fp32_is_no_pass(bf16_device, tmp_path):
     assert why == (f"auto: the bf16 check had nothing to compare: the model found nothing in fp32 on {MIN_SAMPLE} "
                    "input texts; fp32 kept")
     again = _check(tmp_path, task, ["one text"])
-    assert again[0] == "fp32" and "nothing to compare" in again[1] and "checked before" in again[1]
+    assert again[0] == "fp32" and "nothing to compare" in again[1] and "(an earlier run's check)" in again[1]
     [cached] = (tmp_path / "cache" / "verdicts").rglob("*.json")
     assert json.loads(cached.read_text())["compared"] == 0 and not json.loads(cached.read_text())["passed"]
 

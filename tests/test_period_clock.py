@@ -245,6 +245,13 @@ def test_step_lines_count_to_max_steps_and_say_the_time_spent_and_left(tmp_path)
     assert [x.split()[1] for x in steps] == ["1/3", "2/3", "3/3"]  # the run ends at --max-steps, not the plan's end
     assert all(" elapsed" in x for x in steps)
     assert " left" in steps[0] and " left" not in steps[-1]  # the last step has none left
+    # the same command with --resume trains on to the plan's end: its lines count to that, not to 3
+    lines.clear()
+    train_loop(nm.module, windows, hooks, opts=TrainOptions(**{**opts.to_dict(), "resume": True}), policy=nm.policy,
+               out_dir=str(tmp_path), log=lines.append)
+    steps = [x.split()[1] for x in lines if x.startswith("step ")]
+    last = int(steps[-1].split("/")[0])
+    assert steps[0] == f"4/{last}" and last > 3 and all(x.endswith(f"/{last}") for x in steps)
 
 
 def test_a_run_ends_saying_where_its_time_went(tmp_path):

@@ -103,7 +103,7 @@ def test_serve_precision_auto_loads_each_model_the_fewest_times(model_dirs, bf16
     assert main(argv) == 0  # the verdicts are cached: one load per served model
     assert load_counts == {"embed": 1, "ner": 1}
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("runtime for ")]
-    assert len(lines) == 2 and all("checked before" in x for x in lines)
+    assert len(lines) == 2 and all("(an earlier run's check)" in x for x in lines)
     # each server runs the model in the precision its line names
     assert [f"precision {m.policy.name} (auto: " in x for m, x in zip(served["models"][-2:], lines)] == [True, True]
 

@@ -124,6 +124,17 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
                 budget_seconds=20, sample=32, out=str(tmp_path), backends=False, plot=False, log_fn=lambda s: None)
     assert len(prof["points"]) == 1  # a budget given twice is one point, not two rows both "best"
     assert all(p["quality"] is None and p["real_tokens_per_s"] > 0 for p in prof["points"])
+    # budgets past the whole sample run its one batch alike: one of them is measured, and the sample's size said
+    lines: list[str] = []
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=str(texts), mode="infer",
+                budgets=[256, 2048, 4096, 8192], budget_seconds=20, sample=8, repeats=1, out=str(tmp_path / "s"),
+                backends=False, plot=False, log_fn=lines.append)
+    assert [p["max_tokens"] for p in prof["points"]] == [256, 2048]
+    assert any("hold the whole sample in one batch, as 2048 does: not measured: 4096, 8192" in x for x in lines), lines
+    assert any(x.startswith("tuning ner infer on 8 inputs sampled from ") for x in lines), lines
+    # a point measured once has no spread, said as such (a spread of 0% claimed a certainty it lacked)
+    assert all(p["spread"] is None for p in prof["points"]) and any("(1 run: no spread)" in x for x in lines)
+    assert any(x.startswith("note: 2 points measured once") for x in lines), lines
     table = tmp_path / "texts.csv"  # a CSV of texts and ids, read as predict reads it: column 0 (was refused as pairs)
     table.write_text("".join(f'"{e.text}",{i}\n' for i, e in enumerate(read_ner(ner_file)[:40])))
     assert unlabelled_sample(str(table), 8, infer=True) == [e.text for e in read_ner(ner_file)[:8]]

@@ -80,7 +80,7 @@ def auto_precision(task, path: str, *, device: str, texts: list | None = None, l
     texts = usable(texts)
     verdict = _cached(cached, log)
     if verdict and _stands(verdict, len(texts)):
-        return _said(verdict, "checked before on ")
+        return _said(verdict, earlier=True)
     sample = check_sample(texts) if texts else builtin_sample()
     loads = loads or Loads(task, path)
     ref = list(loads.get(device, "fp32").predict_stream(sample))
@@ -91,7 +91,7 @@ def auto_precision(task, path: str, *, device: str, texts: list | None = None, l
                       passed=bool(compared) and score >= gate, source="input" if texts else "sample",
                       inputs=len(texts), compared=compared)
     cache_write(write_verdict, cached, verdict, "precision verdict")
-    return _said(verdict, "on ")
+    return _said(verdict)
 
 
 def found(results: list) -> int:
@@ -120,8 +120,11 @@ def _cached(path: str, log: Callable[[str], None]) -> Verdict | None:
         return None
 
 
-def _said(v: Verdict, where: str) -> tuple[str, str]:
-    where += sample_words(v.n, v.n if v.inputs is None and v.source == "input" else v.inputs or 0)
+def _said(v: Verdict, earlier: bool = False) -> tuple[str, str]:
+    """(precision, why) of verdict `v`; `earlier`: cached by an earlier run, whose input the texts were
+    (another file, perhaps), not this one's."""
+    where = "on " + sample_words(v.n, v.n if v.inputs is None and v.source == "input" else v.inputs or 0)
+    where += " (an earlier run's check)" if earlier else ""
     if v.compared == 0:
         return "fp32", (f"auto: the {v.precision} check had nothing to compare: the model found nothing in fp32 "
                         f"{where}; fp32 kept")

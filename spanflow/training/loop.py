@@ -58,8 +58,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     for v in r.st.pop("first_window", None) or []:  # a resume before the first window filled: its steps so far
         r.recent.append(torch.tensor(v if dist.is_main else 0.0, device=policy.device))  # each rank holds a share
     model.train()
-    r.bar = progress_bar(r)
     r.clock = (time.perf_counter(), r.st["global_step"])
+    r.bar = progress_bar(r)
     final = None  # the summary the reporters close with; None when training failed
     try:
         while r.st["epoch"] < opts.epochs and not r.st["stopped"]:

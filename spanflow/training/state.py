@@ -67,8 +67,10 @@ class LoopState:
 
     @property
     def last_step(self) -> int:
-        """The step this run ends at unless an early stop comes first: the plan's last, or --max-steps."""
-        return min(self.total_steps, self.opts.max_steps or self.total_steps)
+        """The step this run ends at unless an early stop comes first: the plan's last, or --max-steps
+        (a resume at or past it trains on to the end)."""
+        stop = self.opts.max_steps
+        return min(self.total_steps, stop) if stop and stop > self.clock[1] else self.total_steps
 
     @property
     def ckpt_dir(self) -> str:

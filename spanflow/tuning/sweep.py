@@ -130,7 +130,8 @@ def _points(grid: list, runs: dict, oom: set, log_fn: Callable[[str], None]) -> 
         p = _median_point(b, L, runs[(b, L)])
         points.append(p)
         log_fn(f"max_tokens {b:>6}, max_length {L:>4}: {p.real_tokens_per_s:9.0f} real tok/s "
-               f"(spread {p.spread:.0%} over {counted(len(p.real_tokens_per_s_runs), 'run')}), p95 {p.latency_p95_ms:7.1f} ms, "
+               + (f"(spread {p.spread:.0%} over {counted(len(p.real_tokens_per_s_runs), 'run')})" if p.spread is not None
+                  else "(1 run: no spread)") + f", p95 {p.latency_p95_ms:7.1f} ms, "
                f"peak {p.peak_memory_bytes / 2**20:7.0f} MiB"
                + (f", quality {p.quality:.4f}" if p.quality is not None else ""))
     return points
@@ -149,7 +150,7 @@ def _median_point(b: int, L: int, runs: list[dict]) -> Point:
                  latency_p95_ms=med("latency_p95_ms"),
                  peak_memory_bytes=max(r["peak_memory_bytes"] for r in runs), gpu_util=med("gpu_util"),
                  quality=runs[-1].get("quality"), real_tokens_per_s_runs=[round(s, 1) for s in speeds],
-                 spread=(max(speeds) - min(speeds)) / mid if mid else 0.0)
+                 spread=((max(speeds) - min(speeds)) / mid if mid else 0.0) if len(speeds) > 1 else None)
 
 
 QUALITY_TOLERANCE = 0.005  # a shorter max length may be picked for speed if it costs at most this much quality

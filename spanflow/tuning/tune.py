@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from spanflow.atomic import make_dirs
 from spanflow.batching.align import MIN_LENGTH
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, counted
 from spanflow.runtime.cache import device_name
 from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
@@ -101,9 +101,16 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                           f"a batch holds at least one whole sequence; give budgets of {lengths[0]} or more")
     if below:
         log_fn(f"budgets below the max length {lengths[0]} are not measured: {', '.join(map(str, below))}")
+    items = w.items_at(lengths[-1])  # at the longest length swept: the largest batches
+    whole = max((len(x) for x in items), default=0) * len(items)  # a budget of this holds the sample in one batch
+    over = [b for b in budgets if b >= whole]
+    if len(over) > 1 and whole:  # each runs the same one batch: its speed would differ by noise alone
+        budgets = [b for b in budgets if b <= whole or b == over[0]]
+        log_fn(f"budgets of {whole} tokens and more hold the whole sample in one batch, as {over[0]} does: not measured: "
+               f"{', '.join(map(str, over[1:]))} (a larger --sample, or more data, measures larger budgets)")
 
     # the runtime line above said why this precision; a policy rebuilt from its name would say "as asked"
-    log_fn(f"tuning {task} {mode} on up to {sample} samples of {data}, "
+    log_fn(f"tuning {task} {mode} on {counted(len(items), 'input')} sampled from {data} (at most {sample} texts), "
            f"{dataclasses.replace(policy, why='').describe(training=mode == 'train')}")
     _warm_up(measure, w, budgets, lengths, mode, log_fn)
     runs = sum(b >= L for L in lengths for b in budgets) * max(1, repeats)
@@ -129,6 +136,11 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     if best is None:  # a profile no command can run: an earlier one at `path` stays
         raise NoBestPoint(_missed(points, max_memory_gb, latency_slo_ms), path)
     write_profile(path, profile)
+    once = [p for p in eligible(points, **limits) if p.spread is None]
+    if once:  # no spread to tell noise by: the best among them may be the luckiest run
+        log_fn(f"note: {counted(len(once), 'point')} measured once (the --budget-seconds held no second run) carry no "
+               "spread: their speeds may differ by noise alone; a larger --budget-seconds measures each point "
+               f"--repeats {max(2, repeats)} times")
     near = within_noise(best, eligible(points, **limits))
     if near:
         log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best: "
@@ -139,7 +151,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                f"only within {QUALITY_TOLERANCE} of the best")
     log_fn(f"profile: {path}; run it with --profile {path} ("
            + ("spanflow train" if mode == "train" else "the commands that run this model: "
-              f"{getattr(t, 'bulk_command', 'predict')}, evaluate, serve") + ")")
+              f"{', '.join(dict.fromkeys((getattr(t, 'bulk_command', 'predict'), 'predict')))}, evaluate, serve") + ")")
     if max_lengths:  # a profile sets the token budget only: the length swept for is the command's to give
         log_fn(f"the best point reads {best.max_length} tokens a text: add --max-length {best.max_length} to that "
                "command (the profile sets the token budget only)"
