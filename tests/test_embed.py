@@ -556,5 +556,5 @@ def test_similarity_is_the_cosine_of_every_pair(hf_dir):
     np.testing.assert_allclose(sim, want, atol=1e-5)
     np.testing.assert_allclose(emb.similarity(a[0], b), want[0], atol=1e-5)
     assert emb.similarity(a[0], a[0]) == pytest.approx(1, abs=1e-5)
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(ConfigError, match="width"):  # the API's typed error, as its other checks raise
         emb.similarity(a, b[:, :3])

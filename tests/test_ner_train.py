@@ -155,6 +155,13 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path, monkeypatch,
     tty = capsys.readouterr()
     assert "step 1/" not in tty.out and "loss=" in tty.err and "tok_s=" in tty.err and "step" in tty.err
     assert "dev F1" in tty.out or "dev F1" in tty.err  # the epoch report still prints, above the bar
+    # log_fn=None is silent on a terminal too, and a caller's own log_fn gets plain lines, no bar beside them
+    train_ner(data, data[:10], out_dir=str(tmp_path / "quiet"), options=small_opts(epochs=1, log_every=1), log_fn=None)
+    assert capsys.readouterr() == ("", "")
+    lines: list[str] = []
+    train_ner(data, data[:10], out_dir=str(tmp_path / "own"), options=small_opts(epochs=1, log_every=1),
+              log_fn=lines.append)
+    assert capsys.readouterr().err == "" and any(x.startswith("step 1/") for x in lines)
 
 
 def test_early_stop_is_said_and_the_best_model_kept(tmp_path):

@@ -378,3 +378,40 @@ def test_a_resume_on_data_of_other_labels_is_told_as_a_resume(tmp_path):
                                           r"started with, or start a new run") as e:
         train_ner(fewer, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None, options=opts(resume=True))
     assert "encoder" not in str(e.value)
+
+
+def test_training_leaves_the_callers_random_state_as_it_was(tmp_path):
+    """A run seeds torch with its own seed: a seeded notebook drew the run's numbers after it."""
+    import torch
+
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.tasks.ner import train_ner
+    from spanflow.training.options import TrainOptions
+
+    draws = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        train_ner(synthetic_ner(20, seed=1, max_clauses=1), None, model="tiny", out_dir=str(tmp_path / str(seed)),
+                  options=TrainOptions(epochs=1, max_tokens=512, log_every=0), log_fn=None)
+        draws.append(torch.rand(3).tolist())
+        torch.manual_seed(seed)
+        assert draws[-1] == torch.rand(3).tolist()  # as if no training had run
+    assert draws[0] != draws[1]
+
+
+def test_a_stray_world_size_is_a_config_error_not_a_hang_or_a_traceback(monkeypatch):
+    """WORLD_SIZE alone (a cluster's or notebook image's variable) failed inside torch.distributed
+    with an untyped error, after the process had been set to die with its parent."""
+    from spanflow.errors import ConfigError
+    from spanflow.training.distributed import init_from_env
+
+    for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="WORLD_SIZE='2' is set, but not RANK, MASTER_ADDR, MASTER_PORT"):
+        init_from_env()
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ConfigError, match="unset WORLD_SIZE"):
+        init_from_env()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not init_from_env().enabled

@@ -38,9 +38,20 @@ class Dist:
 
 def init_from_env() -> Dist:
     """Join the process group that torchrun describes in the environment, if any."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = -1
+    if world == 1 or world == 0:
         return Dist()
+    missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if world < 0 or missing:  # a cluster's or notebook image's stray variable, not a launcher's group
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is set"
+                          + (f", but not {', '.join(missing)}, which torchrun sets with it" if missing else "")
+                          + ": launch several processes with torchrun or `spanflow train ... --devices N`, or unset "
+                          "WORLD_SIZE to train in this one")
     die_with_parent()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available() and os.environ.get("SPANFLOW_DEVICE", "auto") != "cpu"

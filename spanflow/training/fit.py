@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from spanflow.errors import as_path
@@ -57,7 +58,18 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
     ends with one line saying where its model is (training/outcome.py).
 
     `model` is where training starts: a model directory of the task, an encoder directory or
-    `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one."""
+    `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one.
+    The caller's random state is left as it was: a run seeds torch's generators with its own
+    seed (a resume restores the checkpoint's), and a seeded notebook would otherwise draw the
+    run's numbers after it, whatever its own seed."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
+        return _fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=load, log_fn=log_fn)
+
+
+def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
+         options: TrainOptions | None, load: Callable[..., Any], log_fn: Callable[[str], None] | None = print):
+    """fit, inside the caller's saved random state."""
     began = time.perf_counter()
     out_dir, model = as_path(out_dir, "out_dir"), as_path(model, "model")
     check_options(options)

@@ -18,15 +18,16 @@ if TYPE_CHECKING:
 
 
 def progress_bar(r: LoopState):
-    """A tqdm bar (steps, ETA, loss, tokens/s) when rank 0 logs to a terminal; None otherwise, and
-    the loop prints plain lines. Lines printed while the bar is up go above it."""
-    if not (r.dist.is_main and r.opts.log_every and sys.stderr.isatty()):
+    """A tqdm bar (steps, ETA, loss, tokens/s) when rank 0 prints (log_fn=print, the command line's)
+    to a terminal; None otherwise, and the loop logs plain lines: log_fn=None says nothing, and a
+    caller's own log_fn (a logger) gets the lines, where a bar beside them would garble both.
+    Lines printed while the bar is up go above it."""
+    if not (r.dist.is_main and r.opts.log_every and r.log is print and sys.stderr.isatty()):
         return None
     from tqdm import tqdm
 
     bar = tqdm(total=r.last_step, initial=r.st["global_step"], unit="step", dynamic_ncols=True, mininterval=0.5)
-    log = r.log
-    r.log = lambda s: bar.write(s) if log is print else log(s)
+    r.log = bar.write
     return bar
 
 

@@ -206,7 +206,7 @@ class MlflowReporter:
         except Exception as e:  # a URI mlflow cannot open, a server that does not answer
             raise ConfigError(f"--report-to mlflow: cannot start a run at {self.uri} ({type(e).__name__}: "
                               f"{str(e)[:300]})") from None
-        self.run_id = run.info.run_id
+        self.run_id, self.own = run.info.run_id, own
         log(f"reporting to MLflow: run {self.run_id} in experiment {name!r} at {self.uri}")
 
     def log_params(self, params: dict) -> None:
@@ -223,6 +223,20 @@ class MlflowReporter:
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
     def close(self, final: dict | None) -> None:
+        try:
+            self._close(final)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the connections to the SQLite store this run made under OUT: MLflow keeps its engine,
+        and a process that trains many times (a notebook) held two files open per run."""
+        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
+        engine = getattr(store, "engine", None)
+        if self.own and engine is not None:
+            engine.dispose()
+
+    def _close(self, final: dict | None) -> None:
         if final is None:
             self.client.set_terminated(self.run_id, "FAILED")
             return

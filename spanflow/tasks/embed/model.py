@@ -362,8 +362,12 @@ class Embedder:
     @staticmethod
     def similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Cosine similarity of every row of `a` with every row of `b`: an (len(a), len(b)) float32
-        matrix (one vector on either side: a vector of its similarities)."""
-        return cosine_matrix(a, b)
+        matrix (one vector on either side: a vector of its similarities); a ConfigError for arrays
+        that are not vectors or rows of one width."""
+        try:
+            return cosine_matrix(a, b)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"similarity: {e}") from None
 
     def calibrate(self, texts: list[str], *, max_tokens: int | None = None, what: str = "calibrate") -> dict | None:
         """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32. `what`:
