@@ -39,7 +39,7 @@ def test_evaluate_table(trained, capsys):
     out, err = capsys.readouterr()
     assert "overall" in out and "PER" in out and "warning" not in err
     n = sum(1 for _ in open(d / "train.jsonl"))
-    assert re.search(rf"^scored {n} examples in [\d.]+s \(\d+ a second; loading the model and data not counted\)$",
+    assert re.search(rf"^scored {n} examples in [\d.]+ s \(\d+ a second; loading the model and data not counted\)$",
                      out.splitlines()[-1]), out
     plain = d / "no_entities.jsonl"  # texts without entities: F1 0 whatever the model finds, and said so
     plain.write_text('{"text": "nothing to find here", "entities": []}\n', encoding="utf-8")
@@ -188,7 +188,7 @@ def test_predict_says_how_fast_its_texts_went(trained, tmp_path, capsys):
     assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(inp),
                  "--output", str(tmp_path / "out.jsonl")]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("wrote 12 records"))
-    m = re.search(r" in ([\d.]+)s: (\d+) texts/s, (\d+) real tokens/s, padding efficiency ([\d.]+)$", line)
+    m = re.search(r" in ([\d.]+) s: (\d+) texts/s, (\d+) real tokens/s, padding efficiency ([\d.]+)$", line)
     assert m, line
     seconds, per_s, tok_s, eff = float(m[1]), int(m[2]), int(m[3]), float(m[4])
     tok = NerModel.load(str(d / "run" / "model")).tokenizer

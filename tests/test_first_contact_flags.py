@@ -245,7 +245,7 @@ def test_a_training_run_ends_with_the_command_to_run_its_model(tmp_path, capsys)
     assert any(x.endswith("; words: tokenizer (plain text is cut into words by the tokenizer, which splits "
                           "punctuation off)") for x in lines), lines  # JSONL spans: the tokenizer's words
     assert lines[-2].startswith("the model tags ") and " labels: " in lines[-2]
-    assert lines[-1] == f"next: spanflow predict --model {out / 'model'} --input texts.txt --output entities.jsonl"
+    assert lines[-1] == f"next: spanflow predict --model {out / 'model'} --input texts.txt --output spans.jsonl"
     # stopped before any model was kept: no command to run one
     assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "stopped"), "--max-steps", "1"]) == 0
     assert not any(x.startswith("next:") for x in capsys.readouterr().out.splitlines())
@@ -286,6 +286,12 @@ def test_next_is_said_only_for_a_model_this_run_finished(tmp_path):
     with open(report, "a", encoding="utf-8") as f:  # stopped by --max-steps: the model there is an earlier run's
         f.write(json.dumps({"epoch": 3, "partial": True}) + "\n")
     assert next_command(str(out), "run {model}") == ""
+    # a model that scored 0 on dev at every evaluation learned nothing: running it is no next step
+    report.write_text("".join(json.dumps({"epoch": k, "dev_f1": 0.0}) + "\n" for k in (1, 2)), encoding="utf-8")
+    assert next_command(str(out), "run {model}") == ""
+    report.write_text("".join(json.dumps({"epoch": k, "dev_f1": f}) + "\n" for k, f in ((1, 0.0), (2, 0.4))),
+                      encoding="utf-8")
+    assert next_command(str(out), "run {model}") == f"\nnext: run '{out}/model'"
 
 
 def test_a_flag_of_two_other_tasks_names_both(capsys):

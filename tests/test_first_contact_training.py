@@ -49,7 +49,7 @@ def test_a_run_without_model_or_dev_names_the_tiny_start_and_keeps_the_last_epoc
     assert "no --dev: no early stopping, the model of the last epoch is kept" in defaults
     where = [x for x in lines if f"{out}/model" in x and not x.startswith("next: ")]
     assert where == [f"no --dev to pick a best model by: the model of the last epoch (step 4) is in {out}/model"]
-    assert lines[-1] == f"next: spanflow predict --model {out}/model --input texts.txt --output entities.jsonl"
+    assert lines[-1] == f"next: spanflow predict --model {out}/model --input texts.txt --output spans.jsonl"
     assert sorted(os.listdir(out)) == ["checkpoint", "model", "train_options.json", "train_report.jsonl"]  # no lock
     # what ran, every default filled in: an explicit budget, the rates the defaults took, the head
     ran = json.loads((out / "train_options.json").read_text())

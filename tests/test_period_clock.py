@@ -282,3 +282,11 @@ def test_a_tiny_models_mfu_is_of_the_fp32_peak_on_a_cpu_and_says_so():
     assert "MFU 2.6% of the measured fp32 matmul peak" in report.format_report({**rep, "mfu_precision": "fp32"})
     assert "MFU 2.6% of the measured matmul peak" in report.format_report({**rep, "mfu_precision": "bf16"})
     assert "MFU 0.065% of" in report.format_report({**rep, "mfu": 0.00065})  # below 1%: two digits, not 0.0%
+
+
+def test_the_time_line_counts_the_starting_models_dev_score_as_evaluation():
+    from spanflow.training.fit import time_line
+
+    line = time_line(10.0, {"loop": 6.0, "evaluation": 1.0, "saving": 0.5}, scoring=2.0)
+    assert line == ("time: 10 s in all: training steps 4.5 s, dev evaluation 3.0 s, saving 0.50 s, "
+                    "start-up and the rest 2.0 s")

@@ -9,6 +9,7 @@ import time
 from spanflow.data.synthetic import synthetic_ner, write_demo_data
 from spanflow.tasks.metrics import format_table
 from spanflow.training.options import TrainOptions
+from spanflow.monitor.report import clock_time
 
 
 def add_parser(sub) -> None:
@@ -47,7 +48,7 @@ def demo(out: str, *, train_size: int = 1500, epochs: int = 6, seed: int = 0) ->
     for text, spans in zip(samples, model.predict(samples)):
         print(json.dumps(model.output_record(text, spans), ensure_ascii=False))  # what predict writes
     elapsed = time.perf_counter() - t0
-    print(f"demo done in {elapsed:.0f}s: dev F1 {metrics['f1']:.4f}; model in {os.path.join(out, 'model')}, "
+    print(f"demo done in {clock_time(elapsed)}: dev F1 {metrics['f1']:.4f}; model in {os.path.join(out, 'model')}, "
           f"report in {os.path.join(out, 'train_report.jsonl')}")
     return {"f1": metrics["f1"], "seconds": elapsed}
 

@@ -15,6 +15,7 @@ from spanflow.cli.common import (
     job_status,
 )
 from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
+from spanflow.monitor.report import clock_time
 
 
 def add_parser(sub) -> None:
@@ -109,7 +110,7 @@ def _run(a: argparse.Namespace) -> int:
     # auto's choice and a quantization were checked against fp32 on this input just now
     checked = a.precision == "auto" or rt.quantize is not None
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
-    print(f"embedded {s['texts']} texts in {s['seconds']:.1f}s: {s['texts_per_s']:.0f} texts/s, "
+    print(f"embedded {s['texts']} texts in {clock_time(s['seconds'])}: {s['texts_per_s']:.0f} texts/s, "
           f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
           f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))

@@ -12,6 +12,7 @@ from spanflow.cli.common import (add_format_arg, add_runtime_args, add_scheme_ar
                                  cut_line)
 from spanflow.data.jsonvalues import json_line
 from spanflow.errors import counted
+from spanflow.monitor.report import clock_time
 
 
 def add_parser(sub) -> None:
@@ -94,7 +95,7 @@ def run(a: argparse.Namespace) -> int:
         print(json_line({**m, "seconds": round(seconds, 3)}, ensure_ascii=True))  # an undefined correlation: null
     else:
         print(model.format_metrics(m))
-        print(f"scored {counted(len(examples), 'example')} in {seconds:.{2 if seconds < 1 else 1}f}s "
+        print(f"scored {counted(len(examples), 'example')} in {clock_time(seconds)} "
               f"({len(examples) / max(seconds, 1e-9):.0f} a second; loading the model and data not counted)")
     return 0
 

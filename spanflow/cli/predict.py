@@ -7,6 +7,7 @@ import functools
 from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, check_window_args, cut_line,
                                  job_status, resume_hint)
 from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
+from spanflow.monitor.report import clock_time
 
 
 
@@ -16,8 +17,7 @@ def rate_said(stats: dict) -> str:
     if not stats.get("texts"):
         return ""
     secs = max(stats["seconds"], 1e-9)
-    digits = 2 if secs < 1 else 1
-    return (f" in {secs:.{digits}f}s: {stats['texts'] / secs:.0f} texts/s, {stats['real_tokens'] / secs:.0f} real "
+    return (f" in {clock_time(secs)}: {stats['texts'] / secs:.0f} texts/s, {stats['real_tokens'] / secs:.0f} real "
             f"tokens/s, padding efficiency {stats['real_tokens'] / max(stats['padded_tokens'], 1):.3f}")
 
 def add_parser(sub) -> None:

@@ -180,6 +180,18 @@ def report_scalars(r: dict, prefix: str) -> dict:
 PEAK_BASIS = {"measured_matmul": "of the measured {p}matmul peak", "datasheet": "of the datasheet {p}peak"}
 
 
+def clock_time(seconds: float) -> str:
+    """How every command writes a duration: 0.04 s, 4.2 s, 12 s, 3m 05s, 1h 02m."""
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m}m {s:02d}s" if m < 60 else f"{m // 60}h {m % 60:02d}m"
+
+
 def _split(r: dict) -> str:
     """Where the period's time went; save and other only where they took a share (a report of an
     earlier version has neither)."""

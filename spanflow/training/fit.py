@@ -21,7 +21,7 @@ from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions, check_options
 from spanflow.training.outcome import outcome_line
-from spanflow.training.progress import clock_time
+from spanflow.monitor.report import clock_time
 from spanflow.training.outdir import claim_out_dir
 from spanflow.training.setup import Run, best_model, prepare_encoder, start_run
 
@@ -83,7 +83,9 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
         # each epoch's score alone: the check of gold spans against the model's words, which training
         # never printed, tokenized the dev data again every time
         evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist, check_spans=False)) if dev else None
-        start = _start_score(plan, dev, run, model)
+        scoring = time.perf_counter()
+        start = _start_score(plan, dev, run, model)  # a pretrained start's dev score: the time line's evaluation
+        scoring = time.perf_counter() - scoring
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
                           step=plan.step, course={**(plan.course or {}), "--dev": _dev_said(dev)})
@@ -96,7 +98,7 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
                           plan.model)
         encoders = _encoders(plan.model, best)
         rescored = best.evaluate(dev, dist=run.dist, check_spans=False)["f1"] if dev and encoders else None
-        run.log(time_line(time.perf_counter() - began, summary["seconds"]))  # before the line saying how to go on
+        run.log(time_line(time.perf_counter() - began, summary["seconds"], scoring))  # before the line on how to go on
         run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
                              encoders=encoders))
         if start is not None and summary["best_f1"] is not None and not summary["best_f1"] > start:
@@ -104,13 +106,13 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
         return best
 
 
-def time_line(total: float, seconds: dict) -> str:
-    """Where the run's time went: its steps, its dev evaluations, its saves (models and checkpoints)
-    and the rest (loading the model and data, sizing the batches, measuring the peak, the best model's
-    reload)."""
+def time_line(total: float, seconds: dict, scoring: float = 0.0) -> str:
+    """Where the run's time went: its steps, its dev evaluations (`scoring`: the starting model's,
+    before the loop), its saves (models and checkpoints) and the rest (loading the model and data,
+    sizing the batches, measuring the peak, the best model's reload)."""
     steps = seconds["loop"] - seconds["evaluation"] - seconds["saving"]
-    parts = [("training steps", steps), ("dev evaluation", seconds["evaluation"]), ("saving", seconds["saving"]),
-             ("start-up and the rest", total - seconds["loop"])]
+    parts = [("training steps", steps), ("dev evaluation", seconds["evaluation"] + scoring),
+             ("saving", seconds["saving"]), ("start-up and the rest", total - seconds["loop"] - scoring)]
     return f"time: {clock_time(total)} in all: " + ", ".join(f"{name} {clock_time(max(0.0, t))}"
                                                            for name, t in parts if t or name != "dev evaluation")
 

@@ -70,15 +70,19 @@ def next_command(out_dir: str, command: str) -> str:
 
 
 def _ran_to_the_end(report: str) -> bool:
-    """Whether the run whose report this is ended whole: its last period is no --max-steps stop's
-    (an early stop's partial epoch ends the run; a fresh run starts a fresh report, training/loop.py)."""
+    """Whether the run whose report this is ended whole, with a model worth running: its last
+    period is no --max-steps stop's (an early stop's partial epoch ends the run; a fresh run starts
+    a fresh report, training/loop.py), and no dev score it took stayed at 0 or below (a model that
+    learned nothing: the run's learning check said what to try, and running it is no next step)."""
     try:
         with open(report, encoding="utf-8") as f:
-            last = f.read().strip().splitlines()[-1:]
-        period = json.loads(last[0]) if last else None
-        return bool(period) and (not period.get("partial", False) or bool(period.get("early_stop")))
+            periods = [json.loads(x) for x in f.read().strip().splitlines()]
     except (OSError, ValueError):
         return False
+    if not periods or (periods[-1].get("partial", False) and not periods[-1].get("early_stop")):
+        return False
+    scores = [p["dev_f1"] for p in periods if isinstance(p.get("dev_f1"), (int, float))]
+    return not scores or max(scores) > 0
 
 
 def _stopped(summary: dict, out_dir: str, metric: str) -> str:

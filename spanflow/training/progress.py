@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spanflow.atomic import writing
-from spanflow.monitor.report import SCALARS, append_jsonl, format_report, report_scalars
+from spanflow.monitor.report import SCALARS, append_jsonl, clock_time, format_report, report_scalars
 from spanflow.training.distributed import all_sum, on_main
 
 if TYPE_CHECKING:
@@ -38,16 +38,6 @@ def elapsed_left(r: LoopState, step: int) -> str:
     spent = time.perf_counter() - start
     done, left = step - first, max(0, r.last_step - step)
     return f"{clock_time(spent)} elapsed" + (f", about {clock_time(spent / done * left)} left" if done and left else "")
-
-
-def clock_time(seconds: float) -> str:
-    """4.2 s, 12 s, 3m 05s, 1h 02m."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    m, s = divmod(round(seconds), 60)
-    return f"{m}m {s:02d}s" if m < 60 else f"{m // 60}h {m % 60:02d}m"
 
 
 def report_period(r: LoopState, epoch: int, rep: dict, f1: float | None, partial: bool = False,

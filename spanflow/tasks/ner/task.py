@@ -72,7 +72,7 @@ class NerTask:
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
         # fit() said where the model is
         return closing(a.out, f"the model tags {counted(len(model.labels), 'label')}: {', '.join(model.labels)}",
-                       "spanflow predict --model {model} --input texts.txt --output entities.jsonl")
+                       "spanflow predict --model {model} --input texts.txt --output spans.jsonl")
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> NerModel:
         return NerModel.load(path, device=device, precision=precision)

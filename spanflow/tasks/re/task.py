@@ -59,7 +59,7 @@ class ReTask:
                          relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is
         return closing(a.out, f"the model extracts {counted(len(model.relations), 'relation')}",
-                       "spanflow predict --model {model} --input texts.txt --output triples.jsonl")
+                       "spanflow predict --model {model} --input texts.txt --output relations.jsonl")
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
         return ReModel.load(path, device=device, precision=precision)
