@@ -221,7 +221,9 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "re", "--train", str(train), "--dev", str(train), "--out", str(out), "--epochs", "3",
                  "--max-tokens", "256", "--max-length", "64"]) == 0
-    capsys.readouterr()
+    said = capsys.readouterr().out.splitlines()  # what it read, first, as train ner says it
+    n = sum(len(e.triples) for e in data)
+    assert said[:2] == [f"read {train}: 30 texts, {n} triples"] * 2
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(train), "--json"]) == 0
     m = json.loads(capsys.readouterr().out)
     assert {"f1", "precision", "recall", "partial", "per_relation"} <= set(m) and "f1" in m["partial"]

@@ -42,12 +42,15 @@ class ReTask:
 
         check_model_for(a.model, self.name, start=True)  # before the data is read and any model loads
         train = read_re(a.train)
+        say_once(_read_line(a.train, train))
         if not any(e.triples for e in train):  # said of the file here; train_re can name none
             unplaced = sum(len(e.unlocated) for e in train)
             raise DataError("holds no triples to train on" + (f": its {unplaced} could not be placed in their texts "
                                                               "(the warning above says why)" if unplaced else ""),
                             path=a.train)
         dev = read_re(a.dev) if a.dev else None
+        if dev is not None:
+            say_once(_read_line(a.dev, dev))
         relations = read_relations_vocab(a.train)
         if relations is not None:
             try:
@@ -97,3 +100,10 @@ class ReTask:
 
 
 TASK = ReTask()
+
+
+def _read_line(path: str, examples: list) -> str:
+    """What a file held, as `train ner` says it: its texts, their triples and those not placed."""
+    unplaced = sum(len(e.unlocated) for e in examples)
+    return (f"read {path}: {counted(len(examples), 'text')}, {counted(sum(len(e.triples) for e in examples), 'triple')}"
+            + (f" ({unplaced} not placed in their texts)" if unplaced else ""))
