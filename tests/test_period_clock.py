@@ -48,21 +48,28 @@ def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
     assert offset[0] >= 2 * EVAL_S and all(0 < r["wall_s"] < EVAL_S / 10 for r in reps), [r["wall_s"] for r in reps]
 
 
+def _slowed(monkeypatch, target, name: str, calls: list | None = None) -> None:
+    """Patch the clock, and `target.name` to take EVAL_S of it (`calls`: the clock at each call)."""
+    offset = [0.0]
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    fn = getattr(target, name)
+
+    def slow(*a, **k):
+        if calls is not None:
+            calls.append(offset[0])
+        offset[0] += EVAL_S
+        return fn(*a, **k)
+
+    monkeypatch.setattr(target, name, slow)
+
+
 def test_the_epochs_checkpoint_is_not_the_next_epochs_time(tmp_path, monkeypatch):
     from spanflow.training import loop
 
     nm, windows, hooks = setup_task()
-    offset, saves = [0.0], []
-    real = time.perf_counter
-    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
-    save = loop.save_checkpoint
-
-    def slow_save(*a, **k):  # the clock jumps as if writing the checkpoint took EVAL_S
-        saves.append(offset[0])
-        offset[0] += EVAL_S
-        return save(*a, **k)
-
-    monkeypatch.setattr(loop, "save_checkpoint", slow_save)
+    saves: list[float] = []
+    _slowed(monkeypatch, loop, "save_checkpoint", saves)  # as if writing a checkpoint took EVAL_S
     opts = TrainOptions(epochs=3, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
     train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lambda s: None)
     reps = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")]
@@ -74,16 +81,8 @@ def test_a_checkpoint_inside_the_period_is_its_save_share_and_the_split_is_of_th
     from spanflow.training import loop
 
     nm, windows, hooks = setup_task()
-    offset, lines = [0.0], []
-    real = time.perf_counter
-    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
-    save = loop.save_checkpoint
-
-    def slow_save(*a, **k):  # writing a checkpoint takes EVAL_S on the patched clock
-        offset[0] += EVAL_S
-        return save(*a, **k)
-
-    monkeypatch.setattr(loop, "save_checkpoint", slow_save)
+    lines: list[str] = []
+    _slowed(monkeypatch, loop, "save_checkpoint")  # writing a checkpoint takes EVAL_S on the patched clock
     opts = TrainOptions(epochs=1, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0, save_every=2)
     train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path), log=lines.append)
     rep = [json.loads(x) for x in open(tmp_path / "train_report.jsonl")][0]
@@ -102,16 +101,7 @@ def test_a_best_models_save_is_not_the_next_periods_time(tmp_path, monkeypatch):
 
     nm, windows, hooks = setup_task()
     hooks.evaluate = lambda model: {"f1": 0.5}  # the first evaluation's model is the best: saved
-    offset = [0.0]
-    real = time.perf_counter
-    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
-    save = loop._save
-
-    def slow_save(*a, **k):
-        offset[0] += EVAL_S
-        return save(*a, **k)
-
-    monkeypatch.setattr(loop, "_save", slow_save)
+    _slowed(monkeypatch, loop, "_save")
     opts = TrainOptions(epochs=2, lr=1e-3, max_tokens=200, patience=0, log_every=0, seed=0)
     summary = train_loop(nm.module, windows, hooks, opts=opts, policy=nm.policy, out_dir=str(tmp_path),
                          log=lambda s: None)
