@@ -289,3 +289,13 @@ def test_a_token_its_tokenizer_left_empty_does_not_take_its_words_label():
     assert _words(tok, text) == ["Grace", "met", "Zq", "Umbrella", "Qx", "here", "."]
     ex = [NerExample(text=text, spans=[(13, 24, "ORG")])]
     assert roundtrip(tok, ex) == [[(13, 24, "ORG")]]
+
+
+def test_a_wordpiece_tokenizers_own_words_are_kept_as_they_are(tiny_tokenizer):
+    """BERT's pre-tokenizer already cuts punctuation and ideographs: the split for SentencePiece adds
+    nothing there, and kana runs, full-width letters and Hangul stay the words BERT makes them."""
+    for text in ("コンピュータを買った", "北京是首都。", "Hopper, (Zürich) ５月 ＡＢＣ", "서울에서 만나요", "don't 3.5 e-mail"):
+        enc = tiny_tokenizer(text, add_special_tokens=False)
+        wids = enc.word_ids()
+        own = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
+        assert encode_texts(tiny_tokenizer, [text])[0].first == own, text

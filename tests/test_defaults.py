@@ -213,6 +213,8 @@ def test_flops_per_token_skip_lookup_tables():
     model = EncoderWithHead(enc, TokenClassificationHead(hidden_size=32, num_labels=3))
     dense = sum(p.numel() for p in enc.lstm.parameters()) + sum(p.numel() for p in model.head.parameters())
     assert train_flops_per_token(model, 30) == 6 * dense  # no bigram or token table, no attention term
+    model.head.requires_grad_(False)  # frozen (as a pooler kept to be saved back): no training work of its own
+    assert train_flops_per_token(model, 30) == 6 * sum(p.numel() for p in enc.lstm.parameters())
 
 
 def test_pack_examples_joins_neighbours_within_the_longest_text():

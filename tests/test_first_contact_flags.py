@@ -289,8 +289,8 @@ def test_next_is_said_only_for_a_model_this_run_finished(tmp_path):
     # a model that scored 0 on dev at every evaluation learned nothing: running it is no next step
     report.write_text("".join(json.dumps({"epoch": k, "dev_f1": 0.0}) + "\n" for k in (1, 2)), encoding="utf-8")
     assert next_command(str(out), "run {model}") == ""
-    report.write_text("".join(json.dumps({"epoch": k, "dev_f1": f}) + "\n" for k, f in ((1, 0.0), (2, 0.4))),
-                      encoding="utf-8")
+    report.write_text("".join(json.dumps({"epoch": k, "dev_f1": f}) + "\n" for k, f in ((1, float("nan")), (2, 0.4))),
+                      encoding="utf-8")  # an undefined first score (a Spearman of constant cosines) hides no later one
     assert next_command(str(out), "run {model}") == f"\nnext: run '{out}/model'"
 
 

@@ -280,3 +280,10 @@ def test_the_time_line_counts_the_starting_models_dev_score_as_evaluation():
     line = time_line(10.0, {"loop": 6.0, "evaluation": 1.0, "saving": 0.5}, scoring=2.0)
     assert line == ("time: 10 s in all: training steps 4.5 s, dev evaluation 3.0 s, saving 0.50 s, "
                     "start-up and the rest 2.0 s")
+
+
+def test_a_duration_is_written_one_way_and_its_form_follows_the_figure_as_rounded():
+    from spanflow.monitor.report import clock_time
+
+    assert [clock_time(x) for x in (0.04, 0.999, 4.24, 9.96, 12.4, 59.6, 185, 3725)] == [
+        "0.04 s", "1.0 s", "4.2 s", "10 s", "12 s", "1m 00s", "3m 05s", "1h 02m"]

@@ -301,6 +301,7 @@ def test_auto_class_weights_favour_rare_labels_and_keep_the_mean():
                        ("auto,A=2", "'auto' stands alone")):
         with pytest.raises(ConfigError, match=said):
             TrainOptions(class_weights=text)
+    assert TrainOptions(class_weights=" auto ").class_weights == "auto"  # spaces round a value are no part of it
 
 
 def test_layerwise_lr_decay_groups():

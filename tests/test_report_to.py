@@ -219,3 +219,18 @@ def test_an_embedding_runs_dev_score_is_charted_under_its_own_name(tmp_path):
     best = max(range(len(reps)), key=lambda k: reps[k]["dev_f1"])
     assert scalars(ea, "best/dev_spearman") == [(reps[best]["step"], pytest.approx(reps[best]["dev_f1"], abs=1e-6))]
     assert [v for _, v in scalars(ea, "epoch/wall_s")] == pytest.approx([r["wall_s"] for r in reps], rel=1e-5)
+
+
+def test_a_ranking_runs_scores_reach_mlflow_under_names_it_takes(tmp_path, local_mlflow):
+    """MRR@10's '@' is no character of an MLflow name: the first evaluation dropped the reporter."""
+    lines: list[str] = []
+    reps = report_to.build_reporters("mlflow", out_dir=str(tmp_path), resumed_step=None, log=lines.append,
+                                     metric="MRR@10")
+    scores = {"f1": 0.5, "mrr@10": 0.5, "ndcg@10": 0.6, "recall@1": 0.4, "recall@10": 0.9, "n": 12}
+    reps.log_metrics(report_to.dev_scalars(scores, "MRR@10"), 1)
+    reps.close({"best_f1": 0.5, "best_step": 1, "global_step": 2, "completed": True})
+    assert not any("failed" in x for x in lines), lines
+    client = mlflow_client(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("spanflow").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert {"dev/mrr_10", "dev/ndcg_10", "dev/recall_1", "dev/recall_10", "best/dev_mrr_10"} <= set(run.data.metrics)

@@ -12,7 +12,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spanflow.data.formats.common import invisible, unspaced
+from spanflow.data.formats.common import ideograph, invisible
 
 
 IGNORE = -100
@@ -166,9 +166,9 @@ def _split_punctuation(text: str, offsets: list[tuple[int, int]], first: list[bo
     SentencePiece's words split at spaces only, so 'Hopper,' and '(Switzerland)' were one word each
     and an entity took the comma or was lost in the brackets; and a line of Chinese, which has no
     spaces, was one word (BERT makes each ideograph one). A token that begins with punctuation or
-    a character of a script written without spaces (Chinese, Japanese), or follows one that ends
-    with either, starts a word (a token holding letters and punctuation stays whole: words start
-    only where tokens do)."""
+    a CJK ideograph, or follows one that ends with either, starts a word, as in BERT (kana runs
+    stay words, and a token holding letters and punctuation stays whole: words start only where
+    tokens do)."""
     out, after, last = [], False, 0
     for f, (s, e), b in zip(first, offsets, blank):
         if b or s == e:
@@ -176,8 +176,8 @@ def _split_punctuation(text: str, offsets: list[tuple[int, int]], first: list[bo
             continue
         # a token over the one before's characters (SentencePiece gives a text's opening `▁` its first
         # character) is that one's word
-        out.append(f or (s >= last and (after or punctuation(text[s]) or unspaced(text[s]))))
-        after, last = punctuation(text[e - 1]) or unspaced(text[e - 1]), max(last, e)
+        out.append(f or (s >= last and (after or punctuation(text[s]) or ideograph(text[s]))))
+        after, last = punctuation(text[e - 1]) or ideograph(text[e - 1]), max(last, e)
     return out
 
 

@@ -92,8 +92,6 @@ def _at(out: str) -> str:
 
 
 def run(a: argparse.Namespace) -> int:
-    import os
-
     from spanflow.runtime.resolve import Asked, resolve_runtime
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
@@ -104,7 +102,9 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--devices must be >= 1 (processes on this node), got {a.devices}")
     # every value but the budget checked here, before ranks are launched or a model loads to measure
     opts = options_from(TrainOptions, a, max_tokens=None)
-    if a.devices > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    from spanflow.training.distributed import env_world
+
+    if a.devices > 1 and env_world() == 1:
         from spanflow.training.distributed import relaunch
 
         argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process

@@ -18,10 +18,11 @@ from spanflow.monitor.spans import StreamSpans
 def train_flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
     """6N per token for the dense weights plus, for attention encoders, the score/value matmuls.
 
-    N counts parameters outside embedding tables (a lookup does no matmul work).
+    N counts trained parameters outside embedding tables (a lookup does no matmul work; a frozen
+    pooler kept only to be saved back runs once a sequence, not a token).
     """
     lookup = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    n = sum(p.numel() for p in model.parameters() if id(p) not in lookup)
+    n = sum(p.numel() for p in model.parameters() if id(p) not in lookup and p.requires_grad)
     cfg = getattr(getattr(model, "encoder", None), "config", None)
     if not getattr(cfg, "num_attention_heads", None):
         return 6 * n
@@ -182,11 +183,11 @@ PEAK_BASIS = {"measured_matmul": "of the measured {p}matmul peak", "datasheet": 
 
 def clock_time(seconds: float) -> str:
     """How every command writes a duration: 0.04 s, 4.2 s, 12 s, 3m 05s, 1h 02m."""
-    if seconds < 1:
+    if round(seconds, 2) < 1:  # each bound as the figure rounds: 9.96 is "10 s", not "10.0 s"
         return f"{seconds:.2f} s"
-    if seconds < 10:
+    if round(seconds, 1) < 10:
         return f"{seconds:.1f} s"
-    if seconds < 60:
+    if round(seconds) < 60:
         return f"{seconds:.0f} s"
     m, s = divmod(round(seconds), 60)
     return f"{m}m {s:02d}s" if m < 60 else f"{m // 60}h {m % 60:02d}m"

@@ -95,13 +95,11 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     also names a `tiny` start, and says what a run without `dev` data keeps.
     """
     auto = [TINY] if tiny else []
-    max_tokens = opts.max_tokens
+    max_tokens = opts.max_tokens or update_tokens(lengths, device, world)
     # the first epoch's plan: what the budget gives on this data (batches are rarely full: the token
     # total over the budget counts too few updates)
-    plan = epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens or update_tokens(lengths, device, world)),
-                      0, world) if lengths else []
-    if max_tokens is None:
-        max_tokens = update_tokens(lengths, device, world)
+    plan = epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world) if lengths else []
+    if opts.max_tokens is None:
         # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives here
         auto.append(f"max_tokens {max_tokens} (about {counted(max(1, len(plan)), 'update')} per epoch)")
     typical = sorted(lengths)[len(lengths) // 2] if lengths else 0

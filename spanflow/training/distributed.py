@@ -36,16 +36,22 @@ class Dist:
         return self.rank == 0
 
 
-def init_from_env() -> Dist:
-    """Join the process group that torchrun describes in the environment, if any."""
+def env_world() -> int:
+    """WORLD_SIZE as torchrun sets it (1 where unset); -1 where it is no number."""
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
-        world = -1
+        return -1
+
+
+def init_from_env() -> Dist:
+    """Join the process group that torchrun describes in the environment, if any (or take the one
+    the caller already made)."""
+    world = env_world()
     if world == 1 or world == 0:
         return Dist()
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
-    if world < 0 or missing:  # a cluster's or notebook image's stray variable, not a launcher's group
+    if (world < 0 or missing) and not dist.is_initialized():  # a cluster's or notebook image's stray variable
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is set"

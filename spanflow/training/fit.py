@@ -61,7 +61,9 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
     `tiny`; `run.source` is that, or the checkpoint's model when `options.resume` finds one.
     The caller's random state is left as it was: a run seeds torch's generators with its own
     seed (a resume restores the checkpoint's), and a seeded notebook would otherwise draw the
-    run's numbers after it, whatever its own seed."""
+    run's numbers after it, whatever its own seed. That is torch's CPU generator, and the CUDA
+    devices' where the caller had started CUDA (saving them otherwise would start a CUDA
+    context on every device, from every rank)."""
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda):
         return _fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=load, log_fn=log_fn)

@@ -134,6 +134,8 @@ class TrainOptions:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if isinstance(self.class_weights, str):  # ' auto ' is auto
+            object.__setattr__(self, "class_weights", self.class_weights.strip())
         if isinstance(self.class_weights, str) and self.class_weights != "auto":
             parse_weights(self.class_weights)
         elif isinstance(self.class_weights, dict):  # a copy: the caller's dict may change after

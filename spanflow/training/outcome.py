@@ -81,7 +81,7 @@ def _ran_to_the_end(report: str) -> bool:
         return False
     if not periods or (periods[-1].get("partial", False) and not periods[-1].get("early_stop")):
         return False
-    scores = [p["dev_f1"] for p in periods if isinstance(p.get("dev_f1"), (int, float))]
+    scores = [p["dev_f1"] for p in periods if isinstance(p.get("dev_f1"), (int, float)) and p["dev_f1"] == p["dev_f1"]]
     return not scores or max(scores) > 0
 
 

@@ -22,6 +22,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -44,16 +45,16 @@ class Reporter(Protocol):
 
 
 def dev_key(metric: str) -> str:
-    """The dashboards' name of a task's dev score: `f1`, `spearman`, `mrr@10`."""
-    return metric.lower().replace(" ", "_")
+    """The dashboards' name of a score: `f1`, `spearman`, `mrr_10` (MLflow takes letters, digits,
+    `_`, `-`, `.`, `/` and spaces in a name, and refused `mrr@10`, dropping the reporter)."""
+    return re.sub(r"[^\w.\-/ ]", "_", metric.lower().replace(" ", "_"))
 
 
 def dev_scalars(metrics: dict, metric: str) -> dict:
     """An evaluation's scores (its floats, not its counts) as `dev/NAME` scalars: evaluate's `f1` is
     the task's score whatever it is (an embedding model's Spearman), and is charted under that name."""
-    key = dev_key(metric)
-    out = {f"dev/{k}": v for k, v in metrics.items() if isinstance(v, float) and k != "f1"}
-    return {f"dev/{key}": metrics["f1"], **out}
+    out = {f"dev/{dev_key(k)}": v for k, v in metrics.items() if isinstance(v, float) and k != "f1"}
+    return {f"dev/{dev_key(metric)}": metrics["f1"], **out}
 
 
 def parse_report_to(value: str | list | tuple | None) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from spanflow.atomic import make_dirs
 from spanflow.batching.align import MIN_LENGTH
+from spanflow.batching.batcher import token_budget_batches
 from spanflow.errors import ConfigError, counted
 from spanflow.runtime.cache import device_name
 from spanflow.runtime.files import write_profile
@@ -102,12 +103,15 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     if below:
         log_fn(f"budgets below the max length {lengths[0]} are not measured: {', '.join(map(str, below))}")
     items = w.items_at(lengths[-1])  # at the longest length swept: the largest batches
-    whole = max((len(x) for x in items), default=0) * len(items)  # a budget of this holds the sample in one batch
-    over = [b for b in budgets if b >= whole]
-    if len(over) > 1 and whole:  # each runs the same one batch: its speed would differ by noise alone
-        budgets = [b for b in budgets if b <= whole or b == over[0]]
-        log_fn(f"budgets of {whole} tokens and more hold the whole sample in one batch, as {over[0]} does: not measured: "
-               f"{', '.join(map(str, over[1:]))} (a larger --sample, or more data, measures larger budgets)")
+    sizes = [len(x) for x in items]
+    # the first budget whose batches (as the sweep makes them) are the whole sample in one: each larger
+    # one runs that same batch, and its speed would differ by noise alone
+    one = next((b for b in budgets if sizes and len(token_budget_batches(sizes, b, shuffle=mode == "train")) == 1),
+               None)
+    if one is not None and one < budgets[-1]:
+        log_fn(f"budgets above {one} run the whole sample in one batch, as {one} does: not measured: "
+               f"{', '.join(str(b) for b in budgets if b > one)} (a larger --sample, or more data, measures them)")
+        budgets = [b for b in budgets if b <= one]
 
     # the runtime line above said why this precision; a policy rebuilt from its name would say "as asked"
     log_fn(f"tuning {task} {mode} on {counted(len(items), 'input')} sampled from {data} (at most {sample} texts), "
@@ -120,7 +124,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     limits = {"max_memory_bytes": int(max_memory_gb * 2**30) if max_memory_gb else None,
               "latency_slo_ms": latency_slo_ms, "min_quality": quality_floor(points)}
     best = pick_best(points, **limits)
-    profile = {"device": device_name(policy.device), "model": model, "task": task, "mode": mode,
+    where = os.path.realpath(model) if os.path.exists(model) else model  # a run from elsewhere reads it the same
+    profile = {"device": device_name(policy.device), "model": where, "task": task, "mode": mode,
                "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
                "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
@@ -138,9 +143,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     write_profile(path, profile)
     once = [p for p in eligible(points, **limits) if p.spread is None]
     if once:  # no spread to tell noise by: the best among them may be the luckiest run
-        log_fn(f"note: {counted(len(once), 'point')} measured once (the --budget-seconds held no second run) carry no "
-               "spread: their speeds may differ by noise alone; a larger --budget-seconds measures each point "
-               f"--repeats {max(2, repeats)} times")
+        why = "--repeats 1" if repeats <= 1 else "the --budget-seconds held no second run"
+        log_fn(f"note: {counted(len(once), 'point')} measured once ({why}) carry no spread: their speeds may differ "
+               "by noise alone; --repeats 2 or more, with the --budget-seconds to hold them, measures each point again")
     near = within_noise(best, eligible(points, **limits))
     if near:
         log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best: "

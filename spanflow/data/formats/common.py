@@ -188,6 +188,14 @@ def unspaced(ch: str) -> bool:
     return is_cjk(ch) and not is_hangul(ch)
 
 
+def ideograph(ch: str) -> bool:
+    """A CJK ideograph, as BERT's tokenizer tells one (each is a word of its own there; kana and
+    Hangul are not)."""
+    o = ord(ch)
+    return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2CEAF or 0xF900 <= o <= 0xFAFF
+            or 0x2F800 <= o <= 0x2FA1F)
+
+
 def is_cjk(ch: str) -> bool:
     """True for CJK ideographs and the full-width punctuation used with them."""
     o = ord(ch)
