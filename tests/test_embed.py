@@ -545,6 +545,8 @@ def test_encode_normalize_gives_unit_rows_in_the_same_direction(hf_dir):
     np.testing.assert_allclose(emb.encode(TEXTS[0], normalize=True), unit[0], atol=1e-5)
     streamed = np.concatenate(list(emb.encode_stream(iter(TEXTS[:4]), chunk_size=3, normalize=True)))
     np.testing.assert_allclose(streamed, unit, atol=1e-5)
+    with pytest.raises(ConfigError, match="normalize takes True or False, got 'no'"):
+        emb.encode(TEXTS[:1], normalize="no")  # a truthy string would have normalised
 
 
 def test_similarity_is_the_cosine_of_every_pair(hf_dir):

@@ -337,7 +337,7 @@ class Embedder:
         tokenized in a background thread while this one computes. `normalize`: unit-length rows
         (for inner-product search) whatever the model's own Normalize module says."""
         parts = self._encode_stream(text_stream(texts, "encode_stream"), chunk_size, max_tokens, on_batch)
-        return (unit_rows(p) for p in parts) if normalize else parts
+        return (unit_rows(p) for p in parts) if _flag(normalize, "normalize") else parts
 
     def _encode_stream(self, texts: Iterable[str], chunk_size: int, max_tokens: int | None,
                        on_batch: Callable | None) -> Iterator[np.ndarray]:
@@ -356,7 +356,7 @@ class Embedder:
         texts, one = text_list(texts, "encode")
         parts = list(self._encode_stream(texts, 8192, max_tokens, None))
         out = np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
-        out = unit_rows(out) if normalize else out
+        out = unit_rows(out) if _flag(normalize, "normalize") else out
         return out[0] if one else out
 
     @staticmethod
@@ -393,6 +393,13 @@ class Embedder:
                               f"to fp32 on {cal['n']} calibration texts, below {cal['threshold']}; "
                               "use a higher precision, or --force to accept (Python: force=True)")
         return cal
+
+
+def _flag(value, name: str) -> bool:
+    """`value` where it is a bool; a ConfigError otherwise (normalize="no" would have normalised)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} takes True or False, got {value!r:.40}")
+    return value
 
 
 def _quantize_int8(model: nn.Module) -> nn.Module:
