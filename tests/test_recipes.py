@@ -430,3 +430,11 @@ def test_pack_span_without_pack_is_said_to_do_nothing(tmp_path):
     train_ner(data, None, model="tiny", out_dir=str(tmp_path), options=small_opts(epochs=1, pack_span=3.0),
               log_fn=lines.append)
     assert "warning: --pack-span 3 has no effect without --pack (no texts are joined)" in lines
+
+
+def test_class_weights_of_a_label_the_data_lacks_are_refused_before_any_note(tmp_path):
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match="unknown label 'FOO'"):
+        train_ner(synthetic_ner(20, seed=1, max_clauses=1), None, model="tiny", out_dir=str(tmp_path),
+                  options=small_opts(epochs=1, class_weights="FOO=2"), log_fn=lines.append)
+    assert not any("softmax head only" in x for x in lines), lines  # no note on a head for a run that never starts

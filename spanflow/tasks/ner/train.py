@@ -126,6 +126,8 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
                          fresh_head="softmax" if softmax_recipe else DEFAULT_HEAD, resuming=run.source != model)
         if nm.head_type == "crf" and softmax_recipe:
             raise ConfigError(f"{softmax_flags(opts)} to the softmax head, not the CRF")
+        if opts.class_weights not in (None, "auto"):  # labels the data lacks: refused before the note on the head
+            class_weight_tensor(opts.class_weights, [], nm.id2label)
         if softmax_recipe and head is None and DEFAULT_HEAD != "softmax" and not continues(run.source):
             log(f"note: {softmax_flags(opts)} to the softmax head only: this new model takes a softmax head "
                 f"instead of the default {DEFAULT_HEAD} (docs/recipes.md compares them)")
