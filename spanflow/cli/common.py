@@ -8,6 +8,7 @@ import sys
 
 from spanflow.data.io import FORMAT_HELP, NER_FORMATS
 from spanflow.data.schemes import SCHEMES
+from spanflow.monitor.report import clock_time
 from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget
 from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
 from spanflow.training.defaults import UPDATES_PER_EPOCH
@@ -285,6 +286,14 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
     p.add_argument("--keep-columns", type=names_arg, default=[], metavar="A,B",
                    help=f"input columns (JSONL fields, CSV/TSV header names, Parquet/Arrow columns) carried into the "
                         f"output ({kept_into}) [none]")
+
+
+def rates_said(texts: int, seconds: float, real_tokens: int, efficiency: float) -> str:
+    """How fast a bulk job's texts went, as predict and embed end: `in 0.84 s: 1201 texts/s, 23190
+    real tokens/s, padding efficiency 0.913`."""
+    secs = max(seconds, 1e-9)
+    return (f"in {clock_time(seconds)}: {texts / secs:.0f} texts/s, {real_tokens / secs:.0f} real tokens/s, "
+            f"padding efficiency {efficiency:.3f}")
 
 
 def cut_line(model, count: int, read: str = "read") -> str:

@@ -11,11 +11,11 @@ from spanflow.cli.common import (
     add_input_args,
     add_precision_arg,
     add_quantize_args,
+    rates_said,
     resume_hint,
     job_status,
 )
 from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
-from spanflow.monitor.report import clock_time
 
 
 def add_parser(sub) -> None:
@@ -110,8 +110,8 @@ def _run(a: argparse.Namespace) -> int:
     # auto's choice and a quantization were checked against fp32 on this input just now
     checked = a.precision == "auto" or rt.quantize is not None
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
-    print(f"embedded {s['texts']} texts in {clock_time(s['seconds'])}: {s['texts_per_s']:.0f} texts/s, "
-          f"{s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {s['padding_efficiency']:.3f}; "
-          f"{s['truncated']} truncated at {emb.max_length} tokens, {s['empty']} empty, {s['errors']} errors")
+    rates = rates_said(s["texts"], s["seconds"], s["real_tokens"], s["padding_efficiency"])
+    print(f"embedded {s['texts']} texts {rates}; {s['truncated']} truncated at {emb.max_length} tokens, "
+          f"{s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
     return job_status(a.input, s["texts"], s["errors"])

@@ -5,20 +5,9 @@ import argparse
 import functools
 
 from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, check_window_args, cut_line,
-                                 job_status, resume_hint)
+                                 job_status, rates_said, resume_hint)
 from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
-from spanflow.monitor.report import clock_time
 
-
-
-def rate_said(stats: dict) -> str:
-    """How fast the texts this run predicted went (a resumed job's: those after the resume): the
-    job's time, reading and writing included, and the model's real and padded tokens."""
-    if not stats.get("texts"):
-        return ""
-    secs = max(stats["seconds"], 1e-9)
-    return (f" in {clock_time(secs)}: {stats['texts'] / secs:.0f} texts/s, {stats['real_tokens'] / secs:.0f} real "
-            f"tokens/s, padding efficiency {stats['real_tokens'] / max(stats['padded_tokens'], 1):.3f}")
 
 def add_parser(sub) -> None:
     p = sub.add_parser("predict", help="run a model on texts: entities, triples or vectors as JSONL or Parquet, "
@@ -94,8 +83,11 @@ def _run(a: argparse.Namespace, task) -> int:
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens, resume=a.resume,
                          model_dir=a.model)
+    # how fast this run's texts went (a resumed job's: those after the resume), reading and writing included
+    rates = (" " + rates_said(stats["texts"], stats["seconds"], stats["real_tokens"],
+                              stats["real_tokens"] / max(stats["padded_tokens"], 1))) if stats["texts"] else ""
     print(f"wrote {counted(stats['records'], 'record')} to {a.output} ({counted(stats['errors'], 'error record')})"
-          + rate_said(stats))
+          + rates)
     if stats.get("truncated"):  # a model that reads no windows reads a long text's start only
         print(f"note: {cut_line(model, stats['truncated'])}")
     return job_status(a.input, stats["records"], stats["errors"])

@@ -49,7 +49,7 @@ class Meter:
     padded: int = 0
     steps: int = 0
     held_peak: int = 0  # the period's memory peak before an excluded evaluation
-    # "save": checkpoints and best-model saves inside the period (an evaluation is left out of it)
+    # "save": the checkpoints inside the period (--save-every, --max-steps); a best model's save is its evaluation's
     times: dict = field(default_factory=lambda: {"data_wait": 0.0, "compute": 0.0, "optimizer": 0.0, "save": 0.0})
     started: float = field(init=False)  # set once the peak is measured (__post_init__)
 
@@ -72,6 +72,15 @@ class Meter:
 
     def add_time(self, phase: str, seconds: float) -> None:
         self.times[phase] += seconds
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Count the host's time inside toward `phase`."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add_time(phase, time.perf_counter() - t)
 
     @contextmanager
     def excluded(self) -> Iterator[None]:

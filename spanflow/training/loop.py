@@ -24,8 +24,8 @@ from spanflow.training.optim import build_optimizer, sparse_tables, warmup_linea
 from spanflow.training.plan import epoch_plan
 from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
-from spanflow.training.progress import (check_finite, check_logged_loss, elapsed_left, learning_check, loss_window, lr_now,
-                                        progress_bar, report_period, window_loss)
+from spanflow.training.progress import (check_finite, check_logged_loss, elapsed_left, learning_check, loss_window,
+                                        lr_now, progress_bar, report_period, window_loss)
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters, dev_scalars
 from spanflow.training.resume import (check_epochs_left, check_resume_agrees, check_steps_left, resumed_at,
@@ -272,9 +272,8 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
                 return True
         if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
             check_finite(r)  # diverged weights never replace the last checkpoint a resume would start from
-            t_save = time.perf_counter()
-            _checkpoint(r)  # the period's time, as a real run pays it: its own share of the split
-            meter.add_time("save", time.perf_counter() - t_save)
+            with meter.timed("save"):  # the period's time, as a real run pays it: its own share of the split
+                _checkpoint(r)
         if gs == opts.max_steps:
             # the partial epoch too, with the dev score of these weights where one was taken at this step
             # (the best so far is another model's)
