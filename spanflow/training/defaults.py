@@ -112,7 +112,8 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     if len(plan) == 1 and whole < update:  # the budget holds more than the data: one update, of the whole set
         if opts.max_tokens is not None:  # a budget of the defaults' is said in their line
             accum = f" x --grad-accum {opts.grad_accum}" if opts.grad_accum > 1 else ""
-            follow = f", and unset learning rates follow {whole} tokens" if opts.lr is None or opts.head_lr is None else ""
+            unset = opts.lr is None or opts.head_lr is None
+            follow = f", and unset learning rates follow {whole} tokens" if unset else ""
             log(f"note: an update of --max-tokens {max_tokens}{accum} tokens holds the whole training set ({whole} "
                 f"padded tokens): 1 update per epoch{follow}")
         update = whole

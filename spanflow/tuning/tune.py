@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -82,6 +83,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         extra["texts"] = texts
     w = get(task).workload(model, data, mode=mode, policy=policy, precision=rt.precision, sample=sample, field=field,
                            column=column, **extra)
+    w.items_at = functools.lru_cache(maxsize=None)(w.items_at)  # tokenized once a length: here and in measure
     measure, limit = measure_of(w, mode=mode, policy=policy, clock=clock), w.limit
     long = [L for L in max_lengths or () if L > limit]
     if long:  # measured at the limit instead, the profile would name a length no run can take
