@@ -289,3 +289,10 @@ def test_a_duration_is_written_one_way_and_its_form_follows_the_figure_as_rounde
 
     assert [clock_time(x) for x in (0.04, 0.999, 4.24, 9.96, 12.4, 59.6, 185, 3725)] == [
         "0.04 s", "1.0 s", "4.2 s", "10 s", "12 s", "1m 00s", "3m 05s", "1h 02m"]
+
+
+def test_a_run_without_dev_names_no_evaluation_in_its_time_line():
+    from spanflow.training.fit import time_line
+
+    line = time_line(10.0, {"loop": 8.0, "evaluation": 0.0, "saving": 1.0}, scoring=1e-6, evaluated=False)
+    assert line.startswith("time: 10 s in all: training steps 7.0 s, saving 1.0 s, ") and "evaluation" not in line

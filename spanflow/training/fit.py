@@ -100,7 +100,8 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
                           plan.model)
         encoders = _encoders(plan.model, best)
         rescored = best.evaluate(dev, dist=run.dist, check_spans=False)["f1"] if dev and encoders else None
-        run.log(time_line(time.perf_counter() - began, summary["seconds"], scoring))  # before the line on how to go on
+        # before the line on how to go on; without --dev no evaluation ran to name
+        run.log(time_line(time.perf_counter() - began, summary["seconds"], scoring, evaluated=bool(dev)))
         run.log(outcome_line(summary, out_dir, metric=plan.metric, precision=policy.name, rescored=rescored,
                              encoders=encoders))
         if start is not None and summary["best_f1"] is not None and not summary["best_f1"] > start:
@@ -108,7 +109,7 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
         return best
 
 
-def time_line(total: float, seconds: dict, scoring: float = 0.0) -> str:
+def time_line(total: float, seconds: dict, scoring: float = 0.0, *, evaluated: bool = True) -> str:
     """Where the run's time went: its steps, its dev evaluations (`scoring`: the starting model's,
     before the loop), its saves (models and checkpoints) and the rest (loading the model and data,
     sizing the batches, measuring the peak, the best model's reload)."""
@@ -116,7 +117,7 @@ def time_line(total: float, seconds: dict, scoring: float = 0.0) -> str:
     parts = [("training steps", steps), ("dev evaluation", seconds["evaluation"] + scoring),
              ("saving", seconds["saving"]), ("start-up and the rest", total - seconds["loop"] - scoring)]
     return f"time: {clock_time(total)} in all: " + ", ".join(f"{name} {clock_time(max(0.0, t))}"
-                                                           for name, t in parts if t or name != "dev evaluation")
+                                                           for name, t in parts if evaluated or name != "dev evaluation")
 
 
 def _dev_said(dev: list | None) -> str:
