@@ -123,6 +123,38 @@ def test_caught_up_rows_equal_adamw_on_the_same_gradients(betas):
         torch.testing.assert_close(opt_r.state[rows][key], opt_d.state[dense][key], rtol=1e-5, atol=1e-7, msg=key)
 
 
+def test_rows_with_zero_moments_are_paid_as_every_other_row_would_be():
+    """catch_up and paid() take the weight decay alone from rows whose moments are zero (a large
+    vocabulary's unseen rows); bit for bit what the general row path applies them. Rows 0-19 are
+    never seen, row 20 has only a zero momentum (a zero gradient seen once, then its moments set
+    by hand), the rest are seen at random; CHUNK is cut so the table spans several chunks."""
+    from spanflow.training import row_adamw
+    gen = torch.Generator().manual_seed(3)
+    table = nn.Parameter(torch.randn(60, 8, generator=gen))
+    opt = RowAdamW([table], lr=1e-2, weight_decay=0.1)
+    for k in range(40):
+        idx = torch.randint(21, 60, (3,), generator=gen) if k else torch.tensor([20, 30, 40])
+        vals = torch.randn(3, 8, generator=gen) * (idx != 20)[:, None]
+        table.grad = torch.sparse_coo_tensor(idx[None], vals, (60, 8), check_invariants=True)
+        opt.step()
+    opt.state[table]["exp_avg"][20] = 0.0
+    opt.state[table]["exp_avg_sq"][20] = 1e-6  # m zero, v not: its v still decays
+    general = copy.deepcopy({"table": table, "opt": opt})
+    book, state = general["opt"]._rows[general["table"]], general["opt"].state[general["table"]]
+    row_adamw._missed(book, torch.arange(60), general["table"], state, 1e-8)  # every row by the general path
+    before = table.detach().clone()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(row_adamw, "CHUNK", 16)
+        with paid(opt):
+            inside = table.detach().clone()
+        assert torch.equal(table, before)  # paid() hands the table back as it was
+        opt.catch_up()
+    assert not torch.equal(inside[:20], before[:20])  # unseen rows were owed their decay
+    assert torch.equal(inside, general["table"]) and torch.equal(table, general["table"])
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(opt.state[table][key], state[key]), key
+
+
 def test_a_row_update_is_adamw_to_double_precision():
     """Bias corrections in double, as AdamW computes them: in float32, 1 - 0.999 ** 1 is off by 5e-5."""
     gen = torch.Generator().manual_seed(0)

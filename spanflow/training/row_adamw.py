@@ -15,7 +15,6 @@ different is that a row's gradient is taken at its weight before the updates it 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 from collections.abc import Callable, Iterator
 
@@ -106,9 +105,11 @@ class _Rows:
 
 
 @torch.no_grad()
-def _missed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor, state: dict, eps: float) -> None:
+def _missed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor, state: dict, eps: float, *,
+            weights_only: bool = False) -> None:
     """Apply to the rows `idx` AdamW's updates with a zero gradient for the steps after each
-    row's last one, through step t: weight decay, the momentum's move, the moments' decay.
+    row's last one, through step t: weight decay, the momentum's move, the moments' decay
+    (`weights_only`: the weights alone, the moments and the bookkeeping left as they are).
 
     At missed step j = s + i AdamW moves a row by lr_j / bc1_j * b1^i m / (b2^(i/2) sqrt(v) /
     sqrt(bc2_j) + eps) (m, v as at step s). That is summed here as coef_j r^i (coef_j: `cw`
@@ -135,7 +136,8 @@ def _missed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor, state: dict, eps: f
     bc2_s = torch.where(s > 0, 1 - b2 ** s.double(), torch.ones((), dtype=torch.float64))
     decay = torch.exp(end - rows.keep[sr])  # (n,)
     k = (upto - s).double()[:, None]  # (n, 1) missed steps
-    rows.last.index_fill_(0, idx, upto)
+    if not weights_only:
+        rows.last.index_fill_(0, idx, upto)
     # the bookkeeping stays on the CPU; the parameter is there too, but for a CPU checkpoint's
     # owed rows paid where the run resumed on an accelerator (its table dense there)
     dev = p.device
@@ -145,8 +147,36 @@ def _missed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor, state: dict, eps: f
     w = p.index_select(0, idx).mul_(decay[:, None].to(dev, p.dtype))
     w.sub_(step_dir * (move / bc2_s.sqrt())[:, None].to(dev, p.dtype))
     p.index_copy_(0, idx, w)
-    state["exp_avg"].index_copy_(0, idx, m.mul_((b1 ** k).to(dev, m.dtype)))
-    state["exp_avg_sq"].index_copy_(0, idx, v.mul_((b2 ** k).to(dev, v.dtype)))
+    if not weights_only:
+        state["exp_avg"].index_copy_(0, idx, m.mul_((b1 ** k).to(dev, m.dtype)))
+        state["exp_avg_sq"].index_copy_(0, idx, v.mul_((b2 ** k).to(dev, v.dtype)))
+
+
+@torch.no_grad()
+def _decayed(rows: _Rows, idx: torch.Tensor, p: torch.Tensor) -> None:
+    """_missed for rows whose moments are zero (never seen, or seen only as zero gradients): their
+    step is zero and their moments stay zero, so what they owe is the weight decay alone, the
+    same product _missed multiplies them by."""
+    s = rows.last.index_select(0, idx)
+    owed = s < rows.t
+    idx, s = idx[owed], s[owed]
+    if len(idx):
+        decay = torch.exp(rows.keep[rows.t - rows.base] - rows.keep[s - rows.base])
+        idx = idx.to(p.device)
+        p.index_copy_(0, idx, p.index_select(0, idx).mul_(decay[:, None].to(p.device, p.dtype)))
+
+
+def _pay_all(rows: _Rows, p: torch.Tensor, state: dict, eps: float, *, weights_only: bool = False) -> None:
+    """_missed over every row of `p`, CHUNK rows at a time; rows whose moments are zero (most of a
+    large vocabulary's) take the weight decay alone, which is what _missed would apply them."""
+    for lo in range(0, p.shape[0], CHUNK):
+        hi = min(lo + CHUNK, p.shape[0])
+        live = (state["exp_avg"][lo:hi] != 0).any(1) | (state["exp_avg_sq"][lo:hi] != 0).any(1)
+        idx, live = torch.arange(lo, hi), live.cpu()  # the bookkeeping's indices are on the CPU
+        _missed(rows, idx[live], p, state, eps, weights_only=weights_only)
+        _decayed(rows, idx[~live], p)
+    if not weights_only:
+        rows.last.fill_(rows.t)
 
 
 class RowAdamW(torch.optim.AdamW):
@@ -232,8 +262,7 @@ class RowAdamW(torch.optim.AdamW):
     def _settle(self, p: torch.Tensor, group: dict) -> None:
         book = self._rows[p]
         if book.t != book.base:
-            for chunk in torch.arange(p.shape[0]).split(CHUNK):
-                _missed(book, chunk, p, self.state[p], group["eps"])
+            _pay_all(book, p, self.state[p], group["eps"])
             book.settled()
 
     @torch.no_grad()
@@ -250,22 +279,18 @@ class RowAdamW(torch.optim.AdamW):
         and what their rows owe are as they were, and training goes on as if it had not
         happened. A checkpoint saves its model inside: weights a user can run (AdamW's), while
         the optimizer's state, read after, resumes exactly. Costs a copy of each owing table
-        and its two moments while inside."""
+        while inside; the moments and what the rows owe are not touched."""
         owing = [(p, g) for g in self.param_groups for p in g["params"]
                  if p in self._rows and self._rows[p].t != self._rows[p].base]
-        kept = [(p, p.detach().clone(), {k: self.state[p][k].clone() for k in ("exp_avg", "exp_avg_sq")},
-                 copy.deepcopy(self._rows[p])) for p, _ in owing]
+        kept = [(p, p.detach().clone()) for p, _ in owing]
         try:
             for p, group in owing:
-                self._settle(p, group)
+                _pay_all(self._rows[p], p, self.state[p], group["eps"], weights_only=True)
             yield
         finally:
             with torch.no_grad():
-                for p, weights, moments, book in kept:
+                for p, weights in kept:
                     p.copy_(weights)
-                    for k, v in moments.items():
-                        self.state[p][k].copy_(v)
-                    self._rows[p] = book
 
     def state_dict(self) -> dict:
         """AdamW's state dict, and under "row_adamw" what each sparse parameter's rows are still
