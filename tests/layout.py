@@ -121,6 +121,38 @@ def example_task_imports() -> set[str]:
     return imports_of(path, set(modules()), name="tests.textcat_task")
 
 
+TASK_NAMES = {"ner", "re", "embed"}
+
+
+def task_name_tests(path: Path) -> list[str]:
+    """`line: code` of each comparison in `path` of a task's name with something called a task
+    (`cfg.get("task") == "ner"`, `task.name in ("ner", "re")`): a shared layer that switches on a
+    task's name. A command's name (`args.command in ("train", "embed")`) is not a task's."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = [any(isinstance(v, ast.Constant) and v.value in TASK_NAMES
+                     for v in (s.elts if isinstance(s, (ast.Tuple, ast.List, ast.Set)) else [s])) for s in sides]
+        if any(named) and any("task" in ast.unparse(s) for s, n in zip(sides, named) if not n):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def shared_task_switches() -> dict[str, list[str]]:
+    """task_name_tests of every module outside spanflow/tasks/ and the CLI's task commands."""
+    out = {}
+    for m, path in modules().items():
+        if m.startswith("spanflow.tasks.") and m.count(".") > 2 or m == "spanflow.cli.embed":
+            continue  # a task's own folder; `spanflow embed` is the embed task's own command
+        hits = task_name_tests(path)
+        if hits:
+            out[m] = hits
+    return out
+
+
 if __name__ == "__main__":
     for what, g in (("files", graph()), ("packages", package_graph())):
         cyc = cycles(g)

@@ -42,3 +42,13 @@ def test_no_task_module_at_the_top_of_the_package():
 
 def test_the_example_task_imports_one_spanflow_module():
     assert layout.example_task_imports() == {"spanflow.tasks.api"}
+
+
+def test_shared_layers_never_switch_on_a_tasks_name():
+    assert layout.shared_task_switches() == {}
+
+
+def test_the_switch_finder_finds_a_switch(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('if cfg.get("task") == "ner" or task.name in ("re", "x") or args.command == "embed":\n    pass\n')
+    assert layout.task_name_tests(src) == ["1: cfg.get('task') == 'ner'", "1: task.name in ('re', 'x')"]

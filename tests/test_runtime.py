@@ -125,6 +125,14 @@ def test_a_profile_cached_by_predict_is_found_by_serve(model_dirs, bf16_cpu, ser
     assert len(measured) == 1  # found, not measured again
 
 
+def test_serve_without_a_cached_profile_names_each_tasks_own_bulk_command(model_dirs, served, monkeypatch, capsys):
+    monkeypatch.setenv("SPANFLOW_CACHE", str(model_dirs["input"]) + ".cache")  # no cached profiles
+    assert main(["serve", "--model", f"n={model_dirs['ner']}", "--model", f"e={model_dirs['emb']}",
+                 "--max-tokens", "auto"]) == 0
+    hints = [x for x in capsys.readouterr().err.splitlines() if "no cached profile for" in x]
+    assert [h.split("`spanflow ")[1].split(" --model ")[0] for h in hints] == ["predict", "embed"]
+
+
 def test_predict_max_tokens_auto_measures_on_the_inputs_own_texts(model_dirs, tmp_path, monkeypatch, capsys):
     """No profile cached: predict measures one on its --input, read as predict reads it (here
     JSONL texts under --field body), though it holds no labels."""

@@ -228,13 +228,18 @@ def check_window_args(model: str, max_length: int | None, stride: int | None) ->
     was refused only after the weights loaded and the precision was checked."""
     from spanflow.batching.align import check_window, check_window_floor
     from spanflow.models.directory import CONFIG, read_model_config
+    from spanflow.tasks.registry import names, takes
+
+    def takes_stride(task) -> bool:
+        return task in names() and takes(task, "stride")
 
     check_window_floor(max_length, stride)
     if stride is None and max_length is None or not os.path.isfile(os.path.join(model, CONFIG)):
         return
     cfg = read_model_config(model)
     length = max_length if max_length is not None else cfg.get("max_length")
-    stride = stride if cfg.get("task") == "ner" else None  # another task's model says it takes none, once loaded
+    if not takes_stride(cfg.get("task")):
+        stride = None  # a model that reads no overlapping windows says it takes none, once loaded
     if isinstance(cfg.get("limit"), int) and isinstance(length, int):
         check_window(length, stride or 0, cfg["limit"])
 

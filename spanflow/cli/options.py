@@ -16,16 +16,16 @@ def _scalar(annotation) -> type:
     return str
 
 
-def add_options(p, cls, *, skip: tuple[str, ...] = (), task: str | None = None, unset=None,
+def add_options(p, cls, *, skip: tuple[str, ...] = (), keep=None, unset=None,
                 words: dict[str, str] | None = None) -> None:
-    """Add a flag for every documented field of dataclass `cls` not in `skip`; with `task`, not for
-    the fields whose "tasks" metadata leaves that task out. `unset(name)`: what an unset field
+    """Add a flag for every documented field of dataclass `cls` not in `skip`; with `keep(name)`,
+    only for the fields it keeps (a task's own). `unset(name)`: what an unset field
     gets, said in its help ahead of the field's own note (None: the note alone). `words`: what a
     help's `{name}` stands for (a task's own word, such as its dev score)."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         meta = f.metadata
-        if f.name in skip or "help" not in meta or (task and task not in meta.get("tasks", (task,))):
+        if f.name in skip or "help" not in meta or (keep is not None and not keep(f.name)):
             continue
         target = p
         if meta.get("group"):

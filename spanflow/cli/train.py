@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
 
 def _add_common(p: argparse.ArgumentParser, task, data: str | None) -> None:
     """The flags every task's training takes; `task` the registry's entry (its defaults told in --help)."""
+    from spanflow.tasks.registry import takes
+
     tables = getattr(task, "train_defaults", None)
     name = task.name
     p.add_argument("--train", required=True, help=f"training data{f': {data}' if data else ''}")
@@ -49,7 +51,8 @@ def _add_common(p: argparse.ArgumentParser, task, data: str | None) -> None:
     p.add_argument("--devices", type=int, default=1,
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
                         "[%(default)s]")
-    add_options(p, TrainOptions, task=name, unset=(lambda field: describe_defaults(field, tables)) if tables else None,
+    add_options(p, TrainOptions, keep=lambda field: takes(name, field),
+                unset=(lambda field: describe_defaults(field, tables)) if tables else None,
                 words={"dev_metric": getattr(task, "dev_metric", "F1")})
     add_runtime_args(p, job="train", budget=getattr(task, "train_budget_note", "") + BUDGET_DEFAULTS["train"])
 

@@ -81,7 +81,8 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
 
 
 # how much the compile thread's niceness is raised: at 10 the eager serving beside the compile kept
-# its median latency and the compile took 18 s; 19 starved the compile, 0 the serving (bench/serve_startup.py)
+# its median latency and the compile still ended soon; 19 starved the compile, 0 the serving
+# (bench/serve_startup.py)
 NICE = 10
 
 

@@ -155,7 +155,7 @@ def _matmul_rate(dtype_name: str) -> float:
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)  # a private generator: never disturb the training RNG
     rate = 0.0
-    # 1024^3 alone read half the AMX bf16 peak: take 2048 too where bf16 is native (where it is
+    # 1024^3 alone reads well below AMX's bf16 peak: take 2048 too where bf16 is native (where it is
     # emulated, 2048^3 in bf16 would take seconds)
     for n in (1024, 2048) if dtype_name != "bf16" or _native_bf16() else (1024,):
         a, b = torch.randn(n, n, generator=g).to(dtype), torch.randn(n, n, generator=g).to(dtype)

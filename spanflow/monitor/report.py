@@ -33,7 +33,7 @@ def train_flops_per_token(model: torch.nn.Module, seq_len: float) -> float:
 def mfu_precision(model: torch.nn.Module, device: torch.device, precision: str) -> str:
     """The precision whose peak a training MFU is taken against: the run's, unless its encoder keeps
     its main matmuls in another under autocast (`matmul_precision`, the tiny model's fp32 recurrence
-    on a CPU), whose peak can be 10x lower."""
+    on a CPU), whose peak is far lower."""
     own = getattr(getattr(model, "encoder", None), "matmul_precision", None)
     return own(device.type, precision) if own is not None else precision
 

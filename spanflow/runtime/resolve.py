@@ -88,7 +88,7 @@ def resolve_runtime(task, model: str, asked: Asked, *, job: str = "infer", data:
     key = {"model": model, "device": torch.device(device), "task": task.name, "mode": mode, "precision": precision,
            "quantize": quantize}
     max_tokens, why = _max_tokens(asked, prof, key, job, data=data, field=field, column=column, measure=measure,
-                                  log=log)
+                                  bulk=getattr(task, "bulk_command", "predict"), log=log)
     backend, why_backend = _backend(asked, prof, batching)
     if not sweeps:
         said += [f"max_tokens {max_tokens or 'sized from the data'} ({why})", f"backend {backend} ({why_backend})"]
@@ -157,11 +157,12 @@ def _where(model: str) -> str:
 
 
 def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data: str | None, field: str,
-                column: int | None, measure: Callable[..., dict] | None,
+                column: int | None, measure: Callable[..., dict] | None, bulk: str,
                 log: Callable[[str], None]) -> tuple[int | None, str]:
     """An explicit number wins; then --profile; `auto` uses the cached profile for this model,
     device, task, mode, precision and quantization, measuring a short one (up to about 30 s) with
-    `measure` when none exists; else the default of the budget table."""
+    `measure` when none exists; else the default of the budget table. `bulk`: the task's command that
+    measures one over a file."""
     value = asked.max_tokens
     if value not in (None, "auto"):
         try:
@@ -196,9 +197,8 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
             log(f"max_tokens auto: the cached profile is unreadable ({e}); "
                 + ("measuring it again" if data and measure is not None else "left aside"))
     if not data or measure is None:  # nothing to measure on (serve): the default, and how to get a measured one
-        run = "embed" if key["task"] == "embed" else "predict"
         log(f"max_tokens auto: no cached profile for {key['model']} on this device; using the default (a "
-            f"`spanflow {run} --model {key['model']} --input YOUR_TEXTS --output OUT --max-tokens auto` measures and "
+            f"`spanflow {bulk} --model {key['model']} --input YOUR_TEXTS --output OUT --max-tokens auto` measures and "
             f"caches one; or `spanflow tune --task {key['task']} --mode {key['mode']} --model {key['model']} --data "
             "YOUR_TEXTS --out DIR` and --profile DIR/profile.json)")
         return default, f"auto: no cached profile, {why_default}"

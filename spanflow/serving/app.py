@@ -32,7 +32,7 @@ from spanflow.tasks.registry import tasks as all_tasks
 log = logging.getLogger("spanflow.serve")
 
 # a request of at most this many characters and texts is tokenized and answered on the event
-# loop: well under a millisecond of work, less than the two thread hops it saves
+# loop: less work than the two thread hops it saves
 # (bench/results/server_overhead_{before,after}.md)
 INLINE_CHARS, INLINE_TEXTS = 1024, 16
 

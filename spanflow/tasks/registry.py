@@ -8,6 +8,7 @@ and calls `register()` (or is listed in BUILTIN): no other file changes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -117,6 +118,10 @@ class Task(Protocol):
     # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`: a
     # string, or a function of the model's path);
     # `bulk_command`, the command that runs the task's models over a file (default "predict");
+    # `train_fields`, the TrainOptions fields of some tasks' (metadata "some") that its training takes;
+    # `quantizations`, the --quantize values its models take; `tune_modes`, the modes `tune` runs
+    # (the first its default); `agreement`, `agreement_name` and `precision_gate`, --precision auto's
+    # check; `train_defaults`, `dev_metric` and `train_budget_note`, what `train TASK --help` says;
     # `data_help`, the formats its training data comes in, for the help of `train TASK --train`
 
     def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int,
@@ -154,6 +159,28 @@ def names() -> list[str]:
 
 def tasks() -> list[Task]:
     return [get(n) for n in names()]
+
+
+def takes(task: str, field: str) -> bool:
+    """Whether `task`'s training takes TrainOptions `field`: a field of every task's, or one of some
+    tasks' (its "some" metadata) that the task's `train_fields` names."""
+    from spanflow.training.options import TrainOptions
+
+    some = next(f for f in dataclasses.fields(TrainOptions) if f.name == field).metadata.get("some")
+    return not some or field in getattr(get(task), "train_fields", ())
+
+
+def check_train_options(options, task: str) -> None:
+    """A ConfigError where `options` is neither a TrainOptions nor None, or sets a field that `task`'s
+    training does not take (it would be ignored), naming the tasks that take it."""
+    from spanflow.training.options import TrainOptions, check_options
+
+    check_options(options)
+    for f in dataclasses.fields(TrainOptions) if options is not None else ():
+        if getattr(options, f.name) != f.default and not takes(task, f.name):
+            owners = [t.name.upper() for t in tasks() if f.name in getattr(t, "train_fields", ())]
+            raise ConfigError(f"TrainOptions.{f.name} (--{f.name.replace('_', '-')}) applies to "
+                              f"{' and '.join(owners)} training; {task} training would ignore it", field=f.name)
 
 
 def task_of_dir(path: str, *, start: bool = False) -> Task:

@@ -20,8 +20,9 @@ RECIPES = {"group": "recipes", "group_help": "options for rare types and small d
                                              "measured effect)"}
 LR_SCALINGS = ("none", "sqrt", "linear")
 GRAD_COMPRESSIONS = ("none", "fp16")
-# the `spanflow train TASK` commands that get a field's flag, where not every one does
-NER, SPANS = ("ner",), ("ner", "re")
+# a field of some tasks' training only: a task takes it where its `train_fields` names it (the
+# flag of `spanflow train TASK`, a value set through the API)
+SOME = {"some": True}
 
 
 MAX_EPOCHS = 10_000
@@ -37,7 +38,7 @@ class TrainOptions:
                              unset="per task, docs/defaults.md")
     lr: float | None = opt(None, "peak learning rate of the encoder", unset="per task, scaled to the update size")
     head_lr: float | None = opt(None, "learning rate of a freshly initialised head",
-                                    unset="per task, scaled to the update size", tasks=SPANS)
+                                    unset="per task, scaled to the update size", **SOME)
     weight_decay: float = opt(0.01, "AdamW weight decay")
     warmup_ratio: float = opt(0.1, "share of the steps spent warming the learning rate up")
     max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")
@@ -45,7 +46,7 @@ class TrainOptions:
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
     max_length: int | None = opt(None, "most tokens per training window",
                                  unset="the encoder's limit; a model continued: its own")
-    stride: int | None = opt(None, "tokens shared by neighbouring windows of a long text", tasks=NER,
+    stride: int | None = opt(None, "tokens shared by neighbouring windows of a long text", **SOME,
                              unset="32; a model continued: its own")
     precision: str = "auto"  # runtime flag
     device: str = "auto"  # runtime flag
@@ -64,19 +65,19 @@ class TrainOptions:
                           choices=LR_SCALINGS)
     grad_compression: str = opt("none", "all-reduce DDP gradients in fp16 (CUDA, several processes)",
                                 choices=GRAD_COMPRESSIONS)
-    label_smoothing: float = opt(0.0, "spread this much target probability over all labels", tasks=SPANS, **RECIPES)
+    label_smoothing: float = opt(0.0, "spread this much target probability over all labels", **SOME, **RECIPES)
     class_weights: str | dict | None = opt(None, "NER loss weights: 'auto' (inverse sqrt label frequency) or "
-                                                 "'person=2,product=3'", tasks=NER, **RECIPES)
+                                                 "'person=2,product=3'", **SOME, **RECIPES)
     llrd: float = opt(1.0, "layer-wise lr decay: each encoder layer takes LLRD x the lr of the one above (1: off)",
                       **RECIPES)
     pack: float | None = opt(None, "NER: share of training texts joined with the texts after them into "
-                                   "multi-sentence sequences", unset="0: off", tasks=NER, **RECIPES)
+                                   "multi-sentence sequences", unset="0: off", **SOME, **RECIPES)
     pack_span: float = opt(1.0, "NER: the longest joined training text, in multiples of the longest single text "
-                                "(longer packs: docs/defaults.md, long documents)", tasks=NER, **RECIPES)
+                                "(longer packs: docs/defaults.md, long documents)", **SOME, **RECIPES)
     oversample: float = opt(0.0, "draw examples of rare entity types or relations (f_max/f)^X times as often "
-                                 "(0: off)", tasks=SPANS, **RECIPES)
+                                 "(0: off)", **SOME, **RECIPES)
     grad_checkpointing: bool = opt(False, "recompute layer activations in backward: far less memory on long "
-                                          "inputs, about a quarter slower", **RECIPES)
+                                          "inputs, more time a step (docs/recipes.md)", **RECIPES)
 
     def __post_init__(self):
         """Every value checked here, once, whether it came from the CLI or the Python API: an error
@@ -219,20 +220,14 @@ def check_types(opts, skip: tuple[str, ...] = ("report_to",)) -> None:
             object.__setattr__(opts, f.name, plain)
 
 
-def check_options(options, task: str | None = None) -> None:
-    """A ConfigError where a train function's `options` is neither a TrainOptions nor None, or,
-    for `task`, sets a field of other tasks' (its `tasks`), which this one would ignore."""
+def check_options(options) -> None:
+    """A ConfigError where a train function's `options` is neither a TrainOptions nor None (a
+    task's own train function also checks the fields it takes: registry.check_train_options)."""
     from spanflow.errors import ConfigError
 
     if options is not None and not isinstance(options, TrainOptions):
         raise ConfigError(f"options takes a TrainOptions (spanflow.TrainOptions(epochs=3, ...)), got "
                           f"{type(options).__name__}")
-    for f in dataclasses.fields(TrainOptions) if options is not None and task else ():
-        tasks = f.metadata.get("tasks")
-        if tasks and task not in tasks and getattr(options, f.name) != f.default:
-            raise ConfigError(f"TrainOptions.{f.name} (--{f.name.replace('_', '-')}) applies to "
-                              f"{' and '.join(t.upper() for t in tasks)} training; {task} training would ignore it",
-                              field=f.name)
 
 
 def scaled_options(opts: TrainOptions, *, default_lr: float, world: int) -> TrainOptions:

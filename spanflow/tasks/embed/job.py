@@ -15,7 +15,7 @@ Where a chunk's rows go while the job runs:
   becomes one `error:` line. The .npy's full size is still reserved up front
   (posix_fallocate) so that a disk too small fails before any embedding, not hours in.
 - JSONL: appended to `<output>.part`, renamed onto the output at the end.
-- Parquet: a Parquet file of its own, `<output>.chunk<w>.parquet` (chunks.py). At the end
+- Parquet: a Parquet file of its own, `<output>.chunk<w>.parquet` (inference/journal.py). At the end
   the chunks are copied, in order, into one file beside the output, which is then renamed
   onto it: the disk holds the output twice over for that while.
 

@@ -94,8 +94,8 @@ def false_negatives(keys: torch.Tensor, n: int) -> torch.Tensor:
     negatives they would teach the model to push a text away from itself."""
     ka, kp, kn = keys[:n], keys[n:2 * n], keys[2 * n:]
     # equality matrices and their products: no size known only on the device (no host sync, as
-    # unique() would need), and at the batch sizes trained (256 pairs: under 1 ms on one CPU
-    # thread) faster than sorting or a lookup table
+    # unique() would need), and at the batch sizes trained (a few hundred pairs) faster than
+    # sorting or a lookup table
     anchor = (ka[:, None] == ka[None, :]).float()  # i's anchor is m's (i itself included)
     # positive j is a positive of some example m with i's anchor (m = i, m = j or a third one)
     same = (anchor @ (kp[:, None] == kp[None, :]).float() > 0) | (kp[None, :] == ka[:, None])

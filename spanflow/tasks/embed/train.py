@@ -24,9 +24,10 @@ from spanflow.tasks.embed.model import Embedder
 from spanflow.tasks.embed.pairs import SCORED, Pair, check_pairs
 from spanflow.tasks.embed.pooling import Pooling
 from spanflow.tasks.embed.st_dir import read_embedding_config
+from spanflow.tasks.registry import check_train_options
 from spanflow.training.defaults import TaskDefaults, for_encoder, update_tokens
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions, check_options, check_types, in_api_words
+from spanflow.training.options import TrainOptions, check_types, in_api_words
 from spanflow.training.setup import Run
 
 # the rates are at REFERENCE_TOKENS padded tokens per update and follow the update size
@@ -40,8 +41,8 @@ MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
 # what a training graph holds per padded token and layer: bytes per unit of width (hidden plus
 # intermediate), and per attention head and key. Fitted above MiniLM's measured graphs in bf16 on
-# a CPU at 16, 40 and 128 tokens a row, spanflow's encoder and transformers' (whose residual
-# stream stays fp32): 119-135, 109-121, 159 KiB a token; fp32 taken as twice that
+# a CPU at short, middling and long rows, spanflow's encoder and transformers' (whose residual
+# stream stays fp32); fp32 taken as twice that
 GRAPH_BYTES_PER_UNIT, GRAPH_BYTES_PER_SCORE = 12, 8
 GRAPH_MEMORY_SHARE = 1 / 3  # of the memory available, the most an update's graphs may take on a CPU
 SPLIT_SAVING = 0.8  # a batch's sides are padded apart when that leaves at most this share of the padded tokens
@@ -116,8 +117,8 @@ def make_collate(pad_id: int) -> Callable[[list], dict]:
         k, n = len(items[0].sides), len(items)
         sides = [[it.sides[j] for it in items] for j in range(k)]
         longest = [max(map(len, rows)) for rows in sides]
-        # apart, each part's products are smaller, which costs on a CPU (STS-B, sides of one length:
-        # 0.82x the tokens/s): worth it only where the padding saved is larger
+        # apart, each part's products are smaller, which costs on a CPU (STS-B's sides, of one
+        # length, ran slower apart): worth it only where the padding saved is larger
         parts = sides if sum(longest) <= SPLIT_SAVING * k * max(longest) else [[r for rows in sides for r in rows]]
         out = {"sides": k, "n_pairs": n, "n_targets": n, "real_tokens": sum(len(r) for rows in sides for r in rows),
                "padded_tokens": 0}
@@ -318,7 +319,7 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
     """Fine-tune a sentence embedder: CoSENT (or AnglE) on scored pairs, an in-batch-negatives
     ranking loss on pairs and triplets. The best by dev score (Spearman for scored dev pairs,
     MRR@10 for pairs) is saved to `<out_dir>/model` as a sentence-transformers directory."""
-    check_options(options, "embed")
+    check_train_options(options, "embed")
     if config is not None and not isinstance(config, EmbedTraining):
         raise ConfigError(f"config takes an EmbedTraining (the loss and its settings), got {type(config).__name__}"
                           + ("; TrainOptions go to options=" if isinstance(config, TrainOptions) else ""))

@@ -25,9 +25,10 @@ from spanflow.tasks.ner.hf import bio_rows, select_rows, token_classification_co
 from spanflow.tasks.ner.model import DEFAULT_STRIDE, NerModel
 from spanflow.tasks.ner.tagging import SPECIAL_TOKENS
 from spanflow.tasks.ner.words import TOKENIZER, WHITESPACE, edge_rules, shown_marks, words_of
+from spanflow.tasks.registry import check_train_options
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions, check_options
+from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
 from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alike, warn_unseen
 
@@ -106,7 +107,7 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
     cross-entropy); None: a new model takes DEFAULT_HEAD, a spanflow model keeps its head.
     Options left unset take the task's DEFAULTS for the starting point, sized to the data.
     """
-    check_options(options, "ner")
+    check_train_options(options, "ner")
     check_examples(train, NerExample, "train")
     if dev is not None:
         check_examples(dev, NerExample, "dev", empty="pass None to train without dev data")

@@ -27,7 +27,7 @@ TOKENIZER, WHITESPACE = "tokenizer", "whitespace"
 KINDS = (TOKENIZER, WHITESPACE)
 # CoNLL joins adjacent CJK tokens without a space: a few such texts in otherwise whitespace-tokenised
 # data must not send a model back to subword words; character-level data (BMES) and spaCy's tokens
-# (punctuation split off, 10-20% of whitespace tokens) fall far below this share
+# (punctuation split off) fall far below this share
 MATCH_SHARE = 0.99
 
 BETWEEN_ZWSP = re.compile("[^\u200b]+")  # a whitespace word's pieces between zero-width spaces

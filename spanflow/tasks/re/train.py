@@ -16,9 +16,10 @@ from spanflow.tasks.re.features import (
     trained_triples,
 )
 from spanflow.tasks.re.model import SPECIAL_TOKENS, ReModel
+from spanflow.tasks.registry import check_train_options
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
-from spanflow.training.options import TrainOptions, check_options
+from spanflow.training.options import TrainOptions
 from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alike, warn_unseen
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
@@ -74,7 +75,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
     sorted); one the data has but the list lacks is a ConfigError. The object stage trains on
     every gold subject of a text; `all_subjects=False` samples one per text and step, as the
     CasRel paper does (slower to learn, docs/defaults.md)."""
-    check_options(options, "re")
+    check_train_options(options, "re")
     if relations is not None and (isinstance(relations, str) or not isinstance(relations, (list, tuple))
                                   or not all(isinstance(r, str) and r for r in relations)):
         raise ConfigError(f"relations takes a list of relation names, got {quote(relations, 60)}")
