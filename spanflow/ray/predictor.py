@@ -66,7 +66,9 @@ class Predictor:
         self.opts = {} if dtype is None else {"dtype": dtype}
         self.adds = [*self.model.arrow_results([], [], **self.opts).column_names, "error"]
 
-    def __call__(self, batch: Any):
+    def __call__(self, batch: Any) -> Any:
+        """The batch (a pandas DataFrame or a dict of arrays, as Ray hands it) with this model's result
+        columns and an `error` column added, in the batch's own kind."""
         kind = _kind(batch)
         taken = [c for c in self.adds if c in _columns(batch, kind)]
         if taken:

@@ -73,14 +73,14 @@ def plan_actors(nodes: list[dict], *, count: int | None = None, cpus: float | No
     total_gpus = sum(n.get("GPU", 0) for n in nodes)
     use_gpus = gpus if gpus is not None else (1.0 if total_gpus and on_gpu else 0.0)
     if use_gpus:
-        return _gpu_actors(nodes, count, cpus, use_gpus, device)
+        return _gpu_actors(nodes, count, cpus, use_gpus)
     if device.startswith("cuda"):
         raise ConfigError(f"--device {device}: the Ray cluster has no GPUs now (on an autoscaling cluster, "
                           "--ray-gpus-per-actor 1 --ray-actors N asks for them)")
     return _cpu_actors(nodes, count, cpus)
 
 
-def _gpu_actors(nodes: list[dict], count: int | None, cpus: float | None, gpus: float, device: str) -> Actors:
+def _gpu_actors(nodes: list[dict], count: int | None, cpus: float | None, gpus: float) -> Actors:
     hosts = [(n.get("CPU", 0), math.floor(n.get("GPU", 0) / gpus + 1e-9)) for n in nodes]
     hosts = [(c, k) for c, k in hosts if k]
     if not hosts:

@@ -44,7 +44,8 @@ class Policy:
     def name(self) -> str:
         return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.amp_dtype]
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Autocast to the policy's compute dtype on its device (nothing in fp32)."""
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)

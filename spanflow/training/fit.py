@@ -52,7 +52,7 @@ class Plan:
 
 
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
-        options: TrainOptions | None, load: Callable[..., Any], log_fn: Callable[[str], None] | None = print):
+        options: TrainOptions | None, load: Callable[..., Any], log_fn: Callable[[str], None] | None = print) -> Any:
     """Train what `setup` plans into `out_dir`; return the best model (by dev F1), reloaded with
     `load(path, device=..., precision=...)`, or the last one when the run stopped early; the run
     ends with one line saying where its model is (training/outcome.py).

@@ -60,6 +60,8 @@ def check_dev_gold(dev: list | None, gold: Callable[[object], bool], what: str, 
 
 
 def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn: Callable[[str], None] | None) -> Run:
+    """Join torchrun's process group (if any), seed, pick the precision policy and where training
+    starts (a resume: its checkpoint's model), and say what an earlier run in `out_dir` will lose."""
     dist = init_from_env()
     opts = options or TrainOptions()  # unset values are filled from the data later (training/defaults.py)
     log = log_fn if dist.is_main and log_fn is not None else (lambda s: None)  # None: quiet

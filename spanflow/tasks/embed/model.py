@@ -6,6 +6,7 @@ import itertools
 import logging
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from spanflow.tasks.embed.st_dir import read_embedding_config
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.registry import get as get_task
 from spanflow.training.distributed import Dist, shard_gather
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger("spanflow")
 
@@ -148,7 +152,7 @@ class Embedder:
             self.max_length = max_length
             self._backend = self._fast_backend()
 
-    def units(self, texts: list[str]):
+    def units(self, texts: list[str]) -> tuple[list, list[int], None]:
         """(token ids, lengths, None): the server's units."""
         ids, _ = self.tokenize(texts)
         return ids, [len(x) for x in ids], None
@@ -169,11 +173,11 @@ class Embedder:
             yield from part
 
     @staticmethod
-    def output_record(text: str, vector) -> dict:
+    def output_record(text: str, vector: np.ndarray) -> dict:
         """The JSONL record of one text: the text and its embedding (7 decimals)."""
         return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
 
-    def arrow_results(self, texts: list[str], results, *, dtype: str = "float32", **_):
+    def arrow_results(self, texts: list[str], results: list, *, dtype: str = "float32", **_) -> pa.Table:
         """The `embedding` column of a Parquet/Arrow output: fixed_size_list<float32>[dim]
         (float16 for dtype="float16"), the values of `results` cast as the .npy output casts
         them; null where the result is None."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from spanflow.batching.align import (
     check_window,
@@ -41,6 +42,9 @@ from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter, valid_ed
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 log = logging.getLogger("spanflow")
@@ -202,7 +206,7 @@ class NerModel:
                                            for s, e, lab in spans]}
 
     @staticmethod
-    def arrow_results(texts: list[str], results: list, **_):
+    def arrow_results(texts: list[str], results: list, **_) -> pa.Table:
         """The `entities` column of a Parquet/Arrow output: list<struct<start: int32, end: int32,
         label: string, text: string>>, one row per text, null where the result is None."""
         import pyarrow as pa
@@ -212,7 +216,7 @@ class NerModel:
                                             for s, e, lab in spans] for text, spans in zip(texts, results)]
         return pa.table({"entities": pa.array(rows, type=pa.list_(entity))})
 
-    def units(self, texts: list[str], words: list | None = None):
+    def units(self, texts: list[str], words: list | None = None) -> tuple[list, list[int], list]:
         """(windows with their word starts, window lengths, encodings): the server's units
         (`words`: see predict_stream)."""
         encs = self._encode(texts, words)

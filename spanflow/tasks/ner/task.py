@@ -23,7 +23,9 @@ class NerTask:
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
     train_defaults = {"": NER_DEFAULTS}  # what --help says an unset --epochs, --lr, ... gets
-    train_fields = frozenset(("head_lr", "stride", "label_smoothing", "class_weights", "pack", "pack_span", "oversample"))  # the TrainOptions fields of some tasks' that it takes
+    # the TrainOptions fields of some tasks' that its training takes
+    train_fields = frozenset(("head_lr", "stride", "label_smoothing", "class_weights", "pack", "pack_span",
+                              "oversample"))
     request_options = ()  # a body holds the texts and the model: any other field is refused
     exports = ("hf",)
     data_help = "CoNLL columns, JSONL spans or a spaCy .spacy file"

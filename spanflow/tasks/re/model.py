@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from spanflow.tasks.re.metrics import re_metrics
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def check_threshold(threshold) -> float:
@@ -184,7 +188,7 @@ class ReModel:
             for h, r, t in triples]}
 
     @staticmethod
-    def arrow_results(texts: list[str], results: list, **_):
+    def arrow_results(texts: list[str], results: list, **_) -> pa.Table:
         """The `relations` column of a Parquet/Arrow output, flat for queries: list<struct<head_start,
         head_end: int32, type: string, tail_start, tail_end: int32, head_text, tail_text: string>>,
         one row per text, null where the result is None."""
@@ -199,7 +203,7 @@ class ReModel:
             for text, triples in zip(texts, results)]
         return pa.table({"relations": pa.array(rows, type=pa.list_(relation))})
 
-    def units(self, texts: list[str]):
+    def units(self, texts: list[str]) -> tuple[list, list[int], None]:
         """(encodings, token lengths, None): the server's units, tokenized once."""
         encs = encode_heads(self.tokenizer, texts, self.max_length - 2)
         return encs, [min(len(e.ids) + 2, self.max_length) for e in encs], None

@@ -18,7 +18,7 @@ class ReTask:
 
     name, summary, route, request_field, trains = "re", "relation triples (CasRel)", "/v1/relations", "texts", True
     train_defaults = {"": RE_DEFAULTS}  # what --help says an unset --epochs, --lr, ... gets
-    train_fields = frozenset(("head_lr", "label_smoothing", "oversample"))  # the TrainOptions fields of some tasks' that it takes
+    train_fields = frozenset(("head_lr", "label_smoothing", "oversample"))  # TrainOptions fields of some tasks'
     request_options = ()  # a body holds the texts and the model: any other field is refused
     data_help = "CasRel JSON or JSONL relations"
     export_instead = ("other tools have no CasRel head to load it into; run it with 'spanflow predict' or "
