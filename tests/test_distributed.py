@@ -298,6 +298,19 @@ def test_collectives_assemble_the_ranks_results_on_every_rank(tmp_path):
 
 
 @pytest.mark.slow
+def test_devices_other_than_torchruns_processes_is_refused_under_torchrun(tmp_path, monkeypatch, capsys):
+    from spanflow.cli.main import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    data = tmp_path / "t.conll"
+    data.write_text("a O\n", encoding="utf-8")
+    assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "o"), "--devices", "3"]) == 2
+    assert ("error: --devices 3: this process is one of the 2 that torchrun started on this node"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_devices_relaunches_under_torchrun(tmp_path):
     """`spanflow train --devices 2` re-launches itself through torch.distributed.run (gloo on CPU)."""
     import subprocess
@@ -487,6 +500,23 @@ def test_a_killed_launcher_leaves_no_rank_training(tmp_path):
     assert not (out / ".lock").exists()  # it stopped as on SIGTERM, releasing --out
 
 
+def test_the_launchers_own_loggers_are_quiet_while_it_runs_the_ranks(monkeypatch):
+    """torch's agent logs `Received 15 death signal, shutting down workers` on its own module's
+    logger, whose own level would let it through a quiet parent."""
+    import logging
+
+    from torch.distributed import run
+
+    from spanflow.training.distributed import relaunch
+
+    agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    monkeypatch.setattr(agent, "level", logging.WARNING)  # as torch leaves it
+    levels = []
+    monkeypatch.setattr(run, "run", lambda _args: levels.append(agent.getEffectiveLevel()))
+    assert relaunch(["train", "ner"], 2) == 0
+    assert levels == [logging.CRITICAL]
+
+
 @pytest.mark.parametrize("sig,word", [(signal.SIGTERM, None), (signal.SIGINT, None),
                                       (signal.SIGHUP, "stopped by SIGHUP"), (signal.SIGQUIT, "stopped by SIGQUIT")])
 def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatch, capsys, sig, word):
@@ -502,6 +532,37 @@ def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatc
     assert relaunch(["train", "ner"], 2) == 128 + int(sig)
     said = capsys.readouterr().err.splitlines()[1:]  # after the launching line
     assert said == ([word] if word else [])  # TERM and INT reach the ranks too: rank 0 says so, with its hint
+
+
+def test_a_stop_signal_while_a_lost_peers_hint_is_read_ends_the_hint_not_the_line(monkeypatch, capsys):
+    """torchrun's agent ends the survivors of a killed rank with SIGTERM, which can arrive while the
+    resume hint is read: the command still ends on its one line (rank 0) or none, no traceback."""
+    import torch.distributed as dist
+
+    from spanflow.cli import doctor
+    from spanflow.cli.main import Terminated, main
+    from spanflow.training import distributed
+
+    def lost(_args):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+
+    hints = []
+
+    def hint(_args):
+        hints.append(1)
+        raise Terminated()
+
+    rank = [0]
+    monkeypatch.setattr(doctor, "run", lost)
+    monkeypatch.setattr(doctor, "after_stop", hint, raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: rank[0])
+    monkeypatch.setattr(distributed, "exit_now", lambda rc: None)
+    assert main(["doctor"]) == 1
+    assert capsys.readouterr().err.strip() == "error: another process of this training job stopped"
+    rank[0] = 1
+    assert main(["doctor"]) == 1 and capsys.readouterr().err == ""
+    assert hints == [1]  # rank 1 says nothing, so it reads no hint
 
 
 def test_a_lost_peer_is_one_line_from_rank_0_and_none_from_the_others(monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """The training report's clock: a period's wall time (and its tokens/s and MFU) leaves out the
 evaluations inside it, including the one that ends the epoch before it, and that epoch's
 checkpoint; so do its GPU utilisation samples."""
+import contextlib
 import json
 import time
 from types import SimpleNamespace
@@ -296,3 +297,54 @@ def test_a_run_without_dev_names_no_evaluation_in_its_time_line():
 
     line = time_line(10.0, {"loop": 8.0, "evaluation": 0.0, "saving": 1.0}, scoring=1e-6, evaluated=False)
     assert line.startswith("time: 10 s in all: training steps 7.0 s, saving 1.0 s, ") and "evaluation" not in line
+
+
+def _seconds(said: str) -> float:
+    """A duration as clock_time writes it (0.04 s, 12 s, 3m 05s) in seconds."""
+    if said.endswith(" s"):
+        return float(said[:-2])
+    m, s = said.split("m ")
+    return int(m) * 60 + int(s.rstrip("s"))
+
+
+def test_a_commands_time_line_counts_from_the_commands_start(tmp_path):
+    """Under a command (cli.main), the closing time line counts what it did before training (reading
+    the data, measuring a budget): here the command's start is set EVAL_S before training's, on no
+    other clock. Called from Python, a run counts from its own start."""
+    from spanflow.data.synthetic import synthetic_ner
+    from spanflow.monitor import clock
+    from spanflow.tasks.ner import train_ner
+
+    data = synthetic_ner(16, seed=1, max_clauses=1)
+    opts = TrainOptions(epochs=1, max_tokens=256, max_length=32, log_every=0, seed=0, device="cpu")
+    startups = []
+    for under_command in (False, True):
+        lines: list[str] = []
+        with clock.command() if under_command else contextlib.nullcontext():
+            if under_command:
+                clock._began[0] -= EVAL_S
+            train_ner(data, None, model="tiny", out_dir=str(tmp_path / str(under_command)), options=opts,
+                      log_fn=lines.append)
+        (line,) = [x for x in lines if x.startswith("time: ")]
+        total = _seconds(line.split("time: ")[1].split(" in all")[0])
+        startups.append(_seconds(line.split("start-up and the rest ")[1]))
+        assert (total >= EVAL_S) == under_command
+    assert startups[0] < EVAL_S <= startups[1]
+
+
+def test_a_jobs_memory_peak_is_its_largest_ranks(monkeypatch):
+    """Tokens are summed over ranks and memory is the largest rank's: rank 0's alone read as the
+    job's understated whichever rank held more (here rank 1, GiB above it)."""
+    from spanflow.training import loop
+    from spanflow.training.distributed import Dist
+
+    monkeypatch.setattr(loop, "all_sum", lambda values, d: [2 * v for v in values])  # two ranks alike
+    monkeypatch.setattr(loop, "gather", lambda obj, d: [obj, obj + 2**30])  # rank 1 holds 1 GiB more
+    meter = report.Meter(torch.device("cpu"), "fp32")
+    try:
+        meter.add_tokens(10, 12)
+        own = max(meter.held_peak, meter._peak())
+        rep = loop._close_period(meter, Dist(rank=0, world=2))
+    finally:
+        meter.close()
+    assert rep["peak_memory_bytes"] >= own + 2**30 and rep["padding_efficiency"] == 10 / 12

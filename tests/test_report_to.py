@@ -141,6 +141,21 @@ def test_mlflow_params_and_metrics_in_the_local_store(tmp_path, local_mlflow):
     assert [s for s, _ in history("train/loss")] == list(range(1, reps[-1]["step"] + 1))
 
 
+@pytest.mark.parametrize("raised,status", [(KeyboardInterrupt, "KILLED"), (RuntimeError, "FAILED")])
+def test_a_stopped_run_is_killed_in_mlflow_and_a_failed_one_failed(tmp_path, local_mlflow, raised, status):
+    from spanflow.training.report_to import MlflowReporter
+
+    rep = MlflowReporter(str(tmp_path), resumed_step=None, log=lambda s: None)
+    with pytest.raises(raised):
+        try:
+            raise raised()
+        finally:  # as the training loop closes its reporters
+            rep.close(None)
+    client = mlflow_client(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("spanflow").experiment_id])
+    assert run.info.status == status
+
+
 def test_mlflow_uses_the_tracking_uri_and_experiment_set(tmp_path, local_mlflow, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -168,11 +168,15 @@ def _leave_group(rc: int) -> int:
 
 def _after_stop(args) -> str:
     """How a stopped command goes on, where it left something to go on from (its after_stop); ""
-    where it cannot tell: a hint never stands between a signal and the exit."""
+    where it cannot tell, and on ranks other than 0, whose lines are not said: a hint never stands
+    between a signal and the exit. A stop signal that arrives while it is read (torchrun's agent
+    ending the survivors of a lost peer) ends the hint, not the command's own ending."""
     then = getattr(COMMANDS[args.command], "after_stop", None)
+    if then is None or job_rank() != 0:
+        return ""
     try:
-        return (then(args) or "") if then else ""
-    except Exception:
+        return then(args) or ""
+    except BaseException:
         return ""
 
 
@@ -199,6 +203,13 @@ class _LowerLevel(logging.Formatter):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from spanflow.monitor import clock
+
+    with clock.command():  # a training run's time line counts from here
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig: a program that set up logging keeps its own
         handler = logging.StreamHandler(sys.stderr)

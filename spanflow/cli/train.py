@@ -95,6 +95,8 @@ def _at(out: str) -> str:
 
 
 def run(a: argparse.Namespace) -> int:
+    import os
+
     from spanflow.runtime.resolve import Asked, resolve_runtime
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
@@ -107,6 +109,13 @@ def run(a: argparse.Namespace) -> int:
     opts = options_from(TrainOptions, a, max_tokens=None)
     from spanflow.training.distributed import env_world
 
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    local = int(local) if local.isdigit() else env_world()  # processes on this node, as torchrun started them
+    if a.devices > 1 and env_world() > 1 and a.devices != local:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--devices {a.devices}: this process is one of the {local} that torchrun started on "
+                          "this node (--nproc-per-node); leave --devices out under torchrun")
     if a.devices > 1 and env_world() == 1:
         from spanflow.training.distributed import relaunch
 

@@ -158,13 +158,23 @@ def relaunch(argv: list[str], devices: int) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores // devices))
     print(f"launching: torchrun {' '.join(args)} (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})", file=sys.stderr)
-    # the failed rank printed why; the launcher's own log of it would be a second, noisier line
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    _quiet_launcher()
     try:
         return _launch(run, args)
     finally:
         if own:
             os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _quiet_launcher() -> None:
+    """The failed rank printed why, and a stop is said by rank 0: the launcher's own log of either
+    (`Received 15 death signal, shutting down workers`) would be a second, noisier line. torch sets
+    each of its launcher's loggers to its own level, so the parent's level alone does not reach them."""
+    prefix = "torch.distributed.elastic"
+    logging.getLogger(prefix).setLevel(logging.CRITICAL)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith(prefix + ".") and isinstance(logger, logging.Logger):
+            logger.setLevel(logging.CRITICAL)
 
 
 def _launch(run, args: list[str]) -> int:

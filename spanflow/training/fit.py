@@ -21,6 +21,7 @@ from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
 from spanflow.training.options import TrainOptions, check_options
 from spanflow.training.outcome import outcome_line
+from spanflow.monitor import clock
 from spanflow.monitor.report import clock_time
 from spanflow.training.outdir import claim_out_dir
 from spanflow.training.setup import Run, best_model, prepare_encoder, start_run
@@ -72,7 +73,7 @@ def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: 
 def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
          options: TrainOptions | None, load: Callable[..., Any], log_fn: Callable[[str], None] | None = print):
     """fit, inside the caller's saved random state."""
-    began = time.perf_counter()
+    began = clock.began(time.perf_counter())  # a command's start: its data read and budget measured count
     out_dir, model = as_path(out_dir, "out_dir"), as_path(model, "model")
     check_options(options)
     with claim_out_dir(out_dir, init_from_env()):  # the group first, so every rank learns of a refused claim

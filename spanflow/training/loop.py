@@ -394,9 +394,13 @@ def _save(hooks: TaskHooks, what: str, path: str) -> None:
 
 
 def _close_period(meter: Meter, dist: Dist) -> dict:
-    """The meter's report with tokens summed over all ranks."""
+    """The meter's report with tokens summed over all ranks and the largest rank's memory peak (the
+    step-time split stays rank 0's: every rank waits for the others at each all-reduce)."""
     meter.real, meter.padded = (int(x) for x in all_sum([meter.real, meter.padded], dist))
-    return meter.report(devices=dist.world)
+    rep = meter.report(devices=dist.world)
+    if dist.enabled:
+        rep["peak_memory_bytes"] = max(gather(rep["peak_memory_bytes"], dist))
+    return rep
 
 
 def _collate_step(micro_batches: list[list[int]], n_global: int | None, items: list, collate, *,

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -238,8 +239,9 @@ class MlflowReporter:
             engine.dispose()
 
     def _close(self, final: dict | None) -> None:
-        if final is None:
-            self.client.set_terminated(self.run_id, "FAILED")
+        if final is None:  # training raised; a stop (Ctrl-C, SIGTERM: cli.main.Terminated) is no failure
+            stopped = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+            self.client.set_terminated(self.run_id, "KILLED" if stopped else "FAILED")
             return
         best = {f"best/dev_{final['key']}": final.get("best_f1"), "best/step": final.get("best_step")}
         if final.get("best_f1") is not None:  # at the best's step, as TensorBoard charts it
