@@ -258,6 +258,17 @@ def test_csv_columns_by_header_name_skip_the_header(tmp_path):
         read_rows(str(tmp_path / "x.txt"), field="body")  # taken and ignored before
 
 
+def test_a_csv_takes_a_field_name_as_its_header_column(tmp_path):
+    """--field names a JSONL field and a table's column: on a CSV/TSV it is the header's column
+    (it was ignored: column 0 was read, and the header row as a record)."""
+    src = tmp_path / "in.csv"
+    src.write_text("key,body\nk1,hello there\nk2,second one\n", encoding="utf-8")
+    assert [(i, t) for i, t, _ in read_rows(str(src), field="body")] == [("2", "hello there"), ("3", "second one")]
+    with pytest.raises(ConfigError, match=r"^--field text2: .*in.csv has no such column in its header"):
+        read_rows(str(src), field="text2")
+    assert [t for _, t, _ in read_rows(str(src))] == ["key", "k1", "k2"]  # the default: column 0, no header
+
+
 def test_jsonl_takes_a_column_name_as_its_field_and_needs_the_id_it_was_told_of(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"body": "one", "uid": "a", "n": 1}\n{"body": "two", "n": [2]}\n{"body": "three", "uid": 7}\n')

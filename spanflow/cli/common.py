@@ -256,7 +256,7 @@ class _Given(argparse.Action):
 def add_text_args(p: argparse.ArgumentParser) -> None:
     """--field and --column: where the texts are in the input."""
     p.add_argument("--field", default="text", action=_Given,
-                   help="JSONL field, or Parquet/Arrow column, with the text [%(default)s]")
+                   help="JSONL field, or Parquet/Arrow column or CSV/TSV header name, with the text [%(default)s]")
     p.add_argument("--column", type=column_arg, default=None,
                    help="the column with the text: a name (a Parquet/Arrow column, a JSONL field, or a CSV/TSV "
                         "header name, which skips the header row) or a 0-based CSV/TSV index [CSV/TSV: 0; else "

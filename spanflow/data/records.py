@@ -109,8 +109,9 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     """Yield (id, text-or-DataError, kept values) for every record of `path`.
 
     Parquet/Arrow (tables.is_table): the `column` (else `field`) column, by name; ids from
-    `id_column`, else the row number from 0. CSV/TSV: the `column` index or header name (a
-    name, or any `id_column`/`keep`, means the first row is the header and is skipped); ids
+    `id_column`, else the row number from 0. CSV/TSV: the `column` index or header name (else a
+    `field` other than "text", as a header name; a name, or any `id_column`/`keep`, means the
+    first row is the header and is skipped); ids
     from `id_column`, else the line number. JSONL: the `field` field (a `column` name is that
     field too); ids from the `id_column` field, else an "id" field, else the line number;
     kept values are strings, others as JSON. Text lines have no columns.
@@ -132,8 +133,10 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
         return read_table_records(path, column=field if column is None else column, id_column=id_column,
                                   keep=keep)
     kind = input_kind(path)
-    if kind in ("csv", "tsv"):
-        return _csv_records(path, "\t" if kind == "tsv" else ",", column, skip_header, id_column, keep)
+    if kind in ("csv", "tsv"):  # a field named (not the default) is a header name, as it is a table's column
+        by_field = column is None and field != "text"
+        return _csv_records(path, "\t" if kind == "tsv" else ",", field if by_field else column, skip_header,
+                            id_column, keep, flag="--field" if by_field else "--column")
     if kind == "text" and (column is not None or id_column is not None or keep or field != "text"):
         flag = ("--column" if column is not None else "--id-column" if id_column is not None
                 else "--keep-columns" if keep else f"--field {field}")  # a field asked of lines that have none
@@ -178,17 +181,17 @@ def _index(header: list[str] | None, column: Column, flag: str, path: str) -> in
 
 
 def _csv_records(path: str, delimiter: str, column: Column | None, skip_header: bool, id_column: str | None,
-                 keep: Sequence[str]) -> Iterator[TableRecord]:
+                 keep: Sequence[str], flag: str = "--column") -> Iterator[TableRecord]:
     named = isinstance(column, str) or id_column is not None or bool(keep)
     header = _header(path, delimiter) if named else None
-    col = _index(header, 0 if column is None else column, "--column", path)
+    col = _index(header, 0 if column is None else column, flag, path)
     ident = None if id_column is None else _index(header, id_column, "--id-column", path)
     kept = [_index(header, k, "--keep-columns", path) for k in keep]
     if header is None and col > 0:  # a column the file's rows do not reach: each would be an error record
         first = next((row for _, row in csv_rows(path, delimiter) if not isinstance(row, DataError)), None)
         if first is not None and col >= len(first):
             raise ConfigError(f"--column {col}: the first row of {path} has {len(first)} columns, numbered from 0")
-    asked = f"--column {col}" if not isinstance(column, str) else f"--column {column} (column {col})"
+    asked = f"--column {col}" if not isinstance(column, str) else f"{flag} {column} (column {col})"
     return _csv_cells(path, delimiter, (asked, col), (id_column, ident), kept, skip_header or named)
 
 
