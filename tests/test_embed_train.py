@@ -250,3 +250,18 @@ def test_a_run_stopped_by_max_steps_returns_a_model_in_eval_mode_and_saves_take_
     with pytest.raises(WriteError, match=r"cannot write the model to .*/m2: No space left on device"):
         emb.save(str(tmp_path / "m2"))  # the API's own error type, naming the path given
     assert not (tmp_path / "m2").exists()
+
+
+def test_int8_of_a_tiny_encoder_is_refused_as_a_change_it_would_not_make(trained, tmp_path, capsys):
+    """int8 quantizes linear layers; the tiny encoder (a recurrence) has none: the vectors came out
+    unchanged while the run said `quantize int8`."""
+    from spanflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--quantize int8 quantizes an encoder's linear layers, and this model's "
+                                          r"encoder \(\w+\) has none"):
+        Embedder.load(trained[3], quantize="int8", device="cpu")
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n", encoding="utf-8")
+    assert main(["embed", "--model", trained[3], "--input", str(src), "--output", str(tmp_path / "v.npy"),
+                 "--quantize", "int8"]) == 2
+    assert "leave --quantize out" in capsys.readouterr().err and not (tmp_path / "v.npy").exists()

@@ -391,6 +391,9 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
     assert batches == {"ner": math.ceil(n / 3), "emb": 1}  # the NER model's budget is the profile's, 3 texts a batch
     assert f"max_tokens {budget}" in out
     assert asked == ["eager", "compile"]  # the profile's backend, for its task's model only
+    assert main(["serve", "--device", "cpu", "--model", f"emb={model_dirs['emb']}", "--profile", str(profile)]) == 2
+    assert (f"error: profile {profile} was measured for task 'ner', and no --model served is one (they are 'embed')"
+            in capsys.readouterr().err) and not started  # refused, where it would have been ignored
 
 
 def test_the_timeout_counts_from_the_start_of_the_request(model_dirs, monkeypatch):

@@ -48,6 +48,11 @@ def load_services(a: argparse.Namespace) -> tuple[list, dict[str, int]]:
     specs = [(name, path, task_of_dir(path)) for name, path in named]
     # --quantize is for the models whose task quantizes; a server of only other models is told so
     quantizes = any(a.quantize in getattr(t, "quantizations", ()) for *_, t in specs) if a.quantize else False
+    if profile_task is not None and all(t.name != profile_task for *_, t in specs):  # it would be ignored
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"profile {a.profile} was measured for task {profile_task!r}, and no --model served is one "
+                          f"(they are {', '.join(sorted({repr(t.name) for *_, t in specs}))})")
     services, per_model = [], {}
     for name, path, task in specs:
         loads = Loads(task, path)

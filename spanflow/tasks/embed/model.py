@@ -412,6 +412,9 @@ def _quantize_int8(model: nn.Module) -> nn.Module:
         from torch.ao.quantization import quantize_dynamic
     except ImportError:
         raise ConfigError("int8 needs torch.ao.quantization, which this torch build lacks") from None
+    if not any(isinstance(m, nn.Linear) for m in model.encoder.modules()):  # the tiny encoder: a recurrence
+        raise ConfigError(f"--quantize int8 quantizes an encoder's linear layers, and this model's encoder "
+                          f"({type(model.encoder).__name__}) has none: it would run unchanged; leave --quantize out")
     out = _copy_linear(model)
     for m in out.modules():
         if type(m) is Linear:  # the quantizer matches the exact class
