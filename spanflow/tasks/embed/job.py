@@ -330,7 +330,7 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     return {"texts": job.n, "errors": stats.errors, "truncated": stats.truncated, "empty": stats.empty,
             "real_tokens": stats.real_tokens,
             "padding_efficiency": stats.real_tokens / max(1, stats.padded_tokens),
-            "texts_per_s": job.n / secs, "real_tokens_per_s": stats.real_tokens / secs, "seconds": secs,
+            "texts_per_s": job.n / secs, "real_tokens_per_s": stats.real_tokens / secs, "seconds": stats.seconds,
             "precision": embedder.precision_name, "calibration": calibration, "output": spec.output,
             "ids": P.ids if fmt == "npy" else None, "errors_file": P.errors if stats.errors else None}
 
