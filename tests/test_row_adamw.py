@@ -490,3 +490,49 @@ def test_training_evaluates_and_hands_back_rows_that_owe_nothing(tmp_path, monke
         assert len(owed_at_eval) >= (2 if "eval_every" in extra else 0)
         assert owed_at_eval == [0] * len(owed_at_eval), (extra, owed_at_eval)
         assert owed() == 0, extra
+
+
+def test_a_checkpoint_leaves_out_a_tables_zero_moment_rows_and_a_load_puts_them_back(tmp_path):
+    """A vocabulary table's moments are zero in the rows training never reached: trainer.pt holds the
+    others and their indices, and a load gives the optimizer back its state bit for bit (-0.0 and
+    NaN rows included), so the run goes on as if it had not been saved."""
+    import os
+
+    from spanflow.training.checkpoint import PACKED, load_checkpoint, save_checkpoint
+
+    def run(model, opt, steps, seed):
+        gen = torch.Generator().manual_seed(seed)
+        _train(model, opt, [torch.randint(1, 40, (4, 5), generator=gen) for _ in range(steps)])
+
+    torch.manual_seed(0)
+    model = Bag()
+    assert sparse_tables(model, CPU)
+    opt = RowAdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    run(model, opt, 3, seed=1)
+    table = model.word_embeddings.weight
+    opt.state[table]["exp_avg"][4000, 0] = -0.0  # a zero row but for its sign bit: kept
+    opt.state[table]["exp_avg"][4001, 1] = float("nan")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    state = {"epoch": 0, "step_in_epoch": 3, "global_step": 3, "bad_evals": 0, "stopped": False}
+    save_checkpoint(str(tmp_path / "ckpt"), save_model=os.makedirs, optimizer=opt, scheduler=sched, scaler=None,
+                    state=state)
+    raw = torch.load(tmp_path / "ckpt" / "trainer.pt", weights_only=True)["optimizer"]["state"]
+    packed = [v for st in raw.values() for v in st.values() if isinstance(v, dict)]
+    assert len(packed) == 2 and all(len(v[PACKED]) < 50 for v in packed)  # the table's two moments: 42 of 5000 rows
+    # the table as training left it (what its rows owe) is written whole; its two moments were as large again
+    assert os.path.getsize(tmp_path / "ckpt" / "trainer.pt") < 2 * 5000 * 16 * 4
+
+    again = copy.deepcopy(model)
+    opt2 = RowAdamW(again.parameters(), lr=1e-2, weight_decay=0.1)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda step: 1.0)
+    assert load_checkpoint(str(tmp_path / "ckpt"), optimizer=opt2, scheduler=sched2, scaler=None) == state
+    for p, q in zip(model.parameters(), again.parameters()):
+        for key, v in opt.state[p].items():
+            w = opt2.state[q][key]
+            assert w.dtype == v.dtype and torch.equal(w.view(torch.int32) if v.dtype == torch.float32 else w,
+                                                      v.view(torch.int32) if v.dtype == torch.float32 else v), key
+    opt.state[table]["exp_avg"][4001, 1] = opt2.state[again.word_embeddings.weight]["exp_avg"][4001, 1] = 0.0
+    run(model, opt, 3, seed=2)
+    run(again, opt2, 3, seed=2)
+    for p, q in zip(model.parameters(), again.parameters()):
+        assert torch.equal(p, q)

@@ -26,7 +26,7 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
     with writing("the checkpoint", ckpt_dir), write_aside(ckpt_dir, "ckpt") as tmp:
         save_model(os.path.join(tmp, "model"))
         trainer = {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": _packed(optimizer.state_dict()),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else {},
             "torch_rng": torch.get_rng_state(),
@@ -37,6 +37,43 @@ def save_checkpoint(ckpt_dir: str, *, save_model, optimizer, scheduler, scaler, 
         _torch_save(trainer, os.path.join(tmp, TRAINER))
         with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
             json.dump(state, f, indent=2)
+
+
+# a vocabulary table's optimizer moments are zero in every row training has not reached (most of a
+# large vocabulary's): a checkpoint writes the other rows and their indices, a load puts the zeros back
+PACKED = "spanflow_packed_rows"
+PACK_MIN_ROWS, PACK_MAX_LIVE = 64, 0.75  # tables this tall, where at most this share of rows is not zero
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _pack_rows(t):
+    """`t`, or where it is a float table most of whose rows are zero, those rows left out. A row is
+    zero by its bits: -0.0 is kept, so a load gives back `t` bit for bit."""
+    if not (torch.is_tensor(t) and t.dim() == 2 and t.shape[0] >= PACK_MIN_ROWS and t.is_floating_point()
+            and t.element_size() in _BITS):
+        return t
+    live = t.detach().contiguous().view(_BITS[t.element_size()]).ne(0).any(1)
+    rows = live.nonzero()[:, 0]
+    if len(rows) > PACK_MAX_LIVE * t.shape[0]:
+        return t
+    return {PACKED: rows.cpu(), "values": t.detach().index_select(0, rows).cpu(), "shape": list(t.shape)}
+
+
+def _unpack_rows(v):
+    if not (isinstance(v, dict) and PACKED in v):
+        return v
+    out = torch.zeros(v["shape"], dtype=v["values"].dtype)
+    return out.index_copy_(0, v[PACKED], v["values"])
+
+
+def _packed(sd: dict) -> dict:
+    """An optimizer's state dict with its mostly-zero tables packed (_pack_rows)."""
+    return {**sd, "state": {i: {k: _pack_rows(x) for k, x in st.items()} for i, st in sd["state"].items()}}
+
+
+def _unpacked(sd: dict) -> dict:
+    """_packed undone; a checkpoint written before packing is read as it is."""
+    return {**sd, "state": {i: {k: _unpack_rows(x) for k, x in st.items()} for i, st in sd["state"].items()}}
 
 
 def _torch_save(obj, path: str) -> None:
@@ -123,7 +160,7 @@ def load_checkpoint(ckpt_dir: str, *, optimizer, scheduler, scaler, rank: int = 
     if identity is not None:
         check_same_run(state.get("run"), identity, ckpt_dir)
     try:
-        optimizer.load_state_dict(trainer["optimizer"])
+        optimizer.load_state_dict(_unpacked(trainer["optimizer"]))
         scheduler.load_state_dict(trainer["scheduler"])
         if scaler is not None and trainer["scaler"]:
             scaler.load_state_dict(trainer["scaler"])
