@@ -2,6 +2,7 @@
 command, each served model loaded once, int8 as a quantization, profiles read with precise errors."""
 import collections
 import json
+import re
 
 import pytest
 import torch
@@ -19,12 +20,12 @@ TEXTS = [e.text for e in synthetic_ner(30, seed=1)]
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    from spanflow.models.encoder import build_tiny
+    from helpers import tiny_bert
     from spanflow.tasks.ner import train_ner
     from spanflow.training.options import TrainOptions
 
     d = tmp_path_factory.mktemp("runtime")
-    enc, tok = build_tiny(TEXTS, hidden=32, embedding=32, bigram_buckets=1009)
+    enc, tok = tiny_bert(TEXTS, hidden=32, layers=2, heads=2, seed=0)  # linear layers: int8 has work to do
     enc.save_pretrained(d / "emb")
     tok.save_pretrained(d / "emb")
     train_ner(synthetic_ner(30, seed=2), None, out_dir=str(d / "ner"), log_fn=lambda s: None,
@@ -185,6 +186,7 @@ def test_quantize_is_for_embedding_models_on_cpu(model_dirs, bf16_cpu, served, l
     assert main(["serve", "--model", f"emb={model_dirs['emb']}", "--quantize", "int8"]) == 0
     err = capsys.readouterr().err
     assert "device cpu (int8 quantization runs on CPU)" in err and "quantize int8 (mean cosine" in err
+    assert re.search(r"quantize int8 \(mean cosine [01]\.\d{4}, min [-01]\.\d{4} to fp32 on ", err)  # its worst text too
     assert "built-in sample texts, gate 0.99" in err and load_counts == {"embed": 1}  # gated on the one load
     # a server of both: the embedding model is quantized, the NER model runs unquantized
     assert main(["serve", "--model", f"emb={model_dirs['emb']}", "--model", f"ner={model_dirs['ner']}",

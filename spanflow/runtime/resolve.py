@@ -147,7 +147,8 @@ def _gate(model, texts: list | None, force: bool) -> str:
     sample = usable(texts)
     cal = model.check_precision(check_sample(sample) if sample else builtin_sample(), force=force)
     below = cal["mean_cosine"] < cal["threshold"]
-    return (f"mean cosine {cal['mean_cosine']:.4f} to fp32 on {sample_words(cal['n'], len(sample))}, gate "
+    least = f", min {cal['min_cosine']:.4f}" if "min_cosine" in cal else ""  # the worst text, as bf16's line says it
+    return (f"mean cosine {cal['mean_cosine']:.4f}{least} to fp32 on {sample_words(cal['n'], len(sample))}, gate "
             f"{cal['threshold']}" + (", accepted by --force" if below else ""))
 
 
