@@ -149,6 +149,11 @@ def test_predict_reads_csv_columns_like_embed(trained, tmp_path):
                  "--column", "1", "--skip-header"]) == 0
     recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
     assert [r["text"] for r in recs] == [data[0].text, data[1].text]
+    # --field names the header's column too, the default's name typed included (not the ids of column 0)
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(src), "--output", str(out),
+                 "--field", "text"]) == 0
+    recs = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["text"] for r in recs] == [data[0].text, data[1].text]
 
 
 def test_evaluate_names_the_labels_the_model_does_not_know(trained, tmp_path, capsys):

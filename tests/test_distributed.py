@@ -297,7 +297,6 @@ def test_collectives_assemble_the_ranks_results_on_every_rank(tmp_path):
         assert got["broadcast"] == "from rank 0" and got["place"] == [rank, 2, rank == 0]
 
 
-@pytest.mark.slow
 def test_devices_other_than_torchruns_processes_is_refused_under_torchrun(tmp_path, monkeypatch, capsys):
     from spanflow.cli.main import main
 
@@ -306,11 +305,12 @@ def test_devices_other_than_torchruns_processes_is_refused_under_torchrun(tmp_pa
     data = tmp_path / "t.conll"
     data.write_text("a O\n", encoding="utf-8")
     assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "o"), "--devices", "3"]) == 2
-    assert ("error: --devices 3: this process is one of the 2 that torchrun started on this node"
+    assert ("error: --devices 3: this process is one of the 2 started on this node"
             in capsys.readouterr().err)
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_cli_devices_relaunches_under_torchrun(tmp_path):
     """`spanflow train --devices 2` re-launches itself through torch.distributed.run (gloo on CPU)."""
     import subprocess
@@ -511,10 +511,31 @@ def test_the_launchers_own_loggers_are_quiet_while_it_runs_the_ranks(monkeypatch
 
     agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
     monkeypatch.setattr(agent, "level", logging.WARNING)  # as torch leaves it
+    monkeypatch.delenv("LOGLEVEL", raising=False)
     levels = []
-    monkeypatch.setattr(run, "run", lambda _args: levels.append(agent.getEffectiveLevel()))
+    monkeypatch.setattr(run, "run", lambda _args: levels.append((agent.getEffectiveLevel(), os.environ["LOGLEVEL"])))
     assert relaunch(["train", "ner"], 2) == 0
-    assert levels == [logging.CRITICAL]
+    assert levels == [(logging.CRITICAL, "CRITICAL")]  # a logger made during the launch reads LOGLEVEL
+    assert agent.level == logging.WARNING and "LOGLEVEL" not in os.environ  # the caller's again after it
+
+
+def test_the_ranks_time_lines_count_from_the_launchers_start(monkeypatch):
+    """`train --devices N`: each rank's command counts from its launcher's start (passed in the
+    environment), so the time line holds the launch too."""
+    from torch.distributed import run
+
+    from spanflow.monitor import clock
+    from spanflow.training.distributed import relaunch
+
+    seen = []
+    monkeypatch.setattr(run, "run", lambda _args: seen.append(os.environ.get(clock.ENV)))
+    with clock.command():
+        launched = clock.current()
+        assert relaunch(["train", "ner"], 2) == 0
+    assert seen == [repr(launched)] and clock.ENV not in os.environ
+    monkeypatch.setenv(clock.ENV, seen[0])  # in a rank, started after its launcher
+    with clock.command():
+        assert clock.current() == launched
 
 
 @pytest.mark.parametrize("sig,word", [(signal.SIGTERM, None), (signal.SIGINT, None),

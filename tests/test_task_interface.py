@@ -38,6 +38,21 @@ def test_the_task_is_registered_from_its_own_module():
     assert "textcat" in names()
 
 
+def test_the_tasks_train_function_refuses_options_of_other_tasks(tmp_path, capsys):
+    """Its training takes no train_fields: --stride is no flag of `train textcat`, and the API refuses
+    TrainOptions.stride rather than train on without it."""
+    from spanflow.errors import ConfigError
+    from spanflow.training.options import TrainOptions
+
+    with pytest.raises(ConfigError, match=r"^TrainOptions.stride \(--stride\) applies to NER training; textcat "
+                                          r"training would ignore it"):
+        textcat_task.train_textcat([("a b", "x")], None, model="tiny", out_dir=str(tmp_path / "o"),
+                                   options=TrainOptions(stride=16))
+    with pytest.raises(SystemExit):
+        main(["train", "textcat", "--train", "t.jsonl", "--out", str(tmp_path / "o"), "--stride", "16"])
+    assert "--stride" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
 def test_train_evaluate_and_predict_through_the_cli(trained, capsys):
     d, _, dev, model = trained
     capsys.readouterr()

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from spanflow.tasks.api import (SERVE_PAD_MULTIPLE, DataError, Plan, TaskDefaults, Workload, check_names, config_int,
+from spanflow.tasks.api import (SERVE_PAD_MULTIPLE, DataError, Plan, TaskDefaults, Workload, check_names,
+                                check_train_options, config_int,
                                 fill_head, fit, for_encoder, full_batches, infer_tokens, load_model_dir, pad_rows,
                                 parse_json, quality_at_length, read_lines, records_response, register,
                                 resolve_policy, save_model_dir, start_encoder, token_budget_batches)
@@ -137,6 +138,8 @@ class TextcatModel:
 
 
 def train_textcat(train, dev, *, model, out_dir, options=None, log_fn=print):
+    check_train_options(options, "textcat")  # a field of other tasks' (stride, class_weights) is refused
+
     def setup(run):
         encoder, tokenizer, max_length = start_encoder(run.source, [t for t, _ in train],
                                                        max_length=run.opts.max_length, seed=run.opts.seed)

@@ -367,6 +367,11 @@ def check_input(a) -> None:
         return
     refuse_utf16(a.input)
     refuse_labelled_input(a.input)
+    if getattr(a, "field_given", False):
+        from spanflow.data.records import input_kind
+
+        if input_kind(a.input) in ("csv", "tsv"):  # a header's name, even the default's ("text"), as typed
+            a.column = a.field
 
 
 def refuse_utf16(path: str) -> None:

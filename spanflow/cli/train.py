@@ -114,8 +114,8 @@ def run(a: argparse.Namespace) -> int:
     if a.devices > 1 and env_world() > 1 and a.devices != local:
         from spanflow.errors import ConfigError
 
-        raise ConfigError(f"--devices {a.devices}: this process is one of the {local} that torchrun started on "
-                          "this node (--nproc-per-node); leave --devices out under torchrun")
+        raise ConfigError(f"--devices {a.devices}: this process is one of the {local} started on this node (torchrun's "
+                          "--nproc-per-node); leave --devices out under a launcher")
     if a.devices > 1 and env_world() == 1:
         from spanflow.training.distributed import relaunch
 

@@ -7,7 +7,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -158,23 +159,42 @@ def relaunch(argv: list[str], devices: int) -> int:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores // devices))
     print(f"launching: torchrun {' '.join(args)} (OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']})", file=sys.stderr)
-    _quiet_launcher()
+    from spanflow.monitor import clock
+
+    began = clock.current()
+    if began is not None:  # each rank's closing time line counts from this command's start
+        os.environ[clock.ENV] = repr(began)
     try:
-        return _launch(run, args)
+        with _quiet_launcher():
+            return _launch(run, args)
     finally:
         if own:
             os.environ.pop("OMP_NUM_THREADS", None)
+        os.environ.pop(clock.ENV, None)
 
 
-def _quiet_launcher() -> None:
+@contextmanager
+def _quiet_launcher() -> Iterator[None]:
     """The failed rank printed why, and a stop is said by rank 0: the launcher's own log of either
     (`Received 15 death signal, shutting down workers`) would be a second, noisier line. torch sets
-    each of its launcher's loggers to its own level, so the parent's level alone does not reach them."""
+    each of its launcher's loggers to its own level (LOGLEVEL's, read as each is made), so the
+    parent's level alone does not reach them; the levels are the caller's again after the launch."""
     prefix = "torch.distributed.elastic"
-    logging.getLogger(prefix).setLevel(logging.CRITICAL)
-    for name, logger in list(logging.root.manager.loggerDict.items()):
-        if name.startswith(prefix + ".") and isinstance(logger, logging.Logger):
-            logger.setLevel(logging.CRITICAL)
+    loggers = [logging.getLogger(prefix)] + [lg for name, lg in list(logging.root.manager.loggerDict.items())
+                                             if name.startswith(prefix + ".") and isinstance(lg, logging.Logger)]
+    levels = [lg.level for lg in loggers]
+    own_env = "LOGLEVEL" not in os.environ  # for the loggers made during the launch (a user's setting kept)
+    if own_env:
+        os.environ["LOGLEVEL"] = "CRITICAL"
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        if own_env:
+            os.environ.pop("LOGLEVEL", None)
 
 
 def _launch(run, args: list[str]) -> int:
