@@ -1,6 +1,7 @@
 import itertools
 import json
 import logging
+import os
 import re
 
 import numpy as np
@@ -560,3 +561,34 @@ def test_similarity_is_the_cosine_of_every_pair(hf_dir):
     assert emb.similarity(a[0], a[0]) == pytest.approx(1, abs=1e-5)
     with pytest.raises(ConfigError, match="width"):  # the API's typed error, as its other checks raise
         emb.similarity(a, b[:, :3])
+
+
+def test_embed_normalize_writes_unit_vectors_in_every_format_and_a_resume_keeps_to_it(hf_dir, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from spanflow.tasks.embed.metrics import unit_rows
+
+    src = write_lines(tmp_path / "in.txt", TEXTS[:12])
+    run = ["embed", "--model", hf_dir, "--input", src, "--precision", "fp32", "--output"]
+    assert main(run + [str(tmp_path / "plain.npy")]) == 0
+    raw = np.load(tmp_path / "plain.npy")
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-3)  # the model's own vectors are not unit
+    want = unit_rows(raw)
+    assert main(run + [str(tmp_path / "u.npy"), "--normalize"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "u.npy"), want, atol=1e-6)
+    assert main(run + [str(tmp_path / "u.jsonl"), "--normalize"]) == 0
+    got = [json.loads(x)["embedding"] for x in (tmp_path / "u.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(np.array(got), want, atol=1e-6)
+    assert main(run + [str(tmp_path / "u.parquet"), "--normalize"]) == 0
+    np.testing.assert_allclose(np.array(pq.read_table(tmp_path / "u.parquet")["embedding"].to_pylist()), want, atol=1e-6)
+    # a Ray job writes the model's raw vectors through arrow_results, which normalises them there
+    emb = Embedder.load(hf_dir, precision="fp32")
+    table = emb.arrow_results(TEXTS[:12], list(raw) + [None], normalize=True)
+    np.testing.assert_allclose(np.array(table["embedding"].to_pylist()[:12]), want, atol=1e-6)
+    assert table["embedding"].to_pylist()[12] is None
+    # a resume under the other setting would mix raw and unit rows: refused, naming it
+    out = str(tmp_path / "r.npy")
+    interrupt_at(2, emb, EmbedSpec(input=src, output=out, chunk_size=5, model=hf_dir))
+    capsys.readouterr()
+    assert main(run + [out, "--chunk-size", "5", "--resume", "--normalize"]) == 2
+    assert "normalize" in capsys.readouterr().err and not os.path.exists(out)

@@ -742,3 +742,17 @@ def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner
            for r in rows]
     assert got == [None if k == NULL_ROW else [tuple(s) for s in spans] for k, spans in enumerate(want)]
     assert any(got[k] for k in range(len(TEXTS)) if k != NULL_ROW)  # spans to compare
+
+
+def test_normalized_rows_equal_the_single_process_jobs(enc_dir, table, tmp_path):
+    """`embed --normalize --ray`: the actors' vectors are made unit-length as they are written, the
+    rows the single-process job writes with --normalize."""
+    import numpy as np
+
+    want = embed_single(enc_dir, table, str(tmp_path / "one.parquet"), column="text", keep=["n"], normalize=True)
+    run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1, opts={"normalize": True}))
+    got = pq.read_table(tmp_path / "out")
+    rows = [r for r in got.column("embedding").to_pylist() if r is not None]
+    np.testing.assert_allclose(np.linalg.norm(np.array(rows), axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(np.array(rows), np.array([r for r in want.column("embedding").to_pylist()
+                                                         if r is not None]), atol=1e-7)

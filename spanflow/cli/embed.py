@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
     p.add_argument("--max-length", type=int, default=None,
                    help="tokens per text, special tokens included; longer texts are cut there (counted as "
                         "truncated) [the model's max_seq_length]")
+    p.add_argument("--normalize", action="store_true",
+                   help="unit-length vectors (cosine is then the dot product), as sentence-transformers' "
+                        "normalize_embeddings [off: as the model makes them; a model with a Normalize module "
+                        "makes them unit-length already]")
     p.add_argument("--chunk-size", type=int, default=8192,
                    help="texts read, sorted and written at a time (a Parquet row group) [%(default)s]")
     add_budget_args(p, job="infer")
@@ -92,7 +96,7 @@ def _run(a: argparse.Namespace) -> int:
 
     spec = EmbedSpec(input=a.input, output=a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                      id_column=a.id_column, keep=a.keep_columns, chunk_size=a.chunk_size, dtype=a.dtype, model=a.model,
-                     max_length=a.max_length)
+                     max_length=a.max_length, normalize=a.normalize)
     check_spec(spec)  # formats, columns and kept columns: one error before a model loads
     if a.resume:
         check_resumable(spec)  # another job's journal, or a changed input, told before the model loads
@@ -106,7 +110,8 @@ def _run(a: argparse.Namespace) -> int:
     emb.set_max_length(a.max_length)  # None: the model's own
     settle()
     print(f"device {emb.policy.device}, precision {emb.policy.name}"
-          + (f", quantize {emb.quantize}" if emb.quantize else "") + f", max length {emb.max_length}, dim {emb.dim}")
+          + (f", quantize {emb.quantize}" if emb.quantize else "") + f", max length {emb.max_length}, dim {emb.dim}"
+          + (", unit-length vectors (--normalize)" if a.normalize else ""))
     # auto's choice and a quantization were checked against fp32 on this input just now
     checked = a.precision == "auto" or rt.quantize is not None
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)

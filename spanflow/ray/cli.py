@@ -69,6 +69,8 @@ def job_from_args(a: argparse.Namespace, task):
                  skip_header=getattr(a, "skip_header", False), id_column=getattr(a, "id_column", None),
                  keep=_keep(getattr(a, "keep_columns", None)))
     opts = {"dtype": a.dtype} if getattr(a, "dtype", None) else {}
+    if getattr(a, "normalize", False):  # embed's unit-length vectors: made so as they are written
+        opts["normalize"] = True
     return RayJob(model=a.model, source=src, output=a.output, task=task.name, asked=Asked.from_args(a),
                   address=a.ray, actors=a.ray_actors, cpus_per_actor=a.ray_cpus_per_actor,
                   gpus_per_actor=a.ray_gpus_per_actor, batch_rows=_chunk(a, DEFAULT_BATCH_ROWS),

@@ -484,7 +484,8 @@ def _run_chunks(embedder, spec: EmbedSpec, job: Job, prog: Progress, out: _Chunk
     embedder.truncated = 0
     t0 = time.perf_counter()
     try:
-        for emb in embedder.encode_stream(texts(), chunk_size=W, max_tokens=max_tokens, on_batch=on_batch):
+        for emb in embedder.encode_stream(texts(), chunk_size=W, max_tokens=max_tokens, on_batch=on_batch,
+                                          normalize=spec.normalize):
             w, chunk = pending.popleft()
             st.empty += sum(1 for r in chunk if isinstance(r.text, str) and blank(r.text))
             st.truncated += embedder.truncated

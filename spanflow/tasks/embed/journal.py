@@ -44,6 +44,7 @@ class EmbedSpec(BaseModel):
     dtype: str = "float32"  # npy output: float32 or float16
     model: str = ""
     max_length: int | None = None  # tokens a text is cut at (None: the model's own limit)
+    normalize: bool = False  # unit-length vectors (a journal of an earlier version: not normalised)
 
 
 class JobIdentity(EmbedSpec):

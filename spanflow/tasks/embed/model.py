@@ -177,10 +177,12 @@ class Embedder:
         """The JSONL record of one text: the text and its embedding (7 decimals)."""
         return {"text": text, "embedding": [round(float(x), 7) for x in vector]}
 
-    def arrow_results(self, texts: list[str], results: list, *, dtype: str = "float32", **_) -> pa.Table:
+    def arrow_results(self, texts: list[str], results: list, *, dtype: str = "float32", normalize: bool = False,
+                      **_) -> pa.Table:
         """The `embedding` column of a Parquet/Arrow output: fixed_size_list<float32>[dim]
         (float16 for dtype="float16"), the values of `results` cast as the .npy output casts
-        them; null where the result is None."""
+        them (`normalize`: made unit-length first, as `embed --normalize` makes them); null where
+        the result is None."""
         import pyarrow as pa
 
         if dtype not in ("float32", "float16"):
@@ -189,7 +191,8 @@ class Embedder:
         rows = np.zeros((len(ok), self.dim), dtype=dtype)  # (n, dim)
         have = [k for k, r in enumerate(results) if r is not None]
         if have:  # one stacked copy and one cast, not one per row
-            rows[have] = np.stack([np.asarray(results[k]) for k in have]).astype(dtype, copy=False)
+            stacked = np.stack([np.asarray(results[k]) for k in have])
+            rows[have] = (unit_rows(stacked) if _flag(normalize, "normalize") else stacked).astype(dtype, copy=False)
         valid = None if all(ok) else pa.array(ok).buffers()[1]  # a bitmap: 1 where the row has a vector
         vectors = pa.Array.from_buffers(pa.list_(pa.from_numpy_dtype(rows.dtype), self.dim), len(ok), [valid],
                                         children=[pa.array(rows.reshape(-1))])
