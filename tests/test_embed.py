@@ -591,4 +591,5 @@ def test_embed_normalize_writes_unit_vectors_in_every_format_and_a_resume_keeps_
     interrupt_at(2, emb, EmbedSpec(input=src, output=out, chunk_size=5, model=hf_dir))
     capsys.readouterr()
     assert main(run + [out, "--chunk-size", "5", "--resume", "--normalize"]) == 2
-    assert "normalize" in capsys.readouterr().err and not os.path.exists(out)
+    assert "(normalize False then, True now); leave out --normalize to go on with it" in capsys.readouterr().err
+    assert not os.path.exists(out)

@@ -341,3 +341,16 @@ def test_a_jobs_memory_peak_is_its_largest_ranks(monkeypatch):
     finally:
         meter.close()
     assert rep["peak_memory_bytes"] >= own + 2**30 and rep["padding_efficiency"] == 10 / 12
+
+
+def test_the_processs_command_counts_from_the_processs_start(monkeypatch):
+    """spanflow's own process (cli.main as its entry) counts from the process's start, its imports
+    included; here the process is made 1000 s old, on no real clock."""
+    from spanflow.monitor import clock
+
+    monkeypatch.setattr(clock, "_age", lambda: EVAL_S)
+    monkeypatch.delenv(clock.ENV, raising=False)
+    with clock.command(process=True):
+        assert clock.current() <= time.perf_counter() - EVAL_S
+    with clock.command():  # main() called by a program: from the call
+        assert clock.current() > time.perf_counter() - EVAL_S

@@ -269,6 +269,31 @@ def test_a_csv_takes_a_field_name_as_its_header_column(tmp_path):
     assert [t for _, t, _ in read_rows(str(src))] == ["key", "k1", "k2"]  # the default: column 0, no header
 
 
+def test_a_field_given_for_a_csv_is_its_header_column_and_the_same_job_as_column(tmp_path):
+    """The commands' --field on a CSV/TSV (predict, embed, tune): the header's column, the default's
+    name typed included, checked against the header in --field's words, and then the job --column
+    NAME makes (a resume of one with the other is the same job)."""
+    from argparse import Namespace
+
+    from spanflow.cli.common import field_as_column
+
+    src = tmp_path / "in.csv"
+    src.write_text("id,text\n1,hello\n", encoding="utf-8")
+    a = Namespace(field="text", field_given=True, column=None)
+    field_as_column(a, str(src))
+    assert (a.column, a.field) == ("text", "text")
+    with pytest.raises(ConfigError, match=r"^--field body: .*in.csv has no such column in its header; it has id, text"):
+        field_as_column(Namespace(field="body", field_given=True, column=None), str(src))
+    untouched = Namespace(field="text", column=None)  # the default, not typed: column 0 as before
+    field_as_column(untouched, str(src))
+    assert untouched.column is None
+    jsonl = tmp_path / "in.jsonl"
+    jsonl.write_text('{"body": "x"}\n', encoding="utf-8")
+    b = Namespace(field="body", field_given=True, column=None)
+    field_as_column(b, str(jsonl))
+    assert (b.column, b.field) == (None, "body")
+
+
 def test_jsonl_takes_a_column_name_as_its_field_and_needs_the_id_it_was_told_of(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"body": "one", "uid": "a", "n": 1}\n{"body": "two", "n": [2]}\n{"body": "three", "uid": 7}\n')

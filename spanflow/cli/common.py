@@ -367,11 +367,18 @@ def check_input(a) -> None:
         return
     refuse_utf16(a.input)
     refuse_labelled_input(a.input)
-    if getattr(a, "field_given", False):
-        from spanflow.data.records import input_kind
+    field_as_column(a, a.input)
 
-        if input_kind(a.input) in ("csv", "tsv"):  # a header's name, even the default's ("text"), as typed
-            a.column = a.field
+
+def field_as_column(a, path: str) -> None:
+    """A --field given for a CSV/TSV input names its header's column, even the default's name
+    ("text") typed: it becomes that --column (a job begun with either is the same job), once the
+    header is checked to have it."""
+    from spanflow.data.records import check_header_column, input_kind
+
+    if getattr(a, "field_given", False) and input_kind(path) in ("csv", "tsv"):
+        check_header_column(path, a.field, "--field")
+        a.column, a.field = a.field, "text"
 
 
 def refuse_utf16(path: str) -> None:

@@ -205,7 +205,7 @@ class _LowerLevel(logging.Formatter):
 def main(argv: list[str] | None = None) -> int:
     from spanflow.monitor import clock
 
-    with clock.command():  # a training run's time line counts from here
+    with clock.command(process=argv is None):  # a training run's time line counts from here (the process's start)
         return _main(argv)
 
 

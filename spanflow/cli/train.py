@@ -109,9 +109,10 @@ def run(a: argparse.Namespace) -> int:
     opts = options_from(TrainOptions, a, max_tokens=None)
     from spanflow.training.distributed import env_world
 
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    local = int(local) if local.isdigit() else env_world()  # processes on this node, as torchrun started them
-    if a.devices > 1 and env_world() > 1 and a.devices != local:
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")  # set by torchrun, for one process too
+    launched = local.isdigit() or env_world() > 1
+    local = int(local) if local.isdigit() else env_world()  # processes on this node, as the launcher started them
+    if a.devices > 1 and launched and a.devices != local:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--devices {a.devices}: this process is one of the {local} started on this node (torchrun's "

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from spanflow.cli.common import add_device_arg, add_precision_arg, add_quantize_args, add_task_arg, add_text_args
+from spanflow.cli.common import (add_device_arg, add_precision_arg, add_quantize_args, add_task_arg, add_text_args,
+                                 field_as_column)
 
 
 def _ints(s: str) -> list[int]:
@@ -51,6 +52,7 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    import os
     import sys
     import time
 
@@ -61,10 +63,12 @@ def run(a: argparse.Namespace) -> int:
 
     # --budget-seconds holds the whole command: from the process's start where it was started for it
     started = psutil.Process().create_time() if sys.argv[1:2] == ["tune"] else time.time()
-    if a.field != "text" and a.column is not None:
+    if getattr(a, "field_given", False) and a.column is not None:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--field {a.field} and --column {a.column} both name the text's column; give one")
+    if a.data and os.path.isfile(a.data):  # a missing file is tune's own error to say
+        field_as_column(a, a.data)
     with kept_only_if_filled(a.out):  # a refused or failed sweep leaves no empty --out
         prof = tune(task=a.task, model=a.model, data=a.data, mode=a.mode, max_lengths=a.max_lengths,
                     budgets=a.budgets, max_memory_gb=a.max_memory, latency_slo_ms=a.latency_slo,

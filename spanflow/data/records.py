@@ -172,6 +172,11 @@ def _header(path: str, delimiter: str) -> list[str]:
     raise ConfigError(f"{path} is empty: no header row to find columns by name in")
 
 
+def check_header_column(path: str, name: str, flag: str) -> None:
+    """A ConfigError naming `flag` where the CSV/TSV `path`'s header has no column `name`."""
+    _index(_header(path, "\t" if input_kind(path) == "tsv" else ","), name, flag, path)
+
+
 def _index(header: list[str] | None, column: Column, flag: str, path: str) -> int:
     if isinstance(column, int):
         return column

@@ -17,14 +17,16 @@ ENV = "SPANFLOW_COMMAND_BEGAN"
 
 
 @contextmanager
-def command() -> Iterator[None]:
-    """The span of one command (cli.main); under `--devices N`, from its launcher's start."""
+def command(process: bool = False) -> Iterator[None]:
+    """The span of one command (cli.main): from now, or (`process`: the command is the process's
+    own) from the process's start, its imports included; under `--devices N`, from its launcher's."""
     now = time.perf_counter()
+    start = now - _age() if process else now
     try:
         launched = float(os.environ.get(ENV, "nan"))
     except ValueError:
         launched = float("nan")
-    token = _began.set((*_began.get(), launched if launched <= now else now))  # nan: no launcher's
+    token = _began.set((*_began.get(), launched if launched <= start else start))  # nan: no launcher's
     try:
         yield
     finally:
@@ -41,3 +43,13 @@ def current() -> float | None:
     """The innermost running command's start (None outside one)."""
     starts = _began.get()
     return starts[-1] if starts else None
+
+
+def _age() -> float:
+    """Seconds since this process started (0 where that cannot be read)."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # no psutil, or a platform that does not say: the command's own start
+        return 0.0

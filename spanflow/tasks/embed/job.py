@@ -221,9 +221,12 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
                           "(saved over): its vectors would mix two models'; drop --resume to start over")
     if key is not None:
         flag = FLAGS.get(key)
-        go_on = (f"give {flag} {was[key]} to go on with it, or drop --resume to start over"
-                 if flag and was[key] is not None and (key != "precision" or was[key] in ("fp32", "bf16", "fp16"))
-                 else "remove it or drop --resume")
+        if isinstance(was[key], bool) and flag:  # a switch: given or left out
+            go_on = f"{'give' if was[key] else 'leave out'} {flag} to go on with it, or drop --resume to start over"
+        else:
+            go_on = (f"give {flag} {was[key]} to go on with it, or drop --resume to start over"
+                     if flag and was[key] is not None and (key != "precision" or was[key] in ("fp32", "bf16", "fp16"))
+                     else "remove it or drop --resume")
         raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
                           f"{now[key]!r} now); {go_on}")
     check_unchanged(path, job.input, size, sha256, "rows")
@@ -231,7 +234,7 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
 
 # a journaled setting a resume can be told to match, by the flag that sets it
 FLAGS = {"max_length": "--max-length", "precision": "--precision", "chunk_size": "--chunk-size", "dtype": "--dtype",
-         "field": "--field", "column": "--column"}
+         "field": "--field", "column": "--column", "normalize": "--normalize"}
 
 
 def _same_value(key: str, was, now) -> bool:

@@ -404,9 +404,9 @@ class Embedder:
 
 def _flag(value, name: str) -> bool:
     """`value` where it is a bool; a ConfigError otherwise (normalize="no" would have normalised)."""
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise ConfigError(f"{name} takes True or False, got {value!r:.40}")
-    return value
+    return bool(value)
 
 
 def _quantize_int8(model: nn.Module) -> nn.Module:
