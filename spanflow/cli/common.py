@@ -230,15 +230,12 @@ def check_window_args(model: str, max_length: int | None, stride: int | None) ->
     from spanflow.models.directory import CONFIG, read_model_config
     from spanflow.tasks.registry import names, takes
 
-    def takes_stride(task) -> bool:
-        return task in names() and takes(task, "stride")
-
     check_window_floor(max_length, stride)
     if stride is None and max_length is None or not os.path.isfile(os.path.join(model, CONFIG)):
         return
     cfg = read_model_config(model)
     length = max_length if max_length is not None else cfg.get("max_length")
-    if not takes_stride(cfg.get("task")):
+    if not (cfg.get("task") in names() and takes(cfg["task"], "stride")):
         stride = None  # a model that reads no overlapping windows says it takes none, once loaded
     if isinstance(cfg.get("limit"), int) and isinstance(length, int):
         check_window(length, stride or 0, cfg["limit"])
