@@ -45,11 +45,14 @@ class Window:
         return len(self.input_ids)
 
 
-def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list[Encoded]:
+def encode_texts(tokenizer, texts: list[str], words: list | None = None, *,
+                 punctuation: bool = True) -> list[Encoded]:
     """Tokenize a batch of texts (fast tokenizer, no special tokens) keeping char offsets.
 
     A word starts at the tokenizer's word boundaries, or, where `words[i]` gives the text's
     own tokens as (start, end) offsets, at the first subword of each of those tokens.
+    `punctuation`: the tokenizer's words are cut also at punctuation and CJK ideographs (see
+    _split_punctuation); off, they are its own words, as NER models saved before that cut read text.
     """
     if not texts:
         return []
@@ -65,7 +68,8 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None) -> list
         else:
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
-            first = _split_punctuation(text, offsets, first, blank)
+            if punctuation:
+                first = _split_punctuation(text, offsets, first, blank)
         _no_blank_firsts(first, blank)
         breaks = _breaks(text, offsets) if LINE_BREAK.search(text) else None
         if breaks:  # a word never runs across a line break (SentencePiece's words split at spaces only)

@@ -8,8 +8,8 @@ for (S-/U- as B-, E-/L- as I-), which decodes every well-formed sequence of any 
 the classifier is carried over onto spanflow's BIO label rows.
 
 Out: `export_hf` writes a directory that `transformers.pipeline("token-classification")` loads.
-A model that labels whitespace-separated words (tasks.ner.words) says so in config.json as
-`spanflow_words`, which spanflow reads back and the pipeline ignores.
+The words a model labels (tasks.ner.words) go into config.json as `spanflow_words` and
+`spanflow_word_split`, which spanflow reads back and the pipeline ignores.
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
     # export, which a later export may replace); the pipeline ignores it
     for key in [k for k in cfg.to_dict() if k.startswith("spanflow_")]:  # an earlier export's, carried through
         delattr(cfg, key)
-    cfg.spanflow_words = model.words
+    cfg.spanflow_words, cfg.spanflow_word_split = model.words, model.word_split
     # and how it reads text, so that spanflow runs the export as it ran the model
     cfg.spanflow_max_length, cfg.spanflow_stride, cfg.spanflow_lines = model.max_length, model.stride, model.lines
     if model.word_edges:

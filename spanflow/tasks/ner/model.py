@@ -38,7 +38,7 @@ from spanflow.tasks.ner.hf import (
 )
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.ner.tagging import SPECIAL_TOKENS, paired, tag_texts, tag_windows, text_words, word_starts
-from spanflow.tasks.ner.words import TOKENIZER, config_words, splitter, valid_edges
+from spanflow.tasks.ner.words import PUNCTUATION, TOKENIZER, config_split, config_words, splitter, valid_edges
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
 from spanflow.runtime.policy import Policy, resolve_policy
@@ -60,7 +60,7 @@ class NerModel:
     def __init__(self, *, encoder, tokenizer, labels: list[str], limit: int, stride: int = DEFAULT_STRIDE,
                  head=None, head_type: str = "softmax", policy: Policy | None = None, max_length: int | None = None,
                  id2label: list[str] | None = None, lines: bool = True, words: str = TOKENIZER,
-                 word_edges: dict | None = None):
+                 word_edges: dict | None = None, word_split: str = PUNCTUATION):
         self.tokenizer = tokenizer
         self.labels = sorted(labels)
         # the BIO tag of each output of the head: spanflow's own order, or an imported classifier's
@@ -76,6 +76,7 @@ class NerModel:
         # kind of tokens when they came as whitespace-separated tokens, else the tokenizer's words
         self.words = words
         self.word_edges = word_edges  # whitespace words: the punctuation cut off their ends (words.edge_rules)
+        self.word_split = word_split  # tokenizer words: cut also at punctuation, or not (words.SPLITS)
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
@@ -107,7 +108,8 @@ class NerModel:
                    head_type=head_type, policy=resolve_policy(precision, device),
                    max_length=config_int(cfg, "window" if old else "max_length", path, limit), id2label=id2label,
                    lines=_flag(cfg, "lines", path, True), words=config_words(cfg, path),
-                   word_edges=_edges(cfg.get("word_edges"), path, "word_edges in spanflow.json"))
+                   word_edges=_edges(cfg.get("word_edges"), path, "word_edges in spanflow.json"),
+                   word_split=config_split(cfg.get("word_split"), path, "word_split in spanflow.json"))
 
     @classmethod
     @keeps_rng
@@ -120,6 +122,10 @@ class NerModel:
         hf = token_classification_config(path)  # a spanflow export's spanflow_ keys: how the model read text
         words = config_words({"words": hf.get("spanflow_words")}, path)
         edges = _edges(hf.get("spanflow_word_edges"), path, "spanflow_word_edges in config.json")
+        # a spanflow export without the key reads text as the model it came from did; another
+        # classifier's words are cut as spanflow cuts them now
+        split = hf.get("spanflow_word_split", None if "spanflow_words" in hf else PUNCTUATION)
+        split = config_split(split, path, "spanflow_word_split in config.json")
         if hf.get("spanflow_lossy_crf"):
             log.warning("%s is a lossy export of a CRF model: each token is decoded by its own scores (argmax), so "
                         "its entities differ from the CRF model's", path)
@@ -132,7 +138,7 @@ class NerModel:
         limit = encoder_max_length(encoder, tokenizer)
         return cls(encoder=encoder, tokenizer=tokenizer, labels=labels, limit=limit, head=head,
                    head_type="softmax", policy=resolve_policy(precision, device), id2label=id2label, words=words,
-                   word_edges=edges, max_length=config_int(hf, "spanflow_max_length", path, limit),
+                   word_edges=edges, word_split=split, max_length=config_int(hf, "spanflow_max_length", path, limit),
                    stride=config_count(hf, "spanflow_stride", path, DEFAULT_STRIDE),
                    lines=hf.get("spanflow_lines", True) is not False)
 
@@ -142,6 +148,7 @@ class NerModel:
                        config={"task": "ner", "labels": self.labels, "limit": self.limit,
                                "max_length": self.max_length, "stride": self.stride, "lines": self.lines,
                                "words": self.words, **({"word_edges": self.word_edges} if self.word_edges else {}),
+                               "word_split": self.word_split,
                                "tag_scheme": "bio", "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
@@ -170,7 +177,8 @@ class NerModel:
         max_tokens = check_max_tokens(max_tokens) or infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
-                         on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words, self.word_edges))
+                         on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words, self.word_edges),
+                         punctuation=self.word_split == PUNCTUATION)
 
     def predict(self, texts: list[str] | str, *, max_tokens: int | None = None,
                 words: list | None = None) -> list[list[Span]] | list[Span]:
@@ -227,7 +235,8 @@ class NerModel:
     def _encode(self, texts: list[str], words: list | None):
         """The texts' encodings, cut into the model's words (`words`: each text's own, or None)."""
         pairs = list(paired(texts, words))
-        return encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)))
+        return encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)),
+                            punctuation=self.word_split == PUNCTUATION)
 
     def run_batch(self, units: list) -> list:
         """Label ids of each window (a CRF head decodes over its word starts)."""

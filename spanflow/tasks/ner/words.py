@@ -29,6 +29,12 @@ KINDS = (TOKENIZER, WHITESPACE)
 # data must not send a model back to subword words; character-level data (BMES) and spaCy's tokens
 # (punctuation split off) fall far below this share
 MATCH_SHARE = 0.99
+# how a model of TOKENIZER words cuts them: PUNCTUATION also at punctuation marks and CJK ideographs
+# (batching.align.encode_texts), as models are trained now; PRETOKENIZER at the tokenizer's own word
+# boundaries alone, which a SentencePiece tokenizer puts at spaces only: how models saved before the
+# key learned their words, and read text still
+PRETOKENIZER, PUNCTUATION = "pretokenizer", "punctuation"
+SPLITS = (PRETOKENIZER, PUNCTUATION)
 
 BETWEEN_ZWSP = re.compile("[^\u200b]+")  # a whitespace word's pieces between zero-width spaces
 MAX_WHOLE = 2000  # the most frequent training tokens kept whole: spanflow.json stays small
@@ -171,3 +177,14 @@ def config_words(cfg: dict, path: str) -> str:
         raise ModelDirError(f"{path}: unknown words {str(kind)[:50]!r}; this spanflow knows {', '.join(KINDS)} "
                             "(a newer spanflow may have written it: upgrade to load this model)")
     return kind
+
+
+def config_split(split, path: str, where: str) -> str:
+    """A model's word split as its directory records it (`where` names the key); absent (a model
+    saved before the key): PRETOKENIZER, the words it was trained on."""
+    if split is None:
+        return PRETOKENIZER
+    if split not in SPLITS:
+        raise ModelDirError(f"{path}: unknown {where} {str(split)[:50]!r}; this spanflow knows {', '.join(SPLITS)} "
+                            "(a newer spanflow may have written it: upgrade to load this model)")
+    return split
