@@ -173,7 +173,9 @@ def test_which_training_tokens_are_whitespace_words():
     assert words_of([ex("a b", [(0, 1), (2, 3)])]) == WHITESPACE
     assert words_of([ex("a b", None)]) == TOKENIZER  # plain text or JSONL spans
     assert words_of([ex("ab, c", [(0, 2), (2, 3), (4, 5)])]) == TOKENIZER  # spaCy's tokens: punctuation apart
-    assert words_of([ex("北京", [(0, 1), (1, 2)])]) == TOKENIZER  # characters (BMES)
+    assert words_of([ex("北京", [(0, 1), (1, 2)])]) == WHITESPACE  # characters (BMES): cut into characters
+    assert words_of([ex("北京", [(0, 2)])]) == WHITESPACE
+    assert words_of([ex("北京大学", [(0, 2), (2, 4)])]) == TOKENIZER  # Chinese words, joined: not reproducible
     # CoNLL joins neighbouring CJK tokens without a space: one such text among many keeps whitespace words
     many = [ex("a b", [(0, 1), (2, 3)])] * 200 + [ex("x 北京大学", [(0, 1), (2, 4), (4, 6)])]
     assert words_of(many) == WHITESPACE
@@ -270,3 +272,52 @@ def test_an_invisible_character_at_a_words_edge_hides_no_punctuation_from_the_cu
                        ("\u200b(Paris) x", ["(", "Paris", ")", "x"]),
                        ("Paris,\u200bLyon x", ["Paris", ",", "Lyon", "x"])):
         assert [text[s:e] for s, e in splitter(WHITESPACE, edges)(text)] == want, text
+
+
+def mixed_conll(path, seed: int = 0) -> None:
+    """English word tokens (`Hewlett-Packard` one of them) beside character-level Chinese sentences
+    (one character per line, as BMES data has), which CoNLL joins without spaces."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(80):
+            if i % 8 == 7:
+                who, where = rng.choice(["李娜", "王伟"]), rng.choice(["北京", "上海"])
+                tags = [(c, ("I-" if k else "B-") + "person") for k, c in enumerate(who)] + [("在", "O")]
+                tags += [(c, ("I-" if k else "B-") + "location") for k, c in enumerate(where)] + [(c, "O") for c in "工作。"]
+            else:
+                name, place = rng.choice(NAMES), rng.choice(PLACES)
+                tags = [("Hewlett-Packard", "B-corporation"), ("hired", "O")]
+                tags += [(w, ("I-" if k else "B-") + "person") for k, w in enumerate(name.split())]
+                tags += [("in", "O"), (place, "B-location")]
+            f.write("".join(f"{t}\t{g}\n" for t, g in tags) + "\n")
+
+
+def test_character_level_sentences_beside_word_tokens_keep_the_training_words(tmp_path):
+    """A few character-level Chinese sentences among English word tokens made the words the
+    tokenizer's, so `Hewlett-Packard`, one training token, was cut at its hyphen in predict while
+    evaluate scored it whole; now plain text is cut as the tokens were, characters where they were."""
+    from spanflow.tasks.ner.words import edge_rules
+
+    mixed_conll(tmp_path / "train.conll")
+    train = read_ner(str(tmp_path / "train.conll"))
+    assert words_of(train) == WHITESPACE
+    edges = edge_rules(train)
+    assert edges.get("chars") is True
+    assert [whitespace_words(e.text, edges, plain=True) for e in train] == [list(map(tuple, e.words)) for e in train]
+    plain_edges = {k: v for k, v in edges.items() if k != "chars"}  # a model saved before the key
+    assert whitespace_words("李娜在北京", plain_edges, plain=True) == [(0, 5)]
+    assert whitespace_words("ana 李娜在 Hewlett-Packard", edges, plain=True) == [(0, 3), (4, 5), (5, 6), (6, 7), (8, 23)]
+    # English word tokens alone never get the cut
+    english = [e for e in train if e.text.isascii()]
+    assert "chars" not in edge_rules(english)
+    enc, tok = tiny_bert([e.text for e in train], hidden=32, layers=1, heads=2)
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    train_ner(train, None, model=str(tmp_path / "enc"), out_dir=str(tmp_path / "run"), options=opts(epochs=8),
+              log_fn=lambda s: None)
+    assert json.loads((tmp_path / "run" / "model" / "spanflow.json").read_text())["word_edges"]["chars"] is True
+    model = NerModel.load(str(tmp_path / "run" / "model"), precision="fp32")
+    texts = [e.text for e in train[:16]]
+    got = model.predict(texts)
+    assert any(any(t[s:e] == "Hewlett-Packard" for s, e, _ in spans) for t, spans in zip(texts, got))
+    assert got == model.predict(texts, words=[e.words for e in train[:16]])  # as evaluate reads them

@@ -153,7 +153,9 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
             f"head {nm.head_type}; "
             f"words: {nm.words} ({WORDS_MEAN[nm.words]}"
             + (f"; punctuation cut off a word's start: {shown_marks(nm.word_edges['start'])}; off its end: "
-               f"{shown_marks(nm.word_edges['end'])}" if nm.word_edges else "") + ")")
+               f"{shown_marks(nm.word_edges['end'])}" if nm.word_edges else "")
+            + ("; a word holding Chinese or Japanese characters is cut into its characters, as the "
+               "character-level sentences were" if nm.word_edges and nm.word_edges.get("chars") else "") + ")")
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))

@@ -7,6 +7,11 @@ joined by single spaces), plain text split at whitespace gives the model the sam
 a URL the tokenizer would cut at its punctuation stays one word. Other models label the
 tokenizer's own words (a pre-tokenizer splits punctuation off, as text with no tokens needs).
 
+CoNLL joins a character-level sentence of Chinese or Japanese (one character per token, as BMES
+data has) without spaces: where the training tokens are such characters, a whitespace word of
+plain text holding a Chinese or Japanese character is cut into its characters (`"chars"`), so that
+mixed data (English word tokens beside Chinese characters) still gets the words it was trained on.
+
 Token data often splits punctuation off words (`Paris .`, CoNLL-2003) but keeps some attached
 (`@user`, `#tag`, URLs, WNUT-17): the model learned which. `edge_rules` reads it off the training
 tokens, per character and word edge: a punctuation mark that stands alone as a token more often
@@ -19,7 +24,7 @@ import re
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import invisible
+from spanflow.data.formats.common import invisible, unspaced
 from spanflow.data.formats.tokens import NON_SPACE, cut_edges
 from spanflow.errors import ModelDirError
 
@@ -53,12 +58,25 @@ def whitespace_words(text: str, edges: dict | None = None, whole: frozenset[str]
     spans = [m.span() for m in NON_SPACE.finditer(text)]
     if plain:  # plain text's words, before their punctuation is cut: see visible
         spans = visible(text, spans)
-    if not edges or not (edges.get("start") or edges.get("end")):
+    chars = bool(edges and edges.get("chars"))
+    if not edges or not (edges.get("start") or edges.get("end") or chars):
         return spans
     if whole is None:
         whole = frozenset(edges.get("whole") or ())
     start, end = edges.get("start", ""), edges.get("end", "")
-    return [w for s, e in spans for w in _cut(text, s, e, start, end, whole)]
+    return [w for s, e in spans for w in (_characters(text, s, e) if chars and _spelled(text, s, e)
+                                          else _cut(text, s, e, start, end, whole))]
+
+
+def _spelled(text: str, s: int, e: int) -> bool:
+    """Whether the whitespace word text[s:e] holds a character of a script written without spaces
+    (Chinese, Japanese): a character-level sentence's (see the module's docstring)."""
+    return any(unspaced(c) for c in text[s:e])
+
+
+def _characters(text: str, s: int, e: int) -> list[tuple[int, int]]:
+    """text[s:e] as one word per visible character."""
+    return [(i, i + 1) for i in range(s, e) if not invisible(text[i])]
 
 
 def _kept(word: str, whole: frozenset[str]) -> bool:
@@ -118,13 +136,29 @@ def edge_rules(examples: list[NerExample]) -> dict:
             if len(_cut(e.text, a, b, cut["start"], cut["end"], frozenset())) > 1:
                 whole[e.text[a:b]] = whole.get(e.text[a:b], 0) + 1
     kept = sorted(whole, key=lambda t: (-whole[t], t))[:MAX_WHOLE]
-    return {**cut, **({"whole": sorted(kept)} if kept else {})}
+    chars = {"chars": True} if _character_level(examples) else {}
+    return {**cut, **({"whole": sorted(kept)} if kept else {}), **chars}
+
+
+def _character_level(examples: list[NerExample]) -> bool:
+    """Whether any whitespace word of the training texts came as a character-level sentence's tokens."""
+    for e in examples:
+        given = set(map(tuple, e.words or ()))
+        if any(_in_characters(e.text, s, t, given) for s, t in whitespace_words(e.text)):
+            return True
+    return False
+
+
+def _in_characters(text: str, s: int, e: int, given: set) -> bool:
+    """Whether the whitespace word text[s:e] came as a character-level sentence's tokens: it holds
+    a Chinese or Japanese character and each of its characters is a token (see _characters)."""
+    return e - s > 1 and _spelled(text, s, e) and all(w in given for w in _characters(text, s, e))
 
 
 def words_of(examples: list[NerExample]) -> str:
     """How the words of a model trained on `examples` are made: WHITESPACE when every example
-    came as tokens and (nearly) every whitespace token of the texts is exactly one of them,
-    else TOKENIZER."""
+    came as tokens and (nearly) every whitespace token of the texts is exactly one of them, or a
+    character-level sentence's characters (edge_rules then says "chars"), else TOKENIZER."""
     if not examples or any(e.words is None for e in examples):
         return TOKENIZER
     total = same = 0
@@ -132,7 +166,7 @@ def words_of(examples: list[NerExample]) -> str:
         given = set(map(tuple, e.words))
         pieces = whitespace_words(e.text)
         total += len(pieces)
-        same += sum(p in given for p in pieces)
+        same += sum(p in given or _in_characters(e.text, *p, given) for p in pieces)
     return WHITESPACE if total and same >= MATCH_SHARE * total else TOKENIZER
 
 
@@ -140,7 +174,8 @@ def valid_edges(edges) -> bool:
     """Whether `edges` is edge_rules' shape (as read back from a model directory)."""
     # other keys would be a later spanflow's, which this one does without
     return (isinstance(edges, dict) and all(isinstance(edges.get(k, ""), str) for k in ("start", "end"))
-            and isinstance(edges.get("whole", []), list) and all(isinstance(t, str) for t in edges.get("whole", [])))
+            and isinstance(edges.get("whole", []), list) and all(isinstance(t, str) for t in edges.get("whole", []))
+            and isinstance(edges.get("chars", False), bool))
 
 
 def splitter(kind: str, edges: dict | None = None) -> Callable[[str], list[tuple[int, int]]] | None:
