@@ -15,6 +15,9 @@ scores exact spans against the file's gold entities:
     spanflow train ner --train ../shared/data/wnut17/train.conll --dev ../shared/data/wnut17/dev.conll \\
         --model MINILM --out runs/wnut_words
     python bench/words_vs_conll.py --model runs/wnut_words/model --data ../shared/data/wnut17/dev.conll
+    spanflow train ner --train ../shared/data/resume_ner/train.char.bmes --out runs/resume
+    python bench/words_vs_conll.py --model runs/resume/model --data ../shared/data/resume_ner/dev.char.bmes \
+        --no-spacy --name resume_ner
 """
 from __future__ import annotations
 
@@ -32,10 +35,11 @@ from spanflow.tasks.ner.words import TOKENIZER, whitespace_words  # noqa: E402
 
 
 def inside(texts: list[str], preds: list[list]) -> int:
-    """Entities that start or end inside a whitespace token."""
+    """Entities that start or end inside a whitespace token (a Chinese or Japanese character is a
+    token of its own, as in CoNLL's character-level sentences, which are joined without spaces)."""
     n = 0
     for text, spans in zip(texts, preds):
-        words = whitespace_words(text)
+        words = whitespace_words(text, {"chars": True})
         starts, ends = {a for a, _ in words}, {b for _, b in words}
         n += sum(s not in starts or e not in ends for s, e, _ in spans)
     return n
@@ -86,6 +90,7 @@ def main() -> None:
     a = ap.parse_args()
     model = NerModel.load(a.model, precision=a.precision)
     own = model.words
+    chars = bool((model.word_edges or {}).get("chars"))
     data = read_ner(a.data)
     texts, gold = [e.text for e in data], [e.spans for e in data]
     rows = [row("evaluate", gold, texts, model.predict(texts, words=[e.words for e in data]))]
@@ -101,8 +106,9 @@ def main() -> None:
     cols = ["run", "entities", "f1", "precision", "recall", "inside_whitespace_tokens", "agree_with_predict",
             "texts_same_as_predict", "expanded", "overlapping"]
     write_results(a.out, f"words_vs_conll_{a.name}",
-                  {"description": f"{a.name}: {os.path.basename(a.data)} as plain text (tokens joined by spaces) "
-                                  f"against its tokens; exact-span entity F1; model words: {own}",
+                  {"description": f"{a.name}: {os.path.basename(a.data)} as plain text (its tokens joined by spaces, a "
+                                  "character-level sentence's without) against its tokens; exact-span entity F1; "
+                                  f"model words: {own}{' cut into Chinese and Japanese characters' * chars}",
                    "args": {"model": a.model, "data": a.data, "precision": a.precision, "lang": a.lang}},
                   rows, cols)
 
