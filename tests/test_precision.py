@@ -125,3 +125,15 @@ def test_with_precision_refuses_auto_and_a_bf16_twin_shares_the_fp32_tables():
     int8 = emb.with_precision("fp32", quantize="int8")  # quantize_dynamic copied the copy again
     tables = [p for n, p in int8.module.named_parameters() if "word_embeddings" in n]
     assert tables and all(p.data_ptr() in fp32 for p in tables)
+
+
+def test_emulated_bf16_is_said_once_however_often_the_precision_is_resolved(monkeypatch, caplog):
+    from spanflow.runtime import policy
+
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)
+    policy._warn_emulated_bf16.cache_clear()
+    with caplog.at_level("WARNING", logger="spanflow"):
+        for _ in range(3):
+            assert resolve_policy("bf16", "cpu").amp_dtype is torch.bfloat16
+    assert [r.getMessage() for r in caplog.records].count(
+        "this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32") == 1

@@ -143,9 +143,16 @@ def resolve_policy(precision: str = "auto", device: str = "auto", *, cpu_bf16: b
         if precision == "fp16":
             raise ConfigError("fp16 is for CUDA devices; on CPU use --precision bf16 or fp32")
         if precision == "bf16" and not cpu_has_bf16():
-            log.warning("this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32")
+            _warn_emulated_bf16()
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     return Policy(dev, dtype, use_scaler=(dtype is torch.float16 and dev.type == "cuda"), why=why)
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_emulated_bf16() -> None:
+    """Said once per process: a command resolves its precision more than once (the load, then the
+    run's twin), and the CPU is the same each time."""
+    log.warning("this CPU has no native bf16 instructions: bf16 will run emulated, slower than fp32")
 
 
 QUANTIZATIONS = ("int8",)  # CPU dynamic quantization of the Linear layers of an fp32 model
