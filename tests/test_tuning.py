@@ -145,6 +145,29 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
              out=str(tmp_path / "t"), backends=False, plot=False, log_fn=lambda s: None)
 
 
+
+def test_a_trained_model_is_tuned_for_its_own_task_and_inference_without_flags_for_them(ner_file, tmp_path, capsys):
+    """--task was required even where --model says it, and a trained model was tuned for training
+    by default (which then asked for labelled data)."""
+    from spanflow.cli.main import main
+    from spanflow.data.io import read_ner
+    from spanflow.tasks.ner import train_ner
+    from spanflow.training.options import TrainOptions
+
+    train_ner(read_ner(ner_file), None, out_dir=str(tmp_path / "run"), log_fn=lambda s: None,
+              options=TrainOptions(epochs=1, max_tokens=1024, max_length=64, log_every=0))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(e.text for e in read_ner(ner_file)[:16]) + "\n")
+    assert main(["tune", "--model", str(tmp_path / "run" / "model"), "--data", str(texts), "--budgets", "256",
+                 "--sample", "8", "--repeats", "1", "--no-backends", "--out", str(tmp_path / "p")]) == 0
+    saved = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert (saved["task"], saved["mode"]) == ("ner", "infer")
+    capsys.readouterr()
+    assert main(["tune", "--model", "tiny", "--data", str(texts)]) == 2  # an encoder suits every task
+    assert capsys.readouterr().err.strip() == ("error: --task is needed with --model tiny (an encoder built from "
+                                               "scratch to train): give --task ner, re or embed")
+
+
 def test_texts_named_by_field_or_column_are_read_as_texts_and_a_wrong_name_is_told(ner_file, tmp_path, capsys):
     """--field/--column say where the texts are: the file is not read as labelled data (a JSONL of
     {"body"} and a CSV with a header were refused as NER data); a name no record has is told with

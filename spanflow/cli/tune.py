@@ -1,4 +1,4 @@
-"""`spanflow tune --task TASK --model DIR --data F [--mode train|infer]`"""
+"""`spanflow tune [--task TASK] --model DIR --data F [--mode train|infer]`"""
 from __future__ import annotations
 
 import argparse
@@ -23,12 +23,12 @@ def add_parser(sub) -> None:
                                    "token budgets and max lengths on a sample of your data, and pick the best "
                                    "point within the limits; writes OUT/profile.json (for --profile) and "
                                    "OUT/profile.png.")
-    add_task_arg(p, names(), required=True)
+    add_task_arg(p, names(), shown="the task of a trained --model")
     p.add_argument("--model", required=True, help="encoder directory (train) or trained model directory (infer)")
     p.add_argument("--data", required=True, help="a sample of your real data (labelled for quality in infer mode)")
     p.add_argument("--mode", choices=["train", "infer"], default=None,
                    help="train: training steps from --model; infer: the trained model's inference "
-                        "[train; infer for embed and for a task that does not train]")
+                        "[infer for a trained model and for embed; else train]")
     p.add_argument("--max-memory", type=float, default=None, help="GiB (2**30 bytes) of peak memory; points above are not chosen [no limit]")
     p.add_argument("--latency-slo", type=float, default=None, help="ms at p95; points above are not chosen [no limit]")
     p.add_argument("--max-lengths", type=_ints, default=None, metavar="N,N",
@@ -67,6 +67,8 @@ def run(a: argparse.Namespace) -> int:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--field {a.field} and --column {a.column} both name the text's column; give one")
+    if a.task is None:
+        a.task = _task_of(a.model)
     if a.data and os.path.isfile(a.data):  # a missing file is tune's own error to say
         field_as_column(a, a.data)
     with kept_only_if_filled(a.out):  # a refused or failed sweep leaves no empty --out
@@ -79,3 +81,21 @@ def run(a: argparse.Namespace) -> int:
     print(f"best: max_tokens {best['max_tokens']}, max_length {best['max_length']} "
           f"({best['real_tokens_per_s']:.0f} real tok/s)")
     return 0
+
+
+def _task_of(model: str) -> str:
+    """The task of a trained --model, for a tune without --task; an encoder (or 'tiny') could be
+    measured for any task, which is refused with the choices."""
+    import os
+
+    from spanflow.errors import ConfigError
+    from spanflow.tasks.registry import ENCODER_TASK, names, task_of_dir
+
+    choices = f"give --task {', '.join(names()[:-1])} or {names()[-1]}"
+    if model == "tiny":
+        raise ConfigError(f"--task is needed with --model tiny (an encoder built from scratch to train): {choices}")
+    held = task_of_dir(model, start=True)  # a path that holds no model: said here
+    if held.name == ENCODER_TASK and not os.path.exists(os.path.join(model, "spanflow.json")):
+        raise ConfigError(f"--task is needed: {model} is an encoder directory, which tune measures training a task "
+                          f"from, or embedding with: {choices}")
+    return held.name

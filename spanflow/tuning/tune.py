@@ -10,7 +10,7 @@ from collections.abc import Callable
 from spanflow.atomic import make_dirs
 from spanflow.batching.align import MIN_LENGTH
 from spanflow.batching.batcher import token_budget_batches
-from spanflow.errors import ConfigError, counted
+from spanflow.errors import ConfigError, ModelDirError, counted
 from spanflow.runtime.cache import device_name
 from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
@@ -39,7 +39,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
          log_fn: Callable[[str], None] = print, started: float | None = None, texts: list[str] | None = None,
          clock: Callable[[], float] = time.perf_counter) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
-    `mode` None: train, or infer for a task that does not train. Device, precision and
+    `mode` None: infer for a trained model of `task` (what the commands that run it will run),
+    else the task's first tune mode (train, or infer for a task that does not train). Device, precision and
     quantization are resolved first, as the command that runs the model resolves them
     (runtime/resolve.py): the profile is measured in what inference will run. In infer mode
     with `backends`, also the encoder compiled against eager at the best point
@@ -54,7 +55,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     budget = TimeBudget(budget_seconds, now if started is None else now - (time.time() - started), clock=clock)
 
     t = get(task)  # a task that tunes only some modes says which (tune_modes); the first is the default
-    mode = mode or getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))[0]
+    modes = getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))
+    mode = mode or ("infer" if "infer" in modes and trained_model(model, task) else modes[0])
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
     short = [L for L in max_lengths or () if L < MIN_LENGTH]
@@ -200,6 +202,21 @@ def _missed(points: list, max_memory_gb: float | None, latency_slo_ms: float | N
               f"--latency-slo {latency_slo_ms:g} ms (the lowest p95: {min(p.latency_p95_ms for p in ran):.1f} ms)"
               if latency_slo_ms else ""]
     return "no point met " + " and ".join(x for x in limits if x)
+
+
+def trained_model(path: str, task: str) -> bool:
+    """Whether `path` holds a trained model of `task` (its own spanflow.json, or a classifier from
+    elsewhere the task claims), not an encoder to train from; False where it holds no model (the
+    model check says why)."""
+    from spanflow.tasks.registry import ENCODER_TASK, task_of_dir
+
+    if path == "tiny" or not os.path.isdir(path):
+        return False
+    try:
+        held = task_of_dir(path, start=True)
+    except ModelDirError:
+        return False
+    return held.name == task and (held.name != ENCODER_TASK or os.path.exists(os.path.join(path, "spanflow.json")))
 
 
 def _warm_up(measure, w, budgets: list[int], lengths: list[int], mode: str, log_fn: Callable[[str], None]) -> None:
