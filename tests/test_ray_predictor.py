@@ -88,6 +88,10 @@ def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
     assert holed.shape == (2, want.shape[1]) and np.allclose(holed[0], want[0], atol=1e-6) and np.isnan(holed[1]).all()
     half = Predictor(enc_dir, device="cpu", precision="fp32", dtype="float16")(pa.table({"text": TEXTS}))
     assert half.schema.field("embedding").type.value_type == pa.float16()
+    unit = Embedder.load(enc_dir, precision="fp32", device="cpu").encode(TEXTS, normalize=True)
+    got = Predictor(enc_dir, device="cpu", precision="fp32", normalize=True)(pa.table({"text": TEXTS}))
+    vectors = np.array(got["embedding"].to_pylist())
+    assert np.allclose(vectors, unit, atol=1e-6) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
 
 
 @pytest.mark.parametrize("batch, said", [
@@ -114,6 +118,10 @@ def test_arguments_it_cannot_run_with_are_refused_when_made(ner_dir, tmp_path):
         ner(ner_dir, max_length=4)
     with pytest.raises(ConfigError, match="^dtype must be 'float32' or 'float16'"):
         ner(ner_dir, dtype="int8")
+    with pytest.raises(ConfigError, match="normalize is for embeddings; a model of task 'ner'"):
+        ner(ner_dir, normalize=True)
+    with pytest.raises(ConfigError, match="^normalize must be True or False, got 'yes'"):
+        ner(ner_dir, normalize="yes")
     with pytest.raises(ModelDirError, match="model directory not found"):
         Predictor(str(tmp_path / "missing"))
 

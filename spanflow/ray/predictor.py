@@ -10,6 +10,8 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+import numpy as np
+
 from spanflow.errors import ConfigError, as_path
 
 
@@ -27,13 +29,13 @@ class Predictor:
 
     `model`: a directory every node reads at that path. `device`, `precision` (auto, or one asked
     by name: checked on built-in sentences on the actor's device), `max_tokens` (padded tokens per model batch; None:
-    the device's default), `max_length`, `stride` and `dtype` (embeddings: float32 or float16) mean
-    what predict's and embed's flags do; `threads`: torch threads of the actor (None: torch's
+    the device's default), `max_length`, `stride`, `dtype` (embeddings: float32 or float16) and
+    `normalize` (embeddings: unit-length vectors) mean what predict's and embed's flags do; `threads`: torch threads of the actor (None: torch's
     default in the worker, which Ray sets to its CPUs)."""
 
     def __init__(self, model: str, *, column: str = "text", device: str = "auto", precision: str = "auto",
                  max_tokens: int | None = None, max_length: int | None = None, stride: int | None = None,
-                 dtype: str | None = None, threads: int | None = None):
+                 dtype: str | None = None, normalize: bool = False, threads: int | None = None):
         import inspect
 
         from spanflow.inference.heap import GrowthTrim
@@ -52,6 +54,8 @@ class Predictor:
         if dtype not in (None, "float32", "float16"):
             raise ConfigError(f"dtype must be 'float32' or 'float16' (embeddings) or None, got {dtype!r:.60}",
                               field="dtype")
+        if not isinstance(normalize, (bool, np.bool_)):
+            raise ConfigError(f"normalize must be True or False, got {normalize!r:.60}", field="normalize")
         if not isinstance(column, str) or not column:
             raise ConfigError(f"column names the batch's text column, got {column!r:.60}", field="column")
         self.column, self.trim, self.on_model_thread = column, GrowthTrim(), on_model_thread
@@ -60,10 +64,11 @@ class Predictor:
         self.model, self.max_tokens = on_model_thread(  # a precision asked by name: held to its gate on these
             load_model, task, model, asked, threads=None if threads is None else int(threads), sample=builtin_sample(),
             max_length=max_length, stride=stride)
-        if dtype is not None and "dtype" not in inspect.signature(self.model.arrow_results).parameters:
-            raise ConfigError(f"dtype is for embeddings; a model of task {task!r} has no vectors to store",
-                              field="dtype")
-        self.opts = {} if dtype is None else {"dtype": dtype}
+        self.opts = {**({} if dtype is None else {"dtype": dtype}), **({"normalize": True} if normalize else {})}
+        takes = inspect.signature(self.model.arrow_results).parameters
+        for name in [k for k in self.opts if k not in takes]:
+            raise ConfigError(f"{name} is for embeddings; a model of task {task!r} has no vectors to store",
+                              field=name)
         self.adds = [*self.model.arrow_results([], [], **self.opts).column_names, "error"]
 
     def __call__(self, batch: Any) -> Any:
