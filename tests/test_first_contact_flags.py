@@ -265,7 +265,7 @@ def test_the_training_line_says_what_whitespace_words_mean(tmp_path, capsys):
     assert main(["train", "ner", "--train", str(conll), "--out", str(tmp_path / "o"), "--max-steps", "1"]) == 0
     [line] = [x for x in capsys.readouterr().out.splitlines() if "; words: " in x]
     assert line.endswith("; words: whitespace (plain text is cut into words at its spaces, as these tokens were, and "
-                         "an entity starts and ends only there; punctuation cut off a word's start: , .; off its end: , .)")
+                         "an entity starts and ends only at a word's ends; punctuation cut off a word's start: , .; off its end: , .)")
 
 
 def test_invisible_marks_are_shown_by_their_code_points():

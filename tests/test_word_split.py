@@ -13,6 +13,7 @@ from spanflow.tasks.ner.hf import export_hf
 TEXT = "Hewlett-Packard, in (Zurich) today."
 TOKENIZER_WORDS = ["Hewlett-Packard,", "in", "(Zurich)", "today."]  # SentencePiece's words: space to space
 CUT_WORDS = ["Hewlett", "-", "Packard", ",", "in", "(", "Zurich", ")", "today", "."]
+CHINESE = "李娜在北京"
 
 
 def _sentencepiece_model() -> NerModel:
@@ -23,7 +24,7 @@ def _sentencepiece_model() -> NerModel:
 
     t = Tokenizer(models.Unigram())
     t.pre_tokenizer = pre_tokenizers.Metaspace()
-    t.train_from_iterator([TEXT, "Packard in Zurich (today), Hewlett."] * 20, trainers.UnigramTrainer(
+    t.train_from_iterator([TEXT, "Packard in Zurich (today), Hewlett.", CHINESE] * 20, trainers.UnigramTrainer(
         vocab_size=60, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"], unk_token="[UNK]"))
     tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
                                   sep_token="[SEP]")
@@ -66,8 +67,10 @@ def test_a_directory_saved_before_the_key_reads_the_words_it_was_trained_on(save
     assert _words(model) == TOKENIZER_WORDS
     units, _, encs = model.units([TEXT])
     assert [TEXT[s:e] for s, e, _ in model.assemble([TEXT], units, model.run_batch(units), encs)[0]] == TOKENIZER_WORDS
+    # an unspaced Chinese line was one word there, which no entity could be found inside: cut at ideographs
+    assert [CHINESE[s:e] for s, e, _ in model.predict(CHINESE)] == list(CHINESE)
     model.save(str(tmp_path / "again"))  # saved again, it keeps its words
-    assert json.loads((tmp_path / "again" / "spanflow.json").read_text())["word_split"] == "pretokenizer"
+    assert json.loads((tmp_path / "again" / "spanflow.json").read_text())["word_split"] == "ideographs"
     cfg["word_split"] = "sentences"
     (old / "spanflow.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelDirError, match="unknown word_split in spanflow.json 'sentences'"):

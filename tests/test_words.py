@@ -176,6 +176,11 @@ def test_which_training_tokens_are_whitespace_words():
     assert words_of([ex("北京", [(0, 1), (1, 2)])]) == WHITESPACE  # characters (BMES): cut into characters
     assert words_of([ex("北京", [(0, 2)])]) == WHITESPACE
     assert words_of([ex("北京大学", [(0, 2), (2, 4)])]) == TOKENIZER  # Chinese words, joined: not reproducible
+    # a character of several code points is one (as CoNLL reads a token), in the data and in plain text
+    assert words_of([ex("❤️北京", [(0, 2), (2, 3), (3, 4)])]) == WHITESPACE
+    assert whitespace_words("❤️北e\u0301", {"chars": True}, plain=True) == [(0, 2), (2, 3), (3, 5)]
+    # full-width punctuation or Hangul alone is no Chinese or Japanese word: cut as any other
+    assert whitespace_words("Hewlett-Packard（HP） 서울에서", {"chars": True}, plain=True) == [(0, 19), (20, 24)]
     # CoNLL joins neighbouring CJK tokens without a space: one such text among many keeps whitespace words
     many = [ex("a b", [(0, 1), (2, 3)])] * 200 + [ex("x 北京大学", [(0, 1), (2, 4), (4, 6)])]
     assert words_of(many) == WHITESPACE
@@ -307,9 +312,11 @@ def test_character_level_sentences_beside_word_tokens_keep_the_training_words(tm
     plain_edges = {k: v for k, v in edges.items() if k != "chars"}  # a model saved before the key
     assert whitespace_words("李娜在北京", plain_edges, plain=True) == [(0, 5)]
     assert whitespace_words("ana 李娜在 Hewlett-Packard", edges, plain=True) == [(0, 3), (4, 5), (5, 6), (6, 7), (8, 23)]
-    # English word tokens alone never get the cut
+    # English word tokens alone never get the cut, nor do word-level Chinese tokens however short
     english = [e for e in train if e.text.isascii()]
     assert "chars" not in edge_rules(english)
+    words = [NerExample("我爱 Python 和你", [], words=[(0, 1), (1, 2), (3, 9), (10, 11), (11, 12)])]
+    assert "chars" not in edge_rules(english + words)
     enc, tok = tiny_bert([e.text for e in train], hidden=32, layers=1, heads=2)
     enc.save_pretrained(tmp_path / "enc")
     tok.save_pretrained(tmp_path / "enc")

@@ -46,13 +46,13 @@ class Window:
 
 
 def encode_texts(tokenizer, texts: list[str], words: list | None = None, *,
-                 punctuation: bool = True) -> list[Encoded]:
+                 cut_punctuation: bool = True) -> list[Encoded]:
     """Tokenize a batch of texts (fast tokenizer, no special tokens) keeping char offsets.
 
     A word starts at the tokenizer's word boundaries, or, where `words[i]` gives the text's
     own tokens as (start, end) offsets, at the first subword of each of those tokens.
-    `punctuation`: the tokenizer's words are cut also at punctuation and CJK ideographs (see
-    _split_punctuation); off, they are its own words, as NER models saved before that cut read text.
+    The tokenizer's words are cut also at CJK ideographs, and with `cut_punctuation` at punctuation
+    (see _split_words); NER models saved before that cut read text without it.
     """
     if not texts:
         return []
@@ -68,8 +68,7 @@ def encode_texts(tokenizer, texts: list[str], words: list | None = None, *,
         else:
             wids = enc.word_ids(i)
             first = [w is not None and (j == 0 or wids[j - 1] != w) for j, w in enumerate(wids)]
-            if punctuation:
-                first = _split_punctuation(text, offsets, first, blank)
+            first = _split_words(text, offsets, first, blank, cut_punctuation)
         _no_blank_firsts(first, blank)
         breaks = _breaks(text, offsets) if LINE_BREAK.search(text) else None
         if breaks:  # a word never runs across a line break (SentencePiece's words split at spaces only)
@@ -164,15 +163,18 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
     return out, blank
 
 
-def _split_punctuation(text: str, offsets: list[tuple[int, int]], first: list[bool],
-                       blank: list[bool]) -> list[bool]:
-    """The tokenizer's words cut also at punctuation, as BERT's and byte-level BPE's already are:
+def _split_words(text: str, offsets: list[tuple[int, int]], first: list[bool], blank: list[bool],
+                 marks: bool = True) -> list[bool]:
+    """The tokenizer's words cut also at punctuation (`marks`), as BERT's and byte-level BPE's already are:
     SentencePiece's words split at spaces only, so 'Hopper,' and '(Switzerland)' were one word each
     and an entity took the comma or was lost in the brackets; and a line of Chinese, which has no
     spaces, was one word (BERT makes each ideograph one). A token that begins with punctuation or
     a CJK ideograph, or follows one that ends with either, starts a word, as in BERT (kana runs
     stay words, and a token holding letters and punctuation stays whole: words start only where
     tokens do)."""
+    def cuts(c: str) -> bool:
+        return ideograph(c) or (marks and punctuation(c))
+
     out, after, last = [], False, 0
     for f, (s, e), b in zip(first, offsets, blank):
         if b or s == e:
@@ -180,8 +182,8 @@ def _split_punctuation(text: str, offsets: list[tuple[int, int]], first: list[bo
             continue
         # a token over the one before's characters (SentencePiece gives a text's opening `▁` its first
         # character) is that one's word
-        out.append(f or (s >= last and (after or punctuation(text[s]) or ideograph(text[s]))))
-        after, last = punctuation(text[e - 1]) or ideograph(text[e - 1]), max(last, e)
+        out.append(f or (s >= last and (after or cuts(text[s]))))
+        after, last = cuts(text[e - 1]), max(last, e)
     return out
 
 

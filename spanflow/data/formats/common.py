@@ -196,6 +196,38 @@ def ideograph(ch: str) -> bool:
             or 0x2F800 <= o <= 0x2FA1F)
 
 
+def characters(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each character of text[start:end] as a reader sees one: a code point with
+    the marks after it (a variation selector is one), a skin tone or a joiner's sequence (`❤️`,
+    `é` decomposed), or a flag (two regional indicators, `🇨🇳`)."""
+    end = len(text) if end is None else end
+    out, i = [], start
+    while i < end:
+        j = i + 1
+        if _regional(text[i]) and j < end and _regional(text[j]):
+            j += 1
+        else:
+            joined = False
+            while j < end and (joined or unicodedata.category(text[j]) in ("Mn", "Me", "Cf")
+                               or 0x1F3FB <= ord(text[j]) <= 0x1F3FF):
+                joined = text[j] == "\u200d"  # a zero-width joiner takes the next code point into the character
+                j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def _regional(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
+def character_level(tokens: list[str]) -> bool:
+    """Whether `tokens` are a character-level sentence's (one character per line, as in BMES data):
+    each one character (see characters) and any of them Chinese, Japanese or Korean. CoNLL joins
+    such a sentence without spaces."""
+    return all(len(characters(t)) == 1 for t in tokens) and any(is_cjk(t[0]) for t in tokens)
+
+
 def is_cjk(ch: str) -> bool:
     """True for CJK ideographs and the full-width punctuation used with them."""
     o = ord(ch)

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
-import unicodedata
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import is_cjk, read_lines, unspaced
+from spanflow.data.formats.common import character_level, is_cjk, read_lines, unspaced
 from spanflow.data.formats.tokens import bio_tags, word_bounds
 from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
 from spanflow.errors import DataError, quote
@@ -60,20 +59,6 @@ def _sentences(path: str):
         yield sent
 
 
-def _one_character(token: str) -> bool:
-    """Whether `token` is one character as a reader sees it: one code point, or one followed by
-    marks (a variation selector is one), a skin tone or a joiner's sequence (`❤️`, `é` decomposed),
-    or a flag (two regional indicators, `🇨🇳`)."""
-    if len(token) == 2 and all(0x1F1E6 <= ord(c) <= 0x1F1FF for c in token):  # a flag: two regional indicators
-        return True
-    joined = False
-    for c in token[1:]:
-        if not (joined or unicodedata.category(c) in ("Mn", "Me", "Cf") or 0x1F3FB <= ord(c) <= 0x1F3FF):
-            return False
-        joined = c == "\u200d"  # a zero-width joiner takes the next code point into the character
-    return bool(token)
-
-
 def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     """Join tokens into text: spaces between words, none between Chinese or Japanese characters
     (Korean spaces its words: word tokens of Hangul are joined with spaces).
@@ -82,7 +67,7 @@ def join_tokens(tokens: list[str]) -> tuple[str, list[tuple[int, int]]]:
     sentence (one char per line, as in BMES data) and is joined without spaces, so
     '1 9 6 6 年' reads back as '1966年'.
     """
-    char_level = all(_one_character(t) for t in tokens) and any(is_cjk(t[0]) for t in tokens)
+    char_level = character_level(tokens)
     parts, offsets, pos = [], [], 0
     for i, tok in enumerate(tokens):
         if i and not char_level and not (unspaced(tokens[i - 1][-1]) and unspaced(tok[0])):

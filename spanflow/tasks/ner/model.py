@@ -76,7 +76,7 @@ class NerModel:
         # kind of tokens when they came as whitespace-separated tokens, else the tokenizer's words
         self.words = words
         self.word_edges = word_edges  # whitespace words: the punctuation cut off their ends (words.edge_rules)
-        self.word_split = word_split  # tokenizer words: cut also at punctuation, or not (words.SPLITS)
+        self.word_split = word_split  # tokenizer words: cut at ideographs, and at punctuation or not (words.SPLITS)
         head = head or make_tagging_head(head_type, hidden_size=encoder.config.hidden_size, id2label=self.id2label)
         self.module = EncoderWithHead(encoder, head)
         self.policy = policy or resolve_policy()
@@ -152,6 +152,11 @@ class NerModel:
                                "tag_scheme": "bio", "head": self.head_type,
                                **({} if self.id2label == bio_label_list(self.labels) else {"id2label": self.id2label})})
 
+    @property
+    def cuts_punctuation(self) -> bool:
+        """Whether the tokenizer's words are cut at punctuation too (words.SPLITS)."""
+        return self.word_split == PUNCTUATION
+
     def with_precision(self, precision: str, quantize: str | None = None) -> "NerModel":
         """This model in another precision, sharing its weights (see tasks.registry.autocast_twin)."""
         return autocast_twin(self, precision, quantize)
@@ -178,7 +183,7 @@ class NerModel:
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
                          on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words, self.word_edges),
-                         punctuation=self.word_split == PUNCTUATION)
+                         cut_punctuation=self.cuts_punctuation)
 
     def predict(self, texts: list[str] | str, *, max_tokens: int | None = None,
                 words: list | None = None) -> list[list[Span]] | list[Span]:
@@ -236,7 +241,7 @@ class NerModel:
         """The texts' encodings, cut into the model's words (`words`: each text's own, or None)."""
         pairs = list(paired(texts, words))
         return encode_texts(self.tokenizer, texts, text_words(pairs, splitter(self.words, self.word_edges)),
-                            punctuation=self.word_split == PUNCTUATION)
+                            cut_punctuation=self.cuts_punctuation)
 
     def run_batch(self, units: list) -> list:
         """Label ids of each window (a CRF head decodes over its word starts)."""
@@ -304,5 +309,6 @@ def _flag(cfg: dict, key: str, path: str, default: bool) -> bool:
 def _edges(edges, path: str, where: str) -> dict | None:
     """A model directory's word edges (words.edge_rules' shape), or None where it has none."""
     if edges is not None and not valid_edges(edges):
-        raise ModelDirError(f'{path}: {where} is not {{"start": ..., "end": ..., "whole": [...]}}')
+        raise ModelDirError(f'{path}: {where} is not {{"start": "...", "end": "...", "whole": [...], '
+                            f'"chars": true or false}}')
     return edges

@@ -23,14 +23,14 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
               stride: int, max_tokens: int, policy: Policy, chunk_size: int = 8192,
               on_batch: Callable[[int, int, int], None] | None = None,
               words: Iterable | None = None, lines: bool = False,
-              split: Callable[[str], list] | None = None, punctuation: bool = True) -> Iterator[list[Span]]:
+              split: Callable[[str], list] | None = None, cut_punctuation: bool = True) -> Iterator[list[Span]]:
     """Yield each text's spans, in input order, streaming `chunk_size` texts at a time.
 
     `words` (parallel to `texts`; an item may be None) gives a text's own tokens as char
     offsets: spans then start and end on those tokens (see batching.align.encode_texts).
     `split` cuts a text with no given words into the model's words (tasks.ner.words.splitter);
-    None: the tokenizer's words, cut also at punctuation unless `punctuation` is off (see
-    batching.align.encode_texts).
+    None: the tokenizer's words, cut also at ideographs, and at punctuation with `cut_punctuation`
+    (see batching.align.encode_texts).
     `lines`: no window crosses a line break (see batching.align.windows_for).
 
     Within a chunk windows are sorted by length and cut into token-budget batches; the
@@ -41,7 +41,7 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
 
     def prepare(pairs: list[tuple[str, object]]):
         chunk = [t for t, _ in pairs]
-        encs = encode_texts(tokenizer, chunk, text_words(pairs, split), punctuation=punctuation)
+        encs = encode_texts(tokenizer, chunk, text_words(pairs, split), cut_punctuation=cut_punctuation)
         wins = windows_for(encs, max_length=max_length, stride=stride, cls_id=cls_id, sep_id=sep_id, lines=lines)
         batches = token_budget_batches([len(w) for w in wins], max_tokens, shuffle=False)
         return chunk, encs, wins, batches

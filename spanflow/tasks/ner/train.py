@@ -34,7 +34,7 @@ from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alik
 
 # what the training line's `words:` means for the texts the model will read
 WORDS_MEAN = {WHITESPACE: "plain text is cut into words at its spaces, as these tokens were, and an entity starts and "
-                          "ends only there",
+                          "ends only at a word's ends",
               TOKENIZER: "plain text is cut into words by the tokenizer, which splits punctuation off"}
 
 # measured for time to dev F1 (docs/defaults.md): wnut17 with all-MiniLM-L6-v2, resume_ner with tiny
@@ -154,8 +154,8 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
             f"words: {nm.words} ({WORDS_MEAN[nm.words]}"
             + (f"; punctuation cut off a word's start: {shown_marks(nm.word_edges['start'])}; off its end: "
                f"{shown_marks(nm.word_edges['end'])}" if nm.word_edges else "")
-            + ("; a word holding Chinese or Japanese characters is cut into its characters, as the "
-               "character-level sentences were" if nm.word_edges and nm.word_edges.get("chars") else "") + ")")
+            + ("; a word holding Chinese or Japanese is cut into its characters, as the character-level "
+               "sentences were" if nm.word_edges and nm.word_edges.get("chars") else "") + ")")
         weights = rarity_weights(window_kinds(windows, nm.id2label), opts.oversample) if opts.oversample else None
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))

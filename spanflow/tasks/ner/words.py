@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import invisible, unspaced
+from spanflow.data.formats.common import character_level, characters, ideograph, invisible
 from spanflow.data.formats.tokens import NON_SPACE, cut_edges
 from spanflow.errors import ModelDirError
 
@@ -34,12 +34,13 @@ KINDS = (TOKENIZER, WHITESPACE)
 # data must not send a model back to subword words; character-level data (BMES) and spaCy's tokens
 # (punctuation split off) fall far below this share
 MATCH_SHARE = 0.99
-# how a model of TOKENIZER words cuts them: PUNCTUATION also at punctuation marks and CJK ideographs
-# (batching.align.encode_texts), as models are trained now; PRETOKENIZER at the tokenizer's own word
-# boundaries alone, which a SentencePiece tokenizer puts at spaces only: how models saved before the
-# key learned their words, and read text still
-PRETOKENIZER, PUNCTUATION = "pretokenizer", "punctuation"
-SPLITS = (PRETOKENIZER, PUNCTUATION)
+# how a model of TOKENIZER words cuts them: PUNCTUATION at punctuation marks and at CJK ideographs
+# (batching.align.encode_texts), as models are trained now; IDEOGRAPHS at ideographs alone, as
+# directories saved before the key read text: the tokenizer's own words (a SentencePiece
+# tokenizer's run from space to space) except that an unspaced Chinese line is not one word, which
+# no model could have found an entity inside
+IDEOGRAPHS, PUNCTUATION = "ideographs", "punctuation"
+SPLITS = (IDEOGRAPHS, PUNCTUATION)
 
 BETWEEN_ZWSP = re.compile("[^\u200b]+")  # a whitespace word's pieces between zero-width spaces
 MAX_WHOLE = 2000  # the most frequent training tokens kept whole: spanflow.json stays small
@@ -64,19 +65,19 @@ def whitespace_words(text: str, edges: dict | None = None, whole: frozenset[str]
     if whole is None:
         whole = frozenset(edges.get("whole") or ())
     start, end = edges.get("start", ""), edges.get("end", "")
-    return [w for s, e in spans for w in (_characters(text, s, e) if chars and _spelled(text, s, e)
+    return [w for s, e in spans for w in (_characters(text, s, e) if chars and _unspaced_script(text, s, e)
                                           else _cut(text, s, e, start, end, whole))]
 
 
-def _spelled(text: str, s: int, e: int) -> bool:
-    """Whether the whitespace word text[s:e] holds a character of a script written without spaces
-    (Chinese, Japanese): a character-level sentence's (see the module's docstring)."""
-    return any(unspaced(c) for c in text[s:e])
+def _unspaced_script(text: str, s: int, e: int) -> bool:
+    """Whether text[s:e] holds a Chinese ideograph or Japanese kana: what a character-level sentence's
+    words hold (full-width punctuation alone does not make one, nor does Hangul: Korean spaces its words)."""
+    return any(ideograph(c) or 0x3040 <= ord(c) <= 0x30FF or 0xFF66 <= ord(c) <= 0xFF9F for c in text[s:e])
 
 
 def _characters(text: str, s: int, e: int) -> list[tuple[int, int]]:
-    """text[s:e] as one word per visible character."""
-    return [(i, i + 1) for i in range(s, e) if not invisible(text[i])]
+    """text[s:e] as one word per visible character (a character of several code points is one)."""
+    return [(a, b) for a, b in characters(text, s, e) if not all(invisible(c) for c in text[a:b])]
 
 
 def _kept(word: str, whole: frozenset[str]) -> bool:
@@ -141,18 +142,25 @@ def edge_rules(examples: list[NerExample]) -> dict:
 
 
 def _character_level(examples: list[NerExample]) -> bool:
-    """Whether any whitespace word of the training texts came as a character-level sentence's tokens."""
+    """Whether any training text is a character-level sentence of Chinese or Japanese (see _in_characters)."""
     for e in examples:
         given = set(map(tuple, e.words or ()))
-        if any(_in_characters(e.text, s, t, given) for s, t in whitespace_words(e.text)):
+        if _spelled_out(e) and any(_in_characters(e.text, s, t, given) for s, t in whitespace_words(e.text)):
             return True
     return False
 
 
+def _spelled_out(e: NerExample) -> bool:
+    """Whether the example's tokens are a character-level sentence's (formats.common.character_level)."""
+    return bool(e.words) and character_level([e.text[a:b] for a, b in e.words])
+
+
 def _in_characters(text: str, s: int, e: int, given: set) -> bool:
-    """Whether the whitespace word text[s:e] came as a character-level sentence's tokens: it holds
-    a Chinese or Japanese character and each of its characters is a token (see _characters)."""
-    return e - s > 1 and _spelled(text, s, e) and all(w in given for w in _characters(text, s, e))
+    """Whether the whitespace word text[s:e] of a character-level sentence came as its characters,
+    as plain text is cut with "chars": it holds Chinese or Japanese, and more than one character,
+    each a token."""
+    cut = _characters(text, s, e)
+    return len(cut) > 1 and _unspaced_script(text, s, e) and all(w in given for w in cut)
 
 
 def words_of(examples: list[NerExample]) -> str:
@@ -163,10 +171,10 @@ def words_of(examples: list[NerExample]) -> str:
         return TOKENIZER
     total = same = 0
     for e in examples:
-        given = set(map(tuple, e.words))
+        given, spelled = set(map(tuple, e.words)), _spelled_out(e)
         pieces = whitespace_words(e.text)
         total += len(pieces)
-        same += sum(p in given or _in_characters(e.text, *p, given) for p in pieces)
+        same += sum(p in given or (spelled and _in_characters(e.text, *p, given)) for p in pieces)
     return WHITESPACE if total and same >= MATCH_SHARE * total else TOKENIZER
 
 
@@ -216,9 +224,9 @@ def config_words(cfg: dict, path: str) -> str:
 
 def config_split(split, path: str, where: str) -> str:
     """A model's word split as its directory records it (`where` names the key); absent (a model
-    saved before the key): PRETOKENIZER, the words it was trained on."""
+    saved before the key): IDEOGRAPHS, the words it was trained on."""
     if split is None:
-        return PRETOKENIZER
+        return IDEOGRAPHS
     if split not in SPLITS:
         raise ModelDirError(f"{path}: unknown {where} {str(split)[:50]!r}; this spanflow knows {', '.join(SPLITS)} "
                             "(a newer spanflow may have written it: upgrade to load this model)")
