@@ -285,6 +285,19 @@ def test_read_texts_plain_and_error_records(tmp_path):
         list(read_texts(p))
 
 
+def test_read_texts_takes_a_named_field_as_a_csv_header_column_as_predict_does(tmp_path):
+    """field="text" on a CSV read column 0, the header row as a text, where `predict --field text`
+    reads the header's text column."""
+    from spanflow.errors import ConfigError
+
+    p = write(tmp_path, "t.csv", "id,text\n1,Ann went\n2,Bo came\n")
+    assert list(read_texts(p, field="text")) == ["Ann went", "Bo came"]
+    assert list(read_texts(p)) == ["id", "1", "2"]  # no field: column 0, every row a record, as predict reads it
+    with pytest.raises(ConfigError, match="^field body: .* has no such column in its header; it has id, text"):
+        read_texts(p, field="body")
+    assert list(read_texts(write(tmp_path, "t.jsonl", '{"text": "a"}\n'), field="text")) == ["a"]
+
+
 def test_tokens_written_for_a_text_without_them_do_not_tell_where_entities_are(tmp_path):
     from spanflow.data.io import write_ner
 

@@ -241,16 +241,22 @@ def read_records(path: str, *, field: str = "text", column: Column | None = None
         yield str(rid), text
 
 
-def read_texts(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
+def read_texts(path: str, *, field: str | None = None, column: Column | None = None, skip_header: bool = False,
                errors: str = "raise") -> Iterator[str | DataError]:
     """The texts of read_records, one item per record in input order (an empty line yields "").
-    A record that cannot be read raises, or with `errors="record"` yields its DataError in its
-    place, so a bulk job can write an error record and go on. The path and `errors` are checked
-    at the call, the file as it is read."""
+    `field`: a JSONL field (None: "text"), or on CSV/TSV its header's column, "text" too, as
+    `predict --field` reads it (None: column 0). A record that cannot be read raises, or with
+    `errors="record"` yields its DataError in its place, so a bulk job can write an error record
+    and go on. The path, `errors` and a named CSV column are checked at the call, the records as
+    they are read."""
     path = as_path(path, "read_texts")
     if errors not in ("raise", "record"):
         raise ConfigError(f"read_texts: errors must be 'raise' or 'record', got {quote(errors, 40)}", field="errors")
-    return _texts(read_records(path, field=field, column=column, skip_header=skip_header), errors == "record")
+    if field is not None and column is None and os.path.isfile(path) and input_kind(path) in ("csv", "tsv"):
+        check_header_column(path, field, "field")
+        field, column = None, field
+    return _texts(read_records(path, field=field or "text", column=column, skip_header=skip_header),
+                  errors == "record")
 
 
 def _texts(records: Iterator[tuple[str, str | DataError]], keep_errors: bool) -> Iterator[str | DataError]:
