@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -332,7 +333,7 @@ def test_training_data_with_no_placed_triple_is_named_with_the_logged_warning(tm
     # the logged warning reads as the command's own lines: `warning:`, not `WARNING:`
     assert got.stderr.splitlines() == [
         f"warning: {data}: 1 of 1 triples cannot be placed in their text; 1 name a subject or object not found in "
-        "the text (e.g. record 1: ['x', 'r', 'y']); they are kept as gold for evaluation but not trained on",
+        "the text (e.g. record 1: ['x', 'r', 'y']); they count as gold in scoring, and training leaves them out",
         f"error: {data}: holds no triples to train on: its 1 could not be placed in their texts (the warning above "
         "says why)"]
     data.write_text("[]")
@@ -359,6 +360,30 @@ def test_a_list_with_triples_under_another_key_is_named_not_read_as_texts(tmp_pa
     assert "record 2 (of the list, from 1) " + said in str(e.value)
     path.write_text(json.dumps([{"text": "Bob ran"}, {"text": "no triples", "relations": []}]))  # texts: as before
     assert [x.triples for x in read_re(str(path))] == [[], []]
+
+
+@pytest.mark.parametrize("key", ["triples", "spo_list", "rels"])
+def test_jsonl_relations_under_another_key_are_named_not_read_as_none(tmp_path, key):
+    """A misspelt "relations" read the record as a text with none: trained as a negative, and as
+    --dev scored each of its relations as missing, without a word."""
+    rel = {"head": [0, 3], "type": "born_in", "tail": [16, 21]}
+    ok = {"text": "Ada was born in Paris", "relations": [rel]}
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (ok, {"text": "Ada was born in Paris", key: [rel]})))
+    with pytest.raises(DataError, match=f':2: the record has "{key}" and no "relations": JSONL relations are') as e:
+        read_re(str(path))
+    assert (e.value.path, e.value.line) == (str(path), 2)
+    path.write_text(json.dumps(ok) + "\n" + json.dumps({"text": "no relations here"}) + "\n")  # a text with none
+    assert [len(x.triples) for x in read_re(str(path))] == [1, 0]
+
+
+@pytest.mark.parametrize("span, said", [([12, 0], "reversed"), ([3, 3], "empty"), ([0, 99], "out of range")])
+def test_a_jsonl_span_says_what_is_wrong_with_it(tmp_path, span, said):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"text": "Ada was born in Paris", "relations": [
+        {"head": span, "type": "born_in", "tail": [16, 21]}]}) + "\n")
+    with pytest.raises(DataError, match=f'"head" span {re.escape(str(span))} is {said}'):
+        read_re(str(path))
 
 
 def test_a_lone_surrogate_in_a_json_text_is_refused_at_its_record(tmp_path):
@@ -392,7 +417,7 @@ def test_a_jsonl_relation_of_one_span_to_itself_is_gold_not_trained(tmp_path, ca
 def test_trainings_scoring_of_each_epoch_leaves_the_span_check_out(monkeypatch, tmp_path):
     """The per-epoch dev score does not tokenize the dev data again for a warning training never prints."""
     checked = []
-    monkeypatch.setattr(ReModel, "_off_tokens", lambda self, ex: checked.append(len(ex)))
+    monkeypatch.setattr(ReModel, "_off_tokens", lambda self, ex, total: checked.append(len(ex)))
     data = synthetic_re(12, seed=1, max_clauses=1)
     model = train_re(data, data, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
                      options=TrainOptions(epochs=2, max_tokens=160, max_length=64, log_every=0))

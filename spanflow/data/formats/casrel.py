@@ -91,8 +91,8 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         out.append(ex)
     _said_twice(path, twice, total)
     if unplaced[False] or unplaced[True]:
-        log.warning("%s: %d of %d triples cannot be placed in their text%s%s; they are kept as gold for "
-                    "evaluation but not trained on", path, len(unplaced[False]) + len(unplaced[True]), total,
+        log.warning("%s: %d of %d triples cannot be placed in their text%s%s; they count as gold in scoring, "
+                    "and training leaves them out", path, len(unplaced[False]) + len(unplaced[True]), total,
                     _unplaced(unplaced[False], "name a subject or object not found in the text"),
                     _unplaced(unplaced[True], "have a subject and object that are the same span of the text"))
     return out
@@ -142,6 +142,8 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
             continue
         rec = parse_record(line, path, lineno)
         ex = ReExample(rec["text"])
+        if "relations" not in rec:
+            _other_relations_key(rec, path, lineno)
         relations = rec.get("relations", [])
         if not isinstance(relations, list):
             raise DataError('"relations" must be a list', path=path, line=lineno)
@@ -161,10 +163,21 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
         raise DataError("file is empty: no records found", path=path)
     _said_twice(path, twice, total)
     if same:
-        log.warning("%s: %d of %d relations have a head and tail that are the same span (e.g. %s); they are kept "
-                    "as gold for evaluation but not trained on", path, len(same), total,
+        log.warning("%s: %d of %d relations have a head and tail that are the same span (e.g. %s); they count as "
+                    "gold in scoring, and training leaves them out", path, len(same), total,
                     "; ".join(f"line {k}: {t!r}" for k, t in same[:3]))
     return out
+
+
+def _other_relations_key(rec: dict, path: str, lineno: int) -> None:
+    """A DataError for a JSONL record whose relations are under another key than "relations" (read
+    silently as a text with none): another corpus's key, or any key holding relation-like items."""
+    key = next((key for key in OTHER_KEYS if isinstance(rec.get(key), list) and rec[key]), None)
+    key = key or next((key for key, v in rec.items() if _triple_like(v)), None)
+    if key is not None:
+        raise DataError(f'the record has "{key}" and no "relations": JSONL relations are {{"head": [s, e], "type": '
+                        f'r, "tail": [s, e]}} objects under "relations" (a text without any leaves the key out)',
+                        path=path, line=lineno)
 
 
 def _said_twice(path: str, twice: int, total: int) -> None:
@@ -184,6 +197,9 @@ def _relation(r, text: str, path: str, lineno: int):
         if not (isinstance(v, list) and len(v) == 2 and all(is_offset(x) for x in v)):
             raise DataError(f'"{key}" must be [start, end] with integer offsets, got {quote(v)}', path=path,
                             line=lineno)
+        if 0 <= v[1] <= v[0] <= len(text):
+            raise DataError(f'"{key}" span {v} is {"empty" if v[0] == v[1] else "reversed"}: [start, end] with start '
+                            'below end', path=path, line=lineno)
         if not 0 <= v[0] < v[1] <= len(text):
             raise DataError(f'"{key}" span {v} is out of range for a text of {len(text)} characters', path=path,
                             line=lineno)

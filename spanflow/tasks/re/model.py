@@ -234,9 +234,9 @@ class ReModel:
         gold = [e.string_triples() for e in examples]
         got = [{(e.text[s[0]:s[1]], r, e.text[o[0]:o[1]]) for s, r, o in p} for e, p in zip(examples, pred)]
         m = with_unknown(re_metrics(gold, got), self.relations, {r for g in gold for _, r, _ in g}, "relations")
-        return with_warning(m, self._off_tokens(examples) if check_spans else None)
+        return with_warning(m, self._off_tokens(examples, sum(map(len, gold))) if check_spans else None)
 
-    def _off_tokens(self, examples: list[ReExample]) -> str | None:
+    def _off_tokens(self, examples: list[ReExample], total: int) -> str | None:
         """A warning where gold subjects or objects do not start and end on the model's tokens ("Ford"
         inside "Stanford"): the model extracts whole tokens, so no prediction can match them."""
         moved, first = 0, None
@@ -250,7 +250,7 @@ class ReModel:
                     first = first or off
         if not moved:
             return None
-        return (f"{moved} of the data's {sum(len(e.triples) for e in examples)} gold triples have a subject or object "
+        return (f"{moved} of the data's {total} gold triples have a subject or object "
                 f"that does not start and end on the model's tokens, so no prediction can match them and each counts "
                 f"as a miss; the first: {first}")
 

@@ -106,5 +106,6 @@ TASK = ReTask()
 def _read_line(path: str, examples: list) -> str:
     """What a file held, as `train ner` says it: its texts, their triples and those not placed."""
     unplaced = sum(len(e.unlocated) for e in examples)
-    return (f"read {path}: {counted(len(examples), 'text')}, {counted(sum(len(e.triples) for e in examples), 'triple')}"
-            + (f" ({unplaced} not placed in their texts)" if unplaced else ""))
+    total = sum(len(e.triples) for e in examples) + unplaced
+    return (f"read {path}: {counted(len(examples), 'text')}, {counted(total, 'triple')}"
+            + (f" ({unplaced} of them not placed in their texts)" if unplaced else ""))
