@@ -86,7 +86,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             f1 = _evaluate(r) if opts.eval_every is None else r.st.get("last_f1")
             with r.meter.excluded():  # and the epoch's report and checkpoint
                 report_period(r, epoch, rep, f1)
-                learning_check(r, f1, left=opts.epochs - epoch - 1)
+                # --patience may have ended the run at this evaluation: then no epochs are left to learn in
+                learning_check(r, f1, left=0 if r.st["stopped"] else opts.epochs - epoch - 1, stopped=r.st["stopped"])
                 r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
                 _checkpoint(r)
         if (opts.eval_every and hooks.evaluate is not None and r.st.get("last_eval_step") != r.st["global_step"]
