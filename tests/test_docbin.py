@@ -122,14 +122,14 @@ def test_docbin_annotation_spanflow_cannot_read_is_said_by_file_and_document(tmp
         read_ner(path)
     # a span labelled O: the file and the document
     DocBin(docs=[doc([(0, 1, "PER")]), doc([(2, 3, "O")])]).to_disk(path)
-    with pytest.raises(DataError, match=r'd\.spacy: document 1: a span labelled "O" marks no entity'):
+    with pytest.raises(DataError, match=r'd\.spacy: document 2: a span labelled "O" marks no entity'):  # from 1
         read_ner(path)
     # tokens left unannotated (spaCy's missing) are read as outside any entity, and said
     DocBin(docs=[doc([(0, 1, "PER")]), doc([(2, 3, "PER")], missing=True)]).to_disk(path)
     with caplog.at_level("WARNING", logger="spanflow"):
         back = read_ner(path)
     assert [e.spans for e in back] == [[(0, 3, "PER")], [(8, 11, "PER")]]
-    assert "1 of 2 documents have tokens with no entity annotation (spaCy's missing value; first: document 1)" \
+    assert "1 of 2 documents have tokens with no entity annotation (spaCy's missing value; first: document 2)" \
         in caplog.text
     # training data without one entity is named by its file
     DocBin(docs=[doc([])]).to_disk(path)
@@ -137,3 +137,14 @@ def test_docbin_annotation_spanflow_cannot_read_is_said_by_file_and_document(tmp
     assert main(["train", "ner", "--train", str(path), "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == (f"error: {path}: holds no entities to train on (1 texts, every token outside "
                                        "any entity)\n")
+
+
+def test_an_entity_no_spacy_token_can_hold_is_named_with_its_text(tmp_path):
+    from spanflow.data.examples import NerExample
+    from spanflow.data.io import write_ner
+
+    ex = [NerExample("Ann went", [(0, 3, "PER")]), NerExample("visit Paris now", [(5, 11, "LOC")])]  # the API's
+    with pytest.raises(DataError, match=r"text 2: entity \[5, 11, 'LOC'\] \(' Paris'\) does not start and end on a "
+                                        r"spaCy token: white space at an edge has no token of its own"):
+        write_ner(ex, tmp_path / "o.spacy")
+    assert not (tmp_path / "o.spacy").exists()

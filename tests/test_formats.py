@@ -285,6 +285,21 @@ def test_read_texts_plain_and_error_records(tmp_path):
         list(read_texts(p))
 
 
+def test_a_jsonl_entity_with_white_space_at_an_edge_is_read_without_it_and_said(tmp_path, caplog):
+    """' Paris' (a selection that took the space before the word) could not be written to .spacy, and
+    was trimmed silently on the way to CoNLL; no word the model tags has a space at an edge."""
+    p = write(tmp_path, "ws.jsonl", '{"text": "visit Paris now", "entities": [[5, 11, "LOC"]]}\n'
+                                    '{"text": "see Rome ", "entities": [[4, 9, "LOC"], [0, 3, "X"]]}\n')
+    with caplog.at_level("WARNING", logger="spanflow"):
+        got = read_ner(p)
+    assert [e.spans for e in got] == [[(6, 11, "LOC")], [(0, 3, "X"), (4, 8, "LOC")]]
+    assert (f"{p}: 2 entities have white space at an edge, read without it (e.g. line 1: ' Paris'; line 2: 'Rome ')"
+            in caplog.text)
+    blank = write(tmp_path, "blank.jsonl", '{"text": "a   b", "entities": [[1, 4, "X"]]}\n')
+    with pytest.raises(DataError, match=r"blank\.jsonl:1: entity \[1, 4, 'X'\] holds white space alone"):
+        read_ner(blank)
+
+
 def test_read_texts_takes_a_named_field_as_a_csv_header_column_as_predict_does(tmp_path):
     """field="text" on a CSV read column 0, the header row as a text, where `predict --field text`
     reads the header's text column."""

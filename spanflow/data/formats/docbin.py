@@ -39,10 +39,10 @@ def read_docbin(path: str | os.PathLike) -> list[NerExample]:
         spans = [(ent.start_char, ent.end_char, ent.label_) for ent in doc.ents]
         problem = check_spans(doc.text, spans)
         if problem:
-            raise DataError(f"document {i}: {problem}", path=path)
+            raise DataError(f"document {i + 1}: {problem}", path=path)
         for *_, lab in spans:
-            first_doc.setdefault(lab, i)
-        unset += [i] if any(t.ent_iob == 0 for t in doc) else []  # spaCy's "missing": not annotated
+            first_doc.setdefault(lab, i + 1)  # documents counted from 1, as lines are
+        unset += [i + 1] if any(t.ent_iob == 0 for t in doc) else []  # spaCy's "missing": not annotated
         for key, group in doc.spans.items():
             groups[key] = groups.get(key, 0) + len(group)
         out.append(NerExample(doc.text, spans, words=[(t.idx, t.idx + len(t)) for t in doc if not t.text.isspace()]))
@@ -95,8 +95,11 @@ def examples_to_docbin(examples: list[NerExample], path: str | os.PathLike) -> N
         words, spaces = _words_and_spaces(ex.text, ex.spans, ex.words)
         doc = Doc(vocab, words=words, spaces=spaces)
         ents = [doc.char_span(s, e, label=lab) for s, e, lab in ex.spans]
-        if any(ent is None for ent in ents):  # cannot happen: tokens are cut at every span boundary
-            raise DataError(f"example {i}: an entity does not align with tokens", path=path)
+        lost = next(((s, e, lab) for (s, e, lab), ent in zip(ex.spans, ents) if ent is None), None)
+        if lost:  # tokens are cut at every span boundary: only a span with white space at an edge (the API's)
+            raise DataError(f"text {i + 1}: entity [{lost[0]}, {lost[1]}, {lost[2]!r}] ({ex.text[lost[0]:lost[1]]!r}) "
+                            "does not start and end on a spaCy token: white space at an edge has no token of its "
+                            "own", path=path)
         doc.ents = ents
         db.add(doc)
     with atomic_path(path, suffix=".spacy") as tmp:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from spanflow.data.examples import NerExample, check_spans, tag_labels
 from spanflow.data.formats.common import check_unicode, jq_lines, parse_json, read_lines
 from spanflow.errors import DataError, quote
+
+log = logging.getLogger("spanflow")
 
 
 def _span(item, path: str, lineno: int):
@@ -51,6 +54,7 @@ def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
     """Read NER examples; spans out of range or overlapping are DataErrors naming the line."""
     path = os.fspath(path)
     examples, keyed, elsewhere, first = [], False, {}, {}  # first: the line each label is first on
+    trimmed: list[tuple[int, str]] = []  # (line, entity) of the entities read without white space at an edge
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
@@ -66,11 +70,16 @@ def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
         if problem:
             raise DataError(problem, path=path, line=lineno)
         _check_quoted(rec["text"], raw, spans, path, lineno)
+        spans = _trimmed(rec["text"], spans, lineno, trimmed, path)
         examples.append(NerExample(rec["text"], sorted(spans)))
         for *_, lab in spans:
             first.setdefault(lab, lineno)
     if not examples:
         raise DataError("file is empty: no records found", path=path)
+    if trimmed:
+        log.warning("%s: %d entit%s white space at an edge, read without it (e.g. %s): no word starts or ends "
+                    "with a space, so the model could never tag it with one", path, len(trimmed),
+                    "y has" if len(trimmed) == 1 else "ies have", "; ".join(f"line {k}: {t!r}" for k, t in trimmed[:3]))
     tagged = tag_labels(first)
     if tagged:
         raise DataError(tagged[1], path=path, line=first[tagged[0]])
@@ -80,6 +89,24 @@ def read_jsonl(path: str | os.PathLike) -> list[NerExample]:
                         f'text\'s entities from "entities": [[start, end, label], ...]; rename the key (a doccano '
                         'export\'s "label" is such a list)', path=path, line=lineno)
     return examples
+
+
+def _trimmed(text: str, spans: list, lineno: int, said: list, path: str) -> list:
+    """`spans` without the white space at their edges (an annotator's selection that took the space
+    before a word), each such entity added to `said`; an entity of white space alone is a DataError."""
+    out = []
+    for s, e, lab in spans:
+        a, b = s, e
+        while a < b and text[a].isspace():
+            a += 1
+        while b > a and text[b - 1].isspace():
+            b -= 1
+        if a == b:
+            raise DataError(f"entity [{s}, {e}, {quote(lab)}] holds white space alone", path=path, line=lineno)
+        if (a, b) != (s, e):
+            said.append((lineno, text[s:e]))
+        out.append((a, b, lab))
+    return out
 
 
 def _span_like(value) -> bool:
