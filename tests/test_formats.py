@@ -328,3 +328,9 @@ def test_tokens_written_for_a_text_without_them_do_not_tell_where_entities_are(t
     (tmp_path / "b.conll").write_text("U.S.\tB-LOC\nsaid\tO\n\n")
     write_ner(read_ner(tmp_path / "b.conll"), tmp_path / "c.conll", fmt="conll")
     assert (tmp_path / "c.conll").read_text() == "U.S.\tB-LOC\nsaid\tO\n\n"
+
+
+def test_tags_in_lower_case_are_read_as_their_upper_case_whole(tmp_path):
+    """'b-per' was read and 'o' refused as an unknown tag in the same file; the label keeps its case."""
+    lower = read_ner(write(tmp_path, "low.conll", "Grace\tb-per\nHopper\ti-per\nwent\to\n\n"))
+    assert [(e.text, e.spans) for e in lower] == [("Grace Hopper went", [(0, 12, "per")])]

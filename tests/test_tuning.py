@@ -400,6 +400,9 @@ def test_doctor_names_starvation(ner_file):
     assert f"of {healthy['probe']['peak_flops'] / 1e12:.2f} TFLOP/s (measured fp32 peak)" in "\n".join(lines)
     assert "probe: 4 updates of token-budget batches, max_tokens 768" in lines
     assert any(x.startswith("probing `spanflow train ner` (--task), device ") for x in lines)  # the task it probed
+    with pytest.raises(ConfigError, match=r"^--max-tokens 8 is below the longest training item of the sample, \d+ "
+                                          r"tokens: one must fit in a batch"):  # probed above it, yet named as 8
+        doctor(model="tiny", data=ner_file, max_tokens=8, steps=2, log_fn=lambda s: None)
     lines.clear()
     doctor(model="tiny", data=ner_file, steps=2, log_fn=lines.append)  # the default: said what it stands for
     assert any(x.startswith("probe: 2 updates of token-budget batches, max_tokens ")

@@ -143,7 +143,8 @@ AUTO_HELP = {  # serve has no data of its own to measure on
     "train": "measured once per model and device on the training data, then cached",
 }
 SCHEME_HELP = "tag scheme of CoNLL input, any case [detected from the tags]"
-STRICT_HELP = "reject inside tags with no opening tag instead of repairing them"
+STRICT_HELP = ("reject inside tags with no opening tag, and BIOES/BMES entities with no closing E- tag, instead of "
+               "repairing them")
 
 
 class Precisions(tuple):

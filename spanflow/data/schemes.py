@@ -16,8 +16,9 @@ class Repair:
 
 
 def split_tag(tag: str) -> tuple[str, str | None]:
-    """'B-PER' -> ('B', 'PER'); 'O' -> ('O', None). Accepts '-' or '_' separators."""
-    if tag == "O":
+    """'B-PER' -> ('B', 'PER'); 'O' -> ('O', None). Accepts '-' or '_' separators, and a prefix or
+    an outside tag in either case ('b-per', 'o')."""
+    if tag in ("O", "o"):
         return "O", None
     for sep in ("-", "_"):
         if len(tag) > 2 and tag[1] == sep and tag[0].upper() in "BIESMLU":

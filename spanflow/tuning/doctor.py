@@ -161,6 +161,9 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
     w = get(task).workload(model, data, mode="train", policy=policy, precision=precision, sample=2000)
     windows = w.items_at(w.limit)
     lengths = [len(w) for w in windows]
+    if asked and max_tokens < max(lengths):  # as `spanflow train` refuses it: no batch could keep to it
+        raise ConfigError(f"--max-tokens {max_tokens} is below the longest training item of the sample, "
+                          f"{max(lengths)} tokens: one must fit in a batch (give --max-tokens {max(lengths)} or more)")
     healthy_batches = token_budget_batches(lengths, max(max_tokens, max(lengths)), seed=0)
     if batch_size:  # the setup under test: fixed-count batches in random order, as naive loops do
         perm = np.random.default_rng(0).permutation(len(windows)).tolist()
