@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from spanflow.data.io import FORMAT_HELP, NER_FORMATS
+from spanflow.data.io import FORMAT_HELP, NER_FORMATS, STRICT_HELP
 from spanflow.data.schemes import SCHEMES
 from spanflow.monitor.report import clock_time
 from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget
@@ -143,8 +143,6 @@ AUTO_HELP = {  # serve has no data of its own to measure on
     "train": "measured once per model and device on the training data, then cached",
 }
 SCHEME_HELP = "tag scheme of CoNLL input, any case [detected from the tags]"
-STRICT_HELP = ("reject inside tags with no opening tag, and BIOES/BMES entities with no closing E- tag, instead of "
-               "repairing them")
 
 
 class Precisions(tuple):

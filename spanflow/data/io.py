@@ -15,6 +15,8 @@ from spanflow.errors import DataError, as_path
 
 NER_FORMATS = ("conll", "jsonl", "docbin")
 # how the readers pick a format: what --format's help says, wherever a command takes one
+STRICT_HELP = ("reject inside tags with no opening tag, and BIOES/BMES entities with no closing E- tag, instead of "
+               "repairing them")
 FORMAT_HELP = ("NER data format [detected from the content; where it leaves doubt, the extension (.jsonl/.json "
                "JSONL, .spacy DocBin, .conll/.bio/.bmes CoNLL), else the first line]")
 # what each reader takes, by the name sniff gives, and the format it is read as

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from spanflow.batching.align import own_tokens
-from spanflow.data.io import FORMAT_HELP, NER_FORMATS
+from spanflow.data.io import FORMAT_HELP, NER_FORMATS, STRICT_HELP
 from spanflow.data.schemes import SCHEMES
 from spanflow.errors import counted
 from spanflow.tasks.metrics import agreement_f1
@@ -53,8 +53,7 @@ class NerTask:
                        help=FORMAT_HELP)
         p.add_argument("--scheme", type=str.lower, choices=SCHEMES, default=None,
                        help="tag scheme of CoNLL input, any case [detected from the tags]")
-        p.add_argument("--strict", action="store_true",
-                       help="reject inside tags with no opening tag instead of repairing them")
+        p.add_argument("--strict", action="store_true", help=STRICT_HELP)
         p.add_argument("--head", choices=list(HEAD_TYPES), default=None,
                        help="crf: a BIO-constrained CRF with Viterbi decoding; softmax: a per-token softmax "
                             "[crf for a new model, softmax if --label-smoothing or --class-weights is given; "
