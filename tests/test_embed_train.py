@@ -180,10 +180,16 @@ def test_scored_pairs_train_with_grad_accum_and_no_max_tokens(tmp_path, capsys):
 
 
 def test_pairs_without_scores_train_with_the_ranking_loss(tmp_path):
+    from spanflow.errors import ConfigError
+
     lines = []
     train_embedder([Pair("a b", "c d"), Pair("e f", "g h")], None, model="tiny", out_dir=str(tmp_path / "x"),
                    options=TrainOptions(epochs=1, log_every=0), log_fn=lines.append)
     assert any("2 training pairs; ranking loss" in x for x in lines), lines
+    # a budget below a pair: was "micro-batches of 2 tokens", more of them than pairs, one pair each
+    with pytest.raises(ConfigError, match=r"^--max-tokens 2 is below the longest training item, \d+ tokens"):
+        train_embedder([Pair("a b", "c d"), Pair("e f", "g h")], None, model="tiny", out_dir=str(tmp_path / "y"),
+                       options=TrainOptions(epochs=1, log_every=0, max_tokens=2), log_fn=lines.append)
 
 
 def test_a_run_says_what_its_starting_model_scored_and_warns_when_never_beaten(tmp_path, capsys):

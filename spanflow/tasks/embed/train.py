@@ -394,6 +394,11 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                         f"{f'on each of {world} processes ' if world > 1 else ''}from different length buckets, "
                         "ranked together")
         else:
+            longest = max(len(it) for it in items)
+            if run.opts.max_tokens is not None and run.opts.max_tokens < longest:  # as train ner and re refuse it
+                raise ConfigError(f"--max-tokens {run.opts.max_tokens} is below the longest training item, {longest} "
+                                  f"tokens (its texts together): one must fit in a micro-batch (give --max-tokens "
+                                  f"{longest} or more)")
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             if pairs > len(items):  # an update holds the data at most: sized (and its rate scaled) for that
                 if config.pairs_per_step:
