@@ -393,6 +393,12 @@ def test_embed_file_resume_skips_finished_chunks(st_dir, tmp_path):
     np.testing.assert_allclose(arr.astype(np.float32), emb.encode(TEXTS[:23]), atol=2e-3)
     embed_file(emb2, spec, resume=True, progress=False, log=said.append)  # finished: nothing to go on with
     assert f"--resume: no interrupted job of {out} to go on with; embedding the whole input" in said
+    interrupt_at(3, emb, spec)
+    said.clear()
+    embed_file(emb2, spec, progress=False, log=said.append)  # without --resume: starts over, and says so
+    assert (f"note: {out} has an interrupted job's parts; this run starts over and replaces them (--resume goes on "
+            "with them)") in said
+    assert np.load(out).shape[0] == 23
 
 
 def test_an_input_cut_while_it_is_read_is_an_error_not_rows_of_zeros(st_dir, tmp_path, monkeypatch):

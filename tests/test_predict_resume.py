@@ -102,8 +102,12 @@ def test_a_run_without_resume_starts_over_and_removes_what_the_killed_one_left(m
     out = str(tmp_path / "out.parquet")
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
     assert os.path.exists(out + ".chunk1.parquet")
-    assert counts(predict_file(model, src, out, rows_per_group=4, **QUIET)) == {"records": 22, "errors": 1}
+    said = []
+    assert counts(predict_file(model, src, out, rows_per_group=4, progress=False, log=said.append)) == {
+        "records": 22, "errors": 1}
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.parquet"]
+    assert said[0] == (f"note: {out} has an interrupted job's parts; this run starts over and replaces them "
+                       "(--resume goes on with them)")  # was silent
     said = []
     predict_file(model, src, out, rows_per_group=4, resume=True, progress=False, log=said.append)
     assert said == [f"--resume: no interrupted job of {out} to go on with; predicting the whole input"]

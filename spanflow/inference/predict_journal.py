@@ -102,6 +102,9 @@ def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) ->
         return job
     if resume:
         log(f"--resume: no interrupted job of {P.out} to go on with; predicting the whole input")
+    elif os.path.exists(P.journal):  # said, as training says it: the parts are gone once this run begins
+        log(f"note: {P.out} has an interrupted job's parts; this run starts over and replaces them (--resume goes "
+            "on with them)")
     P.remove_leftovers()
     job = PredictJob(spec=spec, input=source)
     write_journal(P.journal, job)

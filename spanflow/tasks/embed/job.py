@@ -254,6 +254,9 @@ def _open_job(spec: EmbedSpec, fmt: str, ident: JobIdentity, P: JobPaths, dim: i
         with writing(WHAT, P.out):
             P.adopt_legacy()
         return job
+    if not resume and _resumes(P, fmt):  # said, as training says it: the parts are gone once this run begins
+        log(f"note: {P.out} has an interrupted job's parts; this run starts over and replaces them (--resume goes "
+            "on with them)")
     P.remove_leftovers()
     try:
         with writing(WHAT, P.out):
