@@ -132,6 +132,7 @@ def test_a_run_that_does_not_learn_says_so(tmp_path):
                   patience=1)
     assert any(x.startswith("early stop after step 4 (epoch 1)") for x in early), early
     assert sum("not learning" in x for x in early) == 1
+    assert "a larger --patience" in [x for x in early if "not learning" in x][0]  # not "more --epochs": it stopped
     # stopped by --patience at an epoch's end while the loss falls: no "epochs to go" beside the stop
     patient = _loop(tmp_path / "e", lambda m, b: m.w.square() * b["x"].numel(), lr=0.3, epochs=4, patience=1)
     fell = [x for x in patient if "loss fell" in x]

@@ -334,3 +334,23 @@ def test_tags_in_lower_case_are_read_as_their_upper_case_whole(tmp_path):
     """'b-per' was read and 'o' refused as an unknown tag in the same file; the label keeps its case."""
     lower = read_ner(write(tmp_path, "low.conll", "Grace\tb-per\nHopper\ti-per\nwent\to\n\n"))
     assert [(e.text, e.spans) for e in lower] == [("Grace Hopper went", [(0, 12, "per")])]
+
+
+def test_a_character_of_several_code_points_is_one_conll_token_and_reads_back_as_written(tmp_path):
+    """An emoji's variation selector got a line of its own, so the data no longer read as the
+    character-level sentences it was, and its model lost its whitespace words."""
+    from spanflow.data.examples import NerExample
+    from spanflow.data.io import write_ner
+    from spanflow.tasks.ner.words import WHITESPACE, words_of
+
+    ex = [NerExample("我爱❤️北京", [(4, 6, "LOC")])] * 3
+    write_ner(ex, tmp_path / "c.conll")
+    lines = (tmp_path / "c.conll").read_text(encoding="utf-8").split("\n\n")[0].splitlines()
+    assert lines == ["我\tO", "爱\tO", "❤️\tO", "北\tB-LOC", "京\tI-LOC"]
+    back = read_ner(tmp_path / "c.conll")
+    assert [(e.text, e.spans) for e in back] == [(e.text, e.spans) for e in ex] and words_of(back) == WHITESPACE
+
+
+def test_a_jsonl_span_labelled_o_in_either_case_is_refused(tmp_path):
+    with pytest.raises(DataError, match='a span labelled "O" marks no entity'):
+        read_ner(write(tmp_path, "o.jsonl", '{"text": "Ann went", "entities": [[0, 3, "o"]]}\n'))

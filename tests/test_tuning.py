@@ -145,7 +145,6 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
              out=str(tmp_path / "t"), backends=False, plot=False, log_fn=lambda s: None)
 
 
-
 def test_a_trained_model_is_tuned_for_its_own_task_and_inference_without_flags_for_them(ner_file, tmp_path, capsys):
     """--task was required even where --model says it, and a trained model was tuned for training
     by default (which then asked for labelled data)."""
@@ -164,8 +163,8 @@ def test_a_trained_model_is_tuned_for_its_own_task_and_inference_without_flags_f
     assert (saved["task"], saved["mode"]) == ("ner", "infer")
     capsys.readouterr()
     assert main(["tune", "--model", "tiny", "--data", str(texts)]) == 2  # an encoder suits every task
-    assert capsys.readouterr().err.strip() == ("error: --task is needed with --model tiny (an encoder built from "
-                                               "scratch to train): give --task ner, re or embed")
+    assert capsys.readouterr().err.startswith("error: --task is needed with --model tiny (an encoder built from "
+                                              "scratch to train): give --task ner, re")  # and any task registered
 
 
 def test_texts_named_by_field_or_column_are_read_as_texts_and_a_wrong_name_is_told(ner_file, tmp_path, capsys):

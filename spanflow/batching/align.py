@@ -164,8 +164,8 @@ def _trim(text: str, offsets: list[tuple[int, int]]) -> tuple[list[tuple[int, in
 
 
 def _split_words(text: str, offsets: list[tuple[int, int]], first: list[bool], blank: list[bool],
-                 marks: bool = True) -> list[bool]:
-    """The tokenizer's words cut also at punctuation (`marks`), as BERT's and byte-level BPE's already are:
+                 cut_punctuation: bool = True) -> list[bool]:
+    """The tokenizer's words cut also at punctuation (`cut_punctuation`), as BERT's and byte-level BPE's already are:
     SentencePiece's words split at spaces only, so 'Hopper,' and '(Switzerland)' were one word each
     and an entity took the comma or was lost in the brackets; and a line of Chinese, which has no
     spaces, was one word (BERT makes each ideograph one). A token that begins with punctuation or
@@ -173,7 +173,7 @@ def _split_words(text: str, offsets: list[tuple[int, int]], first: list[bool], b
     stay words, and a token holding letters and punctuation stays whole: words start only where
     tokens do)."""
     def cuts(c: str) -> bool:
-        return ideograph(c) or (marks and punctuation(c))
+        return ideograph(c) or (cut_punctuation and punctuation(c))
 
     out, after, last = [], False, 0
     for f, (s, e), b in zip(first, offsets, blank):

@@ -141,7 +141,7 @@ def tag_labels(labels) -> tuple[str, str] | None:
     train as two types; None where they are types."""
     seen: dict[str, str] = {}
     for lab in labels:
-        if lab == "O":
+        if lab in ("O", "o"):  # as a CoNLL tag reads either
             return lab, ('a span labelled "O" marks no entity: leave such spans out (a span is one whole entity, '
                          '[start, end, TYPE]; a type of yours named "O" needs another name)')
         tag = _TAG.match(lab)

@@ -28,10 +28,11 @@ class Predictor:
                        compute=ray.data.ActorPoolStrategy(size=2), num_gpus=1)
 
     `model`: a directory every node reads at that path. `device`, `precision` (auto, or one asked
-    by name: checked on built-in sentences on the actor's device), `max_tokens` (padded tokens per model batch; None:
-    the device's default), `max_length`, `stride`, `dtype` (embeddings: float32 or float16) and
-    `normalize` (embeddings: unit-length vectors) mean what predict's and embed's flags do; `threads`: torch threads of the actor (None: torch's
-    default in the worker, which Ray sets to its CPUs)."""
+    by name: checked on built-in sentences on the actor's device), `max_tokens` (padded tokens per
+    model batch; None: the device's default), `max_length`, `stride`, `dtype` (embeddings: float32
+    or float16) and `normalize` (embeddings: unit-length vectors) mean what predict's and embed's
+    flags do; `threads`: torch threads of the actor (None: torch's default in the worker, which Ray
+    sets to its CPUs)."""
 
     def __init__(self, model: str, *, column: str = "text", device: str = "auto", precision: str = "auto",
                  max_tokens: int | None = None, max_length: int | None = None, stride: int | None = None,
@@ -66,9 +67,10 @@ class Predictor:
             max_length=max_length, stride=stride)
         self.opts = {**({} if dtype is None else {"dtype": dtype}), **({"normalize": True} if normalize else {})}
         takes = inspect.signature(self.model.arrow_results).parameters
-        for name in [k for k in self.opts if k not in takes]:
-            raise ConfigError(f"{name} is for embeddings; a model of task {task!r} has no vectors to store",
-                              field=name)
+        extra = next((k for k in self.opts if k not in takes), None)
+        if extra:
+            raise ConfigError(f"{extra} is for embeddings; a model of task {task!r} has no vectors to store",
+                              field=extra)
         self.adds = [*self.model.arrow_results([], [], **self.opts).column_names, "error"]
 
     def __call__(self, batch: Any) -> Any:

@@ -5,7 +5,7 @@ import logging
 import os
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import character_level, is_cjk, read_lines, unspaced
+from spanflow.data.formats.common import character_level, characters, is_cjk, read_lines, unspaced
 from spanflow.data.formats.tokens import bio_tags, word_bounds
 from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
 from spanflow.errors import DataError, quote
@@ -190,7 +190,14 @@ def conll_token_bounds(text: str, spans, words: list[tuple[int, int]] | None = N
     characters for unspaced CJK text (as BMES data is), so read_conll joins them back, else
     tokens/word_bounds's (split at entity bounds in either case)."""
     if not words and any(is_cjk(c) for c in text) and not any(c.isspace() for c in text):
-        return [(i, i + 1) for i in range(len(text))]
+        # a character of several code points (an emoji and its selector) is one token, as it is read
+        # back, unless an entity bound falls inside it
+        bounds = {b for s, e, _ in spans for b in (s, e)}
+        out = []
+        for a, b in characters(text):
+            cuts = [a, *sorted(x for x in bounds if a < x < b), b]
+            out += list(zip(cuts, cuts[1:]))
+        return out
     return word_bounds(text, spans, words)
 
 

@@ -108,4 +108,4 @@ def _read_line(path: str, examples: list) -> str:
     unplaced = sum(len(e.unlocated) for e in examples)
     total = sum(len(e.triples) for e in examples) + unplaced
     return (f"read {path}: {counted(len(examples), 'text')}, {counted(total, 'triple')}"
-            + (f" ({unplaced} of them not placed in their texts)" if unplaced else ""))
+            + (f" ({unplaced} of them gold for scoring only: the warning above says why)" if unplaced else ""))
