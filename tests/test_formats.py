@@ -354,3 +354,15 @@ def test_a_character_of_several_code_points_is_one_conll_token_and_reads_back_as
 def test_a_jsonl_span_labelled_o_in_either_case_is_refused(tmp_path):
     with pytest.raises(DataError, match='a span labelled "O" marks no entity'):
         read_ner(write(tmp_path, "o.jsonl", '{"text": "Ann went", "entities": [[0, 3, "o"]]}\n'))
+
+
+def test_lines_of_chinese_are_texts_not_columns(tmp_path):
+    """A file of unspaced Chinese sentences was no text file to the sniffer (no line held three words),
+    so `tune --model M --data dev.txt` read it as CoNLL and failed at its first line."""
+    from spanflow.data.formats.sniff import sniff
+    from spanflow.data.records import unlabelled_sample
+
+    p = write(tmp_path, "zh.txt", "吴重阳，中国国籍，大学本科。\n李娜在北京工作。\n王伟是上海人。\n")
+    assert sniff(p).name == "text"
+    assert unlabelled_sample(p, 8, infer=True) == ["吴重阳，中国国籍，大学本科。", "李娜在北京工作。", "王伟是上海人。"]
+    assert sniff(write(tmp_path, "c.bmes", "吴\tB-NAME\n重\tM-NAME\n阳\tE-NAME\n\n北\tB-LOC\n京\tE-LOC\n")).name == "conll"

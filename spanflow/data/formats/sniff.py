@@ -16,7 +16,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-from spanflow.data.formats.common import is_cjk, jq_lines, refuse_wide
+from spanflow.data.formats.common import is_cjk, jq_lines, refuse_wide, unspaced
 from spanflow.data.schemes import split_tag
 from spanflow.errors import DataError
 
@@ -165,10 +165,15 @@ def _columns(lines: list[str]) -> Format | None:
         return table
     if all("\t" in line for line in lines) or all("," in line for line in lines):
         return None  # columns (of tokens, short cells, or rows missing a cell): not for a guess
-    words = [len(line.split()) for line in lines]
-    if len(words) >= 2 and sum(n >= 3 for n in words) >= 0.6 * len(words):
+    if len(lines) >= 2 and sum(map(_sentence, lines)) >= 0.6 * len(lines):
         return FORMATS["text"]
     return None
+
+
+def _sentence(line: str) -> bool:
+    """A line that reads as a sentence: three words or more, or, in a script written without spaces
+    (Chinese, Japanese), three characters of it."""
+    return len(line.split()) >= 3 or sum(map(unspaced, line)) >= 3
 
 
 def _table(lines: list[str]) -> Format | None:
