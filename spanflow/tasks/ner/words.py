@@ -30,9 +30,10 @@ from spanflow.errors import ModelDirError
 
 TOKENIZER, WHITESPACE = "tokenizer", "whitespace"
 KINDS = (TOKENIZER, WHITESPACE)
-# CoNLL joins adjacent CJK tokens without a space: a few such texts in otherwise whitespace-tokenised
-# data must not send a model back to subword words; character-level data (BMES) and spaCy's tokens
-# (punctuation split off) fall far below this share
+# CoNLL joins adjacent CJK tokens without a space: a few texts of joined word tokens in otherwise
+# whitespace-tokenised data must not send a model back to subword words (character-level sentences
+# match as their characters: see _in_characters); spaCy's tokens (punctuation split off) fall far
+# below this share
 MATCH_SHARE = 0.99
 # how a model of TOKENIZER words cuts them: PUNCTUATION at punctuation marks and at CJK ideographs
 # (batching.align.encode_texts), as models are trained now; IDEOGRAPHS at ideographs alone, as
