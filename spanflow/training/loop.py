@@ -212,7 +212,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         check_resume_agrees(r, bool(resumed), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log, metric=hooks.metric) if dist.is_main else Reporters()
-    params = {**opts.to_dict(), "dev_metric": hooks.metric, "precision": policy.name, "device": str(device),
+    params = {**opts.to_dict(), **_course_params(hooks.course), "dev_metric": hooks.metric, "precision": policy.name,
+              "device": str(device),
               "processes": dist.world, "model": origin, "train_items": len(items)}
     r.reporters.log_params(params)
     on_main(lambda: _write_params(out_dir, params), dist)  # what ran, resolved, beside the report
@@ -360,6 +361,12 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
 
 
 OPTIONS_FILE = "train_options.json"
+
+
+def _course_params(course: dict | None) -> dict:
+    """The task's own settings (its loss, the kind of data it is fed, --subjects: TaskHooks.course) as
+    run parameters, named as their flags without dashes: runs that differ in them tell apart."""
+    return {k.lstrip("-").replace("-", "_").replace(" ", "_"): v for k, v in (course or {}).items()}
 
 
 def _write_params(out_dir: str, params: dict) -> None:
