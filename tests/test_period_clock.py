@@ -1,6 +1,7 @@
 """The training report's clock: a period's wall time (and its tokens/s and MFU) leaves out the
 evaluations inside it, including the one that ends the epoch before it, and that epoch's
 checkpoint; so do its GPU utilisation samples."""
+import itertools
 import json
 import time
 from types import SimpleNamespace
@@ -16,6 +17,15 @@ from spanflow.training.loop import train_loop
 from spanflow.training.options import TrainOptions
 
 EVAL_S = 1000.0  # what each evaluation costs on the patched clock
+TICK = 1e-3  # what each reading moves the patched clock on: no test here reads the machine's time
+
+
+def _patched_clock(monkeypatch) -> list[float]:
+    """time.perf_counter replaced by a clock that moves TICK a reading, plus what a test adds to the
+    returned offset[0]: every time these tests assert on is that clock's."""
+    offset, reads = [0.0], itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(reads) * TICK + offset[0])
+    return offset
 
 
 def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
@@ -23,9 +33,7 @@ def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
     samplers: list = []
     monkeypatch.setattr(report, "GpuUtilSampler", lambda device: samplers.append(GpuUtilSampler(device)) or samplers[-1])
     paused: list[bool] = []
-    offset = [0.0]
-    real = time.perf_counter
-    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    offset = _patched_clock(monkeypatch)
 
     def slow_eval(model):  # the clock jumps as if evaluating took EVAL_S
         offset[0] += EVAL_S
@@ -50,9 +58,7 @@ def test_evaluation_time_is_not_training_time(tmp_path, monkeypatch):
 
 def _slowed(monkeypatch, target, name: str, calls: list | None = None) -> None:
     """Patch the clock, and `target.name` to take EVAL_S of it (`calls`: the clock at each call)."""
-    offset = [0.0]
-    real = time.perf_counter
-    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    offset = _patched_clock(monkeypatch)
     fn = getattr(target, name)
 
     def slow(*a, **k):
@@ -113,9 +119,10 @@ def test_a_best_models_save_is_not_the_next_periods_time(tmp_path, monkeypatch):
     assert seconds["saving"] >= EVAL_S and seconds["loop"] >= seconds["saving"] + seconds["evaluation"]
 
 
-def test_the_split_of_a_period_with_time_outside_its_phases():
+def test_the_split_of_a_period_with_time_outside_its_phases(monkeypatch):
+    _patched_clock(monkeypatch)
     m = report.Meter(torch.device("cpu"), "fp32")
-    m.started = time.perf_counter() - 10.0  # a 10 s period
+    m.started = time.perf_counter() - 10.0  # a 10 s period, on the patched clock
     m.add_time("data_wait", 1.0)
     m.add_time("compute", 6.0)
     m.add_time("optimizer", 1.0)
