@@ -86,16 +86,15 @@ def run(a: argparse.Namespace) -> int:
 def _task_of(model: str) -> str:
     """The task of a trained --model, for a tune without --task; an encoder (or 'tiny') could be
     measured for any task, which is refused with the choices."""
-    import os
-
     from spanflow.errors import ConfigError
-    from spanflow.tasks.registry import ENCODER_TASK, names, task_of_dir
+    from spanflow.tasks.registry import names
+    from spanflow.tuning.tune import trained_task
 
+    task = trained_task(model)  # a path that holds no model: said here
+    if task is not None:
+        return task
     choices = f"give --task {', '.join(names()[:-1])} or {names()[-1]}"
     if model == "tiny":
         raise ConfigError(f"--task is needed with --model tiny (an encoder built from scratch to train): {choices}")
-    held = task_of_dir(model, start=True)  # a path that holds no model: said here
-    if held.name == ENCODER_TASK and not os.path.exists(os.path.join(model, "spanflow.json")):
-        raise ConfigError(f"--task is needed: {model} is an encoder directory, which tune measures training a task "
-                          f"from, or embedding with: {choices}")
-    return held.name
+    raise ConfigError(f"--task is needed: {model} is an encoder directory, which tune measures training a task "
+                      f"from, or embedding with: {choices}")

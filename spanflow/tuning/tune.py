@@ -56,7 +56,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
 
     t = get(task)  # a task that tunes only some modes says which (tune_modes); the first is the default
     modes = getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))
-    mode = mode or ("infer" if "infer" in modes and trained_model(model, task) else modes[0])
+    mode = mode or ("infer" if "infer" in modes and _trained(model, task) else modes[0])
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
     short = [L for L in max_lengths or () if L < MIN_LENGTH]
@@ -204,19 +204,25 @@ def _missed(points: list, max_memory_gb: float | None, latency_slo_ms: float | N
     return "no point met " + " and ".join(x for x in limits if x)
 
 
-def trained_model(path: str, task: str) -> bool:
-    """Whether `path` holds a trained model of `task` (its own spanflow.json, or a classifier from
-    elsewhere the task claims), not an encoder to train from; False where it holds no model (the
-    model check says why)."""
+def trained_task(path: str) -> str | None:
+    """The task of the trained model at `path` (its own spanflow.json's, or a classifier from elsewhere
+    a task claims); None for an encoder to train from, or 'tiny'. A path that holds no model is
+    registry.task_of_dir's ModelDirError."""
     from spanflow.tasks.registry import ENCODER_TASK, task_of_dir
 
-    if path == "tiny" or not os.path.isdir(path):
-        return False
+    if path == "tiny":
+        return None
+    held = task_of_dir(path, start=True)
+    return held.name if held.name != ENCODER_TASK or os.path.exists(os.path.join(path, "spanflow.json")) else None
+
+
+def _trained(path: str, task: str) -> bool:
+    """Whether `path` holds a trained model of `task`; False where it holds no model (the model check
+    says why)."""
     try:
-        held = task_of_dir(path, start=True)
+        return os.path.isdir(path) and trained_task(path) == task
     except ModelDirError:
         return False
-    return held.name == task and (held.name != ENCODER_TASK or os.path.exists(os.path.join(path, "spanflow.json")))
 
 
 def _warm_up(measure, w, budgets: list[int], lengths: list[int], mode: str, log_fn: Callable[[str], None]) -> None:

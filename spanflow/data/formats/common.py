@@ -196,6 +196,12 @@ def ideograph(ch: str) -> bool:
             or 0x2F800 <= o <= 0x2FA1F)
 
 
+def kana(ch: str) -> bool:
+    """Japanese hiragana or katakana (full or half width)."""
+    o = ord(ch)
+    return 0x3040 <= o <= 0x30FF or 0xFF66 <= o <= 0xFF9F
+
+
 def characters(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
     """(start, end) of each character of text[start:end] as a reader sees one: a code point with
     the marks after it (a variation selector is one), a skin tone or a joiner's sequence (`❤️`,

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 
 from spanflow.data.examples import NerExample
-from spanflow.data.formats.common import character_level, characters, ideograph, invisible
+from spanflow.data.formats.common import character_level, characters, ideograph, invisible, kana
 from spanflow.data.formats.tokens import NON_SPACE, cut_edges
 from spanflow.errors import ModelDirError
 
@@ -73,7 +73,7 @@ def whitespace_words(text: str, edges: dict | None = None, whole: frozenset[str]
 def _unspaced_script(text: str, s: int, e: int) -> bool:
     """Whether text[s:e] holds a Chinese ideograph or Japanese kana: what a character-level sentence's
     words hold (full-width punctuation alone does not make one, nor does Hangul: Korean spaces its words)."""
-    return any(ideograph(c) or 0x3040 <= ord(c) <= 0x30FF or 0xFF66 <= ord(c) <= 0xFF9F for c in text[s:e])
+    return any(ideograph(c) or kana(c) for c in text[s:e])
 
 
 def _characters(text: str, s: int, e: int) -> list[tuple[int, int]]:
