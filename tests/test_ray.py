@@ -722,6 +722,59 @@ def test_joining_ray_keeps_the_commands_sigterm_handler(monkeypatch):
         signal.signal(signal.SIGTERM, was)
 
 
+def test_normalized_rows_equal_the_single_process_jobs(enc_dir, table, tmp_path):
+    """`embed --normalize --ray`: the actors' vectors are made unit-length as they are written, the
+    rows the single-process job writes with --normalize."""
+    import numpy as np
+
+    want = embed_single(enc_dir, table, str(tmp_path / "one.parquet"), column="text", keep=["n"], normalize=True)
+    run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1, opts={"normalize": True}))
+    got = pq.read_table(tmp_path / "out")
+    rows = [r for r in got.column("embedding").to_pylist() if r is not None]
+    np.testing.assert_allclose(np.linalg.norm(np.array(rows), axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(np.array(rows), np.array([r for r in want.column("embedding").to_pylist()
+                                                         if r is not None]), atol=1e-7)
+
+
+def test_a_chunks_rows_leave_the_model_stage_as_one_record_batch(enc_dir, table):
+    """The stage's table is one record batch, whatever blocks its chunk came in: Ray's Parquet
+    write task gives a table's batches to pyarrow's write_dataset on threads, which may write
+    them in any order (rows of a file out of input order, now and then, before)."""
+    from spanflow.ray.stages import StageSpec
+
+    src = Source(path=table, column="text", keep=("n",))
+    pieces, types, _ = S.plan_parquet(src)
+    blocks = list(S.read_task(pa.table({"task": [0]}), tasks=[pieces], src=src, types=types))
+    batch = pa.concat_tables(blocks)
+    assert batch.column("__row").num_chunks > 1  # in pieces, as the job's blocks come
+    stage = ModelStage(StageSpec(task="embed", model=enc_dir, asked=ASKED, types=types))
+    out = stage(batch)
+    assert [len(b) for b in out.to_batches()] == [len(TEXTS)]
+    assert out.column("n").to_pylist() == list(range(len(TEXTS)))
+
+
+def test_a_chunk_whose_output_ray_would_cut_is_refused(monkeypatch):
+    from spanflow.ray.stages import check_whole
+
+    ctx = ray.data.DataContext.get_current()
+    monkeypatch.setattr(ctx, "target_max_block_size", 1000)
+    check_whole(1499, 20)  # under 1.5 times the target: Ray keeps it one block
+    with pytest.raises(ConfigError, match="a chunk of 20 rows gives 0 MiB of output.*give a smaller --chunk-size"):
+        check_whole(1500, 20)
+
+
+def test_a_chunk_size_past_what_rays_writer_keeps_in_order_is_refused(enc_dir, table, tmp_path):
+    from spanflow.ray.job import MAX_BATCH_ROWS
+
+    for rows in (0, MAX_BATCH_ROWS + 1):
+        job = RayJob(model=enc_dir, source=Source(path=table, column="text"), output=str(tmp_path / "out"),
+                     batch_rows=rows)
+        with pytest.raises(ConfigError, match=f"--chunk-size under --ray is a whole number from 1 to "
+                                              f"{MAX_BATCH_ROWS}, got {rows}"):
+            run_job(job, **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner_dir, table):
     """Predictor in Dataset.map_batches: each row keeps its columns and gets the entities the model
     gives its text (one batch of the whole input: the model's own batches), a null text an error.
@@ -742,17 +795,3 @@ def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner
            for r in rows]
     assert got == [None if k == NULL_ROW else [tuple(s) for s in spans] for k, spans in enumerate(want)]
     assert any(got[k] for k in range(len(TEXTS)) if k != NULL_ROW)  # spans to compare
-
-
-def test_normalized_rows_equal_the_single_process_jobs(enc_dir, table, tmp_path):
-    """`embed --normalize --ray`: the actors' vectors are made unit-length as they are written, the
-    rows the single-process job writes with --normalize."""
-    import numpy as np
-
-    want = embed_single(enc_dir, table, str(tmp_path / "one.parquet"), column="text", keep=["n"], normalize=True)
-    run_job(embed_job(enc_dir, table, tmp_path / "out", actors=1, opts={"normalize": True}))
-    got = pq.read_table(tmp_path / "out")
-    rows = [r for r in got.column("embedding").to_pylist() if r is not None]
-    np.testing.assert_allclose(np.linalg.norm(np.array(rows), axis=1), 1.0, atol=1e-6)
-    np.testing.assert_allclose(np.array(rows), np.array([r for r in want.column("embedding").to_pylist()
-                                                         if r is not None]), atol=1e-7)

@@ -38,6 +38,9 @@ from spanflow.runtime.resolve import Asked
 # their input into chunks of 8192 and 4096 texts, so chunks of 8192 rows are theirs exactly
 DEFAULT_BATCH_ROWS = 8192
 RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the job is built on
+# rows a chunk may hold: Ray's Parquet writer (pyarrow's write_dataset on threads, order not
+# kept) cuts a larger block into batches of this many and may write them in any order
+MAX_BATCH_ROWS = 131_072
 HELD_MAX = 50  # Ray Data error records held for the terminal (see _held_errors)
 MODEL_ENV = {"RAY_worker_niceness": "0"}  # the model actors' priority (see _model_stages)
 
@@ -138,8 +141,10 @@ def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
     (tuning.auto.quick_profile)."""
     began = time.perf_counter()
     src = job.source
-    if job.batch_rows < 1:
-        raise ConfigError(f"--chunk-size must be a positive integer, got {job.batch_rows}")
+    if not 1 <= job.batch_rows <= MAX_BATCH_ROWS:
+        raise ConfigError(f"--chunk-size under --ray is a whole number from 1 to {MAX_BATCH_ROWS}, got "
+                          f"{job.batch_rows}: Ray's Parquet writer keeps the order of a chunk's rows up to "
+                          f"{MAX_BATCH_ROWS}")
     if not S.is_remote(src.path) and not os.path.exists(src.path):
         raise DataError("file not found", path=src.path)
     target = check_target(job.output)

@@ -114,7 +114,25 @@ class ModelStage:
             # when the job ends; keyed by the chunk's first row, so a chunk run again counts once
             ray.get(self.spec.tally.add.remote(batch[ROW][0].as_py(), figures))
         self.trim()
+        # one record batch: Ray's Parquet write task hands a block's batches to pyarrow's
+        # write_dataset on threads without keeping their order, so a table in pieces (the
+        # kept columns come chunked as the input's blocks were) could be written out of order
+        out = out.combine_chunks()
+        check_whole(out.nbytes, batch.num_rows)
         return out
+
+
+def check_whole(nbytes: int, rows: int) -> None:
+    """A ConfigError where Ray Data would cut a chunk's output of `nbytes` into blocks (at 1.5
+    times its target block size), which its Parquet writer may write in any order."""
+    import ray.data
+
+    limit = ray.data.DataContext.get_current().target_max_block_size
+    if limit and nbytes >= 1.5 * limit:
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"a chunk of {rows} rows gives {nbytes / 2**20:.0f} MiB of output, more than Ray Data keeps "
+                          f"in one block ({1.5 * limit / 2**20:.0f} MiB) and so in order: give a smaller --chunk-size")
 
 
 def load_model(task: str, model: str, asked: Asked, *, threads: int | None, sample: list[str],
