@@ -284,3 +284,19 @@ def test_jsonl_ids_mixed_with_line_numbers_are_said_once(tmp_path, caplog):
         named = write(tmp_path, "named.jsonl", open(p, "rb").read())
         list(read_records(named, id_column="id"))  # named: a record without it is an error record, nothing to say
     assert caplog.records == []
+
+
+def test_an_error_record_read_back_is_said_as_one(ner_model, tmp_path, capsys):
+    """predict's output fed to convert, or to predict again: its error records are named as such,
+    with the jq command that leaves them out (before: "a string text field", or that it has an
+    "error" field --field could name)."""
+    src = write(tmp_path, "in.jsonl", b'{"text": "Paris is nice"}\n{"text": 5}\n')
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", "--model", ner_model, "--input", src, "--output", str(out)]) == 0
+    capsys.readouterr()
+    hint = ("it is an error record, which predict and embed write for an input they could not read: leave those "
+            f"lines out (jq -c '. | select(.error == null)' {out} > {tmp_path / 'p.ok.jsonl'})")
+    assert main(["convert", str(out), str(tmp_path / "x.conll")]) == 2
+    assert hint in capsys.readouterr().err
+    texts = [t for _, t in read_records(str(out))]
+    assert texts[0] == "Paris is nice" and isinstance(texts[1], DataError) and hint in str(texts[1])

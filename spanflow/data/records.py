@@ -13,7 +13,7 @@ import numbers
 import os
 from collections.abc import Iterator, Sequence
 
-from spanflow.data.formats.common import SURROGATE, jq_lines, kind_of, parse_json, read_lines_or_errors
+from spanflow.data.formats.common import SURROGATE, error_record, jq_lines, kind_of, parse_json, read_lines_or_errors
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
@@ -77,7 +77,8 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
     rid = unknown if rid is None else _kept_value(rid)
     kept = tuple(_kept_value(rec.get(k)) for k in keep)
     if not isinstance(rec.get(field), str):
-        return TableRecord(rid, DataError(f'expected an object with a string "{field}" field{_others(rec, field)}',
+        why = error_record(rec, path) if field == "text" else ""
+        return TableRecord(rid, DataError(f'expected an object with a string "{field}" field{why or _others(rec, field)}',
                                           path=path, line=lineno), kept)
     if rid is None:
         what = "is null" if id_column in rec else "is missing"

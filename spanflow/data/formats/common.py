@@ -151,6 +151,15 @@ def jq_lines(path: str, select: str = "", suffix: str = ".jsonl", each: str = ".
     return f"jq -c '{each}{f' | {select}' if select else ''}' {shlex.quote(path)} > {shlex.quote(out)}"
 
 
+def error_record(rec, path: str) -> str:
+    """For a record a job wrote for an input it could not read ({"error": ...} and no text): what
+    it is and the jq command that leaves such lines out; else ""."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("error"), str) or isinstance(rec.get("text"), str):
+        return ""
+    return ("; it is an error record, which predict and embed write for an input they could not read: leave "
+            f"those lines out ({jq_lines(path, 'select(.error == null)', '.ok.jsonl', each='.')})")
+
+
 def kind_of(path: str) -> str | None:
     """The kind of file its extension says (EXTENSIONS), or None for an extension not listed."""
     return EXTENSIONS.get(os.path.splitext(os.fspath(path))[1].lower())

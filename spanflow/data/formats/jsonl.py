@@ -6,7 +6,7 @@ import logging
 import os
 
 from spanflow.data.examples import NerExample, check_spans, tag_labels
-from spanflow.data.formats.common import check_unicode, jq_lines, parse_json, read_lines
+from spanflow.data.formats.common import check_unicode, error_record, jq_lines, parse_json, read_lines
 from spanflow.errors import DataError, quote
 
 log = logging.getLogger("spanflow")
@@ -45,7 +45,8 @@ def parse_record(line: str, path: str, lineno: int) -> dict:
                         f"next lines (indented JSON?); write each record on one line: {jq}", path=path, line=lineno)
     rec = parse_json(line, path, lineno)
     if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-        raise DataError('expected an object with a string "text" field', path=path, line=lineno)
+        raise DataError(f'expected an object with a string "text" field{error_record(rec, path)}', path=path,
+                        line=lineno)
     check_unicode(rec["text"], path, lineno)
     return rec
 
