@@ -199,6 +199,12 @@ def test_overfit_and_save_load(tmp_path):
                     "does not start and end on the model's tokens, so no prediction can match them and each counts "
                     f"as a miss; the first: {text[s[0] + 1:s[1]]!r} in {text[:s[1] + 30]!r} can only be found as "
                     f"{text[s[0]:s[1]]!r}"]
+    # the same strings placed twice, once off the tokens: one gold triple, which a prediction can match
+    at = len(text) + 1  # the cut subject's strings again, as words of their own
+    longer = f"{text} {text[s[0] + 1:s[1]]}"
+    twice = ReExample(longer, [((s[0] + 1, s[1]), rel, o), ((at, at + s[1] - s[0] - 1), rel, o)])
+    assert "can only be found as" in model.evaluate([ReExample(longer, twice.triples[:1])])["warnings"][0]
+    assert "warnings" not in model.evaluate([twice])
     again = ReModel.load(str(tmp_path / "model"))
     texts = [e.text for e in data]
     assert again.predict(texts) == model.predict(texts)

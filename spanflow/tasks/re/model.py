@@ -242,12 +242,16 @@ class ReModel:
         moved, first = 0, None
         for part in chunked(examples, CHECK_CHUNK):  # a chunk at a time: its memory, not the file's
             for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part])):
-                for s, _, o in ex.triples:
+                # scored as strings: a triple whose strings one placement puts on tokens can be matched
+                on, off_keys = set(), set()
+                for s, r, o in ex.triples:
                     spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
                     off = off_tokens(ex.text, enc, *[x for x in spans if x[1] is not None],
                                      verb="can only be found as")
-                    moved += off is not None
+                    key = (ex.text[s[0]:s[1]], r, ex.text[o[0]:o[1]])
+                    (off_keys if off else on).add(key)
                     first = first or off
+                moved += len(off_keys - on)
         if not moved:
             return None
         return (f"{moved} of the data's {total} gold triples have a subject or object "
