@@ -54,6 +54,17 @@ def test_a_batch_gets_the_models_entities_and_keeps_its_columns(ner_dir):
     assert any(want), "the untrained model found nothing: the comparison above would be empty"
 
 
+def test_an_arrow_batch_in_pieces_comes_back_as_one_record_batch(ner_dir):
+    """Ray Data's Parquet writer hands a table's record batches to pyarrow's write_dataset on
+    threads, which may write them in any order: a batch leaves the stage in one."""
+    half = len(TEXTS) // 2
+    batch = pa.concat_tables([pa.table({"text": TEXTS[:half], "n": list(range(half))}),
+                              pa.table({"text": TEXTS[half:], "n": list(range(half, len(TEXTS)))})])
+    out = ner(ner_dir)(batch)
+    assert [len(b) for b in out.to_batches()] == [len(TEXTS)]
+    assert out.column("n").to_pylist() == list(range(len(TEXTS)))
+
+
 def test_pandas_and_numpy_batches_come_back_as_themselves_with_the_same_rows(ner_dir):
     """Ray Data's batch formats: each comes back in its own format, its columns untouched (a
     column of 2-D arrays too), the results as the Arrow batch gets them."""

@@ -164,7 +164,9 @@ def _joined(batch: Any, kind: str, out, errors: list[str | None]):
         table = batch if kind == "arrow" else pa.Table.from_batches([batch])
         for name in out.column_names:
             table = table.append_column(name, out.column(name))
-        return table.append_column("error", pa.array(errors, pa.string()))
+        # one record batch: a table in pieces (Ray hands over a batch's blocks as they came) would
+        # reach Ray's Parquet writer, which writes a table's batches in any order, as pieces
+        return table.append_column("error", pa.array(errors, pa.string())).combine_chunks()
     added = {name: _numpy(out.column(name)) for name in out.column_names}
     added["error"] = _objects(errors)
     if kind == "pandas":
