@@ -736,6 +736,31 @@ def test_normalized_rows_equal_the_single_process_jobs(enc_dir, table, tmp_path)
                                                          if r is not None]), atol=1e-7)
 
 
+@ray.remote(num_cpus=0)
+class Unanswering:
+    """A tally whose members() never returns: as one whose cluster a SIGTERM to the process group ended."""
+
+    def __init__(self):
+        self.never = asyncio.Event()
+
+    async def members(self) -> list:
+        await self.never.wait()
+
+
+def test_a_stopped_job_does_not_wait_on_a_tally_that_never_answers(monkeypatch):
+    """A job ended by SIGTERM to its process group (timeout, a scheduler's kill) lost its local Ray's
+    own processes too: asking them for the model actors waited out Ray's minute for its GCS,
+    and Ray then aborted the process (exit 1, the output's lock left)."""
+    import spanflow.ray.job as J
+
+    monkeypatch.setattr(J, "MEMBERS_WAIT", 0.5)
+    tally = Unanswering.remote()
+    try:
+        assert J._members(ray, tally) == []
+    finally:
+        ray.kill(tally)
+
+
 def test_a_chunks_rows_leave_the_model_stage_as_one_record_batch(enc_dir, table):
     """The stage's table is one record batch, whatever blocks its chunk came in: Ray's Parquet
     write task gives a table's batches to pyarrow's write_dataset on threads, which may write

@@ -41,6 +41,7 @@ RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the 
 # rows a chunk may hold: Ray's Parquet writer (pyarrow's write_dataset on threads, order not
 # kept) cuts a larger block into batches of this many and may write them in any order
 MAX_BATCH_ROWS = 131_072
+MEMBERS_WAIT = 3.0  # seconds a failed or stopped job waits for its tally to name the model actors
 HELD_MAX = 50  # Ray Data error records held for the terminal (see _held_errors)
 MODEL_ENV = {"RAY_worker_niceness": "0"}  # the model actors' priority (see _model_stages)
 
@@ -246,11 +247,21 @@ def _run(ray, job: RayJob, plan: _Plan, target, stage, measure, log, began: floa
         # Ray Data lets a failed pipeline's actors go only once nothing holds it (the error's
         # frames hold it: a notebook's last traceback, a test's captured logs), and until then
         # they keep their CPUs and GPUs: a next job would wait for them
-        for actor in ray.get(tally.members.remote()):
+        for actor in _members(ray, tally):
             ray.kill(actor)
         raise
     finally:
         ray.kill(tally)
+
+
+def _members(ray, tally) -> list:
+    """The job's model actors, as the tally knows them; none where it does not answer within
+    MEMBERS_WAIT seconds: a SIGTERM to the process group (timeout, a scheduler's kill) ends a
+    local Ray's own processes too, and a wait on them would hold the job's stop for a minute."""
+    try:
+        return ray.get(tally.members.remote(), timeout=MEMBERS_WAIT)
+    except ray.exceptions.RayError:  # GetTimeoutError too: the actors went with their cluster
+        return []
 
 
 def _pipeline(ray, job: RayJob, plan: _Plan, target, stage, spec: StageSpec, actors: Actors, src: S.Source,
