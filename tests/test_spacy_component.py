@@ -131,6 +131,16 @@ def test_labels_and_config_errors_name_what_a_spacy_user_set(tmp_path):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": model, "max_tokens": 0})
     with pytest.raises(ConfigError, match="alignment must be one of expand, contract, strict"):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": model, "alignment": "loose"})
+    with pytest.raises(ConfigError, match="config 'precision' int8 is a quantization, which NER models do not take; "
+                                          "precision is one of auto, fp32, bf16, fp16"):
+        spacy.blank("en").add_pipe("spanflow_ner", config={"model": model, "precision": "int8"})
+    from helpers import tiny_bert
+
+    enc, tok = tiny_bert(["an encoder of its own"], hidden=16, layers=1, heads=2)
+    enc.save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    with pytest.raises(ConfigError, match=f"spanflow_ner runs NER models; {tmp_path / 'enc'} holds an 'embed' model"):
+        spacy.blank("en").add_pipe("spanflow_ner", config={"model": str(tmp_path / "enc")})
     with pytest.raises(ModelDirError, match="a relative path, taken from"):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": "no/such/model"})
 

@@ -180,6 +180,9 @@ def _load(model: str, max_tokens, device: str, precision: str):
     from spanflow.runtime.resolve import Asked, resolve_runtime
     from spanflow.tasks.registry import task_of_dir
 
+    if precision == "int8":  # the commands' message points at --quantize, which NER models do not take
+        raise ConfigError("spanflow_ner: config 'precision' int8 is a quantization, which NER models do not take; "
+                          "precision is one of auto, fp32, bf16, fp16", field="precision")
     try:
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)
@@ -196,7 +199,8 @@ def _load(model: str, max_tokens, device: str, precision: str):
         where = f" (a relative path, taken from {os.getcwd()})" if missing else ""
         raise ModelDirError(f"spanflow_ner: {e}{where}") from e
     if ner.task != "ner":
-        raise ConfigError(f"spanflow_ner runs NER models; {model} holds a {ner.task!r} model", field="model")
+        raise ConfigError(f"spanflow_ner runs NER models; {model} holds {'an' if ner.task[:1] in 'aeiou' else 'a'} "
+                          f"{ner.task!r} model", field="model")
     return ner, rt.max_tokens
 
 
