@@ -199,7 +199,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 left = opts.timeout - (time.perf_counter() - t0)  # --timeout counts from the request's start
                 if left <= 0:
                     raise asyncio.TimeoutError
-                work = batcher.submit(units, lengths, left)
+                work = batcher.submit(units, lengths, left, whole_s=opts.timeout)  # 413: its size, not the wait
                 # a request of several batches is dropped when its client goes (a small one ends within a batch,
                 # where watching would cost more than it saves)
                 results = await (_unless_gone(request, work) if sum(lengths) > batcher.max_tokens else work)
@@ -207,7 +207,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             except Overloaded as e:
                 raise HttpError(429, str(e), {"Retry-After": str(e.retry_after)}) from None
             except TooMuchWork as e:
-                raise HttpError(413, f"{e} (--timeout {opts.timeout:g})") from None
+                raise HttpError(413, f"{e} (--timeout)") from None
             except asyncio.TimeoutError:
                 raise HttpError(504, f"request not served within {opts.timeout:g}s; its queued work was "
                                      "dropped") from None

@@ -55,11 +55,20 @@ class ServiceTime:
     def __init__(self, keep: int = 64):
         self.calls: deque[tuple[int, float]] = deque(maxlen=keep)
         self._fit: tuple[float, float] | None = None
+        self.best: float | None = None  # the fewest seconds a token any call took (fixed cost and all)
 
     def add(self, tokens: int, seconds: float) -> None:
         """A call's size and time (the model thread); the fit is made here, and read as one value."""
         self.calls.append((tokens, max(seconds, 0.0)))
         self._fit = self._fitted()
+        if tokens > 0:
+            each = max(seconds, 0.0) / tokens
+            self.best = each if self.best is None else min(self.best, each)
+
+    def least(self, tokens: int) -> float | None:
+        """The fewest seconds `tokens` tokens could take: at the fastest rate any call ran (a
+        refusal on this bound is never the fit's error, nor a call slowed by other load)."""
+        return None if self.best is None else tokens * self.best
 
     def fit(self) -> tuple[float, float] | None:
         """(fixed seconds per call, seconds per token), or None before any call. Calls all of one
@@ -138,17 +147,19 @@ class DynamicBatcher:
         per-token costs are known before the first burst (served batches then refine them)."""
         await self.submit(units, lengths, timed=False)
         full = max(1, self.max_tokens // max(lengths[0], 1))
-        for k in (full, 1):
+        # the first call of a shape pays for its kernels and buffers once: the full call is timed on its second run
+        for k, timed in ((full, False), (full, True), (1, True)):
             await asyncio.get_running_loop().run_in_executor(model_thread(), self._time_call, units[:1] * k,
-                                                             lengths[0] * k)
+                                                             lengths[0] * k, timed)
 
-    def _time_call(self, units: list, tokens: int) -> None:
+    def _time_call(self, units: list, tokens: int, timed: bool = True) -> None:
         start = self.clock()
         try:
             self.run_batch(units)
         except Exception:  # (out of memory at the full budget, say): no point measured; served calls fit it
             return
-        self.service.add(tokens, self.clock() - start)
+        if timed:
+            self.service.add(tokens, self.clock() - start)
 
     def queue_wait_s(self) -> float | None:
         """Estimated seconds before work queued now starts: the calls on what is queued ahead of it
@@ -176,21 +187,22 @@ class DynamicBatcher:
                      + (self.service.seconds(small, self.max_tokens) if small else 0.0))
         return min(whole, turns)
 
-    def admit(self, need: int, timeout_s: float | None = None) -> None:
+    def admit(self, need: int, whole_s: float | None = None) -> None:
         """Refuse work that could not start within max_queue_wait_s at the measured service time
         (429, at once, instead of waiting to time out), or that the queue cannot hold; and work
-        that alone would outlast `timeout_s` (TooMuchWork). A request that fits one batch is held
-        by the wait bound only: the token bound keeps large requests out, never a small one
-        behind a large request an empty queue took."""
-        own = self.service.seconds(need, self.max_tokens)
-        if need and timeout_s is not None and own is not None and own > timeout_s:
-            raise TooMuchWork(f"this request is {need} tokens, about {own:.1f}s of model time at the measured rate, "
-                              f"over the {timeout_s:.1f}s left of its timeout: send fewer or shorter texts a request")
+        that alone, on an idle model at the fastest rate it has run, would outlast its whole
+        timeout `whole_s` (TooMuchWork: a request's own size, never the load it met). A request
+        that fits one batch is held by the wait bound only: the token bound keeps large requests
+        out, never a small one behind a large request an empty queue took."""
+        own = self.service.least(need)
+        if need and whole_s is not None and own is not None and own > whole_s:
+            raise TooMuchWork(f"this request is {need} tokens, at least {own:.1f}s of model time at the fastest rate "
+                              f"measured, over its {whole_s:g}s timeout: send fewer or shorter texts a request")
         if not self.queued_tokens:
             return  # an empty queue takes anything (a single request may exceed the bound)
         wait = self.queue_wait_s()
         if wait is not None and self.max_queue_wait_s is not None and wait > self.max_queue_wait_s:
-            raise Overloaded(max(1.0, wait), f"the queued work would start in about {wait:.1f}s, over the "
+            raise Overloaded(max(1.0, wait), f"the queued work would start in about {wait * 1000:.0f} ms, over the "
                                              f"{self.max_queue_wait_s * 1000:.0f} ms queue wait bound")
         if self.queued_tokens + need > self.max_queue_tokens and need > self.max_tokens:
             raise Overloaded(max(1.0, wait or 1.0), f"queue full ({self.queued_tokens} tokens queued, "
@@ -211,11 +223,13 @@ class DynamicBatcher:
             req.future.set_exception(asyncio.TimeoutError())
 
     async def submit(self, units: list, lengths: list[int], timeout_s: float | None = None, *,
-                     timed: bool = True) -> list:
-        """Queue a request's units; return their results in order. Raises Overloaded, TimeoutError.
-        With timed=False its batches are left out of the measured service rate."""
+                     timed: bool = True, whole_s: float | None = None) -> list:
+        """Queue a request's units; return their results in order, within `timeout_s` (the time its
+        timeout leaves it; `whole_s`: that whole timeout, its default). Raises Overloaded,
+        TooMuchWork, TimeoutError. With timed=False its batches are left out of the measured
+        service rate."""
         need = sum(lengths)
-        self.admit(need, timeout_s)
+        self.admit(need, timeout_s if whole_s is None else whole_s)
         req = _Request(units, lengths, asyncio.get_running_loop().create_future(), [None] * len(units),
                        deque(range(len(units))), len(units), self.clock(), timed=timed, queued=need)
         if not units:
