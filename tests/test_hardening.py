@@ -301,6 +301,47 @@ def test_sigterm_while_serve_loads_its_models_ends_the_process_now(tmp_path):
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "terminated"
 
 
+def _get(port: int, path: str) -> str:
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path)
+        return c.getresponse().read().decode()
+    finally:
+        c.close()
+
+
+def test_sigterm_lets_a_request_whose_body_is_still_coming_end_in_its_own_status(trained):
+    """The drain waited --timeout alone: a body still arriving (bounded by the longer --read-timeout)
+    was cancelled into a bare text 500 and a traceback in the log, the exit still 143."""
+    pytest.importorskip("uvicorn")
+    import socket
+
+    _, _, model = trained
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "spanflow.cli.main", "serve", "--model", model, "--port", str(port),
+                             "--timeout", "0.5", "--read-timeout", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        while "serving" not in proc.stdout.readline():  # the port is open from this line
+            assert proc.poll() is None, proc.stderr.read()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
+            c.sendall(b"POST /v1/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"texts\": [")
+            while "spanflow_requests_in_flight 1.0" not in _get(port, "/metrics"):  # the handler reads its body
+                assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            answer = c.recv(4096).decode()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert answer.startswith("HTTP/1.1 408") and '"error"' in answer, answer
+    assert proc.returncode == 143 and "Traceback" not in err, err
+
+
 def test_a_dev_set_with_no_gold_is_refused_before_training(tmp_path, capsys):
     """A dev file of texts alone (or of a key the reader does not take) scored 0 every epoch and
     picked the best model by it, then advised a higher --lr."""

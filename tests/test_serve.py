@@ -95,6 +95,7 @@ def test_metrics_count_served_batches_padded_as_they_ran(model_dirs):
     # the request whole: its time (its phases summed), its text and its real tokens
     assert metric(m, "spanflow_request_seconds_count") == 1 and metric(m, "spanflow_texts_total") == 1
     assert metric(m, "spanflow_real_tokens_total") == length
+    assert re.search(r"^spanflow_requests_in_flight 0\.0$", m, re.MULTILINE)  # answered: out of flight
     phases = sum(float(x) for x in re.findall(r'^spanflow_request_phase_seconds_sum\{model="emb",phase="\w+"\} (\S+)$',
                                                m, re.MULTILINE))
     assert metric(m, "spanflow_request_seconds_sum") == pytest.approx(phases, rel=1e-6, abs=1e-9)

@@ -100,9 +100,15 @@ def run(a: argparse.Namespace) -> int:
             print(f"warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches {host}:{port} can use "
                   "these models", file=sys.stderr, flush=True)
         serve_on(socks, create_app(services, opts), log_level="warning", http=deadline_protocol(opts.read_timeout),
-                 # whole seconds, rounded up: a --timeout under 1 s would cancel requests in flight
-                 timeout_graceful_shutdown=math.ceil(opts.timeout))
+                 timeout_graceful_shutdown=drain_seconds(opts))
     return 0
+
+
+def drain_seconds(opts) -> int:
+    """How long SIGTERM's drain lets requests in flight end: a body still arriving gets
+    --read-timeout to come (then 408), and its work --timeout (then 504); cut shorter, such a
+    request was cancelled into a bare 500 and a traceback. Whole seconds, rounded up."""
+    return math.ceil(opts.read_timeout + opts.timeout)
 
 
 def _loopback(socks) -> bool:

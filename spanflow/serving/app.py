@@ -180,6 +180,10 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         body_schema(task.request_field)  # built here, not on the first request
 
         async def handle(request: Request) -> Response:
+            with metrics.in_flight.track_inprogress():  # what a drain waits for, as /metrics shows it
+                return await answer_to(request)
+
+        async def answer_to(request: Request) -> Response:
             t0 = time.perf_counter()
             body = await _read_body(request, opts.max_request_bytes, opts.read_timeout)
             req = _check_body(body, task.request_field, opts, getattr(task, "request_options", None))

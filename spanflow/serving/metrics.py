@@ -19,6 +19,8 @@ class ServerMetrics:
         server they would read as an idle GPU)."""
         self.registry = r = CollectorRegistry()
         self.requests = Counter("spanflow_requests", "HTTP requests", ["route", "status"], registry=r)
+        self.in_flight = Gauge("spanflow_requests_in_flight", "requests to a model's route between their first "
+                               "byte and their answer (reading, queued, running or answering)", registry=r)
         self.queue_depth = Gauge("spanflow_queue_depth", "units (texts or windows) waiting", ["model"], registry=r)
         self.queue_tokens = Gauge("spanflow_queue_tokens", "tokens waiting", ["model"], registry=r)
         self.batch_size = Histogram("spanflow_batch_size", "units per batch", ["model"], buckets=_BATCH_SIZES,
