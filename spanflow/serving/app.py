@@ -373,4 +373,12 @@ def _check_body(body: dict, field: str, opts: ServeOptions, options: tuple[str, 
 
 
 def api_key_from_env(explicit: str | None) -> str | None:
+    """The key requests must carry: --api-key, else SPANFLOW_API_KEY, else None (no key). An
+    empty or blank --api-key (`--api-key "$KEY"` with KEY unset) is refused: it would serve
+    without a key and say nothing."""
+    if explicit is not None and not explicit.strip():
+        from spanflow.errors import ConfigError
+
+        raise ConfigError("--api-key is empty (a variable that is not set?): give the key, or leave the flag out "
+                          "to serve without one")
     return explicit or os.environ.get("SPANFLOW_API_KEY") or None
