@@ -637,6 +637,8 @@ def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_a
         with _held_errors() as held:
             inner.info("plan")  # the plan and progress (30 lines a job of seconds): the log file's only
             inner.warning("progress")
+            inner.warning("Warning: The Ray cluster currently does not have any available CPUs. The Dataset job "
+                          "will hang unless more CPUs are freed up.")  # a moment's state the job's plan outlives
             inner.error("Exception occurred in Ray Data or Ray Core internal code")
             assert out.getvalue() == "progress\n"  # warnings shown as they come, errors held
             held.clear()  # the job raises its own error

@@ -41,6 +41,10 @@ RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the 
 # rows a chunk may hold: Ray's Parquet writer (pyarrow's write_dataset on threads, order not
 # kept) cuts a larger block into batches of this many and may write them in any order
 MAX_BATCH_ROWS = 131_072
+# Ray Data's warning when the cluster's CPUs are all held at the moment a dataset starts ("The
+# Dataset job will hang unless more CPUs are freed up"): the job's own plan leaves its tasks
+# CPUs, and a probe or the last job's actor holding them then is gone a moment later
+NO_CPUS_NOW = "does not have any available CPUs"
 MEMBERS_WAIT = 3.0  # seconds a failed or stopped job waits for its tally to name the model actors
 HELD_MAX = 50  # Ray Data error records held for the terminal (see _held_errors)
 MODEL_ENV = {"RAY_worker_niceness": "0"}  # the model actors' priority (see _model_stages)
@@ -400,7 +404,7 @@ def _held_errors() -> Iterator[list]:
     class Hold(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.levelno < logging.ERROR:
-                return record.levelno >= logging.WARNING
+                return record.levelno >= logging.WARNING and NO_CPUS_NOW not in record.getMessage()
             held.keep(record)
             return False
 
