@@ -167,6 +167,9 @@ def test_rows_equal_the_single_process_files_bit_for_bit_across_row_groups(enc_d
     manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
     assert manifest["format"] == FORMAT and manifest["rows"] == len(TEXTS) and manifest["files"] == s["files"]
     assert manifest["real_tokens"] == s["real_tokens"] and os.listdir(tmp_path) == ["out"]
+    # the budget the actors ran (a number, where the asked "256" was written as given) and where things are
+    assert manifest["max_tokens"] == s["max_tokens"] == 256
+    assert (manifest["model"], manifest["input"]) == (os.path.abspath(enc_dir), os.path.abspath(table))
 
 
 class OneThread(ModelStage):

@@ -291,7 +291,7 @@ def _pipeline(ray, job: RayJob, plan: _Plan, target, stage, spec: StageSpec, act
             got = written(where)
         summary = _summary(got, figures, time.perf_counter() - t0, t0 - began, spec.asked, actors, job)
         write_manifest(where, {**{k: v for k, v in summary.items() if k != "output"}, "task": plan.task.name,
-                               "model": job.model, "input": job.source.path})
+                               "model": os.path.abspath(job.model), "input": _where(job.source.path)})
     return summary
 
 
@@ -305,7 +305,13 @@ def _summary(got: dict, figures: dict, secs: float, startup: float, asked: Asked
     return {**got, "seconds": secs, "startup_seconds": startup, "rows_per_s": got["rows"] / secs,
             "real_tokens": real, "padded_tokens": padded, "real_tokens_per_s": real / secs,
             "padding_efficiency": real / padded if padded else None, "truncated": figures["truncated"],
-            "max_tokens": asked.max_tokens, "output": job.output, "actors": actors.describe()}
+            "max_tokens": figures["max_tokens"] if figures.get("max_tokens") is not None else asked.max_tokens,
+            "output": job.output, "actors": actors.describe()}
+
+
+def _where(path: str) -> str:
+    """A path as the manifest keeps it: absolute, to be read from anywhere later (a URI as given)."""
+    return path if S.is_remote(path) else os.path.abspath(path)
 
 
 def _actor_asked(asked: Asked, task) -> Asked:

@@ -89,7 +89,7 @@ class ModelStage:
         from spanflow.data.tables import output_table
 
         figures = {"rows": batch.num_rows, "errors": batch.num_rows - batch[ERROR].null_count,
-                   "real_tokens": 0, "padded_tokens": 0, "truncated": 0}
+                   "real_tokens": 0, "padded_tokens": 0, "truncated": 0, "max_tokens": self.max_tokens}
 
         def on_batch(_texts: int, real: int, padded: int) -> None:
             figures["real_tokens"] += real
@@ -179,8 +179,12 @@ class Tally:
         return list(self.actors.values())
 
     def total(self) -> dict:
+        """The chunks' figures summed; `max_tokens` the budget the actors ran (a list where they
+        resolved different ones: GPUs of different memory), None before any chunk."""
         keys = ("rows", "errors", "real_tokens", "padded_tokens", "truncated")
-        return {k: sum(c[k] for c in self.chunks.values()) for k in keys} | {"chunks": len(self.chunks)}
+        budgets = sorted({c["max_tokens"] for c in self.chunks.values() if c.get("max_tokens") is not None})
+        return ({k: sum(c[k] for c in self.chunks.values()) for k in keys} | {"chunks": len(self.chunks)}
+                | {"max_tokens": budgets[0] if len(budgets) == 1 else budgets or None})
 
 
 def measured_budget(task: str, model: str, asked: Asked, sample: list[str], measure=None) -> int | None:
