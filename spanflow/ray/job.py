@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import time
@@ -157,6 +158,7 @@ def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
         if target.local:
             hold_output(held, target.path, WHAT)  # a second job on this output stops here
         plan = _plan(job)  # the input's columns and the output's schema: checked before Ray starts
+        _check_chunk_bytes(plan.schema, job.batch_rows)
         with connected(job.address) as ray, _job_context(ray), _held_errors() as ray_errors:
             try:
                 return _run(ray, job, plan, target, stage, measure, log, began)
@@ -307,6 +309,29 @@ def _summary(got: dict, figures: dict, secs: float, startup: float, asked: Asked
             "padding_efficiency": real / padded if padded else None, "truncated": figures["truncated"],
             "max_tokens": figures["max_tokens"] if figures.get("max_tokens") is not None else asked.max_tokens,
             "output": job.output, "actors": actors.describe()}
+
+
+def _check_chunk_bytes(schema, rows: int) -> None:
+    """A ConfigError, before any work, where the output's fixed-width columns alone (vectors) make
+    a chunk Ray Data would cut into blocks, whose order its Parquet writer does not keep."""
+    from spanflow.ray.stages import block_limit
+
+    width = sum(_fixed_bytes(f.type) for f in schema)
+    limit = block_limit()
+    if limit and width and rows * width >= limit:
+        most = max(1, math.ceil(limit / width) - 1)
+        raise ConfigError(f"--chunk-size {rows}: a chunk's output would be {rows * width / 2**20:.0f} MiB of "
+                          f"vectors, over the {limit / 2**20:.0f} MiB Ray Data keeps in one block (and so in order "
+                          f"in its file): give --chunk-size {most} or less")
+
+
+def _fixed_bytes(t) -> int:
+    """Bytes a row of an Arrow type takes where it is fixed (a fixed-size list of numbers, a number); else 0."""
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(t):
+        return t.list_size * _fixed_bytes(t.value_type)
+    return t.bit_width // 8 if pa.types.is_integer(t) or pa.types.is_floating(t) else 0
 
 
 def _where(path: str) -> str:

@@ -60,7 +60,7 @@ class ModelStage:
     def __init__(self, spec: StageSpec):
         from spanflow.errors import SpanflowError
 
-        self.spec, self.failed = spec, None
+        self.spec, self.failed, self.warned = spec, None, False
         # in a Ray worker glibc's heap keeps some of what each chunk freed, more than the same
         # calls keep in one process (docs/ray.md): an actor would grow with its input
         self.trim = GrowthTrim()
@@ -113,26 +113,36 @@ class ModelStage:
             # waited for: the figures are in before the chunk's rows go on, so the tally is whole
             # when the job ends; keyed by the chunk's first row, so a chunk run again counts once
             ray.get(self.spec.tally.add.remote(batch[ROW][0].as_py(), figures))
-        self.trim()
         # one record batch: Ray's Parquet write task hands a block's batches to pyarrow's
         # write_dataset on threads without keeping their order, so a table in pieces (the
         # kept columns come chunked as the input's blocks were) could be written out of order
+        said = cut_warning(out.nbytes, batch.num_rows)
+        if said and not self.warned:
+            self.warned = True
+            print(f"warning: {said}", flush=True)
         out = out.combine_chunks()
-        check_whole(out.nbytes, batch.num_rows)
+        self.trim()
         return out
 
 
-def check_whole(nbytes: int, rows: int) -> None:
-    """A ConfigError where Ray Data would cut a chunk's output of `nbytes` into blocks (at 1.5
-    times its target block size), which its Parquet writer may write in any order."""
+def block_limit() -> float | None:
+    """Bytes of a task's output at which Ray Data cuts it into blocks (1.5 times its target block
+    size, as its output buffer does); None where it does not."""
     import ray.data
 
     limit = ray.data.DataContext.get_current().target_max_block_size
-    if limit and nbytes >= 1.5 * limit:
-        from spanflow.errors import ConfigError
+    return 1.5 * limit if limit else None
 
-        raise ConfigError(f"a chunk of {rows} rows gives {nbytes / 2**20:.0f} MiB of output, more than Ray Data keeps "
-                          f"in one block ({1.5 * limit / 2**20:.0f} MiB) and so in order: give a smaller --chunk-size")
+
+def cut_warning(nbytes: int, rows: int) -> str | None:
+    """What to say where Ray Data would cut a chunk's output of `nbytes` into blocks, which its
+    Parquet writer may write in any order (a chunk's rows keep their ids); None where it would not."""
+    limit = block_limit()
+    if not limit or nbytes < limit:
+        return None
+    return (f"a chunk of {rows} rows gives {nbytes / 2**20:.0f} MiB of output, over the {limit / 2**20:.0f} MiB "
+            "Ray Data keeps in one block: it cuts it, and its Parquet writer may write the pieces of a file out "
+            "of order (every row keeps its id); a smaller --chunk-size (embed) keeps the order")
 
 
 def load_model(task: str, model: str, asked: Asked, *, threads: int | None, sample: list[str],
