@@ -236,7 +236,7 @@ def test_a_request_whose_own_work_outlasts_its_timeout_is_refused_at_once():
         b.start()
         await b.warm_up(["w"], [4])
         ran = len(b.service.calls)
-        with pytest.raises(TooMuchWork, match=r"this request is 400 tokens, at least 5\.0s of model time at the "
+        with pytest.raises(TooMuchWork, match=r"this request is 400 tokens, at least 5\.00s of model time at the "
                                               r"fastest rate measured, over its 2s timeout"):
             await b.submit(list(range(100)), [4] * 100, timeout_s=2.0)
         assert len(b.service.calls) == ran and b.queued_tokens == 0  # nothing ran, nothing queued
@@ -267,6 +267,29 @@ def test_the_warm_ups_first_full_call_does_not_set_the_rate():
         await b.warm_up(["w"], [4])
         assert b.service.least(80) == pytest.approx(1.0)
         assert await b.submit(list(range(20)), [4] * 20, timeout_s=None, whole_s=2.0) == list(range(20))
+        await b.close()
+
+    run(main())
+
+
+def test_a_warm_up_whose_full_call_fails_refuses_nothing_by_its_single_call():
+    """The single call's fixed cost spread over its few tokens set the bound ten times too high:
+    requests the model serves in a fifth of their timeout got 413."""
+    now, warming = [0.0], [True]
+
+    def run_batch(units):
+        if warming[0] and len(units) > 1:
+            raise MemoryError("the full budget does not fit")  # as at a start beside other work
+        now[0] += 0.02 + 0.0002 * 4 * len(units)  # 20 ms a call, 0.2 ms a token
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=64, max_wait_ms=1, clock=lambda: now[0])
+        b.start()
+        await b.warm_up(["w"], [4])
+        warming[0] = False
+        assert b.service.least(1600) is None  # no call of half the budget yet: no bound
+        assert await b.submit(list(range(400)), [4] * 400, timeout_s=None, whole_s=5.0) is not None
         await b.close()
 
     run(main())

@@ -234,6 +234,15 @@ def test_serve_names_its_routes_and_warns_of_an_open_port_without_a_key(model_di
     assert "warning: no --api-key (or SPANFLOW_API_KEY): anyone who reaches 0.0.0.0:" in capsys.readouterr().err
     assert main(base + ["--host", "0.0.0.0", "--api-key", "k"]) == 0
     assert "--api-key" not in capsys.readouterr().err
+    from spanflow.cli import serve
+
+    loaded = []
+    monkeypatch.setattr(serve, "load_services", lambda a: loaded.append(a))
     for empty in ("", " "):  # `--api-key "$KEY"` with KEY unset served without a key, and said nothing
         assert main(base + ["--api-key", empty]) == 2
         assert "error: --api-key is empty (a variable that is not set?)" in capsys.readouterr().err
+        assert not loaded  # refused before any model loads
+        monkeypatch.setenv("SPANFLOW_API_KEY", empty)
+        assert main(base) == 2
+        assert "error: SPANFLOW_API_KEY is set but empty" in capsys.readouterr().err
+        monkeypatch.delenv("SPANFLOW_API_KEY")

@@ -82,12 +82,13 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.runtime.threads import on_model_thread
 
     check_limits(vars(a))
+    api_key = api_key_from_env(a.api_key)  # an empty one is refused before any model loads
     with listening(a.host, a.port) as socks:  # a port in use is told now, and held while the models load
         # loaded (and --precision auto checked) on the thread that runs their batches: one OpenMP team
         services, per_model = on_model_thread(load_services, a)
         fallback = default_budget("serve", services[0].model.policy.device)  # every model has its own budget
         opts = options_from(ServeOptions, a, max_tokens=fallback, model_max_tokens=per_model,
-                            batching=not a.no_batching, api_key=api_key_from_env(a.api_key))
+                            batching=not a.no_batching, api_key=api_key)
         budgets = ", ".join(f"{s.name} ({s.task.name}, max_tokens {per_model[s.name]})" for s in services)
         port = socks[0].getsockname()[1]  # --port 0: the one the system gave
         host = f"[{a.host}]" if ":" in a.host else a.host  # an IPv6 address is bracketed in a URL

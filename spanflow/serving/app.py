@@ -374,11 +374,16 @@ def _check_body(body: dict, field: str, opts: ServeOptions, options: tuple[str, 
 
 def api_key_from_env(explicit: str | None) -> str | None:
     """The key requests must carry: --api-key, else SPANFLOW_API_KEY, else None (no key). An
-    empty or blank --api-key (`--api-key "$KEY"` with KEY unset) is refused: it would serve
-    without a key and say nothing."""
-    if explicit is not None and not explicit.strip():
-        from spanflow.errors import ConfigError
+    empty or blank one (`--api-key "$KEY"` with KEY unset) is refused: it would serve without a
+    key, or with a key of spaces, and say nothing."""
+    from spanflow.errors import ConfigError
 
-        raise ConfigError("--api-key is empty (a variable that is not set?): give the key, or leave the flag out "
-                          "to serve without one")
-    return explicit or os.environ.get("SPANFLOW_API_KEY") or None
+    if explicit is not None:
+        if not explicit.strip():
+            raise ConfigError("--api-key is empty (a variable that is not set?): give the key, or leave the flag "
+                              "out to serve without one")
+        return explicit
+    env = os.environ.get("SPANFLOW_API_KEY")
+    if env is not None and not env.strip():
+        raise ConfigError("SPANFLOW_API_KEY is set but empty: give it the key, or unset it to serve without one")
+    return env

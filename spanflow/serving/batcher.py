@@ -29,8 +29,8 @@ class Overloaded(Exception):
 
 
 class TooMuchWork(Exception):
-    """A request whose own work, at the measured service time, would outlast its timeout even on
-    an idle server: refused at once rather than run for the timeout and dropped (413)."""
+    """A request whose own work, at the fastest rate measured, would outlast its whole timeout even
+    on an idle server: refused at once rather than run for the timeout and dropped (413)."""
 
 
 @dataclass
@@ -52,22 +52,26 @@ class ServiceTime:
     calls it made. A rate alone (tokens over seconds) read from calls on a request or two, which
     a fixed cost per call dominates, took a burst that one call would serve for seconds of work."""
 
-    def __init__(self, keep: int = 64):
+    def __init__(self, keep: int = 64, floor: int = 0):
         self.calls: deque[tuple[int, float]] = deque(maxlen=keep)
         self._fit: tuple[float, float] | None = None
-        self.best: float | None = None  # the fewest seconds a token any call took (fixed cost and all)
+        # the fewest seconds a token any call of `floor` tokens or more took, fixed cost and all: a
+        # small call's fixed cost, spread over its few tokens, would make the bound far too high
+        self.best: float | None = None
+        self.floor = floor
 
     def add(self, tokens: int, seconds: float) -> None:
         """A call's size and time (the model thread); the fit is made here, and read as one value."""
         self.calls.append((tokens, max(seconds, 0.0)))
         self._fit = self._fitted()
-        if tokens > 0:
+        if tokens > 0 and tokens >= self.floor:
             each = max(seconds, 0.0) / tokens
             self.best = each if self.best is None else min(self.best, each)
 
     def least(self, tokens: int) -> float | None:
-        """The fewest seconds `tokens` tokens could take: at the fastest rate any call ran (a
-        refusal on this bound is never the fit's error, nor a call slowed by other load)."""
+        """The fewest seconds `tokens` tokens could take: at the fastest rate any call of `floor`
+        tokens or more ran (a refusal on this bound is never the fit's error, nor a call slowed
+        by other load); None before such a call."""
         return None if self.best is None else tokens * self.best
 
     def fit(self) -> tuple[float, float] | None:
@@ -122,7 +126,7 @@ class DynamicBatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
-        self.service = ServiceTime()  # the model's measured calls: queue wait estimates
+        self.service = ServiceTime(floor=max_tokens // 2)  # the model's measured calls: waits, and the 413 bound
         self.peers = peers if peers is not None else []
         if self not in self.peers:
             self.peers.append(self)
@@ -196,7 +200,7 @@ class DynamicBatcher:
         out, never a small one behind a large request an empty queue took."""
         own = self.service.least(need)
         if need and whole_s is not None and own is not None and own > whole_s:
-            raise TooMuchWork(f"this request is {need} tokens, at least {own:.1f}s of model time at the fastest rate "
+            raise TooMuchWork(f"this request is {need} tokens, at least {own:.2f}s of model time at the fastest rate "
                               f"measured, over its {whole_s:g}s timeout: send fewer or shorter texts a request")
         if not self.queued_tokens:
             return  # an empty queue takes anything (a single request may exceed the bound)
