@@ -331,10 +331,14 @@ def test_sigterm_lets_a_request_whose_body_is_still_coming_end_in_its_own_status
         with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
             c.sendall(b"POST /v1/ner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 100\r\n\r\n{\"texts\": [")
+            deadline = time.monotonic() + 60
             while "spanflow_requests_in_flight 1.0" not in _get(port, "/metrics"):  # the handler reads its body
-                assert proc.poll() is None
+                assert proc.poll() is None and time.monotonic() < deadline
             proc.send_signal(signal.SIGTERM)
-            answer = c.recv(4096).decode()
+            answer = b""
+            while part := c.recv(4096):  # to the end: the server closes the connection after its answer
+                answer += part
+            answer = answer.decode()
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

@@ -646,6 +646,11 @@ def test_ray_datas_error_records_are_held_and_dropped_when_the_error_is_raised_a
             assert out.getvalue() == "progress\n"  # warnings shown as they come, errors held
             held.clear()  # the job raises its own error
         assert out.getvalue() == "progress\n"
+        with _held_errors(quiet_cpus=False):  # a cluster joined by address: others' work may hold its CPUs
+            inner.warning("The Ray cluster currently does not have any available CPUs.")
+        assert out.getvalue() == "progress\nThe Ray cluster currently does not have any available CPUs.\n"
+        out.seek(0), out.truncate()
+        out.write("progress\n")
         with _held_errors():
             inner.error("a failure spanflow does not explain")
         assert out.getvalue() == "progress\na failure spanflow does not explain\n"  # shown at the end

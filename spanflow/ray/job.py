@@ -43,8 +43,9 @@ RAY_NEEDED = (2, 60)  # strict streaming repartition, label selectors: what the 
 # kept) cuts a larger block into batches of this many and may write them in any order
 MAX_BATCH_ROWS = 131_072
 # Ray Data's warning when the cluster's CPUs are all held at the moment a dataset starts ("The
-# Dataset job will hang unless more CPUs are freed up"): the job's own plan leaves its tasks
-# CPUs, and a probe or the last job's actor holding them then is gone a moment later
+# Dataset job will hang unless more CPUs are freed up"): on a Ray of the job's own (--ray local)
+# its plan leaves its tasks CPUs, and a probe or the last job's actor holding them then is gone
+# a moment later
 NO_CPUS_NOW = "does not have any available CPUs"
 MEMBERS_WAIT = 3.0  # seconds a failed or stopped job waits for its tally to name the model actors
 HELD_MAX = 50  # Ray Data error records held for the terminal (see _held_errors)
@@ -159,7 +160,8 @@ def run_job(job: RayJob, *, stage=ModelStage, measure=None, log=print) -> dict:
             hold_output(held, target.path, WHAT)  # a second job on this output stops here
         plan = _plan(job)  # the input's columns and the output's schema: checked before Ray starts
         _check_chunk_bytes(plan.schema, job.batch_rows)
-        with connected(job.address) as ray, _job_context(ray), _held_errors() as ray_errors:
+        # on a cluster of others' work the warning may be true: said there, as Ray says it
+        with connected(job.address) as ray, _job_context(ray), _held_errors(job.address == "local") as ray_errors:
             try:
                 return _run(ray, job, plan, target, stage, measure, log, began)
             except ray.exceptions.RayError as e:
@@ -307,7 +309,7 @@ def _summary(got: dict, figures: dict, secs: float, startup: float, asked: Asked
     return {**got, "seconds": secs, "startup_seconds": startup, "rows_per_s": got["rows"] / secs,
             "real_tokens": real, "padded_tokens": padded, "real_tokens_per_s": real / secs,
             "padding_efficiency": real / padded if padded else None, "truncated": figures["truncated"],
-            "max_tokens": figures["max_tokens"] if figures.get("max_tokens") is not None else asked.max_tokens,
+            "max_tokens": figures["max_tokens"] if figures.get("max_tokens") is not None else _number(asked.max_tokens),
             "output": job.output, "actors": actors.describe()}
 
 
@@ -332,6 +334,11 @@ def _fixed_bytes(t) -> int:
     if pa.types.is_fixed_size_list(t):
         return t.list_size * _fixed_bytes(t.value_type)
     return t.bit_width // 8 if pa.types.is_integer(t) or pa.types.is_floating(t) else 0
+
+
+def _number(budget):
+    """A budget as the manifest keeps it: the number a flag gave as text, or None ("auto", unset)."""
+    return int(budget) if isinstance(budget, str) and budget.isdigit() else budget if isinstance(budget, int) else None
 
 
 def _where(path: str) -> str:
@@ -423,7 +430,7 @@ class _Held(list):
 
 
 @contextmanager
-def _held_errors() -> Iterator[list]:
+def _held_errors(quiet_cpus: bool = True) -> Iterator[list]:
     """Ray Data's error records for the terminal, held back while the job runs and printed at
     its end, unless the caller clears what it is given: a job failing with a SpanflowError
     or an OSError raises it as itself, and Ray Data's tracebacks of it (one calling it "internal
@@ -435,7 +442,7 @@ def _held_errors() -> Iterator[list]:
     class Hold(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.levelno < logging.ERROR:
-                return record.levelno >= logging.WARNING and NO_CPUS_NOW not in record.getMessage()
+                return record.levelno >= logging.WARNING and not (quiet_cpus and NO_CPUS_NOW in record.getMessage())
             held.keep(record)
             return False
 

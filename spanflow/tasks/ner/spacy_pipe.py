@@ -181,8 +181,10 @@ def _load(model: str, max_tokens, device: str, precision: str):
     from spanflow.tasks.registry import task_of_dir
 
     if precision == "int8":  # the commands' message points at --quantize, which NER models do not take
+        from spanflow.runtime.policy import PRECISIONS
+
         raise ConfigError("spanflow_ner: config 'precision' int8 is a quantization, which NER models do not take; "
-                          "precision is one of auto, fp32, bf16, fp16", field="precision")
+                          f"precision is one of {', '.join(PRECISIONS)}", field="precision")
     try:
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)

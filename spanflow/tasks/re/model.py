@@ -243,15 +243,19 @@ class ReModel:
         for part in chunked(examples, CHECK_CHUNK):  # a chunk at a time: its memory, not the file's
             for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part])):
                 # scored as strings: a triple whose strings one placement puts on tokens can be matched
-                on, off_keys = set(), set()
+                on, said = set(), {}  # said: what is off, by the triple's strings
                 for s, r, o in ex.triples:
                     spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
                     off = off_tokens(ex.text, enc, *[x for x in spans if x[1] is not None],
                                      verb="can only be found as")
                     key = (ex.text[s[0]:s[1]], r, ex.text[o[0]:o[1]])
-                    (off_keys if off else on).add(key)
-                    first = first or off
-                moved += len(off_keys - on)
+                    if off:
+                        said.setdefault(key, off)
+                    else:
+                        on.add(key)
+                missed = [m for k, m in said.items() if k not in on]
+                moved += len(missed)
+                first = first or next(iter(missed), None)
         if not moved:
             return None
         return (f"{moved} of the data's {total} gold triples have a subject or object "
