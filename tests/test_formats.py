@@ -366,3 +366,17 @@ def test_lines_of_chinese_are_texts_not_columns(tmp_path):
     assert sniff(p).name == "text"
     assert unlabelled_sample(p, 8, infer=True) == ["吴重阳，中国国籍，大学本科。", "李娜在北京工作。", "王伟是上海人。"]
     assert sniff(write(tmp_path, "c.bmes", "吴\tB-NAME\n重\tM-NAME\n阳\tE-NAME\n\n北\tB-LOC\n京\tE-LOC\n")).name == "conll"
+
+
+def test_prose_lines_with_commas_are_texts_to_tune_on(tmp_path):
+    """Prose whose every line holds a comma is no file the sniffer places (CSV pairs, ragged CSV):
+    `tune` read it as CoNLL or pairs and failed, where predict reads a .txt as text lines."""
+    from spanflow.data.records import unlabelled_sample
+
+    lines = ["Grace Hopper flew to Oslo, then Lima.", "Ada Lovelace flew to Lima, then home.",
+             "Linus said hi, and left, at once."]
+    p = write(tmp_path, "prose.txt", "\n".join(lines) + "\n")
+    assert unlabelled_sample(p, 8, infer=True) == lines
+    assert unlabelled_sample(p, 8) is None  # for training a .txt is read as the task's labelled data
+    conll = write(tmp_path, "train.txt", "Ann\tB-PER\nran\tO\n\nBob\tB-PER\nsat\tO\n")
+    assert unlabelled_sample(conll, 8, infer=True) is None  # CoNLL in a .txt stays labelled data

@@ -292,7 +292,10 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
         flag = f"--column {column}" if column is not None else f"--field {field}"
         raise ConfigError(f"{flag} names the texts of a file of texts; {path} is {kind.what}, labelled data read "
                           "whole: drop it")
-    texts_kind = getattr(kind, "name", None) in ("text", "texts-jsonl") or kind_of(path) in ("csv", "tsv")
+    name = getattr(kind, "name", None)
+    # a .txt the sniffer cannot place (prose whose every line has a comma) is text lines, as predict reads it
+    texts_kind = (name in ("text", "texts-jsonl") or kind_of(path) in ("csv", "tsv")
+                  or (kind_of(path) == "text" and name not in LABELLED))
     if not (is_table(path) or named or (infer and texts_kind)):  # a CSV/TSV's column 0, as predict reads it
         return None
     recs = list(itertools.islice(read_records(path, field=field, column=column), 2 * n))
