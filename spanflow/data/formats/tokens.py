@@ -85,8 +85,13 @@ def word_bounds(text: str, spans: list[Span], words: list[tuple[int, int]] | Non
 def bio_tags(bounds: list[tuple[int, int]], spans: list[Span]) -> list[str]:
     """BIO tag of each token (bounds from word_bounds, so spans align with tokens)."""
     tags = ["O"] * len(bounds)
+    starts = [a for a, _ in bounds]
+    ordered = all(a <= b for a, b in zip(starts, starts[1:]))
     for s, e, lab in spans:
-        inside = [k for k, (a, b) in enumerate(bounds) if a >= s and b <= e]
+        # bisected to the tokens starting within the span (in text order): a scan of every token per
+        # span was quadratic in a long document
+        lo, hi = (bisect.bisect_left(starts, s), bisect.bisect_right(starts, e)) if ordered else (0, len(bounds))
+        inside = [k for k in range(lo, hi) if bounds[k][0] >= s and bounds[k][1] <= e]
         for n, k in enumerate(inside):
             tags[k] = ("I-" if n else "B-") + lab
     return tags
