@@ -334,3 +334,28 @@ def test_tags_of_a_long_document_read_each_token_a_few_times_not_once_a_span():
     _Counted.reads = 0
     assert bio_tags(_Counted(offsets), spans) == [("B-X", "I-X", "O")[k % 3] for k in range(words)]
     assert _Counted.reads < 10 * words
+
+
+def test_predicts_real_tokens_count_each_token_of_a_text_once_however_short_the_windows(tiny_tokenizer,
+                                                                                          monkeypatch):
+    """predict counted every window's tokens as real, those two overlapping windows share and their
+    special tokens too: a short --max-length reported a higher real tokens/s than the default,
+    where tune counts each token once."""
+    import torch.nn as nn
+
+    from spanflow.runtime.precision import resolve_policy
+    from spanflow.tasks.ner import tagging
+
+    monkeypatch.setattr(tagging, "tag_windows", lambda model, bw, *a: [[0] * len(w) for w in bw])
+    texts = [" ".join(["alpha beta gamma delta"] * 12), "zeta eta"]
+
+    def real(max_length: int, stride: int) -> int:
+        got = []
+        list(tagging.tag_texts(nn.Identity(), tiny_tokenizer, texts, id2label=["O"], max_length=max_length,
+                               stride=stride, max_tokens=512, policy=resolve_policy("fp32", "cpu"),
+                               on_batch=lambda n, r, p: got.append(r)))
+        return sum(got)
+
+    whole = real(128, 16)  # one window a text
+    assert whole == sum(len(tiny_tokenizer(t)["input_ids"]) for t in texts)  # every token once, specials too
+    assert real(8, 3) == whole

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from spanflow.batching.align import encode_texts, merge_windows, windows_for
+from spanflow.batching.align import encode_texts, merge_windows, own_tokens, windows_for
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
 from spanflow.batching.prefetch import chunked, prefetch
@@ -44,20 +44,20 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
         encs = encode_texts(tokenizer, chunk, text_words(pairs, split), cut_punctuation=cut_punctuation)
         wins = windows_for(encs, max_length=max_length, stride=stride, cls_id=cls_id, sep_id=sep_id, lines=lines)
         batches = token_budget_batches([len(w) for w in wins], max_tokens, shuffle=False)
-        return chunk, encs, wins, batches
+        return chunk, encs, wins, batches, own_tokens(wins)
 
     model.eval()
     pairs = paired(texts, words)
-    for chunk, encs, wins, batches in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
+    for chunk, encs, wins, batches, own in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
         preds: list[list[int] | None] = [None] * len(wins)
         with full_batches(max_tokens, max_length):  # the short batches: few distinct products (models/linear.py)
             for b in batches:
                 bw = [wins[i] for i in b]
                 for i, p in zip(b, tag_windows(model, bw, [word_starts(encs, w) for w in bw], pad_id, policy)):
                     preds[i] = p
-                if on_batch:
+                if on_batch:  # real: each token of a text once (overlapping windows repeat some), as tune counts
                     lens = [len(w) for w in bw]
-                    on_batch(0, sum(lens), max(lens) * len(lens))
+                    on_batch(0, sum(own[i] for i in b), max(lens) * len(lens))
         per_text: list[list[tuple[int, int, list[int]]]] = [[] for _ in chunk]
         for w, p in zip(wins, preds):
             per_text[w.example].append((w.start, w.end, p))
