@@ -194,9 +194,9 @@ def export_hf(model, out: str, *, lossy: bool = False, log_fn=print) -> str:
         cfg.spanflow_lossy_crf = True  # said again when spanflow runs the export
     if model.words == "whitespace":
         log_fn("note: this model labels whitespace-separated words; transformers' pipeline starts a word at every "
-               "word of its tokenizer (after each punctuation mark inside a URL too), so its entities can start or "
-               "end inside a whitespace token; spanflow reads this directory back with the model's words "
-               "(docs/ner.md)")
+               "word of its tokenizer (after each punctuation mark inside a word too: `Berners-Lee`, a URL), so its "
+               "entities can start or end inside a whitespace token; spanflow reads this directory back with the "
+               "model's words (docs/ner.md)")
     quiet_transformers()  # no progress bar of its writing shards among the command's lines
     full = AutoModelForTokenClassification.from_config(cfg)
     between = layers_between(full)
