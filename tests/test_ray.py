@@ -782,8 +782,16 @@ def test_a_chunks_rows_leave_the_model_stage_as_one_record_batch(enc_dir, table)
     blocks = list(S.read_task(pa.table({"task": [0]}), tasks=[pieces], src=src, types=types))
     batch = pa.concat_tables(blocks)
     assert batch.column("__row").num_chunks > 1  # in pieces, as the job's blocks come
-    stage = ModelStage(StageSpec(task="embed", model=enc_dir, asked=ASKED, types=types))
-    out = stage(batch)
+    import torch
+
+    from spanflow.runtime.threads import on_model_thread
+
+    # the stage sets its actor's threads on the thread that runs its model: here, this process's
+    threads = on_model_thread(torch.get_num_threads)
+    try:
+        out = ModelStage(StageSpec(task="embed", model=enc_dir, asked=ASKED, types=types))(batch)
+    finally:
+        on_model_thread(torch.set_num_threads, threads)
     assert [len(b) for b in out.to_batches()] == [len(TEXTS)]
     assert out.column("n").to_pylist() == list(range(len(TEXTS)))
 
