@@ -336,9 +336,11 @@ def _fixed_bytes(t) -> int:
     return t.bit_width // 8 if pa.types.is_integer(t) or pa.types.is_floating(t) else 0
 
 
-def _number(budget):
-    """A budget as the manifest keeps it: the number a flag gave as text, or None ("auto", unset)."""
-    return int(budget) if isinstance(budget, str) and budget.isdigit() else budget if isinstance(budget, int) else None
+def _number(budget) -> int | None:
+    """A budget as the manifest keeps it: the number a flag gave (as text or not), or None ("auto", unset)."""
+    if isinstance(budget, int):
+        return budget
+    return int(budget) if isinstance(budget, str) and budget.isdigit() else None
 
 
 def _where(path: str) -> str:
