@@ -104,6 +104,7 @@ def test_a_flag_is_told_by_its_command_with_the_nearest_flag(argv, says, capsys)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == says and err[0].startswith("usage: " + says.split(":")[0])  # the command's own usage
+    assert len(err) == 2 and err[0].endswith("--help` lists them)")  # one usage line, not every flag
 
 
 def test_values_that_look_like_flags_are_still_values():

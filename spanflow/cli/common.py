@@ -44,6 +44,25 @@ class Parser(argparse.ArgumentParser):
             self.error(unknown_flags(extras, list(self._option_string_actions), self.elsewhere))
         return ns, extras
 
+    def error(self, message: str):
+        """One usage line (the required flags) and the error, where argparse prints every flag of the
+        command first (twelve lines of usage above `embed`'s one line that says what was wrong). A parser
+        of commands keeps argparse's usage: the list of its commands."""
+        if self._subparsers is not None:
+            super().error(message)
+        self.exit(2, f"{short_usage(self)}\n{self.prog}: error: {message}\n")
+
+
+def short_usage(p: argparse.ArgumentParser) -> str:
+    """`usage: PROG --model MODEL ... [options]`: the flags a run must give, then where the rest are."""
+    required = [f"{a.option_strings[0]} {a.metavar or a.dest.upper()}" for a in p._actions
+                if a.required and a.option_strings]
+    positional = [a.metavar or a.dest for a in p._actions if not a.option_strings and a.nargs != argparse.PARSER]
+    more = any(not a.required and a.option_strings and a.help is not argparse.SUPPRESS for a in p._actions
+               if not isinstance(a, argparse._HelpAction))
+    rest = f" [options] (`{p.prog} --help` lists them)" if more else ""
+    return "usage: " + " ".join([p.prog, *required, *positional]) + rest
+
 
 def _flags_before_end(args: list[str]) -> list[str]:
     """The long flags among `args`, up to a `--` (after which everything is a value)."""
