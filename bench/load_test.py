@@ -1,7 +1,8 @@
 """Closed-loop load test of `spanflow serve` on loopback: dynamic batching vs --no-batching.
 
-Starts the server twice (batching on, then off) with the same embedding model, and for each
-concurrency level runs a fixed number of requests (one text each) from that many clients.
+Starts one server per mode with the same embedding model, all at once (batching on, --no-batching,
+and --server-tree's batching server where given), and for each concurrency level runs a fixed
+number of requests (one text each) from that many clients, the runs alternating between them.
 
     python bench/load_test.py --model MINILM_DIR --data ../shared/data/stsb/stsb-en-dev.csv
 """
@@ -188,9 +189,11 @@ class Ceiling:
     """The ceiling a batching server has at each concurrency: the same model on the same backend
     as `spanflow serve` runs it (compiled) in this process, no HTTP, batches of `c` texts drawn
     as the clients draw them, run back to back through the server's own batch call. With `c`
-    clients sending one text each, no batch can hold more than `c` texts: a server with no
-    overhead of its own gives `c` clients this many texts/s. Measured right before each server
-    run, so that the two share the machine's state (its speed moves by a third within an hour)."""
+    clients sending one text each, no batch can hold more than `c` texts. A reference, not a bound:
+    it tokenizes and runs each batch in turn, where the server tokenizes the next requests while
+    the model runs, so at low concurrency a server can pass it (1.7x at concurrency 1 in
+    load_test_service_time.md). Measured right before each server run, so that the two share
+    the machine's state (its speed moves by a third within an hour)."""
 
     def __init__(self, model: str, texts: list[str], precision: str, n: int = 600):
         from spanflow.inference.backend import use_backend
@@ -297,8 +300,9 @@ def main() -> None:
                                                       "loopback; the load generator shares the CPU. Offline "
                                                       f"reference, same model in-process without HTTP: {offline}; "
                                                       "ratio_vs_in_process_c: dynamic batching over the compiled "
-                                                      "model's back-to-back batches of c texts (the most c clients "
-                                                      "can get), measured in this process right before each "
+                                                      "model's back-to-back batches of c texts (a reference, not a "
+                                                      "bound: it tokenizes and runs each batch in turn, where the "
+                                                      "server tokenizes while the model runs), measured in this process right before each "
                                                       "server run, median of the runs' ratios; cpu_ms_per_text: CPU milliseconds per "
                                                       "text served, by the server's thread roles (its /metrics) "
                                                       "and in the load generator (client)",

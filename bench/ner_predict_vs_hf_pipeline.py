@@ -9,7 +9,11 @@ text the two tag differently is put in one class: the pipeline's entity starts o
 whitespace word (it continues words by its tokenizer's marks, not by the model's words), 'simple'
 cut a word into subword pieces, or other.
 
-    python bench/ner_predict_vs_hf_pipeline.py --model runs/wnut/model --data ../shared/data/wnut17/dev.conll
+    spanflow train ner --head softmax --model MINILM --train ../shared/data/wnut17/train.conll --out runs/softmax
+    python bench/ner_predict_vs_hf_pipeline.py --model runs/softmax/model --data ../shared/data/wnut17/dev.conll
+
+The `spanflow` rows run at --max-tokens (8192 unless given), `spanflow_defaults` at predict's own
+defaults (its token budget and --precision auto's choice).
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="a spanflow NER model directory")
     ap.add_argument("--data", required=True)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--max-tokens", type=int, default=8192, help="the spanflow rows' token budget [%(default)s]")
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
     from transformers import pipeline
@@ -136,7 +140,8 @@ def main() -> None:
               [(t[x:y], lab) for x, y, lab in s_])
     write_results(a.out, "ner_predict_vs_hf_pipeline",
                   {"description": f"{len(texts)} texts of {a.data}, model {a.model} (words: {sf.words}), exported "
-                                  f"with `spanflow export --to hf`, CPU; medians of {a.repeats}; x_pipeline_first_fp32: "
+                                  f"with `spanflow export --to hf`, CPU; medians of {a.repeats}; the spanflow rows at "
+                                  f"--max-tokens {a.max_tokens}, spanflow_defaults at predict's defaults; x_pipeline_first_fp32: "
                                   "the pipeline 'first' (fp32, its default) in seconds over the run's; "
                                   "x_pipeline_first_same_precision: the same over the pipeline 'first' in the run's "
                                   f"precision (bf16: under autocast). {summary}",

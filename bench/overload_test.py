@@ -81,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=default_minilm())
     ap.add_argument("--data", required=True, help="CSV (first column) or text lines")
-    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--precision", default="auto", help="the server's --precision [%(default)s, as `spanflow serve`]")
     ap.add_argument("--texts-per-request", type=int, default=8)
     ap.add_argument("--factor", type=float, default=3.0, help="offered load during the overload, x capacity")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the overload")

@@ -10,8 +10,10 @@ same job.
 
 FLOP counts are per padded token, as the training report counts them (6N + 12 L H T for
 training, a third of that for inference; N the parameters outside embedding tables); the peak
-is the faster of a 1024^3 and a 2048^3 matmul in the job's precision, the best measured on this
-machine by any run so far when the job ran (monitor.device.peak_flops; SPANFLOW_CACHE/peaks). MFU above 100% would mean the peak was measured low.
+on a CPU is the faster of a 1024^3 and a 2048^3 matmul in the job's precision, the best measured
+on this machine by any run so far when the job ran (monitor.device.peak_flops;
+SPANFLOW_CACHE/peaks), on a GPU its datasheet's dense figure. MFU above 100% would mean a
+measured peak was measured low.
 
     python bench/roofline.py                                   # from-scratch BERT, synthetic data
     python bench/roofline.py --model MINILM --ner ../shared/data/wnut17/train.conll \
