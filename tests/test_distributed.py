@@ -560,6 +560,36 @@ def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatc
     assert said == ([word] if word else [])  # TERM and INT reach the ranks too: rank 0 says so, with its hint
 
 
+def test_a_second_signal_while_the_launcher_stops_its_ranks_is_ignored(monkeypatch, capsys):
+    """A second signal (Ctrl-C twice, a group's TERM then the terminal's INT) raised again in torch's
+    wait for the ranks to stop: the launcher left with the second one's code (130 after a TERM) and
+    its ranks met their parent's death in their clean-up."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing import api
+
+    from spanflow.training.distributed import relaunch
+
+    stops = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+    saved = {sig: signal.getsignal(sig) for sig in stops}
+
+    def launcher(_args):  # torch's: its handler on each stop, which the agent's run catches to stop the ranks
+        for sig in stops:
+            signal.signal(sig, api._terminate_process_handler)
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except api.SignalException:
+            signal.raise_signal(signal.SIGINT)  # arrives while the ranks are stopped
+            raise
+
+    monkeypatch.setattr(run, "run", launcher)
+    try:
+        assert relaunch(["train", "ner"], 2) == 128 + int(signal.SIGTERM)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_stop_signal_while_a_lost_peers_hint_is_read_ends_the_hint_not_the_line(monkeypatch, capsys):
     """torchrun's agent ends the survivors of a killed rank with SIGTERM, which can arrive while the
     resume hint is read: the command still ends on its one line (rank 0) or none, no traceback."""

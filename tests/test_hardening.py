@@ -380,6 +380,32 @@ except Terminated as e:
 """
 
 
+STOP_TOGETHER = """
+import os, signal
+# blocked before any thread starts, so in every thread: both wait until the main thread takes them
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+from spanflow.cli.main import _install_handlers
+_install_handlers(True)
+os.kill(os.getpid(), signal.SIGINT)  # two Ctrl-C's, or a group's TERM and the terminal's INT, that
+os.kill(os.getpid(), signal.SIGTERM)  # arrive before Python runs the first one's handler
+try:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    sum(range(1000))
+    print("not stopped")
+except KeyboardInterrupt:
+    sum(range(1000))  # the second one's handler runs here, in the clean-up
+    print("stopped once, the clean-up ran to its end")
+"""
+
+
+def test_two_stops_that_arrive_together_are_one_stop():
+    """The first stop made the handlers SIG_IGN, and CPython then reported an OSError ("Signal 15
+    ignored due to race condition") for the second, already waiting: a traceback on stderr."""
+    r = subprocess.run([sys.executable, "-c", STOP_TOGETHER], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "stopped once, the clean-up ran to its end", r.stdout + r.stderr
+    assert "race condition" not in r.stderr
+
+
 def test_a_stop_is_handled_once_and_sighup_stops_as_sigterm_does():
     """SIGHUP killed a command outright (no clean-up: --out's lock left); and a second signal while
     the first was being handled raised again inside the clean-up, as a traceback."""

@@ -67,8 +67,10 @@ def _on_stop(signum, frame):
     """The command line's handler of Ctrl-C and the stops: later ones are ignored from here on, as
     this one unwinds through the commands' clean-up (a terminal and a scheduler send them to every
     process, and a second one raised inside a clean-up, leaving a lock or a temporary behind)."""
-    for sig in (signal.SIGINT, *STOPS):
-        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGINT, *STOPS):  # a handler that does nothing, not SIG_IGN: a signal that arrived
+        # with this one is run after it, and CPython raises OSError ("Signal 15 ignored due to race
+        # condition") for one whose handler became SIG_IGN in between (two Ctrl-C's, a group's TERM)
+        signal.signal(sig, _ignore)
     _stopped.append(signum)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
@@ -76,6 +78,10 @@ def _on_stop(signum, frame):
 
 
 _stopped: list[int] = []  # the stop signals _on_stop raised, in order
+
+
+def _ignore(signum, frame) -> None:
+    """A stop signal after the first: nothing to do, the first one's unwinding goes on."""
 
 
 def _on_unraisable(hook):

@@ -199,9 +199,13 @@ def _quiet_launcher() -> Iterator[None]:
 
 def _launch(run, args: list[str]) -> int:
     """torch.distributed.run with `args`; relaunch's exit code."""
+    from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    handler = getattr(api, "_terminate_process_handler", None)
+    if handler is not None:  # the launcher's handler, which torch installs by this name when it starts
+        api._terminate_process_handler = _first_stop_only(handler)
     try:
         run.run(run.parse_args(args))
     except ChildFailedError as e:
@@ -217,7 +221,27 @@ def _launch(run, args: list[str]) -> int:
         if e.sigval not in (signal.SIGTERM, signal.SIGINT):  # those reached rank 0 too, which said so
             print(f"stopped by {signal.Signals(e.sigval).name}", file=sys.stderr)
         return 128 + int(e.sigval)
+    finally:
+        if handler is not None:
+            api._terminate_process_handler = handler
     return 0
+
+
+def _first_stop_only(handler):
+    """torch's launcher handler for the first stop signal only. It raises on every signal, and one
+    raised while its agent waits for the ranks to stop (a second Ctrl-C, a group's TERM then the
+    terminal's INT) cut that wait short: the launcher left with the second signal's code, and its
+    ranks met their parent's death mid-clean-up. Later signals now leave the wait to finish."""
+    def on_stop(signum, frame):
+        for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):  # those torch handles
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), _no_op)
+        handler(signum, frame)
+    return on_stop
+
+
+def _no_op(signum, frame) -> None:
+    """A stop signal after the launcher's first."""
 
 
 def gather_rows(t: torch.Tensor, d: Dist) -> list[torch.Tensor]:
