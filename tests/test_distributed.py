@@ -705,3 +705,28 @@ def test_the_launcher_shares_this_machines_cores_among_its_processes(monkeypatch
                                               "(OMP_NUM_THREADS=4)")
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting stays
     assert relaunch(["train", "ner"], 4) == 0 and seen[-1] == "3"
+
+
+@pytest.mark.parametrize("argv,spread", [
+    (["predict", "--model", "m", "--input", "i.txt", "--output", "o.jsonl"], True),
+    (["embed", "--model", "m", "--input", "i.txt", "--output", "o.npy"], True),
+    (["evaluate", "--model", "m", "--data", "d.conll"], False),
+])
+def test_a_command_of_one_process_under_torchrun_stops_in_one_line(monkeypatch, capsys, tmp_path, argv, spread):
+    """Under torchrun every rank ran predict's whole job into the same file (one of them then failed
+    on the other's lock) and evaluate printed its table once per rank."""
+    from spanflow.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, said in (("0", 1), ("1", 0)):  # rank 0 says it, every rank stops
+        monkeypatch.setenv("RANK", rank)
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == said and all(f"spanflow {argv[0]} runs as one process" in line for line in err)
+        assert all(("--ray" in line) == spread for line in err)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # a cluster's WORLD_SIZE alone is no torchrun job
+    monkeypatch.setenv("RANK", "0")
+    assert main(argv) == 2 and "runs as one process" not in capsys.readouterr().err  # the model is missing

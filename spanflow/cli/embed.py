@@ -57,20 +57,15 @@ def after_stop(a: argparse.Namespace) -> str | None:
 
 
 def run(a: argparse.Namespace) -> int:
-    import os
     from contextlib import ExitStack
 
     from spanflow.atomic import hold_output
     from spanflow.batching.align import check_window_floor
     from spanflow.cli.common import check_input
-    from spanflow.errors import ConfigError
     from spanflow.inference.predict_job import check_output
     from spanflow.tasks.embed.job import WHAT
     from spanflow.tasks.registry import check_model_for, get
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("spanflow embed runs as one process, not sharded over torchrun ranks; to spread a job "
-                          "over devices or machines use --ray (docs/ray.md)")
     check_ray_args(a)  # before Ray starts or a model loads
     check_model_for(a.model, "embed")  # a model of another task is named, before any model loads
     check_window_floor(a.max_length, None)  # the model's own limit is checked once it is loaded

@@ -29,7 +29,7 @@ from spanflow import __version__
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.cli.common import Parser
 from spanflow.errors import SpanflowError, WriteError
-from spanflow.training.outcome import job_rank
+from spanflow.training.outcome import job_rank, torchrun_world
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
             "doctor": doctor, "convert": convert, "export": export, "demo": demo}
@@ -115,6 +115,8 @@ def _install_handlers(entry: bool) -> None:
     else:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
+
+SHARDED = ("train",)  # the commands that run under torchrun, each rank its share of one job
 
 # how a collective fails when a peer of the job has gone (gloo's TCP pairs, NCCL's watchdog)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote process exited",
@@ -236,6 +238,12 @@ def _main(argv: list[str] | None) -> int:
         _say("interrupted")
         return 130
     args.argv = argv  # for commands that re-launch themselves (train --devices N)
+    if torchrun_world() > 1 and args.command not in SHARDED:
+        # every rank would run the whole job: the same output written by each, a table printed twice
+        spread = " (to spread it over devices or machines: --ray, docs/ray.md)" if hasattr(args, "ray") else ""
+        _say(f"error: spanflow {args.command} runs as one process, not once per torchrun rank; only spanflow "
+             f"train is sharded over ranks{spread}")
+        return 2
     try:
         rc = COMMANDS[args.command].run(args) or 0
         sys.stdout.flush()  # here, so that a reader gone before the last line is a BrokenPipeError caught below

@@ -45,6 +45,17 @@ def job_rank() -> int:
         return 0
 
 
+def torchrun_world() -> int:
+    """The number of processes of the torchrun job this process is one of; 1 outside torchrun,
+    whatever WORLD_SIZE a cluster's pod environment sets."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return 1
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def say_once(line: str) -> None:
     """print(line) on rank 0 of a torchrun job, or outside one: a line each rank would repeat."""
     if job_rank() == 0:
