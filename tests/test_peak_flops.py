@@ -87,13 +87,32 @@ def test_the_meter_measures_the_peak_before_its_clock_starts(rates, monkeypatch)
     meter.close()
 
 
-def test_mfu_is_over_the_peak_of_every_device_the_tokens_ran_on(rates):
+def test_mfu_is_over_the_peak_of_every_device_the_tokens_ran_on(rates, monkeypatch):
     rates += [1.0e12]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # one rank a machine: none shares another's cores
     meter = Meter(torch.device("cpu"), "bf16", flops_per_token=3.0)
     for devices in (1, 2):
         meter.add_tokens(5000, 6000)  # tokens summed over the ranks, as the training loop sums them
         r = meter.report(devices=devices)
         assert r["mfu"] * r["wall_s"] * 1.0e12 * devices == pytest.approx(3.0 * 6000)
+    meter.close()
+
+
+@pytest.mark.parametrize("threads,share", [(4, 1.0), (8, 0.5), (16, 0.5)])
+def test_ranks_that_share_a_machines_cores_share_its_peak(rates, monkeypatch, threads, share):
+    """Each rank measures the peak with the machine to itself: 2 ranks of 8 threads each on 8 cores
+    (OMP_NUM_THREADS=8 under torchrun) counted twice the machine's peak, and MFU read half."""
+    import os
+
+    rates += [1.0e12]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    meter = Meter(torch.device("cpu"), "bf16", flops_per_token=3.0)
+    meter.add_tokens(5000, 6000)
+    r = meter.report(devices=2)
+    assert r["peak_flops"] == pytest.approx(2 * 1.0e12 * share)
+    assert r["mfu"] * r["wall_s"] * r["peak_flops"] == pytest.approx(3.0 * 6000)
     meter.close()
 
 

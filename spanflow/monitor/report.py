@@ -121,6 +121,8 @@ class Meter:
         # on a GPU the stream's phase times and the host's data wait can overlap and sum past it
         whole = max(wall, sum(self.times.values()))
         peak, basis = device_peak(self.device, self.precision)
+        if peak and self.device.type == "cpu":  # ranks that share this machine's cores share its peak too
+            peak *= cpu_share(devices)
         achieved = self.flops_per_token * self.padded / wall
         out = {
             "real_tokens_per_s": self.real / wall,
@@ -170,6 +172,19 @@ def measure_peak(device: torch.device, precision: str) -> None:
 def device_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s, basis) of `device` in `precision`, as every MFU figure takes it."""
     return peak_flops(device.type, _device_name(device), precision)
+
+
+def cpu_share(devices: int) -> float:
+    """The share of a CPU rank's own peak that is its own in a job of `devices` ranks. Each rank
+    measures the peak with its threads and the machine to itself; ranks of one node whose threads
+    together outnumber its cores (OMP_NUM_THREADS=2 on each of 2 ranks of 2 cores) share those
+    cores, and the job's peak is then the node's, not the sum of theirs."""
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", devices)) if devices > 1 else 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # a rank's threads beyond the cores add nothing to its own measured peak
+    return min(1.0, cores / max(1, min(torch.get_num_threads(), cores) * local))
 
 
 def _device_name(device: torch.device) -> str:
