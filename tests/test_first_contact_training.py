@@ -76,16 +76,60 @@ def test_a_max_steps_stop_says_the_checkpoint_holds_the_weights_then_resume_name
 
 def test_the_lock_is_removed_when_the_run_ends_and_held_while_it_runs(tmp_path):
     out = str(tmp_path / "run")
+    from concurrent.futures import ThreadPoolExecutor
+
+    def claim_elsewhere():  # another run: here a thread of this process (the lock is per open file)
+        with outdir.claim_out_dir(out):
+            pass
+
     with outdir.claim_out_dir(out):
         assert os.path.exists(os.path.join(out, outdir.LOCK))
         busy = rf"another run \(pid {os.getpid()}\) is training into"
-        with pytest.raises(ConfigError, match=busy), outdir.claim_out_dir(out):
+        with pytest.raises(ConfigError, match=busy), ThreadPoolExecutor(1) as pool:
+            pool.submit(claim_elsewhere).result()
+        with pytest.raises(ConfigError, match=busy), outdir.claim_out_dir(out):  # on this thread too
             pass
+    assert os.listdir(out) == []
+    with outdir.claim_out_dir(out, command=True):  # `spanflow train`'s, then its training's inside it
+        with outdir.claim_out_dir(out):
+            assert os.path.exists(os.path.join(out, outdir.LOCK))
+        assert os.path.exists(os.path.join(out, outdir.LOCK))  # still held by the command
+        with pytest.raises(ConfigError, match=busy), ThreadPoolExecutor(1) as pool:
+            pool.submit(claim_elsewhere).result()
     assert os.listdir(out) == []
     with pytest.raises(RuntimeError), outdir.claim_out_dir(out):  # free again; a run that fails
         os.makedirs(os.path.join(out, "model"))  # after writing something to keep
         raise RuntimeError("the run failed")
     assert os.listdir(out) == ["model"]
+
+
+def test_a_busy_out_is_told_before_the_data_is_read(tmp_path, capsys):
+    """`--out` is locked before any work: a second run into a busy directory read its data (and could
+    measure a budget) first, and a mistake in that data hid that the directory was taken."""
+    import threading
+
+    from spanflow.cli.main import main
+
+    out = str(tmp_path / "run")
+    bad = tmp_path / "train.conll"
+    bad.write_text("Ada B-PER\nLovelace I-PER extra\n")  # line 2 has a column too many
+    held, done = threading.Event(), threading.Event()
+
+    def hold():  # the other run
+        with outdir.claim_out_dir(out):
+            held.set()
+            done.wait(60)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    try:
+        assert held.wait(60)
+        assert main(["train", "ner", "--train", str(bad), "--out", out]) == 2
+    finally:
+        done.set()
+        other.join()
+    said = capsys.readouterr()
+    assert "is training into" in said.err and "train.conll" not in said.err + said.out
 
 
 def test_a_lock_taken_on_a_file_its_holder_removed_is_taken_again_on_the_new_one(tmp_path, monkeypatch):

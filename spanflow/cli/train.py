@@ -97,9 +97,6 @@ def _at(out: str) -> str:
 def run(a: argparse.Namespace) -> int:
     import os
 
-    from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.tasks.registry import get
-    from spanflow.tuning.auto import quick_profile
 
     if a.devices < 1:
         from spanflow.errors import ConfigError
@@ -123,12 +120,24 @@ def run(a: argparse.Namespace) -> int:
         argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process
         i = next(k for k, x in enumerate(argv) if x == "--devices" or x.startswith("--devices="))
         return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices)
-    from spanflow.training.distributed import broadcast, init_from_env, on_main
+    from spanflow.training.distributed import init_from_env
+    from spanflow.training.outdir import claim_out_dir
 
     # under torchrun, the group is joined before the data is read: a rank that stops on its own
     # data (another machine's copy) is then a peer the others hear of, not one they wait for at
     # the group's start (for gloo's half hour)
     d = init_from_env()
+    with claim_out_dir(a.out, d, command=True):  # before the data is read or a budget measured; the training's own claim is this one
+        return _train(a, opts, d)
+
+
+def _train(a: argparse.Namespace, opts: TrainOptions, d) -> int:
+    """The run of `spanflow train TASK`, with --out held."""
+    from spanflow.runtime.resolve import Asked, resolve_runtime
+    from spanflow.tasks.registry import get
+    from spanflow.training.distributed import broadcast, on_main
+    from spanflow.tuning.auto import quick_profile
+
     task = get(a.task)
     # the device and precision are decided again, and said, by the training set-up on each rank by the
     # same policy; a measured budget (auto, --profile) is said here, with the training log (stdout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -18,16 +19,29 @@ KEEP = ("checkpoint", "model")  # what makes a failed run's directory worth keep
 
 
 @contextmanager
-def claim_out_dir(out_dir: str, dist: Dist = Dist()) -> Iterator[None]:
+def claim_out_dir(out_dir: str, dist: Dist = Dist(), *, command: bool = False) -> Iterator[None]:
     """Hold `out_dir` for this run: rank 0 holds it under torchrun, the other ranks share it and
-    stop with it (PeerFailed) when rank 0 cannot have it."""
+    stop with it (PeerFailed) when rank 0 cannot have it. `command`: the claim of `spanflow train`,
+    made before it reads the data; the training's own claim inside it, on this thread, is this one."""
     with ExitStack() as held:
-        on_main(lambda: held.enter_context(_claim(out_dir)), dist)
+        on_main(lambda: held.enter_context(_claim(out_dir, command)), dist)
         yield
 
 
+_HELD = threading.local()  # .dirs: those a command's claim holds on this thread
+
+
+def _held() -> set[str]:
+    if not hasattr(_HELD, "dirs"):
+        _HELD.dirs = set()
+    return _HELD.dirs
+
+
 @contextmanager
-def _claim(out_dir: str) -> Iterator[None]:
+def _claim(out_dir: str, command: bool = False) -> Iterator[None]:
+    if out_dir and os.path.isdir(out_dir) and os.path.realpath(out_dir) in _held():  # the command's claim holds it
+        yield
+        return
     if not out_dir:
         raise ConfigError("--out is '' (an empty path); give a directory")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -46,13 +60,17 @@ def _claim(out_dir: str) -> Iterator[None]:
     except OSError as e:
         raise ConfigError(f"cannot write to --out {out_dir}: {e.strerror or e}") from None
     ok = False
+    held = os.path.realpath(out_dir)
     try:
         with writing("the run's lock file", lock):  # the pid a second run names
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
+        if command:
+            _held().add(held)
         yield
         ok = True
     finally:
+        _held().discard(held)
         _release(fd, lock)
         if not ok and created and not any(os.path.exists(os.path.join(out_dir, k)) for k in KEEP):
             shutil.rmtree(out_dir, ignore_errors=True)
