@@ -150,7 +150,10 @@ def test_a_scored_update_is_cut_into_micro_batches_of_different_lengths():
     assert o.max_tokens * o.grad_accum == update_tokens([len(it) for it in its], "cpu")  # the update NER would get
     assert not needs_cache(o, None, "cpu", 1) and needs_cache(o, None, "cpu", 2)
     asked = TrainOptions(max_tokens=512)
-    assert size_scored_update(asked, its, "cpu", 1) is asked  # --max-tokens given: one micro-batch, as asked
+    given = size_scored_update(asked, its, "cpu", 1)  # --max-tokens given: one micro-batch, as asked
+    assert (given.max_tokens, given.grad_accum) == (512, 1)
+    one = size_scored_update(TrainOptions(grad_accum=1), its, "cpu", 1)  # --grad-accum 1 given: one, not the default
+    assert (one.grad_accum, one.max_tokens) == (1, update_tokens([len(it) for it in its], "cpu"))
     accum = size_scored_update(TrainOptions(grad_accum=3), its, "cpu", 1)  # --grad-accum alone: sized as defaults do
     assert (accum.grad_accum, accum.max_tokens) == (3, update_tokens([len(it) for it in its], "cpu"))
     assert needs_cache(TrainOptions(max_tokens=512, grad_accum=4), 512, "cpu", 1)
@@ -378,6 +381,8 @@ def test_the_update_holds_about_the_pairs_asked_for():
     assert o.grad_accum == 1 and o.max_tokens == 960
     o = size_ranking_update(TrainOptions(grad_accum=4), its, 64, "cpu", 2)  # 64 pairs over 2 ranks x 4
     assert o.grad_accum == 4 and o.max_tokens == 480
+    o = size_ranking_update(TrainOptions(grad_accum=1), its, 80, "cpu", 1)  # --grad-accum 1 given: one micro-batch
+    assert o.grad_accum == 1 and o.max_tokens == 4096  # the budget caps it: fewer pairs an update
 
 
 def test_ranking_training_resumes_to_the_same_weights(tmp_path):

@@ -3,6 +3,7 @@ import copy
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -145,9 +146,12 @@ def test_training_that_cannot_compare_pairs_is_refused_naming_the_file(tmp_path,
     assert capsys.readouterr().err.strip() == f"error: {one} holds 1 pair; it needs at least 2"
     assert main(["train", "embed", "--train", str(two), "--dev", str(one), *base]) == 2  # was "dev holds 1 pair"
     assert capsys.readouterr().err.strip() == f"error: {one} holds 1 pair; it needs at least 2"
-    assert main(["train", "embed", "--train", str(two), "--max-tokens", "8", *base]) == 2  # one pair an update: loss 0
+    assert main(["train", "embed", "--train", str(two), "--max-tokens", "8", *base]) == 2  # not one pair a batch
+    longest = int(re.search(r"give --max-tokens (\d+) or more", capsys.readouterr().err)[1])
+    assert main(["train", "embed", "--train", str(two), "--max-tokens", str(longest), *base]) == 2  # one an update
     err = capsys.readouterr().err
-    assert err.startswith("error: --max-tokens 8: an update holds 0 pairs of a typical") and "so it needs at least 2" in err
+    assert err.startswith(f"error: --max-tokens {longest}: an update holds 1 pair of a typical") and \
+        "so it needs at least 2" in err
 
 
 def test_evaluate_takes_the_columns_training_took(tmp_path, capsys):
@@ -177,6 +181,29 @@ def test_scored_pairs_train_with_grad_accum_and_no_max_tokens(tmp_path, capsys):
     assert main(["train", "embed", "--train", str(data), "--model", "tiny", "--out", str(tmp_path / "run"),
                  "--grad-accum", "2", "--epochs", "1", "--device", "cpu"]) == 0
     assert (tmp_path / "run" / "model" / "modules.json").exists()
+
+
+def test_scored_pairs_take_the_grad_accum_and_max_tokens_given_and_say_how_they_rank(tmp_path):
+    """--grad-accum 1 was taken for unset (the default's two micro-batches ran), a --max-tokens below
+    the longest pair was accepted (ranking refused it), and a given --max-tokens left the run without
+    its line on how the loss ranks."""
+    from spanflow.errors import ConfigError
+
+    pairs = random_pairs(12, seed=3)
+    lines = []
+
+    def run(name: str, **kw):
+        return train_embedder(pairs, None, model="tiny", out_dir=str(tmp_path / name),
+                              options=TrainOptions(epochs=1, log_every=0, **kw), log_fn=lines.append)
+
+    run("one", grad_accum=1)
+    said = [x for x in lines if "CoSENT loss over each update" in x]
+    assert len(said) == 1 and "one micro-batch" in said[0], lines
+    lines.clear()
+    run("given", max_tokens=512)
+    assert any("CoSENT loss over each update: one micro-batch of 512 tokens" in x for x in lines), lines
+    with pytest.raises(ConfigError, match=r"^--max-tokens 4 is below the longest training item, \d+ tokens"):
+        run("short", max_tokens=4)
 
 
 def test_pairs_without_scores_train_with_the_ranking_loss(tmp_path):

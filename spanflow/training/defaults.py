@@ -107,14 +107,15 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         log(f"note: a budget of {max_tokens} tokens a batch (--max-tokens) is below the median training text "
             f"({typical} tokens): a batch holds one text at least, so updates hold more than the budget, and unset "
             f"learning rates follow {typical}")
-    update = max(max_tokens, typical) * opts.grad_accum * world
+    accum = opts.grad_accum or 1
+    update = max(max_tokens, typical) * accum * world
     whole = sum(max(lengths[i] for i in mb) * len(mb) for step in plan for mb in step if mb)
     if len(plan) == 1 and whole < update:  # the budget holds more than the data: one update, of the whole set
         if opts.max_tokens is not None:  # a budget of the defaults' is said in their line
-            accum = f" x --grad-accum {opts.grad_accum}" if opts.grad_accum > 1 else ""
+            times = f" x --grad-accum {accum}" if accum > 1 else ""
             unset = opts.lr is None or opts.head_lr is None
             follow = f", and unset learning rates follow {whole} tokens" if unset else ""
-            log(f"note: an update of --max-tokens {max_tokens}{accum} tokens holds the whole training set ({whole} "
+            log(f"note: an update of --max-tokens {max_tokens}{times} tokens holds the whole training set ({whole} "
                 f"padded tokens): 1 update per epoch{follow}")
         update = whole
     scale = math.sqrt(update / REFERENCE_TOKENS)
@@ -147,5 +148,5 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
             "nothing is evaluated or stopped early")
     pack = opts.pack if opts.pack is not None else defaults.pack
     return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs,
-                               patience=patience, pack=pack,  # (one process compresses nothing: sparse tables stay)
+                               patience=patience, pack=pack, grad_accum=accum,  # (one process compresses nothing: sparse tables stay)
                                grad_compression="none" if world == 1 else checked.grad_compression)

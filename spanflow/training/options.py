@@ -42,7 +42,7 @@ class TrainOptions:
     weight_decay: float = opt(0.01, "AdamW weight decay")
     warmup_ratio: float = opt(0.1, "share of the steps spent warming the learning rate up")
     max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")
-    grad_accum: int = opt(1, "micro-batches per optimizer step")
+    grad_accum: int | None = opt(None, "micro-batches per optimizer step", unset="1; embeddings: sized with the update")
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
     max_length: int | None = opt(None, "most tokens per training window",
                                  unset="the encoder's limit; a model continued: its own")
@@ -109,7 +109,7 @@ class TrainOptions:
             (self.oversample >= 0, f"--oversample must be >= 0, got {self.oversample}"),
             (self.pack is None or 0.0 <= self.pack <= 1.0, f"--pack must be in [0, 1], got {self.pack}"),
             (self.pack_span >= 1.0, f"--pack-span must be >= 1, got {self.pack_span}"),
-            (1 <= self.grad_accum <= MAX_GRAD_ACCUM,
+            (self.grad_accum is None or 1 <= self.grad_accum <= MAX_GRAD_ACCUM,
              f"--grad-accum must be between 1 and {MAX_GRAD_ACCUM}, got {quote(self.grad_accum, 30)}"),
             (self.epochs is None or self.epochs <= MAX_EPOCHS,  # each epoch's batches are planned at the start
              f"--epochs must be at most {MAX_EPOCHS} (--max-steps stops a run by steps), got {quote(self.epochs, 30)}"),

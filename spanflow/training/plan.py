@@ -19,7 +19,7 @@ def epoch_plan(lengths, opts: TrainOptions, epoch: int, world: int = 1,
         batches = token_budget_batches([lengths[i] for i in drawn], opts.max_tokens, seed=opts.seed, epoch=epoch,
                                        world_size=world)
         batches = [[drawn[j] for j in b] for b in batches]
-    n = opts.grad_accum * world
+    n = (opts.grad_accum or 1) * world
     steps = [batches[i:i + n] for i in range(0, len(batches), n)]
     if steps and len(steps[-1]) < n:  # a short tail: empty micro-batches keep every rank in step
         steps[-1] = steps[-1] + [[] for _ in range(n - len(steps[-1]))]

@@ -208,9 +208,10 @@ def check_update(opts: TrainOptions, items: list[PairItem], world: int, given: i
     if given is None:
         return
     typical = typical_pair(items)
-    per_update = opts.max_tokens * opts.grad_accum * world
+    accum = opts.grad_accum or 1
+    per_update = opts.max_tokens * accum * world
     if per_update < 2 * typical:
-        need = math.ceil(2 * typical / (opts.grad_accum * world))
+        need = math.ceil(2 * typical / (accum * world))
         raise ConfigError(f"--max-tokens {given}: an update holds {per_update // typical} pair"
                           f"{'s' * (per_update // typical != 1)} of a typical {typical} tokens; the loss compares each "
                           f"pair with the others of its update, so it needs at least 2: give --max-tokens {need} or "
@@ -231,7 +232,7 @@ def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, d
     budget = opts.max_tokens or default_budget("train", device)
     mean_len = sum(len(it) for it in items) / max(1, len(items))
     need = math.ceil(pairs * mean_len / world)  # padded tokens of this rank's share of an update
-    accum = opts.grad_accum if opts.grad_accum != 1 else max(1, math.ceil(need / budget))
+    accum = opts.grad_accum if opts.grad_accum is not None else max(1, math.ceil(need / budget))
     micro = min(budget, max(max(len(it) for it in items), math.ceil(need / accum)))
     return dataclasses.replace(opts, max_tokens=micro, grad_accum=accum)
 
@@ -244,11 +245,11 @@ def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world:
     micro-batches of different buckets, it does. With --grad-accum alone, each micro-batch is
     what training's defaults would size (said here, so the cache is decided on it)."""
     if opts.max_tokens is not None:
-        return opts
+        return dataclasses.replace(opts, grad_accum=opts.grad_accum or 1)
     # at least two pairs of a typical length: the loss ranks a pair against the others of its update
     two = math.ceil(2 * typical_pair(items) / world)
     update = max(update_tokens([len(it) for it in items], device, world), two)
-    if opts.grad_accum != 1:
+    if opts.grad_accum is not None:
         return dataclasses.replace(opts, max_tokens=update)
     micro = max(max(len(it) for it in items), update // MIXED_MICRO_BATCHES)
     return dataclasses.replace(opts, max_tokens=micro, grad_accum=max(1, update // micro, math.ceil(two / micro)))
@@ -276,7 +277,7 @@ def needs_cache(opts: TrainOptions, asked: int | None, device, world: int, graph
     if world > 1:
         return True
     budget = asked or default_budget("train", device)
-    if (opts.max_tokens or budget) * opts.grad_accum <= budget:
+    if (opts.max_tokens or budget) * (opts.grad_accum or 1) <= budget:
         return False
     if memory_decides(opts, asked, device, world) and graph is not None and avail is not None:
         return graph > avail * GRAPH_MEMORY_SHARE
@@ -288,7 +289,7 @@ def memory_decides(opts: TrainOptions, asked: int | None, device, world: int) ->
     --max-tokens unset (`asked`), and an update over the budget."""
     budget = default_budget("train", device)
     return (asked is None and world == 1 and torch.device(device).type == "cpu"
-            and (opts.max_tokens or budget) * opts.grad_accum > budget)
+            and (opts.max_tokens or budget) * (opts.grad_accum or 1) > budget)
 
 
 def step_of(loss: Callable, run: Run, cache: bool, graph: float | None) -> Callable:
@@ -385,20 +386,23 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
             graph, avail = graph_bytes(emb.module.encoder, tokens, length, run.policy), available_bytes()
             return needs_cache(o, None, device, world, graph, avail), graph, avail
 
+        longest = max(len(it) for it in items)
+        if run.opts.max_tokens is not None and run.opts.max_tokens < longest:  # as train ner and re refuse it
+            raise ConfigError(f"--max-tokens {run.opts.max_tokens} is below the longest training item, {longest} "
+                              f"tokens (its texts together): one must fit in a micro-batch (give --max-tokens "
+                              f"{longest} or more)")
         if name in SCORED_LOSSES:
             plan.options = o = size_scored_update(run.opts, items, device, world)
             if o.grad_accum > 1 or world > 1:
                 plan.step = step_of(fn, run, *cache_for(o)[:2])
-            if o is not run.opts:
+            each = f"on each of {world} processes " if world > 1 else ""
+            if o.grad_accum > 1:
                 run.log(f"{NAMES[name]} over each update: {o.grad_accum} micro-batches of {o.max_tokens} tokens "
-                        f"{f'on each of {world} processes ' if world > 1 else ''}from different length buckets, "
-                        "ranked together")
+                        f"{each}from different length buckets, ranked together")
+            else:  # said too where --max-tokens was given: how the loss ranks is the run's choice to know
+                run.log(f"{NAMES[name]} over each update: one micro-batch of {o.max_tokens} tokens {each}(pairs of "
+                        "about one length; --grad-accum 2 or more ranks pairs of different lengths together)")
         else:
-            longest = max(len(it) for it in items)
-            if run.opts.max_tokens is not None and run.opts.max_tokens < longest:  # as train ner and re refuse it
-                raise ConfigError(f"--max-tokens {run.opts.max_tokens} is below the longest training item, {longest} "
-                                  f"tokens (its texts together): one must fit in a micro-batch (give --max-tokens "
-                                  f"{longest} or more)")
             pairs = config.pairs_per_step or default_pairs_per_step(len(items))
             if pairs > len(items):  # an update holds the data at most: sized (and its rate scaled) for that
                 if config.pairs_per_step:
