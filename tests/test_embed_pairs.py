@@ -177,7 +177,7 @@ def test_a_missing_or_empty_path_is_named_as_missing(tmp_path):
 
 
 def test_invalid_utf8_names_line(tmp_path):
-    with pytest.raises(DataError, match=r"u\.csv:2: invalid UTF-8"):
+    with pytest.raises(DataError, match=r"u\.csv:2: invalid UTF-8 .*; is the file in another encoding"):
         read_pairs(write(tmp_path, "u.csv", b"a,b\nc\xff,d\n"))
     with pytest.raises(DataError, match=r"u\.jsonl:2: invalid UTF-8"):
         read_pairs(write(tmp_path, "u.jsonl", b'{"s1": "a", "s2": "b"}\n{"s1": "\xff"}\n'))

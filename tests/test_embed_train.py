@@ -231,7 +231,7 @@ def test_a_run_says_what_its_starting_model_scored_and_warns_when_never_beaten(t
     # an update too small to move fp32 weights: the run ends where it started, and says so
     assert main(["train", "embed", *base, "--model", start, "--out", str(tmp_path / "b"), "--lr", "1e-20"]) == 0
     said = capsys.readouterr().out
-    line = next(x for x in said.splitlines() if x.startswith("the starting model, untrained: dev Spearman "))
+    line = next(x for x in said.splitlines() if x.startswith("the starting model, before this run's training: dev Spearman "))
     score = line.rsplit(" ", 1)[1]
     assert f"warning: training did not beat the starting model's dev Spearman {score} (the best {score})" in said
     # a run cut short before any evaluation has nothing to compare: no warning

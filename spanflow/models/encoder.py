@@ -403,7 +403,8 @@ def window_limit(source: str, encoder: nn.Module, tokenizer, max_length: int | N
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--max-length {max_length} is above what {source} reads: {limit} tokens (its limit, "
-                          "from its config and tokenizer); give at most that, or leave --max-length unset for it")
+                          "from its config and tokenizer); give at most that, or leave --max-length unset (the model's own "
+                          "length where it has one, else this limit)")
     return min(max_length or trained or limit, limit)
 
 

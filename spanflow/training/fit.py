@@ -142,7 +142,7 @@ def _start_score(plan: Plan, dev: list | None, run: Run, model: str) -> float | 
         score = plan.model.evaluate(dev, dist=run.dist, check_spans=False)["f1"]
     finally:
         module.train()
-    run.log(f"the starting model, untrained: dev {plan.metric} {score:.4f}")
+    run.log(f"the starting model, before this run's training: dev {plan.metric} {score:.4f}")
     return score
 
 

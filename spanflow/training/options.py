@@ -45,7 +45,8 @@ class TrainOptions:
     grad_accum: int | None = opt(None, "micro-batches per optimizer step", unset="1; embeddings: sized with the update")
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
     max_length: int | None = opt(None, "most tokens per training window",
-                                 unset="the encoder's limit; a model continued: its own")
+                                 unset="the model's own where it has one (a continued model's; embeddings: a "
+                                       "sentence-transformers max_seq_length), else the encoder's limit")
     stride: int | None = opt(None, "tokens shared by neighbouring windows of a long text", **SOME,
                              unset="32; a model continued: its own")
     precision: str = "auto"  # runtime flag

@@ -17,10 +17,12 @@ import math
 import numbers
 import os
 import re
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from spanflow.data.formats.common import SURROGATE, check_unicode, jq_lines, kind_of, parse_json, read_lines
+from spanflow.data.formats.common import (LATIN1_HINT, SURROGATE, check_unicode, jq_lines, kind_of, parse_json,
+                                          read_lines)
 from spanflow.data.formats.sniff import refuse_other, sniff
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
 
@@ -247,8 +249,8 @@ def _table_rows(path: str, kind: str) -> Iterator[tuple[int, list[str]]]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:  # decoded whole so the error names its own line
         line_start = data.rfind(b"\n", 0, e.start) + 1
-        raise DataError(f"invalid UTF-8 at byte {e.start - line_start} of the line", path=path,
-                        line=data.count(b"\n", 0, e.start) + 1) from None
+        raise DataError(f"invalid UTF-8 at byte {e.start - line_start} of the line; {LATIN1_HINT} "
+                        f"{shlex.quote(path)} > NEW", path=path, line=data.count(b"\n", 0, e.start) + 1) from None
     first = next((line for line in text.splitlines() if line.strip()), None)
     if kind == "text" and first is not None and "\t" not in first:
         raise DataError("a .txt pairs file must be tab-separated", path=path)
