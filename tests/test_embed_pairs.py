@@ -163,6 +163,11 @@ def test_columns_by_index_and_name(tmp_path):
     ("s.csv", "a;b;1\nc;d;2\n", r"s\.csv:1: .* separated by semicolons, .*: write it comma- or tab-separated$"),
     ("s.tsv", "a;b;1\nc;d;2\n", r"s\.tsv:1: .* separated by semicolons, and a file named so is read as "
      r"tab-separated"),
+    ("c.tsv", "a b,c d,3\ne f,g h,2\n", r"c\.tsv:1: .* separated by commas, and a file named so is read as "
+     r"tab-separated \(\.tsv or \.txt\): name it \.csv$"),
+    # a score with a decimal comma, unquoted: one column more
+    ("d.csv", "a b,c d,3.5\ne f,g h,3,8\n", r"d\.csv:2: record has 4 columns, the file's first has 3 \(its last two, 3 "
+     r"and 8, look like a score with a decimal comma: write 3\.8\)$"),
 ])
 def test_errors_name_file_and_line(tmp_path, name, text, message):
     with pytest.raises(DataError, match=message):

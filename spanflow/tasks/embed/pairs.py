@@ -351,8 +351,8 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair
     pairs = []
     for line, row in data:
         if cols is None and len(row) != width:
-            raise DataError(f"record has {counted(len(row), 'column')}, the file's first has {width}{_spanning(row)}",
-                            path=path, line=line)
+            raise DataError(f"record has {counted(len(row), 'column')}, the file's first has {width}{_spanning(row)}"
+                            f"{_decimal_comma(row, width)}", path=path, line=line)
         if len(row) <= max(idx):
             raise DataError(f"missing column {max(idx)}: record has {counted(len(row), 'column')}{_spanning(row)}",
                             path=path, line=line)
@@ -374,15 +374,27 @@ def _spanning(row: list[str]) -> str:
             'starts with " ends at the next lone "; write a quote inside one as "")') if lines > 1 else ""
 
 
+def _decimal_comma(row: list[str], width: int) -> str:
+    """A hint where a record has one column too many whose last two are digits: a score written
+    with a decimal comma (3,8) and not quoted."""
+    if len(row) != width + 1 or not (re.fullmatch(r"-?\d+", row[-2].strip()) and re.fullmatch(r"\d+", row[-1].strip())):
+        return ""
+    return (f" (its last two, {row[-2].strip()} and {row[-1].strip()}, look like a score with a decimal comma: "
+            f"write {row[-2].strip()}.{row[-1].strip()})")
+
+
 def _other_separator(path: str, first: list[str]) -> str:
     """A hint where a one-column first record is separated by something else than the reader's."""
     if len(first) != 1:
         return ""
-    found = [name for sep, name in (("\t", "tabs"), (";", "semicolons"), ("|", "bars")) if sep in first[0]]
+    csv_named = os.path.splitext(path)[1].lower() == ".csv"
+    seps = (("\t", "tabs"), (";", "semicolons"), ("|", "bars")) if csv_named else \
+        ((",", "commas"), (";", "semicolons"), ("|", "bars"))
+    found = [name for sep, name in seps if sep in first[0]]
     if not found:
         return ""
-    kind = "tab-separated (.tsv or .txt)" if os.path.splitext(path)[1].lower() != ".csv" else "comma-separated (.csv)"
-    fix = "name it .tsv" if found[0] == "tabs" else "write it comma- or tab-separated"
+    kind = "comma-separated (.csv)" if csv_named else "tab-separated (.tsv or .txt)"
+    fix = {"tabs": "name it .tsv", "commas": "name it .csv"}.get(found[0], "write it comma- or tab-separated")
     return f"; its fields look separated by {found[0]}, and a file named so is read as {kind}: {fix}"
 
 
