@@ -52,6 +52,9 @@ def test_fill_defaults_fills_only_what_is_unset():
     fill_defaults(TrainOptions(), D, lengths=[32] * 5, device=CPU, log=lines.append)
     assert "max_tokens 256 (about 1 update per epoch)" in lines[0]
     lines.clear()
+    fill_defaults(TrainOptions(), D, lengths=[32] * 3000, device=CPU, world=2, log=lines.append)
+    assert "max_tokens 512 on each of 2 processes (about 94 updates per epoch)" in lines[0]  # a rank's share
+    lines.clear()
     varied = [random.Random(0).randint(5, 90) for _ in range(4000)]  # batches seldom full: more than tokens / budget
     o = fill_defaults(TrainOptions(), D, lengths=varied, device=CPU, log=lines.append)
     steps = len(epoch_plan(varied, o, 0))

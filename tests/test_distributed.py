@@ -674,6 +674,30 @@ def test_a_rank_killed_by_a_signal_is_named_whichever_rank_failed_first(monkeypa
     assert capsys.readouterr().err.splitlines()[1:] == ["error: rank 1 was killed by signal 9"]
 
 
+def test_a_killed_rank_0_is_named_with_how_the_run_goes_on(monkeypatch, capsys, tmp_path):
+    """kill -9 of rank 0 said only which rank was killed, though its checkpoint was there to resume."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from spanflow.cli.main import main
+    from spanflow.training.checkpoint import STATE
+
+    out = tmp_path / "run"
+    (out / "checkpoint").mkdir(parents=True)
+
+    def killed(_args):  # rank 0 wrote its checkpoint, then was killed
+        (out / "checkpoint" / STATE).write_bytes(b"state")
+        raise ChildFailedError("spanflow", {0: ProcessFailure(local_rank=0, pid=11, exitcode=-9, error_file="")})
+
+    monkeypatch.setattr(run, "run", killed)
+    for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    assert main(["train", "ner", "--train", "t.conll", "--out", str(out), "--devices", "2"]) == 1
+    said = capsys.readouterr().err.splitlines()[1:]
+    assert said == [f"error: rank 0 was killed by signal 9; the same command with --resume goes on from "
+                    f"{out / 'checkpoint'}"], said
+
+
 def test_the_launchers_own_stop_of_the_survivors_is_not_named_as_a_failure(monkeypatch, capsys):
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure

@@ -119,7 +119,7 @@ def run(a: argparse.Namespace) -> int:
 
         argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process
         i = next(k for k, x in enumerate(argv) if x == "--devices" or x.startswith("--devices="))
-        return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices)
+        return relaunch(argv[:i] + argv[i + (1 if "=" in argv[i] else 2):], a.devices, lambda: after_stop(a))
     from spanflow.training.distributed import init_from_env
     from spanflow.training.outdir import claim_out_dir
 

@@ -101,7 +101,8 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     plan = epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world) if lengths else []
     if opts.max_tokens is None:
         # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives here
-        auto.append(f"max_tokens {max_tokens} (about {counted(max(1, len(plan)), 'update')} per epoch)")
+        each = f" on each of {world} processes" if world > 1 else ""
+        auto.append(f"max_tokens {max_tokens}{each} (about {counted(max(1, len(plan)), 'update')} per epoch)")
     typical = sorted(lengths)[len(lengths) // 2] if lengths else 0
     if max_tokens < typical:  # a batch holds a text at least: the update is larger than the budget asked
         log(f"note: a budget of {max_tokens} tokens a batch (--max-tokens) is below the median training text "

@@ -147,10 +147,11 @@ def on_main(fn: Callable[[], T], d: Dist) -> T | None:
     return out
 
 
-def relaunch(argv: list[str], devices: int) -> int:
+def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = lambda: None) -> int:
     """Run `spanflow <argv>` under torch.distributed.run with `devices` processes on this node;
-    0 when all finished; 1, naming them, when ranks were killed by a signal (they said nothing);
-    else the exit code of the first rank that failed (its own error line said why)."""
+    0 when all finished; 1, naming them, when ranks were killed by a signal (they said nothing:
+    `after()` says how the run goes on, where it can); else the exit code of the first rank that
+    failed (its own error line said why)."""
     from torch.distributed import run
 
     args = ["--nproc-per-node", str(devices), "-m", "spanflow", *argv]
@@ -166,7 +167,7 @@ def relaunch(argv: list[str], devices: int) -> int:
         os.environ[clock.ENV] = repr(began)
     try:
         with _quiet_launcher():
-            return _launch(run, args)
+            return _launch(run, args, after)
     finally:
         if own:
             os.environ.pop("OMP_NUM_THREADS", None)
@@ -197,7 +198,7 @@ def _quiet_launcher() -> Iterator[None]:
             os.environ.pop("LOGLEVEL", None)
 
 
-def _launch(run, args: list[str]) -> int:
+def _launch(run, args: list[str], after: Callable[[], str | None] = lambda: None) -> int:
     """torch.distributed.run with `args`; relaunch's exit code."""
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -213,8 +214,8 @@ def _launch(run, args: list[str]) -> int:
         # the agent stops the survivors of a killed rank with SIGTERM: those are not what failed
         killed = [k for k in killed if k[1] != signal.SIGTERM] or killed
         if killed:  # killed by a signal: nothing of its own was printed (the survivors' line says a peer went)
-            print("error: " + ", ".join(f"rank {rank} was killed by signal {sig}" for rank, sig in killed),
-                  file=sys.stderr)
+            print("error: " + ", ".join(f"rank {rank} was killed by signal {sig}" for rank, sig in killed)
+                  + (after() or ""), file=sys.stderr)
             return 1
         return e.get_first_failure()[1].exitcode or 1
     except SignalException as e:  # a signal to the launcher (TERM, INT, HUP, QUIT): its agent has stopped the ranks
