@@ -9,10 +9,12 @@ import inspect
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -544,6 +546,23 @@ def test_the_output_and_the_columns_are_checked_before_any_work(enc_dir, table, 
     with pytest.raises(ConfigError, match="is a file"):
         check_target(str(tmp_path / "f"))
     assert check_target(str(tmp_path / "new")).local
+
+
+def test_files_put_at_the_output_during_a_job_keep_the_jobs_output_beside_it(tmp_path):
+    """A file dropped into --output while the job ran was refused at the end, and the job's own
+    output, in its staging directory, was removed with it: all the work lost."""
+    out = tmp_path / "out"
+    target = check_target(str(out))
+    with pytest.raises(ConfigError, match=r"no spanflow Ray job wrote, put there while the job ran: .* kept at "
+                                          rf"{re.escape(str(out))}\.new-{os.getpid()} "):
+        with staged(target) as where:
+            (Path(where) / "part-0.parquet").write_text("the job's rows")
+            out.mkdir(exist_ok=True)
+            (out / "mine.txt").write_text("a user's file")  # during the job
+    assert (out / "mine.txt").read_text() == "a user's file"
+    assert (tmp_path / f"out.new-{os.getpid()}" / "part-0.parquet").read_text() == "the job's rows"
+    clean_stale(str(out))  # a later job's clean-up leaves it
+    assert (tmp_path / f"out.new-{os.getpid()}").is_dir()
 
 
 def test_only_this_outputs_leftovers_of_dead_jobs_here_are_cleaned(tmp_path):

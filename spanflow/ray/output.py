@@ -159,12 +159,22 @@ def staged(target: Target) -> Iterator[str]:
         clean_stale(target.path)
         tmp = tempfile.mkdtemp(prefix=f"{_prefix(name)}{os.getpid()}-", dir=parent)
         os.chmod(tmp, 0o777 & ~_umask())
+    kept = False
     try:
         yield tmp
         with writing(WHAT, target.path):
-            _replace(tmp, target.path)
+            try:
+                _replace(tmp, target.path)
+            except ConfigError as e:  # files put at the output during the job: the job's own is kept, not lost
+                beside = f"{target.path}.new-{os.getpid()}"  # no staging name: a later job's clean-up keeps it
+                os.replace(tmp, beside)
+                kept = True
+                raise ConfigError(f"{str(e).split(';')[0]}, put there while the job ran: it was left as it is, and "
+                                  f"this job's output is kept at {beside} (move it where it should be)",
+                                  field="output") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _replace(tmp: str, path: str) -> None:
