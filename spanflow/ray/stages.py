@@ -113,13 +113,13 @@ class ModelStage:
             # waited for: the figures are in before the chunk's rows go on, so the tally is whole
             # when the job ends; keyed by the chunk's first row, so a chunk run again counts once
             ray.get(self.spec.tally.add.remote(batch[ROW][0].as_py(), figures))
-        # one record batch: Ray's Parquet write task hands a block's batches to pyarrow's
-        # write_dataset on threads without keeping their order, so a table in pieces (the
-        # kept columns come chunked as the input's blocks were) could be written out of order
         said = cut_warning(out.nbytes, batch.num_rows)
         if said and not self.warned:
             self.warned = True
             print(f"warning: {said}", flush=True)
+        # one record batch: Ray's Parquet write task hands a block's batches to pyarrow's
+        # write_dataset on threads without keeping their order, so a table in pieces (the
+        # kept columns come chunked as the input's blocks were) could be written out of order
         out = out.combine_chunks()
         self.trim()
         return out
