@@ -130,6 +130,10 @@ def test_a_run_that_does_not_learn_says_so(tmp_path):
     # two epochs: after the first there is one to go, after the last the run names its fixes
     assert [x for x in falling if "loss fell" in x][0].endswith("still learning, 1 epoch to go")
     assert "--epochs" in [x for x in falling if "loss fell" in x][1]
+    # more epochs: "still learning" once, not at every epoch; the last epoch's fixes still said
+    longer = [x for x in _loop(tmp_path / "f", lambda m, b: m.w.square() * b["x"].numel(), lr=0.3, epochs=5)
+              if "loss fell" in x]
+    assert len(longer) == 2 and longer[0].endswith("still learning, 4 epochs to go") and "--epochs" in longer[1]
     # stopped early inside an epoch (--eval-every, --patience) at F1 0: said as at a last epoch
     early = _loop(tmp_path / "c", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, n=32, eval_every=2,
                   patience=1)

@@ -156,6 +156,9 @@ def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = Fa
         r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
               f"give it more updates (a smaller --max-tokens, {longer}) or a higher --lr{_or_head(r, '/')}")
     elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
+        if r.st.get("said_learning"):  # once: a small data set's run said it at every one of its 20 epochs
+            return
+        r.st["said_learning"] = True
         r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({moved}) in {steps} optimizer steps: "
               f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
     else:
