@@ -165,6 +165,10 @@ def test_columns_by_index_and_name(tmp_path):
      r"tab-separated"),
     ("c.tsv", "a b,c d,3\ne f,g h,2\n", r"c\.tsv:1: .* separated by commas, and a file named so is read as "
      r"tab-separated \(\.tsv or \.txt\): name it \.csv$"),
+    # semicolons with a decimal comma: not "name it .csv", which would read 'a b;c d;3' and '5' as a pair
+    ("e.tsv", "a b;c d;3,5\ne f;g h;2,0\n", r"e\.tsv:1: .* separated by semicolons, .*: write it comma- or "
+     r"tab-separated$"),
+    ("n.tsv", "Well, then, here we are, again\n", r"n\.tsv:1: expected 2 or 3 columns, the first record has 1$"),
     # a score with a decimal comma, unquoted: one column more
     ("d.csv", "a b,c d,3.5\ne f,g h,3,8\n", r"d\.csv:2: record has 4 columns, the file's first has 3 \(its last two, 3 "
      r"and 8, look like a score with a decimal comma: write 3\.8\)$"),

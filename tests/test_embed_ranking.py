@@ -372,7 +372,7 @@ def test_matryoshka_training_keeps_truncated_vectors_useful():
 
 
 def test_the_update_holds_about_the_pairs_asked_for():
-    from spanflow.tasks.embed.train import size_ranking_update
+    from spanflow.tasks.embed.train import held_pairs, size_ranking_update
 
     its = [PairItem(([1] * 30, [2] * 30)) for _ in range(100)]  # 60 padded tokens each
     o = size_ranking_update(TrainOptions(), its, 80, "cpu", 1)  # 4800 tokens: over the 4096 budget
@@ -382,7 +382,10 @@ def test_the_update_holds_about_the_pairs_asked_for():
     o = size_ranking_update(TrainOptions(grad_accum=4), its, 64, "cpu", 2)  # 64 pairs over 2 ranks x 4
     assert o.grad_accum == 4 and o.max_tokens == 480
     o = size_ranking_update(TrainOptions(grad_accum=1), its, 80, "cpu", 1)  # --grad-accum 1 given: one micro-batch
-    assert o.grad_accum == 1 and o.max_tokens == 4096  # the budget caps it: fewer pairs an update
+    assert o.grad_accum == 1 and o.max_tokens == 4800  # the whole update, past the device's default budget
+    assert held_pairs(o, its, 80, 1) == 80
+    o = size_ranking_update(TrainOptions(grad_accum=1, max_tokens=2400), its, 80, "cpu", 1)  # both given: capped
+    assert (o.grad_accum, o.max_tokens, held_pairs(o, its, 80, 1)) == (1, 2400, 40)
 
 
 def test_ranking_training_resumes_to_the_same_weights(tmp_path):

@@ -162,7 +162,7 @@ def test_devices_relaunches_without_its_own_flag(tmp_path, monkeypatch, flag):
     from spanflow.training import distributed
 
     launched = []
-    monkeypatch.setattr(distributed, "relaunch", lambda argv, n: launched.append((argv, n)) or 0)
+    monkeypatch.setattr(distributed, "relaunch", lambda argv, n, after=None: launched.append((argv, n)) or 0)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = ["train", "ner", "--train", "t.conll", *flag, "--out", "o"]
     assert main(argv) == 0

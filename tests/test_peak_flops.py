@@ -107,12 +107,29 @@ def test_ranks_that_share_a_machines_cores_share_its_peak(rates, monkeypatch, th
     rates += [1.0e12]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # every rank may run on all of them
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     meter = Meter(torch.device("cpu"), "bf16", flops_per_token=3.0)
     meter.add_tokens(5000, 6000)
     r = meter.report(devices=2)
     assert r["peak_flops"] == pytest.approx(2 * 1.0e12 * share)
     assert r["mfu"] * r["wall_s"] * r["peak_flops"] == pytest.approx(3.0 * 6000)
+    meter.close()
+
+
+def test_ranks_pinned_to_cores_of_their_own_keep_their_own_peaks(rates, monkeypatch):
+    """Ranks bound to separate cores (--cpu-bind, taskset) each measured their own cores' peak: the
+    sum is the job's, and sharing it out again read MFU N times too high."""
+    import os
+
+    rates += [1.0e12]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)  # half of 8
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    meter = Meter(torch.device("cpu"), "bf16", flops_per_token=3.0)
+    meter.add_tokens(5000, 6000)
+    assert meter.report(devices=2)["peak_flops"] == pytest.approx(2 * 1.0e12)
     meter.close()
 
 

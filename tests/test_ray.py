@@ -563,6 +563,14 @@ def test_files_put_at_the_output_during_a_job_keep_the_jobs_output_beside_it(tmp
     assert (tmp_path / f"out.new-{os.getpid()}" / "part-0.parquet").read_text() == "the job's rows"
     clean_stale(str(out))  # a later job's clean-up leaves it
     assert (tmp_path / f"out.new-{os.getpid()}").is_dir()
+    # a plain file put there: it was moved aside under a staging name, hidden, and the output put in its place
+    other = tmp_path / "other"
+    with pytest.raises(ConfigError, match=r"other is a file, put there while the job ran: .* kept at "):
+        with staged(check_target(str(other))) as where:
+            (Path(where) / "part-0.parquet").write_text("the job's rows")
+            other.write_text("a user's file")
+    assert other.read_text() == "a user's file" and sorted(p.name for p in tmp_path.iterdir()) == \
+        sorted(["out", f"out.new-{os.getpid()}", "other", f"other.new-{os.getpid()}"])
 
 
 def test_only_this_outputs_leftovers_of_dead_jobs_here_are_cleaned(tmp_path):

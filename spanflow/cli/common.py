@@ -57,7 +57,8 @@ def short_usage(p: argparse.ArgumentParser) -> str:
     """`usage: PROG --model MODEL ... [options]`: the flags a run must give, then where the rest are."""
     required = [f"{a.option_strings[0]} {a.metavar or a.dest.upper()}" for a in p._actions
                 if a.required and a.option_strings]
-    positional = [a.metavar or a.dest for a in p._actions if not a.option_strings and a.nargs != argparse.PARSER]
+    positional = [f"[{a.metavar or a.dest}]" if a.nargs in ("?", "*") else a.metavar or a.dest for a in p._actions
+                  if not a.option_strings and a.nargs != argparse.PARSER]
     more = any(not a.required and a.option_strings and a.help is not argparse.SUPPRESS for a in p._actions
                if not isinstance(a, argparse._HelpAction))
     rest = f" [options] (`{p.prog} --help` lists them)" if more else ""

@@ -97,7 +97,6 @@ def _at(out: str) -> str:
 def run(a: argparse.Namespace) -> int:
     import os
 
-
     if a.devices < 1:
         from spanflow.errors import ConfigError
 
@@ -127,7 +126,8 @@ def run(a: argparse.Namespace) -> int:
     # data (another machine's copy) is then a peer the others hear of, not one they wait for at
     # the group's start (for gloo's half hour)
     d = init_from_env()
-    with claim_out_dir(a.out, d, command=True):  # before the data is read or a budget measured; the training's own claim is this one
+    # --out is held before the data is read or a budget measured; the training's own claim is this one
+    with claim_out_dir(a.out, d, command=True):
         return _train(a, opts, d)
 
 

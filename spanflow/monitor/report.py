@@ -183,6 +183,8 @@ def cpu_share(devices: int) -> float:
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", devices)) if devices > 1 else 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if local > 1 and cores < (os.cpu_count() or cores):  # pinned to cores of its own (--cpu-bind, taskset,
+        return 1.0  # NUMA binding): its peak was measured on them alone, and the ranks' peaks add up
     # a rank's threads beyond the cores add nothing to its own measured peak
     return min(1.0, cores / max(1, min(torch.get_num_threads(), cores) * local))
 

@@ -21,6 +21,7 @@ output complete.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -180,9 +181,18 @@ def staged(target: Target) -> Iterator[str]:
 def _replace(tmp: str, path: str) -> None:
     """`tmp` put at `path`; an earlier output there moved aside first, and removed once the new one
     is in place. Checked again first: files added to it meanwhile are refused, not removed."""
-    if not os.path.exists(path):
-        os.replace(tmp, path)
+    if not os.path.lexists(path):
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # a directory made there since the check above, files in it
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise ConfigError(f"--output {path} holds files that no spanflow Ray job wrote; give a new or empty "
+                              "directory", field="output") from None
         return
+    if not os.path.isdir(path):  # a file put there: not ours to move aside
+        raise ConfigError(f"--output {path} is a file; under --ray it names a directory of Parquet files",
+                          field="output")
     _check_replaceable(path, path)
     parent, name = os.path.split(path)
     aside = os.path.join(parent, f"{_prefix(name)}{os.getpid()}-old")

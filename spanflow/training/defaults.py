@@ -148,6 +148,7 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         log(f"warning: {' and '.join(idle)} act on evaluations of --dev data; this run has none: "
             "nothing is evaluated or stopped early")
     pack = opts.pack if opts.pack is not None else defaults.pack
+    # (one process compresses nothing: sparse tables stay)
     return dataclasses.replace(checked, max_tokens=max_tokens, lr=lr, head_lr=head_lr, epochs=epochs,
-                               patience=patience, pack=pack, grad_accum=accum,  # (one process compresses nothing: sparse tables stay)
+                               patience=patience, pack=pack, grad_accum=accum,
                                grad_compression="none" if world == 1 else checked.grad_compression)

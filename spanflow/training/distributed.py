@@ -234,9 +234,10 @@ def _first_stop_only(handler):
     terminal's INT) cut that wait short: the launcher left with the second signal's code, and its
     ranks met their parent's death mid-clean-up. Later signals now leave the wait to finish."""
     def on_stop(signum, frame):
-        for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):  # those torch handles
-            if hasattr(signal, name):
-                signal.signal(getattr(signal, name), _no_op)
+        names = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")  # torch's list
+        for name in names.split(","):
+            if hasattr(signal, name.strip()):
+                signal.signal(getattr(signal, name.strip()), _no_op)
         handler(signum, frame)
     return on_stop
 

@@ -42,7 +42,7 @@ class TrainOptions:
     weight_decay: float = opt(0.01, "AdamW weight decay")
     warmup_ratio: float = opt(0.1, "share of the steps spent warming the learning rate up")
     max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")
-    grad_accum: int | None = opt(None, "micro-batches per optimizer step", unset="1; embeddings: sized with the update")
+    grad_accum: int | None = opt(None, "micro-batches per optimizer step", unset="1; train embed: as many as its update needs")
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
     max_length: int | None = opt(None, "most tokens per training window",
                                  unset="the model's own where it has one (a continued model's; embeddings: a "

@@ -46,9 +46,11 @@ def job_rank() -> int:
 
 
 def torchrun_world() -> int:
-    """The number of processes of the torchrun job this process is one of; 1 outside torchrun,
-    whatever WORLD_SIZE a cluster's pod environment sets."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    """The number of processes of the torchrun job this process is one of (or of a launcher that sets
+    the variables training joins its group by); 1 outside one, whatever WORLD_SIZE alone says."""
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or all(os.environ.get(k) for k in ("RANK", "MASTER_ADDR",
+                                                                                       "MASTER_PORT"))
+    if not launched:
         return 1
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))

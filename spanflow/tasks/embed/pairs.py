@@ -388,9 +388,11 @@ def _other_separator(path: str, first: list[str]) -> str:
     if len(first) != 1:
         return ""
     csv_named = os.path.splitext(path)[1].lower() == ".csv"
+    # semicolons before commas: a European export separates by ";" and writes its scores 3,5
     seps = (("\t", "tabs"), (";", "semicolons"), ("|", "bars")) if csv_named else \
-        ((",", "commas"), (";", "semicolons"), ("|", "bars"))
-    found = [name for sep, name in seps if sep in first[0]]
+        ((";", "semicolons"), (",", "commas"), ("|", "bars"))
+    # a separator that cuts the record into 2 or 3 fields, as a pairs file has (not a sentence's commas)
+    found = [name for sep, name in seps if len(first[0].split(sep)) in (2, 3)]
     if not found:
         return ""
     kind = "comma-separated (.csv)" if csv_named else "tab-separated (.tsv or .txt)"

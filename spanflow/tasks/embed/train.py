@@ -233,8 +233,17 @@ def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, d
     mean_len = sum(len(it) for it in items) / max(1, len(items))
     need = math.ceil(pairs * mean_len / world)  # padded tokens of this rank's share of an update
     accum = opts.grad_accum if opts.grad_accum is not None else max(1, math.ceil(need / budget))
-    micro = min(budget, max(max(len(it) for it in items), math.ceil(need / accum)))
-    return dataclasses.replace(opts, max_tokens=micro, grad_accum=accum)
+    # --grad-accum alone sets the micro-batches: each is then 1/N of the update, past the device's
+    # default budget if need be; a --max-tokens given caps them (held_pairs says what that leaves)
+    cap = opts.max_tokens if opts.max_tokens is not None or opts.grad_accum is None else None
+    micro = max(max(len(it) for it in items), math.ceil(need / accum))
+    return dataclasses.replace(opts, max_tokens=min(cap, micro) if cap else micro, grad_accum=accum)
+
+
+def held_pairs(o: TrainOptions, items: list[PairItem], pairs: int, world: int) -> int:
+    """About how many of the `pairs` asked an update of `o` holds (fewer where --max-tokens capped it)."""
+    mean_len = sum(len(it) for it in items) / max(1, len(items))
+    return min(pairs, int(o.max_tokens * o.grad_accum * world / mean_len))
 
 
 def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world: int) -> TrainOptions:
@@ -416,6 +425,9 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
             if shared:
                 run.log(f"{shared} of the {len(items)} training pairs share their anchor or positive text with "
                         "another: where both are in one update, neither is counted as the other's negative")
+            held = held_pairs(o, items, pairs, world)
+            if held < pairs:  # --max-tokens and --grad-accum given, their product below the pairs asked
+                pairs = f"{held} of the {pairs} asked (--max-tokens x --grad-accum holds no more)"
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
