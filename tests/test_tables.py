@@ -742,7 +742,9 @@ def test_a_full_disk_under_parquet_is_one_write_error_and_nothing_at_the_output(
 def test_embed_under_torchrun_points_to_ray(enc_dir, tmp_path, capsys, monkeypatch):
     src = tmp_path / "in.txt"
     src.write_text("a\n")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # rank 0 of a torchrun job of two
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     assert main(["embed", "--model", enc_dir, "--input", str(src), "--output", str(tmp_path / "o.npy")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "--ray" in err[0] and "docs/ray.md" in err[0]
