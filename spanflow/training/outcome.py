@@ -45,12 +45,16 @@ def job_rank() -> int:
         return 0
 
 
+def _launched() -> bool:
+    """Whether this process was started by torchrun (or by a launcher that sets the variables
+    training joins its group by), not merely in an environment that sets WORLD_SIZE or RANK."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(os.environ.get(k) for k in ("RANK", "MASTER_ADDR",
+                                                                                   "MASTER_PORT"))
+
+
 def torchrun_world() -> int:
-    """The number of processes of the torchrun job this process is one of (or of a launcher that sets
-    the variables training joins its group by); 1 outside one, whatever WORLD_SIZE alone says."""
-    launched = "TORCHELASTIC_RUN_ID" in os.environ or all(os.environ.get(k) for k in ("RANK", "MASTER_ADDR",
-                                                                                       "MASTER_PORT"))
-    if not launched:
+    """The number of processes of the torchrun job this process is one of; 1 outside one."""
+    if not _launched():
         return 1
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))

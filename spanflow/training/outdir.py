@@ -28,18 +28,19 @@ def claim_out_dir(out_dir: str, dist: Dist = Dist(), *, command: bool = False) -
         yield
 
 
-_HELD = threading.local()  # .dirs: those a command's claim holds on this thread
+class _Held(threading.local):
+    """The directories a command's claim holds, on this thread."""
+
+    def __init__(self):
+        self.dirs: set[str] = set()
 
 
-def _held() -> set[str]:
-    if not hasattr(_HELD, "dirs"):
-        _HELD.dirs = set()
-    return _HELD.dirs
+_HELD = _Held()
 
 
 @contextmanager
 def _claim(out_dir: str, command: bool = False) -> Iterator[None]:
-    if out_dir and os.path.isdir(out_dir) and os.path.realpath(out_dir) in _held():  # the command's claim holds it
+    if out_dir and os.path.isdir(out_dir) and os.path.realpath(out_dir) in _HELD.dirs:  # the command's claim holds it
         yield
         return
     if not out_dir:
@@ -66,11 +67,11 @@ def _claim(out_dir: str, command: bool = False) -> Iterator[None]:
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
         if command:
-            _held().add(held)
+            _HELD.dirs.add(held)
         yield
         ok = True
     finally:
-        _held().discard(held)
+        _HELD.dirs.discard(held)
         _release(fd, lock)
         if not ok and created and not any(os.path.exists(os.path.join(out_dir, k)) for k in KEEP):
             shutil.rmtree(out_dir, ignore_errors=True)

@@ -230,20 +230,23 @@ def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, d
     device's token budget (or --max-tokens) as hold them, or in --grad-accum of them when set:
     the gradient cache joins them."""
     budget = opts.max_tokens or default_budget("train", device)
-    mean_len = sum(len(it) for it in items) / max(1, len(items))
-    need = math.ceil(pairs * mean_len / world)  # padded tokens of this rank's share of an update
+    need = math.ceil(pairs * _mean_length(items) / world)  # padded tokens of this rank's share of an update
     accum = opts.grad_accum if opts.grad_accum is not None else max(1, math.ceil(need / budget))
+    micro = max(max(len(it) for it in items), math.ceil(need / accum))
     # --grad-accum alone sets the micro-batches: each is then 1/N of the update, past the device's
     # default budget if need be; a --max-tokens given caps them (held_pairs says what that leaves)
-    cap = opts.max_tokens if opts.max_tokens is not None or opts.grad_accum is None else None
-    micro = max(max(len(it) for it in items), math.ceil(need / accum))
-    return dataclasses.replace(opts, max_tokens=min(cap, micro) if cap else micro, grad_accum=accum)
+    if opts.grad_accum is None or opts.max_tokens is not None:
+        micro = min(budget, micro)
+    return dataclasses.replace(opts, max_tokens=micro, grad_accum=accum)
 
 
 def held_pairs(o: TrainOptions, items: list[PairItem], pairs: int, world: int) -> int:
     """About how many of the `pairs` asked an update of `o` holds (fewer where --max-tokens capped it)."""
-    mean_len = sum(len(it) for it in items) / max(1, len(items))
-    return min(pairs, int(o.max_tokens * o.grad_accum * world / mean_len))
+    return min(pairs, int(o.max_tokens * o.grad_accum * world / _mean_length(items)))
+
+
+def _mean_length(items: list[PairItem]) -> float:
+    return sum(len(it) for it in items) / max(1, len(items))
 
 
 def size_scored_update(opts: TrainOptions, items: list[PairItem], device, world: int) -> TrainOptions:
