@@ -172,6 +172,9 @@ def test_columns_by_index_and_name(tmp_path):
     # a score with a decimal comma, unquoted: one column more
     ("d.csv", "a b,c d,3.5\ne f,g h,3,8\n", r"d\.csv:2: record has 4 columns, the file's first has 3 \(its last two, 3 "
      r"and 8, look like a score with a decimal comma: write 3\.8\)$"),
+    # the same on the first record: told as that, not "pick 2 or 3 of them with --columns"
+    ("f.csv", "a b,c d,3,8\ne f,g h,2,0\n", r"f\.csv:1: expected 2 or 3 columns, the first record has 4 \(its last "
+     r"two, 3 and 8, look like a score with a decimal comma: write 3\.8\)$"),
 ])
 def test_errors_name_file_and_line(tmp_path, name, text, message):
     with pytest.raises(DataError, match=message):
