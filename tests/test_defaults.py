@@ -282,3 +282,18 @@ def test_an_update_larger_than_the_data_scales_the_rates_to_the_data_and_says_so
     lines.clear()
     fill_defaults(TrainOptions(**asked, lr=1e-4, head_lr=1e-3), D, lengths=[30] * 40, device=CPU, log=lines.append)
     assert any(x.endswith("1 update per epoch") for x in lines), lines  # rates given: nothing follows
+
+
+@pytest.mark.parametrize("asked, said", [
+    (TrainOptions(), "an update of 2 micro-batches of 128 tokens holds"),
+    (TrainOptions(grad_accum=2), "an update of --grad-accum 2 micro-batches of 128 tokens holds"),
+    (TrainOptions(max_tokens=128, grad_accum=2), "an update of --max-tokens 128 x --grad-accum 2 tokens holds"),
+])
+def test_the_whole_set_note_names_only_the_flags_given(asked, said):
+    """A task that sized the update (train embed) passes what it sized: the note named
+    --max-tokens and --grad-accum the user never gave."""
+    lines = []
+    fill_defaults(TrainOptions(max_tokens=128, grad_accum=2), D, lengths=[12] * 6, device=CPU, log=lines.append,
+                  asked=asked)
+    note = next(x for x in lines if "holds the whole training set" in x)
+    assert said in note, note

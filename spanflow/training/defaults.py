@@ -85,15 +85,26 @@ TINY = ("model tiny (a small encoder and vocabulary built from scratch on --trai
 NO_DEV = "no --dev: no early stopping, the model of the last epoch is kept"
 
 
+def _update_said(max_tokens: int, accum: int, asked: TrainOptions) -> str:
+    """An update's size as a note says it: the flags where given, the sized values otherwise."""
+    if asked.max_tokens is not None:
+        return f"--max-tokens {max_tokens}" + (f" x --grad-accum {accum}" if accum > 1 else "") + " tokens"
+    if accum == 1:
+        return f"{max_tokens} tokens"
+    return f"{'--grad-accum ' if asked.grad_accum is not None else ''}{accum} micro-batches of {max_tokens} tokens"
+
+
 def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[int], device: torch.device,
                   world: int = 1, log: Callable[[str], None] = print, tiny: bool = False,
-                  dev: bool = True) -> TrainOptions:
+                  dev: bool = True, asked: TrainOptions | None = None) -> TrainOptions:
     """Options with every unset value taken from `defaults` and the data, each choice logged.
 
     The learning rates follow the update size by the square-root rule (Adam-style
     optimizers keep their per-update noise level that way), from REFERENCE_TOKENS. The line
-    also names a `tiny` start, and says what a run without `dev` data keeps.
+    also names a `tiny` start, and says what a run without `dev` data keeps. `asked`: the user's
+    options where a task sized some of `opts` (the notes name a flag only where it was given).
     """
+    asked = asked or opts
     auto = [TINY] if tiny else []
     max_tokens = opts.max_tokens or update_tokens(lengths, device, world)
     # the first epoch's plan: what the budget gives on this data (batches are rarely full: the token
@@ -105,7 +116,8 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
         auto.append(f"max_tokens {max_tokens}{each} (about {counted(max(1, len(plan)), 'update')} per epoch)")
     typical = sorted(lengths)[len(lengths) // 2] if lengths else 0
     if max_tokens < typical:  # a batch holds a text at least: the update is larger than the budget asked
-        log(f"note: a budget of {max_tokens} tokens a batch (--max-tokens) is below the median training text "
+        flag = " (--max-tokens)" if asked.max_tokens is not None else ""
+        log(f"note: a budget of {max_tokens} tokens a batch{flag} is below the median training text "
             f"({typical} tokens): a batch holds one text at least, so updates hold more than the budget, and unset "
             f"learning rates follow {typical}")
     accum = opts.grad_accum or 1
@@ -113,10 +125,9 @@ def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[i
     whole = sum(max(lengths[i] for i in mb) * len(mb) for step in plan for mb in step if mb)
     if len(plan) == 1 and whole < update:  # the budget holds more than the data: one update, of the whole set
         if opts.max_tokens is not None:  # a budget of the defaults' is said in their line
-            times = f" x --grad-accum {accum}" if accum > 1 else ""
             unset = opts.lr is None or opts.head_lr is None
             follow = f", and unset learning rates follow {whole} tokens" if unset else ""
-            log(f"note: an update of --max-tokens {max_tokens}{times} tokens holds the whole training set ({whole} "
+            log(f"note: an update of {_update_said(max_tokens, accum, asked)} holds the whole training set ({whole} "
                 f"padded tokens): 1 update per epoch{follow}")
         update = whole
     scale = math.sqrt(update / REFERENCE_TOKENS)
