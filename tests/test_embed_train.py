@@ -181,6 +181,8 @@ def test_scored_pairs_train_with_grad_accum_and_no_max_tokens(tmp_path, capsys):
     assert main(["train", "embed", "--train", str(data), "--model", "tiny", "--out", str(tmp_path / "run"),
                  "--grad-accum", "2", "--epochs", "1", "--device", "cpu"]) == 0
     assert (tmp_path / "run" / "model" / "modules.json").exists()
+    # no --dev: the metric is the training data's (it named MRR@10 for scored pairs)
+    assert json.loads((tmp_path / "run" / "train_options.json").read_text())["dev_metric"] == "Spearman"
 
 
 def test_scored_pairs_take_the_grad_accum_and_max_tokens_given_and_say_how_they_rank(tmp_path):

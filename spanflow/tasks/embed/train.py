@@ -378,7 +378,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out
                 f"{f' ({emb.dim}, the whole vector, added)' if added else ''}; {emb.module.pooling.mode} pooling, "
                 f"max length {emb.max_length}" + (f" ({cut} texts longer, cut there)" if cut else ""))
         table = DEFAULTS if name in SCORED_LOSSES else RANKING_DEFAULTS
-        metric = "Spearman" if dev and all(p.score is not None for p in dev) else "MRR@10"
+        # the dev data's kind decides; without any, the training data's (the run's record names it)
+        metric = "Spearman" if all(p.score is not None for p in dev or train) else "MRR@10"
         kind = "scored pairs" if train[0].score is not None else "triplets" if train[0].negative is not None else "pairs"
         course = {"training data of": kind, "--loss": name, "--symmetric": config.symmetric,
                   "--matryoshka-dims": asked,
