@@ -413,3 +413,33 @@ def test_an_option_out_of_range_names_the_field_in_the_api_and_the_flag_on_the_c
     capsys.readouterr()
     assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "o"), "--warmup-ratio", "2"]) == 2
     assert capsys.readouterr().err.strip() == "error: --warmup-ratio must be in [0, 1), got 2.0"
+
+
+def test_streams_read_the_users_iterable_on_the_callers_thread(ner, rel, emb):
+    """A sqlite cursor may be read only on the thread that made it: NER's and the Embedder's
+    streams read their input on a background thread (sqlite3.ProgrammingError), RE's did not."""
+    import sqlite3
+
+    con = sqlite3.connect(":memory:")
+    con.execute("create table t (x text)")
+    con.executemany("insert into t values (?)", [(t,) for t in TEXTS * 3])
+
+    def rows():
+        return (r[0] for r in con.execute("select x from t"))
+
+    assert list(ner.predict_stream(rows())) == ner.predict(TEXTS * 3)
+    assert list(rel.predict_stream(rows())) == rel.predict(TEXTS * 3)
+    assert np.array_equal(np.concatenate(list(emb.encode_stream(rows()))), emb.encode(TEXTS * 3))
+    assert np.array_equal(np.stack(list(emb.predict_stream(rows()))), emb.encode(TEXTS * 3))
+
+
+def test_a_stream_reads_a_chunk_ahead_of_what_it_gives_not_more(ner, emb):
+    """An endless input: the first results come after `chunk_size` texts and one chunk more are
+    read (five results from NER's stream read 40,960 texts, with no chunk_size to ask fewer)."""
+    import itertools
+
+    for stream in (ner.predict_stream, emb.predict_stream):
+        read = itertools.count()
+        endless = (TEXTS[next(read) % 2] for _ in itertools.count())
+        got = list(itertools.islice(stream(endless, chunk_size=4), 5))
+        assert len(got) == 5 and next(read) <= 3 * 4, stream  # chunks 1 and 2 given, chunk 3 prepared ahead

@@ -4,7 +4,9 @@ from __future__ import annotations
 import numbers
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 _END = object()
 
@@ -46,6 +48,24 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
                 q.get_nowait()
             except queue.Empty:
                 t.join(timeout=0.05)
+
+
+def prepared(chunks: Iterable, prepare: Callable, depth: int = 1) -> Iterator:
+    """Yield `prepare(c)` for each chunk of `chunks`, in order, with up to `depth` chunks prepared
+    ahead on a worker thread while the consumer computes. The chunks are read on the caller's
+    thread, at its pace: a user's iterator may be bound to its thread (a sqlite cursor) or
+    endless, which `prefetch` (reading them on its own thread) does not allow."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="spanflow-prepare")
+    pending: deque = deque()
+    try:
+        for c in chunks:
+            pending.append(pool.submit(prepare, c))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a consumer stopping early waits for no chunk
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:

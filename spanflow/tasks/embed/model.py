@@ -15,7 +15,7 @@ from torch import nn
 from spanflow.batching.align import check_window, encode_prefixes
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, pad_rows
-from spanflow.batching.prefetch import chunked, prefetch
+from spanflow.batching.prefetch import chunked, prepared
 from spanflow.errors import ConfigError, as_path
 from spanflow.models.encoder import encoder_max_length, keeps_rng, load_encoder
 from spanflow.models.linear import Linear, full_batches
@@ -167,9 +167,9 @@ class Embedder:
         return results
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
-                       on_batch: Callable | None = None) -> Iterator[np.ndarray]:
-        """One embedding per text, in input order."""
-        for part in self._encode_stream(text_stream(texts), 8192, max_tokens, on_batch):
+                       on_batch: Callable | None = None, chunk_size: int = 8192) -> Iterator[np.ndarray]:
+        """One embedding per text, in input order, `chunk_size` texts at a time."""
+        for part in self._encode_stream(text_stream(texts), chunk_size, max_tokens, on_batch):
             yield from part
 
     @staticmethod
@@ -350,10 +350,7 @@ class Embedder:
                        on_batch: Callable | None) -> Iterator[np.ndarray]:
         max_tokens = check_max_tokens(max_tokens) or infer_tokens(self.policy.device)
 
-        def prep(chunk):
-            return self.tokenize(chunk)
-
-        for ids, n_cut in prefetch(prep(c) for c in chunked(texts, chunk_size)):
+        for ids, n_cut in prepared(chunked(texts, chunk_size), self.tokenize):
             self.truncated += n_cut
             yield self._embed_ids(ids, max_tokens, on_batch=on_batch)
 

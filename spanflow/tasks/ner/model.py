@@ -171,17 +171,20 @@ class NerModel:
             self.stride = stride
 
     def predict_stream(self, texts: Iterable[str], *, max_tokens: int | None = None,
-                       on_batch: Callable | None = None, words: Iterable | None = None) -> Iterator[list[Span]]:
-        """Spans for each text, in order, with bounded memory for inputs of any size; `words`:
+                       on_batch: Callable | None = None, words: Iterable | None = None,
+                       chunk_size: int = 8192) -> Iterator[list[Span]]:
+        """Spans for each text, in order, with bounded memory for inputs of any size, `chunk_size`
+        texts at a time (the first spans come after a chunk and the next are read); `words`:
         each text's own tokens as char offsets (or None), which spans then start and end on. A text
         without them is cut into the model's words (`self.words`: whitespace tokens or the tokenizer's)."""
-        return self._tag(text_stream(texts), max_tokens, on_batch, words)
+        return self._tag(text_stream(texts), max_tokens, on_batch, words, chunk_size)
 
     def _tag(self, texts: Iterable[str], max_tokens: int | None, on_batch: Callable | None,
-             words: Iterable | None) -> Iterator[list[Span]]:
+             words: Iterable | None, chunk_size: int = 8192) -> Iterator[list[Span]]:
         max_tokens = check_max_tokens(max_tokens) or infer_tokens(self.policy.device)
         return tag_texts(self.module, self.tokenizer, texts, id2label=self.id2label, max_length=self.max_length,
                          stride=self.stride, max_tokens=max(max_tokens, self.max_length), policy=self.policy,
+                         chunk_size=chunk_size,
                          on_batch=on_batch, words=words, lines=self.lines, split=splitter(self.words, self.word_edges),
                          cut_punctuation=self.cuts_punctuation)
 

@@ -9,7 +9,7 @@ from torch import nn
 from spanflow.batching.align import encode_texts, merge_windows, own_tokens, windows_for
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.batching.collate import collate
-from spanflow.batching.prefetch import chunked, prefetch
+from spanflow.batching.prefetch import chunked, prepared
 from spanflow.models.linear import full_batches
 from spanflow.data.examples import Span, words_problem
 from spanflow.errors import ConfigError
@@ -48,7 +48,7 @@ def tag_texts(model: nn.Module, tokenizer, texts: Iterable[str], *, id2label: li
 
     model.eval()
     pairs = paired(texts, words)
-    for chunk, encs, wins, batches, own in prefetch(prepare(c) for c in chunked(pairs, chunk_size)):
+    for chunk, encs, wins, batches, own in prepared(chunked(pairs, chunk_size), prepare):
         preds: list[list[int] | None] = [None] * len(wins)
         with full_batches(max_tokens, max_length):  # the short batches: few distinct products (models/linear.py)
             for b in batches:
