@@ -314,6 +314,9 @@ def test_training_with_log_fn_none_is_quiet(tmp_path, capsys):
     data = [NerExample("Ann lives in Rome .", [(0, 3, "PER"), (13, 17, "LOC")])] * 4
     train_ner(data, None, out_dir=str(tmp_path), log_fn=None, options=TrainOptions(epochs=1, log_every=0))
     assert capsys.readouterr().out == ""
+    with pytest.raises(ConfigError, match=r"^log_fn takes a function of one line \(None: quiet\), got str 'x'"):
+        train_ner(data, None, out_dir=str(tmp_path / "x"), log_fn="x", options=TrainOptions(epochs=1, log_every=0))
+    assert not (tmp_path / "x").exists()  # told before the run claims its folder
 
 
 def test_the_package_lists_what_it_imports_lazily():

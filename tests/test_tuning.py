@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -486,11 +487,17 @@ def test_probe_memory_is_per_point_not_the_process_high_water():
     (dict(max_memory_gb=0.0), "--max-memory must be > 0 GiB, got 0"),
     (dict(latency_slo_ms=0.0), "--latency-slo must be > 0 ms, got 0"),
     (dict(quantize="int8"), "--quantize int8 is for inference"),  # it wrote an fp32 profile named int8
+    # the Python API's types: TypeErrors from a comparison before
+    (dict(budgets="256"), "budgets takes a list of whole numbers, got str '256'"),
+    (dict(max_lengths=[64.0]), "max_lengths takes a list of whole numbers, got list"),
+    (dict(sample="16"), "sample takes a whole number, got str '16'"),
+    (dict(budget_seconds=None), "budget_seconds takes a number, got NoneType"),
+    (dict(log_fn="tune.log"), "log_fn takes a function of one line (None: quiet), got str 'tune.log'"),
 ])
 def test_tune_refuses_values_it_cannot_measure_with(ner_file, tmp_path, kw, said):
     args = dict(task="ner", model="tiny", data=ner_file, mode="train", max_lengths=[64], budget_seconds=20,
                 sample=16, out=str(tmp_path), log_fn=lambda s: None)
-    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(said)):
         tune(**{**args, **kw})
 
 
@@ -587,3 +594,11 @@ def test_doctor_without_a_probe_refuses_the_probes_own_flags(capsys, argv, flag)
 
     assert main(["doctor", *argv]) == 2
     assert f"error: {flag} sets the training probe, which needs --model and --data" in capsys.readouterr().err
+
+
+def test_tune_with_log_fn_none_is_quiet(ner_file, tmp_path, capsys):
+    """None silences it, as it silences the train functions (a TypeError: 'NoneType' object is not
+    callable, before)."""
+    prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256], max_lengths=[64],
+                budget_seconds=20, sample=16, out=str(tmp_path), plot=False, log_fn=None)
+    assert prof["best"] and capsys.readouterr().out == ""

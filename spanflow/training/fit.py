@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spanflow.errors import as_path
+from spanflow.errors import as_log, as_path
 from spanflow.training.defaults import TaskDefaults, fill_defaults
 from spanflow.training.distributed import init_from_env
 from spanflow.training.loop import TaskHooks, train_loop
@@ -76,6 +76,7 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
     began = clock.began(time.perf_counter())  # a command's start: its data read and budget measured count
     out_dir, model = as_path(out_dir, "out_dir"), as_path(model, "model")
     check_options(options)
+    as_log(log_fn)  # a log_fn that is no function is told before the run starts
     with claim_out_dir(out_dir, init_from_env()):  # the group first, so every rank learns of a refused claim
         run = start_run(options, model=model, out_dir=out_dir, log_fn=log_fn)
         plan = setup(run)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from spanflow.atomic import make_dirs
 from spanflow.batching.align import MIN_LENGTH
 from spanflow.batching.batcher import token_budget_batches
-from spanflow.errors import ConfigError, ModelDirError, counted
+from spanflow.errors import ConfigError, ModelDirError, as_log, counted, quote
 from spanflow.runtime.cache import device_name
 from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
@@ -36,7 +37,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
          budget_seconds: float = 120, sample: int = 512, precision: str = "auto", quantize: str | None = None,
          force: bool = False, device: str = "auto", out: str | None = None, field: str = "text",
          column: int | None = None, plot: bool = True, repeats: int = 2, backends: bool = True,
-         log_fn: Callable[[str], None] = print, started: float | None = None, texts: list[str] | None = None,
+         log_fn: Callable[[str], None] | None = print, started: float | None = None, texts: list[str] | None = None,
          clock: Callable[[], float] = time.perf_counter) -> dict:
     """Measure, choose the best point, write `<out>/profile.json`; return the profile.
     `mode` None: infer for a trained model of `task` (what the commands that run it will run),
@@ -51,6 +52,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     `clock` reads every time the budget holds: the set-up, each run's steps, the deadline."""
     from spanflow.tasks.registry import check_model_for, get
 
+    check_types(max_lengths=max_lengths, budgets=budgets, sample=sample, repeats=repeats,
+                budget_seconds=budget_seconds, max_memory_gb=max_memory_gb, latency_slo_ms=latency_slo_ms)
+    log_fn = as_log(log_fn)  # None: quiet, as the train functions take it
     now = clock()  # `started` is a wall-clock reading (the process's start), put on `clock`
     budget = TimeBudget(budget_seconds, now if started is None else now - (time.time() - started), clock=clock)
 
@@ -172,6 +176,26 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
     log_fn(f"tune took {budget.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
+
+
+def check_types(**values) -> None:
+    """A ConfigError naming an argument of the wrong type: lists of whole numbers (`max_lengths`,
+    `budgets`), whole numbers (`sample`, `repeats`), numbers (the rest; None where unset)."""
+    for name, v in values.items():
+        if name in ("max_lengths", "budgets"):
+            ok = v is None or (isinstance(v, (list, tuple)) and all(_whole(x) for x in v))
+            want = "a list of whole numbers"
+        elif name in ("sample", "repeats"):
+            ok, want = _whole(v), "a whole number"
+        else:
+            ok = (v is None and name != "budget_seconds") or (isinstance(v, numbers.Real) and not isinstance(v, bool))
+            want = "a number"
+        if not ok:
+            raise ConfigError(f"{name} takes {want}, got {type(v).__name__} {quote(v, 40)}", field=name)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def check_ranges(*, budgets: list[int] | None, sample: int, repeats: int, budget_seconds: float,
