@@ -446,3 +446,23 @@ def test_a_stream_reads_a_chunk_ahead_of_what_it_gives_not_more(ner, emb):
         endless = (TEXTS[next(read) % 2] for _ in itertools.count())
         got = list(itertools.islice(stream(endless, chunk_size=4), 5))
         assert len(got) == 5 and next(read) <= 3 * 4, stream  # chunks 1 and 2 given, chunk 3 prepared ahead
+
+
+def test_read_texts_checks_its_path_at_the_call_and_load_does_not_offer_tiny(tmp_path):
+    """read_texts said it checks the path at the call, but told a missing file at the first
+    next(); Embedder.load's hint offered 'tiny', which it then refused."""
+    from spanflow.data.records import read_texts
+    from spanflow.errors import ModelDirError
+
+    with pytest.raises(DataError, match=r"nope\.txt: file not found$"):
+        read_texts(str(tmp_path / "nope.txt"))
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(ModelDirError) as e:
+        Embedder.load(str(tmp_path / "junk"))
+    assert "or 'tiny')" not in str(e.value) and "'tiny', a new encoder, only where training starts" in str(e.value)
+
+
+def test_train_embedder_starts_from_tiny_as_the_other_train_functions(tmp_path):
+    emb = train_embedder([Pair("a b", "c d"), Pair("e f", "g h")], None, out_dir=str(tmp_path / "e"),
+                         options=TrainOptions(epochs=1, log_every=0), log_fn=None)
+    assert emb.dim > 0 and (tmp_path / "e" / "model" / "modules.json").exists()

@@ -78,6 +78,8 @@ def test_pandas_and_numpy_batches_come_back_as_themselves_with_the_same_rows(ner
     got = p({"text": np.array(TEXTS), "grid": grids})
     assert list(got) == ["text", "grid", "entities", "error"] and got["grid"] is grids
     assert got["entities"].tolist() == want and got["error"].tolist() == [None] * len(TEXTS)
+    listed = p({"text": list(TEXTS), "n": list(range(len(TEXTS)))})  # a dict of lists (an AttributeError before)
+    assert listed["entities"].tolist() == want and listed["n"] == list(range(len(TEXTS)))
     assert p(pa.RecordBatch.from_pydict({"text": TEXTS}))["entities"].to_pylist() == want
     assert p(pa.table({"text": pa.array([], pa.string())})).column_names == ["text", "entities", "error"]
     cats = p(pa.table({"text": pa.array(TEXTS).dictionary_encode()}))  # a categorical column (was a crash)

@@ -13,7 +13,8 @@ import numbers
 import os
 from collections.abc import Iterator, Sequence
 
-from spanflow.data.formats.common import SURROGATE, error_record, jq_lines, kind_of, parse_json, read_lines_or_errors
+from spanflow.data.formats.common import (SURROGATE, check_exists, error_record, jq_lines, kind_of, parse_json,
+                                         read_lines_or_errors)
 from spanflow.data.csvrows import csv_rows
 from spanflow.data.tables import TableRecord, check_unique, is_table, read_table_records
 from spanflow.errors import ConfigError, DataError, as_path, counted, quote
@@ -248,9 +249,10 @@ def read_texts(path: str, *, field: str | None = None, column: Column | None = N
     `field`: a JSONL field (None: "text"), or on CSV/TSV its header's column, "text" too, as
     `predict --field` reads it (None: column 0). A record that cannot be read raises, or with
     `errors="record"` yields its DataError in its place, so a bulk job can write an error record
-    and go on. The path, `errors` and a named CSV column are checked at the call, the records as
-    they are read."""
+    and go on. The path (that it names a file), `errors` and a named CSV column are checked at
+    the call, the records as they are read."""
     path = as_path(path, "read_texts")
+    check_exists(path)
     if errors not in ("raise", "record"):
         raise ConfigError(f"read_texts: errors must be 'raise' or 'record', got {quote(errors, 40)}", field="errors")
     if field is not None and column is None and os.path.isfile(path) and input_kind(path) in ("csv", "tsv"):

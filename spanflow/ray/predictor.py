@@ -115,7 +115,8 @@ def _texts(batch: Any, kind: str, column: str) -> tuple[list[str | None], list[s
                           f"{', '.join(map(repr, _columns(batch, kind)))}", field="column")
     if kind in ("arrow", "record_batch"):
         return _arrow_texts(batch.column(column), column)
-    values = batch[column].tolist()
+    values = batch[column]
+    values = values.tolist() if hasattr(values, "tolist") else list(values)  # a dict of lists, too
     texts: list[str | None] = []
     errors: list[str | None] = []
     for v in values:

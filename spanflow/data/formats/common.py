@@ -39,11 +39,16 @@ def refuse_stream(path: str) -> None:
         raise DataError(f"is {STREAM}", path=path)
 
 
-def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
+def check_exists(path: str) -> None:
+    """A DataError for an input path that names nothing: not found, or a link to nothing."""
     if not os.path.exists(path):
         if os.path.islink(path):  # a loop of links, or a link to nothing: not "not found"
             raise DataError(f"is a link that leads to no file ({os.readlink(path)})", path=path)
         raise DataError("file not found", path=path)
+
+
+def _numbered_raw(path: str) -> Iterator[tuple[int, bytes]]:
+    check_exists(path)
     if os.path.isdir(path):
         raise DataError("is a directory, expected a file", path=path)
     refuse_stream(path)

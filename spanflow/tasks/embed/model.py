@@ -374,8 +374,9 @@ class Embedder:
             raise ConfigError(f"similarity: {e}") from None
 
     def calibrate(self, texts: list[str], *, max_tokens: int | None = None, what: str = "calibrate") -> dict | None:
-        """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32. `what`:
-        the call a text that is not one is told of."""
+        """Cosine of this precision's embeddings to fp32 on `texts`; None when already fp32, and
+        for no texts (nothing is measured: an empty input's job has nothing to check). `what`: the
+        call a text that is not one is told of."""
         texts = text_list(texts, what)[0]  # checked as every text entry point checks them
         if self.precision_name == "fp32" or not texts:
             return None
@@ -390,7 +391,8 @@ class Embedder:
 
     def check_precision(self, texts: list[str], *, force: bool = False) -> dict | None:
         """Calibrate and refuse (ConfigError) a reduced precision whose mean cosine to fp32 is
-        below its threshold, unless `force`."""
+        below its threshold, unless `force`; the calibration, or None where there was nothing to
+        measure (fp32, or no texts)."""
         cal = self.calibrate(texts, what="check_precision")
         if cal and not cal["mean_cosine"] >= cal["threshold"] and not force:  # a nan mean fails too
             raise ConfigError(f"{cal['precision']} embeddings reach a mean cosine of {cal['mean_cosine']:.5f} "

@@ -326,7 +326,7 @@ def cache_words(o: TrainOptions, cache: bool, graph: float | None, avail: int | 
     return f"no gradient cache: the update's graphs (about {size}) fit in the memory available"
 
 
-def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str, out_dir: str,
+def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "tiny", out_dir: str,
                    options: TrainOptions | None = None, config: EmbedTraining | None = None,
                    log_fn: Callable[[str], None] | None = print) -> Embedder:
     """Fine-tune a sentence embedder: CoSENT (or AnglE) on scored pairs, an in-batch-negatives
