@@ -153,6 +153,11 @@ def test_write_ner_refuses_a_span_it_would_write_as_another(tmp_path):
     with pytest.raises(ConfigError, match="examples\\[0\\]: span \\(0, 9, 'X'\\) is out of range"):
         write_ner([NerExample("ab cd", [(0, 9, "X")])], out)
     assert not out.exists()
+    # white space alone: JSONL wrote it and its reader refused it; CoNLL dropped it
+    for name in ("x.conll", "x.jsonl"):
+        with pytest.raises(ConfigError, match=r"examples\[0\]: span \(2, 3, 'X'\) holds white space alone$"):
+            write_ner([NerExample("ab cd", [(2, 3, "X")])], tmp_path / name)
+        assert not (tmp_path / name).exists()
     write_ner([NerExample("ab cd", [(0, 5, "X")])], out)
     assert read_ner(str(out)) == [NerExample("ab cd", [(0, 5, "X")])]
 
