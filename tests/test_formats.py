@@ -28,6 +28,14 @@ def test_wnut_traps(asset):
     assert ex[2].spans == []
 
 
+def test_a_document_mark_ends_a_sentence_without_blank_lines(tmp_path):
+    """-DOCSTART- between two lines was skipped: the documents' sentences read as one text, and an
+    I- tag after it continued the entity before it ("Paris Berlin" as one LOC)."""
+    ex = read_ner(write(tmp_path, "d.conll", "Paris\tB-LOC\n-DOCSTART-\tO\nBerlin\tB-LOC\nrocks\tO\n"))
+    assert [(e.text, e.entities()) for e in ex] == [("Paris", [("Paris", "LOC")]),
+                                                   ("Berlin rocks", [("Berlin", "LOC")])]
+
+
 def test_bmes_chinese_join_and_orphan_repair(asset, caplog):
     with caplog.at_level(logging.WARNING, logger="spanflow"):
         ex = read_ner(asset("resume_like.bmes"))

@@ -34,7 +34,10 @@ def _sentences(path: str):
         # columns padded with spaces around their tabs (`Grace \tB-PER`) lose them, or they would end
         # up inside the text and its spans; a token that is only spaces (spaCy's for a double space) stays
         cols = [c.strip(" ") or c for c in line.split("\t")] if "\t" in line else [c for c in line.split(" ") if c]
-        if cols and cols[0] == "-DOCSTART-":
+        if cols and cols[0] == "-DOCSTART-":  # a document's start ends a sentence, with or without blank lines
+            if sent:
+                yield sent
+            sent = []
             continue
         if not cols or not cols[0]:  # the line starts with its tab: a tag and no token
             raise DataError(f"no token before the tag, got {quote(line)}",
