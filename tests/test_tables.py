@@ -214,6 +214,18 @@ def test_the_cli_names_the_missing_column_before_loading_a_model(enc_dir, tmp_pa
         assert not out.exists()
 
 
+def test_a_column_the_file_holds_twice_is_one_error_naming_it(enc_dir, tmp_path, capsys):
+    """Two columns of one name: a KeyError traceback from Arrow (rc 1)."""
+    src = write_table(tmp_path / "dup.parquet", pa.Table.from_arrays([pa.array(["a b"]), pa.array(["c"]),
+                                                                      pa.array([1])], names=["text", "text", "m"]))
+    with pytest.raises(DataError, match=r"dup\.parquet: --column text: the file has 2 columns named 'text'"):
+        read_rows(src, column="text")
+    for cmd in ("predict", "embed"):
+        assert main([cmd, "--model", enc_dir, "--input", src, "--output", str(tmp_path / f"{cmd}.jsonl")]) == 2
+        assert "the file has 2 columns named 'text', and a column is read by its name" in capsys.readouterr().err
+        assert not (tmp_path / f"{cmd}.jsonl").exists()
+
+
 def test_a_parquet_file_of_many_row_groups_streams(tmp_path, monkeypatch):
     src = write_table(tmp_path / "in.parquet", pa.table({"text": [f"t{i}" for i in range(10)]}), row_group_size=2)
     assert pq.ParquetFile(src).metadata.num_row_groups == 5

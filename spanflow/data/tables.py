@@ -198,6 +198,9 @@ def column_name(schema, column: str | int, flag: str, path: str) -> str:
     name = column if isinstance(column, str) else str(column)
     if name not in schema.names:
         raise ConfigError(f"{flag} {name}: {path} has no such column; it has {', '.join(schema.names)}")
+    if schema.names.count(name) > 1:  # Arrow finds no one column of it: a KeyError deep in the read
+        raise DataError(f"{flag} {name}: the file has {schema.names.count(name)} columns named {name!r}, and a "
+                        "column is read by its name: rename all but one", path=path)
     return name
 
 
