@@ -310,9 +310,9 @@ def test_jsonl_takes_a_column_name_as_its_field_and_needs_the_id_it_was_told_of(
     src = tmp_path / "in.jsonl"
     src.write_text('{"body": "one", "uid": "a", "n": 1}\n{"body": "two", "n": [2]}\n{"body": "three", "uid": 7}\n')
     got = list(read_rows(str(src), column="body", id_column="uid", keep=["n"]))
-    assert [(r.id, r.text, r.kept) for r in got if isinstance(r.text, str)] == [("a", "one", ("1",)),
+    assert [(r.id, r.text, r.kept) for r in got if isinstance(r.text, str)] == [("a", "one", (1,)),
                                                                                  ("7", "three", (None,))]
-    assert str(got[1].text) == f'{src}:2: its id field "uid" (--id-column) is missing' and got[1].kept == ("[2]",)
+    assert str(got[1].text) == f'{src}:2: its id field "uid" (--id-column) is missing' and got[1].kept == ([2],)
     assert got[1].id is None  # unknown, not a line number that could pass for an id
     assert [r.id for r in read_rows(str(src), field="body")] == ["1", "2", "3"]  # no --id-column: line numbers
     with pytest.raises(ConfigError, match=r"^--column 1: .*in\.jsonl is JSONL, whose records have fields, not "
@@ -531,6 +531,24 @@ def test_a_table_embeds_to_npy_and_jsonl_as_text_lines_do(embedder, tmp_path):
     recs = [json.loads(x) for x in open(tmp_path / "c.jsonl")]
     assert [(r["id"], r["n"]) for r in recs] == [(i, i) for i in range(6)]  # a table's ids: its row numbers
     np.testing.assert_allclose([r["embedding"] for r in recs], np.load(tmp_path / "a.npy"), atol=1e-6)
+
+
+def test_kept_jsonl_values_stay_json_in_jsonl_and_are_their_json_text_in_parquet(embedder, tmp_path):
+    """A JSONL output kept a number, object or list of a JSONL input as a string of its JSON
+    ("100", "{\\"src\\": ...}"), while the same kept from a table stayed itself."""
+    src = tmp_path / "in.jsonl"
+    vals = [{"n": 100, "meta": {"src": "web"}, "ok": True, "tags": ["a"]}, {"n": "x", "meta": None}]
+    src.write_text("".join(json.dumps({"text": TEXTS[i], **v}) + "\n" for i, v in enumerate(vals)))
+    keep = ["n", "meta", "ok", "tags"]
+    spec = dict(input=str(src), keep=keep)
+    embed_file(embedder, EmbedSpec(output=str(tmp_path / "o.jsonl"), **spec), calibrate=False, **QUIET)
+    recs = [json.loads(x) for x in open(tmp_path / "o.jsonl")]
+    assert [{k: r[k] for k in keep} for r in recs] == [{"n": 100, "meta": {"src": "web"}, "ok": True, "tags": ["a"]},
+                                                       {"n": "x", "meta": None, "ok": None, "tags": None}]
+    embed_file(embedder, EmbedSpec(output=str(tmp_path / "o.parquet"), **spec), calibrate=False, **QUIET)
+    t = pq.read_table(tmp_path / "o.parquet")
+    assert t.select(keep).to_pylist() == [{"n": "100", "meta": '{"src": "web"}', "ok": "true", "tags": '["a"]'},
+                                          {"n": "x", "meta": None, "ok": None, "tags": None}]
 
 
 def test_kept_columns_need_an_output_that_holds_them(embedder, tmp_path):

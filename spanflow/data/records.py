@@ -52,7 +52,7 @@ def _json_kind(path: str) -> str:
 
 
 def _kept_value(value) -> str | None:
-    """A kept JSONL value as the string an output column holds: strings as they are, others as JSON."""
+    """A JSONL id as the string an id holds: strings as they are, others as JSON."""
     return value if value is None or isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
@@ -61,8 +61,8 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
     """(id, the `field` string, kept fields) of one JSONL line, or (id, why there is none, kept
     fields); a blank line is the empty text. The id is the `id_column` field, which a record
     must then have (else it is an error record), or else its "id" field, else the line
-    number; ids are strings (others as JSON), as are kept values; a kept field the record
-    lacks is None. With `id_column`, a record whose id cannot be read has the id None, never
+    number; ids are strings (others as JSON); kept values are as JSON holds them, None where
+    the record lacks the field. With `id_column`, a record whose id cannot be read has the id None, never
     a line number that could pass for an id."""
     unknown = None if id_column is not None else str(lineno)
     try:
@@ -76,7 +76,7 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
     if ids is not None and id_column is None:  # counted: a mix of both is said (_line_records)
         ids[rid is None] += 1
     rid = unknown if rid is None else _kept_value(rid)
-    kept = tuple(_kept_value(rec.get(k)) for k in keep)
+    kept = tuple(rec.get(k) for k in keep)  # as JSON holds them: a JSONL output keeps them so (tables.py: Parquet's)
     if not isinstance(rec.get(field), str):
         why = error_record(rec, path) if field == "text" else ""
         return TableRecord(rid, DataError(f'expected an object with a string "{field}" field{why or _others(rec, field)}',

@@ -42,6 +42,7 @@ renames it into place when complete.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -444,10 +445,14 @@ def carried_schema(path: str, *, id_column: str | None = None, keep: Sequence[st
                                         for k in keep])
 
 
-def _array(values, type_):
+def column_array(values, type_):
+    """An output column of `values` in `type_` (None: inferred); Python values of a JSONL input in
+    a string column as their JSON text."""
     pa = pyarrow()
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values if type_ is None or values.type == type_ else values.cast(type_)
+    if type_ is not None and type_ == pa.string():  # JSONL's kept values: a number, object or list as its JSON
+        values = [v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in values]
     return pa.array([_utf8(v) for v in values], type=type_)
 
 
@@ -476,8 +481,8 @@ def output_table(model, ids, texts: Sequence[str], results, errors: Sequence, ke
     typ = (lambda name: types.field(name).type if types is not None and name in types.names else None)
     result = model.arrow_results(list(texts), res, **opts)
     check_keep(list(kept), ("error", *result.column_names))
-    cols = {"id": _array(ids, typ("id"))}
-    cols.update({name: _array(values, typ(name)) for name, values in kept.items()})
+    cols = {"id": column_array(ids, typ("id"))}
+    cols.update({name: column_array(values, typ(name)) for name, values in kept.items()})
     cols.update({name: result.column(name) for name in result.column_names})
     cols["error"] = pa.array(errs, pa.string())
     return pa.table(cols)

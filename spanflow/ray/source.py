@@ -25,8 +25,8 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass
 
 from spanflow.data.records import read_rows
-from spanflow.data.tables import (PARQUET, RowError, carried_schema, column_name, escaped_utf8, holds_texts,
-                                   is_table, one_line, pyarrow, readable_strings)
+from spanflow.data.tables import (PARQUET, RowError, carried_schema, column_array, column_name, escaped_utf8,
+                                   holds_texts, is_table, one_line, pyarrow, readable_strings)
 from spanflow.errors import ConfigError, DataError
 
 ROW, ID, TEXT, ERROR = "__row", "__id", "__text", "__error"
@@ -371,7 +371,7 @@ def read_records(batch, *, src: Source, rows: int, types) -> Iterator:
             n = len(chunk)
             texts = pa.array([r.text if isinstance(r.text, str) else None for r in chunk], pa.string())
             errors = pa.array([str(r.text) if isinstance(r.text, DataError) else None for r in chunk], pa.string())
-            kept = {k: pa.array([r.kept[j] for r in chunk], types.field(k).type) for j, k in enumerate(src.keep)}
+            kept = {k: column_array([r.kept[j] for r in chunk], types.field(k).type) for j, k in enumerate(src.keep)}
             yield block(pa.array(range(row, row + n), pa.int64()), pa.array([r.id for r in chunk],
                         types.field("id").type), texts, errors, kept)
             row += n
