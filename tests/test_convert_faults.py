@@ -8,7 +8,7 @@ import pytest
 from spanflow.cli.main import main
 from spanflow.data.examples import NerExample
 from spanflow.data.io import read_ner, write_ner
-from spanflow.errors import DataError, WriteError
+from spanflow.errors import ConfigError, DataError, WriteError
 
 CONLL = "Ada\tB-PER\nLovelace\tI-PER\nwrote\tO\n\n"
 
@@ -29,7 +29,7 @@ def test_texts_conll_has_no_line_for_are_named_and_not_counted_as_written(tmp_pa
     out = tmp_path / "out.conll"
     assert main(["convert", str(src), str(out)]) == 0
     printed = capsys.readouterr()
-    assert "note: 2 text(s) are empty or only whitespace (texts 2, 3)" in printed.err  # notes are stderr's
+    assert "note: 2 text(s) are empty or only whitespace (texts 2, 3, counted from 1)" in printed.err  # notes are stderr's
     assert "wrote 2 texts, 1 entities" in printed.out
     assert [e.text for e in read_ner(str(out))] == ["Ada Lovelace wrote", "Bob ran"]
 
@@ -93,11 +93,36 @@ def test_another_tasks_data_is_named_as_what_convert_does_not_read(tmp_path, cap
 ])
 def test_texts_conll_would_read_back_otherwise_are_refused_naming_the_text(tmp_path, example, said):
     out = tmp_path / "out.conll"
-    with pytest.raises(DataError, match="text 2 cannot be written as CoNLL: " + __import__("re").escape(said)):
+    with pytest.raises(DataError, match=r"text 2 \(counted from 1\) cannot be written as CoNLL: "
+                                        + __import__("re").escape(said)):
         write_ner([NerExample("Ada wrote", [(0, 3, "PER")]), example], str(out))
     assert not out.exists()
     write_ner([example], str(tmp_path / "out.jsonl"))  # JSONL keeps it
     assert read_ner(str(tmp_path / "out.jsonl"))[0].spans == example.spans
+
+
+def test_convert_numbers_a_text_it_cannot_write_as_the_input_does(tmp_path, capsys):
+    """An empty text left out before the check made the third text "text 2", told of the output."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok", "entities": []}\n{"text": "  ", "entities": []}\n'
+                   '{"text": "fine -DOCSTART- x", "entities": []}\n')
+    assert main(["convert", str(src), str(tmp_path / "o.conll")]) == 2
+    assert f"error: {src}: text 3 (counted from 1) cannot be written as CoNLL: its token -DOCSTART-" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "o.conll").exists()
+
+
+@pytest.mark.parametrize("name", ["x.parquet", "x.csv", "x.npy", "x.arrow", "-"])
+def test_convert_refuses_an_output_named_as_another_kind_of_file(tmp_path, capsys, monkeypatch, name):
+    """It wrote tab-separated CoNLL into x.parquet (and a file named -), exit 0."""
+    monkeypatch.chdir(tmp_path)
+    write_ner([NerExample("Ada wrote", [(0, 3, "PER")])], "in.jsonl")
+    assert main(["convert", "in.jsonl", name]) == 2
+    assert "NER data is written as CoNLL (.conll), JSONL (.jsonl) or a spaCy DocBin" in capsys.readouterr().err
+    assert not os.path.exists(name)
+    assert main(["convert", "in.jsonl", name, "--to", "jsonl"]) == (2 if name == "-" else 0)  # a format given
+    with pytest.raises(ConfigError, match="give the format"):
+        write_ner([NerExample("Ada wrote", [(0, 3, "PER")])], "y.parquet")
 
 
 def test_tag_flags_on_input_without_tags_are_refused_and_unlabelled_texts_are_noted(tmp_path, capsys):

@@ -11,7 +11,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("convert", help="convert NER data between CoNLL, JSONL and spaCy DocBin",
                        description="Convert NER data. The input's format is told from its content (--from "
                                    "overrides), the output's from its extension (.jsonl or .json JSONL, .spacy "
-                                   "DocBin, else CoNLL; --to overrides). CoNLL is written as token<TAB>BIO.")
+                                   "DocBin, else CoNLL; a name of another kind of file, such as .csv or .parquet, "
+                                   "is refused; --to overrides). CoNLL is written as token<TAB>BIO.")
     p.add_argument("input", help="labelled NER data to read")
     p.add_argument("output", help="the file to write")
     add_format_arg(p, "--from", dest="src")
@@ -28,8 +29,9 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.data.io import (
         NER_SNIFFED,
         NER_TAKES,
+        check_conll_writable,
         check_output_file,
-        output_format,
+        ner_output_format,
         read_ner,
         refuse_tag_flags,
         write_ner,
@@ -37,6 +39,7 @@ def run(a: argparse.Namespace) -> int:
     from spanflow.errors import ConfigError, DataError
 
     check_output_file(a.output)  # before reading: the input may be large
+    fmt = ner_output_format(a.output, a.dst)
     if os.path.exists(a.output) and os.path.exists(a.input) and os.path.samefile(a.output, a.input):
         raise ConfigError(f"{a.output} is the input: convert would write over what it reads; give the output "
                           "another name")
@@ -44,11 +47,11 @@ def run(a: argparse.Namespace) -> int:
     refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
     refuse_tag_flags([a.input], a.src, scheme=a.scheme, strict=a.strict)
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
-    fmt = a.dst or output_format(a.output)
     if fmt == "conll":
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens
 
+        check_conll_writable(examples, a.input)  # numbered as the input's texts, before any is left out
         tokens = [conll_tokens(e.text, e.spans, e.words) for e in examples]
         empty = [i for i, t in enumerate(tokens) if not t]
         if empty and len(empty) == len(examples):  # the file would be empty, and no reader takes one
@@ -56,7 +59,8 @@ def run(a: argparse.Namespace) -> int:
                             "whitespace-only text; convert to JSONL to keep them", path=a.input)
         if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
             shown = ", ".join(str(i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
-            print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}): CoNLL has no line "
+            print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}, counted from 1): CoNLL "
+                  "has no line "
                   "for them, so they are left out", file=sys.stderr)
             examples = [e for e, t in zip(examples, tokens) if t]
             tokens = [t for t in tokens if t]

@@ -104,6 +104,26 @@ def output_format(path: str) -> str:
     return {"jsonl": "jsonl", "json": "jsonl", "docbin": "docbin"}.get(kind, "conll")
 
 
+# names of files NER data is never written as: without a format given, a name that says one of
+# them is a slip (convert wrote tab-separated CoNLL into x.parquet), not a CoNLL file's name
+_OTHER_KINDS = {".csv": "CSV", ".npy": "NumPy", ".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow",
+                ".feather": "Arrow", ".ipc": "Arrow"}
+
+
+def ner_output_format(path: str, fmt: str | None) -> str:
+    """The format NER data is written to `path` in: `fmt` where given, else its extension's
+    (output_format); a ConfigError where no format is given and the name says another kind of
+    file, or is `-` (no file: convert writes to a named file)."""
+    from spanflow.errors import ConfigError
+
+    other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
+    if other or path == "-":
+        said = f"names a {other} file" if other else "is standard output, which convert does not write to"
+        raise ConfigError(f"{path} {said}; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a spaCy DocBin "
+                          "(.spacy): name the file so, or give the format (--to; Python: fmt=)")
+    return fmt or output_format(path)
+
+
 def check_output_file(path: str) -> None:
     """A DataError for an output path that names a directory (the file could not replace it); a
     ConfigError for an empty one or a device, pipe or socket (atomic.check_output_path)."""
@@ -120,7 +140,7 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
     path = as_path(path, "write_ner")
     check_output_file(path)
     check_examples(examples, NerExample, "examples")  # a span past its text would be written as another
-    fmt = fmt or output_format(path)
+    fmt = ner_output_format(path, fmt)
     if fmt == "docbin":
         from spanflow.data.formats.docbin import examples_to_docbin
 
@@ -129,15 +149,11 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
         return
     if fmt not in ("conll", "jsonl"):
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
-    from spanflow.data.formats.conll import conll_token_bounds, unwritable, write_conll_sentence
+    from spanflow.data.formats.conll import conll_token_bounds, write_conll_sentence
     from spanflow.data.formats.jsonl import write_jsonl_record
 
     if fmt == "conll":  # a sentence of no lines is none: reading the file back would not find it
-        for i, ex in enumerate(examples, 1):  # before a line is written: one reason, naming the text
-            why = unwritable(ex.text, ex.spans, ex.words)
-            if why:
-                raise DataError(f"text {i} cannot be written as CoNLL: {why}; write JSONL or a .spacy DocBin, "
-                                "which keep it", path=path)
+        check_conll_writable(examples, path)
         kept = [e for e in examples if conll_token_bounds(e.text, e.spans, e.words)]
         if examples and not kept:  # an empty file, which no reader takes back
             raise DataError(f"none of the {len(examples)} texts has a token: CoNLL has no line for an empty or "
@@ -153,6 +169,18 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
                 write_conll_sentence(f, ex.text, ex.spans, ex.words)
             else:
                 write_jsonl_record(f, ex.text, ex.spans)
+
+
+def check_conll_writable(examples: list[NerExample], path: str) -> None:
+    """A DataError naming the first text (counted from 1) that CoNLL cannot hold as it is, before
+    a line is written; `path`: the file it is told of (convert names its input, whose texts they are)."""
+    from spanflow.data.formats.conll import unwritable
+
+    for i, ex in enumerate(examples, 1):
+        why = unwritable(ex.text, ex.spans, ex.words)
+        if why:
+            raise DataError(f"text {i} (counted from 1) cannot be written as CoNLL: {why}; write JSONL or a .spacy "
+                            "DocBin, which keep it", path=path)
 
 
 def read_re(path: str | os.PathLike, *, fmt: str | None = None) -> list[ReExample]:
