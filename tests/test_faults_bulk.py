@@ -193,7 +193,10 @@ def test_a_write_failing_mid_job_keeps_the_journal_consistent(model, src, fresh,
         one_error(embed(model, src, out), capsys, expect, "No space left on device")
     assert not out.exists()
     assert embed(model, src, out, "--resume") == 0
-    assert "resuming: 2 chunks already done" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "resuming: 2 chunks already done" in said
+    # the summary's figures are the job's: it says how many texts were done before (it read as this run's)
+    assert f"embedded {N} texts (100 of them before --resume; rates over the job's runs) in " in said
     got = np.load(out) if ext == "npy" else jsonl_vectors(out)
     np.testing.assert_allclose(got, fresh, atol=1e-6)
 

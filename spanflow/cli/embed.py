@@ -111,7 +111,9 @@ def _run(a: argparse.Namespace) -> int:
     checked = a.precision == "auto" or rt.quantize is not None
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
     rates = rates_said(s["texts"], s["seconds"], s["real_tokens"], s["padding_efficiency"])
-    print(f"embedded {s['texts']} texts {rates}; {s['truncated']} truncated at {emb.max_length} tokens, "
+    # a resumed job's figures are the whole job's, over its runs: its seconds are their embedding time
+    resumed = f" ({s['resumed_texts']} of them before --resume; rates over the job's runs)" if s["resumed_texts"] else ""
+    print(f"embedded {s['texts']} texts{resumed} {rates}; {s['truncated']} truncated at {emb.max_length} tokens, "
           f"{s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
     return job_status(a.input, s["texts"], s["errors"])

@@ -331,9 +331,9 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
             log(f"{calibration['precision']} vs fp32 on {calibration['n']} input texts: mean cosine "
                 f"{calibration['mean_cosine']:.6f}, min {calibration['min_cosine']:.6f}")
         P = job_paths(spec.output)
-        job, stats = _embed(embedder, spec, fmt, P, resume, types, max_tokens, progress, log)
+        job, stats, before = _embed(embedder, spec, fmt, P, resume, types, max_tokens, progress, log)
     secs = max(stats.seconds, 1e-9)
-    return {"texts": job.n, "errors": stats.errors, "truncated": stats.truncated, "empty": stats.empty,
+    return {"texts": job.n, "resumed_texts": before, "errors": stats.errors, "truncated": stats.truncated, "empty": stats.empty,
             "real_tokens": stats.real_tokens,
             "padding_efficiency": stats.real_tokens / max(1, stats.padded_tokens),
             "texts_per_s": job.n / secs, "real_tokens_per_s": stats.real_tokens / secs, "seconds": stats.seconds,
@@ -342,8 +342,9 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
 
 
 def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types, max_tokens, progress,
-           log) -> tuple[Job, Stats]:
-    """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, stats)."""
+           log) -> tuple[Job, Stats, int]:
+    """Lay out or resume the job, embed its unfinished chunks, assemble the output; (job, its stats
+    over every run, the texts done before this run)."""
     # the length texts are cut at as run (the model's own where none was asked): what a resume must match
     # paths as the files they name: a resume from another directory names them otherwise
     paths = {k: os.path.abspath(v) for k, v in (("input", spec.input), ("output", spec.output), ("model", spec.model))
@@ -355,13 +356,15 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
     prog = _progress(P, resume)
     _check_done(P, fmt, job, prog, spec.chunk_size)
+    size = spec.chunk_size
+    before = sum(min(job.n, (k + 1) * size) - k * size for k in prog.done)
     if prog.done:
         log(f"resuming: {len(prog.done)} chunks already done")
     out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
     _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
     with writing(WHAT, P.out):
         _finish(P, fmt, job, prog, out)
-    return job, prog.stats
+    return job, prog.stats, before
 
 
 def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, out: "_ChunkWriter") -> None:
