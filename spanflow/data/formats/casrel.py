@@ -60,7 +60,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         raise DataError("expected a JSON list of {\"text\", \"triple_list\"} records", path=path)
     if not data:
         raise DataError("is an empty list: no records found", path=path)
-    out, total, twice = [], 0, 0
+    out, total, twice, trimmed = [], 0, 0, []
     unplaced: dict[bool, list] = {False: [], True: []}  # same span? -> (record number, triple)
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
@@ -79,6 +79,9 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} has no relation name",
                                 path=path)
             total += 1
+            if t[0] != t[0].strip() or t[2] != t[2].strip():  # an annotator's selection that took a space
+                trimmed.append((k, list(t)))
+                t = [t[0].strip(), t[1], t[2].strip()]
             spans = locate(ex.text, t[0], t[2])
             if spans is None:
                 ex.unlocated.append((t[0], t[1], t[2]))
@@ -90,6 +93,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
                 twice += 1
         out.append(ex)
     _said_twice(path, twice, total)
+    _said_trimmed(path, trimmed, total, "record")
     if unplaced[False] or unplaced[True]:
         log.warning("%s: %d of %d triples cannot be placed in their text%s%s; they count as gold in scoring, "
                     "and training leaves them out", path, len(unplaced[False]) + len(unplaced[True]), total,
@@ -136,7 +140,7 @@ def _unplaced(triples: list, why: str) -> str:
 def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
     """{"text", "relations": [{"head": [s, e], "type": r, "tail": [s, e]}]} per line."""
     path = os.fspath(path)
-    out, total, twice, same = [], 0, 0, []
+    out, total, twice, same, trimmed = [], 0, 0, [], []
     for lineno, line in read_lines(path):
         if not line.strip():
             continue
@@ -150,6 +154,10 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
         for r in relations:
             t = _relation(r, ex.text, path, lineno)
             total += 1
+            edged = (_trim(ex.text, t[0], path, lineno), t[1], _trim(ex.text, t[2], path, lineno))
+            if edged != t:
+                trimmed.append((lineno, (ex.text[slice(*t[0])], t[1], ex.text[slice(*t[2])])))
+                t = edged
             if t[0] == t[2]:  # no cascade tags one span as both: gold for scoring, as in CasRel JSON
                 named = (ex.text[slice(*t[0])], t[1], ex.text[slice(*t[2])])
                 same.append((lineno, named))
@@ -162,6 +170,7 @@ def read_re_jsonl(path: str | os.PathLike) -> list[ReExample]:
     if not out:
         raise DataError("file is empty: no records found", path=path)
     _said_twice(path, twice, total)
+    _said_trimmed(path, trimmed, total, "line")
     if same:
         log.warning("%s: %d of %d relations have a head and tail that are the same span (e.g. %s); they count as "
                     "gold in scoring, and training leaves them out", path, len(same), total,
@@ -178,6 +187,27 @@ def _other_relations_key(rec: dict, path: str, lineno: int) -> None:
         raise DataError(f'the record has "{key}" and no "relations": JSONL relations are {{"head": [s, e], "type": '
                         f'r, "tail": [s, e]}} objects under "relations" (a text without any leaves the key out)',
                         path=path, line=lineno)
+
+
+def _trim(text: str, span: tuple[int, int], path: str, lineno: int) -> tuple[int, int]:
+    """`span` without the white space at its edges; a DataError where it holds nothing else."""
+    a, b = span
+    while a < b and text[a].isspace():
+        a += 1
+    while b > a and text[b - 1].isspace():
+        b -= 1
+    if a == b:
+        raise DataError(f"span {list(span)} holds white space alone", path=path, line=lineno)
+    return a, b
+
+
+def _said_trimmed(path: str, trimmed: list, total: int, where: str) -> None:
+    """Warn of subjects and objects read without the white space at their edges: gold that holds
+    it would never match a prediction (the model's spans start and end on tokens), so it scored
+    as a miss; NER's JSONL reader trims entities so."""
+    if trimmed:
+        log.warning("%s: %d of %d triples have a subject or object with white space at its edge, read without it "
+                    "(e.g. %s)", path, len(trimmed), total, "; ".join(f"{where} {k}: {t!r}" for k, t in trimmed[:3]))
 
 
 def _said_twice(path: str, twice: int, total: int) -> None:
