@@ -103,8 +103,25 @@ def test_a_span_the_cut_crosses_is_lost_not_trained_in_part(caplog):
     with caplog.at_level("WARNING", logger="spanflow"):
         f = prepare_features(ex, Tok(), {"r": 0}, max_length=5, encs=[enc])[0]
     assert f.subjects == {(1, 1): [(0, 2, 2)]} and "1 triple fell outside the tokens kept" in caplog.text
+    assert "1 text longer than 5 tokens was cut" in caplog.text
     assert "outside the model's set" not in caplog.text  # no relation unknown: not said
     assert "does not start and end on the model's tokens" not in caplog.text
+
+
+def test_a_measurements_sample_cut_at_its_lengths_warns_of_nothing(tmp_path, caplog):
+    """predict --max-tokens auto (and tune) on a relation model warned "texts were cut; triples
+    are not trained on": its measuring sample, cut at the lengths it sweeps, trains nothing."""
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.tasks.registry import get
+
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([{"text": "Ann lives in Rome " * 20 + "Ann lives in Rome",
+                                 "triple_list": [["Ann", "lives_in", "Rome"]]}] * 4))
+    w = get("re").workload("tiny", str(data), mode="train", policy=resolve_policy("fp32", "cpu"), sample=4)
+    with caplog.at_level("WARNING", logger="spanflow"):
+        feats = w.items_at(16)
+    assert len(feats) == 4 and max(len(f.input_ids) for f in feats) == 16  # cut at 16
+    assert "cut" not in caplog.text
 
 
 def test_a_subject_or_object_inside_a_word_is_said_with_what_it_trains_as(caplog):

@@ -64,9 +64,10 @@ def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFe
 
 
 def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int], *, max_length: int,
-                     encs: list[Encoded] | None = None) -> list[ReFeature]:
+                     encs: list[Encoded] | None = None, quiet: bool = False) -> list[ReFeature]:
     """Features for training/eval; texts longer than max_length are cut, and counted, and so are
-    subjects and objects that do not start and end on tokens (they train as the tokens they touch)."""
+    subjects and objects that do not start and end on tokens (they train as the tokens they touch).
+    `quiet`: no warning of them (a measurement's sample, cut at the lengths it sweeps, trains nothing)."""
     encs = encs or encode_texts(tokenizer, [e.text for e in examples])
     limit = max_length - 2
     cut = lost = unknown = moved = 0
@@ -86,12 +87,13 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
             off = off_tokens(ex.text, enc, (s, ts), (o, to), verb="trains as")
             moved += off is not None
             first = first or off
-    said = ([f"{counted(cut, 'text')} longer than {max_length} tokens were cut; {counted(lost, 'triple')} fell "
+    said = ([f"{counted(cut, 'text')} longer than {max_length} tokens {'was' if cut == 1 else 'were'} cut; "
+             f"{counted(lost, 'triple')} fell "
              "outside the tokens kept and are not trained on"] if cut or lost else [])
     said += [f"{counted(unknown, 'triple')} with a relation outside the model's set"] if unknown else []
     said += [f"{counted(moved, 'triple')} with a subject or object that does not start and end on the model's "
              f"tokens (found inside a word, or offsets that cut one): the first, {first}"] if moved else []
-    if said:
+    if said and not quiet:
         log.warning("; ".join(said))
     return feats
 

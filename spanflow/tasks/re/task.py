@@ -89,7 +89,7 @@ class ReTask:
         limit = rm.limit
 
         def features(L):
-            return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit))
+            return prepare_features(examples, rm.tokenizer, rm.rel2id, max_length=min(L, limit), quiet=True)
 
         return Workload(rm.module, features, make_collate(rm.tokenizer.pad_token_id or 0, len(rm.relations), seed=seed),
                         casrel_loss, limit,
