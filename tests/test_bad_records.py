@@ -10,7 +10,7 @@ from spanflow.cli.main import main
 from spanflow.data.formats.common import read_lines
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.io import read_ner, read_re
-from spanflow.data.records import read_records, read_texts
+from spanflow.data.records import read_records, read_texts, sample_texts
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.errors import DataError
 
@@ -283,6 +283,10 @@ def test_jsonl_ids_mixed_with_line_numbers_are_said_once(tmp_path, caplog):
         list(read_records(q))
         named = write(tmp_path, "named.jsonl", open(p, "rb").read())
         list(read_records(named, id_column="id"))  # named: a record without it is an error record, nothing to say
+        # a command's sample of its input (read before the job, without --id-column) says nothing either:
+        # predict --id-column id told the user to give --id-column
+        sample = write(tmp_path, "sampled.jsonl", open(p, "rb").read())
+        assert sample_texts(sample, 10) == ["a", "b", "c", "d"]
     assert caplog.records == []
 
 

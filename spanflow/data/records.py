@@ -107,7 +107,7 @@ Column = int | str  # a 0-based CSV/TSV index, or a column name (a table's, a CS
 
 
 def read_rows(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
-              id_column: str | None = None, keep: Sequence[str] = ()) -> Iterator[TableRecord]:
+              id_column: str | None = None, keep: Sequence[str] = (), sample: bool = False) -> Iterator[TableRecord]:
     """Yield (id, text-or-DataError, kept values) for every record of `path`.
 
     Parquet/Arrow (tables.is_table): the `column` (else `field`) column, by name; ids from
@@ -116,7 +116,8 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     first row is the header and is skipped); ids
     from `id_column`, else the line number. JSONL: the `field` field (a `column` name is that
     field too); ids from the `id_column` field, else an "id" field, else the line number;
-    kept values are strings, others as JSON. Text lines have no columns.
+    kept values as JSON holds them. Text lines have no columns. `sample`: a read of a few texts
+    (a precision check's, a budget's), which says nothing of the file's ids (the job's read does).
 
     Raised here, before the first record is read, each as one ConfigError: a column the file
     does not have (tables; CSV/TSV headers), a table's text column that is not strings, a kept
@@ -146,11 +147,11 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     if isinstance(column, int):
         raise ConfigError(f"--column {column}: {path} is JSONL, whose records have fields, not numbered columns; "
                           "name the text's field (--field NAME)")
-    return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep)
+    return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep, sample)
 
 
 def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column: str | None,
-                  keep: Sequence[str]) -> Iterator[TableRecord]:
+                  keep: Sequence[str], sample: bool = False) -> Iterator[TableRecord]:
     ids = [0, 0]  # JSONL records with an "id" of their own, and numbered by their line
     for lineno, line in read_lines_or_errors(path):
         if skip_header and lineno == 1:
@@ -159,7 +160,7 @@ def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column
             yield TableRecord(str(lineno), line, (None,) * len(keep))
             continue
         yield _json_record(line, path, lineno, field, id_column, keep, ids)
-    if all(ids) and path not in _MIXED_SAID:
+    if all(ids) and not sample and path not in _MIXED_SAID:
         _MIXED_SAID.add(path)
         log.warning("%s: %d records have an \"id\" and %d have none, whose id is their line number: an id of one "
                     "may equal a line number of another; name the id field with --id-column (a record without it "
@@ -272,8 +273,8 @@ def _texts(records: Iterator[tuple[str, str | DataError]], keep_errors: bool) ->
 def sample_texts(path: str, n: int, *, field: str = "text", column: Column | None = None,
                  skip_header: bool = False) -> list[str]:
     """Up to `n` non-empty texts from the first 2n records (precision checks, tuning samples)."""
-    recs = itertools.islice(read_records(path, field=field, column=column, skip_header=skip_header), 2 * n)
-    return [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
+    recs = itertools.islice(read_rows(path, field=field, column=column, skip_header=skip_header, sample=True), 2 * n)
+    return [r.text for r in recs if isinstance(r.text, str) and r.text.strip()][:n]
 
 
 # sniffed kinds of labelled data, which a task reads whole (formats/sniff.py)
