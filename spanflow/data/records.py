@@ -301,9 +301,9 @@ def unlabelled_sample(path: str, n: int, *, field: str = "text", column: Column 
                   or (kind_of(path) == "text" and name not in LABELLED))
     if not (is_table(path) or named or (infer and texts_kind)):  # a CSV/TSV's column 0, as predict reads it
         return None
-    recs = list(itertools.islice(read_records(path, field=field, column=column), 2 * n))
-    texts = [t for _, t in recs if isinstance(t, str) and t.strip()][:n]
+    recs = list(itertools.islice(read_rows(path, field=field, column=column, sample=True), 2 * n))
+    texts = [r.text for r in recs if isinstance(r.text, str) and r.text.strip()][:n]
     if not texts:  # a sample of nothing measures nothing
-        why = next((t for _, t in recs if isinstance(t, DataError)), None)
+        why = next((r.text for r in recs if isinstance(r.text, DataError)), None)
         raise ConfigError(f"{path}: no usable records to tune on" + (f"; the first error: {why}" if why else ""))
     return texts
