@@ -122,9 +122,31 @@ def _loop(tmp_path, loss, lr, n=16, **kw):
     return lines
 
 
+def test_a_run_at_dev_f1_0_throughout_keeps_its_last_model_not_its_first(tmp_path):
+    """Ties at 0 kept the first epoch's model: 14 epochs of a falling loss thrown away, and "train
+    longer" could not help. --patience still counts them as evaluations without a gain."""
+    items = [[0] * 8 for _ in range(16)]
+    saved = []
+    hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
+                                          "padded_tokens": 8 * len(ws)},
+                      loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=lambda m: {"f1": 0.0},
+                      save_model=lambda p: saved.append(p) or os.makedirs(p, exist_ok=True))
+    base = dict(lr=0.3, max_tokens=32, log_every=0, warmup_ratio=0.0, weight_decay=0.0, max_grad_norm=0.0)
+    s = train_loop(_Constant(), items, hooks, opts=TrainOptions(epochs=3, patience=0, **base),
+                   policy=precision.resolve_policy("fp32", "cpu"), out_dir=str(tmp_path / "a"), log=lambda x: None)
+    best = [p for p in saved if p == str(tmp_path / "a" / "model")]  # (the checkpoints save one too)
+    assert s["best_f1"] == 0.0 and s["best_step"] == s["global_step"] and len(best) == 3
+    s = train_loop(_Constant(), items, hooks, opts=TrainOptions(epochs=5, patience=2, **base),
+                   policy=precision.resolve_policy("fp32", "cpu"), out_dir=str(tmp_path / "b"), log=lambda x: None)
+    assert s["global_step"] == 3 * 4  # stopped after two evaluations without a gain, as before
+
+
 def test_a_run_that_does_not_learn_says_so(tmp_path):
     flat = _loop(tmp_path / "a", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1)
-    assert sum("not learning" in x for x in flat) == 2 and "--max-tokens" in [x for x in flat if "not learning" in x][0]
+    assert sum("not learning" in x for x in flat) == 1 and "--max-tokens" in [x for x in flat if "not learning" in x][0]
+    # once while the verdict holds: a 3-epoch run said it after each epoch
+    flat5 = _loop(tmp_path / "a5", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, epochs=5)
+    assert sum("not learning" in x for x in flat5) == 1
     falling = _loop(tmp_path / "b", lambda m, b: m.w.square() * b["x"].numel(), lr=0.3)
     assert not any("not learning" in x for x in falling)
     # two epochs: after the first there is one to go, after the last the run names its fixes

@@ -349,11 +349,17 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
     """Rank 0: log the dev metrics; save a new best model, or count an evaluation without gain."""
     st, f1 = r.st, metrics["f1"]
     r.reporters.log_metrics(dev_scalars(metrics, r.hooks.metric), st["global_step"])
-    if f1 == f1 and (st["best_f1"] is None or f1 > st["best_f1"]):  # NaN (a diverged model) is never the best
-        st["best_f1"], st["bad_evals"], st["best_step"] = f1, 0, st["global_step"]
+    better = f1 == f1 and (st["best_f1"] is None or f1 > st["best_f1"])  # NaN (a diverged model) is never the best
+    # nothing scored yet: the later model, trained longer, is kept (a run at F1 0 throughout kept its first
+    # epoch's); it is no gain, so --patience still counts it
+    unscored = f1 == 0 and st["best_f1"] == 0
+    if better or unscored:
+        st["best_f1"], st["best_step"] = f1, st["global_step"]
         st["best_precision"] = r.policy.name  # a resume in another precision: the best was scored in this one
         with _spent(r, "saving"):
             _save(r.hooks, "the best model", os.path.join(r.out_dir, "model"))  # a full disk: the last best stays
+    if better:
+        st["bad_evals"] = 0
     else:
         st["bad_evals"] += 1
         if r.opts.patience and st["bad_evals"] >= r.opts.patience:
