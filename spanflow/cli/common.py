@@ -309,11 +309,16 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                         f"output ({kept_into}) [none]")
 
 
+def _rate(x: float) -> str:
+    """A rate to the unit, or to two significant digits below 10 (a text of 5 MB went at 0.025 texts/s, not 0)."""
+    return f"{x:.0f}" if x >= 10 or x == 0 else f"{x:.2g}"
+
+
 def rates_said(texts: int, seconds: float, real_tokens: int, efficiency: float) -> str:
     """How fast a bulk job's texts went, as predict and embed end: `in 0.84 s: 1201 texts/s, 23190
     real tokens/s, padding efficiency 0.913`."""
     secs = max(seconds, 1e-9)
-    return (f"in {clock_time(seconds)}: {texts / secs:.0f} texts/s, {real_tokens / secs:.0f} real tokens/s, "
+    return (f"in {clock_time(seconds)}: {_rate(texts / secs)} texts/s, {_rate(real_tokens / secs)} real tokens/s, "
             f"padding efficiency {efficiency:.3f}")
 
 
