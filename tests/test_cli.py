@@ -53,6 +53,10 @@ def test_evaluate_table(trained, capsys):
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(plain)]) == 0
     assert f"warning: {plain} holds no gold entities or triples: recall and F1 are 0 whatever the model finds" in \
         capsys.readouterr().err
+    texts = d / "texts.jsonl"  # texts and no labels' key: texts to run a model on, refused as a .txt is (was scored 0)
+    texts.write_text('{"text": "nothing to find here"}\n', encoding="utf-8")
+    assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(texts)]) == 2
+    assert f"error: {texts}: holds texts and no labels" in capsys.readouterr().err
 
 
 def test_predict_keeps_order_and_writes_error_records(trained, tmp_path, capsys):

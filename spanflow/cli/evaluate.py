@@ -53,6 +53,14 @@ def logged_warnings() -> Iterator[list[str]]:
         log.removeHandler(handler)
 
 
+def _texts_only(path: str) -> bool:
+    """A JSONL file whose records hold a text and no labels' key (formats.sniff's texts-jsonl)."""
+    from spanflow.data.formats.sniff import sniff
+
+    kind = sniff(path)
+    return kind is not None and kind.name == "texts-jsonl"
+
+
 def run(a: argparse.Namespace) -> int:
     from spanflow.errors import DataError
     from spanflow.inference.heap import settle
@@ -84,6 +92,10 @@ def run(a: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     if cut is not None and model.truncated > cut:
         m.setdefault("warnings", []).append(cut_line(model, model.truncated - cut, "scored"))
+    if m.get("support") == 0 and _texts_only(a.data):  # a file of texts, as a .txt is refused
+        raise DataError("holds texts and no labels (JSONL records with a \"text\" and no \"entities\" or "
+                        "\"relations\"): evaluate scores a model against labels; spanflow predict runs it on texts",
+                        path=a.data)
     if m.get("support") == 0:  # entities or triples: none in the data, so no score can be earned
         m.setdefault("warnings", []).append(f"{a.data} holds no gold entities or triples: recall and F1 are 0 "
                                             "whatever the model finds")
