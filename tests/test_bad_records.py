@@ -57,7 +57,8 @@ def test_jsonl_bad_records_in_order(tmp_path):
     field = 'expected an object with a string "text" field'
     got = shape(p)
     other = field + '; it has "txt" (--field names the one to read)'  # a record with another key: named
-    assert got[:4] == [("1", "first"), ("2", err(p, 2, field)), ("3", err(p, 3, other)), ("4", err(p, 4, field))]
+    held = field + "; it holds a number, 5"  # the field is there, of another type: said so
+    assert got[:4] == [("1", "first"), ("2", err(p, 2, field)), ("3", err(p, 3, other)), ("4", err(p, 4, held))]
     assert got[4][0] == "5" and got[4][1][:2] == ("ERR", 5) and "invalid JSON" in got[4][1][2]
     assert got[5:] == [("6", err(p, 6, "invalid UTF-8 at byte 13 of the line")),
                        ("7", err(p, 7, "\"text\" holds a lone surrogate '\\ud800' at character 1, not a character")),

@@ -93,9 +93,13 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
 
 
 def _others(rec: dict, field: str) -> str:
-    """The string fields a record has instead of `field`, for a record that lacks it."""
+    """What the record's `field` holds where it is no string, or the string fields it has instead
+    of `field`, for a record that lacks it."""
     if field in rec:
-        return ""
+        v = rec[field]
+        shown = json.dumps(v, ensure_ascii=False)
+        return "; it holds null" if v is None else \
+            f"; it holds {_json_kind(v)}, {shown if len(shown) <= 40 else shown[:37] + '...'}"
     names = [k for k, v in rec.items() if isinstance(v, str)]
     if not names:
         return ""
@@ -148,6 +152,13 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
         raise ConfigError(f"--column {column}: {path} is JSONL, whose records have fields, not numbered columns; "
                           "name the text's field (--field NAME)")
     return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep, sample)
+
+
+def _json_kind(value) -> str:
+    """A JSON value's kind as JSON names it: number, true/false's boolean, object, array."""
+    return ("a boolean" if isinstance(value, bool) else "a number" if isinstance(value, (int, float))
+            else "an object" if isinstance(value, dict) else "an array" if isinstance(value, list)
+            else type(value).__name__)
 
 
 def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column: str | None,
