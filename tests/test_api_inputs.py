@@ -155,8 +155,9 @@ def test_write_ner_refuses_a_span_it_would_write_as_another(tmp_path):
     assert not out.exists()
     # white space alone: JSONL wrote it and its reader refused it; CoNLL dropped it
     for name in ("x.conll", "x.jsonl"):
-        with pytest.raises(ConfigError, match=r"examples\[0\]: span \(2, 3, 'X'\) holds white space alone$"):
-            write_ner([NerExample("ab cd", [(2, 3, "X")])], tmp_path / name)
+        with pytest.raises(DataError, match=rf"{name}: text 2 \(counted from 1\): entity \[2, 3, 'X'\] holds white "
+                                            "space alone"):
+            write_ner([NerExample("ab", []), NerExample("ab cd", [(2, 3, "X")])], tmp_path / name)
         assert not (tmp_path / name).exists()
     write_ner([NerExample("ab cd", [(0, 5, "X")])], out)
     assert read_ner(str(out)) == [NerExample("ab cd", [(0, 5, "X")])]
@@ -471,3 +472,19 @@ def test_train_embedder_starts_from_tiny_as_the_other_train_functions(tmp_path):
     emb = train_embedder([Pair("a b", "c d"), Pair("e f", "g h")], None, out_dir=str(tmp_path / "e"),
                          options=TrainOptions(epochs=1, log_every=0), log_fn=None)
     assert emb.dim > 0 and (tmp_path / "e" / "model" / "modules.json").exists()
+
+
+def test_a_stream_whose_input_fails_gives_the_chunks_read_before_it_first():
+    """The chunks read before the input's error come before it, as the stream read on its own
+    thread gave them: a caller writing results as they come keeps them."""
+    from spanflow.batching.prefetch import chunked, prepared
+
+    def source():
+        yield from range(6)
+        raise OSError("the disk went away")
+
+    got = []
+    with pytest.raises(OSError, match="the disk went away"):
+        for c in prepared(chunked(source(), 4), lambda c: [x * 10 for x in c]):
+            got.append(c)
+    assert got == [[0, 10, 20, 30]]

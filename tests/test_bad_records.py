@@ -305,3 +305,18 @@ def test_an_error_record_read_back_is_said_as_one(ner_model, tmp_path, capsys):
     assert hint in capsys.readouterr().err
     texts = [t for _, t in read_records(str(out))]
     assert texts[0] == "Paris is nice" and isinstance(texts[1], DataError) and hint in str(texts[1])
+
+
+def test_predict_keeps_jsonl_values_as_json_in_jsonl_and_as_their_json_text_in_parquet(ner_model, tmp_path):
+    """predict's writers, as embed's: a kept number or object was written to JSONL as a string of its JSON."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    src = write(tmp_path, "in.jsonl", b'{"text": "Ann went home", "n": 100, "meta": {"src": "web"}}\n'
+                                      b'{"text": "Bo ran", "n": NaN}\n')
+    assert main(["predict", "--model", ner_model, "--input", src, "--keep-columns", "n,meta",
+                 "--output", str(tmp_path / "o.jsonl")]) == 0
+    recs = [json.loads(x) for x in open(tmp_path / "o.jsonl")]
+    assert [(r["n"], r["meta"]) for r in recs] == [(100, {"src": "web"}), (None, None)]  # NaN: JSON's null
+    assert main(["predict", "--model", ner_model, "--input", src, "--keep-columns", "n,meta",
+                 "--output", str(tmp_path / "o.parquet")]) == 0
+    assert pq.read_table(tmp_path / "o.parquet").select(["n", "meta"]).to_pylist() == [
+        {"n": "100", "meta": '{"src": "web"}'}, {"n": None, "meta": None}]

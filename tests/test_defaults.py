@@ -162,6 +162,10 @@ def test_a_run_that_does_not_learn_says_so(tmp_path):
     assert any(x.startswith("early stop after step 4 (epoch 1)") for x in early), early
     assert sum("not learning" in x for x in early) == 1
     assert "a larger --patience" in [x for x in early if "not learning" in x][0]  # not "more --epochs": it stopped
+    # said once while it holds, and again where --patience ends the run: with what would train longer there
+    held = [x for x in _loop(tmp_path / "h", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, epochs=5,
+                             patience=2) if "not learning" in x]
+    assert len(held) == 2 and "more --epochs" in held[0] and "a larger --patience" in held[1], held
     # stopped by --patience at an epoch's end while the loss falls: no "epochs to go" beside the stop
     patient = _loop(tmp_path / "e", lambda m, b: m.w.square() * b["x"].numel(), lr=0.3, epochs=4, patience=1)
     fell = [x for x in patient if "loss fell" in x]
@@ -310,6 +314,7 @@ def test_an_update_larger_than_the_data_scales_the_rates_to_the_data_and_says_so
     (TrainOptions(), "an update of 2 micro-batches of 128 tokens holds"),
     (TrainOptions(grad_accum=2), "an update of --grad-accum 2 micro-batches of 128 tokens holds"),
     (TrainOptions(max_tokens=128, grad_accum=2), "an update of --max-tokens 128 x --grad-accum 2 tokens holds"),
+    (TrainOptions(max_tokens=128), "an update of --max-tokens 128 x 2 micro-batches tokens holds"),  # accum sized
 ])
 def test_the_whole_set_note_names_only_the_flags_given(asked, said):
     """A task that sized the update (train embed) passes what it sized: the note named

@@ -1,6 +1,7 @@
 """Run a producer (collate, tokenization) in a background thread, a few items ahead."""
 from __future__ import annotations
 
+import itertools
 import numbers
 import queue
 import threading
@@ -57,15 +58,32 @@ def prepared(chunks: Iterable, prepare: Callable, depth: int = 1) -> Iterator:
     endless, which `prefetch` (reading them on its own thread) does not allow."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="spanflow-prepare")
     pending: deque = deque()
+    it, failed = iter(chunks), None
     try:
-        for c in chunks:
+        while failed is None:
+            try:
+                c = next(it)
+            except StopIteration:
+                break
+            except Exception as e:  # the input failed: the chunks read before it still come first
+                failed = e
+                break
             pending.append(pool.submit(prepare, c))
             if len(pending) > depth:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+        if failed is not None:
+            raise failed
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a consumer stopping early waits for no chunk
+
+
+def read_ahead(items: Iterable, size: int = 1024) -> Iterator:
+    """`items` as they are, read `size` at a time by a background thread a few lists ahead: for
+    spanflow's own record readers, whose parsing then overlaps the model's compute (a user's
+    iterator is read on the caller's thread: `prepared`)."""
+    return itertools.chain.from_iterable(prefetch(chunked(items, size)))
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:

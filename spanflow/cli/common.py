@@ -310,8 +310,8 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
 
 
 def _rate(x: float) -> str:
-    """A rate to the unit, or to two significant digits below 10 (a text of 5 MB went at 0.025 texts/s, not 0)."""
-    return f"{x:.0f}" if x >= 10 or x == 0 else f"{x:.2g}"
+    """A rate to the unit, or below 10 to two significant digits: a slow job's is not rounded to 0."""
+    return f"{x:.0f}" if x >= 10 or x == 0 else f"{x:.2g}" if x >= 0.01 else f"{x:.4f}"
 
 
 def rates_said(texts: int, seconds: float, real_tokens: int, efficiency: float) -> str:

@@ -112,7 +112,8 @@ def _run(a: argparse.Namespace) -> int:
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
     rates = rates_said(s["texts"], s["seconds"], s["real_tokens"], s["padding_efficiency"])
     # a resumed job's figures are the whole job's, over its runs: its seconds are their embedding time
-    resumed = f" ({s['resumed_texts']} of them before --resume; rates over the job's runs)" if s["resumed_texts"] else ""
+    before = s["resumed_texts"]
+    resumed = f" ({before} of them before --resume; rates over the job's runs)" if before else ""
     print(f"embedded {s['texts']} texts{resumed} {rates}; {s['truncated']} truncated at {emb.max_length} tokens, "
           f"{s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))

@@ -53,12 +53,19 @@ def logged_warnings() -> Iterator[list[str]]:
         log.removeHandler(handler)
 
 
+LABEL_KEYS = ('"entities"', '"spans"', '"relations"', '"triple_list"')  # what labelled JSONL records hold
+
+
 def _texts_only(path: str) -> bool:
-    """A JSONL file whose records hold a text and no labels' key (formats.sniff's texts-jsonl)."""
+    """A JSONL file whose records hold a text (formats.sniff's texts-jsonl) and no line a labels'
+    key: a record past the sniffed head that has one makes it labelled data."""
+    from spanflow.data.formats.common import read_lines
     from spanflow.data.formats.sniff import sniff
 
     kind = sniff(path)
-    return kind is not None and kind.name == "texts-jsonl"
+    if kind is None or kind.name != "texts-jsonl":
+        return False
+    return not any(k in line for _, line in read_lines(path) for k in LABEL_KEYS)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -80,6 +87,10 @@ def run(a: argparse.Namespace) -> int:
         examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
+    if _texts_only(a.data):  # a file of texts, as a .txt is refused: before the model loads
+        raise DataError("holds texts and no labels (JSONL records with a \"text\" and no \"entities\" or "
+                        "\"relations\"): evaluate scores a model against labels; spanflow predict runs it on texts",
+                        path=a.data)
     loads = Loads(task, a.model)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=_texts(examples),
                          data=a.data, loads=loads, measure=quick_profile)
@@ -92,10 +103,6 @@ def run(a: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     if cut is not None and model.truncated > cut:
         m.setdefault("warnings", []).append(cut_line(model, model.truncated - cut, "scored"))
-    if m.get("support") == 0 and _texts_only(a.data):  # a file of texts, as a .txt is refused
-        raise DataError("holds texts and no labels (JSONL records with a \"text\" and no \"entities\" or "
-                        "\"relations\"): evaluate scores a model against labels; spanflow predict runs it on texts",
-                        path=a.data)
     if m.get("support") == 0:  # entities or triples: none in the data, so no score can be earned
         m.setdefault("warnings", []).append(f"{a.data} holds no gold entities or triples: recall and F1 are 0 "
                                             "whatever the model finds")

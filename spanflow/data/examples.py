@@ -126,9 +126,6 @@ def example_problem(ex) -> str | None:
     if isinstance(ex, ReExample):
         return next((p for p in (_triple_problem(ex.text, t) for t in ex.triples) if p), None)
     problem = check_spans(ex.text, ex.spans)
-    blank = next((sp for sp in ex.spans if not ex.text[sp[0]:sp[1]].strip()), None) if problem is None else None
-    if blank:  # as the JSONL reader refuses it: no token to tag, CoNLL would drop it and spaCy refuse it
-        return f"span {quote(tuple(blank))} holds white space alone"
     if problem is None and ex.words is not None:
         return words_problem(ex.words, ex.text)
     return problem

@@ -117,10 +117,12 @@ def ner_output_format(path: str, fmt: str | None) -> str:
     from spanflow.errors import ConfigError
 
     other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
-    if other or path == "-":
-        said = f"names a {other} file" if other else "is standard output, which convert does not write to"
-        raise ConfigError(f"{path} {said}; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a spaCy DocBin "
-                          "(.spacy): name the file so, or give the format (--to; Python: fmt=)")
+    if path == "-":
+        raise ConfigError("- is standard output, which convert does not write to: name an output file (.conll, "
+                          ".jsonl or .spacy)")
+    if other:
+        raise ConfigError(f"{path} names a {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "
+                          "spaCy DocBin (.spacy): name the file so, or give the format (--to; Python: fmt=)")
     return fmt or output_format(path)
 
 
@@ -141,6 +143,7 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
     check_output_file(path)
     check_examples(examples, NerExample, "examples")  # a span past its text would be written as another
     fmt = ner_output_format(path, fmt)
+    check_spans_writable(examples, path)
     if fmt == "docbin":
         from spanflow.data.formats.docbin import examples_to_docbin
 
@@ -169,6 +172,16 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
                 write_conll_sentence(f, ex.text, ex.spans, ex.words)
             else:
                 write_jsonl_record(f, ex.text, ex.spans)
+
+
+def check_spans_writable(examples: list[NerExample], path: str) -> None:
+    """A DataError naming the first text (counted from 1) with an entity of white space alone:
+    JSONL's reader refuses it and CoNLL has no token to tag for it, so no file keeps it."""
+    for i, ex in enumerate(examples, 1):
+        blank = next((sp for sp in ex.spans if not ex.text[sp[0]:sp[1]].strip()), None)
+        if blank:
+            raise DataError(f"text {i} (counted from 1): entity {list(blank)} holds white space alone, which no "
+                            "format reads back: leave it out", path=path)
 
 
 def check_conll_writable(examples: list[NerExample], path: str) -> None:

@@ -99,7 +99,7 @@ def _others(rec: dict, field: str) -> str:
         v = rec[field]
         shown = json.dumps(v, ensure_ascii=False)
         return "; it holds null" if v is None else \
-            f"; it holds {_json_kind(v)}, {shown if len(shown) <= 40 else shown[:37] + '...'}"
+            f"; it holds {_value_kind(v)}, {shown if len(shown) <= 40 else shown[:37] + '...'}"
     names = [k for k, v in rec.items() if isinstance(v, str)]
     if not names:
         return ""
@@ -154,8 +154,8 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep, sample)
 
 
-def _json_kind(value) -> str:
-    """A JSON value's kind as JSON names it: number, true/false's boolean, object, array."""
+def _value_kind(value) -> str:
+    """A JSON value's kind as a message names it: a number, a boolean, an object, an array."""
     return ("a boolean" if isinstance(value, bool) else "a number" if isinstance(value, (int, float))
             else "an object" if isinstance(value, dict) else "an array" if isinstance(value, list)
             else type(value).__name__)

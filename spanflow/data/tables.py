@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from spanflow.atomic import atomic_path, writing
 from spanflow.data.formats.common import SURROGATE
+from spanflow.data.jsonvalues import json_value
 from spanflow.errors import ConfigError, DataError, quote
 
 if TYPE_CHECKING:
@@ -452,8 +453,13 @@ def column_array(values, type_):
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values if type_ is None or values.type == type_ else values.cast(type_)
     if type_ is not None and type_ == pa.string():  # JSONL's kept values: a number, object or list as its JSON
-        values = [v if v is None or isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in values]
+        values = [v if v is None or isinstance(v, str) else _json_text(json_value(v)) for v in values]
     return pa.array([_utf8(v) for v in values], type=type_)
+
+
+def _json_text(value) -> str | None:
+    """A value json_value made JSON-ready as its JSON text; None (a NaN's null) stays a null."""
+    return None if value is None else json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def _utf8(value):

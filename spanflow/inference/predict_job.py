@@ -22,6 +22,7 @@ from typing import Any
 from tqdm import tqdm
 
 from spanflow.atomic import clean_stale, hold_output, make_output_folder, writing
+from spanflow.batching.prefetch import read_ahead
 from spanflow.data.formats.common import kind_of, read_lines_or_errors
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import Column, read_rows
@@ -180,7 +181,7 @@ class _Done:
 def _predictions(model, rows: Iterable, bar, max_tokens: int | None, tally: dict) -> Iterator[tuple]:
     """(record, result) in input order; an unreadable record is predicted as "" (its result unused).
     `tally` counts the texts run and their real and padded tokens."""
-    pending: deque = deque()  # records in input order; thread-safe append/popleft
+    pending: deque = deque()  # records in input order, read ahead on a thread; thread-safe append/popleft
 
     def texts():
         for r in rows:
@@ -195,7 +196,7 @@ def _predictions(model, rows: Iterable, bar, max_tokens: int | None, tally: dict
             bar.update(n_texts)
             bar.set_postfix(tok_s=f"{tally['real_tokens'] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
 
-    for result in model.predict_stream(texts(), max_tokens=max_tokens, on_batch=on_batch):
+    for result in model.predict_stream(read_ahead(texts()), max_tokens=max_tokens, on_batch=on_batch):
         yield pending.popleft(), result
 
 

@@ -148,8 +148,8 @@ def not_an_encoder(path: str) -> str:
         return (f"{path} is a spanflow {_task_in(path)} model, not an encoder directory; its encoder is "
                 f"{os.path.join(path, 'encoder')}")
     return run_hint(path) or (f"{path} has no config.json: not a Hugging Face encoder directory (use a local "
-                               "encoder directory or a spanflow model directory; 'tiny', a new encoder, only where training "
-                               "starts)")
+                               "encoder directory or a spanflow model directory; 'tiny', a new encoder, only where "
+                               "training starts)")
 
 
 def _task_in(path: str) -> str:

@@ -88,7 +88,10 @@ NO_DEV = "no --dev: no early stopping, the model of the last epoch is kept"
 def _update_said(max_tokens: int, accum: int, asked: TrainOptions) -> str:
     """An update's size as a note says it: the flags where given, the sized values otherwise."""
     if asked.max_tokens is not None:
-        return f"--max-tokens {max_tokens}" + (f" x --grad-accum {accum}" if accum > 1 else "") + " tokens"
+        if accum == 1:
+            return f"--max-tokens {max_tokens} tokens"
+        times = f"--grad-accum {accum}" if asked.grad_accum is not None else f"{accum} micro-batches"
+        return f"--max-tokens {max_tokens} x {times} tokens"
     if accum == 1:
         return f"{max_tokens} tokens"
     return f"{'--grad-accum ' if asked.grad_accum is not None else ''}{accum} micro-batches of {max_tokens} tokens"

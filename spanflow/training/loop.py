@@ -350,8 +350,8 @@ def _keep_best(r: LoopState, metrics: dict) -> None:
     st, f1 = r.st, metrics["f1"]
     r.reporters.log_metrics(dev_scalars(metrics, r.hooks.metric), st["global_step"])
     better = f1 == f1 and (st["best_f1"] is None or f1 > st["best_f1"])  # NaN (a diverged model) is never the best
-    # nothing scored yet: the later model, trained longer, is kept (a run at F1 0 throughout kept its first
-    # epoch's); it is no gain, so --patience still counts it
+    # nothing scored yet: the later model, trained longer, is kept (its loss fell, and "train longer" should
+    # hand back what trained longer); it is no gain, so --patience still counts it
     unscored = f1 == 0 and st["best_f1"] == 0
     if better or unscored:
         st["best_f1"], st["best_step"] = f1, st["global_step"]

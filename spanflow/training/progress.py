@@ -149,9 +149,10 @@ def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = Fa
     steps = r.st["global_step"]
     moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
     verdict = "rose" if loss > 1.05 * first else "flat" if loss > 0.8 * first else None
-    if verdict is not None and r.st.get("said_verdict") == verdict:  # once: not at each epoch while it holds
+    said = f"{verdict} {'stopped' if stopped else ''}"  # once while it holds; an early stop's advice differs
+    if verdict is not None and r.st.get("said_verdict") == said:
         return
-    r.st["said_verdict"] = verdict
+    r.st["said_verdict"] = said
     if verdict == "rose":  # a loss that climbs is no slow start: the steps overshoot
         r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss rose ({moved}) in {steps} optimizer steps; "
               f"the steps overshoot: try a lower --lr{_or_head(r, '/')}")

@@ -79,6 +79,9 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} has no relation name",
                                 path=path)
             total += 1
+            if any(x and not x.strip() for x in (t[0], t[2])):  # as JSONL offsets of white space are
+                raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} has a subject or object of "
+                                "white space alone", path=path)
             if t[0] != t[0].strip() or t[2] != t[2].strip():  # an annotator's selection that took a space
                 trimmed.append((k, list(t)))
                 t = [t[0].strip(), t[1], t[2].strip()]

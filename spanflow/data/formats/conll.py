@@ -214,7 +214,7 @@ _BREAKS = ("\t", "\n", "\r")  # what ends a CoNLL column or line as read back
 def unwritable(text: str, spans, words: list[tuple[int, int]] | None = None) -> str | None:
     """Why a text cannot be written as CoNLL and read back as it is, or None: a tag or token
     holding a tab or line break (it would read as more columns or lines), a token that is the
-    `-DOCSTART-` mark (read_conll skips that line)."""
+    `-DOCSTART-` mark (read_conll skips that line, and ends the sentence there)."""
     for label in sorted({sp[2] for sp in spans}):
         if any(b in label for b in _BREAKS):
             return f"its label {label!r} holds a tab or line break, which would end the tag's column"
@@ -225,7 +225,7 @@ def unwritable(text: str, spans, words: list[tuple[int, int]] | None = None) -> 
         if any(b in token for b in _BREAKS):
             return f"its token {token!r} holds a tab or line break, which would end the token's column"
         if token == "-DOCSTART-":
-            return "its token -DOCSTART- would read back as a document mark and be skipped"
+            return "its token -DOCSTART- would read back as a document mark: skipped, and the text cut in two there"
     return None
 
 

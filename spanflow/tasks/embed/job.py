@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from spanflow.atomic import hold_output, make_output_folder, writing
 from spanflow.batching.align import LINE_BREAK
+from spanflow.batching.prefetch import read_ahead
 from spanflow.data.formats.common import invisible, kind_of
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import read_rows, sample_texts
@@ -333,8 +334,8 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
         P = job_paths(spec.output)
         job, stats, before = _embed(embedder, spec, fmt, P, resume, types, max_tokens, progress, log)
     secs = max(stats.seconds, 1e-9)
-    return {"texts": job.n, "resumed_texts": before, "errors": stats.errors, "truncated": stats.truncated, "empty": stats.empty,
-            "real_tokens": stats.real_tokens,
+    return {"texts": job.n, "resumed_texts": before, "errors": stats.errors, "truncated": stats.truncated,
+            "empty": stats.empty, "real_tokens": stats.real_tokens,
             "padding_efficiency": stats.real_tokens / max(1, stats.padded_tokens),
             "texts_per_s": job.n / secs, "real_tokens_per_s": stats.real_tokens / secs, "seconds": stats.seconds,
             "precision": embedder.precision_name, "calibration": calibration, "output": spec.output,
@@ -477,7 +478,7 @@ def _run_chunks(embedder, spec: EmbedSpec, job: Job, prog: Progress, out: _Chunk
         bar.update(k)
         bar.set_postfix(tok_s=f"{tokens[0] / max(bar.format_dict['elapsed'], 1e-9):.0f}")
 
-    pending: deque = deque()  # (chunk id, records) read by the tokenizing thread, awaiting embeddings
+    pending: deque = deque()  # (chunk id, records) read ahead on a thread, awaiting embeddings
 
     def texts():
         recs, pos = _rows(spec), 0
@@ -493,8 +494,8 @@ def _run_chunks(embedder, spec: EmbedSpec, job: Job, prog: Progress, out: _Chunk
     embedder.truncated = 0
     t0 = time.perf_counter()
     try:
-        for emb in embedder.encode_stream(texts(), chunk_size=W, max_tokens=max_tokens, on_batch=on_batch,
-                                          normalize=spec.normalize):
+        for emb in embedder.encode_stream(read_ahead(texts()), chunk_size=W, max_tokens=max_tokens,
+                                          on_batch=on_batch, normalize=spec.normalize):
             w, chunk = pending.popleft()
             st.empty += sum(1 for r in chunk if isinstance(r.text, str) and blank(r.text))
             st.truncated += embedder.truncated

@@ -404,8 +404,9 @@ def _column_indices(path: str, rows, cols: list[str] | None, by_name: bool) -> l
     line, first = rows[0]
     if cols is None:
         if len(first) not in (2, 3):
-            comma = _decimal_comma(first, 3)  # a pair and a score 3,8 unquoted: 4 fields, the last two digits
-            pick = "; pick 2 or 3 of them with --columns (0,1,2 or header names)" if len(first) > 3 and not comma else ""
+            comma = _decimal_comma(first, 3)  # a pair and an unquoted decimal-comma score: one field too many
+            pick = ("; pick 2 or 3 of them with --columns (0,1,2 or header names)"
+                    if len(first) > 3 and not comma else "")
             raise DataError(f"expected 2 or 3 columns, the first record has {len(first)}{comma}{pick}"
                             f"{_other_separator(path, first)}{_spanning(first)}", path=path, line=line)
         return list(range(len(first)))

@@ -88,8 +88,8 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
             moved += off is not None
             first = first or off
     said = ([f"{counted(cut, 'text')} longer than {max_length} tokens {'was' if cut == 1 else 'were'} cut; "
-             f"{counted(lost, 'triple')} fell "
-             "outside the tokens kept and are not trained on"] if cut or lost else [])
+             f"{counted(lost, 'triple')} fell outside the tokens kept and {'is' if lost == 1 else 'are'} not trained "
+             "on"] if cut or lost else [])
     said += [f"{counted(unknown, 'triple')} with a relation outside the model's set"] if unknown else []
     said += [f"{counted(moved, 'triple')} with a subject or object that does not start and end on the model's "
              f"tokens (found inside a word, or offsets that cut one): the first, {first}"] if moved else []
