@@ -53,19 +53,29 @@ def logged_warnings() -> Iterator[list[str]]:
         log.removeHandler(handler)
 
 
-LABEL_KEYS = ('"entities"', '"spans"', '"relations"', '"triple_list"')  # what labelled JSONL records hold
+TEXT_KEYS = {"text", "id"}  # a record of these holds nothing to score against, whatever the task
 
 
 def _texts_only(path: str) -> bool:
-    """A JSONL file whose records hold a text (formats.sniff's texts-jsonl) and no line a labels'
-    key: a record past the sniffed head that has one makes it labelled data."""
+    """A JSONL file every record of which holds a text and an id at most (formats.sniff's
+    texts-jsonl for its head, then each line): texts to run a model on, not labelled data of any
+    task (a task's labels are keys beside the text, of whatever name)."""
+    import json
+
     from spanflow.data.formats.common import read_lines
     from spanflow.data.formats.sniff import sniff
 
     kind = sniff(path)
     if kind is None or kind.name != "texts-jsonl":
         return False
-    return not any(k in line for _, line in read_lines(path) for k in LABEL_KEYS)
+    for _, line in read_lines(path):
+        try:
+            rec = json.loads(line) if line.strip() else {}
+        except ValueError:  # the reader says what is wrong with it
+            return False
+        if not isinstance(rec, dict) or set(rec) - TEXT_KEYS:
+            return False
+    return True
 
 
 def run(a: argparse.Namespace) -> int:
@@ -88,9 +98,8 @@ def run(a: argparse.Namespace) -> int:
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
     if _texts_only(a.data):  # a file of texts, as a .txt is refused: before the model loads
-        raise DataError("holds texts and no labels (JSONL records with a \"text\" and no \"entities\" or "
-                        "\"relations\"): evaluate scores a model against labels; spanflow predict runs it on texts",
-                        path=a.data)
+        raise DataError("holds texts and no labels (JSONL records of a \"text\", and an \"id\" at most): evaluate "
+                        "scores a model against labels; spanflow predict runs it on texts", path=a.data)
     loads = Loads(task, a.model)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=_texts(examples),
                          data=a.data, loads=loads, measure=quick_profile)
