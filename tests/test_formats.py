@@ -408,7 +408,7 @@ def test_relation_subjects_and_objects_are_read_without_white_space_at_their_edg
             assert read_re(path)[0].triples == want
         assert f"2 of 2 triples have a subject or object with white space at its edge, read without it (e.g. {where}:" \
             in caplog.text
-    with pytest.raises(DataError, match=r"ws\.json: record 1 \(of the list, from 1\): triple \[' ', 'born_in', "
+    with pytest.raises(DataError, match=r"ws\.json:1: record 1 \(of the list, from 1\): triple \[' ', 'born_in', "
                                         r"'Oslo'\] has a subject or object of white space alone"):
         read_re(write(tmp_path, "ws.json", json.dumps([{"text": text, "triple_list": [[" ", "born_in", "Oslo"]]}])))
     with pytest.raises(DataError, match=r"ws2\.jsonl:1: span \[29, 30\] holds white space alone"):

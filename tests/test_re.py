@@ -414,7 +414,7 @@ def test_a_lone_surrogate_in_a_json_text_is_refused_at_its_record(tmp_path):
 
     casrel = tmp_path / "s.json"
     casrel.write_text('[{"text": "Ada \\ud800 Lovelace", "triple_list": [["Ada", "r", "Lovelace"]]}]')
-    with pytest.raises(DataError, match=r"s\.json: record 1 \(of the list, from 1\): \"text\" is not valid Unicode: "
+    with pytest.raises(DataError, match=r"s\.json:1: record 1 \(of the list, from 1\): \"text\" is not valid Unicode: "
                                         r"a lone surrogate '\\ud800' at character 4"):
         read_re(str(casrel))
     for name, rec in (("r.jsonl", '{"text": "Ada \\udfff", "relations": []}'),
@@ -488,3 +488,16 @@ def test_a_budget_below_the_longest_training_text_is_refused_as_ners_is(tmp_path
     with pytest.raises(ConfigError, match=r"^--max-tokens 8 is below the longest training text, \d+ tokens"):
         train_re(data, None, model="tiny", out_dir=str(tmp_path), log_fn=lambda s: None,
                  options=TrainOptions(epochs=1, max_tokens=8, max_length=64, log_every=0))
+
+
+def test_a_casrel_record_at_fault_is_named_with_the_line_it_starts_on(tmp_path):
+    """A pretty-printed list's record errors named a record number only: counted by hand."""
+    recs = [{"text": "Ada was born in Paris", "triple_list": [["Ada", "born_in", "Paris"]]},
+            {"text": "Bo ran", "triple_list": []},
+            {"text": "Foo bar", "triple_list": [["Foo", "born_in"]]}]
+    path = tmp_path / "pretty.json"
+    path.write_text(json.dumps(recs, indent=2))
+    line = [k for k, x in enumerate(json.dumps(recs, indent=2).splitlines(), 1) if x == "  {"][2]  # the third's
+    with pytest.raises(DataError, match=rf"pretty\.json:{line}: record 3 \(of the list, from 1\): triple "
+                                        r"\['Foo', 'born_in'\] is not \[subject, relation, object\]"):
+        read_re(str(path))

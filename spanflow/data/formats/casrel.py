@@ -6,7 +6,7 @@ import os
 import re
 
 from spanflow.data.examples import ReExample, is_offset
-from spanflow.data.formats.common import check_unicode, jq_lines, parse_json, read_lines
+from spanflow.data.formats.common import SURROGATE, check_unicode, jq_lines, list_item_line, parse_json, read_lines
 from spanflow.data.formats.jsonl import parse_record
 from spanflow.errors import DataError, quote
 
@@ -62,26 +62,31 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         raise DataError("is an empty list: no records found", path=path)
     out, total, twice, trimmed = [], 0, 0, []
     unplaced: dict[bool, list] = {False: [], True: []}  # same span? -> (record number, triple)
+    def at(k: int) -> int | None:  # the line record k starts on, for a message
+        return list_item_line(raw, k)
+
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-            raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path)
-        check_unicode(rec["text"], path, None, f'record {k} (of the list, from 1): "text"')
+            raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path, line=at(k))
+        check_unicode(rec["text"], path, at(k) if SURROGATE.search(rec["text"]) else None,
+                      f'record {k} (of the list, from 1): "text"')
         ex = ReExample(rec["text"])
         if "triple_list" not in rec:
-            _other_key(rec, k, path)
+            _other_key(rec, k, path, at)
         if not isinstance(rec.get("triple_list") or [], list):
-            raise DataError(f'record {k} (of the list, from 1): "triple_list" is not a list of triples', path=path)
+            raise DataError(f'record {k} (of the list, from 1): "triple_list" is not a list of triples', path=path,
+                            line=at(k))
         for t in rec.get("triple_list") or []:  # null or absent: a text without triples
             if not (isinstance(t, (list, tuple)) and len(t) == 3 and all(isinstance(x, str) for x in t)):
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} is not "
-                                "[subject, relation, object]", path=path)
+                                "[subject, relation, object]", path=path, line=at(k))
             if not t[1].strip():
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} has no relation name",
-                                path=path)
+                                path=path, line=at(k))
             total += 1
             if any(x and not x.strip() for x in (t[0], t[2])):  # as JSONL offsets of white space are
                 raise DataError(f"record {k} (of the list, from 1): triple {quote(t)} has a subject or object of "
-                                "white space alone", path=path)
+                                "white space alone", path=path, line=at(k))
             if t[0] != t[0].strip() or t[2] != t[2].strip():  # an annotator's selection that took a space
                 trimmed.append((k, list(t)))
                 t = [t[0].strip(), t[1], t[2].strip()]
@@ -108,7 +113,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
 OTHER_KEYS = ("relations", "triples", "spo_list", "relation_list", "relation_mentions")  # read as no triples
 
 
-def _other_key(rec: dict, k: int, path: str) -> None:
+def _other_key(rec: dict, k: int, path: str, at) -> None:
     """A DataError for a record whose triples are under another key than "triple_list" (read
     silently as a text with none): JSONL relations written as one list, another corpus's key, or
     any key holding a list of triple-like items (a misspelt "triplets")."""
@@ -119,7 +124,7 @@ def _other_key(rec: dict, k: int, path: str) -> None:
     hint = f'; JSONL relations ({{"text", "relations"}}) are one object a line: {jq_lines(path)}' \
         if key == "relations" else ""
     raise DataError(f'record {k} (of the list, from 1) has "{key}" and no "triple_list": CasRel JSON\'s triples are '
-                    f'[subject, relation, object] lists under "triple_list"{hint}', path=path)
+                    f'[subject, relation, object] lists under "triple_list"{hint}', path=path, line=at(k))
 
 
 def _triple_like(value) -> bool:

@@ -185,6 +185,27 @@ def parse_json(text: str, path: str, line: int | None = None):
         raise DataError(f"invalid JSON: {str(e)[:120]}", path=path, line=line) from None
 
 
+def list_item_line(raw: str, k: int) -> int | None:
+    """The line (from 1) on which item `k` (from 1) of the JSON list `raw`, parsed already, starts:
+    where a message about one record of a pretty-printed list points. None where there is no such
+    item. Only messages ask, so a file read whole is walked again only then."""
+    dec, i = json.JSONDecoder(), raw.find("[") + 1
+    if i == 0:
+        return None
+    for n in range(1, k + 1):
+        while i < len(raw) and raw[i] in " \t\r\n,":  # white space, and the comma between items
+            i += 1
+        if i >= len(raw) or raw[i] == "]":
+            return None
+        if n == k:
+            return raw.count("\n", 0, i) + 1
+        try:
+            i = dec.raw_decode(raw, i)[1]
+        except ValueError:
+            return None
+    return None
+
+
 def invisible(ch: str) -> bool:
     """An invisible format character (Unicode category Cf: U+FEFF, a zero-width space, a direction
     mark, a soft hyphen): no part of a word's edge, and nothing to read on its own."""
