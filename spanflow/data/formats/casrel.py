@@ -6,7 +6,8 @@ import os
 import re
 
 from spanflow.data.examples import ReExample, is_offset
-from spanflow.data.formats.common import SURROGATE, check_unicode, jq_lines, list_item_line, parse_json, read_lines
+from spanflow.data.formats.common import (SURROGATE, check_unicode, jq_lines, list_item_line, parse_json, read_lines,
+                                         stripped_span)
 from spanflow.data.formats.jsonl import parse_record
 from spanflow.errors import DataError, quote
 
@@ -199,11 +200,7 @@ def _other_relations_key(rec: dict, path: str, lineno: int) -> None:
 
 def _trim(text: str, span: tuple[int, int], path: str, lineno: int) -> tuple[int, int]:
     """`span` without the white space at its edges; a DataError where it holds nothing else."""
-    a, b = span
-    while a < b and text[a].isspace():
-        a += 1
-    while b > a and text[b - 1].isspace():
-        b -= 1
+    a, b = stripped_span(text, *span)
     if a == b:
         raise DataError(f"span {list(span)} holds white space alone", path=path, line=lineno)
     return a, b

@@ -185,6 +185,16 @@ def parse_json(text: str, path: str, line: int | None = None):
         raise DataError(f"invalid JSON: {str(e)[:120]}", path=path, line=line) from None
 
 
+def stripped_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """(start, end) moved in past the white space at the span's edges; empty (start == end)
+    where the span holds white space alone."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
 def list_item_line(raw: str, k: int) -> int | None:
     """The line (from 1) on which item `k` (from 1) of the JSON list `raw`, parsed already, starts:
     where a message about one record of a pretty-printed list points. None where there is no such

@@ -6,7 +6,7 @@ import logging
 import os
 
 from spanflow.data.examples import NerExample, check_spans, tag_labels
-from spanflow.data.formats.common import check_unicode, error_record, jq_lines, parse_json, read_lines
+from spanflow.data.formats.common import check_unicode, error_record, jq_lines, parse_json, read_lines, stripped_span
 from spanflow.errors import DataError, quote
 
 log = logging.getLogger("spanflow")
@@ -97,11 +97,7 @@ def _trimmed(text: str, spans: list, lineno: int, said: list, path: str) -> list
     before a word), each such entity added to `said`; an entity of white space alone is a DataError."""
     out = []
     for s, e, lab in spans:
-        a, b = s, e
-        while a < b and text[a].isspace():
-            a += 1
-        while b > a and text[b - 1].isspace():
-            b -= 1
+        a, b = stripped_span(text, s, e)
         if a == b:
             raise DataError(f"entity [{s}, {e}, {quote(lab)}] holds white space alone", path=path, line=lineno)
         if (a, b) != (s, e):
