@@ -487,4 +487,28 @@ def test_a_stream_whose_input_fails_gives_the_chunks_read_before_it_first():
     with pytest.raises(OSError, match="the disk went away"):
         for c in prepared(chunked(source(), 4), lambda c: [x * 10 for x in c]):
             got.append(c)
-    assert got == [[0, 10, 20, 30]]
+    assert got == [[0, 10, 20, 30], [40, 50]]  # the partly read chunk too (it was lost with chunked's list)
+
+
+def test_reading_ahead_passes_every_record_read_before_an_error_and_the_error_itself():
+    """Bulk jobs read their records ahead in lists of 1024 on a thread: the records of a list cut
+    short by the reader's error were lost (a chunk of 1500 read in full came out as 1024)."""
+    import threading
+
+    from spanflow.batching.prefetch import chunked, prepared, read_ahead
+
+    err = OSError("the disk went away")
+
+    def source():
+        yield from range(3000)
+        raise err
+
+    got = []
+    with pytest.raises(OSError) as e:
+        for c in prepared(chunked(read_ahead(source()), 1500), list):
+            got += c
+    assert e.value is err and got == list(range(3000))
+    stream = read_ahead(iter(range(10_000)), size=16)
+    assert next(stream) == 0
+    stream.close()  # stopped early: its thread is gone, nothing left reading
+    assert not [t for t in threading.enumerate() if t.name == "spanflow-prefetch"]

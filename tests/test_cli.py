@@ -54,13 +54,14 @@ def test_evaluate_table(trained, capsys):
     assert f"warning: {plain} holds no gold entities or triples: recall and F1 are 0 whatever the model finds" in \
         capsys.readouterr().err
     texts = d / "texts.jsonl"  # texts and no labels' key: texts to run a model on, refused as a .txt is (was scored 0)
-    texts.write_text('{"text": "nothing to find here"}\n', encoding="utf-8")
+    texts.write_text('{"text": "nothing to find here"}\n{"text": "nor here", "source": "web"}\n', encoding="utf-8")
     from spanflow.runtime.loads import Loads
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(Loads, "__init__", lambda *a, **kw: pytest.fail("a model was loaded"))  # told before
         assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(texts)]) == 2
-    assert f"error: {texts}: holds texts and no labels" in capsys.readouterr().err
+    assert f'error: {texts}: holds texts and no labels (no JSONL record holds "entities" or "spans")' \
+        in capsys.readouterr().err  # a field of metadata beside the text is no label
     late = d / "late.jsonl"  # a labels' key past the sniffed head: labelled data
     late.write_text('{"text": "a b"}\n' * 30 + '{"text": "Ann", "entities": [[0, 3, "PER"]]}\n', encoding="utf-8")
     assert main(["evaluate", "--model", str(d / "run" / "model"), "--data", str(late)]) == 0

@@ -314,7 +314,7 @@ def test_an_update_larger_than_the_data_scales_the_rates_to_the_data_and_says_so
     (TrainOptions(), "an update of 2 micro-batches of 128 tokens holds"),
     (TrainOptions(grad_accum=2), "an update of --grad-accum 2 micro-batches of 128 tokens holds"),
     (TrainOptions(max_tokens=128, grad_accum=2), "an update of --max-tokens 128 x --grad-accum 2 tokens holds"),
-    (TrainOptions(max_tokens=128), "an update of --max-tokens 128 x 2 micro-batches tokens holds"),  # accum sized
+    (TrainOptions(max_tokens=128), "an update of 2 micro-batches of --max-tokens 128 tokens holds"),  # accum sized
 ])
 def test_the_whole_set_note_names_only_the_flags_given(asked, said):
     """A task that sized the update (train embed) passes what it sized: the note named

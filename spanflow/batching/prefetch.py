@@ -1,7 +1,6 @@
 """Run a producer (collate, tokenization) in a background thread, a few items ahead."""
 from __future__ import annotations
 
-import itertools
 import numbers
 import queue
 import threading
@@ -32,7 +31,7 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
             return
         q.put(_END)
 
-    t = threading.Thread(target=run, daemon=True)
+    t = threading.Thread(target=run, daemon=True, name="spanflow-prefetch")
     t.start()
     try:
         while True:
@@ -83,22 +82,33 @@ def read_ahead(items: Iterable, size: int = 1024) -> Iterator:
     """`items` as they are, read `size` at a time by a background thread a few lists ahead: for
     spanflow's own record readers, whose parsing then overlaps the model's compute (a user's
     iterator is read on the caller's thread: `prepared`)."""
-    return itertools.chain.from_iterable(prefetch(chunked(items, size)))
+    lists = prefetch(chunked(items, size))
+    try:
+        for items_read in lists:
+            yield from items_read
+    finally:
+        lists.close()  # stopped early: the thread stops reading now, not when the generator is collected
 
 
 def chunked(items: Iterable, size: int) -> Iterator[list]:
-    """Lists of `size` consecutive items (the last may be shorter); a ConfigError where `size` is
-    not a whole number >= 1 (0 or "2" would hold the whole input in one list)."""
+    """Lists of `size` consecutive items (the last may be shorter, and so may the one before an
+    error of `items`, which is raised after it); a ConfigError where `size` is not a whole number
+    >= 1 (0 or "2" would hold the whole input in one list)."""
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
         from spanflow.errors import ConfigError, quote
 
         raise ConfigError(f"chunk_size must be a whole number of texts >= 1, got {quote(size, 40)}")
     buf = []
-    for x in items:
-        buf.append(x)
-        if len(buf) == size:
+    try:
+        for x in items:
+            buf.append(x)
+            if len(buf) == size:
+                yield buf
+                buf = []
+    except Exception:  # the items read before an input error are given first, then the error
+        if buf:
             yield buf
-            buf = []
+        raise
     if buf:
         yield buf
 

@@ -310,8 +310,12 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
 
 
 def _rate(x: float) -> str:
-    """A rate to the unit, or below 10 to two significant digits: a slow job's is not rounded to 0."""
-    return f"{x:.0f}" if x >= 10 or x == 0 else f"{x:.2g}" if x >= 0.01 else f"{x:.4f}"
+    """A rate to the unit, or below 10 to two significant digits (in plain digits): a slow job's is
+    not rounded to 0."""
+    if x >= 10 or x == 0:
+        return f"{x:.0f}"
+    said = f"{x:.2g}"
+    return f"{float(said):.12f}".rstrip("0") if "e" in said else said
 
 
 def rates_said(texts: int, seconds: float, real_tokens: int, efficiency: float) -> str:

@@ -56,10 +56,10 @@ def logged_warnings() -> Iterator[list[str]]:
 TEXT_KEYS = {"text", "id"}  # a record of these holds nothing to score against, whatever the task
 
 
-def _texts_only(path: str) -> bool:
-    """A JSONL file every record of which holds a text and an id at most (formats.sniff's
-    texts-jsonl for its head, then each line): texts to run a model on, not labelled data of any
-    task (a task's labels are keys beside the text, of whatever name)."""
+def _texts_only(path: str, label_keys: tuple[str, ...]) -> bool:
+    """A JSONL file of texts to run a model on, not labelled data (formats.sniff's texts-jsonl for
+    its head, then each line): no record holds one of the task's `label_keys`; for a task that
+    names none, every record holds a text and an id at most."""
     import json
 
     from spanflow.data.formats.common import read_lines
@@ -73,7 +73,7 @@ def _texts_only(path: str) -> bool:
             rec = json.loads(line) if line.strip() else {}
         except ValueError:  # the reader says what is wrong with it
             return False
-        if not isinstance(rec, dict) or set(rec) - TEXT_KEYS:
+        if not isinstance(rec, dict) or (any(k in rec for k in label_keys) if label_keys else set(rec) - TEXT_KEYS):
             return False
     return True
 
@@ -97,9 +97,11 @@ def run(a: argparse.Namespace) -> int:
         examples = task.read_labelled(a.data, fmt=a.format, scheme=a.scheme, columns=a.columns)
     if not examples:
         raise DataError("holds no examples to evaluate on", path=a.data)
-    if _texts_only(a.data):  # a file of texts, as a .txt is refused: before the model loads
-        raise DataError("holds texts and no labels (JSONL records of a \"text\", and an \"id\" at most): evaluate "
-                        "scores a model against labels; spanflow predict runs it on texts", path=a.data)
+    keys = tuple(getattr(task, "label_keys", ()))
+    if _texts_only(a.data, keys):  # a file of texts, as a .txt is refused: before the model loads
+        held = " or ".join(f'"{k}"' for k in keys) if keys else 'anything but a "text" and an "id"'
+        raise DataError(f"holds texts and no labels (no JSONL record holds {held}): evaluate scores a model against "
+                        "labels; spanflow predict runs it on texts", path=a.data)
     loads = Loads(task, a.model)
     rt = resolve_runtime(task, a.model, Asked.from_args(a), texts=_texts(examples),
                          data=a.data, loads=loads, measure=quick_profile)

@@ -118,7 +118,7 @@ def ner_output_format(path: str, fmt: str | None) -> str:
 
     other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
     if path == "-":
-        raise ConfigError("- is standard output, which convert does not write to: name an output file (.conll, "
+        raise ConfigError("- names standard output, which NER data is not written to: name an output file (.conll, "
                           ".jsonl or .spacy)")
     if other:
         raise ConfigError(f"{path} names a {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "

@@ -122,7 +122,9 @@ class Task(Protocol):
     # `quantizations`, the --quantize values its models take; `tune_modes`, the modes `tune` runs
     # (the first its default); `agreement`, `agreement_name` and `precision_gate`, --precision auto's
     # check; `train_defaults`, `dev_metric` and `train_budget_note`, what `train TASK --help` says;
-    # `data_help`, the formats its training data comes in, for the help of `train TASK --train`
+    # `data_help`, the formats its training data comes in, for the help of `train TASK --train`;
+    # `label_keys`, the keys a JSONL record of its labelled data holds them under (evaluate tells a
+    # file with none of them as texts; without it, records of a text and an id at most are)
 
     def response(self, model: TaskModel, name: str, texts: list[str], results: list, tokens: int,
                  params: dict) -> dict:

@@ -90,8 +90,9 @@ def _update_said(max_tokens: int, accum: int, asked: TrainOptions) -> str:
     if asked.max_tokens is not None:
         if accum == 1:
             return f"--max-tokens {max_tokens} tokens"
-        times = f"--grad-accum {accum}" if asked.grad_accum is not None else f"{accum} micro-batches"
-        return f"--max-tokens {max_tokens} x {times} tokens"
+        if asked.grad_accum is not None:
+            return f"--max-tokens {max_tokens} x --grad-accum {accum} tokens"
+        return f"{accum} micro-batches of --max-tokens {max_tokens} tokens"
     if accum == 1:
         return f"{max_tokens} tokens"
     return f"{'--grad-accum ' if asked.grad_accum is not None else ''}{accum} micro-batches of {max_tokens} tokens"

@@ -32,6 +32,7 @@ class NerTask:
     # --precision auto keeps a reduced precision whose entities agree with fp32's to this F1
     agreement_name, precision_gate = "entity F1", 0.98
     dev_metric = "entity F1"  # what --patience counts evaluations without a gain in
+    label_keys = ("entities", "spans")  # a JSONL record's labels: a file with none is texts (evaluate)
 
     @staticmethod
     def agreement(ref: list, got: list) -> float:

@@ -26,6 +26,7 @@ class ReTask:
     # --precision auto keeps a reduced precision whose triples agree with fp32's to this F1
     agreement_name, precision_gate = "triple F1", 0.98
     dev_metric = "triple F1"  # what --patience counts evaluations without a gain in
+    label_keys = ("relations", "triple_list")  # a JSONL record's labels: a file with none is texts (evaluate)
 
     @staticmethod
     def agreement(ref: list, got: list) -> float:
