@@ -62,8 +62,7 @@ def run(a: argparse.Namespace) -> int:
         if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
             shown = ", ".join(str(i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
             print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}, counted from 1): CoNLL "
-                  "has no line "
-                  "for them, so they are left out", file=sys.stderr)
+                  "has no line for them, so they are left out", file=sys.stderr)
             examples = [e for e, t in zip(examples, tokens) if t]
             tokens = [t for t in tokens if t]
         changed = sum(join_tokens(t)[0] != e.text for e, t in zip(examples, tokens))

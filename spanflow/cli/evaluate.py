@@ -65,6 +65,9 @@ def _texts_only(path: str, label_keys: tuple[str, ...]) -> bool:
     from spanflow.data.formats.common import read_lines
     from spanflow.data.formats.sniff import sniff
 
+    def labelled(rec: dict) -> bool:
+        return any(k in rec for k in label_keys) if label_keys else bool(set(rec) - TEXT_KEYS)
+
     kind = sniff(path)
     if kind is None or kind.name != "texts-jsonl":
         return False
@@ -73,7 +76,7 @@ def _texts_only(path: str, label_keys: tuple[str, ...]) -> bool:
             rec = json.loads(line) if line.strip() else {}
         except ValueError:  # the reader says what is wrong with it
             return False
-        if not isinstance(rec, dict) or (any(k in rec for k in label_keys) if label_keys else set(rec) - TEXT_KEYS):
+        if not isinstance(rec, dict) or labelled(rec):
             return False
     return True
 

@@ -116,10 +116,10 @@ def ner_output_format(path: str, fmt: str | None) -> str:
     file, or is `-` (no file: convert writes to a named file)."""
     from spanflow.errors import ConfigError
 
-    other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
     if path == "-":
         raise ConfigError("- names standard output, which NER data is not written to: name an output file (.conll, "
                           ".jsonl or .spacy)")
+    other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
     if other:
         raise ConfigError(f"{path} names a {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "
                           "spaCy DocBin (.spacy): name the file so, or give the format (--to; Python: fmt=)")

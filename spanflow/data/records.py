@@ -51,7 +51,7 @@ def _json_kind(path: str) -> str:
     return "jsonl" if head.startswith("{") else "text"
 
 
-def _kept_value(value) -> str | None:
+def _id_text(value) -> str | None:
     """A JSONL id as the string an id holds: strings as they are, others as JSON."""
     return value if value is None or isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
@@ -75,7 +75,7 @@ def _json_record(line: str, path: str, lineno: int, field: str, id_column: str |
     rid = rec.get(id_column or "id")
     if ids is not None and id_column is None:  # counted: a mix of both is said (_line_records)
         ids[rid is None] += 1
-    rid = unknown if rid is None else _kept_value(rid)
+    rid = unknown if rid is None else _id_text(rid)
     kept = tuple(rec.get(k) for k in keep)  # as JSON holds them: a JSONL output keeps them so (tables.py: Parquet's)
     if not isinstance(rec.get(field), str):
         why = error_record(rec, path) if field == "text" else ""

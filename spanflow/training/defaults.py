@@ -87,15 +87,13 @@ NO_DEV = "no --dev: no early stopping, the model of the last epoch is kept"
 
 def _update_said(max_tokens: int, accum: int, asked: TrainOptions) -> str:
     """An update's size as a note says it: the flags where given, the sized values otherwise."""
-    if asked.max_tokens is not None:
-        if accum == 1:
-            return f"--max-tokens {max_tokens} tokens"
-        if asked.grad_accum is not None:
-            return f"--max-tokens {max_tokens} x --grad-accum {accum} tokens"
-        return f"{accum} micro-batches of --max-tokens {max_tokens} tokens"
+    size = f"--max-tokens {max_tokens}" if asked.max_tokens is not None else str(max_tokens)
     if accum == 1:
-        return f"{max_tokens} tokens"
-    return f"{'--grad-accum ' if asked.grad_accum is not None else ''}{accum} micro-batches of {max_tokens} tokens"
+        return f"{size} tokens"
+    if asked.max_tokens is not None and asked.grad_accum is not None:  # both flags: as the user wrote them
+        return f"{size} x --grad-accum {accum} tokens"
+    times = f"--grad-accum {accum}" if asked.grad_accum is not None else str(accum)
+    return f"{times} micro-batches of {size} tokens"
 
 
 def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[int], device: torch.device,

@@ -149,7 +149,7 @@ def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = Fa
     steps = r.st["global_step"]
     moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
     verdict = "rose" if loss > 1.05 * first else "flat" if loss > 0.8 * first else None
-    said = f"{verdict} {'stopped' if stopped else ''}"  # once while it holds; an early stop's advice differs
+    said = f"{verdict}, stopped" if stopped else verdict  # once while it holds; an early stop's advice differs
     if verdict is not None and r.st.get("said_verdict") == said:
         return
     r.st["said_verdict"] = said

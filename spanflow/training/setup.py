@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, as_log
 from spanflow.training.checkpoint import has_checkpoint
 from spanflow.training.distributed import Dist, init_from_env
 from spanflow.training.options import TrainOptions
@@ -64,7 +64,7 @@ def start_run(options: TrainOptions | None, *, model: str, out_dir: str, log_fn:
     starts (a resume: its checkpoint's model), and say what an earlier run in `out_dir` will lose."""
     dist = init_from_env()
     opts = options or TrainOptions()  # unset values are filled from the data later (training/defaults.py)
-    log = log_fn if dist.is_main and log_fn is not None else (lambda s: None)  # None: quiet
+    log = as_log(log_fn if dist.is_main else None)  # None: quiet
     torch.manual_seed(opts.seed)
     policy = resolve_policy(opts.precision, opts.device, cpu_bf16=True)
     log(policy.describe() + (f", {dist.world} processes" if dist.enabled else ""))

@@ -1,6 +1,7 @@
 """Relation data: CasRel JSON (strings located in the text) and JSONL with character offsets."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -63,9 +64,7 @@ def read_casrel_json(path: str | os.PathLike) -> list[ReExample]:
         raise DataError("is an empty list: no records found", path=path)
     out, total, twice, trimmed = [], 0, 0, []
     unplaced: dict[bool, list] = {False: [], True: []}  # same span? -> (record number, triple)
-    def at(k: int) -> int | None:  # the line record k starts on, for a message
-        return list_item_line(raw, k)
-
+    at = functools.partial(list_item_line, raw)  # the line record k starts on, for a message
     for k, rec in enumerate(data, 1):  # numbered from 1, as the lines of the other formats
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f'record {k} (of the list, from 1) has no string "text"', path=path, line=at(k))
