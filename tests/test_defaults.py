@@ -141,6 +141,26 @@ def test_a_run_at_dev_f1_0_throughout_keeps_its_last_model_not_its_first(tmp_pat
     assert s["global_step"] == 3 * 4  # stopped after two evaluations without a gain, as before
 
 
+def test_a_resumed_run_at_dev_f1_0_goes_on_keeping_its_latest_model(tmp_path):
+    """The rule that keeps the latest model while every evaluation scored 0 holds across a resume:
+    the checkpoint's best score (0) is read back as a score, not as "none yet"."""
+    items = [[0] * 8 for _ in range(16)]
+    saved = []
+    hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
+                                          "padded_tokens": 8 * len(ws)},
+                      loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=lambda m: {"f1": 0.0},
+                      save_model=lambda p: saved.append(p) or os.makedirs(p, exist_ok=True))
+    base = dict(lr=0.3, max_tokens=32, log_every=0, warmup_ratio=0.0, weight_decay=0.0, max_grad_norm=0.0,
+                patience=0)
+    run = dict(policy=precision.resolve_policy("fp32", "cpu"), out_dir=str(tmp_path), log=lambda x: None)
+    s = train_loop(_Constant(), items, hooks, opts=TrainOptions(epochs=2, **base), **run)
+    assert (s["best_f1"], s["best_step"], s["global_step"]) == (0.0, 8, 8)
+    saved.clear()
+    s = train_loop(_Constant(), items, hooks, opts=TrainOptions(epochs=4, resume=True, **base), **run)
+    assert (s["best_f1"], s["best_step"], s["global_step"]) == (0.0, 16, 16)
+    assert saved.count(str(tmp_path / "model")) == 2  # epochs 3 and 4 each kept
+
+
 def test_a_run_that_does_not_learn_says_so(tmp_path):
     flat = _loop(tmp_path / "a", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1)
     assert sum("not learning" in x for x in flat) == 1 and "--max-tokens" in [x for x in flat if "not learning" in x][0]
