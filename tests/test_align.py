@@ -58,6 +58,17 @@ def test_a_character_the_tokenizer_drops_goes_to_one_side_only(tiny_tokenizer):
     assert _widen("Ann\ufe0fBob x", [(0, 3), (4, 7), (8, 9)], words) == ([0, 4, 8], [3, 7, 9])
 
 
+def test_a_control_character_the_tokenizer_drops_stays_outside_the_word_beside_it():
+    """A NUL (or BEL) next to a word went into its span ('Ada\\x00'): BERT drops control characters
+    as it drops a variation selector, and the widening took it as a part of the word."""
+    from spanflow.batching.align import _widen
+
+    for c in ("\x00", "\x07", "\x7f"):
+        assert _widen(f"Ada{c} met", [(0, 3), (5, 8)]) == ([0, 5], [3, 8]), repr(c)
+        assert _widen(f"Ada {c}Bob", [(0, 3), (5, 8)]) == ([0, 5], [3, 8]), repr(c)
+    assert _widen("Ada\ufe0f met", [(0, 3), (5, 8)]) == ([0, 5], [4, 8])  # a variation selector still is
+
+
 def test_an_entity_never_runs_across_a_line_break_of_any_kind(tiny_tokenizer):
     labels = ["O", "B-ORG", "I-ORG"]
     for br in ("\n", "\r\n", "\r", "\u2028", "\x85"):

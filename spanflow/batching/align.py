@@ -258,7 +258,8 @@ def _widen(text: str, offsets: list[tuple[int, int]],
 
 
 def _glued(c: str, in_word: bool) -> bool:
-    return not c.isspace() and (in_word or not invisible(c))
+    # a control character (NUL, BEL: category Cc) is no part of a word, as a format character is not
+    return not c.isspace() and (in_word or not (invisible(c) or unicodedata.category(c) == "Cc"))
 
 
 MIN_LENGTH = 8  # the shortest window read, in training as in inference
