@@ -105,7 +105,7 @@ def test_a_span_the_cut_crosses_is_lost_not_trained_in_part(caplog):
     assert f.subjects == {(1, 1): [(0, 2, 2)]} and "1 triple fell outside the tokens kept" in caplog.text
     assert "1 text longer than 5 tokens was cut" in caplog.text
     assert "outside the model's set" not in caplog.text  # no relation unknown: not said
-    assert "does not start and end on the model's tokens" not in caplog.text
+    assert "does not start and end on the model's words" not in caplog.text
 
 
 def test_a_measurements_sample_cut_at_its_lengths_warns_of_nothing(tmp_path, caplog):
@@ -138,7 +138,7 @@ def test_a_subject_or_object_inside_a_word_is_said_with_what_it_trains_as(caplog
     with caplog.at_level("WARNING", logger="spanflow"):
         feats = prepare_features(ex, Tok(), {"works_for": 0}, max_length=16, encs=[enc])
     assert feats[0].subjects == {(3, 3): [(0, 1, 1)]} and trained_triples(feats) == 1
-    assert ("1 triple with a subject or object that does not start and end on the model's tokens (found inside a "
+    assert ("1 triple with a subject or object that does not start and end on the model's words (found inside a "
             "word, or offsets that cut one): the first, 'ford' in 'Stanford hired Ada .' trains as 'Stanford'"
             ) in caplog.text
 
@@ -208,12 +208,12 @@ def test_overfit_and_save_load(tmp_path):
                      log_fn=lambda s: None)
     m = model.evaluate(data)
     assert m["f1"] >= 0.95, m["f1"]
-    assert "warnings" not in m  # every gold span on the model's tokens
+    assert "warnings" not in m  # every gold span on the model's words
     (s, rel, o), text = data[0].triples[0], data[0].text
     cut = ReExample(text, [((s[0] + 1, s[1]), rel, o)])  # a subject that starts inside its first word
     said = model.evaluate([cut, *data[1:]])["warnings"]
     assert said == [f"1 of the data's {1 + sum(len(e.triples) for e in data[1:])} gold triples have a subject or object that "
-                    "does not start and end on the model's tokens, so no prediction can match them and each counts "
+                    "does not start and end on the model's words, so no prediction can match them and each counts "
                     f"as a miss; the first: {text[s[0] + 1:s[1]]!r} in {text[:s[1] + 30]!r} can only be found as "
                     f"{text[s[0]:s[1]]!r}"]
     # the same strings placed twice, once off the tokens: one gold triple, which a prediction can match
@@ -501,3 +501,40 @@ def test_a_casrel_record_at_fault_is_named_with_the_line_it_starts_on(tmp_path):
     with pytest.raises(DataError, match=rf"pretty\.json:{line}: record 3 \(of the list, from 1\): triple "
                                         r"\['Foo', 'born_in'\] is not \[subject, relation, object\]"):
         read_re(str(path))
+
+
+def test_subjects_and_objects_are_whole_words_in_training_and_prediction(monkeypatch, caplog):
+    """A subword model extracted a subject of the tokens it marked: 'Th' of 'Theodora' (NER's labels
+    sit on words, so its spans never cut one). Spans now widen to the words they touch, in what
+    training marks and in what predict reads, so both speak of the same words."""
+    from spanflow.batching.align import Encoded
+    from spanflow.data.examples import ReExample
+    from spanflow.models.encoder import build_tiny
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.tasks.re import model as re_model
+    from spanflow.tasks.re.features import prepare_features, token_span, word_span
+
+    text = "Theodora met Bob ."  # "Th" "##eo" "##dora" "met" "Bob" "."
+    enc = Encoded(ids=[5, 6, 7, 8, 9, 10], offsets=[(0, 2), (2, 4), (4, 8), (9, 12), (13, 16), (17, 18)],
+                  first=[True, False, False, True, True, True])
+    assert word_span(enc, 1, 1) == (0, 8) and word_span(enc, 0, 0) == (0, 8) and word_span(enc, 4, 4) == (13, 16)
+    assert token_span(enc, (0, 2), 6) == (1, 3)  # gold 'Th': the tokens of 'Theodora'
+    assert token_span(enc, (2, 4), 2) is None  # the word runs past the cut
+
+    class Tok:
+        cls_token_id, sep_token_id = 1, 2
+
+    with caplog.at_level("WARNING", logger="spanflow"):
+        feats = prepare_features([ReExample(text, [((0, 2), "met", (13, 16))])], Tok(), {"met": 0},
+                                 max_length=16, encs=[enc])
+    assert feats[0].subjects == {(1, 3): [(0, 5, 5)]}
+    assert "'Th' in 'Theodora met Bob .' trains as 'Theodora'" in caplog.text
+
+    encoder, tok = build_tiny([text] * 2, hidden=16, embedding=16, bigram_buckets=101, max_length=64)
+    model = re_model.ReModel(encoder=encoder, tokenizer=tok, relations=["met"], limit=64,
+                             policy=resolve_policy("fp32", "cpu"))
+    # the cascade marks the subject from '##eo' to '##eo' and the object from 'Bob' to 'Bob'
+    # (input positions: [CLS] is 0)
+    marked = tuple(torch.tensor([v]) for v in (0, 2, 2, 0, 5, 5))
+    monkeypatch.setattr(re_model, "extract", lambda *a, **k: marked)
+    assert model.predict_encoded([enc]) == [[((0, 8), "met", (13, 16))]]

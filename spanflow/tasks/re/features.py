@@ -31,24 +31,47 @@ class ReFeature:
 
 
 def token_span(enc: Encoded, span: tuple[int, int], limit: int) -> tuple[int, int] | None:
-    """First and last token (input positions, +1 for [CLS]) overlapping a char span; None where
-    the span is not all within the first `limit` tokens (a span the cut crosses would train the
+    """First and last token (input positions, +1 for [CLS]) of the words a char span overlaps; None
+    where those are not all within the first `limit` tokens (a span the cut crosses would train the
     model on the part of it that is left)."""
     toks = [j for j, (a, b) in enumerate(enc.offsets) if a < span[1] and b > span[0]]
-    return (toks[0] + 1, toks[-1] + 1) if toks and toks[-1] < limit else None
+    if not toks:
+        return None
+    first, last = word_tokens(enc, toks[0], toks[-1])
+    return (first + 1, last + 1) if last < limit else None
 
 
 def char_span(enc: Encoded, tokens: tuple[int, int]) -> tuple[int, int]:
     """The characters a token span (input positions, as token_span gives) covers, as the model
-    extracts it: over the characters its tokens are widened to (a variation selector after a word)."""
+    extracts it: over the characters its tokens are widened to (a variation selector after a word).
+    Its end is the furthest of its tokens' (a token of white space alone is left empty where the
+    word before it ends, before what that word was widened to)."""
     starts = enc.starts or [a for a, _ in enc.offsets]
     ends = enc.ends or [b for _, b in enc.offsets]
-    return starts[tokens[0] - 1], ends[tokens[1] - 1]
+    return starts[tokens[0] - 1], max(ends[tokens[0] - 1:tokens[1]])
+
+
+def word_tokens(enc: Encoded, first: int, last: int) -> tuple[int, int]:
+    """Tokens first..last (indices into `enc`'s tokens) widened to whole words: the model's subjects
+    and objects are words, as NER's entities are, so a span starting or ending inside a word ('Th' of
+    'The') is trained on and read as those words."""
+    while first > 0 and not enc.first[first]:
+        first -= 1
+    n = len(enc.ids)
+    while last + 1 < n and not enc.first[last + 1]:
+        last += 1
+    return first, last
+
+
+def word_span(enc: Encoded, first: int, last: int) -> tuple[int, int]:
+    """The characters of the words tokens first..last (indices into `enc`'s tokens) touch."""
+    first, last = word_tokens(enc, first, last)
+    return char_span(enc, (first + 1, last + 1))
 
 
 def off_tokens(text: str, enc: Encoded, *found: tuple[tuple[int, int], tuple[int, int]], verb: str) -> str | None:
     """For a triple's subject and object, each (its char span, its token span): None where both start
-    and end on the model's tokens, else the first that does not, said as `'Ford' in '...Stanford...'
+    and end on the model's words, else the first that does not, said as `'Ford' in '...Stanford...'
     <verb> 'Stanford'`."""
     for (a, b), tokens in found:
         u, v = char_span(enc, tokens)
@@ -92,7 +115,7 @@ def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int
              "on"] if cut or lost else [])
     said += [f"{counted(unknown, 'triple')} with a relation outside the model's set"] if unknown else []
     said += [f"{counted(moved, 'triple')} with a subject or object that does not start and end on the model's "
-             f"tokens (found inside a word, or offsets that cut one): the first, {first}"] if moved else []
+             f"words (found inside a word, or offsets that cut one): the first, {first}"] if moved else []
     if said and not quiet:
         log.warning("; ".join(said))
     return feats

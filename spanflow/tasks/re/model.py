@@ -27,7 +27,7 @@ from spanflow.runtime.precision import load_auto
 from spanflow.tasks.inputs import check_max_tokens, text_list, text_stream
 from spanflow.tasks.metrics import format_table, with_unknown, with_warning
 from spanflow.tasks.re.casrel import CasRelHead, CasRelModel, extract
-from spanflow.tasks.re.features import input_features, make_collate, off_tokens, token_span
+from spanflow.tasks.re.features import input_features, make_collate, off_tokens, token_span, word_span
 from spanflow.tasks.re.metrics import re_metrics
 from spanflow.tasks.registry import autocast_twin, get as get_task
 from spanflow.training.distributed import Dist, shard_gather
@@ -157,8 +157,7 @@ class ReModel:
             # two nonzero calls also wait for the device: the object pass is sized by the subjects)
             for row, s, e, r, os_, oe in zip(*torch.stack(res).cpu().tolist()):
                 enc = encs[batch[row]]
-                subj = (enc.starts[s - 1], enc.ends[e - 1])
-                obj = (enc.starts[os_ - 1], enc.ends[oe - 1])
+                subj, obj = word_span(enc, s - 1, e - 1), word_span(enc, os_ - 1, oe - 1)
                 trip = (subj, self.relations[r], obj)
                 if trip not in seen[batch[row]]:  # a set: a weak model's thousands of triples stay linear
                     seen[batch[row]].add(trip)
@@ -226,7 +225,7 @@ class ReModel:
     def evaluate(self, examples: list[ReExample], *, max_tokens: int | None = None, dist: Dist = Dist(),
                  check_spans: bool = True) -> dict:
         """Exact and partial triple P/R/F1 (sharded over ranks under torchrun); `check_spans`: also
-        warn of gold subjects and objects off the model's tokens (as NerModel.evaluate)."""
+        warn of gold subjects and objects off the model's words (as NerModel.evaluate)."""
         check_examples(examples, ReExample, "examples", empty="there is nothing to score")
         # a chunk of texts at a time: memory bounded as a bulk job's, whatever the file's size
         pred = shard_gather([e.text for e in examples],
@@ -237,8 +236,8 @@ class ReModel:
         return with_warning(m, self._off_tokens(examples, sum(map(len, gold))) if check_spans else None)
 
     def _off_tokens(self, examples: list[ReExample], total: int) -> str | None:
-        """A warning where gold subjects or objects do not start and end on the model's tokens ("Ford"
-        inside "Stanford"): the model extracts whole tokens, so no prediction can match them."""
+        """A warning where gold subjects or objects do not start and end on the model's words ("Ford"
+        inside "Stanford"): the model extracts whole words, so no prediction can match them."""
         moved, first = 0, None
         for part in chunked(examples, CHECK_CHUNK):  # a chunk at a time: its memory, not the file's
             for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part])):
@@ -259,7 +258,7 @@ class ReModel:
         if not moved:
             return None
         return (f"{moved} of the data's {total} gold triples have a subject or object "
-                f"that does not start and end on the model's tokens, so no prediction can match them and each counts "
+                f"that does not start and end on the model's words, so no prediction can match them and each counts "
                 f"as a miss; the first: {first}")
 
 
