@@ -320,3 +320,16 @@ def test_predict_keeps_jsonl_values_as_json_in_jsonl_and_as_their_json_text_in_p
                  "--output", str(tmp_path / "o.parquet")]) == 0
     assert pq.read_table(tmp_path / "o.parquet").select(["n", "meta"]).to_pylist() == [
         {"n": "100", "meta": '{"src": "web"}'}, {"n": None, "meta": None}]
+
+
+def test_a_max_tokens_below_the_models_window_is_told_as_a_batch_size(ner_model, embed_model, tmp_path, capsys):
+    """`--max-tokens 64`, taken for a text's length (HF's max_length), ran batches of a text or two,
+    60 times slower, without a word."""
+    src = write(tmp_path, "in.txt", b"Paris is nice\nAda met Bob\n")
+    said = "sizes a whole batch, in padded tokens, and is below the"
+    for cmd, model, out in (("predict", ner_model, "o.jsonl"), ("embed", embed_model, "e.npy")):
+        assert main([cmd, "--model", model, "--input", src, "--output", str(tmp_path / out), "--max-tokens", "8"]) == 0
+        err = capsys.readouterr().err
+        assert f"note: --max-tokens 8 {said}" in err and "leave it out for this device's default (2048)" in err, cmd
+        assert main([cmd, "--model", model, "--input", src, "--output", str(tmp_path / ("d" + out))]) == 0
+        assert said not in capsys.readouterr().err, cmd  # the default: nothing to say

@@ -9,7 +9,7 @@ import sys
 from spanflow.data.io import FORMAT_HELP, NER_FORMATS, STRICT_HELP
 from spanflow.data.schemes import SCHEMES
 from spanflow.monitor.report import clock_time
-from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget
+from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget, infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
 from spanflow.training.defaults import UPDATES_PER_EPOCH
 
@@ -333,6 +333,18 @@ def cut_line(model, count: int, read: str = "read") -> str:
     more = f" (--max-length raises it, up to {limit})" if limit and limit > model.max_length else ""
     return (f"{count} text(s) were longer than the {model.max_length} tokens the model reads: only their start was "
             f"{read}{more}")
+
+
+def note_small_budget(model, asked, max_tokens: int | None) -> None:
+    """A note where a --max-tokens given (`asked`, the flag's value) is below the tokens the model reads
+    of a text: it sizes a whole batch, and a user who took it for a text's length (HF's max_length)
+    gets batches of one text at a fraction of the speed. On stderr: stdout may be a result."""
+    window = getattr(model, "max_length", None)
+    if asked in (None, "auto") or not max_tokens or not window or max_tokens >= window:
+        return
+    print(f"note: --max-tokens {max_tokens} sizes a whole batch, in padded tokens, and is below the {window} tokens "
+          f"the model reads of a text (--max-length): batches this small hold a text or two each, which runs slowly; "
+          f"leave it out for this device's default ({infer_tokens(model.policy.device)})", file=sys.stderr)
 
 
 def resume_hint(a, journal_of, where: str) -> str | None:

@@ -11,6 +11,7 @@ from spanflow.cli.common import (
     add_input_args,
     add_precision_arg,
     add_quantize_args,
+    note_small_budget,
     rates_said,
     resume_hint,
     job_status,
@@ -104,6 +105,7 @@ def _run(a: argparse.Namespace) -> int:
     emb = loads.take(rt)
     emb.set_max_length(a.max_length)  # None: the model's own
     settle()
+    note_small_budget(emb, a.max_tokens, rt.max_tokens)
     print(f"device {emb.policy.device}, precision {emb.policy.name}"
           + (f", quantize {emb.quantize}" if emb.quantize else "") + f", max length {emb.max_length}, dim {emb.dim}"
           + (", unit-length vectors (--normalize)" if a.normalize else ""))

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from spanflow.cli.common import (add_format_arg, add_runtime_args, add_scheme_arg, add_window_args, check_window_args,
-                                 cut_line)
+                                 cut_line, note_small_budget)
 from spanflow.data.jsonvalues import json_line
 from spanflow.errors import counted
 from spanflow.monitor.report import clock_time
@@ -111,6 +111,7 @@ def run(a: argparse.Namespace) -> int:
     model = loads.take(rt)
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
+    note_small_budget(model, a.max_tokens, rt.max_tokens)
     cut = getattr(model, "truncated", None)  # a model that reads no windows counts the texts it cuts
     started = time.perf_counter()
     m = model.evaluate(examples, max_tokens=rt.max_tokens)

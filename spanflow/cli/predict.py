@@ -5,7 +5,7 @@ import argparse
 import functools
 
 from spanflow.cli.common import (add_input_args, add_runtime_args, add_window_args, check_window_args, cut_line,
-                                 job_status, rates_said, resume_hint)
+                                 job_status, note_small_budget, rates_said, resume_hint)
 from spanflow.ray.cli import add_ray_args, check_ray_args, run_ray
 
 
@@ -80,6 +80,7 @@ def _run(a: argparse.Namespace, task) -> int:
     model = loads.take(rt)
     model.set_max_length(a.max_length, a.stride)  # None, None: as trained
     settle()
+    note_small_budget(model, a.max_tokens, rt.max_tokens)
     stats = predict_file(model, a.input, a.output, field=a.field, column=a.column, skip_header=a.skip_header,
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens, resume=a.resume,
                          model_dir=a.model)
