@@ -86,9 +86,10 @@ def test_a_server_compiles_aside_and_serves_eager_until_the_compile_is_done(monk
             return self._orig_mod(*a, **k)
 
     monkeypatch.setattr(torch, "compile", lambda module, **_: Slow(module))
-    lines = []
-    thread = backend.compile_aside(model, lines.append)
+    lines, swapped = [], []
+    thread = backend.compile_aside(model, lines.append, lambda: swapped.append(model.module.encoder))
     assert warming.wait(60)  # the compile's warm-up runs, on its own thread
+    assert swapped == []
     assert model.module.encoder is eager and backend.backend_of(model) == "compiling"
     assert model.predict(TEXTS[:9]) == want  # served meanwhile, eager
     here = os.getpriority(os.PRIO_PROCESS, 0) if LINUX else 0  # this thread's, and the process's: unchanged
@@ -96,12 +97,13 @@ def test_a_server_compiles_aside_and_serves_eager_until_the_compile_is_done(monk
     release.set()
     thread.join(60)
     assert isinstance(model.module.encoder, Slow) and model.module.encoder._orig_mod is eager
+    assert swapped == [model.module.encoder]  # told once, after the swap (the server times its calls again)
     assert backend.backend_of(model) == "compile" and "batches now run compiled" in lines[-1]
     assert model.predict(TEXTS[:9]) == want
     failing = tiny_ner()
     monkeypatch.setattr(torch, "compile", lambda module, **_: (_ for _ in ()).throw(RuntimeError("no C++ compiler")))
-    backend.compile_aside(failing, lines.append).join(60)
-    assert backend.backend_of(failing) == "eager" and "no C++ compiler" in lines[-1]
+    backend.compile_aside(failing, lines.append, lambda: swapped.append("failed")).join(60)
+    assert backend.backend_of(failing) == "eager" and "no C++ compiler" in lines[-1] and len(swapped) == 1
 
 
 def test_eager_batches_beside_a_compile_keep_their_low_precision_path():

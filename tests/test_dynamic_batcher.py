@@ -272,6 +272,31 @@ def test_the_warm_ups_first_full_call_does_not_set_the_rate():
     run(main())
 
 
+def test_calls_measured_anew_replace_those_timed_beside_a_compile():
+    """Calls served while a compile ran beside them were slow; once the model ran compiled their
+    times still held the queue wait over its bound, and most of each burst was refused (refused
+    requests measure nothing). The server times its calls anew after the swap (serving/app.py)."""
+    now, cost = [0.0], [1.0]
+
+    def run_batch(units):
+        now[0] += cost[0]
+        return units
+
+    async def main():
+        b = DynamicBatcher(run_batch, max_tokens=8, max_wait_ms=1, max_queue_wait_s=0.5, clock=lambda: now[0])
+        b.start()
+        await b.warm_up(["w"], [4])
+        assert b.service.fit() == pytest.approx((1.0, 0.0))  # a call a second: the slow, eager calls
+        slow = b.service
+        cost[0] = 0.1  # compiled
+        await asyncio.get_running_loop().run_in_executor(None, lambda: b.time_calls(["w"], [4], anew=True))
+        assert b.service is not slow and b.service.fit() == pytest.approx((0.1, 0.0))
+        assert b.service.least(8) == pytest.approx(0.1)  # the fastest rate is the new one's too
+        await b.close()
+
+    run(main())
+
+
 def test_a_warm_up_whose_full_call_fails_refuses_nothing_by_its_single_call():
     """The single call's fixed cost spread over its few tokens set the bound ten times too high:
     requests the model serves in a fifth of their timeout got 413."""

@@ -59,7 +59,7 @@ def served(monkeypatch):
         return services, budgets
 
     monkeypatch.setattr(serve_cli, "load_services", loaded)
-    monkeypatch.setattr("spanflow.serving.app.start_backend", lambda model, name: None)  # compiling: test_backend.py
+    monkeypatch.setattr("spanflow.serving.app.start_backend", lambda model, name, *_: None)  # compiling: test_backend.py
     return seen
 
 

@@ -125,6 +125,30 @@ def test_thread_cpu_is_split_by_role():
         t.join()
     assert now["model"] - before.get("model", 0.0) >= 0.25  # counted under its role
     assert now.get("other", 0.0) - before.get("other", 0.0) < 0.25  # and not elsewhere
+    assert thread_cpu()["model"] >= now["model"]  # the thread is gone, its seconds are not (they fell to 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_thread_that_says_its_cpu_as_it_ends_is_counted_whole():
+    """A compile aside burned seconds after the last scrape, then ended: /proc forgot them."""
+    from spanflow.runtime.threads import said_cpu_at_end
+    from spanflow.serving.metrics import thread_cpu
+
+    started = threading.Event()
+
+    def compile_():
+        started.wait(60)
+        end = time.thread_time() + 0.3  # after the scrape below
+        while time.thread_time() < end:
+            pass
+        said_cpu_at_end()
+
+    t = threading.Thread(target=compile_, name="spanflow-compile_test")
+    t.start()
+    before = thread_cpu().get("compile", 0.0)  # the thread seen, idle
+    started.set()
+    t.join()
+    assert thread_cpu()["compile"] - before >= 0.25
 
 
 def test_errors_are_4xx(model_dirs):
@@ -353,7 +377,9 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
     monkeypatch.setattr("spanflow.serving.address.serve_on", lambda socks, app, **kw: started.append((app, kw)))
     asked = []  # compiling is tested in test_backend.py; here: what a batching server asks for
     monkeypatch.setattr("spanflow.serving.app.start_backend",
-                        lambda model, name, log=print: asked.append(name) or log(f"backend {name}"))
+                        lambda model, name, log=print, swapped=None: asked.append(name) or swaps.append(swapped)
+                        or log(f"backend {name}"))
+    swaps = []  # what each model's compile calls once batches run compiled: its calls timed anew
     text = min(TEXTS, key=len)
     lengths = load_service(f"ner={model_dirs['ner']}", device="cpu").units([text])[1]
     assert len(lengths) == 1  # one window
@@ -372,6 +398,8 @@ def test_serve_takes_the_budget_and_backend_from_the_profile(model_dirs, monkeyp
         with TestClient(app) as c:
             assert c.post("/v1/ner", json={"texts": [text] * n}).status_code == 200
             assert c.post("/v1/embeddings", json={"input": [text] * n}).status_code == 200
+            assert [swapped().result(60) for swapped in swaps] == [None, None]  # timed on the model thread
+            swaps.clear()
             metrics = c.get("/metrics").text
         late = capsys.readouterr()  # what the server printed as it started (its backends' lines)
         return {m: _batches(metrics, m) for m in ("ner", "emb")}, out + late.out  # (the warm-up is not counted)

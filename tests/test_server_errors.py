@@ -145,6 +145,11 @@ def test_serve_checks_the_port_before_loading_any_model(tmp_path, monkeypatch, c
     (["--timeout", "0"], "error: --timeout must be > 0, got 0.0: every request would be refused"),
     (["--max-texts", "0"], "error: --max-texts must be > 0, got 0: every request would be refused"),
     (["--max-wait-ms", "-1"], "error: --max-wait-ms must be >= 0, got -1.0"),
+    # inf: a batcher asleep for good (every later request 504, SIGTERM never drained), or a drain
+    # time that crashed after the models loaded
+    (["--max-wait-ms", "inf"], "error: --max-wait-ms must be a finite number, got inf"),
+    (["--timeout", "inf"], "error: --timeout must be a finite number, got inf"),
+    (["--read-timeout", "inf"], "error: --read-timeout must be a finite number, got inf"),
 ])
 def test_limits_that_refuse_every_request_are_refused_before_any_model_loads(tmp_path, monkeypatch, capsys,
                                                                               flags, said):
@@ -172,6 +177,8 @@ def test_two_models_of_one_name_are_refused_and_a_directory_may_hold_an_equals_s
     assert parse_spec(str(a)) == ("ner", str(a))
     with pytest.raises(ConfigError, match=r"^--model ner=: no directory after '=' \(NAME=DIR\)$"):
         parse_spec("ner=")  # was looked for as a directory named "ner="
+    with pytest.raises(ConfigError, match=r"^--model =x: no name before '='"):
+        parse_spec("=x")  # was named after x's directory without a word
     assert main(["serve", "--model", str(runs / "model"), "--model", str(a), "--model", str(b)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: two models are named 'ner', {a} and {b} (a model without "

@@ -46,11 +46,13 @@ def _warm(model, units: list) -> None:
         model.run_batch(units[:n])
 
 
-def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread | None:
+def compile_aside(model, log: Callable[[str], None] = print,
+                  swapped: Callable[[], object] | None = None) -> threading.Thread | None:
     """Compile `model`'s encoder on a thread of its own, its warm-up batches run through a shadow
     of the model, and swap it in when done: a server is ready, and serves eager, while the compile
     (seconds to tens of seconds) runs. Where it fails the model stays eager and one line says why.
-    Returns the thread (None for a model with no encoder to compile)."""
+    `swapped()` is called after the swap (a server measures its model's calls again: those timed
+    beside the compile were slow). Returns the thread (None for a model with no encoder to compile)."""
     module = _compilable(model, log)
     if module is None:
         return None
@@ -65,6 +67,7 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
 
     def run() -> None:
         from spanflow.inference.heap import settle
+        from spanflow.runtime.threads import said_cpu_at_end
 
         _background(log)
         with _one_at_a_time:  # a server of several models compiles them in turn, not all at once
@@ -72,7 +75,10 @@ def compile_aside(model, log: Callable[[str], None] = print) -> threading.Thread
         if seconds is not None:
             module.encoder = shadow.module.encoder  # one attribute: the next batch runs compiled
             log(f"backend compile: compiled in {seconds:.1f} s while serving eager; batches now run compiled")
+            if swapped is not None:
+                swapped()
         settle()  # the compiler's objects, made after the server's own were settled, out of full collections
+        said_cpu_at_end()
 
     thread = threading.Thread(target=run, name="spanflow-compile", daemon=True)
     _aside[id(module)] = thread
@@ -105,10 +111,12 @@ _aside: dict[int, threading.Thread] = {}  # a compiling module (by id) -> its th
 _one_at_a_time = threading.Lock()
 
 
-def start_backend(model, backend: str, log: Callable[[str], None] = print) -> None:
-    """A server's start: `compile` runs aside (compile_aside), so that the server is ready at once."""
+def start_backend(model, backend: str, log: Callable[[str], None] = print,
+                  swapped: Callable[[], object] | None = None) -> None:
+    """A server's start: `compile` runs aside (compile_aside), so that the server is ready at once;
+    `swapped` is called (on the compile's thread) once batches run compiled."""
     if backend == "compile":
-        compile_aside(model, log)
+        compile_aside(model, log, swapped)
 
 
 def compiling() -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 _MODEL_THREAD: ThreadPoolExecutor | None = None
@@ -54,3 +55,17 @@ def model_thread_busy() -> bool:
     """Whether work waited for on the model thread is still running (a caller interrupted while it
     ran): the interpreter would join that thread at exit, after the work (a compile, a load) ends."""
     return _WAITED > 0
+
+
+_ENDED: dict[int, float] = {}  # native thread id -> its CPU seconds, said as it ended
+
+
+def said_cpu_at_end() -> None:
+    """Called last on a thread that ends before its process (a compile aside): its CPU seconds kept,
+    as /proc forgets a thread once it is gone (a server's /metrics would lose its last stretch)."""
+    _ENDED[threading.get_native_id()] = time.thread_time()
+
+
+def ended_cpu() -> dict[int, float]:
+    """The CPU seconds of the threads that said_cpu_at_end, by native thread id."""
+    return dict(_ENDED)

@@ -22,6 +22,7 @@ from spanflow.inference.backend import backend_of, start_backend
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
+from spanflow.runtime.threads import model_thread
 from spanflow.serving.guard import Guard, error_body, route_shown
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
@@ -49,7 +50,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     check_names([(s.name, f"the {s.task.name} model") for s in services])
     metrics = ServerMetrics(accelerator=any(s.model.policy.device.type == "cuda" for s in services))
     started = int(time.time())
-    state = {"ready": False, "batchers": {}, "gpu": None}
+    state = {"ready": False, "batchers": {}, "warm": {}, "gpu": None}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -70,6 +71,7 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
             state["batchers"][s.name] = b
             units, lengths, _ = s.units(["warm up the model"])
             await b.warm_up(units, lengths)  # first kernels are slow; /ready waits for this
+            state["warm"][s.name] = (units, lengths)
         # the models' objects live as long as the server: kept out of the collector's full
         # passes, which otherwise stalled every in-flight request now and then
         settle()
@@ -77,8 +79,11 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         state["gpu"] = GpuUtilSampler(cuda[0]) if cuda else None  # NVML, when installed (the gpu extra)
         for s in services:  # a compile runs aside, started once the eager warm-up is done: ready now
             # of several models, each compile line says which it is of
+            b = state["batchers"][s.name]
             start_backend(s.model, s.backend, (lambda line, n=s.name: print(f"{n}: {line}")) if len(services) > 1
-                          else print)
+                          else print,
+                          # its calls measured again once compiled, in turn with the batches it serves
+                          lambda b=b, w=state["warm"][s.name]: model_thread().submit(b.time_calls, *w, anew=True))
         state["ready"] = True
         yield
         state["ready"] = False  # graceful shutdown: uvicorn stopped accepting; finish what is queued

@@ -150,20 +150,28 @@ class DynamicBatcher:
         full call (the unit repeated up to the budget) and a single one, so that the fixed and
         per-token costs are known before the first burst (served batches then refine them)."""
         await self.submit(units, lengths, timed=False)
+        await asyncio.get_running_loop().run_in_executor(model_thread(), self.time_calls, units, lengths)
+
+    def time_calls(self, units: list, lengths: list[int], *, anew: bool = False) -> None:
+        """(On the model thread.) Time a full call and a single one of the first unit; `anew`: in place
+        of every call measured so far (a model now compiled: its eager calls, slowed by the compile
+        beside them, held the queue wait high enough to refuse most of a burst, and refused requests
+        measure nothing)."""
+        service = ServiceTime(floor=self.max_tokens // 2) if anew else self.service
         full = max(1, self.max_tokens // max(lengths[0], 1))
         # the first call of a shape pays for its kernels and buffers once: the full call is timed on its second run
         for k, timed in ((full, False), (full, True), (1, True)):
-            await asyncio.get_running_loop().run_in_executor(model_thread(), self._time_call, units[:1] * k,
-                                                             lengths[0] * k, timed)
+            self._time_call(units[:1] * k, lengths[0] * k, service if timed else None)
+        self.service = service  # one attribute: admission reads the old measure or the new, whole
 
-    def _time_call(self, units: list, tokens: int, timed: bool = True) -> None:
+    def _time_call(self, units: list, tokens: int, into: ServiceTime | None) -> None:
         start = self.clock()
         try:
             self.run_batch(units)
         except Exception:  # (out of memory at the full budget, say): no point measured; served calls fit it
             return
-        if timed:
-            self.service.add(tokens, self.clock() - start)
+        if into is not None:
+            into.add(tokens, self.clock() - start)
 
     def queue_wait_s(self) -> float | None:
         """Estimated seconds before work queued now starts: the calls on what is queued ahead of it

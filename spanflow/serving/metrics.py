@@ -7,6 +7,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from spanflow.batching.collate import SERVE_PAD_MULTIPLE, round_up
+from spanflow.runtime.threads import ended_cpu
 
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKENS = (64, 256, 1024, 4096, 16384, 65536)
@@ -100,22 +101,34 @@ _ROLES = (("MainThread", "event_loop"), ("spanflow-io", "io"), ("spanflow-model"
           ("spanflow-compile", "compile"))
 
 
+# (native thread id, start time) -> (role, CPU seconds last read): a thread that ended keeps its seconds,
+# so a role's total never falls (a compile's read 5.6 s, then 0.1 once its thread was gone)
+_SEEN: dict[tuple[int, str], tuple[str, float]] = {}
+
+
 def thread_cpu() -> dict[str, float]:
-    """CPU seconds of this process's threads by role (Linux: /proc; elsewhere empty)."""
+    """CPU seconds of this process's threads since it started, by role, those that ended included
+    (Linux: /proc; elsewhere empty)."""
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return {}
     names = {t.native_id: t.name for t in threading.enumerate()}
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    ended = ended_cpu()
     for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:  # the thread ended
             continue
-        name = names.get(int(tid))
+        key = (int(tid), fields[19])  # with its start time: a new thread may take an ended one's id
+        name = names.get(key[0])
         role = "native" if name is None else next((r for p, r in _ROLES if name.startswith(p)), "other")
-        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        # a Python thread that has just ended (or not yet begun) is in /proc unnamed: its named role holds
+        role = _SEEN[key][0] if role == "native" and key in _SEEN else role
+        _SEEN[key] = (role, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+    out: dict[str, float] = {}
+    for (tid, _), (role, seconds) in _SEEN.items():
+        out[role] = out.get(role, 0.0) + max(seconds, ended.get(tid, 0.0))  # what it said as it ended, where more
     return out

@@ -2,6 +2,7 @@
 framework imported, so the CLI can build its parser without the serve extra)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from spanflow.runtime.budget import default_budget
@@ -52,3 +53,7 @@ def check_limits(values: dict) -> None:
                               "would be refused")
     if not values["max_wait_ms"] >= 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {values['max_wait_ms']}")
+    for name in (*POSITIVE, "max_wait_ms"):
+        # a wait of inf never ends (a batcher asleep for good, a stop that never drains): a number of its own
+        if values[name] == math.inf:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got inf")

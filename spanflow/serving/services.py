@@ -46,6 +46,11 @@ def parse_spec(spec: str) -> tuple[str, str]:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--model {spec}: no directory after '=' (NAME=DIR)", field="model")
+    if eq and not name and not os.path.isdir(spec):
+        from spanflow.errors import ConfigError
+
+        raise ConfigError(f"--model {spec}: no name before '=' (NAME=DIR; DIR alone names the model after its "
+                          "directory)", field="model")
     if not eq or os.path.isdir(spec):
         name, path = "", spec
     return name or default_name(path), path
