@@ -81,3 +81,29 @@ def test_tune_ends_within_its_budget(tmp_path):
     assert clock.now <= 5 and prof["best"] is not None
     assert any(x.startswith("out of --budget-seconds: ") for x in said)
     assert any(x.startswith("time: ") for x in said) and said[-1].startswith("tune took ")
+
+
+def test_a_profiles_budget_below_the_datas_longest_text_is_raised_not_refused(tmp_path, capsys):
+    """tune measures on a sample (512 texts): where the data holds a longer text than any sampled,
+    train with --profile stopped on `--max-tokens 256 is below the longest training window` (a flag
+    never typed). A measured budget is raised to hold it, with a note; a number given is refused."""
+    import json
+
+    from spanflow.cli.main import main
+
+    data = tmp_path / "train.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for e in synthetic_ner(12, seed=1, max_clauses=1):
+            write_jsonl_record(f, e.text, e.spans)
+        long = " ".join(["Ann met Bob in Paris ."] * 12)  # about 72 tokens
+        write_jsonl_record(f, long, [(0, 3, "PER")])
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"task": "ner", "mode": "train", "best": {"max_tokens": 32, "max_length": 16}}))
+    run = ["train", "ner", "--train", str(data), "--epochs", "1", "--log-every", "0"]
+    assert main([*run, "--out", str(tmp_path / "a"), "--profile", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "note: max_tokens 32, measured on a sample of shorter texts, is below the longest training item," in out
+    used = json.loads((tmp_path / "a" / "train_options.json").read_text())["max_tokens"]
+    assert used > 32 and f"raised to {used}, so that it fits in a batch" in out
+    assert main([*run, "--out", str(tmp_path / "b"), "--max-tokens", "32"]) == 2
+    assert f"error: --max-tokens 32 is below the longest training window, {used} tokens" in capsys.readouterr().err

@@ -150,7 +150,9 @@ def _train(a: argparse.Namespace, opts: TrainOptions, d) -> int:
     # rank 0 alone measures (or reads the cached profile) and every rank takes its budget: ranks
     # measuring side by side each picked its own, and ranks of other budgets waited on each other for ever
     max_tokens = broadcast(on_main(budget, d), d)
-    said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=max_tokens))
+    # a budget measured on a sample is raised to the data's longest item, where a number given is refused
+    chosen = measured and a.max_tokens in (None, "auto")
+    said = task.train_from_args(a, dataclasses.replace(opts, max_tokens=max_tokens, budget_measured=chosen))
     if said:
         say_once(said)
     return 0

@@ -44,6 +44,9 @@ class TrainOptions:
     max_grad_norm: float = opt(1.0, "clip gradients to this norm (0: no clipping)")
     grad_accum: int | None = opt(None, "micro-batches per optimizer step", unset="1; train embed: as many as its update needs")
     max_tokens: int | None = None  # a runtime flag (cli/common.add_runtime_args): a number, 'auto' or a profile
+    # max_tokens measured (auto, --profile) on a sample: raised to hold the longest training item, where a
+    # number given is refused (a sample's texts may all be shorter than the data's longest)
+    budget_measured: bool = False
     max_length: int | None = opt(None, "most tokens per training window",
                                  unset="the model's own where it has one (a continued model's; embeddings: a "
                                        "sentence-transformers max_seq_length), else the encoder's limit")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -102,3 +103,16 @@ def best_model(summary: dict, out_dir: str, load: Callable[[str], object], last)
         return load(best)
     getattr(last, "module", last).eval()
     return last
+
+
+def hold_longest(run: Run, longest: int, refused: str) -> None:
+    """Make run.opts' token budget hold the longest training item (`longest` tokens): a measured one
+    (budget_measured) is raised to it, with a note; one given is refused with the message `refused`."""
+    budget = run.opts.max_tokens
+    if budget is None or budget >= longest:
+        return
+    if not run.opts.budget_measured:
+        raise ConfigError(refused)
+    run.log(f"note: max_tokens {budget}, measured on a sample of shorter texts, is below the longest training item, "
+            f"{longest} tokens: raised to {longest}, so that it fits in a batch")
+    run.opts = dataclasses.replace(run.opts, max_tokens=longest)

@@ -28,7 +28,7 @@ from spanflow.tasks.registry import check_train_options
 from spanflow.training.defaults import TaskDefaults, for_encoder, update_tokens
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions, check_types, in_api_words
-from spanflow.training.setup import Run
+from spanflow.training.setup import Run, hold_longest
 
 # the rates are at REFERENCE_TOKENS padded tokens per update and follow the update size
 # (training/defaults.py); docs/defaults.md has the runs behind them
@@ -400,10 +400,9 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "t
             return needs_cache(o, None, device, world, graph, avail), graph, avail
 
         longest = max(len(it) for it in items)
-        if run.opts.max_tokens is not None and run.opts.max_tokens < longest:  # as train ner and re refuse it
-            raise ConfigError(f"--max-tokens {run.opts.max_tokens} is below the longest training item, {longest} "
-                              f"tokens (its texts together): one must fit in a micro-batch (give --max-tokens "
-                              f"{longest} or more)")
+        hold_longest(run, longest, f"--max-tokens {run.opts.max_tokens} is below the longest training item, "  # as ner, re
+                                   f"{longest} tokens (its texts together): one must fit in a micro-batch (give "
+                                   f"--max-tokens {longest} or more)")
         if name in SCORED_LOSSES:
             plan.options = o = size_scored_update(run.opts, items, device, world)
             if o.grad_accum > 1 or world > 1:

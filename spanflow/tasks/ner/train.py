@@ -30,7 +30,7 @@ from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.policy import Policy
-from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alike, warn_unseen
+from spanflow.training.setup import Run, check_dev_gold, hold_longest, is_model_dir, warn_alike, warn_unseen
 
 # what the training line's `words:` means for the texts the model will read
 WORDS_MEAN = {WHITESPACE: "plain text is cut into words at its spaces, as these tokens were, and an entity starts and "
@@ -144,9 +144,9 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         windows = prepare_windows(texts, nm.tokenizer, label2id, max_length=nm.limit, stride=nm.stride,
                                   lines=nm.lines, log=log)
         longest = max(len(w) for w in windows)
-        if opts.max_tokens is not None and opts.max_tokens < longest:  # the data's, not the encoder's limit
-            raise ConfigError(f"--max-tokens {opts.max_tokens} is below the longest training window, {longest} "
-                              f"tokens: one window must fit in a batch (give --max-tokens {longest} or more)")
+        # the data's longest, not the encoder's limit
+        hold_longest(run, longest, f"--max-tokens {opts.max_tokens} is below the longest training window, {longest} "
+                                   f"tokens: one window must fit in a batch (give --max-tokens {longest} or more)")
         nm.max_length = min(nm.limit, round_up(longest, 8))
         joined = f" ({len(texts)} after joining neighbours)" if len(texts) < len(train) else ""
         log(f"{len(train)} training texts{joined} -> {len(windows)} windows; labels: {', '.join(labels)}; "

@@ -20,7 +20,7 @@ from spanflow.tasks.registry import check_train_options
 from spanflow.training.defaults import TaskDefaults, for_encoder
 from spanflow.training.fit import Plan, fit
 from spanflow.training.options import TrainOptions
-from spanflow.training.setup import Run, check_dev_gold, is_model_dir, warn_alike, warn_unseen
+from spanflow.training.setup import Run, check_dev_gold, hold_longest, is_model_dir, warn_alike, warn_unseen
 
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
 DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
@@ -106,10 +106,10 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
         rm = start_model(run.source, train, relations, opts, run.policy, resuming=run.source != model)
         feats = prepare_features(train, rm.tokenizer, rm.rel2id, max_length=rm.limit)
         longest = max((len(f) for f in feats), default=0)
-        if opts.max_tokens is not None and opts.max_tokens < longest:  # as NER's: a budget set to cap memory holds
-            raise ConfigError(f"--max-tokens {opts.max_tokens} is below the longest training text, {longest} tokens "
-                              f"(at most --max-length): one text must fit in a batch (give --max-tokens {longest} "
-                              "or more, or a lower --max-length)")
+        # as NER's: a budget set to cap memory holds
+        hold_longest(run, longest, f"--max-tokens {opts.max_tokens} is below the longest training text, {longest} "
+                                   f"tokens (at most --max-length): one text must fit in a batch (give --max-tokens "
+                                   f"{longest} or more, or a lower --max-length)")
         log(f"{counted(len(train), 'training text')}, {counted(trained_triples(feats), 'triple')} trained on, "
             f"{counted(len(relations), 'relation')} {source}"
             + (" (object stage on all gold subjects)" if all_subjects else " (one sampled subject per text)"))
