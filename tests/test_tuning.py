@@ -70,6 +70,10 @@ def test_tune_writes_profile(ner_file, tmp_path):
     assert len(saved["points"]) == 3 and all(keys == set(p) for p in saved["points"])
     assert all(len(p["real_tokens_per_s_runs"]) == 2 for p in saved["points"])  # forward, then backward
     assert saved["best"]["real_tokens_per_s"] == max(p["real_tokens_per_s"] for p in saved["points"])
+    lines.clear()  # a length the command reads anyway (tiny's limit): no advice to add it
+    tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[1024], budget_seconds=5, max_lengths=[512],
+         sample=16, repeats=1, out=str(tmp_path / "own"), log_fn=lines.append, plot=False)
+    assert not any("add --max-length" in x for x in lines) and any(x.startswith("profile:") for x in lines)
 
 
 def test_tune_infer_compares_backends_and_plots(ner_file, tmp_path, monkeypatch):
@@ -311,6 +315,11 @@ def test_points_the_runs_do_not_tell_from_the_best_are_named():
     assert within_noise(best, [best, close, apart]) == [close]
     assert within_noise(best, [best, Point(256, 64, real_tokens_per_s=970.0, spread=0.0)]) == []  # past 2%
     assert within_noise(Point(1024, 64, real_tokens_per_s=1000.0, spread=0.2), [apart]) == [apart]
+    # runs known: a point is near where its fastest run reaches the best's slowest, however wide its spread
+    top = Point(1024, 64, real_tokens_per_s=25526.0, spread=0.14, real_tokens_per_s_runs=[27297.0, 23755.0])
+    wide = Point(512, 64, real_tokens_per_s=13047.0, spread=0.57, real_tokens_per_s_runs=[16765.0, 9329.0])
+    touching = Point(2048, 64, real_tokens_per_s=22000.0, spread=0.16, real_tokens_per_s_runs=[23800.0, 20200.0])
+    assert within_noise(top, [top, wide, touching]) == [touching]
 
 
 def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
@@ -602,3 +611,21 @@ def test_tune_with_log_fn_none_is_quiet(ner_file, tmp_path, capsys):
     prof = tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[256], max_lengths=[64],
                 budget_seconds=20, sample=16, out=str(tmp_path), plot=False, log_fn=None)
     assert prof["best"] and capsys.readouterr().out == ""
+
+
+def test_a_stop_while_the_plot_is_drawn_leaves_the_earlier_profile(ner_file, tmp_path, monkeypatch):
+    """Ctrl-C while tune drew its plot left a new profile.json beside the old profile.png, and the
+    run said it was interrupted: the profile is now written after the plot."""
+    import spanflow.tuning.plot as plot
+
+    before = '{"earlier": true}'
+    (tmp_path / "profile.json").write_text(before)
+
+    def stopped(profile, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plot, "plot_profile", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[1024], budget_seconds=5, sample=16,
+             repeats=1, out=str(tmp_path), log_fn=lambda s: None)
+    assert (tmp_path / "profile.json").read_text() == before

@@ -148,6 +148,11 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     log_fn(format_table(profile))
     if best is None:  # a profile no command can run: an earlier one at `path` stays
         raise NoBestPoint(_missed(points, max_memory_gb, latency_slo_ms), path)
+    png = None
+    if plot:  # drawn before the profile is written: a stop while it draws leaves the earlier pair as it was
+        from spanflow.tuning.plot import plot_profile
+
+        png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
     write_profile(path, profile)
     once = [p for p in eligible(points, **limits) if p.spread is None]
     if once:  # no spread to tell noise by: the best among them may be the luckiest run
@@ -156,7 +161,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                "by noise alone; --repeats 2 or more, with the --budget-seconds to hold them, measures each point again")
     near = within_noise(best, eligible(points, **limits))
     if near:
-        log_fn(f"within noise: {_named(near, len(lengths) > 1)} measured within the runs' spread of the best: "
+        log_fn(f"within noise: {_named(near, len(lengths) > 1)}, whose runs reach the best's: "
                f"these runs do not tell them apart in speed (--repeats {2 * max(1, repeats)} measures each point "
                "more times, with the --budget-seconds to hold them)")
     if any(p.quality is not None for p in points):
@@ -165,14 +170,13 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     log_fn(f"profile: {path}; run it with --profile {path} ("
            + ("spanflow train" if mode == "train" else "the commands that run this model: "
               f"{', '.join(dict.fromkeys((getattr(t, 'bulk_command', 'predict'), 'predict')))}, evaluate, serve") + ")")
-    if max_lengths:  # a profile sets the token budget only: the length swept for is the command's to give
+    # a profile sets the token budget only: the length swept for is the command's to give, where it is
+    # not what the command reads anyway (the model's own length, else the encoder's limit)
+    if max_lengths and best.max_length != min(w.length or limit, limit):
         log_fn(f"the best point reads {best.max_length} tokens a text: add --max-length {best.max_length} to that "
                "command (the profile sets the token budget only)"
                + ("; serve reads the model's own length" if mode != "train" else ""))
     if plot:
-        from spanflow.tuning.plot import plot_profile
-
-        png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
         log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
     log_fn(f"tune took {budget.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
