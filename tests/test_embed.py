@@ -527,6 +527,17 @@ def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):
            "model's own length" in said
 
 
+def test_tune_takes_a_sentence_transformers_directory_for_embeddings(st_dir, tmp_path, monkeypatch, capsys):
+    """`spanflow tune --model OUT/model` of a train embed run (a sentence-transformers directory) said
+    `--task is needed`, while its help says the task defaults to the trained model's."""
+    monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))
+    assert os.path.exists(os.path.join(st_dir, "modules.json"))
+    src = write_lines(tmp_path / "in.txt", TEXTS)
+    assert main(["tune", "--model", st_dir, "--data", src, "--budgets", "256", "--budget-seconds", "1",
+                 "--repeats", "1", "--no-backends", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "profile.json").read_text())["task"] == "embed"
+
+
 def test_an_output_name_embed_does_not_write_names_the_ones_it_does(tmp_path):
     from spanflow.tasks.embed.job import check_spec
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from spanflow.cli.common import (add_device_arg, add_precision_arg, add_quantize_args, add_task_arg, add_text_args,
                                  field_as_column)
@@ -84,8 +85,9 @@ def run(a: argparse.Namespace) -> int:
 
 
 def _task_of(model: str) -> str:
-    """The task of a trained --model, for a tune without --task; an encoder (or 'tiny') could be
-    measured for any task, which is refused with the choices."""
+    """The task of a trained --model, for a tune without --task (a sentence-transformers directory,
+    as train embed writes: embeddings); an encoder (or 'tiny') could be measured for any task, which
+    is refused with the choices."""
     from spanflow.errors import ConfigError
     from spanflow.tasks.registry import names
     from spanflow.tuning.tune import trained_task
@@ -93,6 +95,10 @@ def _task_of(model: str) -> str:
     task = trained_task(model)  # a path that holds no model: said here
     if task is not None:
         return task
+    from spanflow.tasks.registry import ENCODER_TASK
+
+    if os.path.exists(os.path.join(model, "modules.json")):  # a sentence-transformers model (train embed's): embeddings
+        return ENCODER_TASK
     choices = f"give --task {', '.join(names()[:-1])} or {names()[-1]}"
     if model == "tiny":
         raise ConfigError(f"--task is needed with --model tiny (an encoder built from scratch to train): {choices}")
