@@ -109,11 +109,12 @@ class _Constant(nn.Module):
         self.w = nn.Parameter(torch.ones(()))
 
 
-def _loop(tmp_path, loss, lr, n=16, **kw):
+def _loop(tmp_path, loss, lr, n=16, score=0.0, **kw):
     items = [[0] * 8 for _ in range(n)]
     hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
                                           "padded_tokens": 8 * len(ws)},
-                      loss_fn=loss, evaluate=lambda m: {"f1": 0.0}, save_model=lambda p: os.makedirs(p, exist_ok=True))
+                      loss_fn=loss, evaluate=lambda m: {"f1": score},
+                      save_model=lambda p: os.makedirs(p, exist_ok=True))
     lines = []
     opts = TrainOptions(**{**dict(epochs=2, lr=lr, max_tokens=32, patience=0, log_every=0, warmup_ratio=0.0,
                                   weight_decay=0.0, max_grad_norm=0.0), **kw})
@@ -161,6 +162,18 @@ def test_a_resumed_run_at_dev_f1_0_goes_on_keeping_its_latest_model(tmp_path):
     assert saved.count(str(tmp_path / "model")) == 2  # epochs 3 and 4 each kept
 
 
+def test_the_learning_line_says_a_score_below_0_and_never_compares_a_step_with_itself(tmp_path):
+    """A Spearman of -0.1608 was said as "dev Spearman is still 0"; an epoch of one step compared its
+    loss with itself ("8.6720 -> 8.6720 ... in 1 optimizer steps")."""
+    flat = _loop(tmp_path / "a", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, score=-0.1608)
+    said = [x for x in flat if "not learning" in x]
+    assert len(said) == 1 and said[0].startswith("not learning: dev F1 is -0.1608 and the loss barely moved")
+    one = _loop(tmp_path / "b", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, n=4, epochs=1)
+    assert not any("loss" in x and "->" in x for x in one), one  # one step: nothing to compare
+    two = _loop(tmp_path / "c", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, n=4, epochs=2)
+    assert sum("not learning" in x for x in two) == 1  # its second step against its first
+
+
 def test_a_run_that_does_not_learn_says_so(tmp_path):
     flat = _loop(tmp_path / "a", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1)
     assert sum("not learning" in x for x in flat) == 1 and "--max-tokens" in [x for x in flat if "not learning" in x][0]
@@ -177,9 +190,10 @@ def test_a_run_that_does_not_learn_says_so(tmp_path):
               if "loss fell" in x]
     assert len(longer) == 2 and longer[0].endswith("still learning, 4 epochs to go") and "--epochs" in longer[1]
     # stopped early inside an epoch (--eval-every, --patience) at F1 0: said as at a last epoch
-    early = _loop(tmp_path / "c", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, n=32, eval_every=2,
+    # (after step 6: the first 4 steps' loss is then compared with that of steps 3-6)
+    early = _loop(tmp_path / "c", lambda m, b: (m.w * 0 + 2.0) * b["x"].numel(), lr=0.1, n=32, eval_every=3,
                   patience=1)
-    assert any(x.startswith("early stop after step 4 (epoch 1)") for x in early), early
+    assert any(x.startswith("early stop after step 6 (epoch 1)") for x in early), early
     assert sum("not learning" in x for x in early) == 1
     assert "a larger --patience" in [x for x in early if "not learning" in x][0]  # not "more --epochs": it stopped
     # said once while it holds, and again where --patience ends the run: with what would train longer there

@@ -143,10 +143,13 @@ def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = Fa
     best = r.st.get("best_f1") or 0.0  # an --eval-every evaluation may have scored above 0 before this one
     if f1 is None or f1 > 0 or best > 0 or not first or len(r.recent) < w:  # the same on every rank: broadcast
         return
+    if r.st["global_step"] <= w:  # the first steps would be compared with themselves (a 1-step epoch's)
+        return
     loss = window_loss(r)  # host sync, only at an epoch that ended at dev F1 0
     if not r.dist.is_main:
         return
     steps = r.st["global_step"]
+    at = "0" if f1 == 0 else f"{f1:.4f}"  # a correlation (Spearman) may fall below 0
     moved = f"{first:.4f} -> {loss:.4f}: the mean step loss of the first {w} steps, then of the last {w}"
     verdict = "rose" if loss > 1.05 * first else "flat" if loss > 0.8 * first else None
     said = f"{verdict}, stopped" if stopped else verdict  # once while it holds; an early stop's advice differs
@@ -154,19 +157,19 @@ def learning_check(r: LoopState, f1: float | None, left: int, stopped: bool = Fa
         return
     r.st["said_verdict"] = said
     if verdict == "rose":  # a loss that climbs is no slow start: the steps overshoot
-        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss rose ({moved}) in {steps} optimizer steps; "
+        r.log(f"not learning: dev {r.hooks.metric} is {at} and the loss rose ({moved}) in {steps} optimizer steps; "
               f"the steps overshoot: try a lower --lr{_or_head(r, '/')}")
     elif verdict == "flat":
         longer = "a larger --patience" if stopped else "more --epochs"
-        r.log(f"not learning: dev {r.hooks.metric} is 0 and the loss barely moved ({moved}) in {steps} optimizer steps; "
+        r.log(f"not learning: dev {r.hooks.metric} is {at} and the loss barely moved ({moved}) in {steps} optimizer steps; "
               f"give it more updates (a smaller --max-tokens, {longer}) or a higher --lr{_or_head(r, '/')}")
     elif left:  # exact-match F1 often stays 0 for a while after the loss starts falling (CasRel)
         if r.st.get("said_learning"):  # once: a small data set's run said it at every one of its 20 epochs
             return
         r.st["said_learning"] = True
-        r.log(f"dev {r.hooks.metric} is 0 so far, but the loss fell ({moved}) in {steps} optimizer steps: "
+        r.log(f"dev {r.hooks.metric} is {at} so far, but the loss fell ({moved}) in {steps} optimizer steps: "
               f"still learning, {left} epoch{'s' if left > 1 else ''} to go")
     else:
-        r.log(f"dev {r.hooks.metric} is still 0 although the loss fell ({moved}) in {steps} optimizer steps: "
+        r.log(f"dev {r.hooks.metric} is still {at} although the loss fell ({moved}) in {steps} optimizer steps: "
               f"train longer ({'a larger --patience' if stopped else '--epochs'}), or check that --dev holds the "
               "labels of --train")
