@@ -465,8 +465,9 @@ def _launch_two(tmp_path):
 @pytest.mark.parametrize("name, said", [
     ("SIGTERM", ["terminated"]),
     # a closed terminal's SIGHUP: torchrun's agent passes it on, and it killed the ranks outright,
-    # leaving --out's lock; rank 0 now stops as on SIGTERM, and the launcher names the signal
-    ("SIGHUP", ["terminated", "stopped by SIGHUP"]),
+    # leaving --out's lock; the ranks now stop as on SIGTERM, and the launcher's one line names the
+    # signal (rank 0's "terminated" came before it)
+    ("SIGHUP", ["stopped by SIGHUP"]),
 ])
 def test_a_signal_to_the_launcher_stops_the_ranks_in_one_line(tmp_path, name, said):
     import signal
@@ -481,7 +482,9 @@ def test_a_signal_to_the_launcher_stops_the_ranks_in_one_line(tmp_path, name, sa
     lines = rest.strip().splitlines()
     assert proc.returncode == 128 + sig and "Traceback" not in rest, rest[-2000:]
     assert [x.split(";")[0] for x in lines[-len(said):]] == said, lines[-4:]
-    assert sum(x.startswith("terminated") for x in lines) == 1  # rank 0's line alone, not one per process
+    # the launcher's line alone, not one per process, with the hint of the checkpoint the ranks left
+    assert sum(x.startswith(("terminated", "stopped by")) for x in lines) == 1
+    assert lines[-1].endswith(f"goes on from {out / 'checkpoint'}") or not (out / "checkpoint").exists(), lines[-1]
     assert not (out / ".lock").exists()
 
 
@@ -543,7 +546,7 @@ def test_the_ranks_time_lines_count_from_the_launchers_start(monkeypatch):
         assert clock.current() == launched
 
 
-@pytest.mark.parametrize("sig,word", [(signal.SIGTERM, None), (signal.SIGINT, None),
+@pytest.mark.parametrize("sig,word", [(signal.SIGTERM, "terminated"), (signal.SIGINT, None),
                                       (signal.SIGHUP, "stopped by SIGHUP"), (signal.SIGQUIT, "stopped by SIGQUIT")])
 def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatch, capsys, sig, word):
     from torch.distributed import run
@@ -557,7 +560,10 @@ def test_a_signal_to_the_launcher_is_named_and_its_exit_code_returned(monkeypatc
     monkeypatch.setattr(run, "run", stopped)
     assert relaunch(["train", "ner"], 2) == 128 + int(sig)
     said = capsys.readouterr().err.splitlines()[1:]  # after the launching line
-    assert said == ([word] if word else [])  # TERM and INT reach the ranks too: rank 0 says so, with its hint
+    # the launcher says how the run stopped (its ranks, told by LAUNCHED, do not: a rank cannot tell the
+    # stop passed on from the user's from the agent's stop of a killed rank's survivors); Ctrl-C, which
+    # a terminal sends every process of its group, rank 0 says
+    assert said == ([word] if word else [])
 
 
 def test_a_second_signal_while_the_launcher_stops_its_ranks_is_ignored(monkeypatch, capsys):
@@ -619,6 +625,33 @@ def test_a_stop_signal_while_a_lost_peers_hint_is_read_ends_the_hint_not_the_lin
     rank[0] = 1
     assert main(["doctor"]) == 1 and capsys.readouterr().err == ""
     assert hints == [1]  # rank 1 says nothing, so it reads no hint
+
+
+def test_a_rank_of_the_devices_launcher_leaves_the_stop_to_the_launcher(monkeypatch, capsys):
+    """The agent stops the survivors of a killed rank with SIGTERM: rank 0 said `terminated; ...
+    --resume ...`, a user's stop, before the launcher's `error: rank 1 was killed by signal 9`. A
+    rank cannot tell the two SIGTERMs apart; under --devices the launcher says how the run stopped."""
+    import torch.distributed as dist
+
+    from spanflow.cli import doctor
+    from spanflow.cli.main import Terminated, main
+    from spanflow.training import distributed
+
+    def stopped(_args):
+        raise Terminated()
+
+    def lost(_args):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(distributed, "exit_now", lambda rc: None)
+    monkeypatch.setattr(doctor, "run", stopped)
+    assert main(["doctor"]) == 143 and capsys.readouterr().err == "terminated\n"  # plain torchrun: rank 0 says it
+    monkeypatch.setenv(distributed.LAUNCHED, "1")
+    assert main(["doctor"]) == 143 and capsys.readouterr().err == ""
+    monkeypatch.setattr(doctor, "run", lost)
+    assert main(["doctor"]) == 1 and capsys.readouterr().err == ""
 
 
 def test_a_lost_peer_is_one_line_from_rank_0_and_none_from_the_others(monkeypatch, capsys):

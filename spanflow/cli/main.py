@@ -129,6 +129,13 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr)
 
 
+def _launcher_says() -> bool:
+    """Whether --devices N's launcher says how this rank's run stopped (a stop signal, a rank killed)."""
+    from spanflow.training.distributed import stop_said_by_launcher
+
+    return stop_said_by_launcher()
+
+
 def _peer_lost(e: BaseException) -> bool:
     """Whether `e` is a collective that failed because another process of the job has gone."""
     dist = sys.modules.get("torch.distributed")
@@ -263,14 +270,16 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     except Terminated as e:
-        _say("terminated" + _after_stop(args))
+        if not _launcher_says():
+            _say("terminated" + _after_stop(args))
         return _leave_now(128 + e.signum, entry)
     except KeyboardInterrupt:
         _say("interrupted" + _after_stop(args))
         return _leave_now(130, entry)
     except Exception as e:
         if _peer_lost(e):  # its own error line, if it had one, came from the process that stopped
-            _say("error: another process of this training job stopped" + _after_stop(args))
+            if not _launcher_says():
+                _say("error: another process of this training job stopped" + _after_stop(args))
             return _leave_group(1)
         line = write_error_line(e)
         if line is None:

@@ -165,6 +165,7 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
     began = clock.current()
     if began is not None:  # each rank's closing time line counts from this command's start
         os.environ[clock.ENV] = repr(began)
+    os.environ[LAUNCHED] = "1"
     try:
         with _quiet_launcher():
             return _launch(run, args, after)
@@ -172,6 +173,18 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
         if own:
             os.environ.pop("OMP_NUM_THREADS", None)
         os.environ.pop(clock.ENV, None)
+        os.environ.pop(LAUNCHED, None)
+
+
+# set for the ranks of --devices N's launcher, which says how their run stopped: a rank cannot tell a
+# stop its agent passes on from the user's from the one it sends the survivors of a killed rank, and
+# rank 0's "terminated" then stood before the launcher's "rank 1 was killed"
+LAUNCHED = "SPANFLOW_DEVICES_LAUNCHER"
+
+
+def stop_said_by_launcher() -> bool:
+    """Whether this process is a rank of --devices N's launcher, which says how the run stopped."""
+    return os.environ.get(LAUNCHED) == "1"
 
 
 @contextmanager
@@ -219,8 +232,9 @@ def _launch(run, args: list[str], after: Callable[[], str | None] = lambda: None
             return 1
         return e.get_first_failure()[1].exitcode or 1
     except SignalException as e:  # a signal to the launcher (TERM, INT, HUP, QUIT): its agent has stopped the ranks
-        if e.sigval not in (signal.SIGTERM, signal.SIGINT):  # those reached rank 0 too, which said so
-            print(f"stopped by {signal.Signals(e.sigval).name}", file=sys.stderr)
+        if e.sigval != signal.SIGINT:  # Ctrl-C reached rank 0 too (a terminal's group), which said so
+            said = "terminated" if e.sigval == signal.SIGTERM else f"stopped by {signal.Signals(e.sigval).name}"
+            print(said + (after() or ""), file=sys.stderr)
         return 128 + int(e.sigval)
     finally:
         if handler is not None:
