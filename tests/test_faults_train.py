@@ -19,7 +19,7 @@ from spanflow.cli.main import main
 from spanflow.data.formats.jsonl import write_jsonl_record
 from spanflow.data.synthetic import synthetic_ner
 from spanflow.tasks.ner import NerModel
-from spanflow.errors import WriteError
+from spanflow.errors import ConfigError, WriteError
 from spanflow.training.checkpoint import has_checkpoint
 
 # dev F1 improves at every epoch end with these: epoch 2 saves a new best model, over epoch 1's
@@ -330,11 +330,16 @@ def test_a_resume_of_another_run_is_refused_naming_what_differs(files, tmp_path,
     assert train(files, out, "--resume") == 2
     assert "is of a run with 2 processes (now 1: --devices, or torchrun's --nproc-per-node)" in capsys.readouterr().err
     # a rate the processes' update derived is not blamed on --lr, which follows them; rates show 3 digits
-    derived = {**state["run"]["options"], "lr": 0.0003535533905932738}
+    # (nor a budget sized per process on --max-tokens, never given)
+    derived = {**state["run"]["options"], "lr": 0.0003535533905932738, "max_tokens": 128}
     state_file.write_text(json.dumps({**state, "run": {**state["run"], "processes": 2, "options": derived}}))
     assert train(files, out, "--resume") == 2
     err = capsys.readouterr().err
-    assert "2 processes (now 1" in err and "--lr" not in err, err
+    assert "2 processes (now 1" in err and "--lr" not in err and "--max-tokens" not in err, err
+    from spanflow.training.checkpoint import check_same_run
+
+    with pytest.raises(ConfigError, match=r"is of a run with 1 process \(now 2: --devices"):
+        check_same_run(state["run"], {**state["run"], "processes": 2}, str(out / "checkpoint"))
     state_file.write_text(json.dumps({**state, "run": {**state["run"], "options": derived}}))
     assert train(files, out, "--resume") == 2
     assert "--lr 0.000354 (now 0.01)" in capsys.readouterr().err

@@ -308,7 +308,8 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
             changed.append(f"{k} {_said(was[k])} (now {_said(course[k])})")
     processes = saved.get("processes", now["processes"]) != now["processes"]
     if processes:  # before options: it changes the update and its lr
-        changed.append(f"{saved['processes']} processes (now {now['processes']}: --devices, or torchrun's "
+        n = saved["processes"]
+        changed.append(f"{n} process{'es' if n != 1 else ''} (now {now['processes']}: --devices, or torchrun's "
                        "--nproc-per-node)")
     if saved.get("model") != now["model"] and saved.get("model_files", "") != now["model_files"]:
         changed.append(f"--model {saved.get('model')} (now {now['model']}, another model)")
@@ -320,8 +321,10 @@ def check_same_run(saved: dict | None, now: dict, ckpt_dir: str) -> None:
     for k, v in (saved.get("options") or {}).items():
         if k in MODEL_OWN and now["options"].get(k) is None:
             continue  # unset: the checkpoint's model's own, which the resumed run continues with
-        if k in ("lr", "head_lr") and processes:
-            continue  # a rate follows the processes' update: said above, not blamed on a flag never given
+        if k in ("lr", "head_lr", "max_tokens", "grad_accum") and processes:
+            # a rate, and the budget and accumulation sized per process, follow the processes' update: said
+            # above, not blamed on a flag never given (`--max-tokens 256 (now 128)`)
+            continue
         if k in now["options"] and now["options"][k] != v:
             was, is_ = _num(v), _num(now["options"][k])
             was, is_ = (was, is_) if was != is_ else (repr(v), repr(now["options"][k]))  # rates 3 digits alike
