@@ -221,3 +221,22 @@ def test_predict_says_how_fast_its_texts_went(trained, tmp_path, capsys):
     # (what is checked is the counting; the rates themselves are the machine's)
     assert tok_s * 12 == pytest.approx(per_s * real, rel=0.05)
     assert 0 < eff <= 1
+
+
+def test_an_error_line_is_one_write(tmp_path, monkeypatch):
+    """Unbuffered (PYTHONUNBUFFERED), print wrote a line and its newline apart: the error lines of the
+    ranks of --devices N, printed at once, ran together on one line."""
+    import sys
+
+    writes = []
+
+    class Stderr:
+        def write(self, s):
+            writes.append(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    assert main(["convert", str(tmp_path / "missing.conll"), str(tmp_path / "x.jsonl")]) == 2
+    assert len(writes) == 1 and writes[0].startswith("error: ") and writes[0].endswith("\n"), writes

@@ -126,7 +126,14 @@ PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 def _say(line: str) -> None:
     """A stop line, from rank 0 alone: every rank of a job meets the same signal or lost peer."""
     if job_rank() == 0:
-        print(line, file=sys.stderr)
+        _err(line)
+
+
+def _err(line: str) -> None:
+    """`line` on stderr in one write: unbuffered (PYTHONUNBUFFERED, as containers set it), print writes the
+    text and its newline apart, and the lines of ranks printing at once ran together on one line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _launcher_says() -> bool:
@@ -265,7 +272,7 @@ def _main(argv: list[str] | None) -> int:
             # a bulk job stopped by a full disk keeps what it synced, as on a signal: how to go on is said
             resumable = isinstance(e, WriteError) and args.command in ("predict", "embed")
             said = getattr(e, "cli", None) or e  # a ConfigError of the API's options: in the flags' words
-            print(f"error: {said}" + (_after_stop(args) if resumable else ""), file=sys.stderr)
+            _err(f"error: {said}" + (_after_stop(args) if resumable else ""))
         return _leave_group(2)
     except BrokenPipeError:
         return _stdout_gone()
@@ -284,7 +291,7 @@ def _main(argv: list[str] | None) -> int:
         line = write_error_line(e)
         if line is None:
             raise
-        print(line, file=sys.stderr)
+        _err(line)
         return 2
 
 
