@@ -222,6 +222,10 @@ def test_profile_errors_name_file_field_and_value(tmp_path):
     p.write_text(json.dumps({"task": "re", "mode": "infer", "best": {"max_tokens": 512}}))
     with pytest.raises(ConfigError, match="measured for task 're', not 'ner'"):
         read_profile(str(p), task="ner")
+    # tune's --out, given for its profile (it said `[Errno 21] Is a directory`)
+    with pytest.raises(ConfigError, match=f"^profile {tmp_path} is a directory; give the profile tune wrote in it: "
+                                          f"{p}$"):
+        read_profile(str(tmp_path))
 
 
 def test_serve_names_its_routes_and_warns_of_an_open_port_without_a_key(model_dirs, served, capsys, monkeypatch):

@@ -5,6 +5,7 @@ and the value found there."""
 from __future__ import annotations
 
 import json
+import os
 import logging
 from typing import Literal
 
@@ -79,6 +80,10 @@ def load_json(path: str, what: str):
 
 def read_profile(path: str, *, task: str | None = None, mode: str | None = None) -> Profile:
     """A profile with a usable best point; a task/mode mismatch is an error."""
+    if os.path.isdir(path):  # tune's --out, given for the file it wrote there
+        inside = os.path.join(path, "profile.json")
+        raise ConfigError(f"profile {path} is a directory" + (f"; give the profile tune wrote in it: {inside}"
+                                                             if os.path.isfile(inside) else ""))
     try:
         prof = Profile.model_validate(load_json(path, "profile"))
     except ValidationError as e:
