@@ -719,3 +719,43 @@ def test_the_content_digest_holds_no_address_and_sees_a_plugged_items_label():
     cycle.parent = cycle
     assert _content([cycle]) is None
     assert _content([{"a": {1, 2}}]) == _content([{"a": {2, 1}}])
+
+
+def test_a_stop_inside_a_save_takes_effect_as_the_save_ends(tmp_path):
+    """SIGTERM in a run's first save (the last epoch's model) threw the whole run away: nothing was
+    saved, so --out was removed. A stop inside a save is now raised as the save is done."""
+    import os
+    import signal
+
+    import torch
+    from torch import nn
+
+    from spanflow.cli.main import Terminated, _on_sigterm
+    from spanflow.runtime.policy import resolve_policy
+    from spanflow.training.loop import train_loop
+    from spanflow.training.options import TrainOptions
+    from spanflow.training.state import TaskHooks
+
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+    def save(path):
+        os.makedirs(path, exist_ok=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled (held) before the next line runs
+        (tmp_path / "saved").write_text(path)
+
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws),
+                                              "real_tokens": 8 * len(ws), "padded_tokens": 8 * len(ws)},
+                          loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=None, save_model=save)
+        with pytest.raises(Terminated):
+            train_loop(One(), [[0] * 8 for _ in range(4)], hooks,
+                       opts=TrainOptions(epochs=1, max_tokens=32, log_every=0, lr=0.1, warmup_ratio=0.0,
+                                         weight_decay=0.0, max_grad_norm=0.0, patience=0),
+                       policy=resolve_policy("fp32", "cpu"), out_dir=str(tmp_path / "run"), log=lambda s: None)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert (tmp_path / "saved").exists()  # the save ran to its end before the stop

@@ -55,6 +55,11 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
+    from spanflow.runtime import stops
+
+    if stops.holding():  # inside a save: raised as it ends
+        stops.hold(signum)
+        return
     raise Terminated(signum)
 
 
@@ -66,7 +71,13 @@ STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT")
 def _on_stop(signum, frame):
     """The command line's handler of Ctrl-C and the stops: later ones are ignored from here on, as
     this one unwinds through the commands' clean-up (a terminal and a scheduler send them to every
-    process, and a second one raised inside a clean-up, leaving a lock or a temporary behind)."""
+    process, and a second one raised inside a clean-up, leaving a lock or a temporary behind). One
+    that arrives during a save is raised as the save ends (runtime/stops.py)."""
+    from spanflow.runtime import stops
+
+    if stops.holding():
+        stops.hold(signum)
+        return
     for sig in (signal.SIGINT, *STOPS):  # a handler that does nothing, not SIG_IGN: a signal that arrived
         # with this one is run after it, and CPython raises OSError ("Signal 15 ignored due to race
         # condition") for one whose handler became SIG_IGN in between (two Ctrl-C's, a group's TERM)

@@ -26,6 +26,7 @@ from spanflow.training.row_adamw import catch_up, paid
 from spanflow.training.options import TrainOptions
 from spanflow.training.progress import (check_finite, check_logged_loss, elapsed_left, learning_check, loss_window,
                                         lr_now, progress_bar, report_period, window_loss)
+from spanflow.runtime import stops
 from spanflow.runtime.policy import Policy
 from spanflow.training.report_to import Reporters, build_reporters, dev_scalars
 from spanflow.training.resume import (check_epochs_left, check_resume_agrees, check_steps_left, resumed_at,
@@ -321,8 +322,9 @@ def _write_checkpoint(r: LoopState) -> None:
         with paid(r.optimizer):
             r.hooks.save_model(path)
 
-    on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=save_model, optimizer=r.optimizer,
-                                    scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
+    with stops.held():  # a stop inside it ends the run as it is done: the steps since the last one are kept
+        on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=save_model, optimizer=r.optimizer,
+                                        scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
     r.st.pop("first_window", None)
 
 
@@ -403,7 +405,7 @@ def _remove_tree(path: str) -> None:
 
 
 def _save(hooks: TaskHooks, what: str, path: str) -> None:
-    with writing(what, path):
+    with stops.held(), writing(what, path):  # a stop inside a save ends the run as the save is done
         hooks.save_model(path)
 
 
