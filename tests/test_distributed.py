@@ -731,6 +731,35 @@ def test_a_killed_rank_0_is_named_with_how_the_run_goes_on(monkeypatch, capsys, 
                     f"{out / 'checkpoint'}"], said
 
 
+def test_the_launcher_says_how_a_run_goes_on_after_a_ranks_error_or_stop(monkeypatch, capsys, tmp_path):
+    """Its ranks say nothing of how the run stopped: a rank that failed on an error of its own (out of
+    memory), or a `kill <pid>` of one rank (which stops as on SIGTERM, exit 143), ended the run without
+    the resume hint, or without any line."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from spanflow.cli.main import main
+    from spanflow.training.checkpoint import STATE
+
+    out = tmp_path / "run"
+    (out / "checkpoint").mkdir(parents=True)
+    code = [2]
+
+    def failed(_args):
+        (out / "checkpoint" / STATE).write_bytes(b"state")
+        raise ChildFailedError("spanflow", {1: ProcessFailure(local_rank=1, pid=12, exitcode=code[0], error_file="")})
+
+    monkeypatch.setattr(run, "run", failed)
+    for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    hint = f"; the same command with --resume goes on from {out / 'checkpoint'}"
+    assert main(["train", "ner", "--train", "t.conll", "--out", str(out), "--devices", "2"]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == ["the run stopped on rank 1's error" + hint]
+    code[0] = 143
+    assert main(["train", "ner", "--train", "t.conll", "--out", str(out), "--devices", "2"]) == 143
+    assert capsys.readouterr().err.splitlines()[1:] == ["error: rank 1 was stopped by SIGTERM" + hint]
+
+
 def test_the_launchers_own_stop_of_the_survivors_is_not_named_as_a_failure(monkeypatch, capsys):
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure

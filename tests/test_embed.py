@@ -536,6 +536,10 @@ def test_tune_takes_a_sentence_transformers_directory_for_embeddings(st_dir, tmp
     assert main(["tune", "--model", st_dir, "--data", src, "--budgets", "256", "--budget-seconds", "1",
                  "--repeats", "1", "--no-backends", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "profile.json").read_text())["task"] == "embed"
+    assert f"task embed: {st_dir} is an encoder directory, which runs as it is as embeddings" in capsys.readouterr().err
+    # training a task from it could be any task's: --task is asked for
+    assert main(["tune", "--model", st_dir, "--data", src, "--mode", "train", "--out", str(tmp_path / "t")]) == 2
+    assert "error: --task is needed:" in capsys.readouterr().err
 
 
 def test_an_output_name_embed_does_not_write_names_the_ones_it_does(tmp_path):

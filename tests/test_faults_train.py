@@ -759,3 +759,29 @@ def test_a_stop_inside_a_save_takes_effect_as_the_save_ends(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, old)
     assert (tmp_path / "saved").exists()  # the save ran to its end before the stop
+    assert (tmp_path / "run" / "checkpoint" / "state.json").exists()  # what the run trained is there to resume
+
+
+def test_a_held_stop_is_dropped_with_a_failed_save_and_a_second_stop_is_not_held(monkeypatch):
+    """A stop held in a save that then failed was raised at the end of the next, unrelated save; and
+    every further Ctrl-C was held too, so a save that hangs could not be stopped."""
+    import signal
+
+    from spanflow.cli.main import Terminated, _on_sigterm
+    from spanflow.runtime import stops
+
+    def stop():
+        _on_sigterm(signal.SIGTERM, None)  # as the signal's handler runs it
+
+    monkeypatch.setattr(signal, "getsignal", lambda signum: _on_sigterm)
+    with pytest.raises(OSError):
+        with stops.held():
+            stop()  # held
+            raise OSError(28, "No space left on device")
+    with stops.held():
+        pass  # nothing raised here: the stop went with the failed save
+    with pytest.raises(Terminated):
+        with stops.held():
+            stop()  # held
+            stop()  # a second one: raised at once, inside the save
+    assert not stops.holding()

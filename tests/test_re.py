@@ -520,6 +520,9 @@ def test_subjects_and_objects_are_whole_words_in_training_and_prediction(monkeyp
     assert word_span(enc, 1, 1) == (0, 8) and word_span(enc, 0, 0) == (0, 8) and word_span(enc, 4, 4) == (13, 16)
     assert token_span(enc, (0, 2), 6) == (1, 3)  # gold 'Th': the tokens of 'Theodora'
     assert token_span(enc, (2, 4), 2) is None  # the word runs past the cut
+    # a token of white space alone after a word (SentencePiece's lone `▁`, left empty) is no part of it
+    blank = Encoded(ids=[5, 6, 7], offsets=[(0, 3), (3, 3), (4, 7)], first=[True, False, True])
+    assert word_span(blank, 0, 0) == (0, 3) and token_span(blank, (0, 3), 1) == (1, 1)
 
     class Tok:
         cls_token_id, sep_token_id = 1, 2

@@ -107,7 +107,7 @@ def test_thread_cpu_is_split_by_role():
 
     burned, held = threading.Event(), threading.Event()
 
-    def model():  # 0.3 CPU seconds, then alive until read: a thread's time is kept only while it lives
+    def model():  # 0.3 CPU seconds, then alive until read: /proc has a thread's time only while it lives
         end = time.thread_time() + 0.3
         while time.thread_time() < end:
             pass
@@ -149,6 +149,12 @@ def test_a_thread_that_says_its_cpu_as_it_ends_is_counted_whole():
     started.set()
     t.join()
     assert thread_cpu()["compile"] - before >= 0.25
+    started.clear()
+    unseen = threading.Thread(target=compile_, name="spanflow-compile_unseen")  # ends before any scrape
+    unseen.start()
+    started.set()
+    unseen.join()
+    assert thread_cpu()["compile"] - before >= 0.5
 
 
 def test_errors_are_4xx(model_dirs):

@@ -629,3 +629,13 @@ def test_a_stop_while_the_plot_is_drawn_leaves_the_earlier_profile(ner_file, tmp
         tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[1024], budget_seconds=5, sample=16,
              repeats=1, out=str(tmp_path), log_fn=lambda s: None)
     assert (tmp_path / "profile.json").read_text() == before
+
+    def broken(profile, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plot, "plot_profile", broken)  # a picture that cannot be saved costs no profile
+    lines = []
+    tune(task="ner", model="tiny", data=ner_file, mode="train", budgets=[1024], budget_seconds=5, sample=16,
+         repeats=1, out=str(tmp_path), log_fn=lines.append)
+    assert json.loads((tmp_path / "profile.json").read_text())["best"]["max_tokens"] == 1024
+    assert "plot failed (OSError: [Errno 28] No space left on device); the profile is written" in lines

@@ -235,8 +235,8 @@ def _widen(text: str, offsets: list[tuple[int, int]],
     glued to a word they belong to it, so a span decoded from tokens still covers them. One
     between two tokens goes to the one before (as a variation selector follows its character),
     never to both: two entities side by side never share it. An invisible format character
-    (category Cf: U+FEFF, a zero-width space, a soft hyphen, a direction mark) is no part of a
-    word's ends, so a token never stretches over one, except within the text's own words where
+    (category Cf: U+FEFF, a zero-width space, a soft hyphen, a direction mark), or a control
+    character (Cc: NUL, BEL), is no part of a word's ends, so a token never stretches over one, except within the text's own words where
     they are given (`owner`, word_owner's: the tokens a corpus was annotated on, which an entity
     covers whole); there a token stretches within its word only (a character that is a word of
     its own stays outside the entities around it).
@@ -258,8 +258,12 @@ def _widen(text: str, offsets: list[tuple[int, int]],
 
 
 def _glued(c: str, in_word: bool) -> bool:
-    # a control character (NUL, BEL: category Cc) is no part of a word, as a format character is not
-    return not c.isspace() and (in_word or not (invisible(c) or unicodedata.category(c) == "Cc"))
+    return not c.isspace() and (in_word or not _unseen(c))
+
+
+def _unseen(c: str) -> bool:
+    """A format character (Cf) or a control character (NUL, BEL: Cc): no part of a word's edge."""
+    return unicodedata.category(c) in ("Cf", "Cc")
 
 
 MIN_LENGTH = 8  # the shortest window read, in training as in inference

@@ -343,7 +343,7 @@ def note_small_budget(model, asked, max_tokens: int | None) -> None:
     if asked in (None, "auto") or not max_tokens or not window or max_tokens >= window:
         return
     print(f"note: --max-tokens {max_tokens} sizes a whole batch, in padded tokens, and is below the {window} tokens "
-          f"the model reads of a text (--max-length): batches this small hold a text or two each, which runs slowly; "
+          f"the model reads of a text (--max-length): batches this small hold few texts each, which runs slowly; "
           f"leave it out for this device's default ({infer_tokens(model.policy.device)})", file=sys.stderr)
 
 

@@ -13,7 +13,7 @@ Ctrl-C; 143: SIGTERM (129 SIGHUP, 131 SIGQUIT, which stop a command the same way
 error is a bug and keeps its traceback.
 
 Under torchrun a signal reaches every rank, and a stopped peer every survivor: rank 0 alone
-says so, in one line.
+says so, in one line (under --devices N, its launcher does: training/distributed.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 
 from spanflow.cli.common import (add_device_arg, add_precision_arg, add_quantize_args, add_task_arg, add_text_args,
                                  field_as_column)
@@ -54,7 +54,6 @@ def add_parser(sub) -> None:
 
 def run(a: argparse.Namespace) -> int:
     import os
-    import sys
     import time
 
     import psutil
@@ -69,7 +68,7 @@ def run(a: argparse.Namespace) -> int:
 
         raise ConfigError(f"--field {a.field} and --column {a.column} both name the text's column; give one")
     if a.task is None:
-        a.task = _task_of(a.model)
+        a.task = _task_of(a.model, a.mode)
     if a.data and os.path.isfile(a.data):  # a missing file is tune's own error to say
         field_as_column(a, a.data)
     with kept_only_if_filled(a.out):  # a refused or failed sweep leaves no empty --out
@@ -84,23 +83,24 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _task_of(model: str) -> str:
-    """The task of a trained --model, for a tune without --task (a sentence-transformers directory,
-    as train embed writes: embeddings); an encoder (or 'tiny') could be measured for any task, which
-    is refused with the choices."""
+def _task_of(model: str, mode: str | None) -> str:
+    """The task of a trained --model, for a tune without --task. An encoder directory runs as it is
+    only as embeddings (a sentence-transformers one, as train embed writes it, is one): measured so
+    where --mode is not train, and said; training one, or 'tiny', could be measured for any task,
+    which is refused with the choices."""
     from spanflow.errors import ConfigError
-    from spanflow.tasks.registry import names
+    from spanflow.tasks.registry import ENCODER_TASK, names
     from spanflow.tuning.tune import trained_task
 
     task = trained_task(model)  # a path that holds no model: said here
     if task is not None:
         return task
-    from spanflow.tasks.registry import ENCODER_TASK
-
-    if os.path.exists(os.path.join(model, "modules.json")):  # a sentence-transformers model (train embed's): embeddings
-        return ENCODER_TASK
     choices = f"give --task {', '.join(names()[:-1])} or {names()[-1]}"
     if model == "tiny":
         raise ConfigError(f"--task is needed with --model tiny (an encoder built from scratch to train): {choices}")
+    if mode != "train":
+        print(f"task {ENCODER_TASK}: {model} is an encoder directory, which runs as it is as embeddings (--task "
+              f"and --mode train measure training a task from it)", file=sys.stderr)
+        return ENCODER_TASK
     raise ConfigError(f"--task is needed: {model} is an encoder directory, which tune measures training a task "
-                      f"from, or embedding with: {choices}")
+                      f"from: {choices}")

@@ -76,7 +76,10 @@ def compile_aside(model, log: Callable[[str], None] = print,
             module.encoder = shadow.module.encoder  # one attribute: the next batch runs compiled
             log(f"backend compile: compiled in {seconds:.1f} s while serving eager; batches now run compiled")
             if swapped is not None:
-                swapped()
+                try:
+                    swapped()
+                except Exception as e:  # noqa: BLE001 - (a pool shut down as the server stops): the model runs on
+                    log(f"backend compile: timing the compiled calls failed ({type(e).__name__}: {str(e)[:200]})")
         settle()  # the compiler's objects, made after the server's own were settled, out of full collections
         said_cpu_at_end()
 

@@ -1,6 +1,7 @@
 """Stop signals (Ctrl-C, SIGTERM and the like) held back while a save runs: a stop inside a run's
 first save lost the whole run (nothing saved, so its --out was removed); held, it takes effect as
-the save ends, which an atomic write keeps short."""
+the save ends, which an atomic write keeps short. A second stop while one is held is not held: a
+save that hangs (a stalled network disk) still stops."""
 from __future__ import annotations
 
 import signal
@@ -12,8 +13,9 @@ _pending: list[int] = []
 
 
 def holding() -> bool:
-    """Whether a stop signal is to be held now (a command's handler asks)."""
-    return _depth > 0
+    """Whether a stop signal that arrives now is to be held (a command's handler asks): inside a
+    save, and no stop held yet."""
+    return _depth > 0 and not _pending
 
 
 def hold(signum: int) -> None:
@@ -30,10 +32,14 @@ def held() -> Iterator[None]:
     _depth += 1
     try:
         yield
+    except BaseException:
+        if _depth == 1:
+            _pending.clear()  # not raised at the end of a later save
+        raise
     finally:
         _depth -= 1
     if not _depth and _pending:
-        signum = _pending[0]
+        signum = _pending.pop()
         _pending.clear()
         handler = signal.getsignal(signum)
         if callable(handler):

@@ -1,4 +1,5 @@
-"""The one thread of a process that loads and runs its models on a CPU."""
+"""The one thread of a process that loads and runs its models on a CPU; and the CPU seconds of
+threads that ended, which a server's /metrics counts."""
 from __future__ import annotations
 
 import threading
@@ -57,15 +58,15 @@ def model_thread_busy() -> bool:
     return _WAITED > 0
 
 
-_ENDED: dict[int, float] = {}  # native thread id -> its CPU seconds, said as it ended
+_ENDED: dict[int, tuple[str, float]] = {}  # native thread id -> (its name, its CPU seconds), said as it ended
 
 
 def said_cpu_at_end() -> None:
     """Called last on a thread that ends before its process (a compile aside): its CPU seconds kept,
     as /proc forgets a thread once it is gone (a server's /metrics would lose its last stretch)."""
-    _ENDED[threading.get_native_id()] = time.thread_time()
+    _ENDED[threading.get_native_id()] = (threading.current_thread().name, time.thread_time())
 
 
-def ended_cpu() -> dict[int, float]:
-    """The CPU seconds of the threads that said_cpu_at_end, by native thread id."""
+def ended_cpu() -> dict[int, tuple[str, float]]:
+    """(name, CPU seconds) of the threads that said_cpu_at_end, by native thread id."""
     return dict(_ENDED)

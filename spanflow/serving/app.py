@@ -21,8 +21,8 @@ from spanflow.errors import SpanflowError
 from spanflow.inference.backend import backend_of, start_backend
 from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
-from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
 from spanflow.runtime.threads import model_thread
+from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
 from spanflow.serving.guard import Guard, error_body, route_shown
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions

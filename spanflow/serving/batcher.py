@@ -126,7 +126,7 @@ class DynamicBatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
-        self.service = ServiceTime(floor=max_tokens // 2)  # the model's measured calls: waits, and the 413 bound
+        self.service = self._new_service()  # the model's measured calls: waits, and the 413 bound
         self.peers = peers if peers is not None else []
         if self not in self.peers:
             self.peers.append(self)
@@ -157,12 +157,16 @@ class DynamicBatcher:
         of every call measured so far (a model now compiled: its eager calls, slowed by the compile
         beside them, held the queue wait high enough to refuse most of a burst, and refused requests
         measure nothing)."""
-        service = ServiceTime(floor=self.max_tokens // 2) if anew else self.service
+        service = self._new_service() if anew else self.service
         full = max(1, self.max_tokens // max(lengths[0], 1))
         # the first call of a shape pays for its kernels and buffers once: the full call is timed on its second run
         for k, timed in ((full, False), (full, True), (1, True)):
             self._time_call(units[:1] * k, lengths[0] * k, service if timed else None)
-        self.service = service  # one attribute: admission reads the old measure or the new, whole
+        if service.fit() is not None:  # where every call failed, the measure it had is kept
+            self.service = service  # one attribute: admission reads the old measure or the new, whole
+
+    def _new_service(self) -> ServiceTime:
+        return ServiceTime(floor=self.max_tokens // 2)
 
     def _time_call(self, units: list, tokens: int, into: ServiceTime | None) -> None:
         start = self.clock()
@@ -185,18 +189,19 @@ class DynamicBatcher:
         """Seconds before work queued now starts here: all the queued work at most, and with round
         robin no more than one batch of each request ahead of it (a huge request delays a new one
         by one of its batches, not by all of them)."""
+        service = self.service  # read once: the model thread may replace it (time_calls)
         calls = len(self._queue) if self.per_request else 0  # unbatched: one call a queued request at least
-        whole = self.service.seconds(self.queued_tokens, self.max_tokens, calls)
+        whole = service.seconds(self.queued_tokens, self.max_tokens, calls)
         if whole is None:
             return None
         waiting = [r for r in self._queue if r.queued and not r.cancelled]
         if self.per_request:
-            turns = sum(self.service.seconds(min(r.queued, self.max_tokens), self.max_tokens, 1) for r in waiting)
+            turns = sum(service.seconds(min(r.queued, self.max_tokens), self.max_tokens, 1) for r in waiting)
         else:  # a batch of each request larger than one; the small ones share batches
             large = sum(r.queued > self.max_tokens for r in waiting)
             small = sum(r.queued for r in waiting if r.queued <= self.max_tokens)
-            turns = (large * self.service.seconds(self.max_tokens, self.max_tokens, 1)
-                     + (self.service.seconds(small, self.max_tokens) if small else 0.0))
+            turns = (large * service.seconds(self.max_tokens, self.max_tokens, 1)
+                     + (service.seconds(small, self.max_tokens) if small else 0.0))
         return min(whole, turns)
 
     def admit(self, need: int, whole_s: float | None = None) -> None:

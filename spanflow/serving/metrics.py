@@ -123,12 +123,20 @@ def thread_cpu() -> dict[str, float]:
         except OSError:  # the thread ended
             continue
         key = (int(tid), fields[19])  # with its start time: a new thread may take an ended one's id
-        name = names.get(key[0])
-        role = "native" if name is None else next((r for p, r in _ROLES if name.startswith(p)), "other")
+        name = names.get(key[0]) or ended.get(key[0], (None,))[0]
         # a Python thread that has just ended (or not yet begun) is in /proc unnamed: its named role holds
-        role = _SEEN[key][0] if role == "native" and key in _SEEN else role
+        role = _SEEN[key][0] if name is None and key in _SEEN else _role(name)
         _SEEN[key] = (role, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime
     out: dict[str, float] = {}
     for (tid, _), (role, seconds) in _SEEN.items():
-        out[role] = out.get(role, 0.0) + max(seconds, ended.get(tid, 0.0))  # what it said as it ended, where more
+        said = ended.pop(tid, (None, 0.0))[1]
+        out[role] = out.get(role, 0.0) + max(seconds, said)  # what it said as it ended, where more
+    for name, seconds in ended.values():  # ended before any scrape saw it
+        role = _role(name)
+        out[role] = out.get(role, 0.0) + seconds
     return out
+
+
+def _role(name: str | None) -> str:
+    """A thread's role by its name (None: a thread Python did not start)."""
+    return "native" if name is None else next((r for p, r in _ROLES if name.startswith(p)), "other")

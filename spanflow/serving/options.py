@@ -53,7 +53,8 @@ def check_limits(values: dict) -> None:
                               "would be refused")
     if not values["max_wait_ms"] >= 0:
         raise ConfigError(f"--max-wait-ms must be >= 0, got {values['max_wait_ms']}")
-    for name in (*POSITIVE, "max_wait_ms"):
-        # a wait of inf never ends (a batcher asleep for good, a stop that never drains): a number of its own
+    for name in ("max_wait_ms", "timeout", "read_timeout"):
+        # a wait of inf never ends (a batcher asleep for good, a stop that never drains); a bound of inf
+        # (--max-queue-wait-ms, --max-texts) is no bound, and may stay
         if values[name] == math.inf:
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got inf")

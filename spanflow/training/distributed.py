@@ -182,6 +182,9 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
         os.environ.pop(LAUNCHED, None)
 
 
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGINT") if hasattr(signal, n))
+
+
 # set for the ranks of --devices N's launcher, which says how their run stopped: a rank cannot tell a
 # stop its agent passes on from the user's from the one it sends the survivors of a killed rank, and
 # rank 0's "terminated" then stood before the launcher's "rank 1 was killed"
@@ -236,7 +239,14 @@ def _launch(run, args: list[str], after: Callable[[], str | None] = lambda: None
             print("error: " + ", ".join(f"rank {rank} was killed by signal {sig}" for rank, sig in killed)
                   + (after() or ""), file=sys.stderr)
             return 1
-        return e.get_first_failure()[1].exitcode or 1
+        rank, failure = e.get_first_failure()
+        code, hint = failure.exitcode, after() or ""
+        stop = next((s for s in STOP_SIGNALS if code == 128 + s), None)  # a rank that handled a stop of its own
+        if stop is not None:
+            print(f"error: rank {rank} was stopped by {signal.Signals(stop).name}" + hint, file=sys.stderr)
+        elif hint:  # its own error line said why; where the run can go on, from where (the ranks say nothing)
+            print(f"the run stopped on rank {rank}'s error" + hint, file=sys.stderr)
+        return code or 1
     except SignalException as e:  # a signal to the launcher (TERM, INT, HUP, QUIT): its agent has stopped the ranks
         if e.sigval != signal.SIGINT:  # Ctrl-C reached rank 0 too (a terminal's group), which said so
             said = "terminated" if e.sigval == signal.SIGTERM else f"stopped by {signal.Signals(e.sigval).name}"

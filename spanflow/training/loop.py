@@ -112,7 +112,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
         log(f"early stop after {where}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
             "(--patience)")
     if final["best_f1"] is None:  # no dev score picked a model (no --dev, or a finished run resumed): the last
-        with _spent(r, "saving"):
+        with _spent(r, "saving"), stops.held():  # held around on_main: every rank has its answer first
             on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
         final["seconds"] = _seconds(r)
     return final
@@ -406,7 +406,7 @@ def _remove_tree(path: str) -> None:
 
 def _save(hooks: TaskHooks, what: str, path: str) -> None:
     with stops.held(), writing(what, path):  # a stop inside a save ends the run as the save is done
-        hooks.save_model(path)
+        hooks.save_model(path)  # inside a caller's held(), the stop is raised where that one ends
 
 
 def _close_period(meter: Meter, dist: Dist) -> dict:

@@ -148,11 +148,14 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     log_fn(format_table(profile))
     if best is None:  # a profile no command can run: an earlier one at `path` stays
         raise NoBestPoint(_missed(points, max_memory_gb, latency_slo_ms), path)
-    png = None
+    png, failed = None, None
     if plot:  # drawn before the profile is written: a stop while it draws leaves the earlier pair as it was
         from spanflow.tuning.plot import plot_profile
 
-        png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
+        try:
+            png = plot_profile(profile, os.path.join(out_dir, "profile.png"))
+        except Exception as e:  # noqa: BLE001 - a picture that cannot be drawn (or saved) costs no profile
+            failed = f"{type(e).__name__}: {str(e)[:200]}"
     write_profile(path, profile)
     once = [p for p in eligible(points, **limits) if p.spread is None]
     if once:  # no spread to tell noise by: the best among them may be the luckiest run
@@ -161,7 +164,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                "by noise alone; --repeats 2 or more, with the --budget-seconds to hold them, measures each point again")
     near = within_noise(best, eligible(points, **limits))
     if near:
-        log_fn(f"within noise: {_named(near, len(lengths) > 1)}, whose runs reach the best's: "
+        log_fn(f"within noise: {_named(near, len(lengths) > 1)}, whose runs reach the best's (or its spread): "
                f"these runs do not tell them apart in speed (--repeats {2 * max(1, repeats)} measures each point "
                "more times, with the --budget-seconds to hold them)")
     if any(p.quality is not None for p in points):
@@ -177,7 +180,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                "command (the profile sets the token budget only)"
                + ("; serve reads the model's own length" if mode != "train" else ""))
     if plot:
-        log_fn(f"plot: {png}" if png else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
+        log_fn(f"plot: {png}" if png else f"plot failed ({failed}); the profile is written" if failed
+               else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
     log_fn(f"tune took {budget.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
 

@@ -207,7 +207,7 @@ def _trim(text: str, span: tuple[int, int], path: str, lineno: int) -> tuple[int
 
 def _said_trimmed(path: str, trimmed: list, total: int, where: str) -> None:
     """Warn of subjects and objects read without the white space at their edges: gold that holds
-    it would never match a prediction (the model's spans start and end on tokens), so it scored
+    it would never match a prediction (the model's spans start and end on words), so it scored
     as a miss; NER's JSONL reader trims entities so."""
     if trimmed:
         log.warning("%s: %d of %d triples have a subject or object with white space at its edge, read without it "

@@ -58,7 +58,8 @@ def word_tokens(enc: Encoded, first: int, last: int) -> tuple[int, int]:
     while first > 0 and not enc.first[first]:
         first -= 1
     n = len(enc.ids)
-    while last + 1 < n and not enc.first[last + 1]:
+    # a token of white space alone (SentencePiece's lone `▁`, left empty) starts no word, and is no part of one
+    while last + 1 < n and not enc.first[last + 1] and enc.offsets[last + 1][0] < enc.offsets[last + 1][1]:
         last += 1
     return first, last
 
@@ -89,7 +90,7 @@ def input_features(encs: list[Encoded], tokenizer, max_length: int) -> list[ReFe
 def prepare_features(examples: list[ReExample], tokenizer, rel2id: dict[str, int], *, max_length: int,
                      encs: list[Encoded] | None = None, quiet: bool = False) -> list[ReFeature]:
     """Features for training/eval; texts longer than max_length are cut, and counted, and so are
-    subjects and objects that do not start and end on tokens (they train as the tokens they touch).
+    subjects and objects that do not start and end on words (they train as the words they touch).
     `quiet`: no warning of them (a measurement's sample, cut at the lengths it sweeps, trains nothing)."""
     encs = encs or encode_texts(tokenizer, [e.text for e in examples])
     limit = max_length - 2

@@ -241,7 +241,7 @@ class ReModel:
         moved, first = 0, None
         for part in chunked(examples, CHECK_CHUNK):  # a chunk at a time: its memory, not the file's
             for ex, enc in zip(part, encode_texts(self.tokenizer, [e.text for e in part])):
-                # scored as strings: a triple whose strings one placement puts on tokens can be matched
+                # scored as strings: a triple whose strings one placement puts on words can be matched
                 on, said = set(), {}  # said: what is off, by the triple's strings
                 for s, r, o in ex.triples:
                     spans = [(span, token_span(enc, span, len(enc.ids))) for span in (s, o)]
