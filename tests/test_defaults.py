@@ -123,15 +123,20 @@ def _loop(tmp_path, loss, lr, n=16, score=0.0, **kw):
     return lines
 
 
+def _scored_0(saved: list) -> TaskHooks:
+    """Hooks of a run whose loss falls while every evaluation scores 0; the paths saved go to `saved`."""
+    return TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
+                                         "padded_tokens": 8 * len(ws)},
+                     loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=lambda m: {"f1": 0.0},
+                     save_model=lambda p: saved.append(p) or os.makedirs(p, exist_ok=True))
+
+
 def test_a_run_at_dev_f1_0_throughout_keeps_its_last_model_not_its_first(tmp_path):
     """Ties at 0 kept the first epoch's model: 14 epochs of a falling loss thrown away, and "train
     longer" could not help. --patience still counts them as evaluations without a gain."""
     items = [[0] * 8 for _ in range(16)]
     saved = []
-    hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
-                                          "padded_tokens": 8 * len(ws)},
-                      loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=lambda m: {"f1": 0.0},
-                      save_model=lambda p: saved.append(p) or os.makedirs(p, exist_ok=True))
+    hooks = _scored_0(saved)
     base = dict(lr=0.3, max_tokens=32, log_every=0, warmup_ratio=0.0, weight_decay=0.0, max_grad_norm=0.0)
     s = train_loop(_Constant(), items, hooks, opts=TrainOptions(epochs=3, patience=0, **base),
                    policy=precision.resolve_policy("fp32", "cpu"), out_dir=str(tmp_path / "a"), log=lambda x: None)
@@ -147,10 +152,7 @@ def test_a_resumed_run_at_dev_f1_0_goes_on_keeping_its_latest_model(tmp_path):
     the checkpoint's best score (0) is read back as a score, not as "none yet"."""
     items = [[0] * 8 for _ in range(16)]
     saved = []
-    hooks = TaskHooks(collate=lambda ws: {"x": torch.zeros(len(ws)), "n_targets": len(ws), "real_tokens": 8 * len(ws),
-                                          "padded_tokens": 8 * len(ws)},
-                      loss_fn=lambda m, b: m.w.square() * b["x"].numel(), evaluate=lambda m: {"f1": 0.0},
-                      save_model=lambda p: saved.append(p) or os.makedirs(p, exist_ok=True))
+    hooks = _scored_0(saved)
     base = dict(lr=0.3, max_tokens=32, log_every=0, warmup_ratio=0.0, weight_decay=0.0, max_grad_norm=0.0,
                 patience=0)
     run = dict(policy=precision.resolve_policy("fp32", "cpu"), out_dir=str(tmp_path), log=lambda x: None)
