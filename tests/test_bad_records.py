@@ -323,8 +323,8 @@ def test_predict_keeps_jsonl_values_as_json_in_jsonl_and_as_their_json_text_in_p
 
 
 def test_a_max_tokens_below_the_models_window_is_told_as_a_batch_size(ner_model, embed_model, tmp_path, capsys):
-    """`--max-tokens 64`, taken for a text's length (HF's max_length), ran batches of a text or two,
-    60 times slower, without a word."""
+    """`--max-tokens 64`, taken for a text's length (HF's max_length), ran batches of a few texts at a
+    fraction of the default's speed, without a word."""
     src = write(tmp_path, "in.txt", b"Paris is nice\nAda met Bob\n")
     said = "sizes a whole batch, in padded tokens, and is below the"
     for cmd, model, out in (("predict", ner_model, "o.jsonl"), ("embed", embed_model, "e.npy")):

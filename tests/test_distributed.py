@@ -792,7 +792,7 @@ def test_the_launcher_shares_this_machines_cores_among_its_processes(monkeypatch
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting stays
     assert relaunch(["train", "ner"], 4) == 0 and seen[-1] == "3"
     assert "warning" not in capsys.readouterr().err  # 12 threads on 16 cores
-    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # 32 threads on 16 cores: said (a run 20 times slower on 2 cores)
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")  # 32 threads on 16 cores: said
     assert relaunch(["train", "ner"], 4) == 0 and seen[-1] == "8"
     assert ("warning: OMP_NUM_THREADS=8 for each of 4 processes is more threads than this machine's 16 cores: they "
             "wait on each other; unset it, and the launcher gives each process 4") in capsys.readouterr().err

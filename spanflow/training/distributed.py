@@ -160,8 +160,8 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
     if own:  # set for the launch (its processes inherit it), and taken back after: the caller's environment
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores // devices))
     elif os.environ["OMP_NUM_THREADS"].isdigit() and int(os.environ["OMP_NUM_THREADS"]) * devices > cores:
-        # each process's threads wait on the others' at every op: a run of 2 x 2 threads on 2 cores took 20 times
-        # as long as 2 x 1
+        # each process's threads wait on the others' at every op: a run of 2 x 2 threads on 2 cores took many
+        # times as long as 2 x 1
         print(f"warning: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} for each of {devices} processes is more "
               f"threads than this machine's {cores} cores: they wait on each other; unset it, and the launcher "
               f"gives each process {max(1, cores // devices)}", file=sys.stderr)
