@@ -236,8 +236,8 @@ def _widen(text: str, offsets: list[tuple[int, int]],
     between two tokens goes to the one before (as a variation selector follows its character),
     never to both: two entities side by side never share it. An invisible format character
     (category Cf: U+FEFF, a zero-width space, a soft hyphen, a direction mark), or a control
-    character (Cc: NUL, BEL), is no part of a word's ends, so a token never stretches over one, except within the text's own words where
-    they are given (`owner`, word_owner's: the tokens a corpus was annotated on, which an entity
+    character (Cc: NUL, BEL), is no part of a word's ends, so a token never stretches over one,
+    except within the text's own words where they are given (`owner`, word_owner's: the tokens a corpus was annotated on, which an entity
     covers whole); there a token stretches within its word only (a character that is a word of
     its own stays outside the entities around it).
     """
@@ -263,7 +263,7 @@ def _glued(c: str, in_word: bool) -> bool:
 
 def _unseen(c: str) -> bool:
     """A format character (Cf) or a control character (NUL, BEL: Cc): no part of a word's edge."""
-    return unicodedata.category(c) in ("Cf", "Cc")
+    return invisible(c) or unicodedata.category(c) == "Cc"
 
 
 MIN_LENGTH = 8  # the shortest window read, in training as in inference

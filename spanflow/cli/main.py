@@ -29,6 +29,8 @@ from spanflow import __version__
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.cli.common import Parser
 from spanflow.errors import SpanflowError, WriteError
+from spanflow.runtime import stops
+from spanflow.runtime.stops import STOPS  # each ends a command as SIGTERM does: its lock released, its hint said
 from spanflow.training.outcome import job_rank, torchrun_world
 
 COMMANDS = {"train": train, "evaluate": evaluate, "predict": predict, "embed": embed, "serve": serve, "tune": tune,
@@ -55,17 +57,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
-    from spanflow.runtime import stops
-
-    if stops.holding():  # inside a save: raised as it ends
-        stops.hold(signum)
+    if stops.held_back(signum):  # inside a save: raised as it ends
         return
     raise Terminated(signum)
-
-
-# stops a command ends as it ends on SIGTERM: its lock released, its resume hint said (a closed
-# terminal's SIGHUP, or torchrun's agent passing on the one its launcher got, killed a rank outright)
-STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name))
 
 
 def _on_stop(signum, frame):
@@ -73,10 +67,7 @@ def _on_stop(signum, frame):
     this one unwinds through the commands' clean-up (a terminal and a scheduler send them to every
     process, and a second one raised inside a clean-up, leaving a lock or a temporary behind). One
     that arrives during a save is raised as the save ends (runtime/stops.py)."""
-    from spanflow.runtime import stops
-
-    if stops.holding():
-        stops.hold(signum)
+    if stops.held_back(signum):
         return
     for sig in (signal.SIGINT, *STOPS):  # a handler that does nothing, not SIG_IGN: a signal that arrived
         # with this one is run after it, and CPython raises OSError ("Signal 15 ignored due to race

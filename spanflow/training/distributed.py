@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from spanflow.errors import PeerFailed
+from spanflow.runtime import stops
 
 T = TypeVar("T")
 
@@ -182,9 +183,6 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
         os.environ.pop(LAUNCHED, None)
 
 
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGINT") if hasattr(signal, n))
-
-
 # set for the ranks of --devices N's launcher, which says how their run stopped: a rank cannot tell a
 # stop its agent passes on from the user's from the one it sends the survivors of a killed rank, and
 # rank 0's "terminated" then stood before the launcher's "rank 1 was killed"
@@ -241,7 +239,8 @@ def _launch(run, args: list[str], after: Callable[[], str | None] = lambda: None
             return 1
         rank, failure = e.get_first_failure()
         code, hint = failure.exitcode, after() or ""
-        stop = next((s for s in STOP_SIGNALS if code == 128 + s), None)  # a rank that handled a stop of its own
+        # a rank that handled a stop of its own
+        stop = next((s for s in (signal.SIGINT, *stops.STOPS) if code == 128 + s), None)
         if stop is not None:
             print(f"error: rank {rank} was stopped by {signal.Signals(stop).name}" + hint, file=sys.stderr)
         elif hint:  # its own error line said why; where the run can go on, from where (the ranks say nothing)
