@@ -118,6 +118,12 @@ def test_user_errors_are_one_line(trained, tmp_path, capsys):
     err = run_err(["train", "ner", "--train", str(d / "train.jsonl"), "--model", str(other), "--out",
                    str(tmp_path / "o2")], capsys)
     assert "is a model of task 're'" in err and "'ner'" in err
+    # tune of it as another task, no --mode: tuned as its own task, or training from its encoder (not
+    # "training 'ner' starts from an encoder directory", a training never asked for)
+    err = run_err(["tune", "--task", "ner", "--model", str(other), "--data", str(d / "train.jsonl"), "--out",
+                   str(tmp_path / "t")], capsys)
+    assert "is a model of task 're' (its spanflow.json says so), not 'ner': tune measures it as 're'" in err
+    assert f"--mode train --task ner measures training 'ner' from its encoder {other / 'encoder'}" in err
     (other / "spanflow.json").write_text(json.dumps({"task": "parser"}))
     err = run_err(["evaluate", "--model", str(other), "--data", str(d / "train.jsonl")], capsys)
     assert "is a 'parser' model" in err

@@ -141,6 +141,15 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
     # a point measured once has no spread, said as such (a spread of 0% claimed a certainty it lacked)
     assert all(p["spread"] is None for p in prof["points"]) and any("(1 run: no spread)" in x for x in lines)
     assert any(x.startswith("note: 2 points measured once") for x in lines), lines
+    # the best budget far above the sample's one batch: what it would do to a bigger job is not measured, said
+    lines.clear()
+    prof = tune(task="ner", model=str(tmp_path / "run" / "model"), data=str(texts), mode="infer",
+                budgets=[99999999999999], budget_seconds=20, sample=8, repeats=1, out=str(tmp_path / "h"),
+                backends=False, plot=False, log_fn=lines.append)
+    assert prof["best"]["max_tokens"] == 99999999999999
+    assert any(x.startswith("note: max_tokens 99999999999999 ran the whole sample in one batch of ")
+               and "whose speed and memory were not measured (a larger --sample measures them)" in x
+               for x in lines), lines
     table = tmp_path / "texts.csv"  # a CSV of texts and ids, read as predict reads it: column 0 (was refused as pairs)
     table.write_text("".join(f'"{e.text}",{i}\n' for i, e in enumerate(read_ner(ner_file)[:40])))
     assert unlabelled_sample(str(table), 8, infer=True) == [e.text for e in read_ner(ner_file)[:8]]
@@ -459,6 +468,18 @@ def test_doctor_probes_any_task_and_a_sample_smaller_than_its_steps(tmp_path):
     (tmp_path / "re.json").write_text(json.dumps(data))
     out = doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=5, log_fn=lambda s: None)
     assert out["probe"]["steps"] == 5 and out["probe"]["real_tokens_per_s"] > 0
+    # a batch size above the data's count: the probe's batches hold all of it, said so (not "of 100 texts")
+    lines: list[str] = []
+    doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=1, batch_size=100, log_fn=lines.append)
+    assert "probe: 1 update of all 6 text(s) read (--batch-size 100 is more than that)" in lines
+
+
+def test_doctor_says_why_its_peak_is_another_precisions(ner_file):
+    lines: list[str] = []
+    out = doctor(model="tiny", data=ner_file, precision="bf16", steps=1, log_fn=lines.append)
+    # the tiny model's recurrence stays fp32 under bf16 autocast on a CPU: the fp32 peak, and why
+    assert out["probe"]["peak"] == "measured fp32 peak: the model's matmuls run in fp32 under bf16"
+    assert any("(measured fp32 peak: the model's matmuls run in fp32 under bf16)" in x for x in lines), lines
 
 
 def test_sweep_interleaves_repeats_so_order_favours_no_point():

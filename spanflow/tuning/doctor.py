@@ -84,7 +84,8 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
     return {"real_tokens_per_s": real / wall, "padding_efficiency": real / padded, "texts_per_update": texts / steps,
             "data_frac": times["data"] / wall, "compute_frac": times["compute"] / wall,
             "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps,
-            "peak_flops": peak, "peak": f"{'measured' if kind == 'measured_matmul' else 'datasheet'} {basis} peak"}
+            "peak_flops": peak, "peak": f"{'measured' if kind == 'measured_matmul' else 'datasheet'} {basis} peak"
+            + (f": the model's matmuls run in {basis} under {policy.name}" if basis != policy.name else "")}
 
 
 SLOWER = 2.0  # how many times as fast the token-budget probe ran for a finding: above a short probe's noise
@@ -175,13 +176,16 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
         raise ConfigError(f"--max-tokens {max_tokens} is below the longest training item of the sample, "
                           f"{max(lengths)} tokens: one must fit in a batch (give --max-tokens {max(lengths)} or more)")
     healthy_batches = token_budget_batches(lengths, max(max_tokens, max(lengths)), seed=0)
+    ups = f"{steps} update{'' if steps == 1 else 's'}"
     if batch_size:  # the setup under test: fixed-count batches in random order, as naive loops do
         perm = np.random.default_rng(0).permutation(len(windows)).tolist()
         batches = [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
-        log_fn(f"probe: {steps} updates of {batch_size} random text(s)")
+        log_fn(f"probe: {ups} of {batch_size} random text(s)" if batch_size < len(windows) else
+               f"probe: {ups} of all {len(windows)} text(s) read (--batch-size {batch_size} is more "
+               f"than that)")
     else:
         batches = healthy_batches
-        log_fn(f"probe: {steps} updates of token-budget batches, max_tokens {max_tokens}"
+        log_fn(f"probe: {ups} of token-budget batches, max_tokens {max_tokens}"
                + ("" if asked else " (the most `spanflow train` takes on this device; it takes fewer where the data "
                                    "is small: about 100 updates an epoch)"))
     measure_peak(policy.device, mfu_precision(w.module, policy.device, policy.name))  # before the probe, as training

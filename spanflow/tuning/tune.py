@@ -60,6 +60,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
 
     t = get(task)  # a task that tunes only some modes says which (tune_modes); the first is the default
     modes = getattr(t, "tune_modes", ("train", "infer") if t.trains else ("infer",))
+    if mode is None:
+        _check_own_task(model, task)
     mode = mode or ("infer" if "infer" in modes and _trained(model, task) else modes[0])
     if mode not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}")
@@ -167,6 +169,11 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         log_fn(f"within noise: {_named(near, len(lengths) > 1)}, whose runs reach the best's (or its spread): "
                f"these runs do not tell them apart in speed (--repeats {2 * max(1, repeats)} measures each point "
                "more times, with the --budget-seconds to hold them)")
+    held = _one_batch_tokens(w.items_at(best.max_length), best.max_tokens, mode)
+    if held and best.max_tokens > 2 * held:  # what this sample measured says little of batches that much larger
+        log_fn(f"note: max_tokens {best.max_tokens} ran the whole sample in one batch of {held} padded tokens: on more "
+               f"data its batches grow toward {best.max_tokens}, whose speed and memory were not measured (a larger "
+               "--sample measures them)")
     if any(p.quality is not None for p in points):
         log_fn(f"quality: {w.quality_means}, read at that max length; a shorter length is picked for speed "
                f"only within {QUALITY_TOLERANCE} of the best")
@@ -184,6 +191,15 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
                else "plot skipped: install matplotlib (pip install 'spanflow[plot]')")
     log_fn(f"tune took {budget.spent():.1f} s of --budget-seconds {budget_seconds:g}")
     return profile
+
+
+def _one_batch_tokens(items, max_tokens: int, mode: str) -> int | None:
+    """The padded tokens (longest x count) of the sample's one batch where `max_tokens` makes the
+    whole sample one batch, as the sweep batches it; else None."""
+    sizes = [len(x) for x in items]
+    if not sizes or len(token_budget_batches(sizes, max_tokens, shuffle=mode == "train")) != 1:
+        return None
+    return max(sizes) * len(sizes)
 
 
 def check_types(**values) -> None:
@@ -246,6 +262,19 @@ def trained_task(path: str) -> str | None:
         return None
     held = task_of_dir(path, start=True)
     return held.name if held.name != ENCODER_TASK or os.path.exists(os.path.join(path, "spanflow.json")) else None
+
+
+def _check_own_task(path: str, task: str) -> None:
+    """A spanflow model of another task, without --mode: tuned as its own task, or training `task` from
+    its encoder is meant; either way not the training from it the model check would speak of."""
+    try:
+        held = trained_task(path) if os.path.isfile(os.path.join(path, "spanflow.json")) else None
+    except ModelDirError:
+        return  # the model check says why
+    if held and held != task:
+        raise ModelDirError(f"{path} is a model of task {held!r} (its spanflow.json says so), not {task!r}: tune "
+                            f"measures it as {held!r} (--task {held}, or no --task); --mode train --task {task} "
+                            f"measures training {task!r} from its encoder {os.path.join(path, 'encoder')}")
 
 
 def _trained(path: str, task: str) -> bool:
