@@ -123,7 +123,7 @@ def test_user_errors_are_one_line(trained, tmp_path, capsys):
     err = run_err(["tune", "--task", "ner", "--model", str(other), "--data", str(d / "train.jsonl"), "--out",
                    str(tmp_path / "t")], capsys)
     assert "is a model of task 're' (its spanflow.json says so), not 'ner': tune measures it as 're'" in err
-    assert f"--mode train --task ner measures training 'ner' from its encoder {other / 'encoder'}" in err
+    assert f"--model {other / 'encoder'} --mode train measures training 'ner' from its encoder" in err
     (other / "spanflow.json").write_text(json.dumps({"task": "parser"}))
     err = run_err(["evaluate", "--model", str(other), "--data", str(d / "train.jsonl")], capsys)
     assert "is a 'parser' model" in err

@@ -273,8 +273,9 @@ def _check_own_task(path: str, task: str) -> None:
         return  # the model check says why
     if held and held != task:
         raise ModelDirError(f"{path} is a model of task {held!r} (its spanflow.json says so), not {task!r}: tune "
-                            f"measures it as {held!r} (--task {held}, or no --task); --mode train --task {task} "
-                            f"measures training {task!r} from its encoder {os.path.join(path, 'encoder')}")
+                            f"measures it as {held!r} (--task {held}, or no --task); --model "
+                            f"{os.path.join(path, 'encoder')} --mode train measures training {task!r} from its "
+                            "encoder")
 
 
 def _trained(path: str, task: str) -> bool:
