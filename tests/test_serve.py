@@ -222,6 +222,37 @@ def test_api_key(model_dirs):
     assert emb["properties"]["dimensions"]["type"] == "integer"
 
 
+def test_openapi_describes_every_answer(model_dirs):
+    """Each route's 200 answer and error answers carry the schema the server keeps to (they were
+    given as any JSON: a generated client had no types), checked against real answers."""
+    import jsonschema
+
+    with client(model_dirs) as c:
+        paths = c.get("/openapi.json").json()["paths"]
+
+        def schema(route, method, status):
+            return paths[route][method]["responses"][status]["content"]["application/json"]["schema"]
+
+        sent = {"/v1/ner": {"texts": TEXTS[:3]}, "/v1/relations": {"texts": TEXTS[:3]},
+                "/v1/embeddings": {"input": TEXTS[:3]}}
+        for route, body in sent.items():
+            jsonschema.validate(c.post(route, json=body).json(), schema(route, "post", "200"))
+            bad = c.post(route, json={**body, "bogus": 1})
+            assert bad.status_code == 422
+            jsonschema.validate(bad.json(), schema(route, "post", "4XX"))
+            with pytest.raises(jsonschema.ValidationError):  # a schema that takes anything checks nothing
+                jsonschema.validate({"results": "x"}, schema(route, "post", "200"))
+        based = c.post("/v1/embeddings", json={"input": TEXTS[:2], "encoding_format": "base64"}).json()
+        jsonschema.validate(based, schema("/v1/embeddings", "post", "200"))
+        for route in ("/health", "/ready", "/v1/models"):
+            jsonschema.validate(c.get(route).json(), schema(route, "get", "200"))
+        jsonschema.validate(c.get("/v1/models/ner").json(), schema("/v1/models/{name}", "get", "200"))
+        missing = c.get("/v1/models/org/none")
+        assert missing.status_code == 404
+        jsonschema.validate(missing.json(), schema("/v1/models/{name}", "get", "404"))
+        assert set(paths["/v1/models/{name}"]["get"]["responses"]) == {"200", "404"}  # no 422 of another shape
+
+
 def test_served_crf_model_decodes_like_predict(tmp_path):
     from spanflow.tasks.ner import train_ner
 

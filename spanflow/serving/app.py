@@ -23,10 +23,11 @@ from spanflow.inference.heap import settle
 from spanflow.monitor.device import GpuUtilSampler
 from spanflow.runtime.threads import model_thread
 from spanflow.serving.batcher import DynamicBatcher, Overloaded, TooMuchWork
-from spanflow.serving.guard import Guard, error_body, route_shown
+from spanflow.serving.guard import ERROR_SCHEMA, Guard, error_body, route_shown
 from spanflow.serving.metrics import ServerMetrics
 from spanflow.serving.options import ServeOptions
-from spanflow.serving.requests import InvalidRequest, Limits, RequestBody, body_schema, read_body, request_schema
+from spanflow.serving.requests import (InvalidRequest, Limits, RequestBody, body_schema, read_body, request_schema,
+                                      response_schema)
 from spanflow.serving.services import Service, check_names
 from spanflow.tasks.registry import tasks as all_tasks
 
@@ -121,12 +122,14 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     # HEAD: what load balancers' probes often send; left out of the schema, where it would repeat
     # GET's operation id (a warning at the first /docs)
     @app.head("/health", include_in_schema=False)
-    @app.get("/health")
+    @app.get("/health", openapi_extra={"responses": {"200": _answer("the process answers", STATUS)}})
     async def health():
         return {"status": "ok"}
 
     @app.head("/ready", include_in_schema=False)
-    @app.get("/ready")
+    @app.get("/ready", openapi_extra={"responses": {"200": _answer("the models are loaded and warm (with the key, "
+                                                                   "which and their backends)", STATUS),
+                                                    "503": ERRORS["5XX"]}})
     async def ready(request: Request):
         if not state["ready"]:  # the server stops: what is queued is finished, nothing new is taken
             raise HttpError(503, "the server is stopping")
@@ -135,20 +138,26 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
         return {"status": "ready", "models": {s.name: s.task.name for s in services},
                 "backends": {s.name: backend_of(s.model) for s in services}}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", openapi_extra={"responses": {"200": _answer("every served model", MODELS)}})
     async def models():
         """OpenAI's model list: every served model, whatever its task."""
         return {"object": "list", "data": [_model_card(s, started) for s in services]}
 
-    @app.get("/v1/models/{name:path}")  # a served name may hold a slash (org/model=DIR)
-    async def model(name: str):
+    # a served name may hold a slash (org/model=DIR); read from the path, not as an argument, whose
+    # check FastAPI would list as a 422 of its own shape (none can fail: any text is a name)
+    @app.get("/v1/models/{name:path}", openapi_extra={
+        "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"200": _answer("the served model", CARD), "404": ERRORS["4XX"]}})
+    async def model(request: Request):
         """OpenAI's model retrieval: one served model by name."""
+        name = request.path_params["name"]
         for s in services:
             if s.name == name:
                 return _model_card(s, started)
         raise HttpError(404, f"no model named {name[:100]!r}; loaded: {[s.name for s in services]}", param="model")
 
-    @app.get("/metrics")
+    @app.get("/metrics", openapi_extra={"responses": {"200": {
+        "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}})
     async def prometheus():
         for name, b in state["batchers"].items():
             metrics.queue_depth.labels(name).set(b.depth)
@@ -234,12 +243,28 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
     for task in {s.task.name: s.task for s in services}.values():
         if task.route:
             body = {"required": True, "content": {"application/json": {"schema": request_schema(task)}}}
-            app.post(task.route, openapi_extra={"requestBody": body})(route(task))
+            answers = {"200": _answer("one result per text, in order", response_schema(task)), **ERRORS}
+            app.post(task.route, openapi_extra={"requestBody": body, "responses": answers})(route(task))
 
     routes = {getattr(r, "path", "") for r in app.routes}
     app.add_middleware(Guard, api_key=opts.api_key, routes=routes,
                        count=lambda route, status: metrics.requests.labels(route, str(status)).inc())
     return app
+
+
+def _answer(description: str, schema: dict) -> dict:
+    """An answer of /openapi.json: JSON of `schema`."""
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {"4XX": _answer("the request's fault, said in the message (the field at fault in param)", ERROR_SCHEMA),
+          "5XX": _answer("the server's: stopping, or a request not served within --timeout", ERROR_SCHEMA)}
+STATUS = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+CARD = {"type": "object", "required": ["id", "object", "created", "owned_by", "task"],
+        "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+                       "owned_by": {"type": "string"}, "task": {"type": "string"}}}
+MODELS = {"type": "object", "required": ["object", "data"],  # OpenAI's model list
+          "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": CARD}}}
 
 
 def _model_card(s: Service, created: int) -> dict:

@@ -83,6 +83,13 @@ CODES = {400: "bad_request", 401: "invalid_api_key", 404: "not_found", 405: "met
          429: "rate_limit_exceeded", 500: "server_error", 503: "not_ready", 504: "timeout"}
 
 
+# error_body's JSON schema, for /openapi.json
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "code", "param"],
+    "properties": {"message": {"type": "string"}, "type": {"enum": ["invalid_request_error", "server_error"]},
+                   "code": {"type": "string"}, "param": {"type": ["string", "null"]}}}}}
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     """Every error answer's body: {"error": {"message", "type", "code", "param"}}; `type` as
     OpenAI's API names its kinds, which its clients read (`e.type`), `code` a string naming the

@@ -147,3 +147,9 @@ def request_schema(task) -> dict:
     options = task.request_schema() if hasattr(task, "request_schema") else {}
     return {"type": "object", "title": f"{task.name} request", "required": [field],
             "properties": {field: texts, "model": model, **options}, "additionalProperties": False}
+
+
+def response_schema(task) -> dict:
+    """The JSON schema of a task route's 200 answer (`Task.response_schema()`), for /openapi.json;
+    any object for a task that gives none."""
+    return task.response_schema() if hasattr(task, "response_schema") else {"type": "object"}

@@ -25,6 +25,7 @@ from spanflow.tasks.registry import (
            check_train_options,
            quality_at_length,
            records_response,
+           records_schema,
            register,
 )
 from spanflow.training.defaults import TaskDefaults, for_encoder
@@ -37,5 +38,6 @@ from spanflow.training.setup import Run, is_model_dir
 __all__ = ["token_budget_batches", "SERVE_PAD_MULTIPLE", "pad_rows", "parse_json", "read_lines", "ConfigError",
            "DataError", "ModelDirError", "check_names", "config_int", "fill_head", "load_model_dir", "save_model_dir",
            "start_encoder", "full_batches", "infer_tokens", "Task", "TaskModel", "Workload", "check_train_options",
-           "quality_at_length", "records_response", "register", "TaskDefaults", "for_encoder", "Dist", "shard_gather",
+           "quality_at_length", "records_response", "records_schema", "register", "TaskDefaults", "for_encoder", "Dist",
+           "shard_gather",
            "Plan", "fit", "TrainOptions", "Policy", "resolve_policy", "Run", "is_model_dir"]

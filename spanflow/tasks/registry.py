@@ -113,7 +113,8 @@ class Task(Protocol):
     # loads (checked before they are taken for encoders); request_params(model, body) -> dict for
     # the server, reading the body's `request_options` (the names of the fields it takes beyond the
     # texts and the model; where given, a body with another field is refused) and request_schema()
-    # -> dict, their JSON schema properties (the server's /openapi.json); export(model, to,
+    # -> dict, their JSON schema properties (the server's /openapi.json); response_schema() -> dict,
+    # the JSON schema of `response` (/openapi.json's 200 answer); export(model, to,
     # out, log_fn) and `exports`, the formats `spanflow export` writes
     # (`export_instead`: for a task with none, what to do instead, said by `spanflow export`: a
     # string, or a function of the model's path);
@@ -137,6 +138,14 @@ def records_response(model: TaskModel, name: str, texts: list[str], results: lis
                      params: dict | None = None) -> dict:
     """The response most tasks give: `{"model", "results"}`, one predict record per text."""
     return {"model": name, "results": [model.output_record(t, r) for t, r in zip(texts, results)]}
+
+
+def records_schema(record: dict) -> dict:
+    """The JSON schema of `records_response` (the server's /openapi.json), `record` one text's."""
+    return {"type": "object", "required": ["model", "results"],
+            "properties": {"model": {"type": "string", "description": "the served model's name"},
+                           "results": {"type": "array", "items": record, "description": "one record per text, "
+                                       "in the request's order"}}}
 
 
 def register(task: Task) -> None:

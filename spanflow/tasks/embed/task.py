@@ -162,6 +162,18 @@ class EmbedTask:
         props = EmbedOptions.model_json_schema()["properties"]
         return {k: props[k] for k in self.request_options}
 
+    def response_schema(self) -> dict:
+        """The JSON schema of `response`: OpenAI's embeddings list."""
+        row = {"anyOf": [{"type": "array", "items": {"type": "number"}},
+                         {"type": "string", "description": "base64 of little-endian float32"}]}
+        item = {"type": "object", "required": ["object", "index", "embedding"],
+                "properties": {"object": {"const": "embedding"}, "index": {"type": "integer"}, "embedding": row}}
+        usage = {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                 "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
+        return {"type": "object", "required": ["object", "model", "data", "usage"],
+                "properties": {"object": {"const": "list"}, "model": {"type": "string"},
+                               "data": {"type": "array", "items": item}, "usage": usage}}
+
     def request_params(self, model: Embedder, body: dict) -> dict:
         """OpenAI's embeddings options: `encoding_format` float|base64, `dimensions` (truncate, then
         renormalise), `user` (accepted, unused); the schema is tasks/embed/request.py."""

@@ -12,7 +12,7 @@ from spanflow.tasks.ner.hf import token_classification_config
 from spanflow.tasks.ner.model import NerModel
 from spanflow.tasks.ner.train import DEFAULTS as NER_DEFAULTS
 from spanflow.tasks.ner.train import start_model, train_ner
-from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
+from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response, records_schema
 from spanflow.training.options import TrainOptions
 from spanflow.training.outcome import closing, say_once
 from spanflow.runtime.policy import Policy
@@ -112,6 +112,16 @@ class NerTask:
                         counts=own_tokens)  # short windows overlap: their repeated tokens are no speed
 
     response = staticmethod(records_response)
+
+    def response_schema(self) -> dict:
+        """The JSON schema of `response`: predict's records (NerModel.output_record)."""
+        span = {"type": "object", "required": ["start", "end", "label", "text"],
+                "properties": {"start": {"type": "integer", "description": "character offset, inclusive"},
+                               "end": {"type": "integer", "description": "character offset, exclusive"},
+                               "label": {"type": "string"}, "text": {"type": "string"}}}
+        return records_schema({"type": "object", "required": ["text", "entities"],
+                               "properties": {"text": {"type": "string"},
+                                              "entities": {"type": "array", "items": span}}})
 
 
 TASK = NerTask()

@@ -7,7 +7,7 @@ from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_featur
 from spanflow.tasks.re.model import ReModel
 from spanflow.tasks.re.train import DEFAULTS as RE_DEFAULTS
 from spanflow.tasks.re.train import check_relations, start_model, train_re
-from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response
+from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response, records_schema
 from spanflow.training.options import TrainOptions
 from spanflow.training.outcome import closing, say_once
 from spanflow.runtime.policy import Policy
@@ -99,6 +99,17 @@ class ReTask:
                         quality_means="triple F1 on the labelled sample")
 
     response = staticmethod(records_response)
+
+    def response_schema(self) -> dict:
+        """The JSON schema of `response`: predict's records (ReModel.output_record)."""
+        where = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
+                 "description": "[start, end) character offsets"}
+        relation = {"type": "object", "required": ["head", "type", "tail", "head_text", "tail_text"],
+                    "properties": {"head": where, "type": {"type": "string"}, "tail": where,
+                                   "head_text": {"type": "string"}, "tail_text": {"type": "string"}}}
+        return records_schema({"type": "object", "required": ["text", "relations"],
+                               "properties": {"text": {"type": "string"},
+                                              "relations": {"type": "array", "items": relation}}})
 
 
 TASK = ReTask()
