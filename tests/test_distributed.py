@@ -308,6 +308,10 @@ def test_devices_other_than_torchruns_processes_is_refused_under_torchrun(tmp_pa
     assert ("error: --devices 3: this process is one of the 2 started on this node"
             in capsys.readouterr().err)
     assert not (tmp_path / "o").exists()
+    # a 1 given is no default: the run had the 2 processes, not the 1 asked for, unsaid
+    assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "o"), "--devices", "1"]) == 2
+    assert "error: --devices 1: this process is one of the 2 started on this node" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # torchrun --nproc-per-node 1: no second launch inside it
     assert main(["train", "ner", "--train", str(data), "--out", str(tmp_path / "o"), "--devices", "2"]) == 2

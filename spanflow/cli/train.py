@@ -48,9 +48,9 @@ def _add_common(p: argparse.ArgumentParser, task, data: str | None) -> None:
                                                   "(to train further), or 'tiny' (a small encoder built "
                                                   "from the training texts) [%(default)s]")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--devices", type=int, default=1,
+    p.add_argument("--devices", type=int, default=None,  # None: a 1 given under a launcher of more is told apart
                    help="processes on this node: re-launches itself through torch.distributed.run (torchrun) "
-                        "[%(default)s]")
+                        "[1; under torchrun, the processes it started]")
     add_options(p, TrainOptions, keep=lambda field: takes(name, field),
                 unset=(lambda field: describe_defaults(field, tables)) if tables else None,
                 words={"dev_metric": getattr(task, "dev_metric", "F1")})
@@ -97,7 +97,7 @@ def _at(out: str) -> str:
 def run(a: argparse.Namespace) -> int:
     import os
 
-    if a.devices < 1:
+    if a.devices is not None and a.devices < 1:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--devices must be >= 1 (processes on this node), got {a.devices}")
@@ -108,12 +108,12 @@ def run(a: argparse.Namespace) -> int:
     local = os.environ.get("LOCAL_WORLD_SIZE", "")  # set by torchrun, for one process too
     launched = local.isdigit() or env_world() > 1
     local = int(local) if local.isdigit() else env_world()  # processes on this node, as the launcher started them
-    if a.devices > 1 and launched and a.devices != local:
+    if a.devices is not None and launched and a.devices != local:
         from spanflow.errors import ConfigError
 
         raise ConfigError(f"--devices {a.devices}: this process is one of the {local} started on this node (torchrun's "
                           "--nproc-per-node); leave --devices out under a launcher")
-    if a.devices > 1 and env_world() == 1:
+    if (a.devices or 1) > 1 and env_world() == 1:
         from spanflow.training.distributed import relaunch
 
         argv = list(a.argv)  # without --devices N (or --devices=N): each rank is one process
