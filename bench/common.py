@@ -29,7 +29,7 @@ def model_name(model: str) -> str:
 
 
 def machine() -> dict:
-    from spanflow.monitor.device import cpu_description
+    from spanflow.runtime.cache import cpu_description
 
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_description(),
             "cpu_threads": torch.get_num_threads(),

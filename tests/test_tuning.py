@@ -375,8 +375,21 @@ def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
     assert resolve(profile=str(prof)) == 262144
     assert "measured on NVIDIA H100 80GB HBM3, this run is on cpu (" in log[-1] and "threads): tune again here)" in log[-1]
     prof.write_text(json.dumps({"task": "ner", "mode": "train", "device": "cpu (96 threads)",
-                                "best": {"max_tokens": 777}, "points": []}))  # a CPU's threads hold no memory
-    assert resolve(profile=str(prof)) == 777 and "measured on" not in log[-1]
+                                "best": {"max_tokens": 777}, "points": []}))  # a CPU's threads hold no memory,
+    assert resolve(profile=str(prof)) == 777  # but the fastest budget of 96 threads is not of these: said
+    assert (f"measured on cpu (96 threads), this run is on cpu ({torch.get_num_threads()} threads): its fastest "
+            "budget may differ here (tune again here)") in log[-1]
+    from spanflow.runtime.cache import cpu_description, device_name
+
+    here = device_name(torch.device("cpu"))
+    for cpu, said in ((cpu_description(), None), (None, None),  # this CPU, or a profile naming none: nothing said
+                      ("Other CPU | x86_64 | family 6 model 143 | bf16 True | amx True", "Other CPU"),
+                      (cpu_description().replace("family", "family 1"), cpu_description().replace("family", "family 1"))):
+        prof.write_text(json.dumps({"task": "ner", "mode": "train", "device": here, "cpu": cpu,
+                                    "best": {"max_tokens": 777}, "points": []}))
+        assert resolve(profile=str(prof)) == 777
+        assert ("measured on" not in log[-1] if said is None else  # a vague name alone is said whole
+                f"measured on {here} of {said}, this run is on {here} of " in log[-1]), log[-1]
     for model, said in (("/some/other/encoder", True), ("tiny", False)):  # another model's budget: said, still taken
         prof.write_text(json.dumps({"task": "ner", "mode": "train", "model": model, "best": {"max_tokens": 777},
                                     "points": []}))

@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-import platform
 import resource
 import threading
 import time
@@ -15,6 +14,8 @@ from collections.abc import Callable
 
 import psutil
 import torch
+
+from spanflow.runtime.cache import cpu_description
 
 log = logging.getLogger("spanflow")
 
@@ -176,29 +177,6 @@ def _peak_key(dtype_name: str) -> str:
     torch and the precision measured (fp16 runs the fp32 measurement)."""
     dtype = "bf16" if dtype_name == "bf16" else "fp32"
     return " | ".join([cpu_description(), f"{torch.get_num_threads()} threads", f"torch {torch.__version__}", dtype])
-
-
-def cpu_description() -> str:
-    """This CPU as far as its matmul rate goes: its name, architecture, family and model
-    numbers, and whether it runs bf16 natively and has AMX."""
-    info = _cpuinfo()
-    return " | ".join([info.get("model name") or platform.processor() or platform.machine(), platform.machine(),
-                       f"family {info.get('cpu family', '?')} model {info.get('model', '?')}",
-                       f"bf16 {_native_bf16()}", f"amx {'amx_bf16' in info.get('flags', '').split()}"])
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo; empty where there is none (not Linux)."""
-    out: dict[str, str] = {}
-    if not os.path.exists("/proc/cpuinfo"):
-        return out
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                break
-            name, _, value = line.partition(":")
-            out[name.strip()] = value.strip()
-    return out
 
 
 def _best_seen(key: str, measured: float) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 
 import torch
 
@@ -25,6 +26,31 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"{device.type} ({torch.get_num_threads()} threads)"
+
+
+def cpu_description() -> str:
+    """This CPU as far as its matmul rate goes: its name, architecture, family and model
+    numbers, and whether it runs bf16 natively and has AMX."""
+    from spanflow.runtime.policy import cpu_has_bf16
+
+    info = _cpuinfo()
+    return " | ".join([info.get("model name") or platform.processor() or platform.machine(), platform.machine(),
+                       f"family {info.get('cpu family', '?')} model {info.get('model', '?')}",
+                       f"bf16 {cpu_has_bf16()}", f"amx {'amx_bf16' in info.get('flags', '').split()}"])
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo; empty where there is none (not Linux)."""
+    out: dict[str, str] = {}
+    if not os.path.exists("/proc/cpuinfo"):
+        return out
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                break
+            name, _, value = line.partition(":")
+            out[name.strip()] = value.strip()
+    return out
 
 
 def model_fingerprint(model: str) -> str:

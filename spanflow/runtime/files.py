@@ -43,6 +43,7 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     device: str | None = None
+    cpu: str | None = None  # the CPU measured on (runtime.cache.cpu_description), where the device is one
     model: str | None = None
     task: str | None = None
     mode: Literal["train", "infer"] | None = None

@@ -16,7 +16,7 @@ import torch
 from spanflow.errors import ConfigError
 from spanflow.runtime.backend import choose_backend
 from spanflow.runtime.budget import default_budget
-from spanflow.runtime.cache import cache_path, device_name
+from spanflow.runtime.cache import cache_path, cpu_description, device_name
 from spanflow.runtime.files import Profile, cache_write, read_profile, write_profile
 from spanflow.runtime.loads import Loads
 from spanflow.runtime.policy import QUANTIZATIONS, check_quantize, pick_device, resolve_policy
@@ -157,6 +157,17 @@ def _where(model: str) -> str:
     return os.path.realpath(model) if os.path.exists(model) else model
 
 
+def _cpus(measured: str | None, mine: str) -> tuple[str, str]:
+    """(" of CPU", " of CPU") naming a profile's CPU and this one where they differ (by name, else
+    whole: a cloud VM's name can be as vague as "AMD EPYC"); ("", "") where they do not, or a
+    profile names none."""
+    if not measured or measured == mine:
+        return "", ""
+    short = measured.split(" | ")[0], mine.split(" | ")[0]
+    was, now = short if short[0] != short[1] else (measured, mine)
+    return f" of {was}", f" of {now}"
+
+
 def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data: str | None, field: str,
                 column: int | None, measure: Callable[..., dict] | None, bulk: str,
                 log: Callable[[str], None]) -> tuple[int | None, str]:
@@ -179,9 +190,15 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
         other = f"; measured in {measured}, this run is {running}: tune again in it" if measured and (
             measured != running) else ""  # another precision holds other memory per token
         here = device_name(key["device"])
-        if prof.device and prof.device != here and not (prof.device.startswith("cpu") and here.startswith("cpu")):
+        cpus = prof.device and prof.device.startswith("cpu") and here.startswith("cpu")
+        if prof.device and prof.device != here and not cpus:
             # another device's budget may not fit this one's memory (a CPU's thread count changes none)
             other += f"; measured on {prof.device}, this run is on {here}: tune again here"
+        elif cpus:  # memory holds it; its fastest budget is of other threads, or of another CPU's caches
+            was, now = _cpus(prof.cpu, cpu_description())
+            if prof.device != here or was:
+                other += (f"; measured on {prof.device}{was}, this run is on {here}{now}: its fastest budget may "
+                          "differ here (tune again here)")
         if prof.model and key["model"] and _where(prof.model) != _where(str(key["model"])):
             # another model's budget: other widths and lengths hold other memory and speed per token
             other += f"; measured for {prof.model}, this run is {key['model']}: tune again for it"

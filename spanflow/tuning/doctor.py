@@ -15,7 +15,7 @@ from spanflow.monitor.report import device_peak, measure_peak, mfu_precision, tr
 from spanflow.training.optim import build_optimizer
 from spanflow.training.options import TrainOptions
 from spanflow.runtime.budget import default_budget
-from spanflow.monitor.device import cpu_description
+from spanflow.runtime.cache import cpu_description
 from spanflow.runtime.policy import cpu_has_bf16, resolve_policy
 from spanflow.training.step import as_micro, forward_backward, optimizer_step
 

@@ -12,7 +12,7 @@ from spanflow.atomic import make_dirs
 from spanflow.batching.align import MIN_LENGTH
 from spanflow.batching.batcher import token_budget_batches
 from spanflow.errors import ConfigError, ModelDirError, as_log, counted, quote
-from spanflow.runtime.cache import device_name
+from spanflow.runtime.cache import cpu_description, device_name
 from spanflow.runtime.files import write_profile
 from spanflow.runtime.policy import resolve_policy
 from spanflow.runtime.resolve import Asked, resolve_runtime
@@ -135,7 +135,8 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
               "latency_slo_ms": latency_slo_ms, "min_quality": quality_floor(points)}
     best = pick_best(points, **limits)
     where = os.path.realpath(model) if os.path.exists(model) else model  # a run from elsewhere reads it the same
-    profile = {"device": device_name(policy.device), "model": where, "task": task, "mode": mode,
+    profile = {"device": device_name(policy.device),
+               "cpu": cpu_description() if policy.device.type == "cpu" else None, "model": where, "task": task, "mode": mode,
                "precision": policy.name, "quantize": rt.quantize,
                "limits": {"max_memory_gb": max_memory_gb, "latency_slo_ms": latency_slo_ms},
                "best": best.to_dict() if best else None, "points": [p.to_dict() for p in points]}
