@@ -334,10 +334,10 @@ def test_points_the_runs_do_not_tell_from_the_best_are_named():
 def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
     ner, log = get("ner"), []
 
-    def resolve(max_tokens=None, profile=None, job="train", **kw):
+    def resolve(max_tokens=None, profile=None, job="train", data=ner_file, **kw):
         return resolve_runtime(ner, "tiny", Asked(device="cpu", precision="fp32", max_tokens=max_tokens,
                                                   profile=profile),
-                               job=job, data=ner_file, log=log.append, **kw).max_tokens
+                               job=job, data=data, log=log.append, **kw).max_tokens
 
     assert resolve("1234") == 1234
     with pytest.raises(ConfigError, match="must be a number or 'auto', got 'lots'"):
@@ -370,6 +370,15 @@ def test_max_tokens_resolution(ner_file, tmp_path, monkeypatch):
     assert resolve("auto", measure=fake_measure) == 2048 and len(calls) == 2
     assert any("the cached profile is unreadable" in x and "measuring it again" in x for x in log)
     assert resolve("auto", measure=fake_measure) == 2048 and len(calls) == 2 and "auto: cached" in log[-1]
+    # 'tiny' is built from the data it trains on: other data is another model, measured anew (its cache
+    # entry was the first data's); the same data rewritten too
+    other = tmp_path / "other.conll"
+    other.write_text("Ada B-person\nsings O\n", encoding="utf-8")
+    assert resolve("auto", measure=fake_measure, data=str(other)) == 2048 and len(calls) == 3
+    assert calls[-1]["data"] == str(other) and "auto: measured now" in log[-1]
+    assert resolve("auto", measure=fake_measure, data=str(other)) == 2048 and len(calls) == 3
+    other.write_text("Ada B-person\nsings O\nloud O\n", encoding="utf-8")
+    assert resolve("auto", measure=fake_measure, data=str(other)) == 2048 and len(calls) == 4
     prof.write_text(json.dumps({"task": "ner", "mode": "train", "device": "NVIDIA H100 80GB HBM3",
                                 "best": {"max_tokens": 262144}, "points": []}))  # another device's budget: said
     assert resolve(profile=str(prof)) == 262144

@@ -90,14 +90,25 @@ def _is_dir(entry) -> bool:
 
 
 def cache_path(kind: str, *, model: str, device: torch.device, task: str, mode: str, precision: str,
-               quantize: str | None = None) -> str:
+               quantize: str | None = None, data: str | None = None) -> str:
     """The one cached file of `kind` ("profiles" or "verdicts") for this model, device, task,
-    mode, resolved precision and quantization."""
+    mode, resolved precision and quantization; `data` (its path, size and time) too where given: a
+    model built from the data it trains on ('tiny') is another model for other data."""
     if kind not in KINDS:
         raise ValueError(f"cache kind {kind!r}; expected one of {KINDS}")
     if precision not in RESOLVED:  # a key made of the asked "auto" is never found by a run that resolved it
         raise ValueError(f"cache keys take a resolved precision ({', '.join(RESOLVED)}), got {precision!r}")
     parts = [os.path.abspath(model) if os.path.exists(model) else model, model_fingerprint(model), device_name(device),
-             task, mode, precision, quantize or "none"]
+             task, mode, precision, quantize or "none"] + ([_file_key(data)] if data else [])
     digest = hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
     return os.path.join(cache_root(), kind, digest + ".json")
+
+
+def _file_key(path: str) -> str:
+    """A file as a cache key part: its real path, size and modification time (a file rewritten is
+    other data)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return os.path.abspath(path)
+    return f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"

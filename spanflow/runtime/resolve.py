@@ -207,7 +207,8 @@ def _max_tokens(asked: Asked, prof: Profile | None, key: dict, job: str, *, data
     why_default = "the default for this device" if default else "training's default"
     if value is None:
         return default, why_default
-    cached = cache_path("profiles", **key)
+    # 'tiny' is built from the training data: its budget is of that data's model (another data's was taken)
+    cached = cache_path("profiles", **key, data=data if job == "train" and key["model"] == "tiny" else None)
     if os.path.exists(cached):
         try:
             return read_profile(cached, task=key["task"], mode=key["mode"]).best.max_tokens, f"auto: cached {cached}"
