@@ -386,6 +386,11 @@ def test_the_update_holds_about_the_pairs_asked_for():
     assert held_pairs(o, its, 80, 1) == 80
     o = size_ranking_update(TrainOptions(grad_accum=1, max_tokens=2400), its, 80, "cpu", 1)  # both given: capped
     assert (o.grad_accum, o.max_tokens, held_pairs(o, its, 80, 1)) == (1, 2400, 40)
+    # pairs of 24 to 44 tokens (mean 34) in micro-batches of 64 over 4 x 2 ranks: one of 32 or fewer is
+    # in a micro-batch of 2, a longer one alone (a mean over the tokens said 15 of the 16 asked)
+    mixed = [PairItem(([1] * (n // 2), [2] * (n // 2))) for n in range(24, 46, 2) for _ in range(10)]
+    o = TrainOptions(max_tokens=64, grad_accum=4)
+    assert held_pairs(o, mixed, 16, 2) == round((50 * 2 + 60 * 1) / 110 * 8) == 12
 
 
 def test_ranking_training_resumes_to_the_same_weights(tmp_path):

@@ -241,8 +241,13 @@ def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, d
 
 
 def held_pairs(o: TrainOptions, items: list[PairItem], pairs: int, world: int) -> int:
-    """About how many of the `pairs` asked an update of `o` holds (fewer where --max-tokens capped it)."""
-    return min(pairs, int(o.max_tokens * o.grad_accum * world / _mean_length(items)))
+    """About how many of the `pairs` asked an update of `o` holds: a micro-batch is padded to its
+    longest pair, and training's length buckets make that about each pair's own length, so a pair
+    of length L is in one of max_tokens // L pairs (a mean over the tokens took 2.6 pairs of a mean
+    length where a micro-batch holds 2 of its longest); their mean over the pairs, times the update's
+    micro-batches and ranks."""
+    each = sum(max(1, o.max_tokens // len(it)) for it in items) / max(1, len(items))
+    return min(pairs, round(each * o.grad_accum * world))
 
 
 def _mean_length(items: list[PairItem]) -> float:
@@ -429,8 +434,11 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "t
                 run.log(f"{shared} of the {len(items)} training pairs share their anchor or positive text with "
                         "another: where both are in one update, neither is counted as the other's negative")
             held = held_pairs(o, items, pairs, world)
-            if held < pairs:  # --max-tokens and --grad-accum given, their product below the pairs asked
-                pairs = f"{held} of the {pairs} asked (--max-tokens x --grad-accum holds no more)"
+            capped = run.opts.max_tokens is not None  # a budget given (or measured) caps the micro-batches
+            if held < pairs * (1 if capped else 0.9):  # a few short: a sized update's padding, within "about"
+                pairs = (f"{held} of the {pairs} {'asked' if config.pairs_per_step else 'sized for'} ("
+                         + ("--max-tokens x --grad-accum holds no more)" if capped
+                            else "its micro-batches pad to their longest pair)"))
             run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
                     f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
