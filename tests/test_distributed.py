@@ -1,6 +1,7 @@
 """DDP on CPU with gloo: 2 real processes against single-process training on the same batches."""
 import json
 import os
+import sys
 import socket
 import signal
 import time
@@ -346,6 +347,39 @@ def test_cli_devices_relaunches_under_torchrun(tmp_path):
     assert len(reps) == 2  # rank 0 alone writes the report
     assert (out / "model" / "spanflow.json").exists()
     assert all(r_["real_tokens_per_s"] > 0 and 0 < r_["padding_efficiency"] <= 1 for r_ in reps)
+    # an error every rank meets (the same data) is said once: each rank printed it
+    bad = tmp_path / "bad.conll"
+    bad.write_text("a O\nb\n")
+    r = subprocess.run([sys.executable, "-m", "spanflow", "train", "ner", "--train", str(bad), "--out",
+                        str(tmp_path / "bad"), "--devices", "2"], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 2 and r.stderr.count("bad.conll:2: expected a token and a tag") == 1, r.stderr[-2000:]
+
+
+def test_an_error_of_one_rank_is_said_once_and_named(monkeypatch, capsys):
+    """Under --devices N every rank leaves its error line for the launcher, rank 0 printing its own:
+    the launcher says each other line once, with its rank, before how the run stopped."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from spanflow.training import distributed as D
+
+    folders = []
+
+    def failed(_args):  # the ranks, as report_error runs in each
+        folders.append(os.environ[D.ERRORS])
+        for rank, line in ((1, "error: data.conll:2: bad"), (0, "error: data.conll:2: bad"), (1, "error: own")):
+            monkeypatch.setattr(D, "job_rank", lambda r=rank: r)
+            D.report_error(line, lambda x: sys.stderr.write(x + "\n"))
+        raise ChildFailedError("spanflow", {1: ProcessFailure(local_rank=1, pid=12, exitcode=2, error_file=""),
+                                            0: ProcessFailure(local_rank=0, pid=11, exitcode=2, error_file="")})
+
+    monkeypatch.setattr(run, "run", failed)
+    assert D.relaunch(["train", "ner"], 2) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == ["error: data.conll:2: bad", "rank 1: error: own"]
+    assert D.ERRORS not in os.environ and not os.path.exists(folders[0])  # the launcher's folder, gone
+    monkeypatch.setattr(D, "job_rank", lambda: 1)  # outside the launcher: said where it happens
+    D.report_error("error: x", lambda x: sys.stderr.write(x + "\n"))
+    assert capsys.readouterr().err == "error: x\n"
 
 
 def _auto_budget_worker(rank, world, port, out):

@@ -138,6 +138,13 @@ def _err(line: str) -> None:
     sys.stderr.flush()
 
 
+def _rank_err(line: str) -> None:
+    """An error line: under --devices N, left for the launcher, which says each once (rank 0's here)."""
+    from spanflow.training.distributed import report_error
+
+    report_error(line, _err)
+
+
 def _launcher_says() -> bool:
     """Whether --devices N's launcher says how this rank's run stopped (a stop signal, a rank killed)."""
     from spanflow.training.distributed import stop_said_by_launcher
@@ -274,7 +281,7 @@ def _main(argv: list[str] | None) -> int:
             # a bulk job stopped by a full disk keeps what it synced, as on a signal: how to go on is said
             resumable = isinstance(e, WriteError) and args.command in ("predict", "embed")
             said = getattr(e, "cli", None) or e  # a ConfigError of the API's options: in the flags' words
-            _err(f"error: {said}" + (_after_stop(args) if resumable else ""))
+            _rank_err(f"error: {said}" + (_after_stop(args) if resumable else ""))
         return _leave_group(2)
     except BrokenPipeError:
         return _stdout_gone()
@@ -293,7 +300,7 @@ def _main(argv: list[str] | None) -> int:
         line = write_error_line(e)
         if line is None:
             raise
-        _err(line)
+        _rank_err(line)
         return 2
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import torch.distributed as dist
 
 from spanflow.errors import PeerFailed
 from spanflow.runtime import stops
+from spanflow.training.outcome import job_rank
 
 T = TypeVar("T")
 
@@ -173,6 +176,7 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
     if began is not None:  # each rank's closing time line counts from this command's start
         os.environ[clock.ENV] = repr(began)
     os.environ[LAUNCHED] = "1"
+    os.environ[ERRORS] = tempfile.mkdtemp(prefix="spanflow-ranks-")
     try:
         with _quiet_launcher():
             return _launch(run, args, after)
@@ -181,12 +185,55 @@ def relaunch(argv: list[str], devices: int, after: Callable[[], str | None] = la
             os.environ.pop("OMP_NUM_THREADS", None)
         os.environ.pop(clock.ENV, None)
         os.environ.pop(LAUNCHED, None)
+        shutil.rmtree(os.environ.pop(ERRORS), ignore_errors=True)
 
 
 # set for the ranks of --devices N's launcher, which says how their run stopped: a rank cannot tell a
 # stop its agent passes on from the user's from the one it sends the survivors of a killed rank, and
 # rank 0's "terminated" then stood before the launcher's "rank 1 was killed"
 LAUNCHED = "SPANFLOW_DEVICES_LAUNCHER"
+
+
+# where --devices N's ranks leave their error lines (rank 0 prints its own too); the launcher prints
+# those of other ranks that rank 0 did not say: an error every rank met (the same data) was printed
+# once per rank
+ERRORS = "SPANFLOW_DEVICES_ERRORS"
+
+
+def report_error(line: str, write: Callable[[str], None]) -> None:
+    """A rank's `error:` line: written by `write` outside --devices N's launcher, and by rank 0 under
+    it; left for the launcher by every rank there."""
+    folder, rank = os.environ.get(ERRORS), job_rank()
+    if folder and os.path.isdir(folder):
+        try:
+            with open(os.path.join(folder, f"rank{rank}"), "a", encoding="utf-8", errors="backslashreplace") as f:
+                f.write(line + "\n")
+        except OSError:
+            rank = 0  # not left: said here
+    if not folder or rank == 0:
+        write(line)
+
+
+def _ranks_said(folder: str | None) -> list[str]:
+    """The error lines ranks other than 0 left that rank 0 did not say, each once, in rank order."""
+    if not folder or not os.path.isdir(folder):
+        return []
+
+    def lines(name: str) -> list[str]:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                return f.read().splitlines()
+        except OSError:
+            return []
+
+    said, out = set(lines("rank0")), []
+    ranks = sorted(int(n[4:]) for n in os.listdir(folder) if n.startswith("rank") and n[4:].isdigit())
+    for rank in ranks[1:] if ranks and ranks[0] == 0 else ranks:
+        for line in lines(f"rank{rank}"):
+            if line not in said:
+                said.add(line)
+                out.append(f"rank {rank}: {line}")
+    return out
 
 
 def stop_said_by_launcher() -> bool:
@@ -230,6 +277,8 @@ def _launch(run, args: list[str], after: Callable[[], str | None] = lambda: None
     try:
         run.run(run.parse_args(args))
     except ChildFailedError as e:
+        for line in _ranks_said(os.environ.get(ERRORS)):  # before how the run stopped
+            print(line, file=sys.stderr)
         killed = sorted((rank, -f.exitcode) for rank, f in e.failures.items() if f.exitcode < 0)
         # the agent stops the survivors of a killed rank with SIGTERM: those are not what failed
         killed = [k for k in killed if k[1] != signal.SIGTERM] or killed
