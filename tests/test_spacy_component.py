@@ -72,9 +72,12 @@ def test_english_pipe_sets_the_entities_predict_finds(tmp_path, capsys):
     ruled.add_pipe("entity_ruler").add_patterns([{"label": "RULED", "pattern": text[s:e]},
                                                  {"label": "EVENT", "pattern": "."}])
     comp = ruled.add_pipe("spanflow_ner", config={"model": model, "precision": "fp32"})
-    ents = [(x.start_char, x.end_char, x.label_) for x in ruled(text).ents]
+    doc = ruled(text)
+    ents = [(x.start_char, x.end_char, x.label_) for x in doc.ents]
     assert ents == sorted([(s, e, "RULED"), *want[first][1:], *dots])
     assert comp.overlapping == 1  # the model's own entity at the ruled span
+    doc = comp(doc)  # a second pass: the same entities, its overlap counted once (it was counted again)
+    assert [(x.start_char, x.end_char, x.label_) for x in doc.ents] == ents and comp.overlapping == 1
 
 
 def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, caplog):
@@ -94,6 +97,13 @@ def test_chinese_characters_and_expansion_is_counted_and_said(asset, tmp_path, c
     found = sum(len(d.ents) for d in out)
     assert comp.expanded + comp.overlapping > 0 and found + comp.overlapping >= comp.expanded
     assert "expanded" in caplog.text
+    caplog.clear()  # docs run through it again: the same entities, nothing counted nor said again
+    counted = (comp.expanded, comp.overlapping)
+    set_first = [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in out]
+    with caplog.at_level(logging.WARNING, logger="spanflow"):
+        again = list(comp.pipe(out))
+    assert [[(e.start_char, e.end_char, e.label_) for e in d.ents] for d in again] == set_first
+    assert (comp.expanded, comp.overlapping) == counted and "expanded" not in caplog.text
     caplog.clear()  # nlp(text) says it too, of its one doc
     before = comp.expanded + comp.overlapping
     with caplog.at_level(logging.WARNING, logger="spanflow"):

@@ -138,25 +138,31 @@ class SpanflowNer:
         kept = list(doc.ents)
         taken = {i for ent in kept for i in range(ent.start, ent.end)}
         same = {(ent.start, ent.end, ent.label_) for ent in kept}  # a doc run through twice: its own, no overlap
+        # a doc this component ran over already: its spans were counted (and warned of) then
+        counts = doc.user_data.get(SEEN) != self.name
         ents, last_end = [], -1
         for s, e, label in spans:
             span = doc.char_span(s, e, label=label)
             if span is None and self.alignment != "strict":
                 span = doc.char_span(s, e, label=label, alignment_mode=self.alignment)
                 if span is not None and len(span):
-                    self.expanded += self.alignment == "expand"
-                    self.contracted += self.alignment == "contract"
+                    self.expanded += counts and self.alignment == "expand"
+                    self.contracted += counts and self.alignment == "contract"
             if span is None or not len(span):  # no token holds it (contracted: none inside it)
-                self.unaligned += 1
+                self.unaligned += counts
                 continue
             if (span.start, span.end, span.label_) in same:
                 continue
             if span.start < last_end or any(i in taken for i in range(span.start, span.end)):
-                self.overlapping += 1
+                self.overlapping += counts
                 continue
             ents.append(span)
             last_end = span.end
         doc.ents = sorted(kept + ents, key=lambda x: x.start)
+        doc.user_data[SEEN] = self.name
+
+
+SEEN = "spanflow_ner"  # doc.user_data's key: the name of the component that set its entities last
 
 
 def _from_config() -> bool:
