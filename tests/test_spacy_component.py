@@ -149,7 +149,10 @@ def test_labels_and_config_errors_name_what_a_spacy_user_set(tmp_path):
     enc, tok = tiny_bert(["an encoder of its own"], hidden=16, layers=1, heads=2)
     enc.save_pretrained(tmp_path / "enc")
     tok.save_pretrained(tmp_path / "enc")
-    with pytest.raises(ConfigError, match=f"spanflow_ner runs NER models; {tmp_path / 'enc'} holds an 'embed' model"):
+    # a plain encoder is no trained model (it was called "an 'embed' model"), said as the commands say it
+    with pytest.raises(ModelDirError, match=re.escape(f"spanflow_ner: {tmp_path / 'enc'} is an encoder directory, "
+                                                      "not a spanflow 'ner' model: train one with 'spanflow train ner "
+                                                      f"--model {tmp_path / 'enc'}'")):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": str(tmp_path / "enc")})
     with pytest.raises(ModelDirError, match="a relative path, taken from"):
         spacy.blank("en").add_pipe("spanflow_ner", config={"model": "no/such/model"})

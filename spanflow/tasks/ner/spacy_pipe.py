@@ -184,7 +184,7 @@ def _load(model: str, max_tokens, device: str, precision: str):
     from spanflow.errors import ConfigError, ModelDirError
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.tasks.registry import task_of_dir
+    from spanflow.tasks.registry import check_model_for, task_of_dir
 
     if precision == "int8":  # the commands' message points at --quantize, which NER models do not take
         from spanflow.runtime.policy import PRECISIONS
@@ -192,6 +192,8 @@ def _load(model: str, max_tokens, device: str, precision: str):
         raise ConfigError("spanflow_ner: config 'precision' int8 is a quantization, which NER models do not take; "
                           f"precision is one of {', '.join(PRECISIONS)}", field="precision")
     try:
+        # an encoder (an embedding model's) or a model of another task is told as the commands tell it
+        check_model_for(model, "ner")
         # auto: the precision an earlier predict or evaluate checked for this model (cached), else checked now
         loads = Loads(task_of_dir(model), model)
         rt = resolve_runtime(loads.task, model, Asked(device=device, precision=precision, max_tokens=max_tokens),
@@ -206,9 +208,6 @@ def _load(model: str, max_tokens, device: str, precision: str):
         missing = not os.path.exists(model) and not os.path.isabs(model)
         where = f" (a relative path, taken from {os.getcwd()})" if missing else ""
         raise ModelDirError(f"spanflow_ner: {e}{where}") from e
-    if ner.task != "ner":
-        raise ConfigError(f"spanflow_ner runs NER models; {model} holds {'an' if ner.task[:1] in 'aeiou' else 'a'} "
-                          f"{ner.task!r} model", field="model")
     return ner, rt.max_tokens
 
 
