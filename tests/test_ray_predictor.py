@@ -86,6 +86,11 @@ def test_pandas_and_numpy_batches_come_back_as_themselves_with_the_same_rows(ner
     assert cats["entities"].to_pylist() == want
     for kind in (pa.large_string(), getattr(pa, "string_view", pa.string)()):  # other string layouts, as the CLI
         assert p(pa.table({"text": pa.array(TEXTS).cast(kind)}))["entities"].to_pylist() == want  # takes them
+    # one value not a string in a column of objects is its row's error, as a null is (it failed the whole job)
+    mixed = p(pd.DataFrame({"text": [TEXTS[0], 5, TEXTS[1]]}))
+    assert mixed["entities"].tolist() == [want[0], None, want[1]]
+    assert [None if pd.isna(x) else x for x in mixed["error"]] == [None, "column 'text' holds int 5, expected a "
+                                                                       "string", None]
 
 
 def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
@@ -110,6 +115,7 @@ def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
 @pytest.mark.parametrize("batch, said", [
     (pa.table({"body": ["a"]}), "the batch has no column 'text' (column= names its texts); it has 'body'"),
     (pa.table({"text": [1]}), "column 'text' holds int64, not strings"),
+    ({"text": np.array([1, 2])}, "column 'text' holds int64, not strings"),  # a typed column as Arrow's
     (pa.table({"text": ["a"], "error": ["x"]}), "the batch already has a column 'error'"),
     (pa.table({"text": ["a"], "entities": [1]}), "the batch already has a column 'entities'"),
     (["a text"], "a batch is a pyarrow Table, a pandas DataFrame or a dict of arrays, got list"),

@@ -116,6 +116,9 @@ def _texts(batch: Any, kind: str, column: str) -> tuple[list[str | None], list[s
     if kind in ("arrow", "record_batch"):
         return _arrow_texts(batch.column(column), column)
     values = batch[column]
+    dtype = getattr(values, "dtype", None)
+    if dtype is not None and getattr(dtype, "kind", "O") not in "OU":  # a typed column (int64, bytes): no texts
+        raise ConfigError(f"column {column!r} holds {dtype}, not strings", field="column")
     values = values.tolist() if hasattr(values, "tolist") else list(values)  # a dict of lists, too
     texts: list[str | None] = []
     errors: list[str | None] = []
@@ -123,8 +126,9 @@ def _texts(batch: Any, kind: str, column: str) -> tuple[list[str | None], list[s
         if v is None or (isinstance(v, float) and v != v) or type(v).__name__ == "NAType":  # pandas' missing
             texts.append(None)
             errors.append(f"column {column!r} holds null, expected a string")
-        elif not isinstance(v, str):
-            raise ConfigError(f"column {column!r} holds {type(v).__name__} {v!r:.40}, not strings", field="column")
+        elif not isinstance(v, str):  # one value of a column of objects: its row's error, as a record's in a file
+            texts.append(None)
+            errors.append(f"column {column!r} holds {type(v).__name__} {v!r:.40}, expected a string")
         else:
             bad = _surrogate(v)
             texts.append(None if bad is not None else v)
