@@ -872,3 +872,13 @@ def test_the_predictor_stage_in_a_pipeline_of_ones_own_gives_the_models_rows(ner
            for r in rows]
     assert got == [None if k == NULL_ROW else [tuple(s) for s in spans] for k, spans in enumerate(want)]
     assert any(got[k] for k in range(len(TEXTS)) if k != NULL_ROW)  # spans to compare
+
+
+def test_the_summary_line_gives_a_slow_jobs_rates_unrounded():
+    """3 rows in 10.6 s said `0 rows/s, 2 real tokens/s`; a slow job's rates keep two digits."""
+    from spanflow.ray.cli import summary_line
+
+    line = summary_line({"rows": 3, "errors": 0, "output": "out", "seconds": 10.6, "startup_seconds": 9.0,
+                         "rows_per_s": 3 / 10.6, "real_tokens_per_s": 24 / 10.6, "padding_efficiency": 0.9,
+                         "truncated": 0, "files": ["a"], "actors": "1 actor"})
+    assert "0.28 rows/s, 2.3 real tokens/s, padding efficiency 0.900" in line, line

@@ -8,7 +8,7 @@ import sys
 
 from spanflow.data.io import FORMAT_HELP, NER_FORMATS, STRICT_HELP
 from spanflow.data.schemes import SCHEMES
-from spanflow.monitor.report import clock_time
+from spanflow.monitor.report import clock_time, rate_text
 from spanflow.runtime.budget import DEFAULT_BUDGETS, describe_budget, infer_tokens
 from spanflow.runtime.policy import INT8_MIN_COSINE, PRECISIONS
 from spanflow.training.defaults import UPDATES_PER_EPOCH
@@ -309,20 +309,11 @@ def add_input_args(p: argparse.ArgumentParser, *, kept_into: str) -> None:
                         f"output ({kept_into}) [none]")
 
 
-def _rate(x: float) -> str:
-    """A rate to the unit, or below 10 to two significant digits (in plain digits): a slow job's is
-    not rounded to 0."""
-    if x >= 10 or x == 0:
-        return f"{x:.0f}"
-    said = f"{x:.2g}"
-    return f"{float(said):.12f}".rstrip("0") if "e" in said else said
-
-
 def rates_said(texts: int, seconds: float, real_tokens: int, efficiency: float) -> str:
     """How fast a bulk job's texts went, as predict and embed end: `in 0.84 s: 1201 texts/s, 23190
     real tokens/s, padding efficiency 0.913`."""
     secs = max(seconds, 1e-9)
-    return (f"in {clock_time(seconds)}: {_rate(texts / secs)} texts/s, {_rate(real_tokens / secs)} real tokens/s, "
+    return (f"in {clock_time(seconds)}: {rate_text(texts / secs)} texts/s, {rate_text(real_tokens / secs)} real tokens/s, "
             f"padding efficiency {efficiency:.3f}")
 
 

@@ -207,6 +207,15 @@ def report_scalars(r: dict, prefix: str) -> dict:
 PEAK_BASIS = {"measured_matmul": "of the measured {p}matmul peak", "datasheet": "of the datasheet {p}peak"}
 
 
+def rate_text(x: float) -> str:
+    """A rate to the unit, or below 10 to two significant digits (in plain digits): a slow job's is
+    not rounded to 0."""
+    if x >= 10 or x == 0:
+        return f"{x:.0f}"
+    said = f"{x:.2g}"
+    return f"{float(said):.12f}".rstrip("0") if "e" in said else said
+
+
 def clock_time(seconds: float) -> str:
     """How every command writes a duration: 0.04 s, 4.2 s, 12 s, 3m 05s, 1h 02m."""
     if round(seconds, 2) < 1:  # each bound as the figure rounds: 9.96 is "10 s", not "10.0 s"

@@ -108,9 +108,12 @@ def run_ray(a: argparse.Namespace, task) -> dict:
 
 def summary_line(s: dict) -> str:
     """The line a Ray job ends with: rows from its files, tokens from its actors, and whose time."""
+    from spanflow.monitor.report import rate_text
+
     pe = "n/a" if s["padding_efficiency"] is None else f"{s['padding_efficiency']:.3f}"
     files = len(s["files"])
     return (f"wrote {s['rows']} rows ({s['errors']} error rows) to {s['output']} in {s['seconds']:.1f}s "
             f"(actors starting included; {s['startup_seconds']:.1f}s before, joining Ray and planning): "
-            f"{s['rows_per_s']:.0f} rows/s, {s['real_tokens_per_s']:.0f} real tokens/s, padding efficiency {pe}, "
+            f"{rate_text(s['rows_per_s'])} rows/s, {rate_text(s['real_tokens_per_s'])} real tokens/s, padding "
+            f"efficiency {pe}, "
             f"{s['truncated']} truncated; {files} Parquet file{'s' if files != 1 else ''}, {s['actors']}")
