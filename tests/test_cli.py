@@ -227,6 +227,13 @@ def test_predict_says_how_fast_its_texts_went(trained, tmp_path, capsys):
     # (what is checked is the counting; the rates themselves are the machine's)
     assert tok_s * 12 == pytest.approx(per_s * real, rel=0.05)
     assert 0 < eff <= 1
+    bad = tmp_path / "bad.jsonl"  # error records only: no text ran (it said "977 texts/s")
+    bad.write_text('{"text": 5}\n{"body": "x"}\n', encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(d / "run" / "model"), "--input", str(bad),
+                 "--output", str(tmp_path / "bad_out.jsonl")]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("wrote 2 records"))
+    assert line == f"wrote 2 records to {tmp_path / 'bad_out.jsonl'} (2 error records)", line
 
 
 def test_an_error_line_is_one_write(tmp_path, monkeypatch):

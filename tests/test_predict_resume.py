@@ -98,6 +98,57 @@ def test_a_parquet_job_killed_while_its_parts_are_assembled_resumes(model, src, 
     assert pq.read_table(out).equals(pq.read_table(ref))
 
 
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_a_job_killed_as_it_removes_its_journal_resumes_to_its_end(model, src, tmp_path, monkeypatch, ext):
+    """Killed after its output was in place, as it removed its parts and journal: the resume said the
+    partial file was cut or a part gone, and to start over on a complete output."""
+    from spanflow.inference.predict_journal import PredictPaths
+
+    out, ref = str(tmp_path / f"out.{ext}"), str(tmp_path / f"ref.{ext}")
+    predict_file(model, src, ref, rows_per_group=4, **QUIET)
+    real, calls = PredictPaths.remove_leftovers, []
+
+    def killed(self):  # the second call is the job's last step: one file removed, then the kill
+        calls.append(1)
+        if len(calls) < 2:
+            return real(self)
+        left = self.leftovers()
+        if ext == "parquet":
+            os.remove(left[0])
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(PredictPaths, "remove_leftovers", killed)
+        with pytest.raises(KeyboardInterrupt):
+            predict_file(model, src, out, rows_per_group=4, **QUIET)
+    assert os.path.exists(out) and os.path.exists(out + ".predict.json")
+    said = []
+    got = predict_file(model, src, out, rows_per_group=4, resume=True, progress=False, log=said.append)
+    assert counts(got) == {"records": 22, "errors": 1} and got["texts"] == 0  # nothing predicted again
+    assert said == [f"--resume: the job had ended: {os.path.realpath(out)} holds all 22 records; its journal is removed"]
+    if ext == "jsonl":
+        assert open(out, "rb").read() == open(ref, "rb").read()
+    else:
+        assert pq.read_table(out).equals(pq.read_table(ref))
+    assert sorted(os.listdir(tmp_path)) == sorted(["in.jsonl", f"out.{ext}", f"ref.{ext}"])
+
+
+def test_a_resume_with_every_record_done_says_so(model, src, tmp_path, monkeypatch):
+    """Killed with every record journaled, before its output was in place: 'predicting from record 23'
+    of a 22-record input."""
+    import spanflow.inference.predict_job as job
+
+    out = str(tmp_path / "out.parquet")
+    with monkeypatch.context() as m:
+        m.setattr(job, "assemble", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            predict_file(model, src, out, rows_per_group=4, **QUIET)
+    said = []
+    predict_file(model, src, out, rows_per_group=4, resume=True, progress=False, log=said.append)
+    assert said == [f"--resume: 22 records of {os.path.realpath(out)} were done; that is all of them: putting the "
+                    "output in place"]
+
+
 def test_a_run_without_resume_starts_over_and_removes_what_the_killed_one_left(model, src, tmp_path):
     out = str(tmp_path / "out.parquet")
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)

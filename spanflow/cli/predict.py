@@ -85,8 +85,9 @@ def _run(a: argparse.Namespace, task) -> int:
                          id_column=a.id_column, keep=a.keep_columns, max_tokens=rt.max_tokens, resume=a.resume,
                          model_dir=a.model)
     # how fast this run's texts went (a resumed job's: those after the resume), reading and writing included
-    rates = (" " + rates_said(stats["texts"], stats["seconds"], stats["real_tokens"],
-                              stats["real_tokens"] / max(stats["padded_tokens"], 1))) if stats["texts"] else ""
+    ran = stats["texts"] - stats["run_errors"]  # an error record's text is run as "": no text of its own
+    rates = (" " + rates_said(ran, stats["seconds"], stats["real_tokens"],
+                              stats["real_tokens"] / max(stats["padded_tokens"], 1))) if ran > 0 else ""
     print(f"wrote {counted(stats['records'], 'record')} to {a.output} ({counted(stats['errors'], 'error record')})"
           + rates)
     if stats.get("truncated"):  # a model that reads no windows reads a long text's start only

@@ -90,16 +90,19 @@ class PredictPaths:
                 os.remove(p)
 
 
-def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) -> PredictJob:
+def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) -> tuple[PredictJob, str]:
     """The interrupted job's journal, checked against `spec` and the input, where `resume` finds
-    one; else a new job, its journal written, anything an earlier run left removed."""
+    one ("resumed"; "placed" where that job had put its output in place, killed as it removed its
+    journal and parts: the caller checks every record was done, and has only those to remove);
+    else a new job ("new"), its journal written, anything an earlier run left removed."""
     source = fingerprint(src)
     if resume and os.path.exists(P.journal):
         job = read_journal(P.journal, PredictJob, COMMAND)
         _check_same(P, job, spec, src, source)
+        if placed(P, job):
+            return job, "placed"
         _check_done(P, job)
-        log(f"--resume: {job.records} records of {P.out} were done; predicting from record {job.records + 1}")
-        return job
+        return job, "resumed"
     if resume:
         log(f"--resume: no interrupted job of {P.out} to go on with; predicting the whole input")
     elif os.path.exists(P.journal):  # said, as training says it: the parts are gone once this run begins
@@ -108,7 +111,27 @@ def open_job(P: PredictPaths, spec: PredictSpec, src: str, resume: bool, log) ->
     P.remove_leftovers()
     job = PredictJob(spec=spec, input=source)
     write_journal(P.journal, job)
-    return job
+    return job, "new"
+
+
+def placed(P: PredictPaths, job: PredictJob) -> bool:
+    """Whether the output `job` journals is at OUT, its parts (some of them) removed: nothing is at
+    OUT until a job ends, and the parts go only after it (a JSONL partial renamed onto OUT, of the
+    bytes the journal records; a Parquet output of the records done, a part of it gone)."""
+    if not job.records or not os.path.isfile(P.out):
+        return False
+    if job.spec.format == "jsonl":
+        return not os.path.exists(P.partial) and os.path.getsize(P.out) == job.end
+    from spanflow.data.tables import pyarrow
+    from spanflow.inference.journal import chunk_part
+
+    pa = pyarrow()
+    try:
+        with pa.parquet.ParquetFile(P.out) as f:
+            rows = f.metadata.num_rows
+    except (OSError, pa.lib.ArrowException):
+        return False
+    return rows == job.records and any(not os.path.exists(chunk_part(P.out, k)) for k in range(job.parts))
 
 
 def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, source: Fingerprint) -> None:
