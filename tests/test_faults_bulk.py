@@ -400,11 +400,23 @@ def test_a_kill_at_any_step_of_the_final_moves_then_resume_gives_the_fresh_files
                 killed = True
         if not killed:
             break  # the k-th step is past the last one: every step has been killed at
-        assert seen[0] == k
-        embed_file(emb, run, resume=True, **quiet)
+        assert seen[0] >= k  # and the removal of a journal's temporary where that write was the one stopped
+        from spanflow.tasks.embed.journal import job_paths
+
+        P = job_paths(run.output)  # the journal still there, and the moves begun
+        moving = os.path.exists(P.journal) and json.loads(open(P.progress).read()).get("placing")
+        said = []
+        with pytest.MonkeyPatch.context() as m:
+            if os.path.exists(P.journal) and (moving or os.path.exists(run.output)):
+                # every chunk was done: a resume only moves the files (an .npy's was all embedded again)
+                m.setattr(type(emb), "_embed_ids", lambda *a, **kw: pytest.fail("embedded again"))
+            embed_file(emb, run, resume=True, **{**quiet, "log": said.append})
+        assert ("resuming: all 3 chunks were done; putting the output in place" in said) == bool(moving), said
         assert finished_files(run.output) == want, f"killed at step {k}"
         assert sorted(os.listdir(d)) == sorted(want), f"killed at step {k}"
-    assert k > 5  # the steps: the output's and the errors' moves, the journal, the parts
+    assert k > 5  # the steps: the journal saying the moves begin, the output's and the errors' moves, the
+    # journal's removal, the parts
+    # the moves rename: a JSONL output was copied, and needed the disk twice over at the end
 
 
 QUIET = dict(calibrate=False, progress=False, log=lambda m: None)
@@ -498,3 +510,23 @@ def test_a_fresh_run_removes_what_killed_runs_left(emb, tmp_path):
     embed_file(emb, EmbedSpec(input=small_input(tmp_path), output=out, chunk_size=3), calibrate=False,
                progress=False, log=lambda m: None)
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.errors.jsonl", "out.jsonl"]
+
+
+def test_a_jsonl_job_ends_by_renaming_its_part_not_copying_it(emb, tmp_path, monkeypatch):
+    """Its end copied the part onto the output: the disk had to hold the output twice over, and a
+    disk full there named the part it read as the file it could not write."""
+    from spanflow.tasks.embed.job import EmbedSpec, embed_file
+
+    spec = EmbedSpec(input=small_input(tmp_path), output=str(tmp_path / "out.jsonl"), chunk_size=3)
+    monkeypatch.setattr(shutil, "copyfile", lambda *a, **k: pytest.fail("copied"))
+    part_inode = []
+    real = os.replace
+
+    def replace(src, dst, *a, **k):
+        if str(dst) == spec.output:
+            part_inode.append(os.stat(src).st_ino)
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "replace", replace)
+    embed_file(emb, spec, **QUIET)
+    assert part_inode == [os.stat(spec.output).st_ino] and len(open(spec.output).readlines()) == 9

@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import shutil
 import time
 from collections import deque
 from contextlib import ExitStack
@@ -203,8 +202,17 @@ def check_resumable(spec: EmbedSpec) -> None:
 
 
 def _resumes(P: JobPaths, fmt: str) -> bool:
-    """Whether a --resume finds an interrupted job to go on with (an npy job needs its partial file)."""
-    return os.path.exists(P.journal) and (fmt != "npy" or os.path.exists(P.partial))
+    """Whether a --resume finds an interrupted job to go on with (an npy job needs its partial file,
+    unless it was moved into place as the job ended)."""
+    return os.path.exists(P.journal) and (fmt != "npy" or os.path.exists(P.partial) or _placing(P))
+
+
+def _placing(P: JobPaths) -> bool:
+    """Whether the job had begun to move its files into place (its progress says so)."""
+    try:
+        return read_journal(P.progress, Progress).placing
+    except (OSError, ConfigError):
+        return False
 
 
 def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: str | None) -> None:
@@ -276,6 +284,8 @@ def _progress(P: JobPaths, resume: bool) -> Progress:
     """The finished chunks and where the parts end; a half-written chunk is cut off. A part
     shorter than the journal says is a ConfigError: extending it would fill it with zeros."""
     prog = read_journal(P.progress, Progress) if resume and os.path.exists(P.progress) else Progress()
+    if prog.placing:  # its parts may be at their final names already: nothing of them is cut
+        return prog
     with writing(WHAT, P.out):
         for f, end in ((P.part, prog.end), (P.errors_part, prog.err_end)):
             size = os.path.getsize(f) if os.path.exists(f) else 0
@@ -356,42 +366,51 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
     prog = _progress(P, resume)
-    _check_done(P, fmt, job, prog, spec.chunk_size)
     size = spec.chunk_size
     before = sum(min(job.n, (k + 1) * size) - k * size for k in prog.done)
-    if prog.done:
-        log(f"resuming: {len(prog.done)} chunks already done")
-    out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
-    _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
+    if prog.placing:  # killed as it moved its files into place: those moves are all that is left
+        log(f"resuming: all {len(prog.done)} chunks were done; putting the output in place")
+        empty = _ChunkWriter(P, fmt, spec, job, prog, embedder, types).empty() if fmt == "parquet" else None
+    else:
+        _check_done(P, fmt, job, prog, spec.chunk_size)
+        if prog.done:
+            log(f"resuming: {len(prog.done)} chunks already done")
+        out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
+        _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
+        empty = out.empty()
     with writing(WHAT, P.out):
-        _finish(P, fmt, job, prog, out)
+        _finish(P, fmt, job, prog, empty)
     return job, prog.stats, before
 
 
-def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, out: "_ChunkWriter") -> None:
+def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, empty) -> None:
     """Move the finished files into place, then remove the journal (the commit point), then the
-    parts. The parts are copied, not renamed, so a kill before the commit leaves what --resume
-    finishes from; a full disk here leaves the journal and the parts, and no final file."""
+    parts. The journal says first that the moves began (Progress.placing): a kill among them
+    leaves some files at their final names, and --resume makes the rest of the moves (renames: the
+    disk never holds a JSONL output twice); a full disk while a Parquet output is assembled leaves
+    the journal and the parts, and no final file."""
+    if not prog.placing:
+        prog.placing = True
+        write_journal(P.progress, prog)
     if fmt == "parquet":
-        assemble(P.out, job.chunks, out.table([], np.zeros((0, out.dim), np.float32)), what=WHAT, kind="embed")
+        assemble(P.out, job.chunks, empty, what=WHAT, kind="embed")
     if prog.stats.errors:
-        _copy_into_place(P.errors_part, P.errors_partial, P.errors)
+        _move(P.errors_part, P.errors)
     elif os.path.exists(P.errors) and not _other_outputs(P.out):
         os.remove(P.errors)  # an older run's: not this output's errors (another output's is kept)
     if fmt == "npy":
-        if os.path.exists(P.ids_partial):  # absent: a kill after its rename, before the output's
-            os.replace(P.ids_partial, P.ids)
-        os.replace(P.partial, P.out)
+        _move(P.ids_partial, P.ids)
+        _move(P.partial, P.out)
     elif fmt == "jsonl":
-        _copy_into_place(P.part, P.partial, P.out)
+        _move(P.part, P.out)
     os.remove(P.journal)
     P.remove_leftovers()
 
 
-def _copy_into_place(src: str, aside: str, dst: str) -> None:
-    """`src` copied to `dst` whole or not at all (to `aside`, then renamed)."""
-    shutil.copyfile(src, aside)
-    os.replace(aside, dst)
+def _move(src: str, dst: str) -> None:
+    """`src` renamed onto `dst`; a `src` gone was moved by the run a resume finishes."""
+    if os.path.exists(src):
+        os.replace(src, dst)
 
 
 class _ChunkWriter:
@@ -414,6 +433,10 @@ class _ChunkWriter:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def empty(self):
+        """A Parquet output's table of no rows (its schema)."""
+        return self.table([], np.zeros((0, self.dim), np.float32))
 
     def table(self, chunk: list, emb: np.ndarray):
         """The Parquet rows of `chunk` (see spanflow.data.tables for the columns)."""

@@ -109,6 +109,9 @@ class Progress(BaseModel):
     end: NonNegativeInt = 0  # bytes of the part (JSONL output) that belong to finished chunks
     err_end: NonNegativeInt = 0  # the same for its errors part
     stats: Stats = Field(default_factory=Stats)
+    # every chunk done, the files being moved into place: a kill among the moves leaves some moved,
+    # which --resume moves on from (the parts it would check may be at their final names already)
+    placing: bool = False
 
 
 @dataclass
@@ -116,7 +119,7 @@ class JobPaths:
     """The files of the job writing `out`."""
 
     out: str
-    partial: str  # the .npy being filled, or the JSONL being copied into place
+    partial: str  # the .npy being filled
     journal: str  # the job: spec, record count, chunks
     errors: str
     ids: str
