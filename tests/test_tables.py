@@ -173,6 +173,44 @@ def test_a_damaged_page_is_one_error_naming_the_file_and_the_rows(enc_dir, tmp_p
         err = capsys.readouterr().err
         assert [x for x in err.splitlines() if x.startswith("error")] == [f"error: {line}"] and "Traceback" not in err
         assert not out.exists()
+        # nothing was done: no part is left for a resume that has nothing to go on from (an .npy's whole
+        # reserved file was)
+        assert sorted(os.listdir(tmp_path)) == ["in.parquet"], os.listdir(tmp_path)
+    # chunks done before the damaged rows are kept, and said, for a resume on that same input
+    import spanflow.tasks.embed.job as job
+
+    real = job._run_chunks
+
+    def one_then_damaged(embedder, spec, job_, prog, out, *a):  # the first chunk done, then the damage
+        real(embedder, spec, job_.model_copy(update={"chunks": 1}), prog, out, *a)
+        raise DataError("line 11: cannot be read", path=spec.input)
+
+    texts = tmp_path / "t.txt"
+    texts.write_text("".join(f"text number {i}\n" for i in range(20)))
+    with pytest.MonkeyPatch.context() as m:  # damaged before any chunk was done: nothing kept (the .npy's
+        m.setattr(job, "_run_chunks", lambda *a: (_ for _ in ()).throw(DataError("line 1: bad", path=str(texts))))
+        for cmd, out_name in (("embed", "v.npy"), ("predict", "p.jsonl")):  # whole reserved file was)
+            m.setattr("spanflow.inference.predict_job._write_jsonl",
+                      lambda *a, **k: (_ for _ in ()).throw(DataError("line 1: bad", path=str(texts))))
+            assert main([cmd, "--model", enc_dir, "--input", str(texts), "--output", str(tmp_path / out_name),
+                         "--precision", "fp32", "--device", "cpu"]) == 2
+            assert capsys.readouterr().err.splitlines()[-1] == f"error: {texts}: line 1: bad"
+            assert sorted(os.listdir(tmp_path)) == sorted(["in.parquet", "t.txt"]), os.listdir(tmp_path)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(job, "_run_chunks", one_then_damaged)
+        assert main(["embed", "--model", enc_dir, "--input", str(texts), "--output", str(tmp_path / "v.npy"),
+                     "--precision", "fp32", "--device", "cpu", "--chunk-size", "10"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {texts}: line 11: cannot be read; what the job had done is kept beside the output: --resume " \
+           "goes on from it once the same input reads, and a run without --resume removes it" in err.splitlines(), err
+    assert os.path.exists(tmp_path / "v.npy.progress.json") and not os.path.exists(tmp_path / "v.npy")
+    bad = tmp_path / "footer.parquet"  # a footer that cannot be decoded: a traceback before
+    whole = open(src, "rb").read()
+    size = int.from_bytes(whole[-8:-4], "little")  # the footer overwritten, its length and magic kept
+    bad.write_bytes(whole[:-8 - size] + b"\xff" * size + whole[-8:])
+    assert main(["predict", "--model", enc_dir, "--input", str(bad), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {bad}: its footer (the schema and row groups) cannot be read: " in err and "Traceback" not in err
 
 
 def test_a_missing_column_is_one_error_before_any_row_is_read(tmp_path, monkeypatch):

@@ -179,6 +179,10 @@ def table_schema(path: str) -> pa.Schema:
             return f.schema_arrow
     except pa.ArrowInvalid as e:
         raise DataError(f"not a Parquet file ({one_line(e)})", path=path) from None
+    except OSError as e:  # a footer pyarrow cannot decode (its OSErrors carry no errno): a traceback before
+        if e.errno is not None:
+            raise
+        raise DataError(f"its footer (the schema and row groups) cannot be read: {one_line(e)}", path=path) from None
 
 
 def table_rows(path: str) -> int:
@@ -401,7 +405,9 @@ def _batches(path: str, columns: list[str]) -> Iterator:
 def _parquet_batches(path: str, columns: list[str]) -> Iterator:
     pa = pyarrow()
     # pre_buffer off and a read buffer: a column chunk is streamed, not read whole
-    with pa.parquet.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False) as f:
+    with _decoding(path, "its footer (the schema and row groups)"):
+        f = pa.parquet.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    with f:
         first = 0
         for g in range(f.metadata.num_row_groups):
             n = f.metadata.row_group(g).num_rows

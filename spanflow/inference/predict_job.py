@@ -148,10 +148,15 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
         try:
             preds = _predictions(model, rows, bar, max_tokens, tally)
             done = _Done(P, job, model)
-            if fmt == "parquet":
-                _write_parquet(model, preds, done, keep, types, rows_per_group)
-            else:
-                _write_jsonl(model, preds, done, keep, with_id=id_column is not None, every=rows_per_group)
+            try:
+                if fmt == "parquet":
+                    _write_parquet(model, preds, done, keep, types, rows_per_group)
+                else:
+                    _write_jsonl(model, preds, done, keep, with_id=id_column is not None, every=rows_per_group)
+            except DataError:  # the input stopped reading: parts of nothing done are no use to a resume
+                if not job.records:
+                    P.remove_leftovers()
+                raise
             P.remove_leftovers()  # the output is in place: the journal has nothing left to resume
             stats = {"records": job.records, "errors": job.errors, "run_errors": job.errors - errors0,
                      "seconds": time.perf_counter() - started, **tally}

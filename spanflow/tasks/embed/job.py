@@ -376,7 +376,13 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
         if prog.done:
             log(f"resuming: {len(prog.done)} chunks already done")
         out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
-        _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
+        try:
+            _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
+        except DataError:  # the input stopped reading: parts of no chunk done (an .npy's whole reserved
+            if not prog.done:  # file) are no use to a resume
+                os.remove(P.journal)
+                P.remove_leftovers()
+            raise
         empty = out.empty()
     with writing(WHAT, P.out):
         _finish(P, fmt, job, prog, empty)
