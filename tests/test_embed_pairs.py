@@ -388,6 +388,21 @@ def test_a_jsonl_third_key_is_never_dropped_unsaid(tmp_path):
     assert read_pairs(both, columns="anchor,positive,negative") == [Pair("x", "y", negative="z")]
 
 
+def test_a_jsonl_similarity_is_a_score_and_another_key_is_said(tmp_path, caplog):
+    """`similarity`, a score's name in a CSV header, was dropped in JSONL (the pairs trained unscored);
+    a third field under a name not read (hard_negative) is said, an id is not."""
+    sim = write(tmp_path, "s.jsonl", '{"sentence1": "a b", "sentence2": "a c", "similarity": 4.5}\n'
+                                     '{"sentence1": "d e", "sentence2": "f g", "similarity": 0.5}\n')
+    got = read_pairs(sim)
+    assert [p.score for p in got] == [1.0, 0.0]
+    with caplog.at_level("WARNING", logger="spanflow"):
+        hard = write(tmp_path, "h.jsonl", '{"id": 7, "anchor": "x", "positive": "y", "hard_negative": "z"}\n')
+        assert read_pairs(hard) == [Pair("x", "y")]
+    assert "h.jsonl:1: the key(s) 'hard_negative' are not read" in caplog.text and "'id'" not in caplog.text
+    assert "--columns anchor,positive,hard_negative" in caplog.text
+    assert read_pairs(hard, columns="anchor,positive,hard_negative") == [Pair("x", "y", negative="z")]
+
+
 def test_prose_whose_quotes_run_over_lines_is_still_plain_text():
     import tempfile
 

@@ -3,6 +3,7 @@ are the same gradient as one batch in one process; ranking, AnglE and Matryoshka
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -585,6 +586,14 @@ def test_pairs_per_step_past_the_data_sizes_the_update_for_the_data(tmp_path):
         assert said[n] and any(x.startswith("ranking update: about 40 pairs (1 micro-batch") for x in lines), lines
     assert "--pairs-per-step 100000 is more than the 40 training pairs: an update holds them all" in lines
     assert said[40] == said[100_000]
+    lines = []  # a --max-tokens that holds fewer than the pairs asked: how many, and why, said in order
+    train_embedder(train, None, model="tiny", out_dir=str(tmp_path / "cap"),
+                   options=TrainOptions(max_steps=1, log_every=0, patience=0, device="cpu", max_tokens=32,
+                                        grad_accum=1),
+                   config=EmbedTraining(pairs_per_step=16), log_fn=lines.append)
+    line = next(x for x in lines if x.startswith("ranking update:"))
+    assert re.match(r"ranking update: about \d+ pairs \(of the 16 asked: --max-tokens x --grad-accum holds no "
+                    r"more; 1 micro-batch of 32 tokens\); ", line), line
 
 
 def test_a_resume_with_another_loss_or_data_kind_names_it_first(tmp_path, capsys):

@@ -250,6 +250,10 @@ def test_the_cli_names_the_missing_column_before_loading_a_model(enc_dir, tmp_pa
         err = capsys.readouterr().err.splitlines()
         assert err == [f"error: --column text: {src} has no such column; it has uid, body, score"]
         assert not out.exists()
+        # named by --field (or its default): said by that flag (it said --column, never given)
+        assert main([cmd, "--model", enc_dir, "--input", src, "--field", "foo", "--output", str(out)]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: --field foo: {src} has no such column; it has uid, "
+                                                        "body, score"]
 
 
 def test_a_column_the_file_holds_twice_is_one_error_naming_it(enc_dir, tmp_path, capsys):

@@ -138,7 +138,7 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     column = int(column) if isinstance(column, numbers.Integral) else column  # numpy's too
     if is_table(path):
         return read_table_records(path, column=field if column is None else column, id_column=id_column,
-                                  keep=keep)
+                                  keep=keep, flag="--field" if column is None else "--column")
     kind = input_kind(path)
     if kind in ("csv", "tsv"):  # a field named (not the default) is a header name, as it is a table's column
         by_field = column is None and field != "text"

@@ -224,12 +224,13 @@ def holds_texts(t) -> bool:
     return is_text(t) or pyarrow().types.is_null(t)
 
 
-def _text_name(schema, column: str | int, path: str) -> str:
-    """The text column: in the file, and of strings (nulls are error rows, other types one error)."""
-    name = column_name(schema, column, "--column", path)
+def _text_name(schema, column: str | int, path: str, flag: str = "--column") -> str:
+    """The text column: in the file, and of strings (nulls are error rows, other types one error);
+    `flag` the one that named it, as errors say."""
+    name = column_name(schema, column, flag, path)
     t = schema.field(name).type
     if not holds_texts(t):
-        raise ConfigError(f"--column {name}: the column {name!r} of {path} holds {t}, not strings")
+        raise ConfigError(f"{flag} {name}: the column {name!r} of {path} holds {t}, not strings")
     return name
 
 
@@ -257,12 +258,13 @@ def check_keep(keep: Sequence[str], taken: Iterable[str] = (), what: str = "colu
 
 
 def read_table_records(path: str, *, column: str | int, id_column: str | None = None,
-                       keep: Sequence[str] = ()) -> Iterator[TableRecord]:
+                       keep: Sequence[str] = (), flag: str = "--column") -> Iterator[TableRecord]:
     """TableRecords of the table at `path`, in order, streamed. The columns are checked here,
-    before the first row is read (see the module's docstring): each fault is one ConfigError."""
+    before the first row is read (see the module's docstring): each fault is one ConfigError,
+    the text column's named by `flag` (--field where that named it)."""
     check_unique(keep)
     schema = table_schema(path)
-    text = _text_name(schema, column, path)
+    text = _text_name(schema, column, path, flag)
     ident = column_name(schema, id_column, "--id-column", path) if id_column is not None else None
     kept = [column_name(schema, k, "--keep-columns", path) for k in keep]
     return _records(path, text, ident, kept)

@@ -141,9 +141,23 @@ def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, s
         raise ConfigError(f"the model {spec.model or '(in memory)'} changed since the interrupted job began (saved "
                           "over): its results would mix two models'; drop --resume to start over")
     if key is not None:
-        raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {was[key]!r} then, "
-                          f"{now[key]!r} now); resume with those, or drop --resume to start over")
+        flag, then = FLAGS.get(key), was[key]
+        if flag and isinstance(then, bool):  # a switch: given or left out
+            go_on = f"{'give' if then else 'leave out'} {flag} to go on with it"
+        elif flag and then not in (None, []):
+            go_on = f"give {flag} {','.join(then) if isinstance(then, list) else then} to go on with it"
+        elif flag:
+            go_on = f"leave out {flag} to go on with it"
+        else:
+            go_on = "resume with those"
+        raise ConfigError(f"{P.journal} belongs to a job with other settings ({key} {then!r} then, "
+                          f"{now[key]!r} now); {go_on}, or drop --resume to start over")
     check_unchanged(src, job.input, source.size, source.sha256, "records")
+
+
+# a journaled setting a resume can be told to match, by the flag that sets it
+FLAGS = {"field": "--field", "column": "--column", "skip_header": "--skip-header", "id_column": "--id-column",
+         "keep": "--keep-columns", "precision": "--precision", "max_length": "--max-length", "stride": "--stride"}
 
 
 def _check_done(P: PredictPaths, job: PredictJob) -> None:

@@ -95,7 +95,7 @@ FIRST_NAMES = {"sentence1", "s1", "text1", "anchor", "query", "question"}
 SECOND_NAMES = {"sentence2", "s2", "text2", "positive", "document", "passage", "answer", "response"}
 SCORE_NAMES = {"score", "label", "similarity"}
 NEGATIVE_NAMES = {"negative"}
-THIRD_KEYS = ("score", "label", "negative")  # a JSONL record's third field, tried in this order
+THIRD_KEYS = ("score", "label", "similarity", "negative")  # a JSONL record's third field, tried in this order
 # JSONL key pairs for the two texts, tried in this order on the first record
 JSON_TEXT_KEYS = [("sentence1", "sentence2"), ("s1", "s2"), ("text1", "text2"),
                   ("anchor", "positive"), ("query", "positive")]
@@ -495,6 +495,12 @@ def _json_keys(rec: dict, path: str, line: int) -> list[str]:
                 raise DataError(f"record has both {' and '.join(map(quote, thirds))}: a pair has one third field "
                                 f"(a score or a negative); pick the keys with --columns (e.g. {a},{b},{thirds[0]})",
                                 path=path, line=line)
+            unread = [k for k, v in rec.items() if k not in (a, b, *thirds) and isinstance(v, (str, int, float, list))
+                      and not isinstance(v, bool) and k.lower() not in ("id", "_id", "idx", "guid")]
+            if unread:  # a third field under another name (hard_negative, sim) would be dropped unsaid
+                log.warning("%s:%d: the key(s) %s are not read: a pair's third field is read as %s (--columns "
+                            "names another, e.g. --columns %s,%s,%s)", path, line, ", ".join(map(quote, unread)),
+                            "/".join(THIRD_KEYS), a, b, unread[0])
             return [a, b] + thirds
     texts = [k for k, v in rec.items() if isinstance(v, str)]
     pick = f"; or name yours with --columns (e.g. {','.join(texts[:2])})" if len(texts) >= 2 else ""

@@ -435,12 +435,13 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "t
                         "another: where both are in one update, neither is counted as the other's negative")
             held = held_pairs(o, items, pairs, world)
             capped = run.opts.max_tokens is not None  # a budget given (or measured) caps the micro-batches
+            short = ""
             if held < pairs * (1 if capped else 0.9):  # a few short: a sized update's padding, within "about"
-                pairs = (f"{held} of the {pairs} {'asked' if config.pairs_per_step else 'sized for'} ("
-                         + ("--max-tokens x --grad-accum holds no more)" if capped
-                            else "its micro-batches pad to their longest pair)"))
-            run.log(f"ranking update: about {pairs} pairs ({o.grad_accum} micro-batch"
-                    f"{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
+                short = (f" of the {pairs} {'asked' if config.pairs_per_step else 'sized for'}: "
+                         + ("--max-tokens x --grad-accum holds no more" if capped
+                            else "its micro-batches pad to their longest pair") + ";")
+            run.log(f"ranking update: about {held if short else pairs} pairs ({short.lstrip()}{short and ' '}"
+                    f"{o.grad_accum} micro-batch{'es' if o.grad_accum > 1 else ''} of {o.max_tokens} tokens"
                     f"{f' on each of {world} processes' if world > 1 else ''}); "
                     + cache_words(o, cache, graph, avail))
         check_update(plan.options, items, world, run.opts.max_tokens)
