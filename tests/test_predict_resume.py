@@ -169,8 +169,11 @@ def test_a_resume_of_another_job_or_input_is_refused(model, src, tmp_path):
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
     with pytest.raises(ConfigError, match=r"belongs to a job with other settings \(rows_per_group 4 then, 8 now\)"):
         predict_file(model, src, out, rows_per_group=8, resume=True, **QUIET)
-    with pytest.raises(ConfigError, match=r"belongs to a job with other settings \(field 'text' then, 'body' now\)"):
-        predict_file(model, src, out, rows_per_group=4, field="body", resume=True, **QUIET)
+    with pytest.raises(ConfigError, match=r"belongs to a job with other settings \(field 'text' then, 'body' now\); "
+                                          r"give --field text to go on with it, or drop --resume to start over$"):
+        predict_file(model, src, out, rows_per_group=4, field="body", resume=True, **QUIET)  # the flag named
+    with pytest.raises(ConfigError, match=r"\(keep \[\] then, \['n'\] now\); leave out --keep-columns to go on"):
+        predict_file(model, src, out, rows_per_group=4, keep=["n"], resume=True, **QUIET)
     with open(out + ".partial", "r+b") as f:  # cut by hand: the records the journal says are done are not all there
         f.truncate(10)
     with pytest.raises(ConfigError, match=r"holds 10 bytes, fewer than the \d+ that .* records as done"):
