@@ -135,7 +135,7 @@ def test_columns_by_index_and_name(tmp_path):
     ("m.csv", "a,b,1\nc,d,2\ne,f\n", r"m\.csv:3: record has 2 columns"),
     ("m.tsv", "a\tb\nc\td\te\n", r"m\.tsv:2: record has 3 columns"),
     ("s.csv", "a,b,1\nc,d,high\n", r"s\.csv:2: score is not a number: 'high'"),
-    ("s.csv", "sentence1,sentence2,score\na,b,1\nc,d,\n", r"s\.csv:3: score is not a number"),
+    ("s.csv", "sentence1,sentence2,score\na,b,1\nc,d,\n", r"s\.csv:3: score is missing$"),  # an empty cell
     ("e.csv", "a,b,1\n  ,d,2\n", r"e\.csv:2: empty first text"),
     ("e.tsv", "a\tb\tc\nd\te\t \n", r"e\.tsv:2: empty negative"),
     ("e.jsonl", '{"anchor": "a", "positive": ""}\n', r"e\.jsonl:1: empty second text"),
@@ -333,7 +333,7 @@ def test_pairs_files_whose_first_record_is_unusual_are_read_or_refused_not_misre
         read_pairs(str(mixed))
     empty_first = tmp_path / "e.csv"  # no header: its first record's score is missing, not a header's name
     empty_first.write_text("a b,c d,\ne f,g h,3\ni j,k l,4\n")
-    with pytest.raises(DataError, match=r"e.csv:1: score is not a number"):
+    with pytest.raises(DataError, match=r"e.csv:1: score is missing"):
         read_pairs(str(empty_first))
     named = tmp_path / "qd.csv"  # a retrieval header of two known names is a header, not a pair
     named.write_text("query,document\nwhat is x,x is y\nwho is she,she is Ann\n")
@@ -364,12 +364,20 @@ def test_an_unknown_header_is_said_and_a_text_or_code_in_the_first_row_is_no_hea
         got = read_pairs(write(tmp_path, "qa.csv", "q,a\nthe cat sat,a cat sat\ndogs run,a dog ran\n"))
     assert got[0] == Pair("q", "a") and "its first row (q, a) looks like a header" in caplog.text
     caplog.clear()
+    with caplog.at_level("WARNING", logger="spanflow"):  # names of capitalised words too (unsaid before)
+        got = read_pairs(write(tmp_path, "qt.csv", "Question Text,Answer Text\nthe cat sat,a cat sat\n"
+                                                   "dogs run,a dog ran\n"))
+    assert "its first row (Question Text, Answer Text) looks like a header" in caplog.text
+    caplog.clear()
     with caplog.at_level("WARNING", logger="spanflow"):  # pairs of single words are data, said of none
         assert len(read_pairs(write(tmp_path, "w.csv", "cat,dog\nbird,fish\n"))) == 2
     assert "looks like a header" not in caplog.text
     # a first negative that is a text, later ones years: triplets, not a header over scores
     t = write(tmp_path, "t.csv", "the cat sat,a cat sat,fish swim\ndogs run,a dog ran,1999\nx y,z w,rain falls\n")
     assert [p.negative for p in read_pairs(t)] == ["fish swim", "1999", "rain falls"]
+    # a first negative that is a year, the rest texts: triplets too (refused as scores before)
+    t = write(tmp_path, "n.tsv", "a b\tc d\t1999\ne f\tg h\tsome other text\ni j\tk l\ta third text\n")
+    assert [p.negative for p in read_pairs(t)] == ["1999", "some other text", "a third text"]
     spaced = write(tmp_path, "s.csv", "Sentence A,Sentence B,Similarity Score\na cat,the cat,4.5\ndogs,a dog,3.8\n")
     assert read_pairs(spaced) == [Pair("a cat", "the cat", 1.0), Pair("dogs", "a dog", 0.0)]  # a header of spaces
     # chosen by index: an unselected column's "n/a" over a number makes no header

@@ -374,7 +374,7 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
     else:
         _check_done(P, fmt, job, prog, spec.chunk_size)
         if prog.done:
-            log(f"resuming: {len(prog.done)} chunks already done")
+            log(f"resuming: {counted(len(prog.done), 'chunk')} already done")
         out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
         try:
             _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)

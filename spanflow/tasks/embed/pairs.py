@@ -226,7 +226,8 @@ def _make(path: str, line: int, a, b, third, third_kind: str | None) -> Pair:
     if third_kind == "score":
         score = _number(third)
         if score is None:
-            raise DataError(f"score is not a number: {quote(third)}", path=path, line=line)
+            raise DataError("score is missing" if third is None or (isinstance(third, str) and not third.strip())
+                            else f"score is not a number: {quote(third)}", path=path, line=line)
         return Pair(a, b, score=score)
     if third_kind == "negative":
         return Pair(a, b, negative=_text(third, path, line, "negative"))
@@ -285,7 +286,9 @@ def _named_order(row: list[str]) -> list[int] | None:
     return order if None not in order and len(set(order)) == len(names) else None
 
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")  # what a column name looks like: no spaces, short
+# what a column name looks like: short, no spaces, or a few capitalised words (Question Text; a
+# text's words, the cat sat, are no name)
+_NAME = re.compile(r"(?=.{1,32}$)(?:[A-Za-z_][A-Za-z0-9_.-]*|[A-Z][A-Za-z0-9_.-]*(?: [A-Z0-9][A-Za-z0-9_.-]*){1,3})")
 
 
 # what a missing value is written as: a first row holding one is data, not a header
@@ -344,6 +347,12 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair
     if len(idx) == 3:  # the first data row with a third field decides its kind (an empty one is that row's error)
         filled = next((row for _, row in data if len(row) > idx[2] and row[idx[2]].strip()), filled)
     third_kind = _table_third_kind(rows[0][1], filled, idx, header)
+    named = (len(idx) == 3 and header and len(rows[0][1]) > idx[2]
+             and rows[0][1][idx[2]].strip().lower() in SCORE_NAMES | NEGATIVE_NAMES)
+    if third_kind == "score" and not named:  # told from the first value, a year or a code among negatives:
+        thirds = [row[idx[2]] for _, row in data if len(row) > idx[2] and row[idx[2]].strip()]  # most text says
+        if 2 * sum(_number(v) is not None for v in thirds) < len(thirds):  # triplets
+            third_kind = "negative"
     if third_kind == "negative" and not (header and len(rows[0][1]) > idx[2]
                                          and rows[0][1][idx[2]].strip().lower() in NEGATIVE_NAMES):
         _check_negatives(path, data, idx[2])  # told from the first value: the rest may say otherwise
