@@ -645,3 +645,25 @@ def test_ranking_asked_for_scored_pairs_says_their_scores_are_not_read(tmp_path)
     said = next(x for x in lines if x.startswith("12 training pairs"))
     assert said.startswith("12 training pairs (scored; the ranking loss takes every pair as a match whatever its "
                            "score: 6 scored in the lower half of the range train as matches too); ranking loss")
+
+
+def test_an_update_of_one_pair_is_left_out_of_the_epoch(tmp_path, monkeypatch):
+    """A length bucket's last pair made an update of its own: a ranking or CoSENT loss of one pair is
+    0 (nothing to rank it against), yet the optimizer stepped and the schedule went on."""
+    from spanflow.training import loop
+    from spanflow.training.plan import epoch_plan
+
+    lengths = [10] * 5  # batches of 4 and 1 at a budget of 40
+    opts = TrainOptions(max_tokens=40, grad_accum=1)
+    assert sorted(map(len, (s[0] for s in epoch_plan(lengths, opts, 0)))) == [1, 4]
+    assert [sum(map(len, s)) for s in epoch_plan(lengths, opts, 0, min_items=2)] == [4]
+    assert epoch_plan([10], opts, 0, min_items=2) == [[[0]]]  # one step of one pair: kept, not an empty epoch
+    seen = []
+    real = loop.epoch_plan
+    monkeypatch.setattr(loop, "epoch_plan", lambda *a: seen.append(a[-1]) or real(*a))
+    for data, least in ((codes(12, 1), 2), ([Pair(f"a{i}", f"c{i}", negative=f"e{i}") for i in range(12)], 1)):
+        seen.clear()
+        train_embedder(data, None, model="tiny", out_dir=str(tmp_path / str(least)),
+                       options=TrainOptions(max_steps=1, log_every=0, patience=0, device="cpu"),
+                       config=EmbedTraining(), log_fn=lambda s: None)
+        assert seen and set(seen) == {least}, seen  # pairs need two an update; a triplet ranks its own negative

@@ -50,6 +50,9 @@ class Plan:
     # the task's settings that set the run's course (its loss, the kind of data it is fed), by the
     # names its flags give them: a --resume under others is refused, as one of other options is
     course: dict | None = None
+    # items an update needs to teach anything: a loss that compares the items of an update (a ranking
+    # loss's in-batch negatives, CoSENT's order) learns nothing from one; fewer are left out of the epoch
+    min_update: int = 1
 
 
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
@@ -92,7 +95,8 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
         scoring = time.perf_counter() - scoring
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
-                          step=plan.step, course={**(plan.course or {}), "--dev": _dev_said(dev)})
+                          step=plan.step, course={**(plan.course or {}), "--dev": _dev_said(dev)},
+                          min_update=plan.min_update)
         origin = os.path.abspath(model) if os.path.exists(model) else model  # as the checkpoint records it
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              origin=origin,

@@ -52,7 +52,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     world = plan_world or dist.world
     lengths = [len(it) for it in items]
     targets = [hooks.targets(it) for it in items] if hooks.targets else None
-    per_epoch = [len(epoch_plan(lengths, opts, e, world, weights)) for e in range(opts.epochs)]
+    per_epoch = [len(epoch_plan(lengths, opts, e, world, weights, hooks.min_update)) for e in range(opts.epochs)]
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
                total_steps=sum(per_epoch), origin=origin)
     r.recent = deque(maxlen=loss_window(opts.log_every, per_epoch[0] if per_epoch else 1))
@@ -65,7 +65,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     try:
         while r.st["epoch"] < opts.epochs and not r.st["stopped"]:
             epoch = r.st["epoch"]
-            plan = epoch_plan(lengths, opts, epoch, world, weights)[r.st["step_in_epoch"]:]
+            plan = epoch_plan(lengths, opts, epoch, world, weights, hooks.min_update)[r.st["step_in_epoch"]:]
             mine, stride = (dist.rank, dist.world) if plan_world is None else (0, 1)
             groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
                                     else None, items, hooks.collate, pin=policy.device.type == "cuda")

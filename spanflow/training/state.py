@@ -35,6 +35,7 @@ class TaskHooks:
     step: Callable[..., torch.Tensor] | None = None
     # what else sets the run's course (the task's loss and its settings), compared on --resume
     course: dict | None = None
+    min_update: int = 1  # items an update needs to teach anything (Plan.min_update)
 
 
 @dataclass

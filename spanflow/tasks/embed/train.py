@@ -391,7 +391,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "t
                   "--pairs-per-step": config.pairs_per_step}
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
-                    metric=metric, untrained_hint="a lower --lr or more training pairs may help", course=course)
+                    metric=metric, untrained_hint="a lower --lr or more training pairs may help", course=course,
+                    min_update=1 if kind == "triplets" else 2)  # a triplet ranks its own negative
         world, device = run.dist.world, run.policy.device
         longer = [len(it) / len(it.sides) for it in items]
         length = sum(x * x for x in longer) / max(1, sum(longer))  # a token's row length, on average
