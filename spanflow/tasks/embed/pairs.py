@@ -466,7 +466,7 @@ def _table_third_kind(first: list[str], data0: list[str], idx: list[int], header
 def _read_jsonl(path: str, cols: list[str] | None) -> tuple[list[Pair], str, str | None]:
     """The pairs, the keys they were read from, and the third key."""
     if cols is not None and any(_index(c) for c in cols):
-        raise ConfigError("columns: a JSONL file's columns are its keys, not indices", field="columns")
+        raise ConfigError(f"columns: {path} is JSONL, whose columns are its keys, not indices", field="columns")
     keys: list[str] | None = cols
     third_kind: str | None = None
     pairs = []

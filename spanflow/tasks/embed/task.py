@@ -64,8 +64,8 @@ class EmbedTask:
 
     def add_train_args(self, p) -> None:
         p.add_argument("--columns", default=None,
-                       help="the columns or JSONL keys of s1, s2 and score, e.g. 0,1,2 or sentence1,sentence2,score "
-                            "[detected]")
+                       help="the columns or JSONL keys of s1, s2 and score, e.g. 0,1,2 or sentence1,sentence2,score, "
+                            "of --train and --dev alike [detected in each]")
         p.add_argument("--loss", default="auto", choices=("auto", "cosent", "angle", "ranking"),
                        help="auto: cosent for scored pairs, ranking (in-batch negatives) for pairs and triplets "
                             "[%(default)s]")
