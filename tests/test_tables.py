@@ -862,3 +862,23 @@ def test_a_string_that_is_not_utf8_is_an_error_row_and_the_job_goes_on(ner_model
     assert main(["predict", "--model", "x", "--input", src, "--column", "body", "--skip-header",
                  "--output", str(tmp_path / "q.jsonl")]) == 2  # no header line in a table
     assert "--skip-header: " in capsys.readouterr().err
+
+
+def test_an_errors_file_kept_for_another_output_is_said(enc_dir, tmp_path, capsys):
+    """v.npy's run without errors beside v.parquet's with them: v.errors.jsonl (the stem's) stayed,
+    listing errors of another input, unsaid; and a run of error records only said texts/s."""
+    bad, good = tmp_path / "bad.jsonl", tmp_path / "good.txt"
+    bad.write_text('{"text": 5}\n{"text": "a b"}\n', encoding="utf-8")
+    good.write_text("a b\nc d\n", encoding="utf-8")
+    run = lambda src, out: main(["embed", "--model", enc_dir, "--input", str(src), "--output",  # noqa: E731
+                                 str(tmp_path / out), "--precision", "fp32", "--device", "cpu"])
+    assert run(bad, "v.parquet") == 0 and (tmp_path / "v.errors.jsonl").exists()
+    capsys.readouterr()
+    assert run(good, "v.npy") == 0
+    err = capsys.readouterr().err
+    assert f"note: {tmp_path / 'v.errors.jsonl'} is not this output's (it had no errors): it lists the errors of " \
+           f"another output of its name, {tmp_path / 'v.parquet'}" in err
+    bad.write_text('{"text": 5}\n', encoding="utf-8")
+    assert run(bad, "w.npy") == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("embedded 1 texts"))
+    assert "texts/s" not in line or " 0 texts/s" in line, line

@@ -112,11 +112,22 @@ def _run(a: argparse.Namespace) -> int:
     # auto's choice and a quantization were checked against fp32 on this input just now
     checked = a.precision == "auto" or rt.quantize is not None
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
-    rates = rates_said(s["texts"], s["seconds"], s["real_tokens"], s["padding_efficiency"])
+    # an error record runs no text of its own: the rates are of the texts embedded
+    rates = rates_said(s["texts"] - s["errors"], s["seconds"], s["real_tokens"], s["padding_efficiency"])
     # a resumed job's figures are the whole job's, over its runs: its seconds are their embedding time
     before = s["resumed_texts"]
     resumed = f" ({before} of them before --resume; rates over the job's runs)" if before else ""
     print(f"embedded {s['texts']} texts{resumed} {rates}; {s['truncated']} truncated at {emb.max_length} tokens, "
           f"{s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
+    import os
+    import sys
+
+    from spanflow.tasks.embed.job import other_outputs
+    from spanflow.tasks.embed.journal import job_paths
+
+    errors = job_paths(a.output).errors
+    if not s["errors"] and os.path.exists(errors):  # kept as another output's of this stem (v.parquet's)
+        print(f"note: {errors} is not this output's (it had no errors): it lists the errors of another output of "
+              f"its name, {', '.join(other_outputs(a.output))}", file=sys.stderr)
     return job_status(a.input, s["texts"], s["errors"])

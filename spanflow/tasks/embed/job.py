@@ -136,7 +136,7 @@ def _check_side_files(spec: EmbedSpec, fmt: str) -> None:
                               "what it reads; give the output another name", field="output")
 
 
-def _other_outputs(out: str) -> list[str]:
+def other_outputs(out: str) -> list[str]:
     """Outputs beside `out` of its stem (vec.parquet beside vec.npy), which share its side files."""
     stem = os.path.splitext(out)[0]
     return [stem + x for x in OUTPUT_SUFFIXES
@@ -402,7 +402,7 @@ def _finish(P: JobPaths, fmt: str, job: Job, prog: Progress, empty) -> None:
         assemble(P.out, job.chunks, empty, what=WHAT, kind="embed")
     if prog.stats.errors:
         _move(P.errors_part, P.errors)
-    elif os.path.exists(P.errors) and not _other_outputs(P.out):
+    elif os.path.exists(P.errors) and not other_outputs(P.out):
         os.remove(P.errors)  # an older run's: not this output's errors (another output's is kept)
     if fmt == "npy":
         _move(P.ids_partial, P.ids)
