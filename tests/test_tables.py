@@ -295,6 +295,22 @@ def test_without_pyarrow_a_table_is_one_error_naming_the_extra(tmp_path, monkeyp
     assert os.listdir(tmp_path) == []
 
 
+def test_without_pyarrow_npy_and_jsonl_embeddings_are_written(enc_dir, tmp_path, monkeypatch):
+    """The end of an .npy or JSONL job made a Parquet schema it did not use: without pyarrow, every
+    text was embedded and the job then stopped short of its output."""
+    from spanflow.tasks.embed import Embedder
+
+    emb = Embedder.load(enc_dir, precision="fp32", device="cpu")
+    src = tmp_path / "in.txt"
+    src.write_text("a b\nc d\n", encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    for ext in ("npy", "jsonl"):
+        out = str(tmp_path / f"o.{ext}")
+        s = embed_file(emb, EmbedSpec(input=str(src), output=out), calibrate=False, progress=False,
+                       log=lambda m: None)
+        assert s["texts"] == 2 and os.path.exists(out)
+
+
 def test_csv_columns_by_header_name_skip_the_header(tmp_path):
     src = tmp_path / "in.csv"
     src.write_text("key,sentence,score\nk1,hello there,0.5\nk2,second one,1\n", encoding="utf-8")

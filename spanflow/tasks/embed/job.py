@@ -369,7 +369,7 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
     size = spec.chunk_size
     before = sum(min(job.n, (k + 1) * size) - k * size for k in prog.done)
     if prog.placing:  # killed as it moved its files into place: those moves are all that is left
-        log(f"resuming: all {len(prog.done)} chunks were done; putting the output in place")
+        log(f"resuming: all {counted(len(prog.done), 'chunk')} were done; putting the output in place")
         empty = _ChunkWriter(P, fmt, spec, job, prog, embedder, types).empty() if fmt == "parquet" else None
     else:
         _check_done(P, fmt, job, prog, spec.chunk_size)
@@ -383,7 +383,7 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
                 os.remove(P.journal)
                 P.remove_leftovers()
             raise
-        empty = out.empty()
+        empty = out.empty() if fmt == "parquet" else None  # an Arrow table: pyarrow is the parquet extra
     with writing(WHAT, P.out):
         _finish(P, fmt, job, prog, empty)
     return job, prog.stats, before
