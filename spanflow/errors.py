@@ -21,7 +21,10 @@ class SpanflowError(Exception):
 
 
 class DataError(SpanflowError):
-    """Bad input data; names the file and line (or record) at fault."""
+    """Bad input data; names the file and line (or record) at fault. `kept`: a bulk job it stopped
+    kept what it had done, for a resume on the same input (the command line says so)."""
+
+    kept = False
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
         self.path, self.line, self.reason = path, line, message

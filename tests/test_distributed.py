@@ -380,6 +380,9 @@ def test_an_error_of_one_rank_is_said_once_and_named(monkeypatch, capsys):
     monkeypatch.setattr(D, "job_rank", lambda: 1)  # outside the launcher: said where it happens
     D.report_error("error: x", lambda x: sys.stderr.write(x + "\n"))
     assert capsys.readouterr().err == "error: x\n"
+    monkeypatch.setenv(D.ERRORS, folders[0])  # the launcher's folder gone (a tmp cleaner): said, not lost
+    D.report_error("error: y", lambda x: sys.stderr.write(x + "\n"))
+    assert capsys.readouterr().err == "error: y\n"
 
 
 def _auto_budget_worker(rank, world, port, out):

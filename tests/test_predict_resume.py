@@ -258,3 +258,30 @@ def test_the_progress_total_counts_a_csvs_records_not_its_lines(model, tmp_path,
     totals.clear()  # the columns kept name the header too, in the count as in the read
     predict_file(model, str(src), str(tmp_path / "kept.jsonl"), keep=["lang"], column=1, **QUIET)
     assert totals == [len((tmp_path / "kept.jsonl").read_text().splitlines())] == [3]
+
+
+def test_an_input_that_stops_reading_keeps_only_work_done(model, src, tmp_path, monkeypatch):
+    """A DataError from the input (an Arrow batch counted as it is decoded) right after the journal was
+    written left a journal of nothing done, and the command line said work was kept."""
+    import spanflow.inference.predict_job as job
+    from spanflow.errors import DataError
+
+    out = str(tmp_path / "out.jsonl")
+    with monkeypatch.context() as m:
+        m.setattr(job, "_records", lambda *a, **k: (_ for _ in ()).throw(DataError("batch 2 is damaged", path=src)))
+        with pytest.raises(DataError) as e:
+            predict_file(model, src, out, rows_per_group=4, **QUIET)
+    assert not e.value.kept and sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+    real = job.read_rows
+
+    def damaged_after(*a, **k):  # the 11th record cannot be read
+        for n, r in enumerate(real(*a, **k)):
+            if n == 10:
+                raise DataError("line 11: damaged", path=src)
+            yield r
+
+    with monkeypatch.context() as m:
+        m.setattr(job, "read_rows", damaged_after)
+        with pytest.raises(DataError) as e:
+            predict_file(model, src, out, rows_per_group=4, **QUIET)
+    assert e.value.kept and json.loads(open(out + ".predict.json").read())["records"] == 8

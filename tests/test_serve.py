@@ -251,6 +251,7 @@ def test_openapi_describes_every_answer(model_dirs):
         assert missing.status_code == 404
         jsonschema.validate(missing.json(), schema("/v1/models/{name}", "get", "404"))
         assert set(paths["/v1/models/{name}"]["get"]["responses"]) == {"200", "404"}  # no 422 of another shape
+        assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}  # no JSON
 
 
 def test_served_crf_model_decodes_like_predict(tmp_path):

@@ -493,7 +493,7 @@ def test_doctor_probes_any_task_and_a_sample_smaller_than_its_steps(tmp_path):
     # a batch size above the data's count: the probe's batches hold all of it, said so (not "of 100 texts")
     lines: list[str] = []
     doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=1, batch_size=100, log_fn=lines.append)
-    assert "probe: 1 update of all 6 text(s) read (--batch-size 100 is more than that)" in lines
+    assert "probe: 1 update of all 6 text(s) read (--batch-size 100 holds them all)" in lines
 
 
 def test_doctor_says_why_its_peak_is_another_precisions(ner_file):

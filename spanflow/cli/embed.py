@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import sys
 
 from spanflow.cli.common import (
     add_budget_args,
@@ -86,7 +88,8 @@ def _run(a: argparse.Namespace) -> int:
     from spanflow.runtime.loads import Loads
     from spanflow.runtime.precision import SAMPLE
     from spanflow.runtime.resolve import Asked, resolve_runtime
-    from spanflow.tasks.embed.job import EmbedSpec, check_resumable, check_spec, embed_file
+    from spanflow.tasks.embed.job import EmbedSpec, check_resumable, check_spec, embed_file, other_outputs
+    from spanflow.tasks.embed.journal import job_paths
     from spanflow.tasks.registry import get
     from spanflow.tuning.auto import quick_profile
 
@@ -120,12 +123,6 @@ def _run(a: argparse.Namespace) -> int:
     print(f"embedded {s['texts']} texts{resumed} {rates}; {s['truncated']} truncated at {emb.max_length} tokens, "
           f"{s['empty']} empty, {s['errors']} errors")
     print(json.dumps({k: v for k, v in s.items() if k != "calibration"}))
-    import os
-    import sys
-
-    from spanflow.tasks.embed.job import other_outputs
-    from spanflow.tasks.embed.journal import job_paths
-
     errors = job_paths(a.output).errors
     if not s["errors"] and os.path.exists(errors):  # kept as another output's of this stem (v.parquet's)
         print(f"note: {errors} is not this output's (it had no errors): it lists the errors of another output of "

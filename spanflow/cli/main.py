@@ -28,7 +28,7 @@ import threading
 from spanflow import __version__
 from spanflow.cli import convert, demo, doctor, embed, evaluate, export, predict, serve, train, tune
 from spanflow.cli.common import Parser
-from spanflow.errors import DataError, SpanflowError, WriteError
+from spanflow.errors import SpanflowError, WriteError
 from spanflow.runtime import stops
 from spanflow.runtime.stops import STOPS  # each ends a command as SIGTERM does: its lock released, its hint said
 from spanflow.training.outcome import job_rank, torchrun_world
@@ -282,11 +282,11 @@ def _main(argv: list[str] | None) -> int:
             hint = ""
             # a bulk job stopped by a full disk keeps what it synced, as on a signal: how to go on is said;
             # one stopped by its input (unreadable mid-job) keeps it too, for that same input only
-            if args.command in ("predict", "embed") and isinstance(e, (WriteError, DataError)):
+            if args.command in ("predict", "embed") and isinstance(e, WriteError):
                 hint = _after_stop(args)
-                if hint and isinstance(e, DataError):
-                    hint = ("; what the job had done is kept beside the output: --resume goes on from it once the "
-                            "same input reads, and a run without --resume removes it")
+            elif getattr(e, "kept", False):  # the job's, as it stopped (not an earlier job's parts beside it)
+                hint = ("; what the job had done is kept beside the output: --resume goes on from it once the same "
+                        "input reads, and a run without --resume removes it")
             _rank_err(f"error: {said}{hint}")
         return _leave_group(2)
     except BrokenPipeError:

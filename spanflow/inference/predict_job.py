@@ -124,47 +124,49 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
         P = PredictPaths(os.path.realpath(dst), fmt)  # a link is written through: its target replaced, the link kept
         with writing(WHAT, dst):
             job, state = open_job(P, spec, src, resume, log)
-        rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
-                                          id_column=id_column, keep=keep), job.records, None)
-        total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
-        if job.records > total or (state == "placed" and job.records < total):  # a journal edited by hand: going on
-            raise ConfigError(f"{P.journal} records {job.records} records as done, but {src} holds {total}; remove "
-                              "it or drop --resume to start over")  # would write a short or doubled output
-        errors0 = job.errors
-        if state == "placed":  # the job had ended, killed as it removed its journal: nothing is left to predict
-            log(f"--resume: the job had ended: {P.out} holds all {total} records; its journal is removed")
-            P.remove_leftovers()
-            return {"records": job.records, "errors": job.errors, "run_errors": 0, "seconds": 0.0, "texts": 0,
-                    "real_tokens": 0, "padded_tokens": 0}
-        if state == "resumed":
-            log(f"--resume: {job.records} records of {P.out} were done; "
-                + (f"predicting from record {job.records + 1}" if job.records < total
-                   else "that is all of them: putting the output in place"))
-        # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
-        bar = tqdm(total=total, initial=job.records, unit="text", disable=None if progress else True,
-                   dynamic_ncols=True, mininterval=0.5)
-        tally = {"texts": 0, "real_tokens": 0, "padded_tokens": 0}
-        started = time.perf_counter()
         try:
-            preds = _predictions(model, rows, bar, max_tokens, tally)
-            done = _Done(P, job, model)
+            rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
+                                              id_column=id_column, keep=keep), job.records, None)
+            total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
+            if job.records > total or (state == "placed" and job.records < total):  # a journal edited by hand: going on
+                raise ConfigError(f"{P.journal} records {job.records} records as done, but {src} holds {total}; remove "
+                                  "it or drop --resume to start over")  # would write a short or doubled output
+            errors0 = job.errors
+            if state == "placed":  # the job had ended, killed as it removed its journal: nothing is left to predict
+                log(f"--resume: the job had ended: {P.out} holds all {total} records; its journal is removed")
+                P.remove_leftovers()
+                return {"records": job.records, "errors": job.errors, "run_errors": 0, "seconds": 0.0, "texts": 0,
+                        "real_tokens": 0, "padded_tokens": 0}
+            if state == "resumed":
+                log(f"--resume: {job.records} records of {P.out} were done; "
+                    + (f"predicting from record {job.records + 1}" if job.records < total
+                       else "that is all of them: putting the output in place"))
+            # None: tqdm draws only on a terminal; a log file gets the summary line, not bar frames
+            bar = tqdm(total=total, initial=job.records, unit="text", disable=None if progress else True,
+                       dynamic_ncols=True, mininterval=0.5)
+            tally = {"texts": 0, "real_tokens": 0, "padded_tokens": 0}
+            started = time.perf_counter()
             try:
+                preds = _predictions(model, rows, bar, max_tokens, tally)
+                done = _Done(P, job, model)
                 if fmt == "parquet":
                     _write_parquet(model, preds, done, keep, types, rows_per_group)
                 else:
                     _write_jsonl(model, preds, done, keep, with_id=id_column is not None, every=rows_per_group)
-            except DataError:  # the input stopped reading: parts of nothing done are no use to a resume
-                if not job.records:
-                    P.remove_leftovers()
-                raise
-            P.remove_leftovers()  # the output is in place: the journal has nothing left to resume
-            stats = {"records": job.records, "errors": job.errors, "run_errors": job.errors - errors0,
-                     "seconds": time.perf_counter() - started, **tally}
-            if getattr(model, "truncated", None) is not None:
-                stats["truncated"] = job.truncated
-            return stats
-        finally:
-            bar.close()
+                P.remove_leftovers()  # the output is in place: the journal has nothing left to resume
+                stats = {"records": job.records, "errors": job.errors, "run_errors": job.errors - errors0,
+                         "seconds": time.perf_counter() - started, **tally}
+                if getattr(model, "truncated", None) is not None:
+                    stats["truncated"] = job.truncated
+                return stats
+            finally:
+                bar.close()
+        except DataError as e:  # the input stopped reading: what was done stays for a resume on that same
+            if job.records:      # input, said; parts of nothing done are no use to one
+                e.kept = True
+            else:
+                P.remove_leftovers()
+            raise
 
 
 class _Done:

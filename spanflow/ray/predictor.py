@@ -117,8 +117,9 @@ def _texts(batch: Any, kind: str, column: str) -> tuple[list[str | None], list[s
         return _arrow_texts(batch.column(column), column)
     values = batch[column]
     dtype = getattr(values, "dtype", None)
-    if dtype is not None and getattr(dtype, "kind", "O") not in "OU":  # a typed column (int64, bytes): no texts
-        raise ConfigError(f"column {column!r} holds {dtype}, not strings", field="column")
+    if dtype is not None and getattr(dtype, "kind", "O") not in "OU" and not (
+            dtype.kind == "f" and bool(np.isnan(np.asarray(values, dtype=float)).all())):  # all missing: error rows
+        raise ConfigError(f"column {column!r} holds {dtype}, not strings", field="column")  # int64, bytes: no texts
     values = values.tolist() if hasattr(values, "tolist") else list(values)  # a dict of lists, too
     texts: list[str | None] = []
     errors: list[str | None] = []

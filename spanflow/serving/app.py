@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -156,8 +156,9 @@ def create_app(services: list[Service], opts: ServeOptions) -> FastAPI:
                 return _model_card(s, started)
         raise HttpError(404, f"no model named {name[:100]!r}; loaded: {[s.name for s in services]}", param="model")
 
-    @app.get("/metrics", openapi_extra={"responses": {"200": {
-        "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}})
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus():
         for name, b in state["batchers"].items():
             metrics.queue_depth.labels(name).set(b.depth)
@@ -257,8 +258,10 @@ def _answer(description: str, schema: dict) -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-ERRORS = {"4XX": _answer("the request's fault, said in the message (the field at fault in param)", ERROR_SCHEMA),
-          "5XX": _answer("the server's: stopping, or a request not served within --timeout", ERROR_SCHEMA)}
+ERRORS = {"4XX": _answer("said in the message: the request's fault (the field at fault in param), or a load "
+                         "the server sheds (429, with Retry-After)", ERROR_SCHEMA),
+          "5XX": _answer("the server's: stopping (503), a request not served within --timeout (504), or a fault "
+                         "(500)", ERROR_SCHEMA)}
 STATUS = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
 CARD = {"type": "object", "required": ["id", "object", "created", "owned_by", "task"],
         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},

@@ -203,14 +203,15 @@ ERRORS = "SPANFLOW_DEVICES_ERRORS"
 def report_error(line: str, write: Callable[[str], None]) -> None:
     """A rank's `error:` line: written by `write` outside --devices N's launcher, and by rank 0 under
     it; left for the launcher by every rank there."""
-    folder, rank = os.environ.get(ERRORS), job_rank()
+    folder, rank, left = os.environ.get(ERRORS), job_rank(), False
     if folder and os.path.isdir(folder):
         try:
             with open(os.path.join(folder, f"rank{rank}"), "a", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(line + "\n")
+            left = True
         except OSError:
-            rank = 0  # not left: said here
-    if not folder or rank == 0:
+            pass
+    if not left or rank == 0:  # not left for the launcher (its folder gone): said here
         write(line)
 
 
@@ -296,6 +297,8 @@ def _launch(run, args: list[str], after: Callable[[], str | None] = lambda: None
             print(f"the run stopped on rank {rank}'s error" + hint, file=sys.stderr)
         return code or 1
     except SignalException as e:  # a signal to the launcher (TERM, INT, HUP, QUIT): its agent has stopped the ranks
+        for line in _ranks_said(os.environ.get(ERRORS)):  # a rank's error as the stop came
+            print(line, file=sys.stderr)
         if e.sigval != signal.SIGINT:  # Ctrl-C reached rank 0 too (a terminal's group), which said so
             said = "terminated" if e.sigval == signal.SIGTERM else f"stopped by {signal.Signals(e.sigval).name}"
             print(said + (after() or ""), file=sys.stderr)

@@ -181,8 +181,7 @@ def doctor(*, model: str | None = None, data: str | None = None, task: str = "ne
         perm = np.random.default_rng(0).permutation(len(windows)).tolist()
         batches = [perm[i:i + batch_size] for i in range(0, len(perm), batch_size)]
         log_fn(f"probe: {ups} of {batch_size} random text(s)" if batch_size < len(windows) else
-               f"probe: {ups} of all {len(windows)} text(s) read (--batch-size {batch_size} is more "
-               f"than that)")
+               f"probe: {ups} of all {len(windows)} text(s) read (--batch-size {batch_size} holds them all)")
     else:
         batches = healthy_batches
         log_fn(f"probe: {ups} of token-budget batches, max_tokens {max_tokens}"

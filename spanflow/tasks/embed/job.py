@@ -378,8 +378,10 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
         out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
         try:
             _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
-        except DataError:  # the input stopped reading: parts of no chunk done (an .npy's whole reserved
-            if not prog.done:  # file) are no use to a resume
+        except DataError as e:  # the input stopped reading: the chunks done stay for a resume on that same
+            if prog.done:       # input, said; parts of none (an .npy's whole reserved file) are no use to one
+                e.kept = True
+            else:
                 os.remove(P.journal)
                 P.remove_leftovers()
             raise

@@ -129,7 +129,7 @@ class JobPaths:
         return self.out + ".ids.partial"
 
     @property
-    def errors_partial(self) -> str:
+    def errors_partial(self) -> str:  # an earlier version's copy of the errors on its way into place
         return self.out + ".errors.partial"
 
     @property

@@ -350,8 +350,9 @@ def _read_table(path: str, kind: str, cols: list[str] | None) -> tuple[list[Pair
     named = (len(idx) == 3 and header and len(rows[0][1]) > idx[2]
              and rows[0][1][idx[2]].strip().lower() in SCORE_NAMES | NEGATIVE_NAMES)
     if third_kind == "score" and not named:  # told from the first value, a year or a code among negatives:
-        thirds = [row[idx[2]] for _, row in data if len(row) > idx[2] and row[idx[2]].strip()]  # most text says
-        if 2 * sum(_number(v) is not None for v in thirds) < len(thirds):  # triplets
+        thirds = [row[idx[2]] for _, row in data if len(row) > idx[2] and row[idx[2]].strip()
+                  and row[idx[2]].strip().lower() not in MISSING]  # a missing score's mark is no negative
+        if 2 * sum(_number(v) is not None for v in thirds) < len(thirds):  # most text: triplets
             third_kind = "negative"
     if third_kind == "negative" and not (header and len(rows[0][1]) > idx[2]
                                          and rows[0][1][idx[2]].strip().lower() in NEGATIVE_NAMES):
@@ -506,7 +507,7 @@ def _json_keys(rec: dict, path: str, line: int) -> list[str]:
                                 path=path, line=line)
             unread = [k for k, v in rec.items() if k not in (a, b, *thirds) and isinstance(v, (str, int, float, list))
                       and not isinstance(v, bool) and k.lower() not in ("id", "_id", "idx", "guid")]
-            if unread:  # a third field under another name (hard_negative, sim) would be dropped unsaid
+            if unread and not thirds:  # a third field under another name (hard_negative, sim) dropped unsaid
                 log.warning("%s:%d: the key(s) %s are not read: a pair's third field is read as %s (--columns "
                             "names another, e.g. --columns %s,%s,%s)", path, line, ", ".join(map(quote, unread)),
                             "/".join(THIRD_KEYS), a, b, unread[0])

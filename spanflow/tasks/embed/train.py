@@ -243,9 +243,8 @@ def size_ranking_update(opts: TrainOptions, items: list[PairItem], pairs: int, d
 def held_pairs(o: TrainOptions, items: list[PairItem], pairs: int, world: int) -> int:
     """About how many of the `pairs` asked an update of `o` holds: a micro-batch is padded to its
     longest pair, and training's length buckets make that about each pair's own length, so a pair
-    of length L is in one of max_tokens // L pairs (a mean over the tokens took 2.6 pairs of a mean
-    length where a micro-batch holds 2 of its longest); their mean over the pairs, times the update's
-    micro-batches and ranks."""
+    of length L is in one of max_tokens // L pairs (a mean over the tokens counted fractions of a
+    pair no micro-batch holds); their mean over the pairs, times the update's micro-batches and ranks."""
     each = sum(max(1, o.max_tokens // len(it)) for it in items) / max(1, len(items))
     return min(pairs, round(each * o.grad_accum * world))
 
@@ -435,7 +434,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "t
                 run.log(f"{shared} of the {len(items)} training pairs share their anchor or positive text with "
                         "another: where both are in one update, neither is counted as the other's negative")
             held = held_pairs(o, items, pairs, world)
-            capped = run.opts.max_tokens is not None  # a budget given (or measured) caps the micro-batches
+            # a budget given (or measured) that cut the micro-batches (not one above what the update needs)
+            capped = run.opts.max_tokens is not None and o.max_tokens >= run.opts.max_tokens
             short = ""
             if held < pairs * (1 if capped else 0.9):  # a few short: a sized update's padding, within "about"
                 short = (f" of the {pairs} {'asked' if config.pairs_per_step else 'sized for'}: "

@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import sys
+import uuid
 
 from spacy.language import Language
 
@@ -63,6 +64,7 @@ class SpanflowNer:
         self.name, self.alignment = name, alignment
         self._asked = (max_tokens, device, precision)  # what from_disk loads a saved copy with
         self.expanded = self.contracted = self.unaligned = self.overlapping = 0
+        self._token = uuid.uuid4().hex  # this component's mark on the docs it ran over (another's, a copy's, differ)
         self.model_dir, self.model, self.max_tokens = model, None, max_tokens
         if not _from_config():  # spacy.load builds from config.cfg, then from_disk loads the saved copy:
             self._load(model)    # the config's path (perhaps another machine's) only where no copy comes
@@ -139,7 +141,7 @@ class SpanflowNer:
         taken = {i for ent in kept for i in range(ent.start, ent.end)}
         same = {(ent.start, ent.end, ent.label_) for ent in kept}  # a doc run through twice: its own, no overlap
         # a doc this component ran over already: its spans were counted (and warned of) then
-        counts = doc.user_data.get(SEEN) != self.name
+        counts = doc.user_data.get(SEEN) != self._token
         ents, last_end = [], -1
         for s, e, label in spans:
             span = doc.char_span(s, e, label=label)
@@ -159,10 +161,10 @@ class SpanflowNer:
             ents.append(span)
             last_end = span.end
         doc.ents = sorted(kept + ents, key=lambda x: x.start)
-        doc.user_data[SEEN] = self.name
+        doc.user_data[SEEN] = self._token
 
 
-SEEN = "spanflow_ner"  # doc.user_data's key: the name of the component that set its entities last
+SEEN = "spanflow_ner"  # doc.user_data's key: the mark of the component that set its entities last
 
 
 def _from_config() -> bool:
