@@ -408,6 +408,11 @@ def test_a_jsonl_similarity_is_a_score_and_another_key_is_said(tmp_path, caplog)
         assert read_pairs(hard) == [Pair("x", "y")]
     assert "h.jsonl:1: the key(s) 'hard_negative' are not read" in caplog.text and "'id'" not in caplog.text
     assert "--columns anchor,positive,hard_negative" in caplog.text
+    caplog.clear()  # beside a third key read, other keys are metadata: nothing said
+    with caplog.at_level("WARNING", logger="spanflow"):
+        meta = write(tmp_path, "m.jsonl", '{"sentence1": "a", "sentence2": "b", "score": 3, "genre": "news"}\n')
+        assert read_pairs(meta) == [Pair("a", "b", 1.0)]
+    assert "not read" not in caplog.text
     assert read_pairs(hard, columns="anchor,positive,hard_negative") == [Pair("x", "y", negative="z")]
 
 

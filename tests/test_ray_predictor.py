@@ -91,6 +91,8 @@ def test_pandas_and_numpy_batches_come_back_as_themselves_with_the_same_rows(ner
     assert mixed["entities"].tolist() == [want[0], None, want[1]]
     assert [None if pd.isna(x) else x for x in mixed["error"]] == [None, "column 'text' holds int 5, expected a "
                                                                        "string", None]
+    gone = p(pd.DataFrame({"text": [float("nan"), float("nan")]}))  # every text missing: float64, error rows
+    assert gone["entities"].tolist() == [None, None]
 
 
 def test_embeddings_as_embed_computes_them_and_their_dtype(enc_dir):
