@@ -377,12 +377,16 @@ def test_report_lines_past_the_checkpoint_are_not_repeated_after_a_resume(files,
     assert report_lines(out)[1]["dev_f1"] != 0.5  # the resumed run's own line, not the one it replaced
 
 
-def test_a_resume_at_an_epochs_end_reports_no_empty_throughput(files, tmp_path, capsys):
+def test_a_resume_at_an_epochs_end_reports_no_empty_throughput(files, tmp_path, capsys, monkeypatch):
+    from spanflow.training import loop
+
     probe = tmp_path / "probe"
     assert train(files, probe, "--epochs", "1") == 0
     per_epoch = report_lines(probe)[0]["step"]
     out = tmp_path / "run"
-    assert train(files, out, "--max-steps", str(per_epoch)) == 0  # stops at the first epoch's last step
+    with monkeypatch.context() as m:  # checkpointed at the first epoch's last step, stopped as it evaluated
+        m.setattr(loop, "_evaluate", lambda r: (_ for _ in ()).throw(KeyboardInterrupt))
+        assert train(files, out, "--save-every", str(per_epoch)) == 130
     with open(out / "train_report.jsonl", "a") as f:  # the epoch's line, written before its checkpoint failed
         f.write(json.dumps({"epoch": 1, "step": per_epoch, "dev_f1": 0.5}) + "\n")
     capsys.readouterr()

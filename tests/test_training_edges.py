@@ -352,19 +352,61 @@ def test_a_resume_with_other_epochs_says_the_schedule_changed(tmp_path):
     assert not any("--epochs" in x for x in lines)  # the same as the checkpoint's now
 
 
+def test_a_resume_with_other_epochs_trains_at_the_new_schedules_rate(tmp_path, monkeypatch):
+    """The first step after such a resume trained at the checkpoint's schedule's rate (0 where that
+    run had ended), the next at the new one's: a jump."""
+    from spanflow.training import loop
+
+    used = []
+    real = loop.lr_now
+    monkeypatch.setattr(loop, "lr_now", lambda r: used.append((r.st["global_step"], real(r))) or used[-1][1])
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path / "a"), log_fn=lambda s: None, options=opts(epochs=1))
+    ended = used[-1][0] + 1  # the one epoch's steps: the rate at its end is 0
+    used.clear()
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path / "a"), log_fn=lambda s: None,
+              options=opts(resume=True, epochs=3, max_steps=ended + 2))
+    resumed = used[:2]
+    used.clear()
+    train_ner(DATA, None, model="tiny", out_dir=str(tmp_path / "b"), log_fn=lambda s: None,
+              options=opts(epochs=3, max_steps=ended + 2))  # three epochs from the start: the rates wanted
+    assert resumed == used[ended:ended + 2] and resumed[0][1] > 0, (resumed, used[ended:ended + 2])
+
+
 def test_a_max_steps_stop_reports_the_score_of_its_weights_not_the_best_so_far(tmp_path):
     """The partial epoch's line (and train_report.jsonl) carried the best score so far, another
     model's, beside the last weights; evaluate on them gave another figure."""
     train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path / "a"), log_fn=lambda s: None,
-              options=opts(max_steps=5, max_tokens=128, eval_every=1))
+              options=opts(max_steps=4, max_tokens=128, eval_every=1))  # inside epoch 1, of 5 steps
     reps = [json.loads(x) for x in (tmp_path / "a" / "train_report.jsonl").read_text().splitlines()]
     state = json.loads((tmp_path / "a" / "checkpoint" / "state.json").read_text())
-    assert reps[-1]["partial"] and reps[-1]["step"] == 5 and reps[-1]["dev_f1"] == state["last_f1"]
+    assert reps[-1]["partial"] and reps[-1]["step"] == 4 and reps[-1]["dev_f1"] == state["last_f1"]
     # no evaluation at the stop: no score for weights never scored
     train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path / "b"), log_fn=lambda s: None,
               options=opts(max_steps=7, max_tokens=128))
     reps = [json.loads(x) for x in (tmp_path / "b" / "train_report.jsonl").read_text().splitlines()]
     assert reps[-1]["partial"] and reps[-1]["dev_f1"] is None and reps[0]["dev_f1"] is not None
+
+
+def test_a_max_steps_at_an_epochs_last_step_closes_that_epoch(tmp_path):
+    """A --max-steps on an epoch's last step called the epoch partial, left it unscored (its weights
+    never in the model kept) and said steps were left where none were."""
+    train_ner(DATA, DATA, model="tiny", out_dir=str(tmp_path / "full"), log_fn=lambda s: None,
+              options=opts(max_tokens=128))
+    full = [json.loads(x) for x in (tmp_path / "full" / "train_report.jsonl").read_text().splitlines()]
+    first, total = full[0]["step"], full[-1]["step"]  # epoch 1's steps, and the run's
+    for cut in (first, total):
+        lines = []
+        out = tmp_path / f"cut{cut}"
+        train_ner(DATA, DATA, model="tiny", out_dir=str(out), log_fn=lines.append, options=opts(max_tokens=128,
+                                                                                            max_steps=cut))
+        reps = [json.loads(x) for x in (out / "train_report.jsonl").read_text().splitlines()]
+        closed = [r for r in full if r["step"] <= cut]
+        assert [(r["epoch"], r["step"], r.get("partial"), r["dev_f1"]) for r in reps] == \
+               [(r["epoch"], r["step"], r.get("partial"), r["dev_f1"]) for r in closed]  # scored, not partial
+        stopped = [x for x in lines if x.startswith("stopped by --max-steps")]
+        assert bool(stopped) == (cut < total), lines  # at the last step of all: the run simply ended
+        if stopped:
+            assert stopped[0].startswith(f"stopped by --max-steps after step {cut} (epoch 1): "), stopped
 
 
 def test_a_resume_on_data_of_other_labels_is_told_as_a_resume(tmp_path):

@@ -70,7 +70,7 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
             groups = (_collate_step(step[mine::stride], sum(targets[i] for mb in step for i in mb) if targets
                                     else None, items, hooks.collate, pin=policy.device.type == "cuda")
                       for step in plan)
-            if not _run_steps(r, groups, epoch):
+            if not _run_steps(r, groups, epoch, per_epoch[epoch]):
                 catch_up(r.optimizer)  # the model handed back holds every update its rows were owed
                 final = _summary(r, completed=False)
                 return final
@@ -91,6 +91,12 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 learning_check(r, f1, left=0 if r.st["stopped"] else opts.epochs - epoch - 1, stopped=r.st["stopped"])
                 r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
                 _checkpoint(r)
+            if r.st["global_step"] == opts.max_steps and r.st["epoch"] < opts.epochs and not r.st["stopped"]:
+                # --max-steps at an epoch's last step: the epoch closed as any does (evaluated, reported,
+                # checkpointed), then the run stops, epochs left
+                catch_up(r.optimizer)
+                final = {**_summary(r, completed=False), "epoch": r.st["epoch"]}
+                return final
         if (opts.eval_every and hooks.evaluate is not None and r.st.get("last_eval_step") != r.st["global_step"]
                 and not r.st["stopped"]):
             f1 = _evaluate(r)  # the steps after the last --eval-every (all of them, in a run shorter than it)
@@ -187,15 +193,16 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
             log(f"note: the checkpoint's {r.st['global_step']} steps were trained in {was}; this run goes on in "
                 f"{policy.name}, and its scores are of a model trained in both")
         r.st["precision"] = policy.name
-        if r.st.get("epochs", opts.epochs) != opts.epochs:  # allowed; the schedule's change is said
-            log(f"note: the checkpoint's run had --epochs {r.st['epochs']}, this one {opts.epochs}: the learning "
-                f"rate's decay now runs to the end of epoch {opts.epochs} from step {r.st['global_step']}")
-        r.st["epochs"] = opts.epochs
         # --patience may change on resume: an early stop is decided again by the one given now, also
         # for a run that was cut off before the evaluations without gain reached the old one
         r.st["stopped"] = bool(opts.patience and r.st["bad_evals"] >= opts.patience)
         check_steps_left(r, opts, r.st)
         check_epochs_left(r, opts, r.st)
+        if r.st.get("epochs", opts.epochs) != opts.epochs:  # allowed; the schedule's change is said
+            log(f"note: the checkpoint's run had --epochs {r.st['epochs']}, this one {opts.epochs}: the learning "
+                f"rate's decay now runs to the end of epoch {opts.epochs} from step {r.st['global_step']}")
+            rate_anew(optimizer, scheduler)
+        r.st["epochs"] = opts.epochs
         log(f"resumed from {r.ckpt_dir}: " + resumed_at(r.st, opts))
         # lines past the checkpoint are reported again by this run
         on_main(lambda: trim_report(r.report_path, r.st), dist)
@@ -226,8 +233,18 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
     return r
 
 
-def _run_steps(r: LoopState, groups, epoch: int) -> bool:
-    """Train over the epoch's remaining steps; False when max_steps stopped the run."""
+def rate_anew(optimizer, scheduler) -> None:
+    """Each group's rate from the schedule of this run's length at the step the checkpoint reached:
+    the checkpoint's optimizer holds the rate of its own run's schedule (0 at its end), which the
+    next step would train at."""
+    for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def _run_steps(r: LoopState, groups, epoch: int, epoch_steps: int) -> bool:
+    """Train over the epoch's remaining steps (of its `epoch_steps`); False when max_steps stopped the
+    run inside it (at its last step, the epoch closes first: True)."""
     opts, st, meter = r.opts, r.st, r.meter
     wait_start = time.perf_counter()
     for micro in prefetch(groups):
@@ -273,11 +290,12 @@ def _run_steps(r: LoopState, groups, epoch: int) -> bool:
                 r.log(f"step {gs}: dev {r.hooks.metric} {f1:.4f}")
             if st["stopped"]:
                 return True
-        if (opts.save_every and gs % opts.save_every == 0) or gs == opts.max_steps:
+        inside = gs == opts.max_steps and st["step_in_epoch"] < epoch_steps  # not its last step: no epoch close
+        if (opts.save_every and gs % opts.save_every == 0) or inside:
             check_finite(r)  # diverged weights never replace the last checkpoint a resume would start from
             with meter.timed("save"):  # the period's time, as a real run pays it: its own share of the split
                 _checkpoint(r)
-        if gs == opts.max_steps:
+        if inside:
             # the partial epoch too, with the dev score of these weights where one was taken at this step
             # (the best so far is another model's)
             report_period(r, epoch, _close_period(meter, r.dist),
