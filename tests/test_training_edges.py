@@ -67,7 +67,8 @@ def test_a_resume_with_a_patience_already_spent_stops_before_training_further(tm
               log_fn=lines.append)
     resumed = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert resumed["global_step"] == state["global_step"]  # no step of epoch 3 ran
-    assert any(x.startswith("early stop after epoch 2: dev F1 did not improve for 1 evaluations") for x in lines)
+    assert any(x.startswith("early stop after epoch 2: dev F1 did not improve for 1 evaluation (--patience 1)")
+               for x in lines), lines
 
 
 def test_an_early_stop_mid_epoch_leaves_the_epochs_other_steps_to_a_resume(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from spanflow.atomic import atomic_open, recover_dir, writing
-from spanflow.errors import DataError, PeerFailed
+from spanflow.errors import DataError, PeerFailed, counted
 from spanflow.batching.prefetch import prefetch
 from spanflow.monitor.report import Meter, measure_peak, mfu_precision, train_flops_per_token
 from spanflow.training.checkpoint import (check_checkpoint, has_checkpoint, load_checkpoint, run_identity,
@@ -115,8 +115,9 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     if r.st["stopped"] and r.st["epoch"] < opts.epochs:
         where = (f"epoch {r.st['epoch']}" if not r.st["step_in_epoch"]
                  else f"step {r.st['global_step']} (epoch {r.st['epoch'] + 1})")
-        log(f"early stop after {where}: dev {hooks.metric} did not improve for {opts.patience} evaluations "
-            "(--patience)")
+        # the evaluations without gain (a resume under a smaller --patience may count more than it)
+        log(f"early stop after {where}: dev {hooks.metric} did not improve for "
+            f"{counted(r.st['bad_evals'], 'evaluation')} (--patience {opts.patience})")
     if final["best_f1"] is None:  # no dev score picked a model (no --dev, or a finished run resumed): the last
         with _spent(r, "saving"), stops.held():  # held around on_main: every rank has its answer first
             on_main(lambda: _save(hooks, "the model", os.path.join(out_dir, "model")), dist)
