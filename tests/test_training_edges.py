@@ -408,6 +408,11 @@ def test_a_max_steps_at_an_epochs_last_step_closes_that_epoch(tmp_path):
         assert bool(stopped) == (cut < total), lines  # at the last step of all: the run simply ended
         if stopped:
             assert stopped[0].startswith(f"stopped by --max-steps after step {cut} (epoch 1): "), stopped
+            lines.clear()  # the same command resumed trains on to the end, as that line says
+            train_ner(DATA, DATA, model="tiny", out_dir=str(out), log_fn=lines.append,
+                      options=opts(max_tokens=128, max_steps=cut, resume=True))
+            assert not any(x.startswith("stopped by --max-steps") for x in lines), lines
+            assert json.loads((out / "train_report.jsonl").read_text().splitlines()[-1])["step"] == total
 
 
 def test_a_resume_on_data_of_other_labels_is_told_as_a_resume(tmp_path):

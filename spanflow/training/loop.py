@@ -91,9 +91,10 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
                 learning_check(r, f1, left=0 if r.st["stopped"] else opts.epochs - epoch - 1, stopped=r.st["stopped"])
                 r.st["epoch"], r.st["step_in_epoch"] = epoch + 1, 0
                 _checkpoint(r)
-            if r.st["global_step"] == opts.max_steps and r.st["epoch"] < opts.epochs and not r.st["stopped"]:
-                # --max-steps at an epoch's last step: the epoch closed as any does (evaluated, reported,
-                # checkpointed), then the run stops, epochs left
+            if plan and r.st["global_step"] == opts.max_steps and r.st["epoch"] < opts.epochs and not r.st["stopped"]:
+                # --max-steps at an epoch's last step, trained by this run (a resume from there with the same
+                # --max-steps trains on): the epoch closed as any does (evaluated, reported, checkpointed),
+                # then the run stops, epochs left
                 catch_up(r.optimizer)
                 final = {**_summary(r, completed=False), "epoch": r.st["epoch"]}
                 return final
