@@ -1,6 +1,7 @@
 """DDP on CPU with gloo: 2 real processes against single-process training on the same batches."""
 import json
 import os
+import shutil
 import sys
 import socket
 import signal
@@ -383,6 +384,10 @@ def test_an_error_of_one_rank_is_said_once_and_named(monkeypatch, capsys):
     monkeypatch.setenv(D.ERRORS, folders[0])  # the launcher's folder gone (a tmp cleaner): said, not lost
     D.report_error("error: y", lambda x: sys.stderr.write(x + "\n"))
     assert capsys.readouterr().err == "error: y\n"
+    os.makedirs(os.path.join(folders[0], "rank1"))  # a line that cannot be left: said, with why
+    D.report_error("error: z", lambda x: sys.stderr.write(x + "\n"))
+    assert capsys.readouterr().err == "error: z (rank 1; not left for the launcher: Is a directory)\n"
+    shutil.rmtree(folders[0])
 
 
 def _auto_budget_worker(rank, world, port, out):

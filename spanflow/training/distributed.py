@@ -203,15 +203,17 @@ ERRORS = "SPANFLOW_DEVICES_ERRORS"
 def report_error(line: str, write: Callable[[str], None]) -> None:
     """A rank's `error:` line: written by `write` outside --devices N's launcher, and by rank 0 under
     it; left for the launcher by every rank there."""
-    folder, rank, left = os.environ.get(ERRORS), job_rank(), False
-    if folder and os.path.isdir(folder):
-        try:
-            with open(os.path.join(folder, f"rank{rank}"), "a", encoding="utf-8", errors="backslashreplace") as f:
-                f.write(line + "\n")
-            left = True
-        except OSError:
-            pass
-    if not left or rank == 0:  # not left for the launcher (its folder gone): said here
+    folder, rank = os.environ.get(ERRORS), job_rank()
+    if not (folder and os.path.isdir(folder)):  # outside the launcher, or its folder gone: said here
+        write(line)
+        return
+    try:
+        with open(os.path.join(folder, f"rank{rank}"), "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(line + "\n")
+    except OSError as e:  # not left for the launcher: said here, with why, whatever the rank
+        write(f"{line} (rank {rank}; not left for the launcher: {e.strerror or e})")
+        return
+    if rank == 0:
         write(line)
 
 
