@@ -13,13 +13,15 @@ import glob
 import hashlib
 import os
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from spanflow.atomic import writing
 from spanflow.data.tables import parquet_file, parquet_output, pyarrow
-from spanflow.errors import ConfigError
+from spanflow.errors import ConfigError, DataError
 from spanflow.schemas import NonNegativeInt, explain, first_field
 
 
@@ -144,3 +146,18 @@ def model_files(model_dir: str | None) -> str:
     if not model_dir:
         return ""
     return hashlib.sha1(model_fingerprint(model_dir).encode()).hexdigest()[:16]
+
+
+@contextmanager
+def stopped_by_input(done: Callable[[], object], remove: Callable[[], None]) -> Iterator[None]:
+    """A job's input that stops reading mid-job (a DataError): what the job had done (`done()`)
+    stays for a resume on that same input, marked `kept` for the command line to say; where it had
+    done nothing, its parts are of no use to one and `remove()` takes them."""
+    try:
+        yield
+    except DataError as e:
+        if done():
+            e.kept = True
+        else:
+            remove()
+        raise

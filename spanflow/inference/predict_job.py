@@ -37,7 +37,8 @@ from spanflow.data.tables import (
     table_rows,
 )
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import assemble, chunk_part, model_files, write_chunk, write_journal
+from spanflow.inference.journal import (assemble, chunk_part, model_files, stopped_by_input, write_chunk,
+                                        write_journal)
 from spanflow.inference.predict_journal import PredictJob, PredictPaths, PredictSpec, open_job
 
 WHAT = "the predictions"
@@ -124,7 +125,7 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
         P = PredictPaths(os.path.realpath(dst), fmt)  # a link is written through: its target replaced, the link kept
         with writing(WHAT, dst):
             job, state = open_job(P, spec, src, resume, log)
-        try:
+        with stopped_by_input(lambda: job.records, P.remove_leftovers):
             rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
                                               id_column=id_column, keep=keep), job.records, None)
             total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
@@ -161,12 +162,6 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
                 return stats
             finally:
                 bar.close()
-        except DataError as e:  # the input stopped reading: what was done stays for a resume on that same
-            if job.records:      # input, said; parts of nothing done are no use to one
-                e.kept = True
-            else:
-                P.remove_leftovers()
-            raise
 
 
 class _Done:

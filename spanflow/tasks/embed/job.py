@@ -51,7 +51,8 @@ from spanflow.data.records import read_rows, sample_texts
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError, counted
-from spanflow.inference.journal import assemble, check_unchanged, chunk_part, model_files, write_chunk
+from spanflow.inference.journal import (assemble, check_unchanged, chunk_part, model_files, stopped_by_input,
+                                        write_chunk)
 from spanflow.tasks.embed.journal import (
     ChunkDone,
     EmbedSpec,
@@ -376,15 +377,9 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
         if prog.done:
             log(f"resuming: {counted(len(prog.done), 'chunk')} already done")
         out = _ChunkWriter(P, fmt, spec, job, prog, embedder, types)
-        try:
+        # parts of no chunk done (an .npy's whole reserved file) are removed, the journal first
+        with stopped_by_input(lambda: prog.done, lambda: (os.remove(P.journal), P.remove_leftovers())):
             _run_chunks(embedder, spec, job, prog, out, max_tokens, progress)
-        except DataError as e:  # the input stopped reading: the chunks done stay for a resume on that same
-            if prog.done:       # input, said; parts of none (an .npy's whole reserved file) are no use to one
-                e.kept = True
-            else:
-                os.remove(P.journal)
-                P.remove_leftovers()
-            raise
         empty = out.empty() if fmt == "parquet" else None  # an Arrow table: pyarrow is the parquet extra
     with writing(WHAT, P.out):
         _finish(P, fmt, job, prog, empty)
