@@ -113,11 +113,9 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
     if below:
         log_fn(f"budgets below the max length {lengths[0]} are not measured: {', '.join(map(str, below))}")
     items = w.items_at(lengths[-1])  # at the longest length swept: the largest batches
-    sizes = [len(x) for x in items]
     # the first budget whose batches (as the sweep makes them) are the whole sample in one: each larger
     # one runs that same batch, and its speed would differ by noise alone
-    one = next((b for b in budgets if sizes and len(token_budget_batches(sizes, b, shuffle=mode == "train")) == 1),
-               None)
+    one = next((b for b in budgets if _one_batch_tokens(items, b, mode)), None)
     if one is not None and one < budgets[-1]:
         log_fn(f"budgets above {one} run the whole sample in one batch, as {one} does: not measured: "
                f"{', '.join(str(b) for b in budgets if b > one)} (a larger --sample, or more data, measures them)")
