@@ -499,6 +499,19 @@ def test_embed_resume_refuses_another_max_length(st_dir, tmp_path, capsys):
     np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:23]), atol=1e-5)
 
 
+def test_a_resume_naming_the_field_as_a_column_goes_on(st_dir, tmp_path):
+    """`--column text` of a JSONL input is its default `--field text`: the same job, resumed."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:12]), encoding="utf-8")
+    out = str(tmp_path / "out.npy")
+    emb = Embedder.load(st_dir, precision="fp32")
+    interrupt_at(2, emb, EmbedSpec(input=str(src), output=out, chunk_size=5, model=st_dir))
+    said = []
+    embed_file(emb, EmbedSpec(input=str(src), output=out, chunk_size=5, model=st_dir, column="text"), resume=True,
+               progress=False, log=said.append)  # was refused: (field 'text' then, ...; column None then, 'text' now)
+    np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:12]), atol=1e-5)
+
+
 def test_a_length_set_on_the_embedder_is_the_jobs_as_well(st_dir, tmp_path, capsys):
     """The journal keeps the length the texts were cut at, whether the spec or the embedder set it."""
     src = write_lines(tmp_path / "in.txt", TEXTS[:12])

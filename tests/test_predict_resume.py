@@ -164,6 +164,23 @@ def test_a_run_without_resume_starts_over_and_removes_what_the_killed_one_left(m
     assert said == [f"--resume: no interrupted job of {out} to go on with; predicting the whole input"]
 
 
+@pytest.mark.parametrize("ext", ["jsonl", "parquet"])
+def test_a_resume_naming_the_same_column_another_way_goes_on(model, src, tmp_path, ext):
+    """`--column text` of a JSONL input is its default `--field text`: the same job, not another's."""
+    from spanflow.data.tables import pyarrow
+
+    if ext == "parquet":  # a table input: its text column named by --column
+        pa = pyarrow()
+        rows = [json.loads(x) for x in open(src, encoding="utf-8")]
+        pa.parquet.write_table(pa.table({"text": [str(r["text"]) for r in rows]}), str(tmp_path / "in.parquet"))
+        src = str(tmp_path / "in.parquet")
+    out, ref = str(tmp_path / "out.jsonl"), str(tmp_path / "ref.jsonl")
+    predict_file(model, src, ref, rows_per_group=4, **QUIET)
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
+    predict_file(model, src, out, rows_per_group=4, column="text", resume=True, **QUIET)  # was refused
+    assert open(out, encoding="utf-8").read() == open(ref, encoding="utf-8").read()
+
+
 def test_a_resume_of_another_job_or_input_is_refused(model, src, tmp_path):
     out = str(tmp_path / "out.jsonl")
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)

@@ -35,6 +35,17 @@ def input_kind(path: str) -> str:
     return kind if kind in ("jsonl", "csv", "tsv") else "text"
 
 
+def text_place(path: str, field: str, column: int | str | None) -> tuple[str, int | str | None]:
+    """(field, column) as the texts of `path` are read, one way for each way of saying it: a
+    JSONL field or table column named by --column is that --field; a CSV/TSV's default column is 0;
+    text lines read neither. A resumed job compares these, not the flags as typed."""
+    if is_table(path) or (os.path.exists(path) and input_kind(path) == "jsonl"):
+        return (column if isinstance(column, str) else field), None
+    if os.path.exists(path) and input_kind(path) in ("csv", "tsv"):
+        return "text", 0 if column is None else column
+    return "text", None
+
+
 def _json_kind(path: str) -> str:
     """jsonl for a .json file that opens with an object; a DataError for one that opens a list;
     text lines otherwise (as any other file, and a pipe, whose first bytes read here would be gone)."""

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from spanflow.data.records import text_place
 from spanflow.errors import ConfigError
 from spanflow.inference.journal import (Fingerprint, check_unchanged, chunk_files, fingerprint, read_journal,
                                         write_journal)
@@ -136,6 +137,8 @@ def placed(P: PredictPaths, job: PredictJob) -> bool:
 
 def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, source: Fingerprint) -> None:
     was, now = job.spec.model_dump(), spec.model_dump()
+    for d in (was, now):  # `--column text` of a JSONL input is its default --field text
+        d["field"], d["column"] = text_place(spec.input, d["field"], d["column"])
     key = next((k for k in now if was[k] != now[k]), None)
     if key == "model_files":
         raise ConfigError(f"the model {spec.model or '(in memory)'} changed since the interrupted job began (saved "

@@ -47,7 +47,7 @@ from spanflow.batching.align import LINE_BREAK
 from spanflow.batching.prefetch import read_ahead
 from spanflow.data.formats.common import invisible, kind_of
 from spanflow.data.jsonvalues import json_line
-from spanflow.data.records import read_rows, sample_texts
+from spanflow.data.records import read_rows, sample_texts, text_place
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError, counted
@@ -220,6 +220,9 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
     """A ConfigError where `job` (the journal's) was run with other settings than `now` (a subset
     of its spec's), or on an input of another size or, where `sha256` is given, content."""
     was = job.spec.model_dump()
+    for d in (was, now):  # `--column text` of a JSONL input is its default --field text
+        if "field" in d:
+            d["field"], d["column"] = text_place(path, d["field"], d["column"])
     # a journal of a version that kept no max_length ran at the model's own, and one that kept no
     # digest of the model's files cannot tell: neither is compared. Paths are compared as the files
     # they name (./in.parquet is in.parquet)
