@@ -180,6 +180,7 @@ def test_the_epoch_line_names_a_datasheet_peak_and_gpu_utilisation():
     assert line.startswith("epoch 1 step 10 (12 s training) | loss 0.2500 | 900 real tok/s")
     assert "MFU 42.0% of the datasheet peak | GPU util 87%" in line
     assert report.format_report({**rep, "wall_s": 1.34}).startswith("epoch 1 step 10 (1.3 s training)")  # tenths
+    assert report.format_report({**rep, "wall_s": 0.043}).startswith("epoch 1 step 10 (0.043 s training)")  # was 0.0
 
 
 MIB = 2**20

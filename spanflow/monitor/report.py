@@ -242,6 +242,12 @@ def _percent(x: float) -> str:
     return f"{x * 100:.1f}%" if x >= 0.01 or x == 0 else f"{x * 100:.2g}%"
 
 
+def _training_seconds(x: float) -> str:
+    """A period's seconds: one decimal below 10, two significant digits below 0.1 (a tiny
+    model's epoch of 0.04 s was `0.0 s`)."""
+    return f"{x:.2g}" if 0 < x < 0.1 else f"{x:.{1 if x < 10 else 0}f}"
+
+
 def format_report(r: dict) -> str:
     """One human line per report: the period's training seconds, loss, throughput and where its
     time went, MFU against the peak it names, and the dev score."""
@@ -250,7 +256,7 @@ def format_report(r: dict) -> str:
     mfu = f"{_percent(r['mfu'])} {basis}".rstrip() if r.get("mfu") is not None else "n/a"
     head = f"epoch {r.get('epoch', '-')}{' (partial)' if r.get('partial') else ''} step {r.get('step', '-')}"
     if r.get("wall_s") is not None:
-        head += f" ({r['wall_s']:.{1 if r['wall_s'] < 10 else 0}f} s training)"
+        head += f" ({_training_seconds(r['wall_s'])} s training)"
     parts = [head] + ([f"loss {r['loss']:.4f}"] if r.get("loss") is not None else [])
     if r.get("steps") == 0:  # a resume at the end of an epoch: no step was trained in this period
         parts.append("no steps left in this epoch (resumed at its end)")
