@@ -248,6 +248,10 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     said = capsys.readouterr().out.splitlines()  # what it read, first, as train ner says it
     n = sum(len(e.triples) for e in data)
     assert said[:2] == [f"read {train}: 30 texts, {n} triples"] * 2
+    kinds = {r for e in data for _, r, _ in e.triples}
+    [closing] = [x for x in said if x.startswith("the model extracts ")]
+    assert closing.startswith(f"the model extracts {len(kinds)} relations: ")  # named, as NER names its labels
+    assert set(closing.split(": ", 1)[1].split(", ")) == kinds
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(train), "--json"]) == 0
     m = json.loads(capsys.readouterr().out)
     assert {"f1", "precision", "recall", "partial", "per_relation"} <= set(m) and "f1" in m["partial"]
@@ -541,3 +545,10 @@ def test_subjects_and_objects_are_whole_words_in_training_and_prediction(monkeyp
     marked = tuple(torch.tensor([v]) for v in (0, 2, 2, 0, 5, 5))
     monkeypatch.setattr(re_model, "extract", lambda *a, **k: marked)
     assert model.predict_encoded([enc]) == [[((0, 8), "met", (13, 16))]]
+
+
+def test_a_closing_line_names_the_first_relations_and_counts_the_rest():
+    from spanflow.tasks.re.task import _some
+
+    assert _some(["a", "b"]) == "a, b"
+    assert _some([f"r{i}" for i in range(10)], shown=3) == "r0, r1, r2 and 7 more (the model's spanflow.json lists them)"

@@ -63,7 +63,8 @@ class ReTask:
         model = train_re(train, dev, model=a.model, out_dir=a.out, options=options,
                          relations=relations, all_subjects=a.subjects == "all")
         # fit() said where the model is
-        return closing(a.out, f"the model extracts {counted(len(model.relations), 'relation')}",
+        return closing(a.out, f"the model extracts {counted(len(model.relations), 'relation')}: "
+                              f"{_some(model.relations)}",
                        "spanflow predict --model {model} --input texts.txt --output relations.jsonl")
 
     def load(self, path: str, *, device: str = "auto", precision: str = "auto") -> ReModel:
@@ -121,3 +122,10 @@ def _read_line(path: str, examples: list) -> str:
     total = sum(len(e.triples) for e in examples) + unplaced
     return (f"read {path}: {counted(len(examples), 'text')}, {counted(total, 'triple')}"
             + (f" ({unplaced} of them gold for scoring only: the warning above says why)" if unplaced else ""))
+
+
+def _some(names: list[str], shown: int = 8) -> str:
+    """The first `shown` names, and how many more (a WebNLG model has hundreds: all are in the
+    model's spanflow.json)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more (the model's spanflow.json lists them)" if more > 0 else "")
