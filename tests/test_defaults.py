@@ -48,6 +48,9 @@ def test_fill_defaults_fills_only_what_is_unset():
     lines.clear()
     fill_defaults(TrainOptions(), D, lengths=[32] * 1_000_000, device=CPU, log=lines.append)
     assert "max_tokens 4096 (about 7813 updates per epoch)" in lines[0]  # capped by the CPU's budget
+    lines.clear()  # a long pair alone in its update, left out by a loss that needs two: not counted
+    fill_defaults(TrainOptions(), D, lengths=[32] * 31 + [256], device=CPU, log=lines.append, min_update=2)
+    assert "max_tokens 256 (about 4 updates per epoch)" in lines[0]  # the plan trains 4 (5 with the lone pair)
     lines.clear()
     fill_defaults(TrainOptions(), D, lengths=[32] * 5, device=CPU, log=lines.append)
     assert "max_tokens 256 (about 1 update per epoch)" in lines[0]

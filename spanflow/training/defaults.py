@@ -98,20 +98,22 @@ def _update_said(max_tokens: int, accum: int, asked: TrainOptions) -> str:
 
 def fill_defaults(opts: TrainOptions, defaults: TaskDefaults, *, lengths: list[int], device: torch.device,
                   world: int = 1, log: Callable[[str], None] = print, tiny: bool = False,
-                  dev: bool = True, asked: TrainOptions | None = None) -> TrainOptions:
+                  dev: bool = True, asked: TrainOptions | None = None, min_update: int = 1) -> TrainOptions:
     """Options with every unset value taken from `defaults` and the data, each choice logged.
 
     The learning rates follow the update size by the square-root rule (Adam-style
     optimizers keep their per-update noise level that way), from REFERENCE_TOKENS. The line
     also names a `tiny` start, and says what a run without `dev` data keeps. `asked`: the user's
-    options where a task sized some of `opts` (the notes name a flag only where it was given).
+    options where a task sized some of `opts` (the notes name a flag only where it was given);
+    `min_update`: the items an update needs (Plan.min_update), so the updates counted are those trained.
     """
     asked = asked or opts
     auto = [TINY] if tiny else []
     max_tokens = opts.max_tokens or update_tokens(lengths, device, world)
     # the first epoch's plan: what the budget gives on this data (batches are rarely full: the token
     # total over the budget counts too few updates)
-    plan = epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world) if lengths else []
+    plan = (epoch_plan(lengths, dataclasses.replace(opts, max_tokens=max_tokens), 0, world, min_items=min_update)
+            if lengths else [])
     if opts.max_tokens is None:
         # the rule aims at UPDATES_PER_EPOCH in powers of two (or the device's cap): say what it gives here
         each = f" on each of {world} processes" if world > 1 else ""

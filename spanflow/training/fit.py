@@ -86,7 +86,8 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
         prepare_encoder(plan.model.module.encoder, run.opts, run.log)
         opts = fill_defaults(plan.options or run.opts, plan.defaults, lengths=[len(it) for it in plan.items],
                              device=run.policy.device, world=run.dist.world, log=run.log,
-                             tiny=model == "tiny" and run.source == model, dev=bool(dev), asked=run.opts)
+                             tiny=model == "tiny" and run.source == model, dev=bool(dev), asked=run.opts,
+                             min_update=plan.min_update)
         # each epoch's score alone: the check of gold spans against the model's words, which training
         # never printed, tokenized the dev data again every time
         evaluate = (lambda module: plan.model.evaluate(dev, dist=run.dist, check_spans=False)) if dev else None
