@@ -425,11 +425,25 @@ def test_a_max_steps_the_checkpoint_has_passed_is_refused(files, tmp_path, capsy
 def test_the_first_loss_window_survives_a_stop_before_it_fills(files, reference, tmp_path):
     out = tmp_path / "run"
     assert train(files, out, "--max-steps", "2") == 0
-    assert checkpoint_state(out)["first_loss"] is None and len(checkpoint_state(out)["first_window"]) == 2
+    assert checkpoint_state(out)["first_loss"] is None and len(checkpoint_state(out)["window"]) == 2
     assert train(files, out, "--resume") == 0
     # the same steps' losses as the uninterrupted run's first window, not the window after the resume
     assert abs(checkpoint_state(out)["first_loss"] - checkpoint_state(reference)["first_loss"]) < 1e-6
-    assert "first_window" not in checkpoint_state(out)
+
+
+def test_a_resumed_run_reports_the_losses_of_an_unbroken_one(files, reference, tmp_path):
+    """The loss window is in the checkpoint: a run stopped after its first window filled reports,
+    once resumed, the epoch losses of the run that was never stopped (they began again from the
+    resume's steps alone)."""
+    out = tmp_path / "run"
+    steps = json.loads((reference / "train_report.jsonl").read_text().splitlines()[0])["step"]
+    assert train(files, out, "--max-steps", str(steps - 1)) == 0  # inside epoch 1, its first window full
+    assert checkpoint_state(out)["first_loss"] is not None
+    assert train(files, out, "--resume") == 0
+    want = [json.loads(x)["loss"] for x in (reference / "train_report.jsonl").read_text().splitlines()]
+    got = [r["loss"] for r in map(json.loads, (out / "train_report.jsonl").read_text().splitlines())
+           if not r.get("partial")]
+    assert got == pytest.approx(want, abs=1e-6)
 
 
 def test_out_model_that_is_no_model_is_refused_before_training_and_litter_is_not(tmp_path, capsys):

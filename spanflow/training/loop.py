@@ -56,7 +56,9 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     r = _start(model, items, hooks, opts=opts, policy=policy, out_dir=out_dir, log=log, dist=dist,
                total_steps=sum(per_epoch), origin=origin)
     r.recent = deque(maxlen=loss_window(opts.log_every, per_epoch[0] if per_epoch else 1))
-    for v in r.st.pop("first_window", None) or []:  # a resume before the first window filled: its steps so far
+    # a resume: the loss window as the stop left it (a checkpoint of an earlier version kept it only
+    # before the learning check's first window filled), so step and epoch lines read as an unbroken run's
+    for v in r.st.pop("window", None) or r.st.pop("first_window", None) or []:
         r.recent.append(torch.tensor(v if dist.is_main else 0.0, device=policy.device))  # each rank holds a share
     model.train()
     r.clock = (time.perf_counter(), r.st["global_step"])
@@ -335,8 +337,8 @@ def _checkpoint(r: LoopState) -> None:
 
 def _write_checkpoint(r: LoopState) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
-    if r.st.get("first_loss") is None and r.recent:  # the learning check's first window, not yet full
-        r.st["first_window"] = all_sum([float(x) for x in r.recent], r.dist)  # host syncs, at checkpoints only
+    if r.recent:  # the loss window, and the learning check's first one while it fills
+        r.st["window"] = all_sum([float(x) for x in r.recent], r.dist)  # host syncs, at checkpoints only
 
     def save_model(path: str) -> None:  # a model to run as it is; the optimizer's state keeps the table as it stands
         with paid(r.optimizer):
@@ -345,7 +347,7 @@ def _write_checkpoint(r: LoopState) -> None:
     with stops.held():  # a stop inside it ends the run as it is done: the steps since the last one are kept
         on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=save_model, optimizer=r.optimizer,
                                         scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
-    r.st.pop("first_window", None)
+    r.st.pop("window", None)
 
 
 def _evaluate(r: LoopState) -> float | None:
