@@ -81,6 +81,8 @@ def test_tensorboard_resume_appends_to_the_same_curves(tmp_path):
     assert steps == list(range(1, reps[-1]["step"] + 1))
     tiny_run(tmp_path, report_to="tensorboard", epochs=1)  # a fresh run in the same OUT starts fresh curves
     assert len(glob.glob(str(tmp_path / "runs" / "events.out.tfevents.*"))) == 1
+    tiny_run(tmp_path, epochs=1)  # one that reports nowhere leaves no curves of a model no longer there
+    assert glob.glob(str(tmp_path / "runs" / "events.out.tfevents.*")) == []
 
 
 def test_tensorboard_resume_hides_steps_logged_after_the_checkpoint(tmp_path):

@@ -28,7 +28,7 @@ from spanflow.training.progress import (check_finite, check_logged_loss, elapsed
                                         lr_now, progress_bar, report_period, window_loss)
 from spanflow.runtime import stops
 from spanflow.runtime.policy import Policy
-from spanflow.training.report_to import Reporters, build_reporters, dev_scalars
+from spanflow.training.report_to import Reporters, build_reporters, dev_scalars, drop_curves
 from spanflow.training.resume import (check_epochs_left, check_resume_agrees, check_steps_left, resumed_at,
                                       trim_report)
 from spanflow.training.state import LoopState, TaskHooks
@@ -219,7 +219,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
                    if os.path.isdir(kept) else ""))
         # a fresh run starts a fresh report, and an earlier run's checkpoint goes now: left beside
         # this run's first models, a --resume after a stop would take that run's state for this one's
-        on_main(lambda: (_remove(r.report_path), _remove_tree(r.ckpt_dir)), dist)
+        on_main(lambda: (_remove(r.report_path), _remove_tree(r.ckpt_dir), drop_curves(out_dir)), dist)
     if opts.resume:
         check_resume_agrees(r, bool(resumed), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed

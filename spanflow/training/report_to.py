@@ -6,7 +6,8 @@
 (`close`). Only rank 0 reports under torchrun; the loop builds no reporter on the other ranks.
 
 - TensorBoard writes event files to OUT/runs (`tensorboard --logdir OUT/runs`). A fresh run
-  removes the event files a previous run left there, as it does OUT/train_report.jsonl; a resumed
+  (with --report-to or without) removes the event files a previous run left there, as it does
+  OUT/train_report.jsonl; a resumed
   run (--resume) appends to the same directory and hides what the stopped run logged after its
   checkpoint (SummaryWriter's purge_step), so each curve reads as one run.
 - MLflow logs to MLFLOW_TRACKING_URI when set, else to a SQLite store under OUT/mlruns
@@ -43,6 +44,14 @@ class Reporter(Protocol):
 
     def close(self, final: dict | None) -> None:
         """`final`: the loop's summary (best_f1, best_step, global_step, completed); None when training failed."""
+
+
+def drop_curves(out_dir: str) -> None:
+    """Remove the TensorBoard event files an earlier run left in OUT/runs: a fresh run starts fresh
+    curves whether or not it reports to TensorBoard itself (curves of a model no longer in OUT,
+    beside a new train_report.jsonl, would be read as this run's). MLflow keeps its runs apart."""
+    for path in glob.glob(os.path.join(out_dir, "runs", "events.out.tfevents.*")):
+        os.remove(path)
 
 
 def dev_key(metric: str) -> str:
@@ -149,10 +158,7 @@ class TensorBoardReporter:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise ConfigError(f"--report-to tensorboard cannot start ({e}): {INSTALL['tensorboard']}") from None
-        self.log_dir = os.path.join(out_dir, "runs")
-        if resumed_step is None:  # a fresh run starts fresh curves
-            for path in glob.glob(os.path.join(self.log_dir, "events.out.tfevents.*")):
-                os.remove(path)
+        self.log_dir = os.path.join(out_dir, "runs")  # a fresh run's loop removed the curves there (drop_curves)
         purge = resumed_step + 1 if resumed_step is not None else None  # steps up to the checkpoint's stay
         try:
             self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge)
