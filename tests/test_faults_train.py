@@ -531,7 +531,8 @@ def test_a_fresh_run_stopped_in_a_finished_out_is_never_resumed_as_the_old_run(f
     capsys.readouterr()
     assert train(files, out, "--resume") == 0  # a retry goes on from the beginning, and says what it replaces
     assert (f"no checkpoint in {out / 'checkpoint'}; starting from the beginning (warning: {out / 'model'}, a model "
-            "a run before saved, is replaced at this run's first save; its train_report.jsonl goes now)"
+            "saved with no checkpoint beside it (an earlier run's, or the stopped run's before its first checkpoint), "
+            "is replaced at this run's first save; its train_report.jsonl goes now)"
             in capsys.readouterr().out)
     assert_same_weights(out / "model", reference / "model")
 

@@ -214,7 +214,8 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         if opts.resume:  # a retry after a stop before the first checkpoint: goes on, and says what it replaces
             kept = os.path.join(out_dir, "model")
             log(f"no checkpoint in {r.ckpt_dir}; starting from the beginning"
-                + (f" (warning: {kept}, a model a run before saved, is replaced at this run's first save; its "
+                + (f" (warning: {kept}, a model saved with no checkpoint beside it (an earlier run's, or the "
+                   "stopped run's before its first checkpoint), is replaced at this run's first save; its "
                    "train_report.jsonl goes now)"
                    if os.path.isdir(kept) else ""))
         # a fresh run starts a fresh report, and an earlier run's checkpoint goes now: left beside
