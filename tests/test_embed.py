@@ -560,14 +560,22 @@ def test_an_output_name_embed_does_not_write_names_the_ones_it_does(tmp_path):
 
     src = tmp_path / "t.txt"
     src.write_text("a\n")
-    for name, hint in (("v.json", "; the output is JSON Lines, one record a line: name it .jsonl"),
-                       ("v.arrow", "; Arrow output is written as Parquet: use .parquet"), ("v.txt", "")):
+    for name, hint in (("v.arrow", "; Arrow output is written as Parquet: use .parquet"), ("v.txt", "")):
         with pytest.raises(ConfigError) as e:
             check_spec(EmbedSpec(input=str(src), output=str(tmp_path / name)))
-        assert str(e.value) == (f"--output must end in .npy, .jsonl (.ndjson) or .parquet (.pq), got "
+        assert str(e.value) == (f"--output must end in .npy, .jsonl (.ndjson, .json) or .parquet (.pq), got "
                                 f"{str(tmp_path / name)!r}{hint}")
-    for name in ("v.ndjson", "v.pq", "v.NPY"):
-        check_spec(EmbedSpec(input=str(src), output=str(tmp_path / name)))  # taken
+    for name, fmt in (("v.ndjson", "jsonl"), ("v.json", "jsonl"), ("v.pq", "parquet"), ("v.NPY", "npy")):
+        assert check_spec(EmbedSpec(input=str(src), output=str(tmp_path / name))) == fmt  # taken
+
+
+def test_a_json_output_holds_json_lines_as_predict_writes_them(st_dir, tmp_path):
+    src = write_lines(tmp_path / "in.txt", TEXTS[:5])
+    emb = Embedder.load(st_dir, precision="fp32")
+    for name in ("v.json", "v.jsonl"):
+        embed_file(emb, EmbedSpec(input=src, output=str(tmp_path / name), model=st_dir), progress=False,
+                   log=lambda m: None)
+    assert (tmp_path / "v.json").read_bytes() == (tmp_path / "v.jsonl").read_bytes()
 
 
 def test_encode_normalize_gives_unit_rows_in_the_same_direction(hf_dir):

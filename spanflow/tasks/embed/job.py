@@ -80,11 +80,10 @@ def _out_format(path: str) -> str:
     if ext in PARQUET:
         return "parquet"
     kind = kind_of(path)
-    if kind in ("npy", "jsonl"):
-        return kind
-    hint = ("; Arrow output is written as Parquet: use .parquet" if ext in IPC
-            else "; the output is JSON Lines, one record a line: name it .jsonl" if ext == ".json" else "")
-    raise ConfigError(f"--output must end in .npy, .jsonl (.ndjson) or .parquet (.pq), got {path!r}{hint}")
+    if kind in ("npy", "jsonl", "json"):  # .json: JSON Lines, as predict writes it and every job reads it
+        return "jsonl" if kind == "json" else kind
+    hint = "; Arrow output is written as Parquet: use .parquet" if ext in IPC else ""
+    raise ConfigError(f"--output must end in .npy, .jsonl (.ndjson, .json) or .parquet (.pq), got {path!r}{hint}")
 
 
 def _check_columns(spec: EmbedSpec, fmt: str) -> None:
