@@ -229,6 +229,7 @@ def test_a_run_says_what_its_starting_model_scored_and_warns_when_never_beaten(t
     assert "the starting model" not in capsys.readouterr().out  # a tiny encoder from scratch scores nothing yet
     ran = json.loads((tmp_path / "a" / "train_options.json").read_text())  # the task's own settings too
     assert (ran["loss"], ran["training_data_of"], ran["symmetric"]) == ("cosent", "scored pairs", False), ran
+    assert not {"head_lr", "stride", "label_smoothing", "pack", "oversample"} & set(ran)  # no head, no windows
     start = str(tmp_path / "a" / "model")
     # an update too small to move fp32 weights: the run ends where it started, and says so
     assert main(["train", "embed", *base, "--model", start, "--out", str(tmp_path / "b"), "--lr", "1e-20"]) == 0

@@ -54,6 +54,7 @@ def test_a_run_without_model_or_dev_names_the_tiny_start_and_keeps_the_last_epoc
     # what ran, every default filled in: an explicit budget, the rates the defaults took, the head
     ran = json.loads((out / "train_options.json").read_text())
     assert ran["max_tokens"] == 512 and ran["epochs"] == 2 and ran["precision"] == "fp32" and ran["model"] == "tiny"
+    assert {"stride", "class_weights", "pack", "head_lr"} <= set(ran)  # NER's own options among them
     assert f"lr {ran['lr']:.2g}" in defaults and ran["train_items"] > 0
     assert any("; head crf; words: " in x for x in lines)  # the head it trained, named though nobody chose it
 

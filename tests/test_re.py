@@ -258,6 +258,9 @@ def test_cli_train_evaluate_predict_re(tmp_path, capsys):
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(train), "--scheme", "bio"]) == 2
     assert "--scheme names the tag scheme of NER CoNLL data, which the data of a model of task 're' does not take" in \
         capsys.readouterr().err
+    ran = json.loads((out / "train_options.json").read_text())  # RE's options: no NER-only one
+    assert {"head_lr", "label_smoothing", "oversample", "subjects"} <= set(ran)
+    assert not {"stride", "class_weights", "pack", "pack_span"} & set(ran)
     reps = [json.loads(x) for x in open(out / "train_report.jsonl")]
     assert len(reps) == 3 and "padding_efficiency" in reps[0] and "dev_f1" in reps[0]
     src = tmp_path / "in.txt"

@@ -53,6 +53,9 @@ class Plan:
     # items an update needs to teach anything: a loss that compares the items of an update (a ranking
     # loss's in-batch negatives, CoSENT's order) learns nothing from one; fewer are left out of the epoch
     min_update: int = 1
+    # the TrainOptions fields of some tasks' that this one takes (its task's train_fields): those it
+    # does not take are left out of OUT/train_options.json and the reporters' parameters; None: all
+    option_fields: frozenset[str] | None = None
 
 
 def fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir: str,
@@ -97,7 +100,7 @@ def _fit(setup: Callable[[Run], Plan], *, dev: list | None, model: str, out_dir:
         hooks = TaskHooks(collate=plan.collate, loss_fn=plan.loss_fn, evaluate=evaluate,
                           save_model=plan.model.save, targets=plan.targets, metric=plan.metric,
                           step=plan.step, course={**(plan.course or {}), "--dev": _dev_said(dev)},
-                          min_update=plan.min_update)
+                          min_update=plan.min_update, option_fields=plan.option_fields)
         origin = os.path.abspath(model) if os.path.exists(model) else model  # as the checkpoint records it
         summary = train_loop(plan.model.module, plan.items, hooks, opts=opts, policy=run.policy, out_dir=out_dir,
                              origin=origin,

@@ -225,7 +225,7 @@ def _start(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOption
         check_resume_agrees(r, bool(resumed), dist)
     r.reporters = build_reporters(opts.report_to, out_dir=out_dir, resumed_step=r.st["global_step"] if resumed
                                   else None, log=log, metric=hooks.metric) if dist.is_main else Reporters()
-    params = {**opts.to_dict(), **_course_params(hooks.course), "dev_metric": hooks.metric, "precision": policy.name,
+    params = {**opts.to_dict(hooks.option_fields), **_course_params(hooks.course), "dev_metric": hooks.metric, "precision": policy.name,
               "device": str(device),
               "processes": dist.world, "model": origin, "train_items": len(items)}
     r.reporters.log_params(params)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 
 from spanflow.batching.align import MIN_LENGTH
@@ -146,9 +147,14 @@ class TrainOptions:
         elif isinstance(self.class_weights, dict):  # a copy: the caller's dict may change after
             object.__setattr__(self, "class_weights", check_weights(self.class_weights))
 
-    def to_dict(self) -> dict:
-        """Every field by name (the run parameters reporters such as MLflow log)."""
-        return asdict(self)
+    def to_dict(self, takes: Collection[str] | None = None) -> dict:
+        """Every field by name (the run parameters reporters such as MLflow log); with `takes`, the
+        fields of some tasks' (metadata "some") only where it names them: a run's own options."""
+        d = asdict(self)
+        if takes is None:
+            return d
+        some = {f.name for f in dataclasses.fields(self) if f.metadata.get("some")}
+        return {k: v for k, v in d.items() if k not in some or k in takes}
 
 
 def parse_weights(text: str) -> dict[str, float]:

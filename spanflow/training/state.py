@@ -36,6 +36,7 @@ class TaskHooks:
     # what else sets the run's course (the task's loss and its settings), compared on --resume
     course: dict | None = None
     min_update: int = 1  # items an update needs to teach anything (Plan.min_update)
+    option_fields: frozenset[str] | None = None  # the task's own TrainOptions fields (Plan.option_fields)
 
 
 @dataclass

@@ -36,6 +36,7 @@ DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=None, epochs=4, patience
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
 RANKING_DEFAULTS = {"pretrained": TaskDefaults(lr=2e-5, head_lr=None, epochs=4, patience=2),
                     "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
+TRAIN_FIELDS: frozenset[str] = frozenset()  # it takes no TrainOptions field of some tasks' (no head, no windows)
 MIXED_MICRO_BATCHES = 2  # a scored-pair update: this many length buckets ranked together
 MAX_PAIRS_PER_STEP = 256  # the default update of a ranking loss: its pool of in-batch negatives
 MIN_STEPS_PER_EPOCH = 20  # a small pair set still gets this many updates an epoch
@@ -391,7 +392,8 @@ def train_embedder(train: list[Pair], dev: list[Pair] | None, *, model: str = "t
         plan = Plan(model=emb, items=items, collate=make_collate(emb.tokenizer.pad_token_id or 0),
                     loss_fn=_batch_loss(fn), defaults=for_encoder(table, emb.module.encoder), targets=lambda it: 1,
                     metric=metric, untrained_hint="a lower --lr or more training pairs may help", course=course,
-                    min_update=1 if kind == "triplets" else 2)  # a triplet ranks its own negative
+                    min_update=1 if kind == "triplets" else 2,  # a triplet ranks its own negative
+                    option_fields=TRAIN_FIELDS)
         world, device = run.dist.world, run.policy.device
         longer = [len(it) / len(it.sides) for it in items]
         length = sum(x * x for x in longer) / max(1, sum(longer))  # a token's row length, on average

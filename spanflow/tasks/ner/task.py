@@ -11,7 +11,7 @@ from spanflow.tasks.ner.heads import HEAD_TYPES
 from spanflow.tasks.ner.hf import token_classification_config
 from spanflow.tasks.ner.model import NerModel
 from spanflow.tasks.ner.train import DEFAULTS as NER_DEFAULTS
-from spanflow.tasks.ner.train import start_model, train_ner
+from spanflow.tasks.ner.train import TRAIN_FIELDS, start_model, train_ner
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response, records_schema
 from spanflow.training.options import TrainOptions
 from spanflow.training.outcome import closing, say_once
@@ -23,9 +23,7 @@ class NerTask:
 
     name, summary, route, request_field, trains = "ner", "named entities (spans)", "/v1/ner", "texts", True
     train_defaults = {"": NER_DEFAULTS}  # what --help says an unset --epochs, --lr, ... gets
-    # the TrainOptions fields of some tasks' that its training takes
-    train_fields = frozenset(("head_lr", "stride", "label_smoothing", "class_weights", "pack", "pack_span",
-                              "oversample"))
+    train_fields = TRAIN_FIELDS  # the TrainOptions fields of some tasks' that its training takes
     request_options = ()  # a body holds the texts and the model: any other field is refused
     exports = ("hf",)
     data_help = "CoNLL columns, JSONL spans or a spaCy .spacy file"

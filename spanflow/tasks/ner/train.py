@@ -41,6 +41,8 @@ WORDS_MEAN = {WHITESPACE: "plain text is cut into words at its spaces, as these 
 DEFAULTS = {"pretrained": TaskDefaults(lr=5e-5, head_lr=1e-3, epochs=10),
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
 DEFAULT_HEAD = "crf"
+# the TrainOptions fields of some tasks' (metadata "some") that NER training takes
+TRAIN_FIELDS = frozenset(("head_lr", "stride", "label_smoothing", "class_weights", "pack", "pack_span", "oversample"))
 
 
 def continues(model: str) -> bool:
@@ -160,6 +162,6 @@ def train_ner(train: list[NerExample], dev: list[NerExample] | None, *, model: s
         loss_fn = make_ner_loss(label_smoothing=opts.label_smoothing,
                                 class_weights=class_weight_tensor(opts.class_weights, windows, nm.id2label))
         return Plan(model=nm, items=windows, collate=make_collate(nm.tokenizer.pad_token_id), loss_fn=loss_fn,
-                    defaults=defaults, targets=window_targets, weights=weights)
+                    defaults=defaults, targets=window_targets, weights=weights, option_fields=TRAIN_FIELDS)
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=NerModel.load, log_fn=log_fn)

@@ -6,7 +6,7 @@ from spanflow.tasks.metrics import agreement_f1
 from spanflow.tasks.re.features import casrel_loss, make_collate, prepare_features
 from spanflow.tasks.re.model import ReModel
 from spanflow.tasks.re.train import DEFAULTS as RE_DEFAULTS
-from spanflow.tasks.re.train import check_relations, start_model, train_re
+from spanflow.tasks.re.train import TRAIN_FIELDS, check_relations, start_model, train_re
 from spanflow.tasks.registry import Workload, check_model_for, quality_at_length, records_response, records_schema
 from spanflow.training.options import TrainOptions
 from spanflow.training.outcome import closing, say_once
@@ -18,7 +18,7 @@ class ReTask:
 
     name, summary, route, request_field, trains = "re", "relation triples (CasRel)", "/v1/relations", "texts", True
     train_defaults = {"": RE_DEFAULTS}  # what --help says an unset --epochs, --lr, ... gets
-    train_fields = frozenset(("head_lr", "label_smoothing", "oversample"))  # TrainOptions fields of some tasks'
+    train_fields = TRAIN_FIELDS  # TrainOptions fields of some tasks'
     request_options = ()  # a body holds the texts and the model: any other field is refused
     data_help = "CasRel JSON or JSONL relations"
     export_instead = ("other tools have no CasRel head to load it into; run it with 'spanflow predict' or "

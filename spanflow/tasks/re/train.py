@@ -25,6 +25,7 @@ from spanflow.training.setup import Run, check_dev_gold, hold_longest, is_model_
 # measured for time to dev F1 (docs/defaults.md): webnlg with all-MiniLM-L6-v2
 DEFAULTS = {"pretrained": TaskDefaults(lr=1e-4, head_lr=2e-3, epochs=12),
             "tiny": TaskDefaults(lr=2e-3, head_lr=None, epochs=20, patience=0)}
+TRAIN_FIELDS = frozenset(("head_lr", "label_smoothing", "oversample"))  # TrainOptions fields of some tasks'
 
 
 def check_relations(train: list[ReExample], relations: list[str]) -> None:
@@ -118,6 +119,7 @@ def train_re(train: list[ReExample], dev: list[ReExample] | None, *, model: str 
                     collate=make_collate(rm.tokenizer.pad_token_id or 0, len(relations), seed=opts.seed,
                                          all_subjects=all_subjects),
                     loss_fn=make_casrel_loss(label_smoothing=opts.label_smoothing), targets=lambda f: len(f) - 2,
-                    weights=weights, course={"--subjects": "all" if all_subjects else "sample"})
+                    weights=weights, course={"--subjects": "all" if all_subjects else "sample"},
+                    option_fields=TRAIN_FIELDS)
 
     return fit(setup, dev=dev, model=model, out_dir=out_dir, options=options, load=ReModel.load, log_fn=log_fn)
