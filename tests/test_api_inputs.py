@@ -490,6 +490,25 @@ def test_a_stream_whose_input_fails_gives_the_chunks_read_before_it_first():
     assert got == [[0, 10, 20, 30], [40, 50]]  # the partly read chunk too (it was lost with chunked's list)
 
 
+def test_a_stream_left_unfinished_exits_quietly():
+    """A stream a script stops reading (an endless one: the docs show those) is closed as Python
+    exits; the prepare pool's shutdown printed a traceback then (its modules were gone)."""
+    import subprocess
+    import sys
+
+    script = ("import itertools, torch\n"
+              "from spanflow.batching.prefetch import prepared\n"
+              "class M:\n"
+              "    def stream(self, texts):\n"
+              "        for c in prepared(([t] for t in texts), lambda c: torch.zeros(len(c))):\n"
+              "            yield c\n"
+              "s = M().stream('x' for _ in itertools.count())\n"
+              "print(next(s).shape)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "torch.Size([1])"
+    assert done.stderr == ""  # was: Exception ignored in: <generator object prepared ...> AttributeError
+
+
 def test_reading_ahead_passes_every_record_read_before_an_error_and_the_error_itself():
     """Bulk jobs read their records ahead in lists of 1024 on a thread: the records of a list cut
     short by the reader's error were lost (a chunk of 1500 read in full came out as 1024)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numbers
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -43,7 +44,7 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
             yield item
     finally:
         stop.set()
-        while t.is_alive():  # unblock a producer stuck on a full queue
+        while t.is_alive() and not sys.is_finalizing():  # unblock a producer stuck on a full queue
             try:
                 q.get_nowait()
             except queue.Empty:
@@ -75,7 +76,11 @@ def prepared(chunks: Iterable, prepare: Callable, depth: int = 1) -> Iterator:
         if failed is not None:
             raise failed
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a consumer stopping early waits for no chunk
+        # a consumer stopping early waits for no chunk; a stream left unfinished is closed as Python
+        # exits, when the pool's modules are torn down (shutdown would print a traceback): its
+        # worker thread ends with the process
+        if not sys.is_finalizing():
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def read_ahead(items: Iterable, size: int = 1024) -> Iterator:
