@@ -162,12 +162,15 @@ def test_train_and_evaluate_refuse_tag_flags_where_no_file_has_tags(tmp_path, ca
     assert main(["evaluate", "--model", model, "--data", str(tags), "--scheme", "bio"]) == 0
 
 
-def test_convert_names_an_entity_of_white_space_alone_by_the_inputs_text(tmp_path, capsys):
-    """A CoNLL token of spaces tagged as an entity reads as one; JSONL's reader refuses such an
-    entity, so the converted file would not read back: refused, naming the input's text."""
+def test_an_entity_of_white_space_alone_is_refused_at_its_line(tmp_path, capsys):
+    """A CoNLL token of spaces tagged as an entity: JSONL's reader refuses such an entity, and
+    training would train it as none; the CoNLL reader refuses it at its line (convert named a
+    text number, train took it)."""
     src = tmp_path / "ws.conll"
     src.write_text("Ann\tB-PER\nran\tO\n\nAnn\tB-PER\n \tB-LOC\nran\tO\n\n", encoding="utf-8")
     assert main(["convert", str(src), str(tmp_path / "o.jsonl")]) == 2
-    assert f"error: {src}: text 2 (counted from 1): entity [4, 5, 'LOC'] holds white space alone" \
+    assert f"error: {src}:5: entity 'LOC' is a token of white space alone (' '): tag it O" \
         in capsys.readouterr().err
+    assert main(["train", "ner", "--train", str(src), "--out", str(tmp_path / "run")]) == 2
+    assert f"error: {src}:5: entity 'LOC'" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()

@@ -304,7 +304,7 @@ def test_a_jsonl_entity_with_white_space_at_an_edge_is_read_without_it_and_said(
     assert (f"{p}: 2 entities have white space at an edge, read without it (e.g. line 1: ' Paris'; line 2: 'Rome ')"
             in caplog.text)
     blank = write(tmp_path, "blank.jsonl", '{"text": "a   b", "entities": [[1, 4, "X"]]}\n')
-    with pytest.raises(DataError, match=r"blank\.jsonl:1: entity \[1, 4, 'X'\] holds white space alone"):
+    with pytest.raises(DataError, match=r"blank\.jsonl:1: span \(1, 4, 'X'\) holds white space alone \('   '\)"):
         read_ner(blank)
 
 

@@ -212,8 +212,11 @@ def test_examples_labelled_with_tags_are_refused_by_the_python_api(tmp_path):
     from spanflow.tasks.ner import train_ner
 
     data = [NerExample("Bob Smith", [(0, 3, "B-PER"), (4, 9, "I-PER")])]
-    with pytest.raises(ConfigError, match="^train: labels 'B-PER' and 'I-PER' are tags"):
+    with pytest.raises(ConfigError, match="^train\\[0\\]: labels 'B-PER' and 'I-PER' are tags"):
         train_ner(data, None, out_dir=str(tmp_path))
+    good = [NerExample("Ann met Bob", [(0, 3, "PER")])] * 2
+    with pytest.raises(ConfigError, match='^train\\[2\\]: a span labelled "O" marks no entity'):  # the item named
+        train_ner(good + [NerExample("abc", [(0, 3, "O")])], None, out_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize("signal_, rc, said", [("KeyboardInterrupt", 130, "interrupted"), ("Terminated", 143,

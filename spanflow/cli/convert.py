@@ -31,7 +31,6 @@ def run(a: argparse.Namespace) -> int:
         NER_TAKES,
         check_conll_writable,
         check_output_file,
-        check_spans_writable,
         ner_output_format,
         read_ner,
         refuse_tag_flags,
@@ -48,7 +47,6 @@ def run(a: argparse.Namespace) -> int:
     refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
     refuse_tag_flags([a.input], a.src, scheme=a.scheme, strict=a.strict)
     examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
-    check_spans_writable(examples, a.input)  # numbered as the input's texts
     if fmt == "conll":
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens

@@ -45,7 +45,7 @@ def is_offset(x) -> bool:
 
 
 def check_spans(text: str, spans: list[Span]) -> str | None:
-    """Return why `spans` do not fit `text` (out of range, empty, overlapping), or None."""
+    """Return why `spans` do not fit `text` (out of range, empty, overlapping, white space alone), or None."""
     for s, e, lab in spans:  # types first: sorting mixed types would raise
         if not (is_offset(s) and is_offset(e)):
             return f"span {quote((s, e, lab))} needs integer offsets"
@@ -60,6 +60,8 @@ def check_spans(text: str, spans: list[Span]) -> str | None:
             return f"span {quote((s, e, lab))} is {how}: its end must come after its start"
         if s < prev_end:
             return f"spans {prev!r} and {(s, e, lab)!r} overlap"
+        if not text[s:e].strip():  # no file keeps it: JSONL's reader refuses it, CoNLL has no token to tag
+            return f"span {quote((s, e, lab))} holds white space alone ({quote(text[s:e])}): no entity"
         prev_end, prev = e, (s, e, lab)
     return None
 
@@ -174,5 +176,6 @@ def check_examples(examples, kind: type, what: str, *, empty: str | None = None)
             raise ConfigError(f"{what}[{i}]: {problem}")
     if kind is NerExample:
         tagged = tag_labels(dict.fromkeys(lab for ex in examples for *_, lab in ex.spans))
-        if tagged:
-            raise ConfigError(f"{what}: {tagged[1]}")
+        if tagged:  # named by the first item that holds the label, as the other refusals name theirs
+            i = next(i for i, ex in enumerate(examples) if any(lab == tagged[0] for *_, lab in ex.spans))
+            raise ConfigError(f"{what}[{i}]: {tagged[1]}")

@@ -143,7 +143,6 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
     check_output_file(path)
     check_examples(examples, NerExample, "examples")  # a span past its text would be written as another
     fmt = ner_output_format(path, fmt)
-    check_spans_writable(examples, path)
     if fmt == "docbin":
         from spanflow.data.formats.docbin import examples_to_docbin
 
@@ -172,16 +171,6 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
                 write_conll_sentence(f, ex.text, ex.spans, ex.words)
             else:
                 write_jsonl_record(f, ex.text, ex.spans)
-
-
-def check_spans_writable(examples: list[NerExample], path: str) -> None:
-    """A DataError naming the first text (counted from 1) with an entity of white space alone:
-    JSONL's reader refuses it and CoNLL has no token to tag for it, so no file keeps it."""
-    for i, ex in enumerate(examples, 1):
-        blank = next((sp for sp in ex.spans if not ex.text[sp[0]:sp[1]].strip()), None)
-        if blank:
-            raise DataError(f"text {i} (counted from 1): entity {list(blank)} holds white space alone, which no "
-                            "format reads back: leave it out", path=path)
 
 
 def check_conll_writable(examples: list[NerExample], path: str) -> None:

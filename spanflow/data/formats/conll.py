@@ -123,6 +123,10 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
             unclosed += [sent[r.index][0] for r in repairs if r.unclosed]
         text, offsets = join_tokens(tokens)
         char_spans = [(offsets[a][0], offsets[b - 1][1], lab) for a, b, lab in spans]
+        for (a, _, lab), (s, e, _) in zip(spans, char_spans):
+            if not text[s:e].strip():  # tokens of spaces alone: no model or format reads it back as an entity
+                raise DataError(f"entity {quote(lab)} is a token of white space alone ({quote(text[s:e])}): tag it O",
+                                path=path, line=sent[a][0])
         examples.append(NerExample(text, char_spans, words=offsets))
     if log_fn is not None:
         log_fn(f"read {path}: {len(examples)} sentences, "
