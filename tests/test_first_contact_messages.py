@@ -46,6 +46,18 @@ def test_sniff_tells_formats_by_content(tmp_path, name, content, kind):
     assert (got.name if got else None) == kind
 
 
+def test_a_json_list_whose_first_text_is_long_is_told_by_its_keys(tmp_path):
+    """The keys after a first record's text of 100 KB lie past the 64 KiB read first: CasRel JSON
+    was read as JSONL and refused as `line 1: expected an object ...`, not named as relation data."""
+    import json
+
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps([{"text": "word " * 20000, "triple_list": [["word", "r", "word"]]}]), encoding="utf-8")
+    assert sniff(p).name == "casrel"
+    with pytest.raises(DataError, match=r"this is CasRel JSON"):
+        read_ner(str(p))
+
+
 def test_data_of_another_task_is_named_with_what_reads_it(tmp_path):
     casrel, conll, scored = write(tmp_path, "t.json", CASREL), write(tmp_path, "d.conll", CONLL), \
         write(tmp_path, "s.csv", SCORED)

@@ -21,6 +21,7 @@ from spanflow.data.schemes import split_tag
 from spanflow.errors import DataError
 
 HEAD_BYTES = 64 * 1024
+LIST_BYTES = 8 * 1024 * 1024  # a JSON list whose first record's keys lie past HEAD_BYTES (a long first text)
 SAMPLE_LINES = 50
 
 # what each kind of data is for, named in messages
@@ -69,12 +70,12 @@ _ZLIB = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda")  # a DocBin is zlib
 _KEY = re.compile(r'"((?:[^"\\]|\\.){1,40})"\s*:')
 
 
-def _head(path: str) -> bytes | None:
+def _head(path: str, size: int = HEAD_BYTES) -> bytes | None:
     if not os.path.isfile(path):
         return None
     try:
         with open(path, "rb") as f:
-            return f.read(HEAD_BYTES)
+            return f.read(size)
     except OSError:
         return None  # the reader reports it, naming what it was doing
 
@@ -109,14 +110,18 @@ def sniff(path: str | os.PathLike) -> Format | None:
         return None
     start = lines[0].lstrip()
     if start.startswith("["):
-        return _json_list(text)
+        found = _json_list(text)
+        if found is None and len(head) == HEAD_BYTES:  # the first record's keys may come after its long text
+            more = _head(os.fspath(path), LIST_BYTES)
+            found = _json_list(more.decode("utf-8", errors="replace")) if more else None
+        return found
     if start.startswith("{"):
         return _jsonl(lines)
     return _columns(lines)
 
 
 def _json_list(text: str) -> Format | None:
-    keys = set(_KEY.findall(text[:8192]))
+    keys = set(_KEY.findall(text))
     if "triple_list" in keys:
         return FORMATS["casrel"]
     if "text" in keys and keys & {"entities", "spans"}:
