@@ -288,7 +288,26 @@ def test_jsonl_ids_mixed_with_line_numbers_are_said_once(tmp_path, caplog):
         # predict --id-column id told the user to give --id-column
         sample = write(tmp_path, "sampled.jsonl", open(p, "rb").read())
         assert sample_texts(sample, 10) == ["a", "b", "c", "d"]
+        # nor a read whose ids go nowhere: read_texts, predict to JSONL without --id-column
+        texts = write(tmp_path, "texts.jsonl", open(p, "rb").read())
+        assert list(read_texts(texts)) == ["a", "b", "c", "d"]
     assert caplog.records == []
+    one = write(tmp_path, "one.jsonl", b'{"id": 7, "text": "a"}\n{"text": "b"}\n')
+    with caplog.at_level("WARNING", logger="spanflow"):
+        list(read_records(one))
+    assert caplog.records[0].getMessage().startswith(f"{one}: 1 record has an \"id\" and 1 have none")
+
+
+def test_predict_to_jsonl_without_id_column_says_nothing_of_ids(ner_model, tmp_path, caplog):
+    """Its records hold no id: the mix of ids and line numbers is nothing to it (a Parquet output's
+    id column holds them: said there)."""
+    src = write(tmp_path, "ids.jsonl", b'{"id": 7, "text": "a"}\n{"text": "b"}\n')
+    with caplog.at_level("WARNING", logger="spanflow"):
+        assert main(["predict", "--model", ner_model, "--input", src, "--output", str(tmp_path / "o.jsonl")]) == 0
+        assert "have none" not in caplog.text
+        pytest.importorskip("pyarrow")
+        assert main(["predict", "--model", ner_model, "--input", src, "--output", str(tmp_path / "o.parquet")]) == 0
+    assert "1 record has an \"id\" and 1 have none" in caplog.text
 
 
 def test_an_error_record_read_back_is_said_as_one(ner_model, tmp_path, capsys):

@@ -122,7 +122,8 @@ Column = int | str  # a 0-based CSV/TSV index, or a column name (a table's, a CS
 
 
 def read_rows(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
-              id_column: str | None = None, keep: Sequence[str] = (), sample: bool = False) -> Iterator[TableRecord]:
+              id_column: str | None = None, keep: Sequence[str] = (), sample: bool = False,
+              ids: bool = True) -> Iterator[TableRecord]:
     """Yield (id, text-or-DataError, kept values) for every record of `path`.
 
     Parquet/Arrow (tables.is_table): the `column` (else `field`) column, by name; ids from
@@ -132,7 +133,8 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     from `id_column`, else the line number. JSONL: the `field` field (a `column` name is that
     field too); ids from the `id_column` field, else an "id" field, else the line number;
     kept values as JSON holds them. Text lines have no columns. `sample`: a read of a few texts
-    (a precision check's, a budget's), which says nothing of the file's ids (the job's read does).
+    (a precision check's, a budget's), which says nothing of the file's ids (the job's read does);
+    nor does a read whose caller writes no `ids` (a JSONL output without --id-column, read_texts).
 
     Raised here, before the first record is read, each as one ConfigError: a column the file
     does not have (tables; CSV/TSV headers), a table's text column that is not strings, a kept
@@ -162,7 +164,8 @@ def read_rows(path: str, *, field: str = "text", column: Column | None = None, s
     if isinstance(column, int):
         raise ConfigError(f"--column {column}: {path} is JSONL, whose records have fields, not numbered columns; "
                           "name the text's field (--field NAME)")
-    return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep, sample)
+    return _line_records(path, kind, field if column is None else column, skip_header, id_column, keep,
+                         sample or not ids)
 
 
 def _value_kind(value) -> str:
@@ -184,9 +187,10 @@ def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column
         yield _json_record(line, path, lineno, field, id_column, keep, ids)
     if all(ids) and not sample and path not in _MIXED_SAID:
         _MIXED_SAID.add(path)
-        log.warning("%s: %d records have an \"id\" and %d have none, whose id is their line number: an id of one "
+        log.warning("%s: %s an \"id\" and %d have none, whose id is their line number: an id of one "
                     "may equal a line number of another; name the id field with --id-column (a record without it "
-                    "is then an error record)", path, ids[0], ids[1])
+                    "is then an error record)", path, f"{counted(ids[0], 'record')} {'has' if ids[0] == 1 else 'have'}",
+                    ids[1])
 
 
 def _header(path: str, delimiter: str) -> list[str]:
@@ -260,9 +264,10 @@ def _csv_cells(path: str, delimiter: str, text: tuple[str, int], ident: tuple[st
 
 
 def read_records(path: str, *, field: str = "text", column: Column | None = None, skip_header: bool = False,
-                 id_column: str | None = None) -> Iterator[tuple[str, str | DataError]]:
-    """Yield (id, text-or-DataError) of read_rows, the id as a string."""
-    for rid, text, _ in read_rows(path, field=field, column=column, skip_header=skip_header, id_column=id_column):
+                 id_column: str | None = None, ids: bool = True) -> Iterator[tuple[str, str | DataError]]:
+    """Yield (id, text-or-DataError) of read_rows, the id as a string (`ids`: read_rows's)."""
+    for rid, text, _ in read_rows(path, field=field, column=column, skip_header=skip_header, id_column=id_column,
+                                  ids=ids):
         yield str(rid), text
 
 
@@ -281,7 +286,7 @@ def read_texts(path: str, *, field: str | None = None, column: Column | None = N
     if field is not None and column is None and os.path.isfile(path) and input_kind(path) in ("csv", "tsv"):
         check_header_column(path, field, "field")
         field, column = None, field
-    return _texts(read_records(path, field=field or "text", column=column, skip_header=skip_header),
+    return _texts(read_records(path, field=field or "text", column=column, skip_header=skip_header, ids=False),
                   errors == "record")
 
 

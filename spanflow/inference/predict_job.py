@@ -127,7 +127,8 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
             job, state = open_job(P, spec, src, resume, log)
         with stopped_by_input(lambda: job.records, P.remove_leftovers):
             rows = itertools.islice(read_rows(src, field=field, column=column, skip_header=skip_header,
-                                              id_column=id_column, keep=keep), job.records, None)
+                                              id_column=id_column, keep=keep, ids=fmt == "parquet"),
+                                    job.records, None)  # a JSONL output holds ids only from --id-column
             total = _records(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
             if job.records > total or (state == "placed" and job.records < total):  # a journal edited by hand: going on
                 raise ConfigError(f"{P.journal} records {job.records} records as done, but {src} holds {total}; remove "
