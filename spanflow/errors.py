@@ -11,9 +11,10 @@ def quote(value, limit: int = QUOTE_CHARS) -> str:
     return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
 
 
-def counted(n: int, noun: str) -> str:
-    """`n` and `noun`, plural unless n is one: "1 column", "3 columns" (regular nouns only)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and `noun`, plural unless n is one: "1 column", "3 columns" (`plural` where it is not
+    `noun` + s: "1 entity", "2 entities")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 class SpanflowError(Exception):

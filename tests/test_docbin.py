@@ -135,7 +135,7 @@ def test_docbin_annotation_spanflow_cannot_read_is_said_by_file_and_document(tmp
     DocBin(docs=[doc([])]).to_disk(path)
     capsys.readouterr()
     assert main(["train", "ner", "--train", str(path), "--out", str(tmp_path / "run")]) == 2
-    assert capsys.readouterr().err == (f"error: {path}: holds no entities to train on (1 texts, every token outside "
+    assert capsys.readouterr().err == (f"error: {path}: holds no entities to train on (1 text, every token outside "
                                        "any entity)\n")
 
 

@@ -212,7 +212,7 @@ def test_overfit_and_save_load(tmp_path):
     (s, rel, o), text = data[0].triples[0], data[0].text
     cut = ReExample(text, [((s[0] + 1, s[1]), rel, o)])  # a subject that starts inside its first word
     said = model.evaluate([cut, *data[1:]])["warnings"]
-    assert said == [f"1 of the data's {1 + sum(len(e.triples) for e in data[1:])} gold triples have a subject or object that "
+    assert said == [f"1 of the data's {1 + sum(len(e.triples) for e in data[1:])} gold triples has a subject or object that "
                     "does not start and end on the model's words, so no prediction can match them and each counts "
                     f"as a miss; the first: {text[s[0] + 1:s[1]]!r} in {text[:s[1] + 30]!r} can only be found as "
                     f"{text[s[0]:s[1]]!r}"]

@@ -36,7 +36,7 @@ def run(a: argparse.Namespace) -> int:
         refuse_tag_flags,
         write_ner,
     )
-    from spanflow.errors import ConfigError, DataError
+    from spanflow.errors import ConfigError, DataError, counted
 
     check_output_file(a.output)  # before reading: the input may be large
     fmt = ner_output_format(a.output, a.dst)
@@ -71,5 +71,6 @@ def run(a: argparse.Namespace) -> int:
         print(f"note: no text of {a.input} has an entity" + (": every tag written is O" if fmt == "conll" else ""),
               file=sys.stderr)
     write_ner(examples, a.output, fmt=fmt)
-    print(f"wrote {len(examples)} texts, {sum(len(e.spans) for e in examples)} entities to {a.output} ({fmt})")
+    entities = counted(sum(len(e.spans) for e in examples), "entity", "entities")
+    print(f"wrote {counted(len(examples), 'text')}, {entities} to {a.output} ({fmt})")
     return 0

@@ -121,7 +121,8 @@ def ner_output_format(path: str, fmt: str | None) -> str:
                           ".jsonl or .spacy)")
     other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
     if other:
-        raise ConfigError(f"{path} names a {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "
+        article = "an" if other[:1].lower() in "aeiou" else "a"
+        raise ConfigError(f"{path} names {article} {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "
                           "spaCy DocBin (.spacy): name the file so, or give the format (--to; Python: fmt=)")
     return fmt or output_format(path)
 

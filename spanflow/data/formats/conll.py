@@ -8,7 +8,7 @@ from spanflow.data.examples import NerExample
 from spanflow.data.formats.common import character_level, characters, is_cjk, read_lines, unspaced
 from spanflow.data.formats.tokens import bio_tags, word_bounds
 from spanflow.data.schemes import SCHEMES, decode_tags, detect_scheme, split_tag
-from spanflow.errors import DataError, quote
+from spanflow.errors import DataError, counted, quote
 
 log = logging.getLogger("spanflow")
 
@@ -129,8 +129,8 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
                                 path=path, line=sent[a][0])
         examples.append(NerExample(text, char_spans, words=offsets))
     if log_fn is not None:
-        log_fn(f"read {path}: {len(examples)} sentences, "
-               f"{sum(len(e.spans) for e in examples)} entities; tags {scheme.upper()} "
+        log_fn(f"read {path}: {counted(len(examples), 'sentence')}, "
+               f"{counted(sum(len(e.spans) for e in examples), 'entity', 'entities')}; tags {scheme.upper()} "
                f"({'as --scheme says' if asked else 'detected'})")
     if repaired:
         log.warning("%s: %d inside tag(s) with no opening tag were read as entity starts (lines %s)",

@@ -67,8 +67,8 @@ class NerTask:
         if not any(e.spans for e in train):  # said of the file here; train_ner can name none
             from spanflow.errors import DataError
 
-            raise DataError(f"holds no entities to train on ({len(train)} texts, every token outside any entity)",
-                            path=a.train)
+            raise DataError(f"holds no entities to train on ({counted(len(train), 'text')}, every token outside "
+                            "any entity)", path=a.train)
         dev = read_ner(a.dev, fmt=a.format, scheme=a.scheme, strict=a.strict, log_fn=say_once) if a.dev else None
         model = train_ner(train, dev, model=a.model, out_dir=a.out, options=options, head=a.head)
         # fit() said where the model is

@@ -257,7 +257,7 @@ class ReModel:
                 first = first or next(iter(missed), None)
         if not moved:
             return None
-        return (f"{moved} of the data's {total} gold triples have a subject or object "
+        return (f"{moved} of the data's {total} gold triples {'has' if moved == 1 else 'have'} a subject or object "
                 f"that does not start and end on the model's words, so no prediction can match them and each counts "
                 f"as a miss; the first: {first}")
 
