@@ -58,6 +58,27 @@ def test_a_json_list_whose_first_text_is_long_is_told_by_its_keys(tmp_path):
         read_ner(str(p))
 
 
+def test_a_damaged_docbin_is_named_a_docbin_not_text(tmp_path):
+    """A DocBin with bytes flipped past its start fails to inflate: it was sniffed as text ("this is
+    plain text lines, texts to run a model on"), overruling --from docbin."""
+    import zlib
+
+    raw = bytearray(zlib.compress(bytes(range(256)) * 64))
+    raw[200:260] = bytes(x ^ 255 for x in raw[200:260])
+    p = tmp_path / "d.spacy"
+    p.write_bytes(bytes(raw))
+    assert sniff(p).name == "docbin"
+
+
+def test_a_json_list_of_ner_records_is_told_the_command_that_makes_jsonl(tmp_path):
+    """Not "this is ... NER spans ...; convert reads NER data only": the jq line that makes it JSONL."""
+    p = write(tmp_path, "list.json", '[\n  {"text": "Ann ran", "entities": [[0, 3, "PER"]]}\n]\n')
+    with pytest.raises(DataError) as e:
+        read_ner(p)
+    assert str(e.value) == (f'{p}: this is a JSON list of {{"text", "entities"}} records; NER spans are read as '
+                            f"JSONL, one record a line: jq -c '.[]' {p} > {p[:-5]}.jsonl")
+
+
 def test_data_of_another_task_is_named_with_what_reads_it(tmp_path):
     casrel, conll, scored = write(tmp_path, "t.json", CASREL), write(tmp_path, "d.conll", CONLL), \
         write(tmp_path, "s.csv", SCORED)

@@ -80,6 +80,15 @@ def _head(path: str, size: int = HEAD_BYTES) -> bytes | None:
         return None  # the reader reports it, naming what it was doing
 
 
+def _utf8(head: bytes) -> bool:
+    """Whether `head` decodes as UTF-8 (a character cut at its end aside)."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3
+    return True
+
+
 def _inflates(head: bytes) -> bool:
     try:
         zlib.decompressobj().decompress(head[:4096])
@@ -98,7 +107,7 @@ def sniff(path: str | os.PathLike) -> Format | None:
         return FORMATS["parquet"]
     if head.startswith((b"ARROW1", b"\xff\xff\xff\xff")):
         return FORMATS["arrow"]
-    if head.startswith(_ZLIB) and _inflates(head):
+    if head.startswith(_ZLIB) and (_inflates(head) or not _utf8(head)):  # a damaged DocBin is still no text
         return FORMATS["docbin"]
     refuse_wide(head, os.fspath(path), nuls=True)  # no binary format above: NULs mean wide text
     text = head.decode("utf-8", errors="replace").removeprefix("\ufeff")
@@ -242,6 +251,9 @@ def describe(fmt: Format) -> str:
 def refuse_other(path: str | os.PathLike, fmt: Format | None, accepts: set[str], wanted: str) -> None:
     """A DataError when `fmt`, what sniff found the file at `path` to be, is none of the formats
     `accepts` names: what the file is, what it is for, and `wanted`, what the reader takes."""
+    if fmt is not None and fmt.name == "json-spans" and "ner-jsonl" in accepts:  # the right data, one step away
+        raise DataError(f"this is {fmt.what}; NER spans are read as JSONL, one record a line: "
+                        f"{jq_lines(os.fspath(path))}", path=os.fspath(path))
     if fmt is not None and fmt.name not in accepts:
         raise DataError(f"this is {describe(fmt)}; {wanted}", path=os.fspath(path))
 
