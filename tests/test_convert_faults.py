@@ -112,7 +112,7 @@ def test_convert_numbers_a_text_it_cannot_write_as_the_input_does(tmp_path, caps
     assert not (tmp_path / "o.conll").exists()
 
 
-@pytest.mark.parametrize("name", ["x.parquet", "x.csv", "x.npy", "x.arrow", "-"])
+@pytest.mark.parametrize("name", ["x.parquet", "x.csv", "x.npy", "x.arrow", "x.jsonl.gz", "x.xlsx", "-"])
 def test_convert_refuses_an_output_named_as_another_kind_of_file(tmp_path, capsys, monkeypatch, name):
     """It wrote tab-separated CoNLL into x.parquet (and a file named -), exit 0."""
     monkeypatch.chdir(tmp_path)
@@ -122,6 +122,7 @@ def test_convert_refuses_an_output_named_as_another_kind_of_file(tmp_path, capsy
     err = capsys.readouterr().err
     assert said in err
     assert name != "x.arrow" or "x.arrow names an Arrow file" in err  # was "a Arrow"
+    assert name != "x.jsonl.gz" or "x.jsonl.gz names a gzip-compressed file" in err  # was written as plain CoNLL
     assert not os.path.exists(name)
     assert main(["convert", "in.jsonl", name, "--to", "jsonl"]) == (2 if name == "-" else 0)  # a format given
     with pytest.raises(ConfigError, match="give the format"):

@@ -184,6 +184,7 @@ def test_spaced_korean_is_written_a_word_a_line_and_reads_back(tmp_path):
 @pytest.mark.parametrize("content,line,needle", [
     ("a O\nb\n", 2, "token and a tag"),
     ("a O\nb O extra\n", 2, "expected 2 columns"),
+    ("John\tB-PER\nSmith\t\tI-PER\n", 2, "got 3 (column 2 is empty: two tabs in a row?)"),
     ("a O\nb X-PER\n", 2, "unknown tag"),
     ("a O\nb M-PER\nc B-PER\nd I-PER\n", None, "not valid in the BMES"),
     ("a O\nGrace\tB-PER\rHopper\tI-PER\r\rOslo\tB-LOC\r", 2, "lines end in CR alone"),  # read as one line
@@ -249,6 +250,8 @@ def test_jsonl_both_entity_shapes(tmp_path):
 @pytest.mark.parametrize("rec,needle", [
     ('{"text": "abc", "entities": [[0, 9, "X"]]}', "out of range"),
     ('{"text": "abcdef", "entities": [[0, 4, "X"], [2, 5, "Y"]]}', "overlap"),
+    ('{"text": "abcdef", "entities": [[0, 4, "X"], [0, 4, "X"]]}', "span (0, 4, 'X') is listed twice"),
+    ('{"text": "abcdef", "entities": [[0, 4, "X"], [0, 4, "Y"]]}', "cover the same text: an entity has one type"),
     ('{"text": "abc", "entities": [[2, 1, "X"]]}', "is reversed: its end must come after its start"),
     ('{"text": "abc", "entities": [[1, 1, "X"]]}', "is empty"),
     ('{"text": "abc", "entities": [{"start": 0}]}', "lacks 'end'"),

@@ -58,6 +58,9 @@ def check_spans(text: str, spans: list[Span]) -> str | None:
         if s >= e:
             how = "empty" if s == e else "reversed"
             return f"span {quote((s, e, lab))} is {how}: its end must come after its start"
+        if prev is not None and (s, e) == prev[:2]:
+            return f"span {quote((s, e, lab))} is listed twice" if lab == prev[2] else \
+                f"spans {prev!r} and {(s, e, lab)!r} cover the same text: an entity has one type"
         if s < prev_end:
             return f"spans {prev!r} and {(s, e, lab)!r} overlap"
         if not text[s:e].strip():  # no file keeps it: JSONL's reader refuses it, CoNLL has no token to tag

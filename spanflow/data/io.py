@@ -106,8 +106,11 @@ def output_format(path: str) -> str:
 
 # names of files NER data is never written as: without a format given, a name that says one of
 # them is a slip (convert wrote tab-separated CoNLL into x.parquet), not a CoNLL file's name
-_OTHER_KINDS = {".csv": "CSV", ".npy": "NumPy", ".parquet": "Parquet", ".pq": "Parquet", ".arrow": "Arrow",
-                ".feather": "Arrow", ".ipc": "Arrow"}
+# an output named as another kind of file, with its article: writing CoNLL into it would mislead
+_OTHER_KINDS = {".csv": "a CSV", ".npy": "a NumPy", ".parquet": "a Parquet", ".pq": "a Parquet", ".arrow": "an Arrow",
+                ".feather": "an Arrow", ".ipc": "an Arrow", ".gz": "a gzip-compressed", ".bz2": "a bzip2-compressed",
+                ".xz": "an xz-compressed", ".zst": "a zstd-compressed", ".zip": "a zip", ".xlsx": "an Excel",
+                ".xls": "an Excel"}
 
 
 def ner_output_format(path: str, fmt: str | None) -> str:
@@ -121,8 +124,7 @@ def ner_output_format(path: str, fmt: str | None) -> str:
                           ".jsonl or .spacy)")
     other = None if fmt else _OTHER_KINDS.get(os.path.splitext(path)[1].lower())
     if other:
-        article = "an" if other[:1].lower() in "aeiou" else "a"
-        raise ConfigError(f"{path} names {article} {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "
+        raise ConfigError(f"{path} names {other} file; NER data is written as CoNLL (.conll), JSONL (.jsonl) or a "
                           "spaCy DocBin (.spacy): name the file so, or give the format (--to; Python: fmt=)")
     return fmt or output_format(path)
 

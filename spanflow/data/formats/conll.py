@@ -55,7 +55,9 @@ def _sentences(path: str):
                 raise DataError(f"a line that starts with '#' and has other columns than line {other}: a comment? "
                                 "CoNLL data here is token and tag lines only: leave comments out, e.g. "
                                 "grep -v '^# '", path=path, line=at)
-            raise DataError(f"expected {ncols} columns as on line {ncols_line}, got {len(cols)}",
+            empty = next((k for k, c in enumerate(cols) if not c), None)  # two tabs in a row
+            raise DataError(f"expected {ncols} columns as on line {ncols_line}, got {len(cols)}"
+                            + (f" (column {empty + 1} is empty: two tabs in a row?)" if empty is not None else ""),
                             path=path, line=lineno)
         sent.append((lineno, cols[0], cols[-1].strip()))
     if sent:
