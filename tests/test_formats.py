@@ -215,6 +215,21 @@ def test_spaces_around_a_tab_pad_the_columns_and_stay_out_of_tokens(tmp_path):
     assert ex.entities() == [("Ann", "PER")] and ex.text.split(" ")[-1] == "ran" and len(ex.words) == 3
 
 
+def test_strict_does_not_guess_iob1_from_a_file_without_b_tags(tmp_path, capsys):
+    """Entities that all open with I- are IOB1 or BIO that lost its B- tags: --strict passed it as
+    IOB1 without a word (and convert never said the scheme it read)."""
+    from spanflow.cli.main import main
+
+    p = write(tmp_path, "s.conll", "A\tO\nB\tI-PER\n")
+    with pytest.raises(DataError, match=r"s\.conll:2: every entity opens with an I- tag .* give --scheme iob1"):
+        read_ner(p, strict=True)
+    assert read_ner(p, strict=True, scheme="iob1")[0].spans == [(2, 3, "PER")]  # said: taken
+    assert read_ner(write(tmp_path, "c.conll", "A\tI-PER\nB\tB-PER\n"), strict=True)[0].spans == [
+        (0, 1, "PER"), (2, 3, "PER")]  # a B- after its type: IOB1 beyond doubt
+    assert main(["convert", p, str(tmp_path / "o.jsonl")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"read {p}: 1 sentence, 1 entity; tags IOB1 (detected)"
+
+
 def test_a_conll_file_whose_first_token_is_a_brace_reads_as_conll(tmp_path):
     (ex,) = read_ner(write(tmp_path, "brace.conll", "{\tO\nGrace\tB-PER\n}\tO\n"))
     assert ex.text == "{ Grace }" and ex.entities() == [("Grace", "PER")]

@@ -46,7 +46,8 @@ def run(a: argparse.Namespace) -> int:
     # another task's data is named as what it is, and as what convert does not read
     refuse_other(a.input, sniff(a.input), set(NER_SNIFFED), "convert reads NER data only, and " + NER_TAKES)
     refuse_tag_flags([a.input], a.src, scheme=a.scheme, strict=a.strict)
-    examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict)
+    read: list[str] = []  # what was read (a CoNLL file's tag scheme), said with what was written
+    examples = read_ner(a.input, fmt=a.src, scheme=a.scheme, strict=a.strict, log_fn=read.append)
     if fmt == "conll":
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens
@@ -72,5 +73,7 @@ def run(a: argparse.Namespace) -> int:
               file=sys.stderr)
     write_ner(examples, a.output, fmt=fmt)
     entities = counted(sum(len(e.spans) for e in examples), "entity", "entities")
+    for line in read:
+        print(line)
     print(f"wrote {counted(len(examples), 'text')}, {entities} to {a.output} ({fmt})")
     return 0

@@ -11,7 +11,7 @@ from spanflow.data.formats.common import kind_of, read_lines
 from spanflow.data.formats.conll import read_conll
 from spanflow.data.formats.jsonl import read_jsonl
 from spanflow.data.formats.sniff import refuse_other, sniff
-from spanflow.errors import DataError, as_path
+from spanflow.errors import DataError, as_path, counted
 
 NER_FORMATS = ("conll", "jsonl", "docbin")
 # how the readers pick a format: what --format's help says, wherever a command takes one
@@ -93,8 +93,9 @@ def read_ner(path: str | os.PathLike, *, fmt: str | None = None, scheme: str | N
     else:
         raise DataError(f"unknown format {fmt!r}; expected one of {', '.join(NER_FORMATS)}", path=path)
     if log_fn is not None:
-        log_fn(f"read {path}: {len(examples)} texts, {sum(len(e.spans) for e in examples)} "
-               f"entities ({'JSONL' if fmt == 'jsonl' else 'a spaCy DocBin'})")
+        log_fn(f"read {path}: {counted(len(examples), 'text')}, "
+               f"{counted(sum(len(e.spans) for e in examples), 'entity', 'entities')} "
+               f"({'JSONL' if fmt == 'jsonl' else 'a spaCy DocBin'})")
     return examples
 
 

@@ -109,6 +109,12 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     asked = bool(scheme)
     scheme = _asked_scheme(scheme, detected, path) if scheme else detected
     allowed = _ALLOWED[scheme] + "O"
+    if strict and not asked and scheme == "iob1" and not any(split_tag(t)[0] == "B" for s in sentences for *_, t in s):
+        # entities that all open with I-: IOB1, or BIO that lost its B- tags; --strict guesses neither
+        first = next(n for s in sentences for n, _, t in s if split_tag(t)[0] == "I")
+        raise DataError("every entity opens with an I- tag and no B- tag is in the file: read as IOB1 that is a "
+                        "guess, which --strict does not make; give --scheme iob1 if the file is IOB1, else its "
+                        "entities need their B- tags", path=path, line=first)
     examples, repaired, unclosed = [], [], []
     for sent in sentences:
         for lineno, _, tag in sent:
