@@ -462,7 +462,7 @@ def test_a_label_of_nli_classes_read_as_similarity_is_warned(tmp_path, caplog):
         read_pairs(graded)
         assert "NLI" not in caplog.text
         pairs = read_pairs(nli)
-    assert "its label holds 0, 1 and 2 only" in caplog.text and "contradictions train as the closest" in caplog.text
+    assert "its label holds 0, 1 and 2 only" in caplog.text and "contradictions count as the closest pairs (in training and in a score alike)" in caplog.text
     assert [p.score for p in pairs] == [0.0, 0.5, 1.0]  # still read as asked: the warning says what it means
     caplog.clear()
     capital = write(tmp_path, "cap.csv", "Sentence1,Sentence2,Label\na b,c d,0\ne f,g h,1\ni j,k l,2\n")

@@ -162,7 +162,8 @@ def _warn_classes(path: str, pairs: list[Pair], third: str | None) -> None:
     if (third or "").strip().lower() != "label" or {p.score for p in pairs} != {0, 1, 2}:
         return
     log.warning("%s: its label holds 0, 1 and 2 only, read as similarity (2 the most alike). If these are NLI "
-                "classes (0 entailment, 1 neutral, 2 contradiction), contradictions train as the closest pairs: "
+                "classes (0 entailment, 1 neutral, 2 contradiction), contradictions count as the closest pairs (in "
+                "training and in a score alike): "
                 "keep the entailment pairs as anchor,positive (the contradictions as a third column named "
                 "negative) instead", path)
 
