@@ -29,7 +29,7 @@ def test_texts_conll_has_no_line_for_are_named_and_not_counted_as_written(tmp_pa
     out = tmp_path / "out.conll"
     assert main(["convert", str(src), str(out)]) == 0
     printed = capsys.readouterr()
-    assert "note: 2 text(s) are empty or only whitespace (texts 2, 3, counted from 1)" in printed.err
+    assert f"note: 2 text(s) are empty or only whitespace (lines 2, 3 of {src})" in printed.err  # the input's lines
     assert "wrote 2 texts, 1 entity" in printed.out  # was "1 entities"
     assert [e.text for e in read_ner(str(out))] == ["Ada Lovelace wrote", "Bob ran"]
 
@@ -102,13 +102,13 @@ def test_texts_conll_would_read_back_otherwise_are_refused_naming_the_text(tmp_p
 
 
 def test_convert_numbers_a_text_it_cannot_write_as_the_input_does(tmp_path, capsys):
-    """An empty text left out before the check made the third text "text 2", told of the output."""
+    """An empty text left out before the check made the third text "text 2", told of the output;
+    a JSONL input's text is told by its line (blank lines are no records: "text 3" was line 5)."""
     src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "ok", "entities": []}\n{"text": "  ", "entities": []}\n'
+    src.write_text('{"text": "ok", "entities": []}\n\n{"text": "  ", "entities": []}\n\n'
                    '{"text": "fine -DOCSTART- x", "entities": []}\n')
     assert main(["convert", str(src), str(tmp_path / "o.conll")]) == 2
-    assert f"error: {src}: text 3 (counted from 1) cannot be written as CoNLL: its token -DOCSTART-" \
-        in capsys.readouterr().err
+    assert f"error: {src}:5: the text cannot be written as CoNLL: its token -DOCSTART-" in capsys.readouterr().err
     assert not (tmp_path / "o.conll").exists()
 
 

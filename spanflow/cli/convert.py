@@ -31,6 +31,7 @@ def run(a: argparse.Namespace) -> int:
         NER_TAKES,
         check_conll_writable,
         check_output_file,
+        record_lines,
         ner_output_format,
         read_ner,
         refuse_tag_flags,
@@ -52,16 +53,18 @@ def run(a: argparse.Namespace) -> int:
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens
 
-        check_conll_writable(examples, a.input)  # numbered as the input's texts, before any is left out
+        lines = record_lines(a.input)  # a JSONL input's texts are told by their lines
+        check_conll_writable(examples, a.input, lines)  # numbered as the input's texts, before any is left out
         tokens = [conll_tokens(e.text, e.spans, e.words) for e in examples]
         empty = [i for i, t in enumerate(tokens) if not t]
         if empty and len(empty) == len(examples):  # the file would be empty, and no reader takes one
             raise DataError(f"none of its {len(examples)} texts has a token: CoNLL has no line for an empty or "
                             "whitespace-only text; convert to JSONL to keep them", path=a.input)
         if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
-            shown = ", ".join(str(i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
-            print(f"note: {len(empty)} text(s) are empty or only whitespace (texts {shown}, counted from 1): CoNLL "
-                  "has no line for them, so they are left out", file=sys.stderr)
+            shown = ", ".join(str(lines[i] if lines else i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
+            where = f"lines {shown} of {a.input}" if lines else f"texts {shown}, counted from 1"
+            print(f"note: {len(empty)} text(s) are empty or only whitespace ({where}): CoNLL has no line for them, "
+                  "so they are left out", file=sys.stderr)
             examples = [e for e, t in zip(examples, tokens) if t]
             tokens = [t for t in tokens if t]
         changed = sum(join_tokens(t)[0] != e.text for e, t in zip(examples, tokens))

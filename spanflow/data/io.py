@@ -177,16 +177,28 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
                 write_jsonl_record(f, ex.text, ex.spans)
 
 
-def check_conll_writable(examples: list[NerExample], path: str) -> None:
+def check_conll_writable(examples: list[NerExample], path: str, lines: list[int] | None = None) -> None:
     """A DataError naming the first text (counted from 1) that CoNLL cannot hold as it is, before
-    a line is written; `path`: the file it is told of (convert names its input, whose texts they are)."""
+    a line is written; `path`: the file it is told of (convert names its input, whose texts they are),
+    `lines`: the line each text is on in it (a JSONL input's: the error names its line)."""
     from spanflow.data.formats.conll import unwritable
 
     for i, ex in enumerate(examples, 1):
         why = unwritable(ex.text, ex.spans, ex.words)
         if why:
-            raise DataError(f"text {i} (counted from 1) cannot be written as CoNLL: {why}; write JSONL or a .spacy "
-                            "DocBin, which keep it", path=path)
+            which = "the text" if lines else f"text {i} (counted from 1)"
+            raise DataError(f"{which} cannot be written as CoNLL: {why}; write JSONL or a .spacy DocBin, which keep it",
+                            path=path, line=lines[i - 1] if lines else None)
+
+
+def record_lines(path: str) -> list[int] | None:
+    """The line (from 1) of each record of a JSONL file of NER data, as read_ner reads them (a blank
+    line is none); None for other formats, whose texts are not one a line."""
+    if detect_format(path) != "jsonl":
+        return None
+    from spanflow.data.formats.common import read_lines
+
+    return [n for n, line in read_lines(path) if line.strip()]
 
 
 def read_re(path: str | os.PathLike, *, fmt: str | None = None) -> list[ReExample]:
