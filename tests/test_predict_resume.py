@@ -181,6 +181,25 @@ def test_a_resume_naming_the_same_column_another_way_goes_on(model, src, tmp_pat
     assert open(out, encoding="utf-8").read() == open(ref, encoding="utf-8").read()
 
 
+def test_a_resume_reading_another_column_is_refused(model, src, tmp_path):
+    """Another column however it is named: digits name a table's column ("2021" and "2022" both
+    read as no --column), a field names a CSV header's."""
+    from spanflow.data.tables import pyarrow
+
+    pa = pyarrow()
+    texts = [str(json.loads(x)["text"]) for x in open(src, encoding="utf-8")]
+    table = str(tmp_path / "in.parquet")
+    pa.parquet.write_table(pa.table({"2021": texts, "2022": texts[::-1]}), table)
+    csv = tmp_path / "in.csv"
+    csv.write_text("a,b\n" + "".join(f"{t.replace(',', ' ')},x\n" for t in texts), encoding="utf-8")
+    for path, was, now in ((table, {"column": 2021}, {"column": 2022}), (str(csv), {"field": "a"}, {"field": "b"})):
+        out = str(tmp_path / f"out{len(was)}{os.path.basename(path)}.jsonl")
+        killed_after(model, 10, path, out, rows_per_group=4, **was, **QUIET)
+        with pytest.raises(ConfigError, match="belongs to a job with other settings"):
+            predict_file(model, path, out, rows_per_group=4, resume=True, **now, **QUIET)
+        predict_file(model, path, out, rows_per_group=4, resume=True, **was, **QUIET)  # the same: goes on
+
+
 def test_a_resume_of_another_job_or_input_is_refused(model, src, tmp_path):
     out = str(tmp_path / "out.jsonl")
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)

@@ -39,10 +39,12 @@ def text_place(path: str, field: str, column: int | str | None) -> tuple[str, in
     """(field, column) as the texts of `path` are read, one way for each way of saying it: a
     JSONL field or table column named by --column is that --field; a CSV/TSV's default column is 0;
     text lines read neither. A resumed job compares these, not the flags as typed."""
-    if is_table(path) or (os.path.exists(path) and input_kind(path) == "jsonl"):
+    if is_table(path):  # a column by name: digits too (--column 2021 names the column "2021")
+        return (field if column is None else str(column)), None
+    if os.path.exists(path) and input_kind(path) == "jsonl":
         return (column if isinstance(column, str) else field), None
-    if os.path.exists(path) and input_kind(path) in ("csv", "tsv"):
-        return "text", 0 if column is None else column
+    if os.path.exists(path) and input_kind(path) in ("csv", "tsv"):  # a field other than "text" names a header
+        return "text", (column if column is not None else field if field != "text" else 0)
     return "text", None
 
 
