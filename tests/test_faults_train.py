@@ -446,6 +446,20 @@ def test_a_resumed_run_reports_the_losses_of_an_unbroken_one(files, reference, t
     assert got == pytest.approx(want, abs=1e-6)
 
 
+def test_a_step_line_after_a_resume_averages_the_steps_of_an_unbroken_one(files, tmp_path, capsys):
+    """A stop between two --log-every points: the first step line after the resume averaged only
+    the resumed steps (step 6: 1.3561 where the unbroken run said 1.3284)."""
+    def step_lines(*extra) -> dict:
+        capsys.readouterr()
+        assert train(files, *extra, "--log-every", "3", "--epochs", "1") == 0
+        return {x.split()[1]: x.split()[3] for x in capsys.readouterr().out.splitlines() if x.startswith("step ")}
+
+    want = step_lines(tmp_path / "ref")
+    step_lines(tmp_path / "run", "--max-steps", "4")  # a stop one step past the step line at 3
+    got = step_lines(tmp_path / "run", "--resume")
+    assert got and all(got[k] == want[k] for k in got), (got, want)
+
+
 def test_out_model_that_is_no_model_is_refused_before_training_and_litter_is_not(tmp_path, capsys):
     from spanflow.atomic import recover_dir
     from spanflow.tasks.ner import train_ner

@@ -60,6 +60,8 @@ def train_loop(model: nn.Module, items: list, hooks: TaskHooks, *, opts: TrainOp
     # before the learning check's first window filled), so step and epoch lines read as an unbroken run's
     for v in r.st.pop("window", None) or r.st.pop("first_window", None) or []:
         r.recent.append(torch.tensor(v if dist.is_main else 0.0, device=policy.device))  # each rank holds a share
+    summed, r.n_running = r.st.pop("running", None) or (0.0, 0)  # the next step line's steps before the stop
+    r.running += summed if dist.is_main else 0.0
     model.train()
     r.clock = (time.perf_counter(), r.st["global_step"])
     r.bar = progress_bar(r)
@@ -340,6 +342,8 @@ def _write_checkpoint(r: LoopState) -> None:
     rngs = gather(torch.get_rng_state(), r.dist)  # every rank's dropout stream, for an exact resume
     if r.recent:  # the loss window, and the learning check's first one while it fills
         r.st["window"] = all_sum([float(x) for x in r.recent], r.dist)  # host syncs, at checkpoints only
+    if r.n_running:  # the steps since the last step line: the next one averages them with the resumed run's
+        r.st["running"] = [all_sum([float(r.running)], r.dist)[0], r.n_running]
 
     def save_model(path: str) -> None:  # a model to run as it is; the optimizer's state keeps the table as it stands
         with paid(r.optimizer):
@@ -349,6 +353,7 @@ def _write_checkpoint(r: LoopState) -> None:
         on_main(lambda: save_checkpoint(r.ckpt_dir, save_model=save_model, optimizer=r.optimizer,
                                         scheduler=r.scheduler, scaler=r.scaler, state=r.st, rng_states=rngs), r.dist)
     r.st.pop("window", None)
+    r.st.pop("running", None)
 
 
 def _evaluate(r: LoopState) -> float | None:
