@@ -145,6 +145,8 @@ def test_examples_built_in_code_are_checked_before_anything_is_written(tmp_path)
             train([], None, model="tiny", out_dir=str(tmp_path / "run"), options={"epochs": 1})
     with pytest.raises(ConfigError, match="train\\[0\\]: triple .* out of range"):
         train_re([ReExample("a b", [((0, 90), "r", (2, 3))])], None, model="tiny", out_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"train\[0\]: triple .* has a span of white space alone \(' '\)"):
+        train_re([ReExample("a  b", [((1, 2), "r", (0, 1))])], None, model="tiny", out_dir=str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run")
 
 

@@ -295,7 +295,7 @@ def test_jsonl_ids_mixed_with_line_numbers_are_said_once(tmp_path, caplog):
     one = write(tmp_path, "one.jsonl", b'{"id": 7, "text": "a"}\n{"text": "b"}\n')
     with caplog.at_level("WARNING", logger="spanflow"):
         list(read_records(one))
-    assert caplog.records[0].getMessage().startswith(f"{one}: 1 record has an \"id\" and 1 have none")
+    assert caplog.records[0].getMessage().startswith(f"{one}: 1 record has an \"id\" and 1 has none")
 
 
 def test_predict_to_jsonl_without_id_column_says_nothing_of_ids(ner_model, tmp_path, caplog):
@@ -307,7 +307,7 @@ def test_predict_to_jsonl_without_id_column_says_nothing_of_ids(ner_model, tmp_p
         assert "have none" not in caplog.text
         pytest.importorskip("pyarrow")
         assert main(["predict", "--model", ner_model, "--input", src, "--output", str(tmp_path / "o.parquet")]) == 0
-    assert "1 record has an \"id\" and 1 have none" in caplog.text
+    assert "1 record has an \"id\" and 1 has none" in caplog.text
 
 
 def test_an_error_record_read_back_is_said_as_one(ner_model, tmp_path, capsys):

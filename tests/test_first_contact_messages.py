@@ -68,6 +68,9 @@ def test_a_damaged_docbin_is_named_a_docbin_not_text(tmp_path):
     p = tmp_path / "d.spacy"
     p.write_bytes(bytes(raw))
     assert sniff(p).name == "docbin"
+    latin = tmp_path / "l.conll"  # opens as zlib's header does (x^), but holds no control bytes: text
+    latin.write_bytes("x^\tO\ncaf\u00e9\tB-LOC\n\n".encode("latin-1"))
+    assert sniff(latin).name == "conll"
 
 
 def test_a_json_list_of_ner_records_is_told_the_command_that_makes_jsonl(tmp_path):

@@ -103,6 +103,8 @@ def _triple_problem(text: str, triple) -> str | None:
     for a, b in ((s, e), (os_, oe)):
         if not (is_offset(a) and is_offset(b) and 0 <= a < b <= len(text)):
             return f"triple {quote(triple)} has a span out of range for a text of {len(text)} characters"
+        if not text[a:b].strip():  # as the relation readers refuse it: no word to start or end on
+            return f"triple {quote(triple)} has a span of white space alone ({quote(text[a:b])})"
     return None
 
 

@@ -16,7 +16,7 @@ from spanflow.errors import DataError, as_path, counted
 NER_FORMATS = ("conll", "jsonl", "docbin")
 # how the readers pick a format: what --format's help says, wherever a command takes one
 STRICT_HELP = ("reject inside tags with no opening tag, and BIOES/BMES entities with no closing E- tag, instead of "
-               "repairing them")
+               "repairing them; a file with no B- tag at all is not guessed to be IOB1 (--scheme iob1 says so)")
 FORMAT_HELP = ("NER data format [detected from the content; where it leaves doubt, the extension (.jsonl/.json "
                "JSONL, .spacy DocBin, .conll/.bio/.bmes CoNLL), else the first line]")
 # what each reader takes, by the name sniff gives, and the format it is read as

@@ -189,10 +189,10 @@ def _line_records(path: str, kind: str, field: str, skip_header: bool, id_column
         yield _json_record(line, path, lineno, field, id_column, keep, ids)
     if all(ids) and not sample and path not in _MIXED_SAID:
         _MIXED_SAID.add(path)
-        log.warning("%s: %s an \"id\" and %d have none, whose id is their line number: an id of one "
-                    "may equal a line number of another; name the id field with --id-column (a record without it "
-                    "is then an error record)", path, f"{counted(ids[0], 'record')} {'has' if ids[0] == 1 else 'have'}",
-                    ids[1])
+        log.warning("%s: %s an \"id\" and %d %s none, whose id is their line number: an id of one may equal a "
+                    "line number of another; name the id field with --id-column (a record without it is then an "
+                    "error record)", path, f"{counted(ids[0], 'record')} {'has' if ids[0] == 1 else 'have'}",
+                    ids[1], "has" if ids[1] == 1 else "have")
 
 
 def _header(path: str, delimiter: str) -> list[str]:

@@ -91,8 +91,9 @@ def read_conll(path: str | os.PathLike, *, scheme: str | None = None, strict: bo
     `scheme` is one of bio, iob1, bioes, bmes (detected from the file when None). An inside
     tag that opens no entity is read as an entity start and reported as a warning (the
     IOB1 repair), as is an entity with no E- tag in BIOES or BMES (read as ending at its last
-    tag); with `strict=True` either is an error instead. `log_fn`: told what was read, the
-    scheme too.
+    tag); with `strict=True` either is an error instead, as is a file read as IOB1 with no B- tag
+    at all (BIO that lost its B- tags reads the same: `scheme="iob1"` says which). `log_fn`: told
+    what was read, the scheme too.
     """
     path = os.fspath(path)
     sentences = list(_sentences(path))
