@@ -512,6 +512,29 @@ def test_a_resume_naming_the_field_as_a_column_goes_on(st_dir, tmp_path):
     np.testing.assert_allclose(np.load(out), emb.encode(TEXTS[:12]), atol=1e-5)
 
 
+def test_embed_file_checks_what_the_command_line_checks(st_dir, tmp_path):
+    """From Python: an output that is the input was written over it; a resume with another
+    embedder (no spec.model) mixed two models' vectors; max_tokens=0 left the job's reserved
+    files behind; log=None raised; texts_per_s counted error records, which the line leaves out."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:12]) + '{"text": 5}\n', encoding="utf-8")
+    emb = Embedder.load(st_dir, precision="fp32")
+    with pytest.raises(ConfigError, match="is the input: the job would write over what it reads"):
+        embed_file(emb, EmbedSpec(input=str(src), output=str(src)), progress=False, log=None)
+    out = str(tmp_path / "out.npy")
+    with pytest.raises(ConfigError, match="max_tokens"):
+        embed_file(emb, EmbedSpec(input=str(src), output=out), max_tokens=0, progress=False, log=None)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]  # no reserved .npy left behind
+    interrupt_at(2, emb, EmbedSpec(input=str(src), output=out, chunk_size=5))
+    other = Embedder.load(st_dir, precision="fp32")  # the same settings, other weights
+    with torch.no_grad():
+        next(other.module.parameters()).add_(1.0)
+    with pytest.raises(ConfigError, match=r"the model \(in memory\) changed .* \(its weights differ\)"):
+        embed_file(other, EmbedSpec(input=str(src), output=out, chunk_size=5), resume=True, progress=False, log=None)
+    s = embed_file(emb, EmbedSpec(input=str(src), output=out, chunk_size=5), resume=True, progress=False, log=None)
+    assert s["errors"] == 1 and s["texts_per_s"] == pytest.approx((s["texts"] - 1) / s["seconds"])
+
+
 def test_a_length_set_on_the_embedder_is_the_jobs_as_well(st_dir, tmp_path, capsys):
     """The journal keeps the length the texts were cut at, whether the spec or the embedder set it."""
     src = write_lines(tmp_path / "in.txt", TEXTS[:12])

@@ -200,6 +200,32 @@ def test_a_resume_reading_another_column_is_refused(model, src, tmp_path):
         predict_file(model, path, out, rows_per_group=4, resume=True, **was, **QUIET)  # the same: goes on
 
 
+def test_python_jobs_check_what_the_command_line_checks(model, src, tmp_path):
+    """From Python: an output that is the input was written over it; a resume with another model
+    loaded (no model_dir) mixed two models' results; a bad max_tokens or rows_per_group was met
+    after the job's files were laid out (or never); log=None raised on the first line."""
+    import copy
+
+    import torch
+
+    before = open(src, encoding="utf-8").read()
+    with pytest.raises(ConfigError, match=r"is the input: the job would write over what it reads"):
+        predict_file(model, src, src, **QUIET)
+    assert open(src, encoding="utf-8").read() == before
+    out = str(tmp_path / "out.jsonl")
+    for bad in ({"max_tokens": 0}, {"rows_per_group": 0}, {"rows_per_group": "8"}):
+        with pytest.raises(ConfigError, match="max_tokens|rows_per_group"):
+            predict_file(model, src, out, **bad, **QUIET)
+        assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]  # nothing laid out
+    killed_after(model, 10, src, out, rows_per_group=4, **QUIET)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.module.parameters()).add_(1.0)
+    with pytest.raises(ConfigError, match=r"the model \(in memory\) changed .* \(its weights differ\)"):
+        predict_file(other, src, out, rows_per_group=4, resume=True, **QUIET)
+    predict_file(model, src, out, rows_per_group=4, resume=True, progress=False, log=None)  # the same model: on
+
+
 def test_a_resume_of_another_job_or_input_is_refused(model, src, tmp_path):
     out = str(tmp_path / "out.jsonl")
     killed_after(model, 10, src, out, rows_per_group=4, **QUIET)

@@ -116,7 +116,7 @@ def _run(a: argparse.Namespace) -> int:
     checked = a.precision == "auto" or rt.quantize is not None
     s = embed_file(emb, spec, max_tokens=rt.max_tokens, resume=a.resume, force=a.force, calibrate=not checked)
     # an error record runs no text of its own: the rates are of the texts embedded
-    rates = rates_said(s["texts"] - s["errors"], s["seconds"], s["real_tokens"], s["padding_efficiency"])
+    rates = rates_said(s["texts"] - s["errors"], s["seconds"], s["real_tokens"], s["padding_efficiency"])  # texts_per_s's
     # a resumed job's figures are the whole job's, over its runs: its seconds are their embedding time
     before = s["resumed_texts"]
     resumed = f" ({before} of them before --resume; rates over the job's runs)" if before else ""

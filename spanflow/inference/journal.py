@@ -148,6 +148,30 @@ def model_files(model_dir: str | None) -> str:
     return hashlib.sha1(model_fingerprint(model_dir).encode()).hexdigest()[:16]
 
 
+def weights_digest(model) -> str:
+    """A digest of a loaded model's weights (its `.module`'s tensors): the model of a job run from
+    Python without its directory, which a resume must find the same; "" for a model without one."""
+    import torch
+
+    module = getattr(model, "module", None)
+    if not isinstance(module, torch.nn.Module):
+        return ""
+    h = hashlib.sha1()
+    for name, t in module.state_dict().items():
+        if isinstance(t, torch.Tensor):  # a quantized layer's packed weights are objects: their scales are tensors
+            h.update(name.encode())
+            h.update(t.detach().float().cpu().numpy().tobytes())
+    return "weights:" + h.hexdigest()[:16]
+
+
+def refuse_onto_input(src: str, dst: str) -> None:
+    """A ConfigError where the output is the input (the same file by any name): the job would write
+    over what it reads (the command line checks it first, naming --output)."""
+    if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(dst, src):
+        raise ConfigError(f"output {dst} is the input: the job would write over what it reads; give the output "
+                          "another name", field="output")
+
+
 @contextmanager
 def stopped_by_input(done: Callable[[], object], remove: Callable[[], None]) -> Iterator[None]:
     """A job's input that stops reading mid-job (a DataError): what the job had done (`done()`)

@@ -37,7 +37,8 @@ from spanflow.data.tables import (
     table_rows,
 )
 from spanflow.errors import ConfigError, DataError
-from spanflow.inference.journal import (assemble, chunk_part, model_files, stopped_by_input, write_chunk,
+from spanflow.inference.journal import (assemble, chunk_part, model_files, refuse_onto_input, stopped_by_input,
+                                        weights_digest, write_chunk,
                                         write_journal)
 from spanflow.inference.predict_journal import PredictJob, PredictPaths, PredictSpec, open_job
 
@@ -73,6 +74,7 @@ def check_job(src: str, dst: str, *, field: str = "text", column: Column | None 
     id, error, line and row. Returns (format, the carried types of a Parquet output, else None)."""
     check_output(dst)
     fmt = output_format(dst)
+    refuse_onto_input(src, dst)
     read_rows(src, field=field, column=column, skip_header=skip_header, id_column=id_column, keep=keep)
     if fmt == "jsonl":
         check_keep(keep, JSONL_KEYS, "key")
@@ -110,12 +112,18 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
     with by the same call with `resume`, which checks the settings, the input and the model
     (`model_dir`, the directory `model` was loaded from) and skips the records done.
     """
+    from spanflow.tasks.inputs import check_max_tokens
+
+    check_max_tokens(max_tokens)  # before the job's files are laid out
+    log = log or (lambda line: None)  # None: silence, as the training functions' log_fn
+    if isinstance(rows_per_group, bool) or not isinstance(rows_per_group, int) or rows_per_group < 1:
+        raise ConfigError(f"rows_per_group must be a whole number >= 1, got {rows_per_group!r:.60}")
     fmt, types = check_job(src, dst, field=field, column=column, skip_header=skip_header, id_column=id_column,
                            keep=keep)
     _check_model(model, dst, fmt, keep, types)
     spec = PredictSpec(input=os.path.abspath(src), field=field, column=column, skip_header=skip_header,
                        id_column=id_column, keep=list(keep), format=fmt, rows_per_group=rows_per_group,
-                       model=os.path.abspath(model_dir) if model_dir else "", model_files=model_files(model_dir),
+                       model=os.path.abspath(model_dir) if model_dir else "", model_files=model_files(model_dir) or weights_digest(model),
                        precision=str(getattr(model, "precision_name", None)
                                      or getattr(getattr(model, "policy", None), "name", "")),
                        max_length=getattr(model, "max_length", None), stride=getattr(model, "stride", None))

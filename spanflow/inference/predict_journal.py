@@ -141,8 +141,9 @@ def _check_same(P: PredictPaths, job: PredictJob, spec: PredictSpec, src: str, s
         d["field"], d["column"] = text_place(spec.input, d["field"], d["column"])
     key = next((k for k in now if was[k] != now[k]), None)
     if key == "model_files":
-        raise ConfigError(f"the model {spec.model or '(in memory)'} changed since the interrupted job began (saved "
-                          "over): its results would mix two models'; drop --resume to start over")
+        raise ConfigError(f"the model {spec.model or '(in memory)'} changed since the interrupted job began "
+                          f"({'saved over' if spec.model else 'its weights differ'}): its results would mix two "
+                          "models'; drop --resume to start over")
     if key is not None:
         flag, then = FLAGS.get(key), was[key]
         if flag and isinstance(then, bool):  # a switch: given or left out

@@ -51,7 +51,8 @@ from spanflow.data.records import read_rows, sample_texts, text_place
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
 from spanflow.errors import ConfigError, DataError, counted
-from spanflow.inference.journal import (assemble, check_unchanged, chunk_part, model_files, stopped_by_input,
+from spanflow.inference.journal import (assemble, check_unchanged, chunk_part, model_files, refuse_onto_input,
+                                        stopped_by_input, weights_digest,
                                         write_chunk)
 from spanflow.tasks.embed.journal import (
     ChunkDone,
@@ -104,6 +105,7 @@ def _check_columns(spec: EmbedSpec, fmt: str) -> None:
 def check_spec(spec: EmbedSpec) -> str:
     """The output format; a ConfigError or DataError for a spec that cannot work, before any work."""
     fmt = _out_format(spec.output)
+    refuse_onto_input(spec.input, spec.output)
     if spec.dtype not in ("float32", "float16"):
         raise ConfigError(f"--dtype must be float32 or float16, got {spec.dtype!r}")
     if spec.dtype != "float32" and fmt == "jsonl":  # it would be taken and change nothing
@@ -230,7 +232,8 @@ def _same_job(P: JobPaths, job: Job, now: dict, path: str, size: int, sha256: st
                 and not (k == "dtype" and was.get("format") == "jsonl")), None)  # JSONL rows never had one
     if key == "model_files":
         raise ConfigError(f"the model {now.get('model') or '(in memory)'} changed since the interrupted job began "
-                          "(saved over): its vectors would mix two models'; drop --resume to start over")
+                          f"({'saved over' if now.get('model') else 'its weights differ'}): its vectors would mix two "
+                          "models'; drop --resume to start over")
     if key is not None:
         flag = FLAGS.get(key)
         if isinstance(was[key], bool) and flag:  # a switch: given or left out
@@ -331,6 +334,10 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     job on the same output stops at once (OutputBusy, naming the first one's pid); a full or
     read-only disk is a WriteError. `spec.max_length`, where given, is the embedder's from here on.
     """
+    from spanflow.tasks.inputs import check_max_tokens
+
+    check_max_tokens(max_tokens)  # before the job's files are laid out (an .npy's whole size reserved)
+    log = log or (lambda line: None)  # None: silence, as the training functions' log_fn
     fmt = check_spec(spec)
     if spec.max_length is not None and spec.max_length != embedder.max_length:
         embedder.set_max_length(spec.max_length)  # a ConfigError above the model's limit
@@ -350,7 +357,9 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     return {"texts": job.n, "resumed_texts": before, "errors": stats.errors, "truncated": stats.truncated,
             "empty": stats.empty, "real_tokens": stats.real_tokens,
             "padding_efficiency": stats.real_tokens / max(1, stats.padded_tokens),
-            "texts_per_s": job.n / secs, "real_tokens_per_s": stats.real_tokens / secs, "seconds": stats.seconds,
+            # an error record runs no text: its rate is of the texts embedded, as the command's line says
+            "texts_per_s": (job.n - stats.errors) / secs, "real_tokens_per_s": stats.real_tokens / secs,
+            "seconds": stats.seconds,
             "precision": embedder.precision_name, "calibration": calibration, "output": spec.output,
             "ids": P.ids if fmt == "npy" else None, "errors_file": P.errors if stats.errors else None}
 
@@ -364,7 +373,8 @@ def _embed(embedder, spec: EmbedSpec, fmt: str, P: JobPaths, resume: bool, types
     paths = {k: os.path.abspath(v) for k, v in (("input", spec.input), ("output", spec.output), ("model", spec.model))
              if v}
     ident = JobIdentity(**{**spec.model_dump(), **paths, "max_length": embedder.max_length}, format=fmt,
-                        dim=embedder.dim, precision=embedder.precision_name, model_files=model_files(spec.model))
+                        dim=embedder.dim, precision=embedder.precision_name,
+                        model_files=model_files(spec.model) or weights_digest(embedder))
     if resume and not _resumes(P, fmt):  # finished, or never begun: said, as the whole input is embedded again
         log(f"--resume: no interrupted job of {P.out} to go on with; embedding the whole input")
     job = _open_job(spec, fmt, ident, P, embedder.dim, resume, log)
