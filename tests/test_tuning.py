@@ -688,3 +688,16 @@ def test_a_stop_while_the_plot_is_drawn_leaves_the_earlier_profile(ner_file, tmp
          repeats=1, out=str(tmp_path), log_fn=lines.append)
     assert json.loads((tmp_path / "profile.json").read_text())["best"]["max_tokens"] == 1024
     assert "plot failed (OSError: [Errno 28] No space left on device); the profile is written" in lines
+
+
+
+def test_doctor_counts_a_pairs_tokens_as_training_does(tmp_path):
+    """A pair's sides are padded apart: its len() is twice its longer side, which doctor counted as
+    its real tokens (1.84x training's figure on query/passage pairs); the collated batch's count is it."""
+    long = " ".join(f"word{i}" for i in range(30))
+    pairs = tmp_path / "qp.csv"
+    pairs.write_text("".join(f"q {i},{long} {i},{i % 5}.0\n" for i in range(24)))
+    r = doctor(model="tiny", data=str(pairs), task="embed", steps=2, log_fn=lambda s: None)["probe"]
+    assert 0 < r["padding_efficiency"] <= 1
+    # a 2-word query beside a 31-word passage: about 33 words and marks a pair, not twice the passage's
+    assert r["real_tokens"] / r["items"] < 0.75 * 2 * (31 + 2)

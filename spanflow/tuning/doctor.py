@@ -73,8 +73,10 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
         times["compute"] += t2 - t1
         times["optimizer"] += t3 - t2
         lens = [len(items[i]) for i in b]
-        real += sum(lens)
-        padded += max(lens) * len(lens)
+        # the batch's own counts where its collate gives them, as training's report reads them (a pair's
+        # sides are padded apart: its len() is twice its longer side)
+        real += int(t.get("real_tokens", sum(lens)))
+        padded += int(t.get("padded_tokens", max(lens) * len(lens)))
         texts += len(b)
     wall = sum(times.values())
     # MFU as the training report computes it (6N + attention per padded token, over the device's peak)
@@ -82,6 +84,7 @@ def _probe(w, items, batches, policy, steps: int) -> dict:
     peak, kind = device_peak(policy.device, basis)
     flops = train_flops_per_token(w.module, real / max(1, texts)) * padded
     return {"real_tokens_per_s": real / wall, "padding_efficiency": real / padded, "texts_per_update": texts / steps,
+            "real_tokens": real, "items": texts,
             "data_frac": times["data"] / wall, "compute_frac": times["compute"] / wall,
             "optimizer_frac": times["optimizer"] / wall, "mfu": flops / wall / peak if peak else None, "steps": steps,
             "peak_flops": peak, "peak": f"{'measured' if kind == 'measured_matmul' else 'datasheet'} {basis} peak"
