@@ -547,6 +547,14 @@ def test_a_length_set_on_the_embedder_is_the_jobs_as_well(st_dir, tmp_path, caps
     assert "max_length 8 then, 24 now" in capsys.readouterr().err
 
 
+def test_tune_embed_of_tiny_names_the_mode_that_takes_it(tmp_path, capsys):
+    """tune's default for embeddings is inference, which 'tiny' (an untrained encoder) is not for:
+    the refusal names --mode train (it said only 'tiny' is for training)."""
+    src = write_lines(tmp_path / "in.txt", TEXTS)
+    assert main(["tune", "--task", "embed", "--model", "tiny", "--data", src, "--out", str(tmp_path / "p")]) == 2
+    assert "--mode train" in capsys.readouterr().err
+
+
 def test_tune_embed_needs_no_mode(st_dir, tmp_path, monkeypatch, capsys):
     """embed only infers: `spanflow tune --task embed` with the required flags tunes inference."""
     monkeypatch.setenv("SPANFLOW_CACHE", str(tmp_path / "cache"))

@@ -227,8 +227,8 @@ def check_model_for(path: str, task: str, *, start: bool = False) -> Task:
     if path == "tiny" and not os.path.exists(path):
         raise ModelDirError(f"'tiny' is an encoder built from scratch when training starts; this needs a trained "
                             f"{task!r} model directory (train one with 'spanflow train {task} --model tiny')"
-                            if task != ENCODER_TASK else "'tiny' is for training; embeddings come from an encoder "
-                            "or sentence-transformers directory")
+                            if task != ENCODER_TASK else "'tiny' is for training ('spanflow train embed', or tune's "
+                            "--mode train); embeddings come from an encoder or sentence-transformers directory")
     held = task_of_dir(path, start=start)
     own = os.path.exists(os.path.join(path, "spanflow.json"))
     if not own and task == ENCODER_TASK and held.name != ENCODER_TASK and not start:
