@@ -492,8 +492,11 @@ def test_doctor_probes_any_task_and_a_sample_smaller_than_its_steps(tmp_path):
     assert out["probe"]["steps"] == 5 and out["probe"]["real_tokens_per_s"] > 0
     # a batch size above the data's count: the probe's batches hold all of it, said so (not "of 100 texts")
     lines: list[str] = []
-    doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=1, batch_size=100, log_fn=lines.append)
+    whole = doctor(model="tiny", data=str(tmp_path / "re.json"), task="re", steps=1, batch_size=100,
+                   log_fn=lines.append)
     assert "probe: 1 update of all 6 text(s) read (--batch-size 100 holds them all)" in lines
+    # the token-budget batches hold the same texts: no second probe whose noise would read as a finding
+    assert whole["healthy"] is None and not any("as fast as" in f for f in whole["findings"])
 
 
 def test_doctor_says_why_its_peak_is_another_precisions(ner_file):
