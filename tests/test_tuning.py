@@ -137,7 +137,7 @@ def test_tune_infer_measures_plain_texts_without_a_quality_column(ner_file, tmp_
     assert [p["max_tokens"] for p in prof["points"]] == [256, 2048]
     assert any("budgets above 2048 run the whole sample in one batch, as 2048 does: not measured: 4096, 8192" in x
                for x in lines), lines
-    assert any(x.startswith("tuning ner infer on 8 inputs sampled from ") for x in lines), lines
+    assert any(x.startswith("tuning ner infer on 8 inputs of ") for x in lines), lines
     # a point measured once has no spread, said as such (a spread of 0% claimed a certainty it lacked)
     assert all(p["spread"] is None for p in prof["points"]) and any("(1 run: no spread)" in x for x in lines)
     assert any(x.startswith("note: 2 points measured once") for x in lines), lines

@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
                    help="token budgets to try, e.g. 1024,4096 [doubling from 256, or the shortest max length, "
                         "up to 16384 on CPU and 262144 on GPU]")
     p.add_argument("--budget-seconds", type=float, default=120, help="seconds for the whole command, start-up and model load included [%(default)s]")
-    p.add_argument("--sample", type=int, default=512, help="texts sampled from --data [%(default)s]")
+    p.add_argument("--sample", type=int, default=512, help="the first N texts of --data measured [%(default)s]")
     p.add_argument("--repeats", type=int, default=2,
                    help="runs of every point, the grid in alternating order; medians and spread reported "
                         "[%(default)s]")

@@ -122,7 +122,7 @@ def tune(*, task: str, model: str, data: str, mode: str | None = None, max_lengt
         budgets = [b for b in budgets if b <= one]
 
     # the runtime line above said why this precision; a policy rebuilt from its name would say "as asked"
-    log_fn(f"tuning {task} {mode} on {counted(len(items), 'input')} sampled from {data} (at most {sample} texts), "
+    log_fn(f"tuning {task} {mode} on {counted(len(items), 'input')} of {data} (its first {sample} texts at most), "
            f"{dataclasses.replace(policy, why='').describe(training=mode == 'train')}")
     _warm_up(measure, w, budgets, lengths, mode, log_fn)
     runs = sum(b >= L for L in lengths for b in budgets) * max(1, repeats)
