@@ -339,11 +339,15 @@ def test_doctor_takes_the_task_of_a_spanflow_model(rel, tmp_path, monkeypatch):
 
     rel.save(str(tmp_path / "re"))
     asked = []
-    monkeypatch.setattr(doctor, "doctor", lambda **kw: asked.append(kw["task"]))
+    monkeypatch.setattr(doctor, "doctor", lambda **kw: asked.append((kw["task"], kw["task_from"])))
     assert main(["doctor", "--model", str(tmp_path / "re"), "--data", "triples.json"]) == 0
     assert main(["doctor", "--model", "tiny", "--data", "train.conll"]) == 0
     assert main(["doctor", "--model", str(tmp_path / "re"), "--data", "x", "--task", "ner"]) == 0
-    assert asked == ["re", "ner", "ner"]  # was ner, and an error naming the model's own task
+    # was ner, and an error naming the model's own task; how each was told, said (an empty or
+    # missing file was "told from --model and --data", where ner was the default)
+    assert asked == [("re", "its --model's task"),
+                     ("ner", "the default: neither --model nor --data tells another; --task names one"),
+                     ("ner", "--task")]
 
 
 def test_doctor_on_an_encoder_takes_the_task_its_data_is_for(tmp_path, monkeypatch):

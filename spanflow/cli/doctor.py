@@ -39,16 +39,17 @@ def run(a: argparse.Namespace) -> int:
         given = next((f for f, v in (("--task", a.task), ("--steps", a.steps)) if v is not None), None)
         if given:
             raise ConfigError(f"{given} sets the training probe, which needs --model and --data")
-    doctor(model=a.model, data=a.data, task=a.task or _task_of(a.model, a.data), batch_size=a.batch_size,
+    task, how = (a.task, "--task") if a.task else _task_of(a.model, a.data)
+    doctor(model=a.model, data=a.data, task=task, batch_size=a.batch_size,
            max_tokens=a.max_tokens, precision=a.precision, device=a.device,
-           steps=STEPS if a.steps is None else a.steps,
-           task_from="--task" if a.task else "told from --model and --data")
+           steps=STEPS if a.steps is None else a.steps, task_from=how)
     return 0
 
 
-def _task_of(model: str | None, data: str | None) -> str:
-    """The task a spanflow model directory was trained for (it continues training as that); for an
-    encoder from elsewhere, the task whose training data --data holds (pairs: embed); else ner."""
+def _task_of(model: str | None, data: str | None) -> tuple[str, str]:
+    """(task, how it was told): the task a spanflow model directory was trained for (it continues
+    training as that); for an encoder from elsewhere, the task whose training data --data holds
+    (pairs: embed); else ner, the default where neither tells."""
     import os
 
     from spanflow.data.formats.sniff import sniff
@@ -58,8 +59,8 @@ def _task_of(model: str | None, data: str | None) -> str:
     if model and os.path.isfile(os.path.join(model, CONFIG)):
         task = task_of_dir(model)
         if task.trains:
-            return task.name
+            return task.name, "its --model's task"
     found = sniff(data) if data else None
     if found is not None and found.use in names() and get(found.use).trains:
-        return found.use
-    return "ner"
+        return found.use, "told from --data"
+    return "ner", "the default: neither --model nor --data tells another; --task names one"
