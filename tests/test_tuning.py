@@ -212,6 +212,11 @@ def test_texts_named_by_field_or_column_are_read_as_texts_and_a_wrong_name_is_to
     assert main(["tune", "--task", "ner", "--model", str(tmp_path / "run" / "model"), "--data", str(body),
                  "--mode", "infer", "--field", "nope", "--out", str(out)]) == 2
     assert "no usable records to tune on" in capsys.readouterr().err and not out.exists()
+    casrel = tmp_path / "c.json"  # a JSON list named by --field: said as labelled data, not as a list to jq
+    casrel.write_text(json.dumps([{"text": "Ann lives in Oslo", "triple_list": [["Ann", "lives_in", "Oslo"]]}]))
+    assert main(["tune", "--task", "ner", "--model", str(tmp_path / "run" / "model"), "--data", str(casrel),
+                 "--mode", "infer", "--field", "foo", "--out", str(out)]) == 2
+    assert "labelled data read whole: drop it" in capsys.readouterr().err
     assert main(["tune", "--task", "ner", "--model", "tiny", "--data", str(body), "--field", "body", "--column",
                  "body"]) == 2
     assert capsys.readouterr().err.strip() == "error: --field body and --column body both name the text's column; give one"

@@ -402,9 +402,11 @@ def field_as_column(a, path: str) -> None:
     """A --field given for a CSV/TSV input names its header's column, even the default's name
     ("text") typed: it becomes that --column (a job begun with either is the same job), once the
     header is checked to have it."""
-    from spanflow.data.records import check_header_column, input_kind
+    from spanflow.data.formats.common import kind_of
+    from spanflow.data.records import check_header_column
 
-    if getattr(a, "field_given", False) and input_kind(path) in ("csv", "tsv"):
+    # by its name: a JSON list (CasRel data to tune on) is not read as texts here, whose refusal would say so
+    if getattr(a, "field_given", False) and kind_of(path) in ("csv", "tsv"):
         check_header_column(path, a.field, "--field")
         a.column, a.field = a.field, "text"
 
