@@ -357,8 +357,9 @@ class OutputBusy(ConfigError):
     """Another live job holds the output (`pid` names it)."""
 
     def __init__(self, path: str, pid: str):
-        super().__init__(f"{path} is being written by another job (pid {pid}); wait for it, or choose another output",
-                         field="output")
+        who = "another job of this process (another thread)" if str(pid) == str(os.getpid()) else \
+            f"another job (pid {pid})"
+        super().__init__(f"{path} is being written by {who}; wait for it, or choose another output", field="output")
         self.path, self.pid = path, pid
 
 
