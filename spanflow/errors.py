@@ -77,15 +77,15 @@ def as_path(value, what: str) -> str:
     raise ConfigError(f"{what} takes a path, got {type(value).__name__} {quote(value, 60)}")
 
 
-def as_log(value):
-    """`value` as a function a run's lines go to: None is quiet; a ConfigError where it is none
-    (a str given for a file name, say), not a TypeError at the run's first line."""
+def as_log(value, what: str = "log_fn"):
+    """`value` as a function a run's lines go to: None is quiet; a ConfigError naming `what` (the
+    argument) where it is none (a str given for a file name, say), not a TypeError at the run's first line."""
     if value is None:
         return _quiet
     if callable(value):
         return value
-    raise ConfigError(f"log_fn takes a function of one line (None: quiet), got {type(value).__name__} "
-                      f"{quote(value, 60)}", field="log_fn")
+    raise ConfigError(f"{what} takes a function of one line (None: quiet), got {type(value).__name__} "
+                      f"{quote(value, 60)}", field=what)
 
 
 def _quiet(line: str) -> None:

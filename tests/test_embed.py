@@ -519,6 +519,10 @@ def test_embed_file_checks_what_the_command_line_checks(st_dir, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:12]) + '{"text": 5}\n', encoding="utf-8")
     emb = Embedder.load(st_dir, precision="fp32")
+    with pytest.raises(ConfigError, match=r"embedder takes a loaded Embedder .*, got str"):  # was AttributeError
+        embed_file(st_dir, EmbedSpec(input=str(src), output=str(tmp_path / "o.npy")), progress=False, log=None)
+    with pytest.raises(ConfigError, match="spec takes an EmbedSpec, got dict"):
+        embed_file(emb, {"input": str(src), "output": str(tmp_path / "o.npy")}, progress=False, log=None)
     with pytest.raises(ConfigError, match="is the input: the job would write over what it reads"):
         embed_file(emb, EmbedSpec(input=str(src), output=str(src)), progress=False, log=None)
     out = str(tmp_path / "out.npy")

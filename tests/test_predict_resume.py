@@ -208,6 +208,16 @@ def test_python_jobs_check_what_the_command_line_checks(model, src, tmp_path):
 
     import torch
 
+    from spanflow.errors import DataError
+
+    with pytest.raises(DataError, match="nope.txt: file not found"):  # was FileNotFoundError
+        predict_file(model, str(tmp_path / "nope.txt"), str(tmp_path / "o.jsonl"), **QUIET)
+    with pytest.raises(ConfigError, match=r"model takes a loaded model .*, got str"):  # was AttributeError
+        predict_file("runs/ner/model", src, str(tmp_path / "o.jsonl"), **QUIET)
+    with pytest.raises(ConfigError, match="dst takes a path, got NoneType"):  # was TypeError
+        predict_file(model, src, None, **QUIET)
+    with pytest.raises(ConfigError, match="log takes a function of one line"):
+        predict_file(model, src, str(tmp_path / "o.jsonl"), progress=False, log="log.txt")
     before = open(src, encoding="utf-8").read()
     with pytest.raises(ConfigError, match=r"is the input: the job would write over what it reads"):
         predict_file(model, src, src, **QUIET)

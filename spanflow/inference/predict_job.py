@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from spanflow.atomic import clean_stale, hold_output, make_output_folder, writing
 from spanflow.batching.prefetch import read_ahead
-from spanflow.data.formats.common import kind_of, read_lines_or_errors
+from spanflow.data.formats.common import check_exists, kind_of, read_lines_or_errors
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import Column, read_rows
 from spanflow.data.tables import (
@@ -36,7 +36,7 @@ from spanflow.data.tables import (
     output_table,
     table_rows,
 )
-from spanflow.errors import ConfigError, DataError
+from spanflow.errors import ConfigError, DataError, as_log, as_path, quote
 from spanflow.inference.journal import (assemble, chunk_part, model_files, refuse_onto_input, stopped_by_input,
                                         weights_digest, write_chunk,
                                         write_journal)
@@ -114,8 +114,12 @@ def predict_file(model, src: str, dst: str, *, field: str = "text", column: Colu
     """
     from spanflow.tasks.inputs import check_max_tokens
 
+    src, dst, log = as_path(src, "src"), as_path(dst, "dst"), as_log(log, "log")  # None: silence, as training's log_fn
+    if not callable(getattr(model, "predict_stream", None)):  # a path given for the model, say
+        raise ConfigError(f"model takes a loaded model (NerModel.load(DIR), ReModel.load(DIR)), got "
+                          f"{type(model).__name__} {quote(model, 60)}")
+    check_exists(src)
     check_max_tokens(max_tokens)  # before the job's files are laid out
-    log = log or (lambda line: None)  # None: silence, as the training functions' log_fn
     if isinstance(rows_per_group, bool) or not isinstance(rows_per_group, int) or rows_per_group < 1:
         raise ConfigError(f"rows_per_group must be a whole number >= 1, got {rows_per_group!r:.60}")
     fmt, types = check_job(src, dst, field=field, column=column, skip_header=skip_header, id_column=id_column,

@@ -45,12 +45,12 @@ from tqdm import tqdm
 from spanflow.atomic import hold_output, make_output_folder, writing
 from spanflow.batching.align import LINE_BREAK
 from spanflow.batching.prefetch import read_ahead
-from spanflow.data.formats.common import invisible, kind_of
+from spanflow.data.formats.common import check_exists, invisible, kind_of
 from spanflow.data.jsonvalues import json_line
 from spanflow.data.records import read_rows, sample_texts, text_place
 from spanflow.data.tables import (IPC, PARQUET, carried_schema, check_keep, error_fields, is_table,
                                   output_table, pyarrow, table_ids, table_rows)
-from spanflow.errors import ConfigError, DataError, counted
+from spanflow.errors import ConfigError, DataError, as_log, counted, quote
 from spanflow.inference.journal import (assemble, check_unchanged, chunk_part, model_files, refuse_onto_input,
                                         stopped_by_input, weights_digest,
                                         write_chunk)
@@ -336,9 +336,15 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     """
     from spanflow.tasks.inputs import check_max_tokens
 
+    log = as_log(log, "log")  # None: silence, as the training functions' log_fn
+    if not isinstance(spec, EmbedSpec):
+        raise ConfigError(f"spec takes an EmbedSpec, got {type(spec).__name__} {quote(spec, 60)}")
+    check_exists(spec.input)
     check_max_tokens(max_tokens)  # before the job's files are laid out (an .npy's whole size reserved)
-    log = log or (lambda line: None)  # None: silence, as the training functions' log_fn
     fmt = check_spec(spec)
+    if not callable(getattr(embedder, "encode_stream", None)):  # a path, or a model of another task
+        raise ConfigError(f"embedder takes a loaded Embedder (Embedder.load(DIR)), got {type(embedder).__name__} "
+                          f"{quote(embedder, 60)}")
     if spec.max_length is not None and spec.max_length != embedder.max_length:
         embedder.set_max_length(spec.max_length)  # a ConfigError above the model's limit
     with ExitStack() as held:
