@@ -342,7 +342,7 @@ def embed_file(embedder, spec: EmbedSpec, *, max_tokens: int | None = None, resu
     check_exists(spec.input)
     check_max_tokens(max_tokens)  # before the job's files are laid out (an .npy's whole size reserved)
     fmt = check_spec(spec)
-    if not callable(getattr(embedder, "encode_stream", None)):  # a path, or a model of another task
+    if isinstance(embedder, (str, os.PathLike)) or not hasattr(embedder, "dim"):  # a path, or another task's model
         raise ConfigError(f"embedder takes a loaded Embedder (Embedder.load(DIR)), got {type(embedder).__name__} "
                           f"{quote(embedder, 60)}")
     if spec.max_length is not None and spec.max_length != embedder.max_length:
