@@ -379,9 +379,10 @@ def check_input(a) -> None:
         raise DataError("file not found", path=a.input)
     refuse_stream(a.input)
     output = getattr(a, "output", None)
-    if output and os.path.exists(output) and os.path.samefile(output, a.input):
-        raise ConfigError(f"--output {output} is the input: the job would write over what it reads; give the output "
-                          "another name", field="output")
+    if output:
+        from spanflow.inference.journal import refuse_onto_input
+
+        refuse_onto_input(a.input, output, "--output")
     if getattr(a, "field_given", False) and getattr(a, "column", None) is not None:
         raise ConfigError(f"--field {a.field} and --column {a.column} both name the text's column; give one")
     if os.path.isdir(a.input):

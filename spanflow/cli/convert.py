@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    import functools
     import os
     import sys
 
@@ -53,7 +54,8 @@ def run(a: argparse.Namespace) -> int:
         # CoNLL stores tokens only: report texts whose spacing will not come back as it was
         from spanflow.data.formats.conll import conll_tokens, join_tokens
 
-        lines = record_lines(a.input)  # a JSONL input's texts are told by their lines
+        # a JSONL input's texts are told by their lines, read again only where one is named
+        lines = functools.cache(lambda: record_lines(a.input))
         check_conll_writable(examples, a.input, lines)  # numbered as the input's texts, before any is left out
         tokens = [conll_tokens(e.text, e.spans, e.words) for e in examples]
         empty = [i for i, t in enumerate(tokens) if not t]
@@ -61,8 +63,9 @@ def run(a: argparse.Namespace) -> int:
             raise DataError(f"none of its {len(examples)} texts has a token: CoNLL has no line for an empty or "
                             "whitespace-only text; convert to JSONL to keep them", path=a.input)
         if empty:  # a sentence of no lines is no sentence: those texts cannot be read back
-            shown = ", ".join(str(lines[i] if lines else i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
-            where = f"lines {shown} of {a.input}" if lines else f"texts {shown}, counted from 1"
+            at = lines()
+            shown = ", ".join(str(at[i] if at else i + 1) for i in empty[:5]) + (" ..." if len(empty) > 5 else "")
+            where = f"lines {shown} of {a.input}" if at else f"texts {shown}, counted from 1"
             print(f"note: {len(empty)} text(s) are empty or only whitespace ({where}): CoNLL has no line for them, "
                   "so they are left out", file=sys.stderr)
             examples = [e for e, t in zip(examples, tokens) if t]

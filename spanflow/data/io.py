@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 from spanflow.atomic import atomic_open, writing
 from spanflow.data.examples import NerExample, ReExample, check_examples
@@ -177,18 +178,20 @@ def write_ner(examples: list[NerExample], path: str | os.PathLike, *, fmt: str |
                 write_jsonl_record(f, ex.text, ex.spans)
 
 
-def check_conll_writable(examples: list[NerExample], path: str, lines: list[int] | None = None) -> None:
+def check_conll_writable(examples: list[NerExample], path: str,
+                         lines: Callable[[], list[int] | None] | None = None) -> None:
     """A DataError naming the first text (counted from 1) that CoNLL cannot hold as it is, before
     a line is written; `path`: the file it is told of (convert names its input, whose texts they are),
-    `lines`: the line each text is on in it (a JSONL input's: the error names its line)."""
+    `lines()`: the line each text is on in it (a JSONL input's: the error names its line; read only then)."""
     from spanflow.data.formats.conll import unwritable
 
     for i, ex in enumerate(examples, 1):
         why = unwritable(ex.text, ex.spans, ex.words)
         if why:
-            which = "the text" if lines else f"text {i} (counted from 1)"
+            at = lines() if lines else None
+            which = "the text" if at else f"text {i} (counted from 1)"
             raise DataError(f"{which} cannot be written as CoNLL: {why}; write JSONL or a .spacy DocBin, which keep it",
-                            path=path, line=lines[i - 1] if lines else None)
+                            path=path, line=at[i - 1] if at else None)
 
 
 def record_lines(path: str) -> list[int] | None:
@@ -196,8 +199,6 @@ def record_lines(path: str) -> list[int] | None:
     line is none); None for other formats, whose texts are not one a line."""
     if detect_format(path) != "jsonl":
         return None
-    from spanflow.data.formats.common import read_lines
-
     return [n for n, line in read_lines(path) if line.strip()]
 
 

@@ -41,9 +41,10 @@ def text_place(path: str, field: str, column: int | str | None) -> tuple[str, in
     text lines read neither. A resumed job compares these, not the flags as typed."""
     if is_table(path):  # a column by name: digits too (--column 2021 names the column "2021")
         return (field if column is None else str(column)), None
-    if os.path.exists(path) and input_kind(path) == "jsonl":
+    kind = input_kind(path) if os.path.exists(path) else "text"
+    if kind == "jsonl":
         return (column if isinstance(column, str) else field), None
-    if os.path.exists(path) and input_kind(path) in ("csv", "tsv"):  # a field other than "text" names a header
+    if kind in ("csv", "tsv"):  # a field other than "text" names a header
         return "text", (column if column is not None else field if field != "text" else 0)
     return "text", None
 

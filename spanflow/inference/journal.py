@@ -164,11 +164,11 @@ def weights_digest(model) -> str:
     return "weights:" + h.hexdigest()[:16]
 
 
-def refuse_onto_input(src: str, dst: str) -> None:
+def refuse_onto_input(src: str, dst: str, name: str = "output") -> None:
     """A ConfigError where the output is the input (the same file by any name): the job would write
-    over what it reads (the command line checks it first, naming --output)."""
+    over what it reads; `name`: the output as the caller knows it (the command line's --output)."""
     if os.path.exists(dst) and os.path.exists(src) and os.path.samefile(dst, src):
-        raise ConfigError(f"output {dst} is the input: the job would write over what it reads; give the output "
+        raise ConfigError(f"{name} {dst} is the input: the job would write over what it reads; give the output "
                           "another name", field="output")
 
 
